@@ -1,0 +1,199 @@
+//! Thread and file-descriptor helpers: CPU pinning, per-thread CPU time, socket options on
+//! raw fds, and an eventfd wrapper. Thin, checked wrappers over libc.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// Converts a libc `-1`-on-error return into `io::Result`.
+fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(rc) }
+}
+
+/// Pins the calling thread to `cpu` (`sched_setaffinity`).
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("cpu {cpu} beyond CPU_SETSIZE")));
+    }
+    // SAFETY: `cpu_set_t` is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu < CPU_SETSIZE` (checked above), so the bit index is inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid, initialised cpu_set_t owned by this frame for the call;
+    // pid 0 means the calling thread.
+    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) })?;
+    Ok(())
+}
+
+/// Number of CPUs currently online (`sysconf(_SC_NPROCESSORS_ONLN)`).
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// CPU time the calling thread has used, split by where it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTime {
+    /// Time in user space.
+    pub user: Duration,
+    /// Time in the kernel (system calls, including `io_uring_enter` and its task work).
+    pub sys: Duration,
+}
+
+/// CPU time used by the calling thread (`getrusage(RUSAGE_THREAD)`).
+pub fn thread_cpu_time() -> io::Result<CpuTime> {
+    // SAFETY: `rusage` is plain integers; all-zero is valid and is overwritten below.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid out-pointer owned by this frame for the call.
+    cvt(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &raw mut usage) })?;
+    let duration = |tv: libc::timeval| {
+        Duration::new(u64::try_from(tv.tv_sec).unwrap_or(0), u32::try_from(tv.tv_usec).unwrap_or(0) * 1000)
+    };
+    Ok(CpuTime { user: duration(usage.ru_utime), sys: duration(usage.ru_stime) })
+}
+
+/// Sets or clears `O_NONBLOCK` on `fd`.
+///
+/// Sockets driven by the [`Ring`](crate::Ring) do not need it: the ring never blocks on an
+/// fd (it arms an internal poll instead).
+pub fn set_nonblocking(fd: RawFd, nonblocking: bool) -> io::Result<()> {
+    // SAFETY: fcntl(F_GETFL) reads the flags of `fd`; an invalid fd gives EBADF.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if nonblocking { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    // SAFETY: as above, F_SETFL with an integer argument.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+fn set_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int, value: i32) -> io::Result<()> {
+    let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("4 fits socklen_t");
+    // SAFETY: `value` lives in this frame for the call and `len` is its size.
+    cvt(unsafe { libc::setsockopt(fd, level, name, (&raw const value).cast(), len) })?;
+    Ok(())
+}
+
+fn get_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    let mut len = libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("4 fits socklen_t");
+    // SAFETY: `value` and `len` are out-pointers owned by this frame for the call.
+    cvt(unsafe { libc::getsockopt(fd, level, name, (&raw mut value).cast(), &raw mut len) })?;
+    Ok(value)
+}
+
+/// Sets or clears `TCP_NODELAY` (NVMe/TCP sends whole PDUs; Nagle only adds latency).
+pub fn set_nodelay(fd: RawFd, nodelay: bool) -> io::Result<()> {
+    set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, i32::from(nodelay))
+}
+
+/// Sets `SO_SNDBUF` (the kernel doubles the value and applies its minimum).
+pub fn set_send_buffer_size(fd: RawFd, bytes: usize) -> io::Result<()> {
+    let value = i32::try_from(bytes).unwrap_or(i32::MAX);
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, value)
+}
+
+/// Sets `SO_RCVBUF` (the kernel doubles the value and applies its minimum).
+pub fn set_recv_buffer_size(fd: RawFd, bytes: usize) -> io::Result<()> {
+    let value = i32::try_from(bytes).unwrap_or(i32::MAX);
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, value)
+}
+
+/// Reads `SO_SNDBUF` as the kernel applied it.
+pub fn send_buffer_size(fd: RawFd) -> io::Result<usize> {
+    let value = get_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF)?;
+    Ok(usize::try_from(value).unwrap_or(0))
+}
+
+/// An owned, non-blocking, close-on-exec eventfd: a counter another thread can bump to
+/// make a poll on it fire.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// Creates an eventfd with counter 0 (`EFD_NONBLOCK | EFD_CLOEXEC`).
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
+        let raw = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: `raw` is a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(EventFd { fd })
+    }
+
+    /// Adds `n` to the counter. A counter at its maximum (`EAGAIN`) already wakes any
+    /// poller, so that case is reported as success.
+    pub fn write(&self, n: u64) -> io::Result<()> {
+        let bytes = n.to_ne_bytes();
+        // SAFETY: writes 8 bytes from `bytes`, which lives in this frame for the call.
+        let rc = unsafe { libc::write(self.fd.as_raw_fd(), bytes.as_ptr().cast(), 8) };
+        if rc == 8 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::WouldBlock { Ok(()) } else { Err(error) }
+    }
+
+    /// Reads and resets the counter; `Ok(0)` if it was already zero.
+    pub fn read(&self) -> io::Result<u64> {
+        let mut bytes = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into `bytes`, owned by this frame for the call.
+        let rc = unsafe { libc::read(self.fd.as_raw_fd(), bytes.as_mut_ptr().cast(), 8) };
+        if rc == 8 {
+            return Ok(u64::from_ne_bytes(bytes));
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(error) }
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn eventfd_counts_and_resets() {
+        let efd = EventFd::new().expect("eventfd");
+        assert_eq!(efd.read().expect("read"), 0);
+        efd.write(2).expect("write");
+        efd.write(3).expect("write");
+        assert_eq!(efd.read().expect("read"), 5);
+        assert_eq!(efd.read().expect("read"), 0);
+    }
+
+    #[test]
+    fn pin_and_cpu_time() {
+        assert!(online_cpus() >= 1);
+        pin_current_thread(0).expect("pin to cpu 0");
+        assert!(pin_current_thread(1 << 20).is_err());
+        let start = thread_cpu_time().expect("rusage");
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+        let end = thread_cpu_time().expect("rusage");
+        assert!(end.user + end.sys >= start.user + start.sys);
+    }
+
+    #[test]
+    fn socket_options_apply() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let stream = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let fd = stream.as_raw_fd();
+        set_nodelay(fd, true).expect("nodelay");
+        assert!(stream.nodelay().expect("get nodelay"));
+        set_send_buffer_size(fd, 4096).expect("sndbuf");
+        assert!(send_buffer_size(fd).expect("get sndbuf") < 64 * 1024);
+        set_recv_buffer_size(fd, 4096).expect("rcvbuf");
+        set_nonblocking(fd, true).expect("nonblocking");
+        set_nonblocking(fd, false).expect("blocking");
+        assert!(set_nodelay(-1, true).is_err());
+    }
+}
