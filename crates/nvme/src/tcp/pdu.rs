@@ -485,8 +485,10 @@ impl Decoder {
             return Err(FatalError::field(ch_offset::TYPE));
         }
         let is_ic = matches!(ty, PduType::IcReq | PduType::IcResp);
-        if is_ic == c.established {
-            // IC before anything else, and exactly once (§3.6.1).
+        let is_term = matches!(ty, PduType::H2CTermReq | PduType::C2HTermReq);
+        if !is_term && is_ic == c.established {
+            // IC before anything else, and exactly once (§3.6.1). A TermReq may
+            // end the connection at any point, even before IC completes.
             return Err(FatalError::sequence());
         }
         let hlen = ty.hlen();

@@ -1,0 +1,181 @@
+//! Fabrics commands: Connect (creating controllers and binding queues) and
+//! Property Get/Set (NVMe-oF 1.1 §3.3-§3.5; Linux `fabrics-cmd.c`).
+
+use std::sync::Arc;
+
+use nvme::fabrics::{
+    ConnectCmd, ConnectData, ConnectDataError, ConnectInvalid, PropertyCmd, connect_data_offset, connect_sqe_offset,
+    prop,
+};
+use nvme::{Cntlid, QueueId, Sqe, Status};
+
+use crate::controller::Controller;
+use crate::port::{Port, PortKind};
+use crate::registry::TargetState;
+use crate::subsystem::SubsysKind;
+
+/// What a successful Connect bound the queue to.
+#[derive(Clone, Debug)]
+pub enum Binding {
+    /// The admin queue of a new controller (NVM or discovery).
+    Admin(Arc<Controller>),
+    /// An I/O queue of an existing controller, with the controller's I/O
+    /// generation at Connect time (the queue closes when it moves).
+    Io(Arc<Controller>, QueueId, u64),
+}
+
+impl Binding {
+    /// The controller.
+    pub fn controller(&self) -> &Arc<Controller> {
+        match self {
+            Binding::Admin(c) | Binding::Io(c, _, _) => c,
+        }
+    }
+    /// The queue id.
+    pub fn qid(&self) -> QueueId {
+        match self {
+            Binding::Admin(_) => QueueId::ADMIN,
+            Binding::Io(_, q, _) => *q,
+        }
+    }
+}
+
+/// A refused Connect: the status and the CQE DW0 (IATTR/IPO for invalid parameters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectError {
+    /// Status.
+    pub status: Status,
+    /// DW0.
+    pub dw0: u32,
+}
+
+impl ConnectError {
+    fn invalid(at: ConnectInvalid) -> ConnectError {
+        ConnectError { status: Status::CONNECT_INVALID_PARAMETERS, dw0: at.dw0() }
+    }
+}
+
+/// A successful Connect.
+#[derive(Debug)]
+pub struct Connected {
+    /// The binding.
+    pub binding: Binding,
+    /// Queue entries (SQSIZE + 1).
+    pub entries: u16,
+    /// The host disabled SQ flow control (no SQHD needed; C2HData SUCCESS allowed).
+    pub sqflow_disabled: bool,
+}
+
+/// Handles a Connect command arriving on `port` with its 1024 bytes of data.
+pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -> Result<Connected, ConnectError> {
+    let cmd = ConnectCmd::from_sqe(sqe);
+    if cmd.recfmt != 0 {
+        return Err(ConnectError { status: Status::CONNECT_INCOMPATIBLE_FORMAT, dw0: 0 });
+    }
+    let d = ConnectData::decode(data).map_err(|e| match e {
+        ConnectDataError::TooShort => ConnectError { status: Status::DATA_SGL_LENGTH_INVALID, dw0: 0 },
+        ConnectDataError::BadNqn { offset } => ConnectError::invalid(ConnectInvalid::data(offset)),
+    })?;
+    let subsys = target
+        .subsystem(&d.subnqn)
+        .filter(|s| match s.kind {
+            SubsysKind::Discovery => true,
+            SubsysKind::Nvm => port.kind == PortKind::Io && s.on_port(port.id),
+        })
+        .ok_or_else(|| {
+            tracing::debug!(subnqn = %d.subnqn, port = port.id, "connect to unknown subsystem");
+            ConnectError::invalid(ConnectInvalid::data(connect_data_offset::SUBNQN))
+        })?;
+    if !subsys.allows_host(&d.hostnqn) {
+        tracing::info!(subnqn = %d.subnqn, hostnqn = %d.hostnqn, "connect from a host not allowed");
+        return Err(ConnectError {
+            status: Status::CONNECT_INVALID_HOST,
+            dw0: ConnectInvalid::data(connect_data_offset::HOSTNQN).dw0(),
+        });
+    }
+    let entries = u32::from(cmd.sqsize) + 1;
+    let max_entries = u32::from(subsys.limits.max_queue_entries);
+    // SQSIZE is 0's based and must describe at least 2 entries (NVMe 2.0 §3.3.1.1).
+    if cmd.sqsize == 0 || entries > max_entries {
+        return Err(ConnectError::invalid(ConnectInvalid::sqe(connect_sqe_offset::SQSIZE)));
+    }
+    let entries = u16::try_from(entries).unwrap_or(u16::MAX);
+    let now = target.now_ms();
+    if cmd.qid.is_admin() {
+        if d.cntlid != Cntlid::DYNAMIC {
+            return Err(ConnectError::invalid(ConnectInvalid::data(connect_data_offset::CNTLID)));
+        }
+        let kato = cmd.kato_ms;
+        let ctrl = subsys
+            .register_controller(|id| {
+                Arc::new(Controller::new(
+                    id,
+                    Arc::clone(&subsys),
+                    Arc::clone(port),
+                    d.hostnqn.clone(),
+                    d.hostid,
+                    kato,
+                    now,
+                ))
+            })
+            .ok_or(ConnectError { status: Status::CONNECT_CONTROLLER_BUSY, dw0: 0 })?;
+        if kato != 0 {
+            ctrl.set_kato_ms(kato, now);
+        }
+        tracing::info!(
+            cntlid = ctrl.cntlid.0, subnqn = %subsys.nqn, hostnqn = %d.hostnqn, port = port.id, kato_ms = kato,
+            "controller created"
+        );
+        Ok(Connected { binding: Binding::Admin(ctrl), entries, sqflow_disabled: cmd.sqflow_disabled() })
+    } else {
+        let ctrl = subsys
+            .controller(d.cntlid)
+            .filter(|c| c.port.id == port.id)
+            .ok_or_else(|| ConnectError::invalid(ConnectInvalid::data(connect_data_offset::CNTLID)))?;
+        if ctrl.hostnqn != d.hostnqn {
+            return Err(ConnectError::invalid(ConnectInvalid::data(connect_data_offset::HOSTNQN)));
+        }
+        if !ctrl.is_ready() {
+            return Err(ConnectError { status: Status::COMMAND_SEQUENCE_ERROR, dw0: 0 });
+        }
+        let generation = ctrl.io_generation();
+        if !ctrl.attach_io_queue(cmd.qid) {
+            return Err(ConnectError::invalid(ConnectInvalid::sqe(connect_sqe_offset::QID)));
+        }
+        ctrl.touch(now);
+        Ok(Connected {
+            binding: Binding::Io(Arc::clone(&ctrl), cmd.qid, generation),
+            entries,
+            sqflow_disabled: cmd.sqflow_disabled(),
+        })
+    }
+}
+
+/// Property Get: (status, value).
+pub fn property_get(ctrl: &Controller, sqe: &Sqe) -> (Status, u64) {
+    let p = PropertyCmd::from_sqe(sqe);
+    let (value, size8) = match p.offset {
+        prop::CAP => (ctrl.cap(), true),
+        prop::VS => (u64::from(ctrl.vs()), false),
+        prop::CC => (u64::from(ctrl.cc()), false),
+        prop::CSTS => (u64::from(ctrl.csts()), false),
+        _ => return (Status::INVALID_FIELD, 0),
+    };
+    if p.size8 != size8 {
+        return (Status::INVALID_FIELD, 0);
+    }
+    (Status::SUCCESS, value)
+}
+
+/// Property Set: only CC is writable.
+pub fn property_set(ctrl: &Controller, sqe: &Sqe) -> Status {
+    let p = PropertyCmd::from_sqe(sqe);
+    if p.offset != prop::CC || p.size8 {
+        return Status::INVALID_FIELD;
+    }
+    let v = u32::try_from(p.value & 0xffff_ffff).unwrap_or(0);
+    match ctrl.set_cc(v) {
+        Ok(()) => Status::SUCCESS,
+        Err(s) => s,
+    }
+}

@@ -1,0 +1,328 @@
+//! The target's shared state: ports, subsystems, the discovery subsystem,
+//! ANA change counting and the queue registry that RPC reads.
+//!
+//! Everything here is control plane: it is touched on Connect, admin
+//! commands, RPC and once per connection, never per I/O.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Instant;
+
+use nvme::features::AsyncEvent;
+use nvme::log::{DiscoveryEntry, DiscoveryLog, adrfam, subtype, trtype};
+use nvme::{AnaGrpId, AnaState, Cntlid};
+
+use crate::error::{Error, ErrorKind};
+use crate::port::{ANA_GROUPS, Port, PortKind};
+use crate::stats::{QueueStats, QueueStatsSnapshot};
+use crate::subsystem::{SubsysKind, Subsystem};
+
+/// Transport and queue limits of the whole target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TargetOptions {
+    /// In-capsule data accepted on I/O queues, bytes (IOCCSZ = 4 + this / 16).
+    pub in_capsule_data_size: u32,
+    /// MDTS as a power of two of 4 KiB pages (8 = 1 MiB).
+    pub mdts: u8,
+    /// MAXH2CDATA: most data in one H2CData PDU, bytes.
+    pub maxh2cdata: u32,
+    /// Receive buffer per connection, bytes.
+    pub rx_buffer_size: usize,
+    /// Data buffer bytes a reactor may have outstanding.
+    pub buffer_pool_bytes: usize,
+    /// A connection that has not completed ICReq and Connect within this many ms is closed.
+    pub connect_timeout_ms: u64,
+    /// Most connections at once on one port.
+    pub max_connections_per_port: usize,
+    /// Most connections at once from one host address.
+    pub max_connections_per_host: usize,
+}
+
+impl Default for TargetOptions {
+    fn default() -> Self {
+        TargetOptions {
+            in_capsule_data_size: 8192,
+            mdts: 8,
+            maxh2cdata: 256 * 1024,
+            rx_buffer_size: 64 * 1024,
+            buffer_pool_bytes: 256 << 20,
+            connect_timeout_ms: 10_000,
+            max_connections_per_port: 4096,
+            max_connections_per_host: 2048,
+        }
+    }
+}
+
+impl TargetOptions {
+    /// Largest transfer in bytes.
+    pub fn max_transfer(&self) -> usize {
+        4096usize << self.mdts
+    }
+}
+
+/// What RPC shows about one queue.
+#[derive(Debug)]
+pub struct QueueInfo {
+    /// Port the connection came in on.
+    pub port: u16,
+    /// Peer address.
+    pub peer: Option<SocketAddr>,
+    /// Reactor thread that owns it.
+    pub reactor: usize,
+    /// Counters.
+    pub stats: QueueStats,
+    binding: Mutex<Option<(String, Cntlid, u16)>>,
+}
+
+/// A queue as `list_queues` reports it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct QueueReport {
+    /// Port id.
+    pub port: u16,
+    /// Peer address.
+    pub peer: String,
+    /// Reactor index.
+    pub reactor: usize,
+    /// Subsystem NQN (empty before Connect).
+    pub subnqn: String,
+    /// Controller id.
+    pub cntlid: u16,
+    /// Queue id.
+    pub qid: u16,
+    /// Counters.
+    pub stats: QueueStatsSnapshot,
+}
+
+impl QueueInfo {
+    /// Records the queue's binding after Connect.
+    pub fn bind(&self, subnqn: &str, cntlid: Cntlid, qid: u16) {
+        *self.binding.lock().unwrap_or_else(|e| e.into_inner()) = Some((subnqn.to_string(), cntlid, qid));
+    }
+
+    fn report(&self) -> QueueReport {
+        let b = self.binding.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (subnqn, cntlid, qid) = b.unwrap_or((String::new(), Cntlid(0), 0));
+        QueueReport {
+            port: self.port,
+            peer: self.peer.map(|p| p.to_string()).unwrap_or_default(),
+            reactor: self.reactor,
+            subnqn,
+            cntlid: cntlid.0,
+            qid,
+            stats: self.stats.snapshot(),
+        }
+    }
+}
+
+/// The target's shared state.
+#[derive(Debug)]
+pub struct TargetState {
+    /// Options.
+    pub opts: TargetOptions,
+    ports: RwLock<Vec<Arc<Port>>>,
+    subsystems: RwLock<Vec<Arc<Subsystem>>>,
+    /// The discovery subsystem.
+    pub discovery: Arc<Subsystem>,
+    ana_chgcnt: AtomicU64,
+    disc_genctr: AtomicU64,
+    epoch: Instant,
+    queues: Mutex<Vec<Weak<QueueInfo>>>,
+}
+
+impl TargetState {
+    /// An empty target.
+    pub fn new(opts: TargetOptions) -> TargetState {
+        TargetState {
+            opts,
+            ports: RwLock::new(Vec::new()),
+            subsystems: RwLock::new(Vec::new()),
+            discovery: Arc::new(Subsystem::discovery()),
+            ana_chgcnt: AtomicU64::new(1),
+            disc_genctr: AtomicU64::new(1),
+            epoch: Instant::now(),
+            queues: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Nanoseconds since the target started (monotonic).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Milliseconds since the target started.
+    #[inline]
+    pub fn now_ms(&self) -> u64 {
+        self.now_ns() / 1_000_000
+    }
+
+    /// Adds a port.
+    pub fn add_port(&self, id: u16, addr: SocketAddr, kind: PortKind) -> Result<Arc<Port>, Error> {
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        if ports.iter().any(|p| p.id == id) {
+            return Err(Error::new(ErrorKind::Exists, format!("port id {id} exists")));
+        }
+        if ports.iter().any(|p| p.addr == addr) {
+            return Err(Error::new(ErrorKind::Exists, format!("port address {addr} exists")));
+        }
+        let p = Arc::new(Port::new(id, addr, kind));
+        ports.push(Arc::clone(&p));
+        self.bump_discovery();
+        Ok(p)
+    }
+
+    /// Every port.
+    pub fn ports(&self) -> Vec<Arc<Port>> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The port with this id.
+    pub fn port(&self, id: u16) -> Option<Arc<Port>> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner()).iter().find(|p| p.id == id).cloned()
+    }
+
+    /// Adds a subsystem.
+    pub fn add_subsystem(&self, s: Subsystem) -> Result<Arc<Subsystem>, Error> {
+        let mut subs = self.subsystems.write().unwrap_or_else(|e| e.into_inner());
+        if s.nqn == nvme::nqn::DISCOVERY_NQN || subs.iter().any(|x| x.nqn == s.nqn) {
+            return Err(Error::new(ErrorKind::Exists, format!("subsystem {} exists", s.nqn)));
+        }
+        let s = Arc::new(s);
+        subs.push(Arc::clone(&s));
+        drop(subs);
+        self.bump_discovery();
+        Ok(s)
+    }
+
+    /// Removes a subsystem; its controllers fail.
+    pub fn remove_subsystem(&self, nqn: &str) -> Result<(), Error> {
+        let mut subs = self.subsystems.write().unwrap_or_else(|e| e.into_inner());
+        let i = subs
+            .iter()
+            .position(|s| s.nqn == nqn)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no subsystem {nqn}")))?;
+        let s = subs.remove(i);
+        drop(subs);
+        for c in s.controllers() {
+            c.fail("subsystem removed");
+        }
+        self.bump_discovery();
+        Ok(())
+    }
+
+    /// The subsystem (or the discovery subsystem) with this NQN.
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == nvme::nqn::DISCOVERY_NQN {
+            return Some(Arc::clone(&self.discovery));
+        }
+        self.subsystems.read().unwrap_or_else(|e| e.into_inner()).iter().find(|s| s.nqn == nqn).cloned()
+    }
+
+    /// Every NVM subsystem.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The target-wide ANA change count.
+    pub fn ana_chgcnt(&self) -> u64 {
+        self.ana_chgcnt.load(Ordering::Relaxed)
+    }
+
+    /// Sets the state of ANA group `group` on port `port_id` and sends an
+    /// ANA change event to every controller on that port whose subsystem has
+    /// a namespace in the group.
+    pub fn set_ana_state(&self, port_id: u16, group: AnaGrpId, state: AnaState) -> Result<bool, Error> {
+        if group.0 == 0 || group.0 > ANA_GROUPS {
+            return Err(Error::new(ErrorKind::Config, format!("ANA group {} out of range 1..={ANA_GROUPS}", group.0)));
+        }
+        let port = self.port(port_id).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no port {port_id}")))?;
+        let cnt = self.ana_chgcnt.fetch_add(1, Ordering::Relaxed) + 1;
+        if !port.set_ana_state(group, state, cnt) {
+            return Ok(false);
+        }
+        tracing::info!(port = port_id, group = group.0, state = state.linux_name(), "ANA state changed");
+        for s in self.subsystems() {
+            let (ns, _) = s.namespaces();
+            if !ns.iter().any(|n| n.anagrpid == group) {
+                continue;
+            }
+            for c in s.controllers() {
+                if c.port.id == port_id {
+                    c.add_event(AsyncEvent::ANA_CHANGE);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn bump_discovery(&self) {
+        self.disc_genctr.fetch_add(1, Ordering::Relaxed);
+        for c in self.discovery.controllers() {
+            c.add_event(AsyncEvent::DISCOVERY_CHANGE);
+        }
+    }
+
+    /// The discovery log `hostnqn` sees through `via`: one entry per
+    /// (subsystem it may reach, I/O port the subsystem is on), plus the
+    /// current discovery subsystem on every port.
+    pub fn discovery_log(&self, hostnqn: &str, via: &Port) -> DiscoveryLog {
+        let mut entries = Vec::new();
+        let ports = self.ports();
+        let entry = |p: &Port, st: u8, nqn: &str| DiscoveryEntry {
+            trtype: trtype::TCP,
+            adrfam: if p.addr.is_ipv4() { adrfam::IPV4 } else { adrfam::IPV6 },
+            subtype: st,
+            // TREQ: secure channel not required.
+            treq: 0x02,
+            portid: p.id,
+            cntlid: Cntlid::DYNAMIC,
+            asqsz: 32,
+            eflags: 0,
+            trsvcid: p.trsvcid(),
+            subnqn: nqn.to_string(),
+            traddr: p.traddr(),
+            tsas: [0; 256],
+        };
+        for s in self.subsystems() {
+            if s.kind != SubsysKind::Nvm || !s.allows_host(hostnqn) {
+                continue;
+            }
+            for p in ports.iter().filter(|p| p.kind == PortKind::Io && s.on_port(p.id)) {
+                entries.push(entry(p, subtype::NVM, &s.nqn));
+            }
+        }
+        // The discovery subsystem itself, reachable through the port asked on
+        // (NVMe-oF 1.1 §5.3: "current discovery subsystem" entry).
+        entries.push(entry(via, subtype::CURRENT_DISCOVERY, nvme::nqn::DISCOVERY_NQN));
+        DiscoveryLog { genctr: self.disc_genctr.load(Ordering::Relaxed), recfmt: 0, entries }
+    }
+
+    /// Registers a new connection's queue info.
+    pub fn register_queue(&self, port: u16, peer: Option<SocketAddr>, reactor: usize) -> Arc<QueueInfo> {
+        let q = Arc::new(QueueInfo { port, peer, reactor, stats: QueueStats::default(), binding: Mutex::new(None) });
+        let mut list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if list.len() > 64 && list.len().is_power_of_two() {
+            list.retain(|w| w.strong_count() > 0);
+        }
+        list.push(Arc::downgrade(&q));
+        q
+    }
+
+    /// Every live queue.
+    pub fn queues(&self) -> Vec<QueueReport> {
+        let mut list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).map(|q| q.report()).collect()
+    }
+
+    /// Live connections on a port and from a host address (for the connection limits).
+    pub fn connection_counts(&self, port: u16, peer: Option<SocketAddr>) -> (usize, usize) {
+        let list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let live: Vec<Arc<QueueInfo>> = list.iter().filter_map(Weak::upgrade).collect();
+        let on_port = live.iter().filter(|q| q.port == port).count();
+        let from_host = peer.map_or(0, |p| live.iter().filter(|q| q.peer.map(|x| x.ip()) == Some(p.ip())).count());
+        (on_port, from_host)
+    }
+}

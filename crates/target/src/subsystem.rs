@@ -1,0 +1,283 @@
+//! NVM subsystems: an NQN, identity strings, the hosts allowed in, the ports
+//! it is exposed on, its namespaces and its controllers.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use nvme::{Cntlid, Nsid};
+
+use crate::controller::Controller;
+use crate::error::{Error, ErrorKind};
+use crate::namespace::{Namespace, NamespaceSpec, NsMap};
+
+/// What kind of subsystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubsysKind {
+    /// An NVM subsystem with namespaces.
+    Nvm,
+    /// The discovery subsystem.
+    Discovery,
+}
+
+/// Who may connect.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostAccess {
+    /// Any host NQN may connect (only when configured so).
+    pub allow_any: bool,
+    /// Allowed host NQNs.
+    pub hosts: Vec<String>,
+}
+
+impl HostAccess {
+    /// Whether `hostnqn` may connect.
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        self.allow_any || self.hosts.iter().any(|h| h == hostnqn)
+    }
+}
+
+/// Limits of a subsystem's controllers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubsysLimits {
+    /// I/O queues a controller may create.
+    pub max_io_queues: u16,
+    /// Entries per queue (CAP.MQES + 1).
+    pub max_queue_entries: u16,
+    /// Controllers the subsystem may have at once.
+    pub max_controllers: u16,
+}
+
+impl Default for SubsysLimits {
+    fn default() -> Self {
+        // Linux nvmet: 128 queues; queue size up to 1024 (Linux host accepts 16..=1024).
+        SubsysLimits { max_io_queues: 128, max_queue_entries: 1024, max_controllers: 1024 }
+    }
+}
+
+/// An NVM (or the discovery) subsystem.
+#[derive(Debug)]
+pub struct Subsystem {
+    /// NQN.
+    pub nqn: String,
+    /// Kind.
+    pub kind: SubsysKind,
+    /// Serial number (20 chars max).
+    pub serial: String,
+    /// Model number (40 chars max).
+    pub model: String,
+    /// Firmware revision (8 chars max).
+    pub firmware: String,
+    /// Controller limits.
+    pub limits: SubsysLimits,
+    access: RwLock<HostAccess>,
+    /// Port ids this subsystem is exposed on (empty: every I/O port).
+    ports: RwLock<Vec<u16>>,
+    ns: Mutex<Arc<NsMap>>,
+    ns_gen: AtomicU64,
+    ctrls: Mutex<CtrlTable>,
+}
+
+#[derive(Debug, Default)]
+struct CtrlTable {
+    next: u16,
+    live: BTreeMap<u16, Weak<Controller>>,
+}
+
+impl Subsystem {
+    /// A new subsystem.
+    pub fn new(
+        nqn: &str,
+        kind: SubsysKind,
+        serial: &str,
+        model: &str,
+        access: HostAccess,
+        limits: SubsysLimits,
+    ) -> Result<Subsystem, Error> {
+        nvme::nqn::validate(nqn).map_err(|e| Error::new(ErrorKind::Config, format!("subsystem NQN {nqn:?}: {e}")))?;
+        if serial.len() > 20 || !serial.is_ascii() {
+            return Err(Error::new(ErrorKind::Config, format!("serial {serial:?}: at most 20 ASCII characters")));
+        }
+        if model.len() > 40 || !model.is_ascii() {
+            return Err(Error::new(ErrorKind::Config, format!("model {model:?}: at most 40 ASCII characters")));
+        }
+        Ok(Subsystem {
+            nqn: nqn.to_string(),
+            kind,
+            serial: serial.to_string(),
+            model: model.to_string(),
+            firmware: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
+            limits,
+            access: RwLock::new(access),
+            ports: RwLock::new(Vec::new()),
+            ns: Mutex::new(Arc::new(NsMap::default())),
+            ns_gen: AtomicU64::new(1),
+            ctrls: Mutex::new(CtrlTable { next: 1, live: BTreeMap::new() }),
+        })
+    }
+
+    /// The discovery subsystem.
+    pub fn discovery() -> Subsystem {
+        let mut s = Subsystem::new(
+            nvme::nqn::DISCOVERY_NQN,
+            SubsysKind::Discovery,
+            "qpath-discovery",
+            "qpath discovery",
+            HostAccess { allow_any: true, hosts: vec![] },
+            SubsysLimits::default(),
+        )
+        .unwrap_or_else(|e| unreachable!("the discovery NQN is valid: {e}"));
+        s.limits.max_io_queues = 0;
+        s
+    }
+
+    /// Whether `hostnqn` may connect.
+    pub fn allows_host(&self, hostnqn: &str) -> bool {
+        self.access.read().unwrap_or_else(|e| e.into_inner()).allows(hostnqn)
+    }
+
+    /// Replaces the host access list.
+    pub fn set_access(&self, access: HostAccess) {
+        *self.access.write().unwrap_or_else(|e| e.into_inner()) = access;
+    }
+
+    /// The host access list.
+    pub fn access(&self) -> HostAccess {
+        self.access.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Restricts the subsystem to these ports (empty = every I/O port).
+    pub fn set_ports(&self, ports: Vec<u16>) {
+        *self.ports.write().unwrap_or_else(|e| e.into_inner()) = ports;
+    }
+
+    /// Whether the subsystem is reachable through `port_id`.
+    pub fn on_port(&self, port_id: u16) -> bool {
+        let p = self.ports.read().unwrap_or_else(|e| e.into_inner());
+        p.is_empty() || p.contains(&port_id)
+    }
+
+    /// The namespace map and its generation. Connections cache both and
+    /// re-read when [`Subsystem::ns_generation`] moves.
+    pub fn namespaces(&self) -> (Arc<NsMap>, u64) {
+        let m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        (Arc::clone(&m), self.ns_gen.load(Ordering::Acquire))
+    }
+
+    /// Current namespace generation (one relaxed load of a read-mostly line).
+    #[inline]
+    pub fn ns_generation(&self) -> u64 {
+        self.ns_gen.load(Ordering::Relaxed)
+    }
+
+    /// Adds a namespace; returns its NSID. Controllers get a
+    /// namespace-attribute-changed event.
+    pub fn add_namespace(&self, spec: NamespaceSpec) -> Result<Nsid, Error> {
+        let nsid = {
+            let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+            let nsid = if spec.nsid == 0 {
+                m.first_free().ok_or_else(|| Error::new(ErrorKind::Config, "no free NSID"))?
+            } else {
+                Nsid(spec.nsid)
+            };
+            if nsid.0 == 0 || nsid.0 > crate::namespace::MAX_NSID {
+                return Err(Error::new(ErrorKind::Config, format!("NSID {nsid} out of range 1..=1024")));
+            }
+            if m.get(nsid).is_some() {
+                return Err(Error::new(ErrorKind::Exists, format!("{}: NSID {nsid} exists", self.nqn)));
+            }
+            let ns = Arc::new(Namespace::new(&self.nqn, nsid, spec)?);
+            *m = Arc::new(m.with(ns));
+            self.ns_gen.fetch_add(1, Ordering::Release);
+            nsid
+        };
+        self.notify_ns_changed(nsid);
+        Ok(nsid)
+    }
+
+    /// Removes a namespace. In-flight I/O to it completes; new I/O gets Invalid Namespace.
+    pub fn remove_namespace(&self, nsid: Nsid) -> Result<(), Error> {
+        {
+            let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+            if m.get(nsid).is_none() {
+                return Err(Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)));
+            }
+            *m = Arc::new(m.without(nsid));
+            self.ns_gen.fetch_add(1, Ordering::Release);
+        }
+        self.notify_ns_changed(nsid);
+        Ok(())
+    }
+
+    fn notify_ns_changed(&self, nsid: Nsid) {
+        for c in self.controllers() {
+            c.namespace_changed(nsid);
+        }
+    }
+
+    /// Allocates a controller id and registers the controller built by `make`.
+    pub fn register_controller(&self, make: impl FnOnce(Cntlid) -> Arc<Controller>) -> Option<Arc<Controller>> {
+        let mut t = self.ctrls.lock().unwrap_or_else(|e| e.into_inner());
+        t.live.retain(|_, w| w.strong_count() > 0);
+        if t.live.len() >= usize::from(self.limits.max_controllers) {
+            return None;
+        }
+        // Dynamic controller ids: 1..=0xFFEF, never reusing a live one (NVMe-oF 1.1 §3.3).
+        let mut id = t.next;
+        for _ in 0..=Cntlid::MAX_DYNAMIC {
+            if id == 0 || id > Cntlid::MAX_DYNAMIC {
+                id = 1;
+            }
+            if !t.live.contains_key(&id) {
+                break;
+            }
+            id += 1;
+        }
+        t.next = id.wrapping_add(1);
+        let ctrl = make(Cntlid(id));
+        t.live.insert(id, Arc::downgrade(&ctrl));
+        Some(ctrl)
+    }
+
+    /// The live controller with this id.
+    pub fn controller(&self, cntlid: Cntlid) -> Option<Arc<Controller>> {
+        let t = self.ctrls.lock().unwrap_or_else(|e| e.into_inner());
+        t.live.get(&cntlid.0).and_then(Weak::upgrade).filter(|c| !c.is_dead())
+    }
+
+    /// Every live controller.
+    pub fn controllers(&self) -> Vec<Arc<Controller>> {
+        let t = self.ctrls.lock().unwrap_or_else(|e| e.into_inner());
+        t.live.values().filter_map(Weak::upgrade).filter(|c| !c.is_dead()).collect()
+    }
+
+    /// Forgets a controller (when its admin queue goes away).
+    pub fn unregister_controller(&self, cntlid: Cntlid) {
+        self.ctrls.lock().unwrap_or_else(|e| e.into_inner()).live.remove(&cntlid.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_access() {
+        let a = HostAccess { allow_any: false, hosts: vec!["nqn.h1".into()] };
+        assert!(a.allows("nqn.h1"));
+        assert!(!a.allows("nqn.h2"));
+        assert!(HostAccess { allow_any: true, hosts: vec![] }.allows("anything"));
+    }
+
+    #[test]
+    fn identity_limits() {
+        let ok = |s: &str, m: &str| {
+            Subsystem::new("nqn.x", SubsysKind::Nvm, s, m, HostAccess::default(), SubsysLimits::default())
+        };
+        assert!(ok("1234", "model").is_ok());
+        assert!(ok(&"9".repeat(21), "model").is_err());
+        assert!(ok("1", &"m".repeat(41)).is_err());
+        assert!(
+            Subsystem::new("bad", SubsysKind::Nvm, "1", "m", HostAccess::default(), SubsysLimits::default()).is_err()
+        );
+    }
+}

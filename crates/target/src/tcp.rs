@@ -1,0 +1,1307 @@
+//! The NVMe/TCP queue: one TCP connection, from ICReq to close, as a
+//! sans-I/O state machine (Linux `target/tcp.c`, SPDK `lib/nvmf/tcp.c`).
+//!
+//! The connection never touches a socket. Its driver (the reactor, or the
+//! in-process loopback used by tests and fuzzing) lends it received bytes,
+//! takes batches of bytes to send, runs its file operations and calls its
+//! timers. That keeps one implementation for the socket path, the loopback
+//! path and the fuzzer:
+//!
+//! ```text
+//!   driver                               Connection
+//!   recv into take_recv_buf() ──bytes──► on_recv ─► PDU decode ─► command ─► backend
+//!   send take_send()          ◄─SendMsg─ C2HData / R2T / CapsuleResp / TermReq
+//!   FileIo completions        ──────────► on_file_done
+//!   timers                    ──────────► on_timers / tick
+//! ```
+//!
+//! Per command the connection does no allocation (request slots, buffers
+//! and send batches are reused) and takes no lock; the shared state it reads
+//! per command is a relaxed load of the subsystem's namespace generation.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nvme::opcode::fctype;
+use nvme::tcp::{
+    DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Header, IcResp, PduInfo, R2t,
+    Role, crc32c, crc32c_append,
+};
+use nvme::{Cqe, QueueId, SglKind, Sqe, Status};
+use uring::{IoBuf, SendMsg};
+
+use crate::admin::{self, Outcome};
+use crate::backend::{Backend, FileIo, FileOp, falloc};
+use crate::fabrics::{self, Binding};
+use crate::io_cmd::{self, IoKind};
+use crate::namespace::NsMap;
+use crate::pool::BufPool;
+use crate::port::Port;
+use crate::registry::{QueueInfo, TargetState};
+
+/// What a connection needs from its driver while it handles input.
+pub struct ConnCtx<'a> {
+    /// The reactor's buffer pool.
+    pub pool: &'a mut BufPool,
+    /// Executes file-backend operations.
+    pub file_io: &'a mut dyn FileIo,
+    /// Base of this connection's file-operation tokens; the low 16 bits carry the request slot.
+    pub token: u64,
+    /// Now, in ns since the target epoch.
+    pub now_ns: u64,
+}
+
+/// Lifecycle of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    /// Waiting for the host's ICReq.
+    AwaitIcReq,
+    /// ICResp sent; waiting for the Fabrics Connect.
+    AwaitConnect,
+    /// Bound to an admin or I/O queue.
+    Live,
+    /// No more input is read; queued output is flushed, then the connection closes.
+    Closing,
+    /// Done: the driver frees it once no operation is in flight.
+    Closed,
+}
+
+impl ConnState {
+    /// The one place connection lifecycle changes are decided.
+    pub fn transition(self, to: ConnState) -> ConnState {
+        use ConnState::*;
+        match (self, to) {
+            (AwaitIcReq, AwaitConnect) | (AwaitConnect, Live) => to,
+            (Closed, _) => Closed,
+            (_, Closing) => Closing,
+            (_, Closed) => Closed,
+            (from, to) => {
+                debug_assert!(false, "connection state {from:?} -> {to:?} is not a transition");
+                from
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReqState {
+    Free,
+    /// Receiving in-capsule data.
+    InCapsule,
+    /// Waiting for a data buffer from the pool.
+    AwaitBuffer,
+    /// R2T sent, receiving H2CData.
+    AwaitH2C,
+    /// A file operation is in flight.
+    Executing,
+    /// Done; completion held until its due time (QoS or injected delay).
+    Delayed,
+    /// An Asynchronous Event Request waiting for an event.
+    Aer,
+    /// Injected fault: never completes.
+    Stalled,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReqKind {
+    Connect,
+    Fabrics,
+    Admin,
+    Io(IoKind),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum After {
+    Respond,
+    /// A FUA write: fdatasync before responding.
+    Sync,
+}
+
+struct Req {
+    state: ReqState,
+    kind: ReqKind,
+    sqe: Sqe,
+    buf: Option<IoBuf>,
+    /// Data length from the SGL.
+    xfer_len: u32,
+    /// Data bytes received (in-capsule or H2C).
+    received: u32,
+    /// Data flows controller to host.
+    c2h: bool,
+    status: Status,
+    dw0: u32,
+    dw1: u32,
+    start_ns: u64,
+    after: After,
+}
+
+impl Req {
+    fn new() -> Req {
+        Req {
+            state: ReqState::Free,
+            kind: ReqKind::Fabrics,
+            sqe: Sqe::default(),
+            buf: None,
+            xfer_len: 0,
+            received: 0,
+            c2h: false,
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+            start_ns: 0,
+            after: After::Respond,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sink {
+    /// In-capsule data of a request.
+    InCapsule(u16),
+    /// H2CData for a request at a byte offset.
+    H2C(u16, u32),
+    /// Data nobody wants (a command that already failed).
+    Discard,
+    /// A TermReq's error data.
+    Term,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rx {
+    Header,
+    Data { sink: Sink, remaining: usize, ddgst: bool, crc: u32 },
+    Digest { sink: Sink, crc: u32 },
+}
+
+/// Slots beyond SQSIZE: outstanding AERs on the admin queue.
+const EXTRA_SLOTS: usize = crate::controller::MAX_AERS;
+/// Slots before Connect (the Connect itself).
+const INITIAL_SLOTS: usize = 1;
+
+/// One NVMe/TCP queue.
+pub struct Connection {
+    state: ConnState,
+    target: Arc<TargetState>,
+    port: Arc<Port>,
+    peer: Option<SocketAddr>,
+    info: Arc<QueueInfo>,
+    dec: Decoder,
+    enc: EncoderConfig,
+    rx: Option<IoBuf>,
+    rx_pos: usize,
+    rx_state: Rx,
+    tx: SendMsg,
+    tx_spare: Option<SendMsg>,
+    tx_inflight: bool,
+    scratch: Vec<u8>,
+    binding: Option<Binding>,
+    sqflow_disabled: bool,
+    entries: u16,
+    sqhd: u16,
+    ns: Arc<NsMap>,
+    ns_gen: u64,
+    retired_ns: Vec<Arc<NsMap>>,
+    reqs: Vec<Req>,
+    free: Vec<u16>,
+    waiting: VecDeque<u16>,
+    aers: Vec<u16>,
+    timers: BinaryHeap<Reverse<(u64, u16)>>,
+    file_ops: u32,
+    created_ns: u64,
+    drop_generation: u64,
+    /// Last time input arrived (ms), and the value last reported to the controller.
+    traffic_ms: u64,
+    traffic_reported_ms: u64,
+    close_reason: Option<String>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("state", &self.state)
+            .field("port", &self.port.id)
+            .field("peer", &self.peer)
+            .field("qid", &self.binding.as_ref().map(Binding::qid))
+            .finish()
+    }
+}
+
+impl Connection {
+    /// A connection accepted on `port` from `peer`, served by reactor `reactor`.
+    pub fn new(target: Arc<TargetState>, port: Arc<Port>, peer: Option<SocketAddr>, reactor: usize) -> Connection {
+        let info = target.register_queue(port.id, peer, reactor);
+        let rx = IoBuf::new(target.opts.rx_buffer_size.max(8192).next_multiple_of(4096));
+        let now = target.now_ns();
+        let drop_generation = port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
+        let mut c = Connection {
+            state: ConnState::AwaitIcReq,
+            target,
+            port,
+            peer,
+            info,
+            dec: Decoder::new(DecoderConfig::initial(Role::Controller)),
+            enc: EncoderConfig { digests: Digests::default(), data_align: 4 },
+            rx: Some(rx),
+            rx_pos: 0,
+            rx_state: Rx::Header,
+            tx: SendMsg::with_capacity(4096, 64),
+            tx_spare: Some(SendMsg::with_capacity(4096, 64)),
+            tx_inflight: false,
+            scratch: Vec::with_capacity(256),
+            binding: None,
+            sqflow_disabled: false,
+            entries: 0,
+            sqhd: 0,
+            ns: Arc::new(NsMap::default()),
+            ns_gen: 0,
+            retired_ns: Vec::new(),
+            reqs: Vec::new(),
+            free: Vec::new(),
+            waiting: VecDeque::new(),
+            aers: Vec::new(),
+            timers: BinaryHeap::new(),
+            file_ops: 0,
+            created_ns: now,
+            drop_generation,
+            traffic_ms: 0,
+            traffic_reported_ms: 0,
+            close_reason: None,
+        };
+        c.resize_slots(INITIAL_SLOTS);
+        c
+    }
+
+    fn resize_slots(&mut self, n: usize) {
+        while self.reqs.len() < n {
+            self.free.push(u16::try_from(self.reqs.len()).unwrap_or(u16::MAX));
+            self.reqs.push(Req::new());
+        }
+        // Allocate low slots first (keeps the working set small).
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    /// Lifecycle state.
+    pub fn state(&self) -> ConnState {
+        self.state
+    }
+
+    /// Why the connection is closing, if it is.
+    pub fn close_reason(&self) -> Option<&str> {
+        self.close_reason.as_deref()
+    }
+
+    /// The queue id once connected.
+    pub fn qid(&self) -> Option<QueueId> {
+        self.binding.as_ref().map(Binding::qid)
+    }
+
+    /// Counters and identity, as RPC shows them.
+    pub fn info(&self) -> &Arc<QueueInfo> {
+        &self.info
+    }
+
+    /// File operations in flight (the driver must not free the connection before they finish).
+    pub fn file_ops_in_flight(&self) -> u32 {
+        self.file_ops
+    }
+
+    fn set_state(&mut self, to: ConnState) {
+        self.state = self.state.transition(to);
+    }
+
+    /// Stops reading and closes once queued output is sent.
+    pub fn close(&mut self, why: &str) {
+        if matches!(self.state, ConnState::Closing | ConnState::Closed) {
+            return;
+        }
+        tracing::debug!(port = self.port.id, peer = ?self.peer, qid = ?self.qid(), "closing: {why}");
+        self.close_reason = Some(why.to_string());
+        self.set_state(ConnState::Closing);
+        if self.tx.is_empty() && !self.tx_inflight {
+            self.set_state(ConnState::Closed);
+        }
+    }
+
+    // ---------------------------------------------------------------- receive
+
+    /// The buffer to receive into and the range to fill, if the connection
+    /// wants input. The driver gives it back with [`Connection::on_recv`].
+    pub fn take_recv_buf(&mut self) -> Option<(IoBuf, std::ops::Range<usize>)> {
+        if !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
+            return None;
+        }
+        let mut buf = self.rx.take()?;
+        // Compact: move the unparsed tail to the front when space runs low.
+        let end = buf.len();
+        if self.rx_pos == end {
+            self.rx_pos = 0;
+            buf.set_len(0);
+        } else if self.rx_pos > 0 && buf.capacity() - end < buf.capacity() / 4 {
+            let pos = self.rx_pos;
+            buf.as_full_mut().copy_within(pos..end, 0);
+            buf.set_len(end - pos);
+            self.rx_pos = 0;
+        }
+        let start = buf.len();
+        let cap = buf.capacity();
+        if start == cap {
+            // Cannot happen: a header is at most 255 bytes and data is streamed out.
+            self.rx = Some(buf);
+            self.fail(FatalError::field(4), &[]);
+            return None;
+        }
+        Some((buf, start..cap))
+    }
+
+    /// `n` bytes were received at the end of `buf` (0 = the peer closed).
+    pub fn on_recv(&mut self, mut buf: IoBuf, n: usize, ctx: &mut ConnCtx<'_>) {
+        if n == 0 {
+            self.rx = Some(buf);
+            self.close("peer closed the connection");
+            return;
+        }
+        let len = buf.len() + n;
+        buf.set_len(len.min(buf.capacity()));
+        self.traffic_ms = ctx.now_ns / 1_000_000;
+        self.process(&mut buf, ctx);
+        self.rx = Some(buf);
+    }
+
+    /// Feeds bytes that are not in the connection's own buffer (loopback, fuzzing).
+    pub fn feed(&mut self, mut data: &[u8], ctx: &mut ConnCtx<'_>) {
+        while !data.is_empty() {
+            let Some((mut buf, range)) = self.take_recv_buf() else { return };
+            let n = data.len().min(range.len());
+            buf.as_full_mut()[range.start..range.start + n].copy_from_slice(&data[..n]);
+            self.on_recv(buf, n, ctx);
+            data = &data[n..];
+        }
+    }
+
+    fn process(&mut self, buf: &mut IoBuf, ctx: &mut ConnCtx<'_>) {
+        loop {
+            if !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
+                return;
+            }
+            let avail = &buf[self.rx_pos..];
+            match self.rx_state {
+                Rx::Header => match self.dec.decode_header(avail) {
+                    Err(e) => {
+                        let n = avail.len().min(nvme::tcp::pdu::TERM_MAX_DATA);
+                        let offending = avail[..n].to_vec();
+                        self.fail(e, &offending);
+                        return;
+                    }
+                    Ok(Decoded::NeedMore(_)) => return,
+                    Ok(Decoded::Pdu(info)) => {
+                        let skip = info.layout.data_offset.min(info.layout.plen);
+                        if avail.len() < skip {
+                            return;
+                        }
+                        self.rx_pos += skip;
+                        self.on_header(info, ctx);
+                    }
+                },
+                Rx::Data { sink, remaining, ddgst, crc } => {
+                    let n = avail.len().min(remaining);
+                    if n == 0 {
+                        return;
+                    }
+                    let chunk = &buf[self.rx_pos..self.rx_pos + n];
+                    let crc = if ddgst { crc32c_append(crc, chunk) } else { crc };
+                    self.sink_data(sink, chunk);
+                    self.rx_pos += n;
+                    let remaining = remaining - n;
+                    self.rx_state = if remaining > 0 {
+                        Rx::Data { sink, remaining, ddgst, crc }
+                    } else if ddgst {
+                        Rx::Digest { sink, crc }
+                    } else {
+                        self.rx_state = Rx::Header;
+                        self.data_done(sink, true, ctx);
+                        continue;
+                    };
+                }
+                Rx::Digest { sink, crc } => {
+                    if avail.len() < 4 {
+                        return;
+                    }
+                    let got = u32::from_le_bytes([avail[0], avail[1], avail[2], avail[3]]);
+                    self.rx_pos += 4;
+                    self.rx_state = Rx::Header;
+                    self.data_done(sink, got == crc, ctx);
+                }
+            }
+        }
+    }
+
+    fn sink_data(&mut self, sink: Sink, chunk: &[u8]) {
+        let (slot, off) = match sink {
+            Sink::InCapsule(s) => (s, self.reqs[usize::from(s)].received),
+            Sink::H2C(s, _) => (s, self.reqs[usize::from(s)].received),
+            Sink::Discard | Sink::Term => return,
+        };
+        let r = &mut self.reqs[usize::from(slot)];
+        if let Some(b) = r.buf.as_mut() {
+            let off = off as usize;
+            let end = (off + chunk.len()).min(b.len());
+            if off < end {
+                b[off..end].copy_from_slice(&chunk[..end - off]);
+            }
+        }
+        r.received = r.received.saturating_add(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
+    }
+
+    fn on_header(&mut self, info: PduInfo, ctx: &mut ConnCtx<'_>) {
+        let data_len = info.layout.data_len;
+        let ddgst = info.layout.ddgst;
+        let sink = match info.header {
+            Header::IcReq(r) => {
+                // HPDA: C2H data alignment the host asks for; MAXR2T: we issue one R2T per command.
+                let _ = r.maxr2t;
+                self.enc = EncoderConfig { digests: r.digests, data_align: (usize::from(r.hpda) + 1) * 4 };
+                let o = &self.target.opts;
+                let resp = IcResp { pfv: 0, cpda: 0, digests: r.digests, maxh2cdata: o.maxh2cdata };
+                self.tx.push_bytes(&resp.encode());
+                self.dec.config = DecoderConfig {
+                    receiver: Role::Controller,
+                    digests: r.digests,
+                    established: true,
+                    data_align: 4,
+                    // The admin queue takes Connect data (1 KiB) and 8 KiB like Linux
+                    // (NVME_TCP_ADMIN_CCSZ); I/O queues get IOCCSZ after Connect.
+                    max_in_capsule: 8192,
+                    max_data_pdu: o.maxh2cdata as usize,
+                };
+                self.set_state(ConnState::AwaitConnect);
+                None
+            }
+            Header::H2CTermReq(t) => {
+                tracing::info!(port = self.port.id, peer = ?self.peer, fes = t.fes, fei = t.fei, "host terminated the connection");
+                self.close("H2CTermReq from host");
+                Some(Sink::Term)
+            }
+            Header::CapsuleCmd(sqe) => Some(self.on_command(sqe, data_len, ctx)),
+            Header::H2CData(d) => match self.on_h2c_header(&d) {
+                Ok(sink) => Some(sink),
+                Err(e) => {
+                    self.fail(e, &[]);
+                    return;
+                }
+            },
+            // The decoder only lets host PDUs through.
+            Header::IcResp(_)
+            | Header::C2HTermReq(_)
+            | Header::CapsuleResp(_)
+            | Header::C2HData(_)
+            | Header::R2T(_) => {
+                self.fail(FatalError::field(0), &[]);
+                return;
+            }
+        };
+        match sink {
+            Some(sink) if data_len > 0 => {
+                self.rx_state = Rx::Data { sink, remaining: data_len, ddgst, crc: crc32c(&[]) };
+            }
+            Some(sink) => self.data_done(sink, true, ctx),
+            None => {}
+        }
+    }
+
+    /// A command capsule arrived with `data_len` bytes of in-capsule data to follow.
+    fn on_command(&mut self, sqe: Sqe, data_len: usize, ctx: &mut ConnCtx<'_>) -> Sink {
+        let Some(slot) = self.free.pop() else {
+            // More commands outstanding than SQSIZE allows (NVMe-oF 1.1 §3.3.2.1):
+            // the host broke flow control; there is nothing to track the command in.
+            self.fail(FatalError::sequence(), &sqe.0);
+            return Sink::Discard;
+        };
+        self.info.stats.commands.add(1);
+        self.info.stats.outstanding.add(1);
+        if self.state == ConnState::Live {
+            self.sqhd = (self.sqhd + 1) % self.entries.max(1);
+        }
+        let r = &mut self.reqs[usize::from(slot)];
+        r.sqe = sqe;
+        r.status = Status::SUCCESS;
+        r.dw0 = 0;
+        r.dw1 = 0;
+        r.received = 0;
+        r.after = After::Respond;
+        r.start_ns = ctx.now_ns;
+        r.c2h = false;
+        r.xfer_len = 0;
+        r.state = ReqState::InCapsule;
+        match self.classify(slot) {
+            Ok((kind, h2c, c2h)) => {
+                let r = &mut self.reqs[usize::from(slot)];
+                r.kind = kind;
+                if let Err(s) = self.check_sgl(slot, data_len, h2c, c2h) {
+                    return self.fail_cmd(slot, s, data_len);
+                }
+                let r = &mut self.reqs[usize::from(slot)];
+                r.c2h = c2h > 0;
+                r.xfer_len = h2c.max(c2h);
+                if data_len > 0 {
+                    // In-capsule data: into a buffer of its own.
+                    match ctx.pool.get(data_len) {
+                        Some(b) => r.buf = Some(b),
+                        None => return self.fail_cmd(slot, Status::INTERNAL, data_len),
+                    }
+                    Sink::InCapsule(slot)
+                } else {
+                    Sink::InCapsule(slot)
+                }
+            }
+            Err(s) => self.fail_cmd(slot, s, data_len),
+        }
+    }
+
+    /// Decides what the command is and how much data it moves each way.
+    fn classify(&mut self, slot: u16) -> Result<(ReqKind, u32, u32), Status> {
+        let sqe = self.reqs[usize::from(slot)].sqe;
+        let sgl_len = sqe.sgl().length;
+        if sqe.is_fabrics() {
+            return match (sqe.fctype(), &self.binding) {
+                (fctype::CONNECT, None) => Ok((ReqKind::Connect, 1024, 0)),
+                (fctype::CONNECT, Some(_)) => Err(Status::COMMAND_SEQUENCE_ERROR),
+                (fctype::PROPERTY_GET | fctype::PROPERTY_SET, Some(Binding::Admin(_))) => Ok((ReqKind::Fabrics, 0, 0)),
+                _ => Err(Status::INVALID_OPCODE),
+            };
+        }
+        let Some(binding) = &self.binding else {
+            // Before Connect only Connect is accepted (nvmet: invalid opcode).
+            return Err(Status::INVALID_OPCODE);
+        };
+        let ctrl = Arc::clone(binding.controller());
+        if !ctrl.is_ready() {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        match binding {
+            Binding::Admin(_) => {
+                let c2h = admin::c2h_len(&sqe).unwrap_or(0);
+                let c2h = u32::try_from(c2h).map_err(|_| Status::INVALID_FIELD)?;
+                if c2h > 0 && sgl_len != c2h {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                if c2h == 0 && sgl_len != 0 {
+                    // Admin commands with host data (Host ID etc.) are not supported over fabrics.
+                    return Err(Status::INVALID_FIELD);
+                }
+                Ok((ReqKind::Admin, 0, c2h))
+            }
+            Binding::Io(..) => {
+                self.refresh_ns();
+                let kind = io_cmd::plan(
+                    &sqe,
+                    self.ns.get(sqe.nsid()).map(|n| &**n),
+                    &self.port,
+                    u32::try_from(self.target.opts.max_transfer()).unwrap_or(u32::MAX),
+                )?;
+                Ok((ReqKind::Io(kind), kind.h2c_len(), kind.c2h_len()))
+            }
+        }
+    }
+
+    fn check_sgl(&self, slot: u16, data_len: usize, h2c: u32, c2h: u32) -> Result<(), Status> {
+        let sgl = self.reqs[usize::from(slot)].sqe.sgl();
+        let want = h2c.max(c2h);
+        match sgl.kind() {
+            SglKind::Unsupported => return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID),
+            SglKind::InCapsule { offset } => {
+                if offset != 0 {
+                    return Err(Status::SGL_OFFSET_INVALID);
+                }
+                // In-capsule data only carries host-to-controller data, all of it.
+                if c2h > 0 || sgl.length as usize != data_len || sgl.length != want {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+            }
+            SglKind::Transport => {
+                if data_len > 0 {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                if sgl.length != want {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails a command that has not started: its in-capsule data (if any) is skipped.
+    fn fail_cmd(&mut self, slot: u16, status: Status, data_len: usize) -> Sink {
+        let r = &mut self.reqs[usize::from(slot)];
+        r.status = status;
+        r.c2h = false;
+        r.xfer_len = 0;
+        r.kind = ReqKind::Fabrics;
+        if data_len > 0 {
+            // Respond after the data is consumed, keeping the stream in sync.
+            r.state = ReqState::InCapsule;
+            return Sink::InCapsule(slot);
+        }
+        Sink::InCapsule(slot)
+    }
+
+    fn on_h2c_header(&mut self, d: &DataHeader) -> Result<Sink, FatalError> {
+        let slot = d.ttag;
+        let Some(r) = self.reqs.get(usize::from(slot)) else {
+            return Err(FatalError::field(10));
+        };
+        if r.state != ReqState::AwaitH2C || r.sqe.cid() != d.cccid {
+            return Err(FatalError::field(10));
+        }
+        // Data must arrive in order and inside the R2T's range (§3.6.2.7).
+        if d.datao != r.received || d.datao.checked_add(d.datal).is_none_or(|end| end > r.xfer_len) {
+            return Err(FatalError { fes: Fes::DataOutOfRange, fei: 0 });
+        }
+        Ok(Sink::H2C(slot, d.datao))
+    }
+
+    fn data_done(&mut self, sink: Sink, digest_ok: bool, ctx: &mut ConnCtx<'_>) {
+        match sink {
+            Sink::Discard | Sink::Term => {}
+            Sink::InCapsule(slot) => {
+                let r = &mut self.reqs[usize::from(slot)];
+                if !digest_ok {
+                    // NVMe/TCP 1.0 §3.6.2.4: a data digest error fails the command, not the connection.
+                    r.status = Status::TRANSIENT_TRANSPORT_ERROR;
+                }
+                if !r.status.is_success() {
+                    self.respond(slot, ctx);
+                    return;
+                }
+                let needs_h2c = !r.c2h && r.xfer_len > 0 && r.received < r.xfer_len;
+                if needs_h2c {
+                    self.start_r2t(slot, ctx);
+                } else {
+                    self.execute(slot, ctx);
+                }
+            }
+            Sink::H2C(slot, _) => {
+                let r = &mut self.reqs[usize::from(slot)];
+                if !digest_ok {
+                    r.status = Status::TRANSIENT_TRANSPORT_ERROR;
+                }
+                if r.received >= r.xfer_len {
+                    if r.status.is_success() {
+                        self.execute(slot, ctx);
+                    } else {
+                        self.respond(slot, ctx);
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_r2t(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let len = self.reqs[usize::from(slot)].xfer_len as usize;
+        match ctx.pool.get(len) {
+            Some(b) => {
+                let r = &mut self.reqs[usize::from(slot)];
+                r.buf = Some(b);
+                r.received = 0;
+                r.state = ReqState::AwaitH2C;
+                let r2t = R2t { cccid: r.sqe.cid(), ttag: slot, r2to: 0, r2tl: r.xfer_len };
+                self.scratch.clear();
+                self.enc.r2t(&mut self.scratch, &r2t);
+                self.tx.push_bytes(&self.scratch);
+            }
+            None => {
+                self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
+                self.waiting.push_back(slot);
+            }
+        }
+    }
+
+    /// Whether requests wait for buffers (the driver calls [`Connection::pump`] when some are freed).
+    pub fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Retries requests that waited for a buffer.
+    pub fn pump(&mut self, ctx: &mut ConnCtx<'_>) {
+        let n = self.waiting.len();
+        for _ in 0..n {
+            let Some(slot) = self.waiting.pop_front() else { break };
+            let r = &self.reqs[usize::from(slot)];
+            if r.state != ReqState::AwaitBuffer {
+                continue;
+            }
+            if r.c2h {
+                self.execute(slot, ctx);
+            } else {
+                self.start_r2t(slot, ctx);
+            }
+            if self.reqs[usize::from(slot)].state == ReqState::AwaitBuffer {
+                // Still no buffer: it went back to the queue; stop for now.
+                break;
+            }
+        }
+    }
+
+    // -------------------------------------------------------------- execution
+
+    fn refresh_ns(&mut self) {
+        if let Some(b) = &self.binding {
+            let subsys = &b.controller().subsys;
+            if subsys.ns_generation() != self.ns_gen {
+                let (m, g) = subsys.namespaces();
+                let old = std::mem::replace(&mut self.ns, m);
+                if self.file_ops > 0 {
+                    // Keep namespaces alive while file operations on them are in flight.
+                    self.retired_ns.push(old);
+                }
+                self.ns_gen = g;
+            }
+        }
+    }
+
+    fn execute(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let kind = self.reqs[usize::from(slot)].kind;
+        match kind {
+            ReqKind::Connect => self.exec_connect(slot, ctx),
+            ReqKind::Fabrics => {
+                let sqe = self.reqs[usize::from(slot)].sqe;
+                if let Some(Binding::Admin(ctrl)) = &self.binding {
+                    let ctrl = Arc::clone(ctrl);
+                    let r = &mut self.reqs[usize::from(slot)];
+                    if sqe.fctype() == fctype::PROPERTY_GET {
+                        let (s, v) = fabrics::property_get(&ctrl, &sqe);
+                        r.status = s;
+                        r.dw0 = (v & 0xffff_ffff) as u32;
+                        r.dw1 = (v >> 32) as u32;
+                    } else {
+                        r.status = fabrics::property_set(&ctrl, &sqe);
+                    }
+                }
+                self.respond(slot, ctx);
+            }
+            ReqKind::Admin => self.exec_admin(slot, ctx),
+            ReqKind::Io(io) => self.exec_io(slot, io, ctx),
+        }
+    }
+
+    fn exec_connect(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let sqe = self.reqs[usize::from(slot)].sqe;
+        let data = self.reqs[usize::from(slot)].buf.take();
+        let result = fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[]));
+        if let Some(b) = data {
+            ctx.pool.put(b);
+        }
+        let r = &mut self.reqs[usize::from(slot)];
+        match result {
+            Ok(c) => {
+                let ctrl = Arc::clone(c.binding.controller());
+                r.dw0 = u32::from(ctrl.cntlid.0);
+                self.entries = c.entries;
+                self.sqflow_disabled = c.sqflow_disabled;
+                let qid = c.binding.qid();
+                self.info.bind(&ctrl.subsys.nqn, ctrl.cntlid, qid.0);
+                let extra = if qid.is_admin() { EXTRA_SLOTS } else { 0 };
+                self.resize_slots(usize::from(c.entries) + extra);
+                if !qid.is_admin() {
+                    let icd = self.target.opts.in_capsule_data_size as usize;
+                    self.dec.config.max_in_capsule = icd;
+                }
+                let (m, g) = ctrl.subsys.namespaces();
+                self.ns = m;
+                self.ns_gen = g;
+                self.binding = Some(c.binding);
+                self.sqhd = 1 % self.entries.max(1);
+                self.set_state(ConnState::Live);
+            }
+            Err(e) => {
+                r.status = e.status;
+                r.dw0 = e.dw0;
+            }
+        }
+        self.respond(slot, ctx);
+    }
+
+    fn exec_admin(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let Some(Binding::Admin(ctrl)) = &self.binding else {
+            self.reqs[usize::from(slot)].status = Status::INVALID_OPCODE;
+            return self.respond(slot, ctx);
+        };
+        let ctrl = Arc::clone(ctrl);
+        self.refresh_ns();
+        let (xfer, c2h) = {
+            let r = &self.reqs[usize::from(slot)];
+            (r.xfer_len as usize, r.c2h)
+        };
+        if c2h && self.reqs[usize::from(slot)].buf.is_none() {
+            match ctx.pool.get(xfer) {
+                Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
+                None => {
+                    self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
+                    self.waiting.push_back(slot);
+                    return;
+                }
+            }
+        }
+        let now_ms = ctx.now_ns / 1_000_000;
+        ctrl.touch(now_ms);
+        let sqe = self.reqs[usize::from(slot)].sqe;
+        let mut out = self.reqs[usize::from(slot)].buf.take();
+        let outcome = admin::execute(
+            &self.target,
+            &ctrl,
+            &self.ns,
+            &sqe,
+            out.as_deref_mut().unwrap_or(&mut []),
+            self.aers.len(),
+            now_ms,
+        );
+        let r = &mut self.reqs[usize::from(slot)];
+        r.buf = out;
+        match outcome {
+            Outcome::Complete(s, dw0, dw1) => {
+                r.status = s;
+                r.dw0 = dw0;
+                r.dw1 = dw1;
+                self.respond(slot, ctx);
+            }
+            Outcome::Aer => {
+                r.state = ReqState::Aer;
+                if let Some(b) = r.buf.take() {
+                    ctx.pool.put(b);
+                }
+                self.aers.push(slot);
+                self.deliver_events(ctx);
+            }
+        }
+    }
+
+    fn exec_io(&mut self, slot: u16, io: IoKind, ctx: &mut ConnCtx<'_>) {
+        let nsid = self.reqs[usize::from(slot)].sqe.nsid();
+        let Some(ns) = self.ns.get(nsid).cloned() else {
+            self.reqs[usize::from(slot)].status = Status::INVALID_NS;
+            return self.respond(slot, ctx);
+        };
+        let stall = self.port.faults.stall_opcode.load(std::sync::atomic::Ordering::Relaxed);
+        if stall != 0 && stall == u64::from(self.reqs[usize::from(slot)].sqe.opcode()) + 1 {
+            // Injected fault: this command never completes (stall detection tests).
+            self.reqs[usize::from(slot)].state = ReqState::Stalled;
+            return;
+        }
+        let token = ctx.token | u64::from(slot);
+        match io {
+            IoKind::Read { offset, len } => {
+                if self.reqs[usize::from(slot)].buf.is_none() {
+                    match ctx.pool.get(len as usize) {
+                        Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
+                        None => {
+                            self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
+                            self.waiting.push_back(slot);
+                            return;
+                        }
+                    }
+                }
+                let r = &mut self.reqs[usize::from(slot)];
+                match &ns.backend {
+                    Backend::Null => {
+                        if let Some(b) = r.buf.as_mut() {
+                            b.fill(0);
+                        }
+                    }
+                    Backend::Ram(region) => {
+                        if let Some(b) = r.buf.as_mut()
+                            && region.copy_from_region(crate::us(offset), &mut b[..len as usize]).is_err()
+                        {
+                            r.status = Status::INTERNAL;
+                        }
+                    }
+                    Backend::File(f) => {
+                        let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
+                        let op = FileOp::Read { file: f.file(), buf, len: len as usize, offset };
+                        return self.submit_file(slot, op, token, ctx);
+                    }
+                }
+            }
+            IoKind::Write { offset, len, fua } => {
+                let r = &mut self.reqs[usize::from(slot)];
+                match &ns.backend {
+                    Backend::Null => {}
+                    Backend::Ram(region) => {
+                        if let Some(b) = r.buf.as_ref()
+                            && region.copy_to_region(crate::us(offset), &b[..len as usize]).is_err()
+                        {
+                            r.status = Status::INTERNAL;
+                        }
+                    }
+                    Backend::File(f) => {
+                        let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
+                        r.after = if fua { After::Sync } else { After::Respond };
+                        let op = FileOp::Write { file: f.file(), buf, len: len as usize, offset };
+                        return self.submit_file(slot, op, token, ctx);
+                    }
+                }
+            }
+            IoKind::Flush => {
+                if let Backend::File(f) = &ns.backend {
+                    return self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
+                }
+            }
+            IoKind::WriteZeroes { offset, len, deallocate } => match &ns.backend {
+                Backend::Null => {}
+                Backend::Ram(region) => {
+                    let end = crate::us(offset.saturating_add(len));
+                    if region.fill_zero(crate::us(offset)..end).is_err() {
+                        self.reqs[usize::from(slot)].status = Status::INTERNAL;
+                    }
+                }
+                Backend::File(f) => {
+                    let mode = falloc::KEEP_SIZE | if deallocate { falloc::PUNCH_HOLE } else { falloc::ZERO_RANGE };
+                    return self.submit_file(slot, FileOp::Fallocate { file: f.file(), mode, offset, len }, token, ctx);
+                }
+            },
+            IoKind::Dsm { deallocate, .. } => {
+                let data = self.reqs[usize::from(slot)].buf.take();
+                let ranges = io_cmd::dsm_ranges(data.as_deref().unwrap_or(&[]), &ns);
+                if let Some(b) = data {
+                    ctx.pool.put(b);
+                }
+                match ranges {
+                    Err(s) => self.reqs[usize::from(slot)].status = s,
+                    Ok(ranges) if deallocate => match &ns.backend {
+                        Backend::Null => {}
+                        Backend::Ram(region) => {
+                            for (o, l) in ranges {
+                                let _ = region.fill_zero(crate::us(o)..crate::us(o + l));
+                            }
+                        }
+                        // Deallocation is advisory: punch the first range asynchronously,
+                        // the rest synchronously is not needed for correctness.
+                        Backend::File(f) => {
+                            if let Some(&(offset, len)) = ranges.first() {
+                                let mode = falloc::KEEP_SIZE | falloc::PUNCH_HOLE;
+                                return self.submit_file(
+                                    slot,
+                                    FileOp::Fallocate { file: f.file(), mode, offset, len },
+                                    token,
+                                    ctx,
+                                );
+                            }
+                        }
+                    },
+                    Ok(_) => {}
+                }
+            }
+        }
+        self.finish_io(slot, &ns, ctx);
+    }
+
+    fn submit_file(&mut self, slot: u16, op: FileOp<'_>, token: u64, ctx: &mut ConnCtx<'_>) {
+        match ctx.file_io.submit(op, token) {
+            Ok(()) => {
+                self.file_ops += 1;
+                self.reqs[usize::from(slot)].state = ReqState::Executing;
+            }
+            Err((e, buf)) => {
+                tracing::warn!("file op submit failed: {e}");
+                let r = &mut self.reqs[usize::from(slot)];
+                r.buf = buf;
+                r.status = Status::INTERNAL;
+                self.respond(slot, ctx);
+            }
+        }
+    }
+
+    /// A file operation finished.
+    pub fn on_file_done(
+        &mut self,
+        slot: u16,
+        result: std::io::Result<usize>,
+        buf: Option<IoBuf>,
+        ctx: &mut ConnCtx<'_>,
+    ) {
+        self.file_ops = self.file_ops.saturating_sub(1);
+        if self.file_ops == 0 {
+            self.retired_ns.clear();
+        }
+        let Some(r) = self.reqs.get_mut(usize::from(slot)) else { return };
+        if r.state != ReqState::Executing {
+            if let Some(b) = buf {
+                ctx.pool.put(b);
+            }
+            return;
+        }
+        if buf.is_some() {
+            r.buf = buf;
+        }
+        if let Err(e) = &result {
+            tracing::warn!(slot, "backend I/O failed: {e}");
+            r.status = if r.c2h { Status::UNRECOVERED_READ_ERROR } else { Status::WRITE_FAULT };
+        }
+        if r.after == After::Sync && r.status.is_success() {
+            r.after = After::Respond;
+            let nsid = r.sqe.nsid();
+            if let Some(ns) = self.ns.get(nsid).cloned()
+                && let Backend::File(f) = &ns.backend
+            {
+                let token = ctx.token | u64::from(slot);
+                return self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
+            }
+        }
+        if matches!(self.state, ConnState::Closing | ConnState::Closed) {
+            self.release_slot(slot, ctx);
+            return;
+        }
+        let nsid = self.reqs[usize::from(slot)].sqe.nsid();
+        match self.ns.get(nsid).cloned() {
+            Some(ns) => self.finish_io(slot, &ns, ctx),
+            None => self.respond(slot, ctx),
+        }
+    }
+
+    /// Applies provisioned limits and injected delay, then responds (now or at the due time).
+    fn finish_io(&mut self, slot: u16, ns: &crate::namespace::Namespace, ctx: &mut ConnCtx<'_>) {
+        let r = &self.reqs[usize::from(slot)];
+        let bytes = u64::from(r.xfer_len);
+        let mut due = ns.qos.admit(ctx.now_ns, bytes);
+        let delay_us = self.port.faults.delay_us.load(std::sync::atomic::Ordering::Relaxed);
+        if delay_us > 0 {
+            due = Some(due.unwrap_or(ctx.now_ns) + delay_us * 1000);
+        }
+        match due {
+            Some(t) if t > ctx.now_ns => {
+                self.reqs[usize::from(slot)].state = ReqState::Delayed;
+                self.timers.push(Reverse((t, slot)));
+            }
+            _ => self.respond(slot, ctx),
+        }
+    }
+
+    /// The earliest time a held completion is due, if any.
+    pub fn next_timer(&self) -> Option<u64> {
+        self.timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Completes held requests that are due.
+    pub fn on_timers(&mut self, ctx: &mut ConnCtx<'_>) {
+        while let Some(Reverse((t, slot))) = self.timers.peek().copied() {
+            if t > ctx.now_ns {
+                break;
+            }
+            self.timers.pop();
+            if self.reqs[usize::from(slot)].state == ReqState::Delayed {
+                self.respond(slot, ctx);
+            }
+        }
+    }
+
+    // -------------------------------------------------------------- responses
+
+    /// Queues the completion of `slot` (C2HData when the command returns data,
+    /// then CapsuleResp unless C2HData carried SUCCESS) and frees the slot.
+    fn respond(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let qid = self.qid().unwrap_or(QueueId(0));
+        let r = &mut self.reqs[usize::from(slot)];
+        let cid = r.sqe.cid();
+        let status = r.status;
+        let mut resp_needed = true;
+        if status.is_success()
+            && r.c2h
+            && r.xfer_len > 0
+            && let Some(buf) = r.buf.take()
+        {
+            {
+                let len = r.xfer_len as usize;
+                let success = self.sqflow_disabled;
+                let d = DataHeader { cccid: cid, ttag: 0, datao: 0, datal: r.xfer_len, last: true, success };
+                self.scratch.clear();
+                let w = self.enc.c2h_data(&mut self.scratch, &d);
+                self.tx.push_bytes(&self.scratch);
+                let digest = w.ddgst.then(|| crc32c(&buf[..len]));
+                if let Err((e, b)) = self.tx.push_buf(buf, 0..len) {
+                    tracing::warn!("send batch full: {e}");
+                    ctx.pool.put(b);
+                }
+                if let Some(d) = digest {
+                    self.tx.push_bytes(&d.to_le_bytes());
+                }
+                resp_needed = !success;
+            }
+        }
+        let r = &mut self.reqs[usize::from(slot)];
+        if resp_needed {
+            let cqe = Cqe { dw0: r.dw0, dw1: r.dw1, sqhd: self.sqhd, sqid: qid, cid, status };
+            self.scratch.clear();
+            self.enc.capsule_resp(&mut self.scratch, &cqe);
+            self.tx.push_bytes(&self.scratch);
+        }
+        let stats = &self.info.stats;
+        match r.kind {
+            ReqKind::Io(IoKind::Read { len, .. }) if status.is_success() => {
+                stats.reads.add(1);
+                stats.read_bytes.add(u64::from(len));
+            }
+            ReqKind::Io(IoKind::Write { len, .. }) if status.is_success() => {
+                stats.writes.add(1);
+                stats.write_bytes.add(u64::from(len));
+            }
+            _ => {}
+        }
+        if !status.is_success() {
+            stats.errors.add(1);
+            if let Some(b) = &self.binding {
+                let (nsid, lba) = (r.sqe.nsid().0, r.sqe.slba());
+                b.controller().log_error(qid.0, cid.0, status, nsid, lba);
+            }
+        }
+        stats.latency_ns_sum.add(ctx.now_ns.saturating_sub(r.start_ns));
+        self.release_slot(slot, ctx);
+    }
+
+    fn release_slot(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let r = &mut self.reqs[usize::from(slot)];
+        if let Some(b) = r.buf.take() {
+            ctx.pool.put(b);
+        }
+        if r.state != ReqState::Free {
+            r.state = ReqState::Free;
+            self.info.stats.outstanding.sub(1);
+            self.free.push(slot);
+        }
+    }
+
+    fn deliver_events(&mut self, ctx: &mut ConnCtx<'_>) {
+        let Some(Binding::Admin(ctrl)) = &self.binding else { return };
+        if self.aers.is_empty() || !ctrl.has_events() {
+            return;
+        }
+        let ctrl = Arc::clone(ctrl);
+        while !self.aers.is_empty() {
+            let Some(ev) = ctrl.take_event() else { break };
+            let slot = self.aers.remove(0);
+            let r = &mut self.reqs[usize::from(slot)];
+            r.status = Status::SUCCESS;
+            r.dw0 = ev.to_dw0();
+            r.c2h = false;
+            self.respond(slot, ctx);
+        }
+    }
+
+    /// Queues a C2HTermReq for `err` and closes after it is sent.
+    fn fail(&mut self, err: FatalError, offending: &[u8]) {
+        if matches!(self.state, ConnState::Closing | ConnState::Closed) {
+            return;
+        }
+        tracing::info!(port = self.port.id, peer = ?self.peer, fes = ?err.fes, fei = err.fei, "fatal transport error");
+        self.scratch.clear();
+        EncoderConfig::term_req(&mut self.scratch, Role::Controller, err, offending);
+        self.tx.push_bytes(&self.scratch);
+        self.close_reason = Some(format!("fatal error {:?} at {}", err.fes, err.fei));
+        self.set_state(ConnState::Closing);
+    }
+
+    // ------------------------------------------------------------------- send
+
+    /// The next batch to send, if any and if none is in flight.
+    pub fn take_send(&mut self) -> Option<SendMsg> {
+        if self.tx_inflight || self.tx.is_empty() || self.state == ConnState::Closed {
+            return None;
+        }
+        let spare = self.tx_spare.take().unwrap_or_default();
+        self.tx_inflight = true;
+        Some(std::mem::replace(&mut self.tx, spare))
+    }
+
+    /// A batch was sent (or failed).
+    pub fn on_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
+        self.tx_inflight = false;
+        for b in msg.drain_bufs() {
+            ctx.pool.put(b);
+        }
+        msg.clear();
+        self.tx_spare = Some(msg);
+        if let Err(e) = result {
+            self.close(&format!("send failed: {e}"));
+            self.set_state(ConnState::Closed);
+            return;
+        }
+        if self.state == ConnState::Closing && self.tx.is_empty() {
+            self.set_state(ConnState::Closed);
+        }
+    }
+
+    // ------------------------------------------------------------------ ticks
+
+    /// Periodic work (the driver calls it every few ms): keep-alive, events,
+    /// controller teardown, connect timeout, injected drops.
+    pub fn tick(&mut self, ctx: &mut ConnCtx<'_>) {
+        let now_ms = ctx.now_ns / 1_000_000;
+        if matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect)
+            && ctx.now_ns.saturating_sub(self.created_ns) / 1_000_000 > self.target.opts.connect_timeout_ms
+        {
+            self.close("no ICReq/Connect within the connect timeout");
+            return;
+        }
+        let dropgen = self.port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
+        if dropgen != self.drop_generation {
+            self.drop_generation = dropgen;
+            self.close("dropped by fault injection");
+            self.set_state(ConnState::Closed);
+            return;
+        }
+        let Some(b) = &self.binding else { return };
+        let ctrl = Arc::clone(b.controller());
+        if self.traffic_ms > self.traffic_reported_ms {
+            // Traffic-based keep alive: report the time input last arrived, once per tick.
+            self.traffic_reported_ms = self.traffic_ms;
+            ctrl.touch(self.traffic_ms);
+        }
+        if ctrl.is_dead() {
+            self.close("controller is gone");
+            return;
+        }
+        match b {
+            Binding::Admin(_) => {
+                if ctrl.keep_alive_expired(now_ms) {
+                    tracing::info!(cntlid = ctrl.cntlid.0, "keep-alive timeout: controller torn down");
+                    ctrl.fail("keep-alive timeout");
+                    self.close("keep-alive timeout");
+                    return;
+                }
+                self.deliver_events(ctx);
+            }
+            Binding::Io(_, _, generation) => {
+                if ctrl.io_generation() != *generation {
+                    self.close("controller reset");
+                }
+            }
+        }
+    }
+
+    /// Releases the queue's binding and buffers (the driver calls it once
+    /// the connection is closed and no file operation is in flight).
+    pub fn release(&mut self, ctx: &mut ConnCtx<'_>) {
+        for i in 0..self.reqs.len() {
+            if let Some(b) = self.reqs[i].buf.take() {
+                ctx.pool.put(b);
+            }
+        }
+        if let Some(b) = self.binding.take() {
+            match b {
+                Binding::Admin(ctrl) => ctrl.fail("admin queue closed"),
+                Binding::Io(ctrl, qid, _) => ctrl.detach_io_queue(qid),
+            }
+        }
+        self.set_state(ConnState::Closed);
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(b) = self.binding.take() {
+            match b {
+                Binding::Admin(ctrl) => ctrl.fail("admin queue dropped"),
+                Binding::Io(ctrl, qid, _) => ctrl.detach_io_queue(qid),
+            }
+        }
+    }
+}
