@@ -120,25 +120,40 @@ impl SharedRegion {
 
     /// Copies `dst.len()` bytes starting at `offset` out of the region.
     pub fn copy_from_region(&self, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
-        let range = self.check(offset, dst.len())?;
-        let mut out = 0;
-        self.for_each_word(range, |word_offset, in_word, take| {
-            let bytes = self.word(word_offset).load(Ordering::Relaxed).to_ne_bytes();
-            dst[out..out + take].copy_from_slice(&bytes[in_word..in_word + take]);
-            out += take;
-        });
+        self.check(offset, dst.len())?;
+        let span = Span::new(offset, dst.len());
+        let (head, rest) = dst.split_at_mut(span.head_len);
+        let (middle, tail) = rest.split_at_mut(span.middle_words * WORD);
+        if !head.is_empty() {
+            let bytes = self.word(span.head_word).load(Ordering::Relaxed).to_ne_bytes();
+            head.copy_from_slice(&bytes[span.head_in_word..span.head_in_word + head.len()]);
+        }
+        for (chunk, word) in middle.chunks_exact_mut(WORD).zip(self.words(span.middle_start, span.middle_words)) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        if !tail.is_empty() {
+            let bytes = self.word(span.tail_word).load(Ordering::Relaxed).to_ne_bytes();
+            tail.copy_from_slice(&bytes[..tail.len()]);
+        }
         Ok(())
     }
 
     /// Copies `src` into the region starting at `offset`.
     pub fn copy_to_region(&self, offset: usize, src: &[u8]) -> Result<(), Error> {
-        let range = self.check(offset, src.len())?;
-        let mut consumed = 0;
-        self.for_each_word(range, |word_offset, in_word, take| {
-            let piece = &src[consumed..consumed + take];
-            self.store_bytes(word_offset, in_word, piece);
-            consumed += take;
-        });
+        self.check(offset, src.len())?;
+        let span = Span::new(offset, src.len());
+        let (head, rest) = src.split_at(span.head_len);
+        let (middle, tail) = rest.split_at(span.middle_words * WORD);
+        if !head.is_empty() {
+            self.store_bytes(span.head_word, span.head_in_word, head);
+        }
+        for (chunk, word) in middle.chunks_exact(WORD).zip(self.words(span.middle_start, span.middle_words)) {
+            let whole: [u8; WORD] = chunk.try_into().expect("chunks_exact yields whole words");
+            word.store(u64::from_ne_bytes(whole), Ordering::Relaxed);
+        }
+        if !tail.is_empty() {
+            self.store_bytes(span.tail_word, 0, tail);
+        }
         Ok(())
     }
 
@@ -147,12 +162,19 @@ impl SharedRegion {
         let length = range
             .end
             .checked_sub(range.start)
-            .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "SharedRegion::fill_zero: reversed range"))?;
-        let range = self.check(range.start, length)?;
+            .ok_or(Error::new(ErrorKind::InvalidArgument, "SharedRegion::fill_zero: reversed range"))?;
+        self.check(range.start, length)?;
+        let span = Span::new(range.start, length);
         const ZEROS: [u8; WORD] = [0; WORD];
-        self.for_each_word(range, |word_offset, in_word, take| {
-            self.store_bytes(word_offset, in_word, &ZEROS[..take]);
-        });
+        if span.head_len > 0 {
+            self.store_bytes(span.head_word, span.head_in_word, &ZEROS[..span.head_len]);
+        }
+        for word in self.words(span.middle_start, span.middle_words) {
+            word.store(0, Ordering::Relaxed);
+        }
+        if span.tail_len > 0 {
+            self.store_bytes(span.tail_word, 0, &ZEROS[..span.tail_len]);
+        }
         Ok(())
     }
 
@@ -167,19 +189,6 @@ impl SharedRegion {
     /// Base address, for building iovecs the kernel reads from (see `SendMsg::push_region`).
     pub(crate) fn as_ptr(&self) -> *const u8 {
         self.base.as_ptr()
-    }
-
-    /// Calls `f(word_offset, offset_in_word, bytes)` for each aligned word that `range`
-    /// touches, in order; `bytes` is how many bytes of the range fall in that word.
-    fn for_each_word(&self, range: Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
-        let mut pos = range.start;
-        while pos < range.end {
-            let word_offset = pos & !(WORD - 1);
-            let in_word = pos - word_offset;
-            let take = (WORD - in_word).min(range.end - pos);
-            f(word_offset, in_word, take);
-            pos += take;
-        }
     }
 
     /// Writes `bytes` at `in_word` inside the word at `word_offset`: a plain atomic store
@@ -211,6 +220,55 @@ impl SharedRegion {
         // memory from Rust are `AtomicU64` accesses of this same size (module docs), so
         // concurrent use from other threads is not a data race.
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(word_offset).cast::<u64>()) }
+    }
+
+    /// `count` aligned words starting at byte `word_offset`, as atomics.
+    fn words(&self, word_offset: usize, count: usize) -> &[AtomicU64] {
+        if count == 0 {
+            // A range inside one word has no middle, and its `middle_start` is unaligned.
+            return &[];
+        }
+        assert!(
+            word_offset.is_multiple_of(WORD) && word_offset + count * WORD <= self.map_len,
+            "SharedRegion words {word_offset}+{count} misaligned or past the mapping"
+        );
+        // SAFETY: as in `word`, for each of the `count` words: inside the mapping (checked
+        // above), 8-byte aligned, alive for `&self`, and only ever accessed atomically with
+        // this one size. `AtomicU64` has the size and alignment of `u64`, so the words form
+        // a valid `[AtomicU64]`.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(word_offset).cast::<AtomicU64>(), count) }
+    }
+}
+
+/// How a byte range splits into a partial head word, whole middle words and a partial
+/// tail word.
+#[derive(Debug, PartialEq, Eq)]
+struct Span {
+    head_word: usize,
+    head_in_word: usize,
+    head_len: usize,
+    middle_start: usize,
+    middle_words: usize,
+    tail_word: usize,
+    tail_len: usize,
+}
+
+impl Span {
+    fn new(offset: usize, len: usize) -> Span {
+        let head_in_word = offset % WORD;
+        let head_len = if head_in_word == 0 { 0 } else { (WORD - head_in_word).min(len) };
+        let middle_start = offset + head_len;
+        let middle_words = (len - head_len) / WORD;
+        let tail_word = middle_start + middle_words * WORD;
+        Span {
+            head_word: offset - head_in_word,
+            head_in_word,
+            head_len,
+            middle_start,
+            middle_words,
+            tail_word,
+            tail_len: len - head_len - middle_words * WORD,
+        }
     }
 }
 
@@ -260,6 +318,47 @@ mod tests {
         assert_eq!(around, [0, 0, 0], "bytes before the write untouched");
         region.copy_from_region(40, &mut around).expect("read");
         assert_eq!(around, [0, 0, 0], "bytes after the write untouched");
+    }
+
+    #[test]
+    fn spans_split_into_head_middle_tail() {
+        let span = Span::new(3, 30);
+        assert_eq!((span.head_word, span.head_in_word, span.head_len), (0, 3, 5));
+        assert_eq!((span.middle_start, span.middle_words), (8, 3));
+        assert_eq!((span.tail_word, span.tail_len), (32, 1));
+        let inside = Span::new(9, 2);
+        assert_eq!((inside.head_len, inside.middle_words, inside.tail_len), (2, 0, 0));
+        let aligned = Span::new(16, 16);
+        assert_eq!((aligned.head_len, aligned.middle_words, aligned.tail_len), (0, 2, 0));
+    }
+
+    #[test]
+    fn every_small_offset_and_length_matches_a_plain_vector() {
+        let region = SharedRegion::new(64).expect("map");
+        let mut model = [0u8; 64];
+        let mut seed = 1u8;
+        for offset in 0..17 {
+            for len in 0..40 {
+                let data: Vec<u8> = (0..len)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(13).wrapping_add(7);
+                        seed
+                    })
+                    .collect();
+                region.copy_to_region(offset, &data).expect("write");
+                model[offset..offset + len].copy_from_slice(&data);
+                if len % 3 == 0 {
+                    region.fill_zero(offset..offset + len / 2).expect("zero");
+                    model[offset..offset + len / 2].fill(0);
+                }
+                let mut all = [0u8; 64];
+                region.copy_from_region(0, &mut all).expect("read");
+                assert_eq!(&all[..], &model[..], "offset {offset} len {len}");
+                let mut part = vec![0u8; len];
+                region.copy_from_region(offset, &mut part).expect("read");
+                assert_eq!(&part[..], &model[offset..offset + len]);
+            }
+        }
     }
 
     #[test]
