@@ -285,6 +285,21 @@ enum Op {
 }
 
 impl Op {
+    /// The fd the op works on, if any.
+    fn fd(&self) -> Option<RawFd> {
+        match self {
+            Op::Nop => None,
+            Op::Recv { fd, .. }
+            | Op::Send { fd, .. }
+            | Op::Read { fd, .. }
+            | Op::Write { fd, .. }
+            | Op::Fsync { fd, .. }
+            | Op::Fallocate { fd, .. }
+            | Op::Accept { fd }
+            | Op::Poll { fd, .. } => Some(*fd),
+        }
+    }
+
     fn kind(&self) -> OpKind {
         match self {
             Op::Nop => OpKind::Nop,
@@ -385,6 +400,9 @@ fn too_long() -> Error {
 struct InFlight {
     token: u64,
     op: Op,
+    /// The caller cancelled this op (by token, fd or close): never resubmit or re-arm it,
+    /// since its fd may be closed and its number reused by then.
+    cancelled: bool,
 }
 
 /// What to do with a CQE once it has been looked at.
@@ -578,7 +596,13 @@ impl Ring {
     /// Control path: scans the op slab. Use [`cancel_fd`](Self::cancel_fd) or
     /// [`close`](Self::close) to tear a connection down.
     pub fn cancel(&mut self, token: u64) -> Result<usize, Error> {
-        let keys = self.ops.keys_where(|op| op.token == token);
+        let mut keys = Vec::new();
+        self.ops.for_each_busy_mut(|key, in_flight| {
+            if in_flight.token == token {
+                in_flight.cancelled = true;
+                keys.push(key);
+            }
+        });
         for &key in &keys {
             let entry = opcode::AsyncCancel::new(key).build().user_data(INTERNAL_CANCEL);
             // SAFETY: a cancel SQE points at no memory; `user_data` only names the target.
@@ -587,8 +611,10 @@ impl Ring {
         Ok(keys.len())
     }
 
-    /// Asks the kernel to cancel every in-flight operation on `fd` (O(1) for the ring).
+    /// Asks the kernel to cancel every in-flight operation on `fd`. Control path: marks
+    /// the fd's ops in the slab so none is resubmitted (a short send) or re-armed.
     pub fn cancel_fd(&mut self, fd: RawFd) -> Result<(), Error> {
+        self.mark_cancelled(fd);
         let entry =
             opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all()).build().user_data(INTERNAL_CANCEL);
         // SAFETY: a cancel SQE points at no memory.
@@ -603,6 +629,9 @@ impl Ring {
     /// Accepts anything that gives up an fd: a `RawFd`, an `OwnedFd`, a `TcpStream`.
     pub fn close(&mut self, fd: impl IntoRawFd) -> Result<(), Error> {
         let fd = fd.into_raw_fd();
+        // After the close the fd number may be reused (by any thread's accept or open): an
+        // op on it must never be resubmitted or re-armed.
+        self.mark_cancelled(fd);
         // Keep the pair in one submission so the link is not split across batches.
         let free = {
             let sq = self.uring.submission();
@@ -621,6 +650,14 @@ impl Ring {
             self.push(&cancel)?;
             self.push(&close)
         }
+    }
+
+    fn mark_cancelled(&mut self, fd: RawFd) {
+        self.ops.for_each_busy_mut(|_, in_flight| {
+            if in_flight.op.fd() == Some(fd) {
+                in_flight.cancelled = true;
+            }
+        });
     }
 
     /// A handle other threads use to wake this ring out of a [`Wait::Block`] turn.
@@ -808,7 +845,7 @@ impl Ring {
     /// Stores `op` in a slot and queues its SQE; on failure frees the slot and hands the
     /// op back.
     fn submit_op(&mut self, token: u64, op: Op) -> Result<(), (Error, Op)> {
-        let key = self.ops.insert(InFlight { token, op });
+        let key = self.ops.insert(InFlight { token, op, cancelled: false });
         let send_flags = self.send_flags;
         let built = self.ops.get_mut(key).expect("slot just inserted").op.sqe(send_flags);
         let pushed = match built {
@@ -860,21 +897,26 @@ impl Ring {
 
     /// Decides what a CQE means for the op in slot `key`.
     fn next_step(&mut self, key: u64, result: i32, more: bool) -> Next {
-        let closing = self.closing;
         let send_flags = self.send_flags;
+        let closing = self.closing;
         let in_flight = self.ops.get_mut(key).expect("CQE names a free op slot: user_data corrupted or op freed early");
+        // Dropping the ring, or the caller cancelled: finish, never resubmit.
+        let stop = closing || in_flight.cancelled;
         match &mut in_flight.op {
-            Op::Send { fd, msg } if result > 0 && !closing => {
+            Op::Send { fd, msg } if result > 0 => {
                 let accepted = usize::try_from(result).expect("positive");
                 if msg.advance(accepted) == 0 {
                     return Next::Finish(i32::try_from(msg.sent()).expect("len <= i32::MAX"));
+                }
+                if stop {
+                    return Next::Finish(-libc::ECANCELED);
                 }
                 self.stats.short_sends += 1;
                 Next::Resubmit { entry: send_sqe(*fd, msg.header_ptr(), send_flags), report: None }
             }
             // A stream send that accepts nothing of a non-empty message will never finish.
             Op::Send { msg, .. } if result == 0 && !msg.is_empty() => Next::Finish(-libc::EPIPE),
-            Op::Write { pos, end, offset, total, .. } if result >= 0 && !closing => {
+            Op::Write { pos, end, offset, total, .. } if result >= 0 => {
                 let written = usize::try_from(result).expect("non-negative");
                 if written == 0 && *pos < *end {
                     return Next::Finish(-libc::EIO);
@@ -883,6 +925,9 @@ impl Ring {
                 *offset += u64::try_from(written).expect("usize fits u64");
                 if *pos >= *end {
                     return Next::Finish(i32::try_from(*total).expect("checked at submit"));
+                }
+                if stop {
+                    return Next::Finish(-libc::ECANCELED);
                 }
                 self.stats.short_writes += 1;
                 match in_flight.op.sqe(send_flags) {
@@ -893,7 +938,7 @@ impl Ring {
             Op::Accept { .. } | Op::Poll { .. } => {
                 if more {
                     Next::Report(result)
-                } else if result >= 0 && !closing {
+                } else if result >= 0 && !stop {
                     // The kernel ended the multishot without an error (CQ overflow):
                     // re-arm, and report this completion as one of a continuing series.
                     self.stats.rearms += 1;
@@ -910,7 +955,7 @@ impl Ring {
     }
 
     fn finish(&mut self, key: u64, result: i32) -> Completion {
-        let InFlight { token, op } = self.ops.remove(key).expect("slot checked busy");
+        let InFlight { token, op, .. } = self.ops.remove(key).expect("slot checked busy");
         self.stats.completions += 1;
         Completion { token, op: op.kind(), result, more: false, payload: op.into_payload(result) }
     }

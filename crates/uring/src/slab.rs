@@ -118,18 +118,14 @@ impl<T> Slab<T> {
         }
     }
 
-    /// Keys of busy slots whose value matches `pred` (control path: scans every slot).
-    pub(crate) fn keys_where(&self, mut pred: impl FnMut(&T) -> bool) -> Vec<u64> {
-        let mut keys = Vec::new();
-        for (index, slot) in self.slots.iter().enumerate() {
-            if let Entry::Busy(value) = &slot.entry
-                && pred(value)
-            {
+    /// Calls `f(key, value)` for every busy slot (control path: scans every slot).
+    pub(crate) fn for_each_busy_mut(&mut self, mut f: impl FnMut(u64, &mut T)) {
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            if let Entry::Busy(value) = &mut slot.entry {
                 let index = u32::try_from(index).expect("slab index fits u32");
-                keys.push(user_data(index, slot.generation));
+                f(user_data(index, slot.generation), value);
             }
         }
-        keys
     }
 
     /// Removes every value without returning it to the free list (used when the ring must
@@ -194,11 +190,17 @@ mod tests {
     }
 
     #[test]
-    fn keys_where_filters_and_take_all_empties() {
+    fn for_each_busy_visits_busy_slots_and_take_all_empties() {
         let mut slab = Slab::with_capacity(4);
         slab.insert(10);
         let k = slab.insert(20);
-        assert_eq!(slab.keys_where(|v| *v == 20), vec![k]);
+        let mut seen = Vec::new();
+        slab.for_each_busy_mut(|key, value| {
+            *value += 1;
+            seen.push(key);
+        });
+        assert_eq!(seen.len(), 2);
+        assert_eq!(slab.get_mut(k).copied(), Some(21));
         assert_eq!(slab.take_all().len(), 2);
         assert_eq!(slab.len(), 0);
     }

@@ -68,3 +68,31 @@ fn dropping_a_ring_with_ops_in_flight_returns_promptly() {
     drop(ring);
     assert!(start.elapsed() < Duration::from_secs(1), "drop cancelled and reaped the recvs");
 }
+
+#[test]
+fn close_during_a_stalled_send_hands_the_message_back() {
+    // The peer never reads, so a 4 MiB message stalls after the socket buffers fill.
+    let (_client, server) = loopback_pair();
+    uring::set_send_buffer_size(server.as_raw_fd(), 64 * 1024).expect("sndbuf");
+    let mut ring = Ring::new(RingConfig { send_waitall: false, ..RingConfig::default() }).expect("ring");
+    let mut msg = uring::SendMsg::new();
+    for _ in 0..64 {
+        let mut buf = IoBuf::new(64 * 1024);
+        buf.set_len(64 * 1024);
+        msg.push_buf(buf, 0..64 * 1024).map_err(|(e, _)| e).expect("push");
+    }
+    ring.send(server.as_raw_fd(), msg, 7).map_err(|(e, _)| e).expect("send");
+    for _ in 0..5 {
+        ring.turn(uring::Wait::Block { timeout: Some(Duration::from_millis(20)) }, |_, c| {
+            panic!("a stalled send must not complete: {c:?}")
+        })
+        .expect("turn");
+    }
+    ring.close(server.into_raw_fd()).expect("close");
+    let done = collect(&mut ring, 1);
+    assert_eq!((done[0].token, done[0].op), (7, OpKind::Send));
+    assert_eq!(done[0].result, -libc::ECANCELED, "not everything was sent");
+    let mut msg = done.into_iter().next().and_then(Completion::into_msg).expect("message back");
+    assert_eq!(msg.drain_bufs().count(), 64, "every buffer handed back");
+    assert_eq!(ring.in_flight(), 0);
+}
