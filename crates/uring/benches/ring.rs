@@ -2,6 +2,8 @@
 //!
 //! - `turn_nops/N`: queue N NOPs and turn until all N are reaped: the fixed cost of a turn
 //!   plus the per-op cost of the slab and the SQ/CQ.
+//! - `turn_idle`: a `Wait::Poll` turn with nothing to do plus an empty mailbox drain: the
+//!   floor of a busy-polling loop (the `io_uring_enter` is skipped).
 //! - `pingpong/*`: a 4 KiB read's shape over loopback TCP: a 72-byte request (a command
 //!   capsule) answered by a 4,144-byte reply (a 48-byte header plus 4,096 bytes of data).
 //!   `std_*` uses blocking `std::net` reads and writes on two threads; `ring_*` drives both
@@ -24,7 +26,7 @@ use std::thread;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use uring::{Completion, IoBuf, Ring, RingConfig, SendMsg, SharedRegion, Wait, pin_current_thread};
+use uring::{Completion, IoBuf, Mailbox, Ring, RingConfig, SendMsg, SharedRegion, Wait, pin_current_thread};
 
 const REQUEST_BYTES: usize = 72;
 const REPLY_HEADER_BYTES: usize = 48;
@@ -57,6 +59,25 @@ fn turn_nops(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+fn turn_idle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("turn_idle");
+    let mut ring = Ring::new(RingConfig::default()).expect("ring");
+    let (_tx, mut mailbox) = Mailbox::<u64>::new(&mut ring).expect("mailbox");
+    group.bench_function("poll_turn_and_empty_mailbox", |b| {
+        b.iter(|| {
+            let delivered = ring.turn(Wait::Poll, |_, c| drop(black_box(c))).expect("turn");
+            black_box(
+                delivered
+                    + mailbox.drain(|m| {
+                        black_box(m);
+                    }),
+            );
+        });
+    });
+    group.finish();
+    assert!(ring.stats().enters_skipped > 0, "idle poll turns skip io_uring_enter");
 }
 
 fn loopback_pair() -> (TcpStream, TcpStream) {
@@ -295,6 +316,6 @@ fn region_copy(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).warm_up_time(Duration::from_secs(1));
-    targets = turn_nops, pingpong, region_copy
+    targets = turn_nops, turn_idle, pingpong, region_copy
 }
 criterion_main!(benches);
