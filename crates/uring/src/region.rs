@@ -1,27 +1,7 @@
 //! [`SharedRegion`]: a large zeroed memory region that several reactor threads read and
 //! write concurrently, like a RAM disk.
 //!
-//! # Why the copies are word-sized atomics
-//!
-//! Two reactors may copy into the same bytes at the same time (two hosts writing the same
-//! LBA). With plain `ptr::copy_nonoverlapping` that is a data race, which the Rust memory
-//! model makes undefined behaviour no matter how the pointer was obtained; "it is only
-//! bytes" is not an argument the optimiser honours. So every access this module makes to
-//! region memory is a `Relaxed` [`AtomicU64`] load or store on an 8-byte-aligned word (a
-//! compare-exchange for the partial words at the ends of an unaligned range). All accesses
-//! have one size, so they never form a mixed-size race either. On x86-64 a relaxed atomic
-//! load or store is a plain `mov`; the price is that the copy is not vectorised (see the
-//! `region_copy` criterion bench for the measured cost of a 4 KiB copy).
-//!
-//! The memory is never viewed through a Rust reference to `[u8]`: it is reached only
-//! through the raw base pointer, and only as `&AtomicU64` for the duration of one access.
-//!
-//! # Torn writes
-//!
-//! Concurrent writers to the same bytes leave an unspecified mix of their data, like a disk
-//! without atomic-write guarantees: each aligned 8-byte word holds the bytes of one writer,
-//! and nothing is promised across words. A reader racing a writer sees, per word, old or new
-//! bytes. Callers that need more (NVMe's atomic write unit) must serialise themselves.
+//! The memory model and torn-write semantics are documented on [`SharedRegion`].
 
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -46,7 +26,30 @@ pub struct RegionOptions {
 /// A page-aligned, zeroed, anonymous memory region shared by reference (`Arc`) between
 /// threads, with bounds-checked copies in and out. `Send + Sync`; unmapped on drop.
 ///
-/// See the [module docs](self) for the memory model and the torn-write semantics.
+/// # Why the copies are word-sized atomics
+///
+/// Two reactors may copy into the same bytes at the same time (two hosts writing the same
+/// LBA). With plain `ptr::copy_nonoverlapping` that is a data race, which the Rust memory
+/// model makes undefined behaviour no matter how the pointer was obtained; "it is only
+/// bytes" is not an argument the optimiser honours. So every access this module makes to
+/// region memory is a `Relaxed` [`AtomicU64`] load or store on an 8-byte-aligned word (a
+/// compare-exchange for the partial words at the ends of an unaligned range). All accesses
+/// have one size, so they never form a mixed-size race either. On x86-64 a relaxed atomic
+/// load or store is a plain `mov`; the price is that the copy is not vectorised (see the
+/// `region_copy` criterion bench for the measured cost of a 4 KiB copy).
+///
+/// The memory is never viewed through a Rust reference to `[u8]`: it is reached only
+/// through the raw base pointer, as `&AtomicU64` / `&[AtomicU64]` for the duration of one
+/// copy. The kernel also reads it when a [`SendMsg`](crate::SendMsg) sends from the region;
+/// that access is outside the Rust memory model (like DMA) and sees, per word, old or new
+/// bytes.
+///
+/// # Torn writes
+///
+/// Concurrent writers to the same bytes leave an unspecified mix of their data, like a disk
+/// without atomic-write guarantees: each aligned 8-byte word holds the bytes of one writer,
+/// and nothing is promised across words. A reader racing a writer sees, per word, old or new
+/// bytes. Callers that need more (NVMe's atomic write unit) must serialise themselves.
 pub struct SharedRegion {
     /// Start of the mapping; valid for `map_len` bytes until `drop` unmaps it.
     base: NonNull<u8>,
@@ -58,7 +61,7 @@ pub struct SharedRegion {
 }
 
 // SAFETY: the region owns its mapping; every access through `&SharedRegion` is an atomic
-// word access (see the module docs), so sharing and sending it between threads is sound.
+// word access (see the type docs), so sharing and sending it between threads is sound.
 unsafe impl Send for SharedRegion {}
 // SAFETY: as above.
 unsafe impl Sync for SharedRegion {}
@@ -217,7 +220,7 @@ impl SharedRegion {
         // SAFETY: the pointer is inside the mapping (checked above), 8-byte aligned (the
         // base is page-aligned and the offset a multiple of 8), and the mapping lives as
         // long as `&self`, which bounds the returned reference. All accesses to region
-        // memory from Rust are `AtomicU64` accesses of this same size (module docs), so
+        // memory from Rust are `AtomicU64` accesses of this same size (type docs), so
         // concurrent use from other threads is not a data race.
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(word_offset).cast::<u64>()) }
     }

@@ -1,16 +1,7 @@
 //! [`Ring`]: one io_uring instance per thread, its op slab, and the turn that submits and
 //! reaps.
 //!
-//! # Ownership of memory lent to the kernel
-//!
-//! Every operation that points the kernel at memory takes ownership of that memory (an
-//! [`IoBuf`], a [`SendMsg`]) and stores it in the op slab, in the slot whose index and
-//! generation form the SQE's `user_data`. The slot keeps it until the CQE that ends the
-//! operation is reaped; only then is the memory handed back in the [`Completion`]. The heap
-//! memory behind an `IoBuf` or a `SendMsg` does not move when the slab grows (only the small
-//! owning values move), so pointers given to the kernel stay valid. [`Ring`]'s `Drop`
-//! cancels whatever is still in flight and waits for the kernel to let go; memory the
-//! kernel has not released after a grace period is leaked, never freed.
+//! How memory lent to the kernel is kept alive is documented on [`Ring`].
 
 use std::io;
 use std::marker::PhantomData;
@@ -423,6 +414,17 @@ enum Next {
 /// that drives it.
 ///
 /// See the [crate docs](crate) for the loop and an example.
+///
+/// # Ownership of memory lent to the kernel
+///
+/// Every operation that points the kernel at memory takes ownership of that memory (an
+/// [`IoBuf`], a [`SendMsg`]) and stores it in the op slab, in the slot whose index and
+/// generation form the SQE's `user_data`. The slot keeps it until the CQE that ends the
+/// operation is reaped; only then is the memory handed back in the [`Completion`]. The heap
+/// memory behind an `IoBuf` or a `SendMsg` does not move when the slab grows (only the small
+/// owning values move), so pointers given to the kernel stay valid. [`Ring`]'s `Drop`
+/// cancels whatever is still in flight and waits for the kernel to let go; memory the
+/// kernel has not released after a grace period is leaked, never freed.
 pub struct Ring {
     uring: IoUring,
     ops: Slab<InFlight>,

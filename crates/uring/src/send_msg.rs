@@ -1,15 +1,5 @@
 //! [`SendMsg`]: a reusable gather list that owns its pieces, sent with one
 //! `IORING_OP_SENDMSG`.
-//!
-//! A message is a sequence of segments, in the order the caller pushes them: bytes copied
-//! into the message's own header area ([`SendMsg::push_bytes`]), ranges of owned
-//! [`IoBuf`]s ([`SendMsg::push_buf`]), and ranges of a [`SharedRegion`]
-//! ([`SendMsg::push_region`]). The iovec array and the `msghdr` live in heap storage owned
-//! by the message, built when the ring submits it, so they stay put while the kernel reads
-//! them even if the message value moves (the ring's op slab may grow).
-//!
-//! Steady state allocates nothing: [`SendMsg::drain_bufs`] / [`SendMsg::clear`] keep every
-//! vector's capacity, and attached regions stay attached across `clear`.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -71,7 +61,17 @@ impl KernelMsg {
     }
 }
 
-/// A gather list that owns its pieces; see the [module docs](self).
+/// A reusable gather list that owns its pieces, sent with one `IORING_OP_SENDMSG`.
+///
+/// A message is a sequence of segments, in the order the caller pushes them: bytes copied
+/// into the message's own header area ([`SendMsg::push_bytes`]), ranges of owned
+/// [`IoBuf`]s ([`SendMsg::push_buf`]), and ranges of a [`SharedRegion`]
+/// ([`SendMsg::push_region`]). The iovec array and the `msghdr` live in heap storage owned
+/// by the message, built when the ring submits it, so they stay put while the kernel reads
+/// them even if the message value moves (the ring's op slab may grow).
+///
+/// Steady state allocates nothing: [`SendMsg::drain_bufs`] / [`SendMsg::clear`] keep every
+/// vector's capacity, and attached regions stay attached across `clear`.
 ///
 /// ```
 /// use uring::{IoBuf, SendMsg};
