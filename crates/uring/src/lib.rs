@@ -111,3 +111,29 @@ pub use sys::{
     CpuTime, EventFd, online_cpus, pin_current_thread, send_buffer_size, set_nodelay, set_nonblocking,
     set_recv_buffer_size, set_send_buffer_size, thread_cpu_time,
 };
+
+/// Compile-time checks of the thread-safety contract other crates rely on.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    const fn send<T: Send>() {}
+    send_sync::<IoBuf>();
+    send_sync::<SendMsg>();
+    send_sync::<SharedRegion>();
+    send_sync::<Waker>();
+    send::<Completion>();
+    send::<MailboxSender<u64>>();
+};
+
+/// `Ring` must stay on the thread that built it (`SINGLE_ISSUER`):
+///
+/// ```compile_fail
+/// fn send<T: Send>() {}
+/// send::<uring::Ring>();
+/// ```
+///
+/// ```compile_fail
+/// fn sync<T: Sync>() {}
+/// sync::<uring::Ring>();
+/// ```
+#[cfg(doctest)]
+struct RingIsThreadBound;
