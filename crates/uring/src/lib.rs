@@ -104,7 +104,8 @@ pub use error::{Error, ErrorKind};
 pub use mailbox::{Mailbox, MailboxSender};
 pub use region::{RegionOptions, SharedRegion};
 pub use ring::{
-    Completion, Features, FsyncMode, OpKind, Payload, RING_ENTRIES_MAX, Ring, RingConfig, RingStats, Wait, Waker,
+    Completion, Features, FsyncMode, OpKind, Payload, RING_ENTRIES_MAX, Ring, RingConfig, RingStats, TaskRun, Wait,
+    Waker,
 };
 pub use send_msg::{SEND_BYTES_MAX, SEND_SEGMENTS_MAX, SendMsg};
 pub use sys::{

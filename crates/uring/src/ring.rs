@@ -42,11 +42,35 @@ pub struct RingConfig {
     /// Op slots allocated up front. The slab grows (doubling) only when more operations
     /// are in flight than ever before.
     pub slots_initial: usize,
+    /// The most capable completion mode to try; the ring falls back from it to the next
+    /// one when the kernel refuses. Lower it only to test the fallbacks.
+    pub task_run: TaskRun,
+}
+
+/// How the kernel runs completion work, from most to least wanted. [`Ring::new`] starts at
+/// [`RingConfig::task_run`] and falls back down this list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TaskRun {
+    /// `SINGLE_ISSUER | DEFER_TASKRUN | TASKRUN_FLAG`: completion work runs only when this
+    /// thread enters the ring (Linux >= 6.1).
+    Deferred,
+    /// `COOP_TASKRUN | TASKRUN_FLAG`: completion work waits for the next system call
+    /// instead of interrupting the thread (Linux >= 5.19).
+    Cooperative,
+    /// No task-run flags: the kernel may interrupt the thread to run completion work.
+    Plain,
 }
 
 impl Default for RingConfig {
     fn default() -> RingConfig {
-        RingConfig { entries: 256, cq_entries: None, busy_poll: false, send_waitall: true, slots_initial: 256 }
+        RingConfig {
+            entries: 256,
+            cq_entries: None,
+            busy_poll: false,
+            send_waitall: true,
+            slots_initial: 256,
+            task_run: TaskRun::Deferred,
+        }
     }
 }
 
@@ -452,7 +476,7 @@ impl Ring {
             return Err(Error::new(ErrorKind::InvalidArgument, "RingConfig::entries must be in 1..=32768"));
         }
         let cq_entries = config.cq_entries.unwrap_or(config.entries.saturating_mul(4)).max(config.entries);
-        let (uring, mut features) = build_uring(config.entries, cq_entries)?;
+        let (uring, mut features) = build_uring(config.entries, cq_entries, config.task_run)?;
         check_kernel(&uring)?;
         let ring_index = register_ring_fd(&uring);
         features.registered_ring_fd = ring_index.is_some();
@@ -1064,20 +1088,19 @@ impl Waker {
 }
 
 /// Tries the setup flag sets from most to least wanted.
-fn build_uring(entries: u32, cq_entries: u32) -> Result<(IoUring, Features), Error> {
-    let attempts = [
-        Features {
-            single_issuer: true,
-            defer_taskrun: true,
-            taskrun_flag: true,
-            submit_all: true,
-            ..Features::default()
-        },
-        Features { coop_taskrun: true, taskrun_flag: true, submit_all: true, ..Features::default() },
-        Features::default(),
-    ];
+fn build_uring(entries: u32, cq_entries: u32, best: TaskRun) -> Result<(IoUring, Features), Error> {
+    let deferred = Features {
+        single_issuer: true,
+        defer_taskrun: true,
+        taskrun_flag: true,
+        submit_all: true,
+        ..Features::default()
+    };
+    let cooperative = Features { coop_taskrun: true, taskrun_flag: true, submit_all: true, ..Features::default() };
+    let attempts =
+        [(TaskRun::Deferred, deferred), (TaskRun::Cooperative, cooperative), (TaskRun::Plain, Features::default())];
     let mut last_error = None;
-    for features in attempts {
+    for (_, features) in attempts.into_iter().filter(|(mode, _)| *mode >= best) {
         let mut builder = IoUring::builder();
         builder.setup_cqsize(cq_entries).setup_clamp();
         if features.single_issuer {
@@ -1314,6 +1337,38 @@ mod tests {
         assert_eq!(c.result, -libc::EBADF);
         assert!(c.io_result().is_err());
         assert_eq!(c.into_buf().expect("buffer back").capacity(), 4096);
+    }
+
+    #[test]
+    fn every_task_run_mode_builds_and_completes_ops() {
+        for (mode, defer, coop) in
+            [(TaskRun::Deferred, true, false), (TaskRun::Cooperative, false, true), (TaskRun::Plain, false, false)]
+        {
+            let mut ring = Ring::new(RingConfig { task_run: mode, ..RingConfig::default() }).expect("ring");
+            let features = ring.features();
+            assert_eq!((features.defer_taskrun, features.coop_taskrun), (defer, coop), "{mode:?}");
+            let (mut left, right) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+            ring.recv(right.as_raw_fd(), IoBuf::new(4096), 0..4096, 1).map_err(|(e, _)| e).expect("recv");
+            ring.nop(2).expect("nop");
+            let mut got = Vec::new();
+            for _ in 0..100 {
+                if got.len() == 1 {
+                    std::io::Write::write_all(&mut left, b"x").expect("write");
+                }
+                ring.turn(Wait::Block { timeout: Some(Duration::from_millis(50)) }, |_, c| {
+                    got.push((c.token, c.result))
+                })
+                .expect("turn");
+                if got.len() == 2 {
+                    break;
+                }
+            }
+            assert_eq!(got, vec![(2, 0), (1, 1)], "{mode:?}");
+            // Idle busy-poll turns work in every mode (skipping the enter when they can).
+            for _ in 0..3 {
+                ring.turn(Wait::Poll, |_, c| panic!("idle: {c:?}")).expect("turn");
+            }
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::{drive, loopback_pair, pattern};
-use uring::{IoBuf, Payload, Ring, RingConfig, SendMsg, set_nodelay, set_send_buffer_size};
+use uring::{IoBuf, Payload, Ring, RingConfig, SendMsg, TaskRun, set_nodelay, set_send_buffer_size};
 
 const CHUNK: usize = 64 * 1024;
 const CHUNKS: usize = 32;
@@ -28,7 +28,7 @@ struct State {
     eof: bool,
 }
 
-fn echo_with_short_sends(send_waitall: bool) -> uring::RingStats {
+fn echo_with_short_sends(send_waitall: bool, task_run: TaskRun) -> uring::RingStats {
     let (mut client, server) = loopback_pair();
     let fd = server.as_raw_fd();
     // A socket buffer far smaller than the message forces short sends. (Shrinking the
@@ -61,7 +61,7 @@ fn echo_with_short_sends(send_waitall: bool) -> uring::RingStats {
         got
     });
 
-    let mut ring = Ring::new(RingConfig { send_waitall, ..RingConfig::default() }).expect("ring");
+    let mut ring = Ring::new(RingConfig { send_waitall, task_run, ..RingConfig::default() }).expect("ring");
     ring.send(fd, msg, SEND).map_err(|(e, _)| e).expect("queue send");
     ring.recv(fd, IoBuf::new(CHUNK), 0..CHUNK, RECV).map_err(|(e, _)| e).expect("queue recv");
 
@@ -101,12 +101,20 @@ fn echo_with_short_sends(send_waitall: bool) -> uring::RingStats {
 
 #[test]
 fn short_sends_are_finished_by_the_ring() {
-    let stats = echo_with_short_sends(false);
+    let stats = echo_with_short_sends(false, TaskRun::Deferred);
     assert!(stats.short_sends > 0, "a small SO_SNDBUF must force short sends: {stats:?}");
 }
 
 #[test]
 fn waitall_sends_complete_whole() {
-    let stats = echo_with_short_sends(true);
+    let stats = echo_with_short_sends(true, TaskRun::Deferred);
     eprintln!("with MSG_WAITALL: {stats:?}");
+}
+
+#[test]
+fn short_sends_in_the_fallback_task_run_modes() {
+    for mode in [TaskRun::Cooperative, TaskRun::Plain] {
+        let stats = echo_with_short_sends(false, mode);
+        assert!(stats.short_sends > 0, "{mode:?}: {stats:?}");
+    }
 }
