@@ -1,1 +1,52 @@
-fn main() {}
+//! `qpath`: the command line. Subcommands parse arguments and call the
+//! library crates; no logic lives here.
+
+mod cmd_rpc;
+mod cmd_target;
+
+use clap::{Parser, Subcommand};
+
+/// qpath: a user-space multipath NVMe/TCP stack.
+#[derive(Parser, Debug)]
+#[command(name = "qpath", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve NVMe/TCP subsystems (the embedded default when no --config is given).
+    Target(cmd_target::TargetArgs),
+    /// Call the target's JSON-RPC control socket.
+    Rpc(cmd_rpc::RpcArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Target(a) => cmd_target::run(a),
+        Command::Rpc(a) => cmd_rpc::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("qpath: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The default RPC socket path: `$QPATH_RPC_SOCKET`, else `$XDG_RUNTIME_DIR/qpath.sock`, else `/tmp/qpath.sock`.
+pub fn default_rpc_socket() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("QPATH_RPC_SOCKET") {
+        return p.into();
+    }
+    let dir = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    dir.join("qpath.sock")
+}

@@ -42,6 +42,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod config;
 pub mod controller;
 pub mod error;
 pub mod fabrics;
@@ -50,7 +51,10 @@ pub mod namespace;
 pub mod pool;
 pub mod port;
 pub mod qos;
+pub mod reactor;
 pub mod registry;
+pub mod rpc;
+pub mod server;
 pub mod stats;
 pub mod subsystem;
 pub mod tcp;

@@ -1,0 +1,101 @@
+//! `qpath target`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use target::config::Config;
+use target::reactor::PollMode;
+use target::rpc::RpcServer;
+
+/// Arguments of `qpath target`.
+#[derive(clap::Args, Debug)]
+pub struct TargetArgs {
+    /// TOML configuration (default: one 1 GiB RAM namespace on 127.0.0.1:4420 and :4421).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// JSON-RPC socket (overrides the config; default $XDG_RUNTIME_DIR/qpath.sock or /tmp/qpath.sock).
+    #[arg(long)]
+    rpc_socket: Option<PathBuf>,
+    /// Reactor threads (overrides the config; 0 = one per CPU).
+    #[arg(long)]
+    reactors: Option<usize>,
+    /// Reactor waiting: busy, adaptive or block (overrides the config).
+    #[arg(long, value_parser = parse_poll)]
+    poll: Option<PollMode>,
+    /// CPUs to pin reactors to, e.g. "0" or "0,1".
+    #[arg(long, value_delimiter = ',')]
+    cpus: Option<Vec<usize>>,
+    /// Replace the listen addresses of the config's ports, in order (e.g. for a network namespace).
+    #[arg(long = "listen")]
+    listen: Vec<String>,
+    /// Print the effective configuration (as JSON) and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn parse_poll(s: &str) -> Result<PollMode, String> {
+    match s {
+        "busy" => Ok(PollMode::Busy),
+        "adaptive" => Ok(PollMode::Adaptive),
+        "block" => Ok(PollMode::Block),
+        _ => Err(format!("{s:?}: busy, adaptive or block")),
+    }
+}
+
+pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut cfg = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::embedded_default(),
+    };
+    if let Some(n) = a.reactors {
+        cfg.reactor.reactors = n;
+    }
+    if let Some(p) = a.poll {
+        cfg.reactor.poll = p;
+    }
+    if let Some(c) = a.cpus {
+        cfg.reactor.cpus = c;
+    }
+    for (i, addr) in a.listen.iter().enumerate() {
+        match cfg.ports.get_mut(i) {
+            Some(p) => p.addr.clone_from(addr),
+            None => return Err(format!("--listen {addr}: the configuration has only {} ports", cfg.ports.len()).into()),
+        }
+    }
+    if let Some(s) = a.rpc_socket {
+        cfg.rpc.socket = Some(s);
+    }
+    if cfg.rpc.socket.is_none() {
+        cfg.rpc.socket = Some(crate::default_rpc_socket());
+    }
+    if a.print_config {
+        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        return Ok(());
+    }
+    let server = Arc::new(cfg.start()?);
+    let _rpc = match &cfg.rpc.socket {
+        Some(p) => Some(RpcServer::start(p, Arc::clone(&server))?),
+        None => None,
+    };
+    for p in server.state.ports() {
+        println!("listening on {} (port {}, {:?})", p.addr, p.id, p.kind);
+    }
+    for s in server.state.subsystems() {
+        println!("serving {} with {} namespace(s)", s.nqn, s.namespaces().0.len());
+    }
+    if let Some(p) = &cfg.rpc.socket {
+        println!("rpc socket {}", p.display());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    eprintln!("qpath target: shutting down");
+    if let Ok(s) = Arc::try_unwrap(server) {
+        s.shutdown();
+    }
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! The TOML configuration of `qpath target --config FILE`, and the embedded
+//! default `qpath target` serves with no arguments.
+//!
+//! ```toml
+//! [options]                      # transport limits (all optional)
+//! in_capsule_data_size = 8192
+//! [reactor]
+//! reactors = 2                   # default: one per CPU
+//! poll = "adaptive"              # busy | adaptive | block
+//! [rpc]
+//! socket = "/run/qpath.sock"
+//! [[port]]
+//! id = 1
+//! addr = "127.0.0.1:4420"
+//! [[port]]
+//! id = 3
+//! addr = "127.0.0.1:8009"
+//! kind = "discovery"             # a dedicated discovery port
+//! [[subsystem]]
+//! nqn = "nqn.2026-11.io.qpath:vol1"
+//! allow_any_host = false
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]
+//! [[subsystem.namespace]]
+//! backend = "file"               # null | ram | file
+//! path = "/var/lib/qpath/vol1.img"
+//! size = "10G"
+//! ana_group = 1
+//! [[ana]]
+//! port = 2
+//! group = 1
+//! state = "non-optimized"
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nvme::{AnaGrpId, AnaState};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, FileBackend};
+use crate::error::{Error, ErrorKind};
+use crate::namespace::NamespaceSpec;
+use crate::port::PortKind;
+use crate::qos::QosSettings;
+use crate::reactor::ReactorOptions;
+use crate::registry::{TargetOptions, TargetState};
+use crate::server::Server;
+use crate::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
+
+/// The NQN of the embedded default subsystem.
+pub const DEFAULT_NQN: &str = "nqn.2026-11.io.qpath:default";
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Transport limits.
+    #[serde(default)]
+    pub options: TargetOptions,
+    /// Reactor threads.
+    #[serde(default)]
+    pub reactor: ReactorOptions,
+    /// The JSON-RPC control socket.
+    #[serde(default)]
+    pub rpc: RpcConfig,
+    /// Listen addresses.
+    #[serde(default, rename = "port")]
+    pub ports: Vec<PortConfig>,
+    /// NVM subsystems.
+    #[serde(default, rename = "subsystem")]
+    pub subsystems: Vec<SubsystemConfig>,
+    /// ANA states other than optimized.
+    #[serde(default)]
+    pub ana: Vec<AnaConfig>,
+}
+
+/// RPC socket.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RpcConfig {
+    /// Unix socket path (none = no RPC server).
+    pub socket: Option<PathBuf>,
+}
+
+/// A port.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortConfig {
+    /// Port id (1..=65535).
+    pub id: u16,
+    /// "ip:port".
+    pub addr: String,
+    /// What it serves.
+    #[serde(default = "default_kind")]
+    pub kind: PortKind,
+}
+
+fn default_kind() -> PortKind {
+    PortKind::Io
+}
+
+/// A subsystem.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    /// NQN.
+    pub nqn: String,
+    /// Serial number (default: derived from the NQN).
+    pub serial: Option<String>,
+    /// Model number.
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Let any host connect (only when set).
+    #[serde(default)]
+    pub allow_any_host: bool,
+    /// Allowed host NQNs.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Port ids to expose on (empty = every I/O port).
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// I/O queues per controller.
+    pub max_io_queues: Option<u16>,
+    /// Entries per queue (CAP.MQES + 1).
+    pub queue_size: Option<u16>,
+    /// Namespaces.
+    #[serde(default, rename = "namespace")]
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+fn default_model() -> String {
+    "qpath".to_string()
+}
+
+/// A namespace.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// NSID (default: next free).
+    #[serde(default)]
+    pub nsid: u32,
+    /// null | ram | file.
+    pub backend: String,
+    /// Size ("1G", "512M", bytes); required for null and ram, optional for file.
+    pub size: Option<SizeValue>,
+    /// File or block device path (file backend).
+    pub path: Option<PathBuf>,
+    /// Block size in bytes.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// ANA group.
+    #[serde(default = "default_group")]
+    pub ana_group: u32,
+    /// Read-only.
+    #[serde(default)]
+    pub readonly: bool,
+    /// UUID (default: derived from the subsystem NQN and NSID).
+    pub uuid: Option<String>,
+    /// Provisioned limits.
+    #[serde(default)]
+    pub qos: QosSettings,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+
+fn default_group() -> u32 {
+    1
+}
+
+/// A size as a number of bytes or a string with a suffix.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    /// Bytes.
+    Bytes(u64),
+    /// "1G", "512MiB", "4096".
+    Text(String),
+}
+
+impl SizeValue {
+    /// Bytes.
+    pub fn bytes(&self) -> Result<u64, Error> {
+        match self {
+            SizeValue::Bytes(b) => Ok(*b),
+            SizeValue::Text(t) => parse_size(t),
+        }
+    }
+}
+
+/// Parses "4096", "4k", "1G", "512MiB", "1.5G" (binary units).
+pub fn parse_size(s: &str) -> Result<u64, Error> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(Error::new(ErrorKind::Config, format!("size {s:?}: unknown unit"))),
+    };
+    let v: f64 = num.parse().map_err(|_| Error::new(ErrorKind::Config, format!("size {s:?}: not a number")))?;
+    let bytes = v * mult as f64;
+    if !(0.0..1.8e19).contains(&bytes) {
+        return Err(Error::new(ErrorKind::Config, format!("size {s:?} out of range")));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
+}
+
+/// A non-optimized ANA state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnaConfig {
+    /// Port id.
+    pub port: u16,
+    /// ANA group.
+    pub group: u32,
+    /// optimized | non-optimized | inaccessible | persistent-loss | change.
+    pub state: String,
+}
+
+impl Config {
+    /// Reads and checks a TOML file.
+    pub fn load(path: &Path) -> Result<Config, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        Config::parse(&text).map_err(|e| Error::new(e.kind, format!("{}: {}", path.display(), e.context)))
+    }
+
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> Result<Config, Error> {
+        toml::from_str(text).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))
+    }
+
+    /// The embedded default: one subsystem with a 1 GiB RAM namespace on
+    /// 127.0.0.1:4420 and 127.0.0.1:4421 (discovery on both), any host allowed.
+    pub fn embedded_default() -> Config {
+        Config {
+            options: TargetOptions::default(),
+            reactor: ReactorOptions::default(),
+            rpc: RpcConfig::default(),
+            ports: vec![
+                PortConfig { id: 1, addr: "127.0.0.1:4420".into(), kind: PortKind::Io },
+                PortConfig { id: 2, addr: "127.0.0.1:4421".into(), kind: PortKind::Io },
+            ],
+            subsystems: vec![SubsystemConfig {
+                nqn: DEFAULT_NQN.into(),
+                serial: None,
+                model: default_model(),
+                allow_any_host: true,
+                hosts: vec![],
+                ports: vec![],
+                max_io_queues: None,
+                queue_size: None,
+                namespaces: vec![NamespaceConfig {
+                    nsid: 1,
+                    backend: "ram".into(),
+                    size: Some(SizeValue::Text("1G".into())),
+                    path: None,
+                    block_size: 512,
+                    ana_group: 1,
+                    readonly: false,
+                    uuid: None,
+                    qos: QosSettings::default(),
+                }],
+            }],
+            ana: vec![],
+        }
+    }
+
+    /// Builds the target state (subsystems, namespaces) — ports are bound by [`Config::start`].
+    pub fn build_state(&self) -> Result<Arc<TargetState>, Error> {
+        let state = Arc::new(TargetState::new(self.options));
+        for s in &self.subsystems {
+            add_subsystem(&state, s)?;
+        }
+        Ok(state)
+    }
+
+    /// Builds everything and starts serving.
+    pub fn start(&self) -> Result<Server, Error> {
+        let state = self.build_state()?;
+        let server = Server::start(state, self.reactor.clone())?;
+        for p in &self.ports {
+            let addr = crate::server::parse_addr(&p.addr)?;
+            server.add_port(p.id, addr, p.kind)?;
+        }
+        for a in &self.ana {
+            let st = AnaState::parse(&a.state)
+                .ok_or_else(|| Error::new(ErrorKind::Config, format!("ANA state {:?}", a.state)))?;
+            server.state.set_ana_state(a.port, AnaGrpId(a.group), st)?;
+        }
+        Ok(server)
+    }
+}
+
+/// Adds a configured subsystem (also used by RPC).
+pub fn add_subsystem(state: &TargetState, s: &SubsystemConfig) -> Result<Arc<Subsystem>, Error> {
+    let serial = s.serial.clone().unwrap_or_else(|| format!("{:08X}", nvme::tcp::crc32c(s.nqn.as_bytes())));
+    let mut limits = SubsysLimits::default();
+    if let Some(q) = s.max_io_queues {
+        limits.max_io_queues = q.max(1);
+    }
+    if let Some(q) = s.queue_size {
+        limits.max_queue_entries = q.clamp(2, 4096);
+    }
+    let access = HostAccess { allow_any: s.allow_any_host, hosts: s.hosts.clone() };
+    let sub = Subsystem::new(&s.nqn, SubsysKind::Nvm, &serial, &s.model, access, limits)?;
+    sub.set_ports(s.ports.clone());
+    let sub = state.add_subsystem(sub)?;
+    for n in &s.namespaces {
+        add_namespace(&sub, n)?;
+    }
+    Ok(sub)
+}
+
+/// Adds a configured namespace (also used by RPC).
+pub fn add_namespace(sub: &Subsystem, n: &NamespaceConfig) -> Result<nvme::Nsid, Error> {
+    let size = n.size.as_ref().map(SizeValue::bytes).transpose()?;
+    let backend = match n.backend.as_str() {
+        "null" => Backend::Null,
+        "ram" => Backend::ram(size.ok_or_else(|| Error::new(ErrorKind::Config, "a ram namespace needs a size"))?)?,
+        "file" => {
+            let path = n.path.as_ref().ok_or_else(|| Error::new(ErrorKind::Config, "a file namespace needs a path"))?;
+            Backend::File(FileBackend::open(path, size, size.is_some())?)
+        }
+        other => return Err(Error::new(ErrorKind::Config, format!("backend {other:?}: null, ram or file"))),
+    };
+    let uuid = n.uuid.as_deref().map(parse_uuid).transpose()?;
+    let nsid = sub.add_namespace(NamespaceSpec {
+        nsid: n.nsid,
+        backend,
+        size,
+        block_size: n.block_size,
+        anagrpid: n.ana_group,
+        uuid,
+        readonly: n.readonly,
+    })?;
+    let (map, _) = sub.namespaces();
+    if let Some(ns) = map.get(nsid) {
+        ns.qos.set(n.qos);
+    }
+    Ok(nsid)
+}
+
+fn parse_uuid(s: &str) -> Result<[u8; 16], Error> {
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return Err(Error::new(ErrorKind::Config, format!("UUID {s:?}")));
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16)
+            .map_err(|_| Error::new(ErrorKind::Config, format!("UUID {s:?}")))?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5k").unwrap(), 1536);
+        assert!(parse_size("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn parse_full_config() {
+        let c = Config::parse(
+            r#"
+            [options]
+            in_capsule_data_size = 4096
+            [reactor]
+            reactors = 1
+            poll = "busy"
+            [[port]]
+            id = 1
+            addr = "127.0.0.1:4420"
+            [[port]]
+            id = 3
+            addr = "127.0.0.1:8009"
+            kind = "discovery"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.qpath:a"
+            hosts = ["nqn.h"]
+            [[subsystem.namespace]]
+            backend = "null"
+            size = "1G"
+            qos = { iops = 3500, bytes_per_sec = 170000000 }
+            [[ana]]
+            port = 1
+            group = 1
+            state = "non-optimized"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.options.in_capsule_data_size, 4096);
+        assert_eq!(c.ports[1].kind, PortKind::Discovery);
+        assert_eq!(c.subsystems[0].namespaces[0].qos.iops, 3500);
+        let state = c.build_state().unwrap();
+        let s = state.subsystem("nqn.2026-11.io.qpath:a").unwrap();
+        assert!(!s.allows_host("nqn.other"));
+        assert_eq!(s.namespaces().0.len(), 1);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        assert!(Config::parse("[[port]]\nid = 1\naddr = \"x\"\ncolour = 3\n").is_err());
+    }
+
+    #[test]
+    fn embedded_default_builds() {
+        let c = Config::embedded_default();
+        let s = c.build_state().unwrap();
+        let sub = s.subsystem(DEFAULT_NQN).unwrap();
+        assert_eq!(sub.namespaces().0.get(nvme::Nsid(1)).unwrap().size_bytes(), 1 << 30);
+    }
+}

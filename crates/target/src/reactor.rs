@@ -1,0 +1,524 @@
+//! Reactor threads: each owns an io_uring and the connections handed to it,
+//! for their whole life.
+//!
+//! Acceptor threads (one per port, see [`crate::server`]) deal new
+//! connections out round-robin (one mailbox message per connection, never
+//! per I/O). After that, everything a connection does — receive, parse, execute, file I/O,
+//! send — happens on its reactor's thread: no lock, no cross-thread wakeup,
+//! no allocation per I/O.
+//!
+//! ```text
+//!  loop {
+//!     turn(Poll | Block{timeout})   one io_uring_enter: submit + reap
+//!       recv done  -> conn.on_recv  -> maybe take_send() -> ring.send
+//!       send done  -> conn.on_send_done
+//!       file done  -> conn.on_file_done
+//!     due timers (held completions), ticks every 10 ms (keep-alive, AEN, teardown)
+//!     mailbox: new connections, shutdown
+//!  }
+//! ```
+
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use uring::{Completion, FsyncMode, IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
+
+use crate::backend::{FileIo, FileOp};
+use crate::error::Error;
+use crate::pool::BufPool;
+use crate::port::Port;
+use crate::registry::TargetState;
+use crate::tcp::{ConnCtx, ConnState, Connection};
+
+/// How a reactor waits for work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollMode {
+    /// Spin forever: lowest latency, one core per reactor at 100%.
+    Busy,
+    /// Spin for `spin_us` after the last activity, then sleep in the kernel.
+    Adaptive,
+    /// Always sleep when idle: no CPU when idle, a wakeup (~27 µs here) per idle period.
+    Block,
+}
+
+/// How reactors run.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReactorOptions {
+    /// Number of reactor threads (0 = one per online CPU).
+    pub reactors: usize,
+    /// CPUs to pin reactor k to (`cpus[k % len]`); empty = no pinning.
+    pub cpus: Vec<usize>,
+    /// Waiting strategy.
+    pub poll: PollMode,
+    /// Adaptive mode: spin this long after the last completion before sleeping.
+    pub spin_us: u64,
+}
+
+impl Default for ReactorOptions {
+    fn default() -> Self {
+        ReactorOptions { reactors: 0, cpus: Vec::new(), poll: PollMode::Adaptive, spin_us: 200 }
+    }
+}
+
+/// Messages into a reactor (control plane only).
+pub enum ReactorMsg {
+    /// Serve this accepted connection.
+    Conn(TcpStream, Arc<Port>, Option<SocketAddr>),
+    /// Close every connection and exit.
+    Shutdown,
+}
+
+impl std::fmt::Debug for ReactorMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReactorMsg::Conn(_, p, a) => write!(f, "Conn(port {}, {a:?})", p.id),
+            ReactorMsg::Shutdown => write!(f, "Shutdown"),
+        }
+    }
+}
+
+/// A running reactor thread.
+#[derive(Debug)]
+pub struct ReactorHandle {
+    /// Sends it control messages.
+    pub sender: MailboxSender<ReactorMsg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ReactorHandle {
+    /// Asks the reactor to stop and waits for it.
+    pub fn shutdown(mut self) {
+        let _ = self.sender.send(ReactorMsg::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+// Token layout: kind (4 bits) | connection generation (12) | slab key (32) | request slot (16).
+const KIND_RECV: u64 = 1;
+const KIND_SEND: u64 = 2;
+const KIND_FILE: u64 = 3;
+
+fn token(kind: u64, gen_: u64, key: usize, slot: u64) -> u64 {
+    (kind << 60) | ((gen_ & 0xfff) << 48) | ((key as u64 & 0xffff_ffff) << 16) | (slot & 0xffff)
+}
+
+fn untoken(t: u64) -> (u64, u64, usize, u16) {
+    let key = usize::try_from((t >> 16) & 0xffff_ffff).unwrap_or(usize::MAX);
+    (t >> 60, (t >> 48) & 0xfff, key, (t & 0xffff) as u16)
+}
+
+struct Entry {
+    conn: Connection,
+    stream: Option<TcpStream>,
+    generation: u64,
+    recv_inflight: bool,
+    send_inflight: bool,
+    cancelled: bool,
+    timer_armed: bool,
+}
+
+/// Starts reactor `index`.
+pub fn spawn(index: usize, target: Arc<TargetState>, opts: ReactorOptions) -> Result<ReactorHandle, Error> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(format!("qpath-reactor-{index}"))
+        .spawn(move || {
+            if !opts.cpus.is_empty() {
+                let cpu = opts.cpus[index % opts.cpus.len()];
+                if let Err(e) = uring::pin_current_thread(cpu) {
+                    tracing::warn!(reactor = index, cpu, "cannot pin: {e}");
+                }
+            }
+            let busy = opts.poll == PollMode::Busy;
+            let ring = Ring::new(RingConfig { entries: 1024, busy_poll: false, ..RingConfig::default() });
+            let mut ring = match ring {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.send(Err(Error::new(crate::error::ErrorKind::Io, format!("io_uring: {e}"))));
+                    return;
+                }
+            };
+            let (sender, mailbox) = match Mailbox::new(&mut ring) {
+                Ok(m) => m,
+                Err(e) => {
+                    let _ = tx.send(Err(Error::new(crate::error::ErrorKind::Io, format!("mailbox: {e}"))));
+                    return;
+                }
+            };
+            let _ = tx.send(Ok(sender));
+            let mut r = Reactor::new(index, target, ring, mailbox, opts, busy);
+            r.run();
+        })
+        .map_err(|e| Error::io("spawn reactor", e))?;
+    let sender =
+        rx.recv().map_err(|_| Error::new(crate::error::ErrorKind::Io, "reactor thread died at start-up"))??;
+    Ok(ReactorHandle { sender, thread: Some(thread) })
+}
+
+struct RingFileIo<'a> {
+    ring: &'a mut Ring,
+}
+
+impl FileIo for RingFileIo<'_> {
+    fn submit(&mut self, op: FileOp<'_>, token: u64) -> Result<(), (std::io::Error, Option<IoBuf>)> {
+        let os = |e: uring::Error| std::io::Error::other(e.to_string());
+        match op {
+            FileOp::Read { file, buf, len, offset } => {
+                self.ring.read_at(file.as_raw_fd(), buf, len, offset, token).map_err(|(e, b)| (os(e), Some(b)))
+            }
+            FileOp::Write { file, buf, len, offset } => {
+                self.ring.write_at(file.as_raw_fd(), buf, 0..len, offset, token).map_err(|(e, b)| (os(e), Some(b)))
+            }
+            FileOp::Sync { file } => {
+                self.ring.fsync(file.as_raw_fd(), FsyncMode::Data, token).map_err(|e| (os(e), None))
+            }
+            FileOp::Fallocate { file, mode, offset, len } => {
+                self.ring.fallocate(file.as_raw_fd(), mode, offset, len, token).map_err(|e| (os(e), None))
+            }
+        }
+    }
+}
+
+struct Reactor {
+    index: usize,
+    target: Arc<TargetState>,
+    ring: Ring,
+    mailbox: Mailbox<ReactorMsg>,
+    opts: ReactorOptions,
+    busy: bool,
+    pool: BufPool,
+    conns: Vec<Option<Entry>>,
+    free_keys: Vec<usize>,
+    generation: u64,
+    touched: Vec<usize>,
+    timer_keys: Vec<usize>,
+    last_tick: Instant,
+    last_activity: Instant,
+    stop: bool,
+}
+
+const TICK: Duration = Duration::from_millis(10);
+
+impl Reactor {
+    fn new(
+        index: usize,
+        target: Arc<TargetState>,
+        ring: Ring,
+        mailbox: Mailbox<ReactorMsg>,
+        opts: ReactorOptions,
+        busy: bool,
+    ) -> Reactor {
+        let pool = BufPool::new(target.opts.max_transfer(), target.opts.buffer_pool_bytes);
+        Reactor {
+            index,
+            target,
+            ring,
+            mailbox,
+            opts,
+            busy,
+            pool,
+            conns: Vec::new(),
+            free_keys: Vec::new(),
+            generation: 0,
+            touched: Vec::with_capacity(256),
+            timer_keys: Vec::new(),
+            last_tick: Instant::now(),
+            last_activity: Instant::now(),
+            stop: false,
+        }
+    }
+
+    fn run(&mut self) {
+        tracing::debug!(reactor = self.index, "reactor running");
+        while !self.stop || self.conns.iter().any(Option::is_some) {
+            let wait = self.wait_mode();
+            let mut touched = std::mem::take(&mut self.touched);
+            let mut done: Vec<Completion> = Vec::new();
+            let res = self.ring.turn(wait, |_, c| done.push(c));
+            if let Err(e) = res {
+                tracing::error!(reactor = self.index, "io_uring turn failed: {e}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if !done.is_empty() {
+                self.last_activity = Instant::now();
+            }
+            for c in done.drain(..) {
+                self.complete(c, &mut touched);
+            }
+            self.touched = touched;
+            self.run_timers();
+            if self.last_tick.elapsed() >= TICK {
+                self.last_tick = Instant::now();
+                self.tick();
+            }
+            let mut msgs = Vec::new();
+            self.mailbox.drain(|m| msgs.push(m));
+            for m in msgs {
+                self.on_msg(m);
+            }
+            let touched = std::mem::take(&mut self.touched);
+            for &k in &touched {
+                self.drive(k);
+            }
+            self.touched = touched;
+            self.touched.clear();
+            if self.stop {
+                for k in 0..self.conns.len() {
+                    if let Some(e) = self.conns[k].as_mut() {
+                        e.conn.close("target shutting down");
+                    }
+                    self.drive(k);
+                }
+            }
+        }
+        tracing::debug!(reactor = self.index, "reactor stopped");
+    }
+
+    fn wait_mode(&self) -> Wait {
+        if self.busy || !self.touched.is_empty() {
+            return Wait::Poll;
+        }
+        let mut timeout = TICK.saturating_sub(self.last_tick.elapsed());
+        if let Some(t) = self.next_timer_in() {
+            timeout = timeout.min(t);
+        }
+        match self.opts.poll {
+            PollMode::Busy => Wait::Poll,
+            PollMode::Adaptive if self.last_activity.elapsed() < Duration::from_micros(self.opts.spin_us) => Wait::Poll,
+            _ if timeout.is_zero() => Wait::Poll,
+            _ => Wait::Block { timeout: Some(timeout) },
+        }
+    }
+
+    fn next_timer_in(&self) -> Option<Duration> {
+        let now = self.target.now_ns();
+        self.timer_keys
+            .iter()
+            .filter_map(|&k| self.conns.get(k)?.as_ref()?.conn.next_timer())
+            .min()
+            .map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    }
+
+    fn with_conn(&mut self, key: usize, f: impl FnOnce(&mut Entry, &mut ConnCtx<'_>)) {
+        let now = self.target.now_ns();
+        let Some(Some(e)) = self.conns.get_mut(key) else { return };
+        let base = token(KIND_FILE, e.generation, key, 0);
+        let mut io = RingFileIo { ring: &mut self.ring };
+        let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut io, token: base, now_ns: now };
+        f(e, &mut ctx);
+    }
+
+    fn complete(&mut self, c: Completion, touched: &mut Vec<usize>) {
+        let (kind, gen_, key, slot) = untoken(c.token);
+        let live = matches!(self.conns.get(key), Some(Some(e)) if e.generation & 0xfff == gen_);
+        if !live {
+            // A completion for a connection already freed cannot happen (we wait for
+            // every op before freeing); drop the memory defensively.
+            if let Payload::Buf(b) = c.payload {
+                self.pool.put(b);
+            }
+            return;
+        }
+        match kind {
+            KIND_RECV => {
+                let res = c.io_result();
+                let start = c.result;
+                let buf = c.into_buf();
+                self.with_conn(key, |e, ctx| {
+                    e.recv_inflight = false;
+                    let Some(buf) = buf else { return };
+                    match res {
+                        Ok(n) => {
+                            // The ring set len = range.start + n; the connection expects len = range.start.
+                            let mut buf = buf;
+                            let len = buf.len();
+                            buf.set_len(len - n);
+                            e.conn.on_recv(buf, n, ctx);
+                        }
+                        Err(err) => {
+                            e.conn.on_recv(buf, 0, ctx);
+                            if err.raw_os_error() != Some(libc::ECANCELED) {
+                                e.conn.close(&format!("recv failed: {err}"));
+                            }
+                        }
+                    }
+                    let _ = start;
+                });
+            }
+            KIND_SEND => {
+                let res = c.io_result().map(|_| ());
+                let msg = c.into_msg();
+                self.with_conn(key, |e, ctx| {
+                    e.send_inflight = false;
+                    if let Some(m) = msg {
+                        e.conn.on_send_done(m, res, ctx);
+                    }
+                });
+            }
+            KIND_FILE => {
+                let res = c.io_result();
+                let buf = match c.payload {
+                    Payload::Buf(b) => Some(b),
+                    _ => None,
+                };
+                self.with_conn(key, |e, ctx| e.conn.on_file_done(slot, res, buf, ctx));
+            }
+            _ => {}
+        }
+        if !touched.contains(&key) {
+            touched.push(key);
+        }
+    }
+
+    /// Submits whatever the connection wants next, and frees it when it is done.
+    fn drive(&mut self, key: usize) {
+        let Some(Some(e)) = self.conns.get_mut(key) else { return };
+        let fd = match &e.stream {
+            Some(s) => s.as_raw_fd(),
+            None => return,
+        };
+        let generation = e.generation;
+        if e.conn.has_waiting() {
+            self.with_conn(key, |e, ctx| e.conn.pump(ctx));
+        }
+        let Some(Some(e)) = self.conns.get_mut(key) else { return };
+        if !e.send_inflight
+            && let Some(msg) = e.conn.take_send()
+        {
+            match self.ring.send(fd, msg, token(KIND_SEND, generation, key, 0)) {
+                Ok(()) => e.send_inflight = true,
+                Err((err, msg)) => {
+                    tracing::warn!("send submit failed: {err}");
+                    let mut io = RingFileIo { ring: &mut self.ring };
+                    let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut io, token: 0, now_ns: 0 };
+                    e.conn.on_send_done(msg, Err(std::io::Error::other(err.to_string())), &mut ctx);
+                }
+            }
+        }
+        if !e.recv_inflight
+            && let Some((buf, range)) = e.conn.take_recv_buf()
+        {
+            match self.ring.recv(fd, buf, range, token(KIND_RECV, generation, key, 0)) {
+                Ok(()) => e.recv_inflight = true,
+                Err((err, buf)) => {
+                    tracing::warn!("recv submit failed: {err}");
+                    let mut io = RingFileIo { ring: &mut self.ring };
+                    let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut io, token: 0, now_ns: 0 };
+                    e.conn.on_recv(buf, 0, &mut ctx);
+                }
+            }
+        }
+        if e.conn.next_timer().is_some() && !e.timer_armed {
+            e.timer_armed = true;
+            self.timer_keys.push(key);
+        }
+        if e.conn.state() == ConnState::Closed {
+            if (e.recv_inflight || e.send_inflight) && !e.cancelled {
+                e.cancelled = true;
+                let _ = self.ring.cancel_fd(fd);
+            }
+            if !e.recv_inflight && !e.send_inflight && e.conn.file_ops_in_flight() == 0 {
+                self.free(key);
+            }
+        }
+    }
+
+    fn free(&mut self, key: usize) {
+        self.with_conn(key, |e, ctx| e.conn.release(ctx));
+        if let Some(Some(mut e)) = self.conns.get_mut(key).map(Option::take) {
+            if let Some(s) = e.stream.take() {
+                let _ = self.ring.close(s.into_raw_fd());
+            }
+            tracing::debug!(reactor = self.index, peer = ?e.conn.info().peer, reason = ?e.conn.close_reason(), "connection freed");
+            self.free_keys.push(key);
+        }
+    }
+
+    fn run_timers(&mut self) {
+        if self.timer_keys.is_empty() {
+            return;
+        }
+        let now = self.target.now_ns();
+        let keys = std::mem::take(&mut self.timer_keys);
+        let mut keep = Vec::with_capacity(keys.len());
+        for k in keys {
+            let due = match self.conns.get(k) {
+                Some(Some(e)) => e.conn.next_timer(),
+                _ => continue,
+            };
+            match due {
+                Some(t) if t <= now => {
+                    self.with_conn(k, |e, ctx| e.conn.on_timers(ctx));
+                    if !self.touched.contains(&k) {
+                        self.touched.push(k);
+                    }
+                    if let Some(Some(e)) = self.conns.get_mut(k) {
+                        if e.conn.next_timer().is_some() {
+                            keep.push(k);
+                        } else {
+                            e.timer_armed = false;
+                        }
+                    }
+                }
+                Some(_) => keep.push(k),
+                None => {
+                    if let Some(Some(e)) = self.conns.get_mut(k) {
+                        e.timer_armed = false;
+                    }
+                }
+            }
+        }
+        self.timer_keys = keep;
+    }
+
+    fn tick(&mut self) {
+        for k in 0..self.conns.len() {
+            if self.conns[k].is_some() {
+                self.with_conn(k, |e, ctx| e.conn.tick(ctx));
+                self.drive(k);
+            }
+        }
+    }
+
+    fn on_msg(&mut self, m: ReactorMsg) {
+        match m {
+            ReactorMsg::Conn(stream, port, peer) => self.add_conn(stream, port, peer),
+            ReactorMsg::Shutdown => self.stop = true,
+        }
+    }
+
+    fn add_conn(&mut self, stream: TcpStream, port: Arc<Port>, peer: Option<SocketAddr>) {
+        if self.stop {
+            return;
+        }
+        self.generation = self.generation.wrapping_add(1);
+        let conn = Connection::new(Arc::clone(&self.target), port, peer, self.index);
+        let e = Entry {
+            conn,
+            stream: Some(stream),
+            generation: self.generation & 0xfff,
+            recv_inflight: false,
+            send_inflight: false,
+            cancelled: false,
+            timer_armed: false,
+        };
+        let key = match self.free_keys.pop() {
+            Some(k) => {
+                self.conns[k] = Some(e);
+                k
+            }
+            None => {
+                self.conns.push(Some(e));
+                self.conns.len() - 1
+            }
+        };
+        self.drive(key);
+    }
+}

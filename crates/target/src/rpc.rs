@@ -1,0 +1,277 @@
+//! JSON-RPC 2.0 control socket (one request per line over a Unix socket),
+//! served by a thread of its own: control plane only.
+//!
+//! Methods (params as JSON objects):
+//!
+//! | method | params | result |
+//! | --- | --- | --- |
+//! | `get_target` | | ports, subsystems, reactors |
+//! | `list_subsystems` | | subsystems with namespaces and hosts |
+//! | `add_subsystem` | a `[[subsystem]]` table as JSON | `{nqn}` |
+//! | `remove_subsystem` | `{nqn}` | |
+//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}` | `{nsid}` |
+//! | `remove_namespace` | `{nqn, nsid}` | |
+//! | `add_host` / `remove_host` | `{nqn, host}` | |
+//! | `set_ana_state` | `{port, group, state}` | `{changed}` |
+//! | `set_qos` | `{nqn, nsid, iops, bytes_per_sec, delay_us}` | |
+//! | `add_port` | `{id, addr, kind}` | `{addr}` |
+//! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
+//! | `list_controllers` | | controllers |
+//! | `list_queues` | | queues with counters |
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use nvme::{AnaGrpId, AnaState, Nsid};
+use serde_json::{Value, json};
+
+use crate::config::{NamespaceConfig, SubsystemConfig, add_namespace, add_subsystem};
+use crate::error::{Error, ErrorKind};
+use crate::port::PortKind;
+use crate::qos::QosSettings;
+use crate::server::Server;
+use crate::subsystem::HostAccess;
+
+/// A running RPC server.
+#[derive(Debug)]
+pub struct RpcServer {
+    path: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RpcServer {
+    /// Listens on `path` (replacing a stale socket file) and serves `server`.
+    pub fn start(path: &Path, server: Arc<Server>) -> Result<RpcServer, Error> {
+        if path.exists() {
+            let _ = std::fs::remove_file(path);
+        }
+        let listener = UnixListener::bind(path).map_err(|e| Error::io(format!("RPC socket {}", path.display()), e))?;
+        let thread = std::thread::Builder::new()
+            .name("qpath-rpc".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(conn) = conn else { continue };
+                    let server = Arc::clone(&server);
+                    let _ =
+                        std::thread::Builder::new().name("qpath-rpc-conn".into()).spawn(move || serve(conn, &server));
+                }
+            })
+            .map_err(|e| Error::io("spawn RPC thread", e))?;
+        tracing::info!(socket = %path.display(), "RPC listening");
+        Ok(RpcServer { path: path.to_path_buf(), thread: Some(thread) })
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        // The accept thread is detached: it ends with the process.
+        drop(self.thread.take());
+    }
+}
+
+fn serve(conn: UnixStream, server: &Server) {
+    let Ok(w) = conn.try_clone() else { return };
+    let mut w = w;
+    let r = BufReader::new(conn);
+    for line in r.lines() {
+        let Ok(line) = line else { return };
+        if line.trim().is_empty() {
+            continue;
+        }
+        // Bound the request size: a control socket never needs megabytes.
+        let resp = if line.len() > 1 << 20 {
+            json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "request too large"}})
+        } else {
+            match serde_json::from_str::<Value>(&line) {
+                Ok(req) => {
+                    let id = req.get("id").cloned().unwrap_or(Value::Null);
+                    let method = req.get("method").and_then(Value::as_str).unwrap_or("");
+                    let params = req.get("params").cloned().unwrap_or(json!({}));
+                    match call(server, method, &params) {
+                        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                        Err(e) => {
+                            let code = match e.kind {
+                                ErrorKind::NotFound => -32001,
+                                ErrorKind::Exists => -32002,
+                                _ => -32602,
+                            };
+                            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": e.to_string()}})
+                        }
+                    }
+                }
+                Err(e) => json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": e.to_string()}}),
+            }
+        };
+        if writeln!(w, "{resp}").is_err() {
+            return;
+        }
+    }
+}
+
+fn param<T: serde::de::DeserializeOwned>(p: &Value, key: &str) -> Result<T, Error> {
+    let v = p.get(key).cloned().ok_or_else(|| Error::new(ErrorKind::Config, format!("missing parameter {key:?}")))?;
+    serde_json::from_value(v).map_err(|e| Error::new(ErrorKind::Config, format!("parameter {key:?}: {e}")))
+}
+
+fn opt<T: serde::de::DeserializeOwned>(p: &Value, key: &str) -> Result<Option<T>, Error> {
+    match p.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(_) => param(p, key).map(Some),
+    }
+}
+
+/// Executes one method (exposed for in-process callers and tests).
+pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
+    let st = &server.state;
+    let sub = |p: &Value| -> Result<Arc<crate::subsystem::Subsystem>, Error> {
+        let nqn: String = param(p, "nqn")?;
+        st.subsystem(&nqn).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no subsystem {nqn}")))
+    };
+    Ok(match method {
+        "get_target" => json!({
+            "reactors": server.reactors(),
+            "ports": st.ports().iter().map(|p| json!({"id": p.id, "addr": p.addr.to_string(), "kind": p.kind})).collect::<Vec<_>>(),
+            "subsystems": st.subsystems().iter().map(|s| s.nqn.clone()).collect::<Vec<_>>(),
+            "options": st.opts,
+        }),
+        "list_ports" => json!(
+            st.ports()
+                .iter()
+                .map(|p| json!({
+                    "id": p.id, "addr": p.addr.to_string(), "kind": p.kind,
+                    "delay_us": p.faults.delay_us.load(Ordering::Relaxed),
+                    "refuse_connects": p.faults.refuse_connects.load(Ordering::Relaxed),
+                    "ana": (1..=crate::port::ANA_GROUPS).filter_map(|g| {
+                        let s = p.ana_state(AnaGrpId(g));
+                        (s != AnaState::Optimized).then(|| json!({"group": g, "state": s.linux_name()}))
+                    }).collect::<Vec<_>>(),
+                }))
+                .collect::<Vec<_>>()
+        ),
+        "list_subsystems" => json!(
+            st.subsystems()
+                .iter()
+                .map(|s| {
+                    let (ns, _) = s.namespaces();
+                    let a = s.access();
+                    json!({
+                        "nqn": s.nqn, "serial": s.serial, "model": s.model,
+                        "allow_any_host": a.allow_any, "hosts": a.hosts,
+                        "namespaces": ns.iter().map(|n| json!({
+                            "nsid": n.nsid.0, "backend": format!("{:?}", n.backend), "size": n.size_bytes(),
+                            "block_size": n.block_size(), "ana_group": n.anagrpid.0,
+                            "uuid": nvme::nqn::format_uuid(&n.uuid), "qos": n.qos.get(),
+                        })).collect::<Vec<_>>(),
+                        "controllers": s.controllers().iter().map(|c| c.cntlid.0).collect::<Vec<_>>(),
+                    })
+                })
+                .collect::<Vec<_>>()
+        ),
+        "add_subsystem" => {
+            let cfg: SubsystemConfig =
+                serde_json::from_value(p.clone()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+            let s = add_subsystem(st, &cfg)?;
+            json!({"nqn": s.nqn})
+        }
+        "remove_subsystem" => {
+            st.remove_subsystem(&param::<String>(p, "nqn")?)?;
+            json!({})
+        }
+        "add_namespace" => {
+            let s = sub(p)?;
+            let mut q = p.clone();
+            if let Some(o) = q.as_object_mut() {
+                o.remove("nqn");
+            }
+            let cfg: NamespaceConfig =
+                serde_json::from_value(q).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+            let nsid = add_namespace(&s, &cfg)?;
+            json!({"nsid": nsid.0})
+        }
+        "remove_namespace" => {
+            sub(p)?.remove_namespace(Nsid(param(p, "nsid")?))?;
+            json!({})
+        }
+        "add_host" | "remove_host" => {
+            let s = sub(p)?;
+            let host: String = param(p, "host")?;
+            let mut a: HostAccess = s.access();
+            a.hosts.retain(|h| *h != host);
+            if method == "add_host" {
+                a.hosts.push(host);
+            }
+            s.set_access(a);
+            json!({})
+        }
+        "set_ana_state" => {
+            let state: String = param(p, "state")?;
+            let st_ =
+                AnaState::parse(&state).ok_or_else(|| Error::new(ErrorKind::Config, format!("ANA state {state:?}")))?;
+            let changed = st.set_ana_state(param(p, "port")?, AnaGrpId(param(p, "group")?), st_)?;
+            json!({"changed": changed})
+        }
+        "set_qos" => {
+            let s = sub(p)?;
+            let nsid: u32 = param(p, "nsid")?;
+            let (map, _) = s.namespaces();
+            let ns = map.get(Nsid(nsid)).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no NSID {nsid}")))?;
+            let q = QosSettings {
+                iops: opt(p, "iops")?.unwrap_or(0),
+                bytes_per_sec: opt(p, "bytes_per_sec")?.unwrap_or(0),
+                delay_us: opt(p, "delay_us")?.unwrap_or(0),
+            };
+            ns.qos.set(q);
+            json!(q)
+        }
+        "add_port" => {
+            let kind: PortKind = opt(p, "kind")?.unwrap_or(PortKind::Io);
+            let addr = crate::server::parse_addr(&param::<String>(p, "addr")?)?;
+            let bound = server.add_port(param(p, "id")?, addr, kind)?;
+            json!({"addr": bound.to_string()})
+        }
+        "set_port_fault" => {
+            let id: u16 = param(p, "port")?;
+            let port = st.port(id).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no port {id}")))?;
+            if let Some(d) = opt::<u64>(p, "delay_us")? {
+                port.faults.delay_us.store(d, Ordering::Relaxed);
+            }
+            if let Some(r) = opt::<bool>(p, "refuse_connects")? {
+                port.faults.refuse_connects.store(r, Ordering::Relaxed);
+            }
+            if opt::<bool>(p, "drop_connections")?.unwrap_or(false) {
+                port.faults.drop_generation.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(o) = opt::<i64>(p, "stall_opcode")? {
+                let v = u64::try_from(o + 1).unwrap_or(0);
+                port.faults.stall_opcode.store(v, Ordering::Relaxed);
+            }
+            json!({})
+        }
+        "list_controllers" => {
+            let mut all: Vec<_> = st.subsystems().iter().flat_map(|s| s.controllers()).map(|c| c.info()).collect();
+            all.extend(st.discovery.controllers().iter().map(|c| c.info()));
+            json!(all)
+        }
+        "list_queues" => json!(st.queues()),
+        _ => return Err(Error::new(ErrorKind::NotFound, format!("unknown method {method:?}"))),
+    })
+}
+
+/// A blocking client: sends one request and returns its result or error message.
+pub fn client_call(socket: &Path, method: &str, params: Value) -> Result<Value, Error> {
+    let mut s = UnixStream::connect(socket).map_err(|e| Error::io(format!("connect to {}", socket.display()), e))?;
+    let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    writeln!(s, "{req}").map_err(|e| Error::io("write request", e))?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).map_err(|e| Error::io("read response", e))?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| Error::new(ErrorKind::Io, format!("bad response: {e}")))?;
+    if let Some(err) = v.get("error") {
+        let msg = err.get("message").and_then(Value::as_str).unwrap_or("error");
+        return Err(Error::new(ErrorKind::Config, msg.to_string()));
+    }
+    Ok(v.get("result").cloned().unwrap_or(Value::Null))
+}

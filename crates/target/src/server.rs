@@ -1,0 +1,147 @@
+//! The running target: reactor threads plus one acceptor thread per port.
+//!
+//! Accepting is control plane: an acceptor blocks in `accept(2)`, applies
+//! the port's connection limits and fault switches, and hands the socket to
+//! a reactor (round-robin) through its mailbox. The reactor owns it from then on.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use uring::MailboxSender;
+
+use crate::error::{Error, ErrorKind};
+use crate::port::{Port, PortKind};
+use crate::reactor::{self, ReactorHandle, ReactorMsg, ReactorOptions};
+use crate::registry::TargetState;
+
+struct Acceptor {
+    port: Arc<Port>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A running target.
+pub struct Server {
+    /// The shared state (subsystems, ports, controllers).
+    pub state: Arc<TargetState>,
+    reactors: Vec<ReactorHandle>,
+    senders: Arc<Vec<MailboxSender<ReactorMsg>>>,
+    next: Arc<AtomicUsize>,
+    acceptors: Mutex<Vec<Acceptor>>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("reactors", &self.reactors.len()).finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Starts the reactors. Ports are added with [`Server::add_port`].
+    pub fn start(state: Arc<TargetState>, opts: ReactorOptions) -> Result<Server, Error> {
+        let n = if opts.reactors == 0 { uring::online_cpus().max(1) } else { opts.reactors };
+        let mut reactors = Vec::with_capacity(n);
+        for i in 0..n {
+            reactors.push(reactor::spawn(i, Arc::clone(&state), opts.clone())?);
+        }
+        let senders = Arc::new(reactors.iter().map(|r| r.sender.clone()).collect());
+        tracing::info!(reactors = n, poll = ?opts.poll, "target started");
+        Ok(Server { state, reactors, senders, next: Arc::new(AtomicUsize::new(0)), acceptors: Mutex::new(Vec::new()) })
+    }
+
+    /// Binds `addr` (port 0 picks a free port) and serves it as port `id`.
+    /// Returns the bound address.
+    pub fn add_port(&self, id: u16, addr: SocketAddr, kind: PortKind) -> Result<SocketAddr, Error> {
+        let listener = TcpListener::bind(addr).map_err(|e| Error::io(format!("listen on {addr}"), e))?;
+        let local = listener.local_addr().map_err(|e| Error::io("local_addr", e))?;
+        let port = self.state.add_port(id, local, kind)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            let state = Arc::clone(&self.state);
+            let senders = Arc::clone(&self.senders);
+            let next = Arc::clone(&self.next);
+            let port = Arc::clone(&port);
+            std::thread::Builder::new()
+                .name(format!("qpath-accept-{id}"))
+                .spawn(move || accept_loop(&listener, &port, &state, &senders, &next, &stop))
+                .map_err(|e| Error::io("spawn acceptor", e))?
+        };
+        tracing::info!(port = id, %local, ?kind, "listening");
+        self.acceptors.lock().unwrap_or_else(|e| e.into_inner()).push(Acceptor { port, stop, thread: Some(thread) });
+        Ok(local)
+    }
+
+    /// The bound address of port `id`.
+    pub fn local_addr(&self, id: u16) -> Option<SocketAddr> {
+        self.state.port(id).map(|p| p.addr)
+    }
+
+    /// Number of reactor threads.
+    pub fn reactors(&self) -> usize {
+        self.reactors.len()
+    }
+
+    /// Stops accepting, closes every connection and joins every thread.
+    pub fn shutdown(self) {
+        let acceptors = std::mem::take(&mut *self.acceptors.lock().unwrap_or_else(|e| e.into_inner()));
+        for mut a in acceptors {
+            a.stop.store(true, Ordering::Release);
+            // Wake the blocking accept.
+            let _ = TcpStream::connect_timeout(&a.port.addr, std::time::Duration::from_millis(200));
+            if let Some(t) = a.thread.take() {
+                let _ = t.join();
+            }
+        }
+        for r in self.reactors {
+            r.shutdown();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: &TcpListener,
+    port: &Arc<Port>,
+    state: &TargetState,
+    senders: &[MailboxSender<ReactorMsg>],
+    next: &AtomicUsize,
+    stop: &AtomicBool,
+) {
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(port = port.id, "accept failed: {e}");
+                // EMFILE and friends: back off instead of spinning.
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+        };
+        if port.faults.refuse_connects.load(Ordering::Relaxed) {
+            drop(stream);
+            continue;
+        }
+        let (on_port, from_host) = state.connection_counts(port.id, Some(peer));
+        let o = &state.opts;
+        if on_port >= o.max_connections_per_port || from_host >= o.max_connections_per_host {
+            tracing::warn!(port = port.id, %peer, on_port, from_host, "connection limit reached: refusing");
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let k = next.fetch_add(1, Ordering::Relaxed) % senders.len().max(1);
+        if senders.get(k).map(|s| s.send(ReactorMsg::Conn(stream, Arc::clone(port), Some(peer)))).is_none() {
+            tracing::error!("no reactor to take the connection");
+        }
+    }
+}
+
+/// Parses "ip:port" or "[ipv6]:port".
+pub fn parse_addr(s: &str) -> Result<SocketAddr, Error> {
+    s.parse().map_err(|e| Error::new(ErrorKind::Config, format!("address {s:?}: {e}")))
+}
