@@ -21,6 +21,8 @@ pub enum ErrorKind {
     InvalidArgument,
     /// The submission queue was full and flushing it to the kernel failed.
     SubmissionQueueFull,
+    /// A configured limit was reached (operations in flight).
+    Limit,
     /// `io_uring_enter` failed for a reason other than a timeout or a signal.
     Enter,
     /// A system call outside the ring failed (eventfd, mmap, affinity, socket options).
@@ -34,6 +36,7 @@ impl std::fmt::Display for ErrorKind {
             ErrorKind::Unsupported => "kernel feature missing",
             ErrorKind::InvalidArgument => "invalid argument",
             ErrorKind::SubmissionQueueFull => "submission queue full",
+            ErrorKind::Limit => "limit reached",
             ErrorKind::Enter => "io_uring_enter failed",
             ErrorKind::Os => "system call failed",
         };

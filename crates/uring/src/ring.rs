@@ -42,6 +42,9 @@ pub struct RingConfig {
     /// Op slots allocated up front. The slab grows (doubling) only when more operations
     /// are in flight than ever before.
     pub slots_initial: usize,
+    /// Most caller operations in flight at once (multishot ones count while armed); a
+    /// submission past it fails with [`ErrorKind::Limit`] and hands its buffer back.
+    pub ops_in_flight_max: usize,
     /// The most capable completion mode to try; the ring falls back from it to the next
     /// one when the kernel refuses. Lower it only to test the fallbacks.
     pub task_run: TaskRun,
@@ -69,6 +72,7 @@ impl Default for RingConfig {
             busy_poll: false,
             send_waitall: true,
             slots_initial: 256,
+            ops_in_flight_max: 65_536,
             task_run: TaskRun::Deferred,
         }
     }
@@ -437,6 +441,9 @@ enum Next {
 /// submissions only from the thread that created the ring, so build the ring on the thread
 /// that drives it.
 ///
+/// Sockets may be blocking or non-blocking: the ring never blocks on an fd (the kernel
+/// arms an internal poll when a socket is not ready), and accepted sockets are blocking.
+///
 /// See the [crate docs](crate) for the loop and an example.
 ///
 /// # Ownership of memory lent to the kernel
@@ -455,6 +462,7 @@ pub struct Ring {
     features: Features,
     busy_poll: bool,
     send_flags: i32,
+    ops_in_flight_max: usize,
     /// Registered ring index, when `features.registered_ring_fd`.
     ring_index: u32,
     cq_capacity: usize,
@@ -492,6 +500,7 @@ impl Ring {
             features,
             busy_poll: config.busy_poll,
             send_flags,
+            ops_in_flight_max: config.ops_in_flight_max,
             ring_index: ring_index.unwrap_or(0),
             cq_capacity,
             wake: None,
@@ -871,6 +880,12 @@ impl Ring {
     /// Stores `op` in a slot and queues its SQE; on failure frees the slot and hands the
     /// op back.
     fn submit_op(&mut self, token: u64, op: Op) -> Result<(), (Error, Op)> {
+        if self.ops.len() >= self.ops_in_flight_max {
+            return Err((
+                Error::new(ErrorKind::Limit, "RingConfig::ops_in_flight_max operations already in flight"),
+                op,
+            ));
+        }
         let key = self.ops.insert(InFlight { token, op, cancelled: false });
         let send_flags = self.send_flags;
         let built = self.ops.get_mut(key).expect("slot just inserted").op.sqe(send_flags);
@@ -1369,6 +1384,25 @@ mod tests {
                 ring.turn(Wait::Poll, |_, c| panic!("idle: {c:?}")).expect("turn");
             }
         }
+    }
+
+    #[test]
+    fn in_flight_limit_hands_the_buffer_back() {
+        let mut ring = Ring::new(RingConfig { ops_in_flight_max: 2, ..RingConfig::default() }).expect("ring");
+        ring.nop(1).expect("first");
+        ring.nop(2).expect("second");
+        assert_eq!(ring.nop(3).expect_err("third").kind(), ErrorKind::Limit);
+        let (error, buf) = ring.read_at(0, IoBuf::new(4096), 4096, 0, 4).expect_err("limit");
+        assert_eq!((error.kind(), buf.capacity()), (ErrorKind::Limit, 4096));
+    }
+
+    #[test]
+    fn setup_errors_say_what_to_do() {
+        let denied = setup_error(io::Error::from_raw_os_error(libc::EPERM));
+        assert_eq!(denied.kind(), ErrorKind::Setup);
+        assert!(denied.context().contains("kernel.io_uring_disabled=0"), "{denied}");
+        assert!(setup_error(io::Error::from_raw_os_error(libc::ENOMEM)).context().contains("RLIMIT_MEMLOCK"));
+        assert!(unsupported("IORING_OP_X", "9.9").context().contains("Linux >= 9.9"));
     }
 
     #[test]
