@@ -1,1 +1,242 @@
-//! placeholder
+//! `qpath bench`: fio job files in, fio-compatible text and JSON out.
+//!
+//! This crate owns everything of the benchmark except talking NVMe/TCP: parsing fio
+//! job files ([`job`]), naming targets ([`target`]), generating I/O ([`workload`]),
+//! `verify=crc32c` ([`verify`]), the engine interface and registry ([`engine`]) with the
+//! local `psync`/`sync` engines, the job threads ([`run`]), statistics ([`stats`]) and
+//! fio 3.33's text and JSON reports ([`report`]). The NVMe/TCP engines (`qpath`,
+//! `qpath-passthru`) and the io_uring engine live in other crates and plug in through
+//! [`engine::EngineFactory`].
+//!
+//! ```text
+//!  job file ─► job::JobFile ──► run::run_jobs ──────────────► report::Report ─► text / JSON
+//!  (fio ini)   (JobSpec per     │ per job thread:             (fio's merge
+//!               thread)         │  workload::Workload ─┐       and group math)
+//!                               │  verify              ├─► engine::Engine (psync, sync,
+//!                               │  stats::ThreadStat ◄─┘      io_uring, qpath ...)
+//!                               └ engine::EngineRegistry picks the engine per job
+//! ```
+//!
+//! Parse a job file and look at the resolved job threads:
+//!
+//! ```
+//! use qpath_bench::job::JobFile;
+//!
+//! let text = "\
+//! [global]
+//! rw=randread
+//! bs=4k
+//! iodepth=32
+//! size=64m
+//!
+//! [reader]
+//! filename=nvme+tcp://127.0.0.1:4420/nqn.2016-06.io.spdk:cnode1/1
+//! numjobs=2
+//!
+//! [writer]
+//! stonewall
+//! rw=randwrite
+//! verify=crc32c
+//! filename=/tmp/qpath-example.dat
+//! ";
+//! let file = JobFile::parse(text, "example.fio")?;
+//! print!("{}", file.describe());
+//! assert_eq!(file.jobs.len(), 3);
+//! assert_eq!(file.jobs[2].place.groupid, 1);
+//! assert!(file.jobs[0].target.is_remote());
+//! # Ok::<(), qpath_bench::Error>(())
+//! ```
+//!
+//! Running a job file (what `qpath bench` does):
+//!
+//! ```no_run
+//! use qpath_bench::{BenchArgs, EngineRegistry, RunOptions};
+//!
+//! let args = BenchArgs::for_jobfile("examples/local-file.fio");
+//! let outcome = qpath_bench::run(&args, &EngineRegistry::with_local_engines(), &RunOptions::default())?;
+//! std::process::exit(if outcome.failed { 1 } else { 0 });
+//! # Ok::<(), qpath_bench::Error>(())
+//! ```
+//!
+//! # What is missing
+//!
+//! - The `io_uring`, `qpath` and `qpath-passthru` engines (other crates). Until the
+//!   `io_uring` engine is registered, `ioengine=libaio`/`io_uring` on local files runs on
+//!   `psync` with a note.
+//! - fio features not implemented: trim workloads, `rw=...:N` suffixes, several files
+//!   per job, `bssplit`, `rate*`, `thinktime`, `%` sizes, `include`, `unified_rw_reporting`,
+//!   `latency_target`, log files, terse output, `Disk stats`, and verify methods other than
+//!   crc32c. Options accepted without effect are listed as notes.
+//! - CPU times come from `/proc/thread-self` at 10 ms resolution; timestamps are UTC.
+
+#![forbid(unsafe_code)]
+
+pub mod cpu;
+pub mod engine;
+pub mod error;
+pub mod io_u;
+pub mod job;
+pub mod layout;
+pub mod report;
+pub mod run;
+pub mod stats;
+pub mod status;
+pub mod target;
+pub mod verify;
+pub mod workload;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+pub use engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
+pub use error::{Error, ErrorKind, Result};
+pub use io_u::{Ddir, IoBuf, IoError, IoResult, IoU};
+pub use job::{JobFile, JobSpec};
+pub use report::{Baseline, Report};
+pub use run::{RunOptions, RunResult, StatusMode};
+pub use target::{RemoteTarget, Target, TargetKind};
+
+/// Report formats (`--output-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutputFormats {
+    /// fio's normal text.
+    pub normal: bool,
+    /// fio's JSON.
+    pub json: bool,
+    /// JSON with latency histogram bins (`json+`).
+    pub json_plus: bool,
+}
+
+impl OutputFormats {
+    /// Parse `normal`, `json`, `json+` or a comma-separated list of them.
+    pub fn parse(text: &str) -> Result<OutputFormats> {
+        let mut f = OutputFormats::default();
+        for part in text.split(',').map(str::trim) {
+            match part {
+                "normal" => f.normal = true,
+                "json" => f.json = true,
+                "json+" => f.json_plus = true,
+                "terse" => {
+                    return Err(Error::new(ErrorKind::Unsupported, "--output-format=terse is not supported"));
+                }
+                other => {
+                    return Err(Error::new(
+                        ErrorKind::Option,
+                        format!("--output-format={other}: expected normal, json or json+"),
+                    ));
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// Arguments of `qpath bench` (a `clap` argument group the bin can flatten).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BenchArgs {
+    /// fio job file to run.
+    pub jobfile: Option<PathBuf>,
+    /// normal, json, json+ (comma-separated for several).
+    #[arg(long = "output-format", default_value = "normal")]
+    pub output_format: String,
+    /// Write the report to this file instead of stdout.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Fail on unknown job options instead of warning.
+    #[arg(long)]
+    pub strict: bool,
+    /// fio-style command-line jobs after `--`: `-- --name=a --rw=randread --size=1g`.
+    #[arg(last = true)]
+    pub job_args: Vec<String>,
+}
+
+impl BenchArgs {
+    /// Arguments for running `path` with normal output to stdout.
+    pub fn for_jobfile(path: impl Into<PathBuf>) -> BenchArgs {
+        BenchArgs { jobfile: Some(path.into()), output_format: "normal".into(), ..BenchArgs::default() }
+    }
+
+    /// Load the job file or the command-line jobs.
+    pub fn load_jobs(&self) -> Result<JobFile> {
+        match (&self.jobfile, self.job_args.is_empty()) {
+            (Some(p), true) => JobFile::load(p),
+            (None, false) => JobFile::from_args(&self.job_args),
+            (Some(_), false) => {
+                Err(Error::new(ErrorKind::JobFile, "give either a job file or command-line jobs after --, not both"))
+            }
+            (None, true) => Err(Error::new(ErrorKind::JobFile, "no job file given")),
+        }
+    }
+}
+
+/// What [`run`] hands back.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The report that was printed.
+    pub report: Report,
+    /// Whether some job failed (exit non-zero).
+    pub failed: bool,
+}
+
+/// Run a benchmark end to end: load the jobs, warn about unknown options (or fail
+/// under `--strict`), print fio's job header lines, run, print the reports.
+/// Notes, warnings and the status line go to stderr.
+pub fn run(args: &BenchArgs, registry: &EngineRegistry, opts: &RunOptions) -> Result<Outcome> {
+    let file = args.load_jobs()?;
+    run_file(&file, args, registry, opts, &[])
+}
+
+/// [`run`] for an already loaded job file, with optional baselines for the `qpath`
+/// JSON key (the bin passes [`Baseline::spdk_loopback_2026_11`] for remote targets).
+pub fn run_file(
+    file: &JobFile,
+    args: &BenchArgs,
+    registry: &EngineRegistry,
+    opts: &RunOptions,
+    baselines: &[Baseline],
+) -> Result<Outcome> {
+    let formats = OutputFormats::parse(&args.output_format)?;
+    let mut stderr = std::io::stderr();
+    if args.strict {
+        file.check_strict()?;
+    } else if let Some(line) = file.unknown_line() {
+        let _ = writeln!(stderr, "warning: {line}");
+    }
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| Error::io(format!("create {}", p.display()), e))?,
+        )),
+        None => Box::new(std::io::stdout()),
+    };
+    let write_err = |e| Error::io("write report", e);
+    let version = report::version_string();
+    if formats.normal {
+        let mut names = Vec::with_capacity(file.jobs.len());
+        for j in &file.jobs {
+            names.push(registry.resolve(j)?.factory.name().to_string());
+        }
+        let pairs: Vec<(&JobSpec, &str)> = file.jobs.iter().zip(names.iter().map(String::as_str)).collect();
+        out.write_all(report::text::job_headers(&pairs, &version).as_bytes()).map_err(write_err)?;
+        out.flush().map_err(write_err)?;
+    }
+    let result = run::run_jobs(file, registry, opts, &mut stderr)?;
+    for j in &result.jobs {
+        if let Some(e) = &j.outcome.error {
+            let _ = writeln!(
+                stderr,
+                "qpath bench: job {}[{}]: error {}: {}",
+                j.spec.name, j.spec.place.clone, e.errno, e.message
+            );
+        }
+    }
+    let mut rep = Report::from_run(file, &result);
+    rep.baselines = baselines.to_vec();
+    if formats.json || formats.json_plus {
+        out.write_all(report::json::render(&rep, formats.json_plus).as_bytes()).map_err(write_err)?;
+    }
+    if formats.normal {
+        out.write_all(report::text::render(&rep).as_bytes()).map_err(write_err)?;
+    }
+    out.flush().map_err(write_err)?;
+    Ok(Outcome { failed: result.failed(), report: rep })
+}

@@ -1,0 +1,390 @@
+//! What a job's `filename` names: a local file or block device, a remote NVMe/TCP
+//! namespace, or nothing (the `qpath` bin then starts an embedded target).
+//!
+//! Remote targets come in two spellings:
+//!
+//! - SPDK's transport ID, as used with SPDK's fio plugin:
+//!   `trtype=TCP adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=nqn.2016-06.io.spdk:cnode1 ns=1`.
+//!   Keys are case-insensitive and may be written `key=value` or `key:value`; fio job files
+//!   escape `:` as `\:` because fio splits filename lists on `:`, so `\:` is unescaped here.
+//! - A URI: `nvme+tcp://127.0.0.1:4420/nqn.2016-06.io.spdk:cnode1/1?hostnqn=...&hdgst=1&ddgst=1`
+//!   (port defaults to 4420, namespace to 1, IPv6 hosts in brackets, `%XX` escapes in the NQN).
+//!
+//! The raw string is kept in [`Target::raw`] so an engine can re-read it untouched.
+
+use std::path::PathBuf;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The NVMe/TCP I/O port (REFERENCE: "I/O port 4420").
+pub const NVME_TCP_PORT: u16 = 4420;
+/// Longest NQN the NVMe spec allows (223 bytes of UTF-8).
+pub const NQN_MAX: usize = 223;
+
+/// IP address family of a remote target (`adrfam`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressFamily {
+    /// `adrfam=IPv4` (NVMe discovery log value 1).
+    Ipv4,
+    /// `adrfam=IPv6` (value 2).
+    Ipv6,
+}
+
+/// A remote NVMe/TCP namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteTarget {
+    /// Transport address (IP literal or host name).
+    pub traddr: String,
+    /// Transport service id: the TCP port.
+    pub trsvcid: u16,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Namespace id (1-based).
+    pub nsid: u32,
+    /// Address family.
+    pub adrfam: AddressFamily,
+    /// Host NQN to connect as, if given.
+    pub hostnqn: Option<String>,
+    /// Header digest requested (`hdgst=1`).
+    pub hdgst: bool,
+    /// Data digest requested (`ddgst=1`).
+    pub ddgst: bool,
+    /// Other `key=value` pairs, lower-cased keys, in order, for the engine to interpret.
+    pub extra: Vec<(String, String)>,
+}
+
+/// Where a job's I/O goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetKind {
+    /// A local file or block device (fio's `\:` escapes removed).
+    Local(PathBuf),
+    /// A remote NVMe/TCP namespace.
+    Remote(RemoteTarget),
+    /// No `filename` and no `directory`: the `qpath` bin provides an embedded target.
+    Embedded,
+}
+
+/// A parsed `filename` plus the text it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The parsed form.
+    pub kind: TargetKind,
+    /// The `filename` value exactly as written (empty for [`TargetKind::Embedded`]).
+    pub raw: String,
+}
+
+impl Target {
+    /// Parse a `filename` value (`None` = no filename given).
+    pub fn parse(filename: Option<&str>) -> Result<Target> {
+        let Some(raw) = filename else {
+            return Ok(Target { kind: TargetKind::Embedded, raw: String::new() });
+        };
+        let kind = if raw.trim_start().starts_with("nvme+") || raw.contains("://") {
+            TargetKind::Remote(RemoteTarget::parse_uri(raw.trim())?)
+        } else if looks_like_spdk(raw) {
+            TargetKind::Remote(RemoteTarget::parse_spdk(raw)?)
+        } else {
+            TargetKind::Local(parse_local(raw)?)
+        };
+        Ok(Target { kind, raw: raw.to_string() })
+    }
+
+    /// Whether the I/O goes over NVMe/TCP (remote or embedded).
+    pub fn is_remote(&self) -> bool {
+        !matches!(self.kind, TargetKind::Local(_))
+    }
+
+    /// The local path, if this is a local target.
+    pub fn local_path(&self) -> Option<&std::path::Path> {
+        match &self.kind {
+            TargetKind::Local(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+fn looks_like_spdk(raw: &str) -> bool {
+    raw.split_whitespace().any(|tok| {
+        let lower = tok.to_ascii_lowercase();
+        lower.starts_with("trtype=") || lower.starts_with("trtype:") || lower.starts_with("trtype\\:")
+    })
+}
+
+fn parse_local(raw: &str) -> Result<PathBuf> {
+    // fio splits `a:b` into two files; `\:` is a literal colon.
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&':') => {
+                out.push(':');
+                chars.next();
+            }
+            ':' => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "filename={raw}: several files per job (':'-separated) are not supported; \
+                         escape a literal colon as '\\:'"
+                    ),
+                ));
+            }
+            _ => out.push(c),
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::new(ErrorKind::Target, "empty filename"));
+    }
+    Ok(PathBuf::from(out))
+}
+
+fn target_err(raw: &str, why: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Target, format!("filename={raw}: {why}"))
+}
+
+fn parse_bool_flag(raw: &str, key: &str, v: &str) -> Result<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(target_err(raw, format!("{key}={v} is not a boolean"))),
+    }
+}
+
+impl RemoteTarget {
+    fn new_empty() -> RemoteTarget {
+        RemoteTarget {
+            traddr: String::new(),
+            trsvcid: NVME_TCP_PORT,
+            subnqn: String::new(),
+            nsid: 1,
+            adrfam: AddressFamily::Ipv4,
+            hostnqn: None,
+            hdgst: false,
+            ddgst: false,
+            extra: Vec::new(),
+        }
+    }
+
+    /// Parse SPDK's transport ID form (`trtype=TCP traddr=... subnqn=... ns=1`).
+    pub fn parse_spdk(raw: &str) -> Result<RemoteTarget> {
+        let text = raw.replace("\\:", ":");
+        let mut t = RemoteTarget::new_empty();
+        let mut saw_adrfam = false;
+        for tok in text.split_whitespace() {
+            // `key=value` or `key:value`: split at whichever comes first.
+            let split = tok.find(['=', ':']).ok_or_else(|| target_err(raw, format!("'{tok}' is not key=value")))?;
+            let (key, value) = (tok[..split].to_ascii_lowercase(), &tok[split + 1..]);
+            if value.is_empty() {
+                return Err(target_err(raw, format!("{key} has no value")));
+            }
+            t.set(raw, &key, value, &mut saw_adrfam)?;
+        }
+        t.finish(raw, saw_adrfam)
+    }
+
+    /// Parse `nvme+tcp://host[:port]/subnqn[/nsid][?hostnqn=..&hdgst=1&ddgst=1]`.
+    pub fn parse_uri(raw: &str) -> Result<RemoteTarget> {
+        let rest =
+            raw.strip_prefix("nvme+tcp://").ok_or_else(|| target_err(raw, "only nvme+tcp:// URIs are supported"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let mut t = RemoteTarget::new_empty();
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, after) = v6.split_once(']').ok_or_else(|| target_err(raw, "IPv6 address has no closing ']'"))?;
+            t.adrfam = AddressFamily::Ipv6;
+            (h, after.strip_prefix(':'))
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(target_err(raw, "no host"));
+        }
+        t.traddr = host.to_string();
+        if let Some(p) = port {
+            t.trsvcid = p.parse().map_err(|_| target_err(raw, format!("port '{p}' is not a number")))?;
+        }
+        let mut segs = path.split('/').filter(|s| !s.is_empty());
+        t.subnqn = percent_decode(segs.next().unwrap_or(""))
+            .ok_or_else(|| target_err(raw, "bad %-escape in the subsystem NQN"))?;
+        if let Some(ns) = segs.next() {
+            t.nsid = parse_nsid(raw, ns)?;
+        }
+        if let Some(extra) = segs.next() {
+            return Err(target_err(raw, format!("unexpected path segment '{extra}' after the namespace")));
+        }
+        let mut saw_adrfam = t.adrfam == AddressFamily::Ipv6;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, "1"));
+            let v = percent_decode(v).ok_or_else(|| target_err(raw, format!("bad %-escape in {k}")))?;
+            t.set(raw, &k.to_ascii_lowercase(), &v, &mut saw_adrfam)?;
+        }
+        t.finish(raw, saw_adrfam)
+    }
+
+    fn set(&mut self, raw: &str, key: &str, value: &str, saw_adrfam: &mut bool) -> Result<()> {
+        match key {
+            "trtype" => {
+                if !value.eq_ignore_ascii_case("tcp") {
+                    return Err(target_err(raw, format!("trtype={value}: only TCP is supported")));
+                }
+            }
+            "adrfam" => {
+                self.adrfam = match value.to_ascii_lowercase().as_str() {
+                    "ipv4" => AddressFamily::Ipv4,
+                    "ipv6" => AddressFamily::Ipv6,
+                    _ => return Err(target_err(raw, format!("adrfam={value}: expected IPv4 or IPv6"))),
+                };
+                *saw_adrfam = true;
+            }
+            "traddr" => self.traddr = value.to_string(),
+            "trsvcid" => {
+                self.trsvcid = value.parse().map_err(|_| target_err(raw, format!("trsvcid={value} is not a port")))?;
+            }
+            "subnqn" => self.subnqn = value.to_string(),
+            "ns" | "nsid" => self.nsid = parse_nsid(raw, value)?,
+            "hostnqn" => self.hostnqn = Some(value.to_string()),
+            "hdgst" => self.hdgst = parse_bool_flag(raw, key, value)?,
+            "ddgst" => self.ddgst = parse_bool_flag(raw, key, value)?,
+            _ => {
+                const EXTRA_MAX: usize = 32;
+                if self.extra.len() >= EXTRA_MAX {
+                    return Err(target_err(raw, "too many options"));
+                }
+                self.extra.push((key.to_string(), value.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, raw: &str, saw_adrfam: bool) -> Result<RemoteTarget> {
+        if self.traddr.is_empty() {
+            return Err(target_err(raw, "traddr is missing"));
+        }
+        if self.subnqn.is_empty() {
+            return Err(target_err(raw, "subnqn is missing"));
+        }
+        if self.subnqn.len() > NQN_MAX {
+            return Err(target_err(raw, format!("subnqn is longer than {NQN_MAX} bytes")));
+        }
+        if let Some(h) = &self.hostnqn
+            && h.len() > NQN_MAX
+        {
+            return Err(target_err(raw, format!("hostnqn is longer than {NQN_MAX} bytes")));
+        }
+        if !saw_adrfam && self.traddr.contains(':') {
+            self.adrfam = AddressFamily::Ipv6;
+        }
+        Ok(self)
+    }
+}
+
+fn parse_nsid(raw: &str, v: &str) -> Result<u32> {
+    match v.parse::<u32>() {
+        // NSID 0 is invalid and 0xFFFFFFFF is the broadcast value (NVMe base spec §3.2.1).
+        Ok(n) if n != 0 && n != u32::MAX => Ok(n),
+        _ => Err(target_err(raw, format!("namespace '{v}' is not a valid NSID"))),
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spdk_form_with_escaped_colons() {
+        let raw = "trtype=TCP adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=nqn.2016-06.io.spdk\\:cnode1 ns=1";
+        let t = Target::parse(Some(raw)).unwrap();
+        assert_eq!(t.raw, raw);
+        let TargetKind::Remote(r) = t.kind else { panic!("not remote") };
+        assert_eq!(r.traddr, "127.0.0.1");
+        assert_eq!(r.trsvcid, 4420);
+        assert_eq!(r.subnqn, "nqn.2016-06.io.spdk:cnode1");
+        assert_eq!(r.nsid, 1);
+        assert_eq!(r.adrfam, AddressFamily::Ipv4);
+        assert!(!r.hdgst);
+    }
+
+    #[test]
+    fn spdk_form_with_colon_separators_and_extras() {
+        let raw =
+            "trtype:tcp traddr:10.0.0.2 trsvcid:4421 subnqn:nqn.a:b ns:2 hostnqn:nqn.h hdgst=1 ddgst=1 priority=3";
+        let TargetKind::Remote(r) = Target::parse(Some(raw)).unwrap().kind else { panic!() };
+        assert_eq!(r.trsvcid, 4421);
+        assert_eq!(r.subnqn, "nqn.a:b");
+        assert_eq!(r.nsid, 2);
+        assert_eq!(r.hostnqn.as_deref(), Some("nqn.h"));
+        assert!(r.hdgst && r.ddgst);
+        assert_eq!(r.extra, vec![("priority".to_string(), "3".to_string())]);
+    }
+
+    #[test]
+    fn uri_form() {
+        let TargetKind::Remote(r) =
+            Target::parse(Some("nvme+tcp://127.0.0.1:4420/nqn.2016-06.io.spdk:cnode1/1")).unwrap().kind
+        else {
+            panic!()
+        };
+        assert_eq!((r.traddr.as_str(), r.trsvcid, r.nsid), ("127.0.0.1", 4420, 1));
+        assert_eq!(r.subnqn, "nqn.2016-06.io.spdk:cnode1");
+
+        let TargetKind::Remote(r) =
+            Target::parse(Some("nvme+tcp://[::1]/nqn.x%3Ay/7?hostnqn=nqn.h&ddgst=1")).unwrap().kind
+        else {
+            panic!()
+        };
+        assert_eq!(r.adrfam, AddressFamily::Ipv6);
+        assert_eq!((r.traddr.as_str(), r.trsvcid, r.nsid), ("::1", 4420, 7));
+        assert_eq!(r.subnqn, "nqn.x:y");
+        assert!(r.ddgst && !r.hdgst);
+        assert_eq!(r.hostnqn.as_deref(), Some("nqn.h"));
+    }
+
+    #[test]
+    fn bad_remote_targets_say_why() {
+        for (raw, why) in [
+            ("trtype=RDMA traddr=1.2.3.4 subnqn=n", "only TCP"),
+            ("trtype=TCP subnqn=n", "traddr is missing"),
+            ("trtype=TCP traddr=1.2.3.4", "subnqn is missing"),
+            ("trtype=TCP traddr=1.2.3.4 subnqn=n ns=0", "valid NSID"),
+            ("nvme+rdma://1.2.3.4/n", "nvme+tcp"),
+            ("nvme+tcp://1.2.3.4:x/n", "port"),
+            ("nvme+tcp://1.2.3.4/n/1/2", "unexpected path"),
+        ] {
+            let e = Target::parse(Some(raw)).unwrap_err();
+            assert!(e.context.contains(why), "{raw}: {e}");
+        }
+    }
+
+    #[test]
+    fn local_paths() {
+        let t = Target::parse(Some("/dev/nvme0n1")).unwrap();
+        assert_eq!(t.local_path(), Some(std::path::Path::new("/dev/nvme0n1")));
+        let t = Target::parse(Some("/tmp/a\\:b")).unwrap();
+        assert_eq!(t.local_path(), Some(std::path::Path::new("/tmp/a:b")));
+        assert_eq!(Target::parse(Some("/a:/b")).unwrap_err().kind, ErrorKind::Unsupported);
+        assert_eq!(Target::parse(None).unwrap().kind, TargetKind::Embedded);
+    }
+}
