@@ -82,11 +82,20 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! # What is not here
+//! # Limits and what is not here
 //!
-//! `SEND_ZC`, provided buffer rings, multishot recv and `SQPOLL` are not used yet: with one
-//! receive buffer per connection and 4 KiB-shaped I/O, plain `RECV` and `SENDMSG` are the
-//! simpler fit, and `SQPOLL` would take one of the machine's two cores.
+//! - `SEND_ZC`, provided buffer rings, multishot recv and `SQPOLL` are not used: with one
+//!   receive buffer per connection and 4 KiB-shaped I/O, plain `RECV` and `SENDMSG` are
+//!   the simpler fit (`SEND_ZC` pays off only well above 4 KiB per send), and `SQPOLL`
+//!   would take one of the machine's two cores.
+//! - A short send or write is resubmitted from the completion path, so each short piece
+//!   costs one more turn. Sends use `MSG_WAITALL` by default, so on stream sockets the
+//!   kernel finishes them itself and the ring path is a safety net.
+//! - [`Ring::cancel`] (by token) scans the op slab; it is for teardown, not the I/O path.
+//! - Dropping a `Ring` cancels and waits up to 2 s for in-flight operations; memory the
+//!   kernel still holds after that is leaked (never freed while the kernel may write it).
+//! - No io_uring timeouts or linked timeouts: timers belong to the caller's loop, which
+//!   passes its nearest deadline as the [`Wait::Block`] timeout.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
