@@ -22,6 +22,7 @@
 //! `iodepth_batch_submit` queued units, and `getevents(min, max)` with
 //! `min = iodepth_batch_complete_min`, `max = iodepth_batch_complete_max`.
 
+pub mod null;
 pub mod psync;
 
 use std::collections::BTreeMap;
@@ -127,7 +128,8 @@ pub trait Engine {
     fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize>;
 
     /// The `index`-th completion found by the last `getevents`, with its result set.
-    /// Called exactly once for each `index < n`.
+    /// Called exactly once for each `index < n`, in increasing order, before the next
+    /// `getevents`.
     fn event(&mut self, index: usize) -> IoU;
 
     /// Release the target. Every queued unit has been reaped before this is called.
@@ -199,9 +201,10 @@ impl EngineRegistry {
         EngineRegistry::default()
     }
 
-    /// A registry with this crate's local engines: `psync` and `sync`.
+    /// A registry with this crate's engines: `psync`, `sync` and `null`.
     pub fn with_local_engines() -> EngineRegistry {
         let mut r = EngineRegistry::new();
+        r.register(Arc::new(null::NullFactory));
         r.register(Arc::new(psync::PsyncFactory));
         r.register(Arc::new(psync::SyncFactory));
         r

@@ -302,6 +302,16 @@ fn setup<'a>(
         ));
         depth = caps.max_depth;
     }
+    if caps.sync && depth > 1 {
+        // fio: "both iodepth >= 1 and synchronous I/O engine are selected, queue depth
+        // will be capped at 1". The reports still show the configured iodepth.
+        notes.push(format!(
+            "{who}: the {} engine is synchronous; queue depth is capped at 1 (iodepth={})",
+            engine.name(),
+            spec.iodepth
+        ));
+        depth = 1;
+    }
     if spec.fsync_every > 0 && !caps.flush {
         return Err(Error::new(
             ErrorKind::Unsupported,
