@@ -1,1 +1,42 @@
-//! placeholder
+//! # qpath-host: an NVMe/TCP host
+//!
+//! Owns controllers (bring-up, keep-alive, asynchronous events, reconnect),
+//! their queues (a sans-I/O NVMe/TCP state machine), and the per-thread
+//! completion contexts that drive I/O run-to-completion on io_uring.
+//!
+//! ```text
+//!   Controller (admin thread: keep-alive, AER, ANA, reconnect)
+//!      │ I/O queue connections, handed over once per (re)connect
+//!      ▼
+//!   Context (one per application thread: io_uring + owned queues)
+//!      submit(dev, op, offset, buf) ─► tag ─► HostQueue ─► socket
+//!      poll() ◄─ CQE / C2HData ◄────────────────────────────┘
+//! ```
+//!
+//! ```no_run
+//! use qpath_host::context::{Context, ContextOptions, Op};
+//! use qpath_host::controller::{ConnectOptions, Controller};
+//! use uring::{IoBuf, Wait};
+//!
+//! let ctrl = Controller::connect(ConnectOptions::new(
+//!     "127.0.0.1:4420".parse().unwrap(),
+//!     "nqn.2026-11.io.qpath:default",
+//! ))?;
+//! let mut ctx = Context::new(ContextOptions::default())?;
+//! let dev = ctx.open(&ctrl, nvme::Nsid(1))?;
+//! ctx.submit(dev, Op::Read, 0, 4096, Some(IoBuf::new(4096)), 7).map_err(|(e, _)| e)?;
+//! while ctx.poll(Wait::Poll)? == 0 {}
+//! let done = ctx.completions().next().unwrap();
+//! assert_eq!(done.token, 7);
+//! assert!(done.status.is_success());
+//! # Ok::<(), qpath_host::error::Error>(())
+//! ```
+
+pub mod admin;
+pub mod context;
+pub mod controller;
+pub mod error;
+pub mod queue;
+pub mod sync;
+
+pub use error::{Error, ErrorKind, Result};

@@ -19,7 +19,7 @@
 //! ```
 
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -433,9 +433,9 @@ impl Reactor {
     fn free(&mut self, key: usize) {
         self.with_conn(key, |e, ctx| e.conn.release(ctx));
         if let Some(Some(mut e)) = self.conns.get_mut(key).map(Option::take) {
-            if let Some(s) = e.stream.take() {
-                let _ = self.ring.close(s.into_raw_fd());
-            }
+            // No operation is in flight on it any more: close synchronously, so the
+            // peer sees the FIN even if the reactor is about to exit.
+            drop(e.stream.take());
             tracing::debug!(reactor = self.index, peer = ?e.conn.info().peer, reason = ?e.conn.close_reason(), "connection freed");
             self.free_keys.push(key);
         }

@@ -1,0 +1,833 @@
+//! Controllers: bring-up, the admin thread (keep-alive, asynchronous
+//! events, ANA), and reconnect with the options Linux and SPDK users know.
+//!
+//! ```text
+//!            connect()                    admin queue or an I/O queue fails
+//!   New ──► Connecting ──► Live ───────────────────────────► Resetting
+//!               ▲  │ bring-up failed             │ delete()       │
+//!               │  ▼ (retry every reconnect_delay)▼                ▼
+//!               └── Connecting ◄────────────── Deleting ──► Dead ◄─ ctrl_loss_tmo
+//! ```
+//!
+//! I/O queues are TCP connections made by the admin thread (blocking
+//! handshakes: control plane) and handed to the [`crate::context::Context`]
+//! that owns each one through the context's mailbox; from then on the
+//! context's thread does all of that queue's I/O. After a reconnect the new
+//! connection of queue `i` goes to the same owner.
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nvme::features::{AsyncEvent, NumQueues, aer_notice, aer_type, fid};
+use nvme::identify::{IdentifyController, NsIdDesc, cmic};
+use nvme::{AnaGrpId, AnaState, Cntlid, Nsid, Sqe};
+use uring::MailboxSender;
+
+use crate::admin::{self, ADMIN_TIMEOUT};
+use crate::error::{Error, ErrorKind, Result};
+use crate::queue::{DataDir, Done, HostQueue, Io, QueueConfig};
+use crate::sync::SyncQueue;
+
+/// Options of `connect` (names as in `nvme connect` and SPDK's `bdev_nvme_attach_controller`).
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// Controller address.
+    pub traddr: SocketAddr,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Host NQN.
+    pub hostnqn: String,
+    /// Host id.
+    pub hostid: [u8; 16],
+    /// I/O queues to ask for (0 = one per online CPU).
+    pub nr_io_queues: u16,
+    /// Entries per I/O queue (Linux default 128, range 16..=1024).
+    pub queue_size: u16,
+    /// Header digest (`-g`).
+    pub hdr_digest: bool,
+    /// Data digest (`-G`).
+    pub data_digest: bool,
+    /// Keep-alive timeout, ms (Linux default 5 s).
+    pub kato_ms: u32,
+    /// Delay between reconnect attempts (Linux `reconnect_delay`, default 10 s).
+    pub reconnect_delay: Duration,
+    /// Give up and delete the controller after this long without a connection
+    /// (`ctrl_loss_tmo`, default 600 s; `None` = retry forever).
+    pub ctrl_loss_tmo: Option<Duration>,
+    /// Fail I/O waiting for a reconnect after this long (`fast_io_fail_tmo`, default off:
+    /// I/O waits until the controller is back or lost).
+    pub fast_io_fail_tmo: Option<Duration>,
+    /// Socket connect and handshake timeout.
+    pub connect_timeout: Duration,
+    /// Disable SQ flow control so reads complete with C2HData SUCCESS (one PDU less per read).
+    pub disable_sqflow: bool,
+}
+
+impl ConnectOptions {
+    /// Defaults for `subnqn` at `traddr`.
+    pub fn new(traddr: SocketAddr, subnqn: &str) -> ConnectOptions {
+        let (hostnqn, hostid) = default_host_identity();
+        ConnectOptions {
+            traddr,
+            subnqn: subnqn.to_string(),
+            hostnqn,
+            hostid,
+            nr_io_queues: 0,
+            queue_size: 128,
+            hdr_digest: false,
+            data_digest: false,
+            kato_ms: 5000,
+            reconnect_delay: Duration::from_secs(10),
+            ctrl_loss_tmo: Some(Duration::from_secs(600)),
+            fast_io_fail_tmo: None,
+            connect_timeout: Duration::from_secs(5),
+            disable_sqflow: true,
+        }
+    }
+}
+
+/// The host identity: `/etc/nvme/hostnqn` and `/etc/nvme/hostid` when present (as nvme-cli),
+/// else one derived from the machine id, else a fixed qpath one.
+pub fn default_host_identity() -> (String, [u8; 16]) {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let parse_uuid = |s: &str| -> Option<[u8; 16]> {
+        let hex: String = s.chars().filter(char::is_ascii_hexdigit).collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut u = [0u8; 16];
+        for (i, b) in u.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).ok()?;
+        }
+        Some(u)
+    };
+    if let Some(nqn) = read("/etc/nvme/hostnqn") {
+        let id = read("/etc/nvme/hostid").and_then(|s| parse_uuid(&s)).unwrap_or([0x51; 16]);
+        return (nqn, id);
+    }
+    let mut id = read("/etc/machine-id").and_then(|s| parse_uuid(&s)).unwrap_or(*b"qpath-host-0001\0");
+    id[6] = (id[6] & 0x0f) | 0x40;
+    id[8] = (id[8] & 0x3f) | 0x80;
+    (nvme::nqn::uuid_hostnqn(&id), id)
+}
+
+/// Controller lifecycle (Linux `nvme_ctrl_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtrlState {
+    /// Created, never connected.
+    New,
+    /// Admin and I/O queues being (re)established.
+    Connecting,
+    /// Serving I/O.
+    Live,
+    /// A queue failed: tearing down before reconnecting.
+    Resetting,
+    /// Being deleted on request.
+    Deleting,
+    /// Gone for good (deleted, or ctrl_loss_tmo expired): queued I/O fails.
+    Dead,
+}
+
+impl CtrlState {
+    /// The one place controller lifecycle changes are decided (Linux `nvme_change_ctrl_state`).
+    pub fn transition(self, to: CtrlState) -> Option<CtrlState> {
+        use CtrlState::*;
+        let ok = matches!(
+            (self, to),
+            (New, Connecting)
+                | (Connecting, Live)
+                | (Connecting, Connecting)
+                | (Live, Resetting)
+                | (Resetting, Connecting)
+                | (Connecting | Live | Resetting | New, Deleting)
+                | (Connecting | Deleting, Dead)
+        );
+        ok.then_some(to)
+    }
+}
+
+/// What the host knows about one namespace through this controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NsInfo {
+    /// NSID.
+    pub nsid: Nsid,
+    /// Blocks.
+    pub nsze: u64,
+    /// log2 of the block size.
+    pub block_shift: u8,
+    /// ANA group.
+    pub anagrpid: AnaGrpId,
+    /// ANA state through this controller.
+    pub ana_state: AnaState,
+    /// NGUID.
+    pub nguid: [u8; 16],
+    /// EUI-64.
+    pub eui64: [u8; 8],
+    /// UUID, when reported.
+    pub uuid: Option<[u8; 16]>,
+    /// May be shared by several controllers (NMIC bit 0).
+    pub shared: bool,
+}
+
+impl NsInfo {
+    /// Block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        1 << self.block_shift
+    }
+
+    /// Capacity in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.nsze << self.block_shift
+    }
+
+    /// The identity multipath groups paths by: NGUID, else EUI-64, else UUID.
+    pub fn unique_id(&self) -> Option<[u8; 16]> {
+        if self.nguid != [0; 16] {
+            return Some(self.nguid);
+        }
+        if self.eui64 != [0; 8] {
+            let mut v = [0u8; 16];
+            v[..8].copy_from_slice(&self.eui64);
+            return Some(v);
+        }
+        self.uuid
+    }
+}
+
+/// Messages from a controller to a context that owns one of its queues.
+pub enum QueueMsg {
+    /// A (re)connected I/O queue: `index` is the queue's position (qid − 1).
+    Queue {
+        /// The controller.
+        ctrl: Arc<Controller>,
+        /// Queue index (qid − 1).
+        index: u16,
+        /// Controller generation this connection belongs to.
+        generation: u64,
+        /// The socket.
+        stream: TcpStream,
+        /// The live queue.
+        queue: HostQueue,
+    },
+}
+
+impl std::fmt::Debug for QueueMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueMsg::Queue { index, generation, .. } => write!(f, "Queue(index {index}, gen {generation})"),
+        }
+    }
+}
+
+struct QueueSlot {
+    owner: Option<MailboxSender<QueueMsg>>,
+    parked: Option<(TcpStream, HostQueue)>,
+}
+
+struct Inner {
+    state: CtrlState,
+    cntlid: Cntlid,
+    id: IdentifyController,
+    namespaces: Vec<NsInfo>,
+    slots: Vec<QueueSlot>,
+    /// When the controller last stopped being live (for fast_io_fail_tmo / ctrl_loss_tmo).
+    failed_at: Option<Instant>,
+    last_error: Option<String>,
+    reconnects: u64,
+}
+
+enum AdminReq {
+    Command { io: Io, reply: SyncSender<Result<Done>> },
+    Delete { reply: SyncSender<()> },
+}
+
+/// An NVMe/TCP controller.
+pub struct Controller {
+    /// Connect options.
+    pub opts: ConnectOptions,
+    inner: Mutex<Inner>,
+    /// Bumped at every (re)connect; queues of an older generation are stale.
+    generation: AtomicU64,
+    /// Bumped when ANA states or the namespace list change (multipath heads re-read).
+    change_count: AtomicU64,
+    live: AtomicBool,
+    /// Set by a context whose queue of this controller failed.
+    io_failed: AtomicBool,
+    admin_tx: Mutex<Option<SyncSender<AdminReq>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("traddr", &self.opts.traddr)
+            .field("subnqn", &self.opts.subnqn)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+/// A summary for `list-subsys`.
+#[derive(Clone, Debug)]
+pub struct ControllerInfo {
+    /// Address.
+    pub traddr: SocketAddr,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Controller id.
+    pub cntlid: Cntlid,
+    /// Lifecycle state.
+    pub state: CtrlState,
+    /// Model.
+    pub model: String,
+    /// Serial.
+    pub serial: String,
+    /// Firmware.
+    pub firmware: String,
+    /// I/O queues.
+    pub io_queues: usize,
+    /// Reconnects so far.
+    pub reconnects: u64,
+    /// Last error.
+    pub last_error: Option<String>,
+}
+
+struct Bringup {
+    admin: SyncQueue,
+    cntlid: Cntlid,
+    id: IdentifyController,
+    namespaces: Vec<NsInfo>,
+    io: Vec<(TcpStream, HostQueue)>,
+}
+
+impl Controller {
+    /// Connects (admin queue, enable, identify, I/O queues, namespaces, ANA) and starts the admin thread.
+    pub fn connect(opts: ConnectOptions) -> Result<Arc<Controller>> {
+        nvme::nqn::validate(&opts.subnqn).map_err(|e| Error::new(ErrorKind::Invalid, format!("subsystem NQN: {e}")))?;
+        nvme::nqn::validate(&opts.hostnqn).map_err(|e| Error::new(ErrorKind::Invalid, format!("host NQN: {e}")))?;
+        if !(2..=4096).contains(&opts.queue_size) {
+            return Err(Error::new(ErrorKind::Invalid, "queue_size must be in 2..=4096"));
+        }
+        let b = bring_up(&opts, None)?;
+        let nq = b.io.len();
+        let ctrl = Arc::new(Controller {
+            inner: Mutex::new(Inner {
+                state: CtrlState::Live,
+                cntlid: b.cntlid,
+                id: b.id,
+                namespaces: b.namespaces,
+                slots: b.io.into_iter().map(|q| QueueSlot { owner: None, parked: Some(q) }).collect(),
+                failed_at: None,
+                last_error: None,
+                reconnects: 0,
+            }),
+            generation: AtomicU64::new(1),
+            change_count: AtomicU64::new(1),
+            live: AtomicBool::new(true),
+            io_failed: AtomicBool::new(false),
+            admin_tx: Mutex::new(None),
+            thread: Mutex::new(None),
+            opts,
+        });
+        let (tx, rx) = sync_channel(16);
+        *ctrl.admin_tx.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        let weak = Arc::downgrade(&ctrl);
+        let admin = b.admin;
+        let t = std::thread::Builder::new()
+            .name(format!("qpath-admin-{}", ctrl.cntlid().0))
+            .spawn(move || admin_thread(&weak, admin, &rx))
+            .map_err(|e| Error::io("spawn admin thread", &e))?;
+        *ctrl.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        tracing::info!(traddr = %ctrl.opts.traddr, subnqn = %ctrl.opts.subnqn, cntlid = ctrl.cntlid().0, io_queues = nq, "controller live");
+        Ok(ctrl)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lifecycle state.
+    pub fn state(&self) -> CtrlState {
+        self.lock().state
+    }
+
+    /// Whether the controller is live (one relaxed load).
+    #[inline]
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Controller id.
+    pub fn cntlid(&self) -> Cntlid {
+        self.lock().cntlid
+    }
+
+    /// Identify Controller data.
+    pub fn identify(&self) -> IdentifyController {
+        self.lock().id.clone()
+    }
+
+    /// Connection generation (bumped at every reconnect).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Bumped when namespaces or ANA states change.
+    #[inline]
+    pub fn change_count(&self) -> u64 {
+        self.change_count.load(Ordering::Acquire)
+    }
+
+    /// The namespaces this controller exposes.
+    pub fn namespaces(&self) -> Vec<NsInfo> {
+        self.lock().namespaces.clone()
+    }
+
+    /// One namespace.
+    pub fn namespace(&self, nsid: Nsid) -> Option<NsInfo> {
+        self.lock().namespaces.iter().find(|n| n.nsid == nsid).cloned()
+    }
+
+    /// Number of I/O queues.
+    pub fn io_queue_count(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// How long the controller has been down, if it is.
+    pub fn down_for(&self) -> Option<Duration> {
+        self.lock().failed_at.map(|t| t.elapsed())
+    }
+
+    /// Whether I/O waiting for this controller should fail now (fast_io_fail_tmo passed, or dead).
+    pub fn should_fail_io(&self) -> bool {
+        let g = self.lock();
+        if g.state == CtrlState::Dead {
+            return true;
+        }
+        match (g.failed_at, self.opts.fast_io_fail_tmo) {
+            (Some(t), Some(tmo)) => t.elapsed() >= tmo,
+            _ => false,
+        }
+    }
+
+    /// A summary.
+    pub fn info(&self) -> ControllerInfo {
+        let g = self.lock();
+        ControllerInfo {
+            traddr: self.opts.traddr,
+            subnqn: self.opts.subnqn.clone(),
+            cntlid: g.cntlid,
+            state: g.state,
+            model: g.id.mn.clone(),
+            serial: g.id.sn.clone(),
+            firmware: g.id.fr.clone(),
+            io_queues: g.slots.len(),
+            reconnects: g.reconnects,
+            last_error: g.last_error.clone(),
+        }
+    }
+
+    /// Claims I/O queue `index` for the context behind `owner`: returns the
+    /// connection if it is parked here; after reconnects, new connections of
+    /// this queue are sent to `owner`. `None` if the index is out of range or
+    /// owned by another context.
+    pub fn claim_queue(
+        &self,
+        index: u16,
+        owner: MailboxSender<QueueMsg>,
+    ) -> Option<Option<(TcpStream, HostQueue, u64)>> {
+        let mut g = self.lock();
+        let generation = self.generation();
+        let slot = g.slots.get_mut(usize::from(index))?;
+        if slot.owner.is_some() {
+            return None;
+        }
+        slot.owner = Some(owner);
+        Some(slot.parked.take().map(|(s, q)| (s, q, generation)))
+    }
+
+    /// Gives a queue back (its context is going away).
+    pub fn release_queue(&self, index: u16, conn: Option<(TcpStream, HostQueue)>) {
+        let mut g = self.lock();
+        if let Some(slot) = g.slots.get_mut(usize::from(index)) {
+            slot.owner = None;
+            slot.parked = conn;
+        }
+    }
+
+    /// Indices of queues no context owns.
+    pub fn free_queues(&self) -> Vec<u16> {
+        self.lock()
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.owner.is_none())
+            .filter_map(|(i, _)| u16::try_from(i).ok())
+            .collect()
+    }
+
+    /// A context reports that one of this controller's I/O queues failed: the admin thread resets.
+    pub fn report_io_failure(&self, why: &str) {
+        if !self.io_failed.swap(true, Ordering::AcqRel) {
+            tracing::warn!(traddr = %self.opts.traddr, "I/O queue failed: {why}");
+            self.lock().last_error = Some(why.to_string());
+        }
+    }
+
+    /// Runs an admin command on the admin thread (control plane; blocks the caller).
+    pub fn admin_command(&self, io: Io) -> Result<Done> {
+        let tx = self.admin_tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let tx = tx.ok_or_else(|| Error::new(ErrorKind::Gone, "controller deleted"))?;
+        let (rtx, rrx) = sync_channel(1);
+        tx.send(AdminReq::Command { io, reply: rtx }).map_err(|_| Error::new(ErrorKind::Gone, "admin thread gone"))?;
+        rrx.recv_timeout(ADMIN_TIMEOUT * 2).map_err(|_| Error::new(ErrorKind::Timeout, "admin command timed out"))?
+    }
+
+    /// Disconnects: shuts the controller down and stops the admin thread.
+    pub fn delete(&self) {
+        let tx = self.admin_tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(tx) = tx {
+            let (rtx, rrx) = sync_channel(1);
+            if tx.send(AdminReq::Delete { reply: rtx }).is_ok() {
+                let _ = rrx.recv_timeout(Duration::from_secs(10));
+            }
+        }
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+
+    fn set_state(&self, to: CtrlState) -> bool {
+        let mut g = self.lock();
+        match g.state.transition(to) {
+            Some(s) => {
+                if s != g.state {
+                    tracing::info!(traddr = %self.opts.traddr, from = ?g.state, to = ?s, "controller state");
+                }
+                g.state = s;
+                let live = s == CtrlState::Live;
+                if !live && g.failed_at.is_none() {
+                    g.failed_at = Some(Instant::now());
+                }
+                if live {
+                    g.failed_at = None;
+                }
+                self.live.store(live, Ordering::Release);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.admin_tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> QueueConfig {
+    let mut c = QueueConfig::io(qid, entries, cntlid, &opts.subnqn, &opts.hostnqn, opts.hostid);
+    c.digests = nvme::tcp::Digests { header: opts.hdr_digest, data: opts.data_digest };
+    c.disable_sqflow = opts.disable_sqflow;
+    c
+}
+
+/// Brings up the admin queue and every I/O queue. `want_queues` keeps the
+/// queue count of an earlier connection across reconnects.
+fn bring_up(opts: &ConnectOptions, want_queues: Option<usize>) -> Result<Bringup> {
+    let mut acfg = queue_cfg(opts, 0, 32, Cntlid::DYNAMIC);
+    acfg.kato_ms = opts.kato_ms;
+    acfg.disable_sqflow = false;
+    let mut admin = SyncQueue::connect(opts.traddr, acfg, opts.connect_timeout)?;
+    let cntlid = admin.queue().cntlid();
+    let cap = admin::enable(&mut admin)?;
+    let id = admin::identify_controller(&mut admin)?;
+    if id.ioccsz < 4 || id.icdoff != 0 || id.maxcmd == 0 {
+        return Err(Error::new(
+            ErrorKind::Protocol,
+            format!("unusable controller: ioccsz {} icdoff {} maxcmd {}", id.ioccsz, id.icdoff, id.maxcmd),
+        ));
+    }
+    let want = match want_queues {
+        Some(n) => n,
+        None if opts.nr_io_queues == 0 => uring::online_cpus().max(1),
+        None => usize::from(opts.nr_io_queues),
+    };
+    let want32 = u32::try_from(want).unwrap_or(u32::MAX);
+    let cqe = admin.command(
+        Sqe::set_features(nvme::Cid(0), fid::NUM_QUEUES, NumQueues { nsq: want32, ncq: want32 }.to_dw()),
+        ADMIN_TIMEOUT,
+    )?;
+    let granted = NumQueues::from_dw(cqe.dw0);
+    let n = usize::try_from(granted.nsq.min(granted.ncq)).unwrap_or(1).min(want);
+    // Entries: the asked queue size, bounded by CAP.MQES + 1 and MAXCMD.
+    let entries = opts.queue_size.min(cap.mqes.saturating_add(1)).min(id.maxcmd.max(2));
+    let mut io = Vec::with_capacity(n);
+    for i in 0..n {
+        let qid = u16::try_from(i + 1).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
+        let mut cfg = queue_cfg(opts, qid, entries, cntlid);
+        cfg.max_in_capsule = id.in_capsule_data_size() as usize;
+        let q = SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?;
+        io.push(q.into_parts());
+    }
+    // Asynchronous events: namespace attribute and ANA change notices, one AER outstanding.
+    let want_aen =
+        (id.oaes & (nvme::identify::oaes::NS_ATTR | nvme::identify::oaes::ANA_CHANGE)) & ((1 << 8) | (1 << 11));
+    if want_aen != 0 {
+        admin.command(Sqe::set_features(nvme::Cid(0), fid::ASYNC_EVENT, want_aen), ADMIN_TIMEOUT)?;
+    }
+    let namespaces = scan_namespaces(&mut admin, &id)?;
+    Ok(Bringup { admin, cntlid, id, namespaces, io })
+}
+
+fn scan_namespaces(admin: &mut SyncQueue, id: &IdentifyController) -> Result<Vec<NsInfo>> {
+    let nsids = admin::active_namespaces(admin)?;
+    let ana = if id.cmic & cmic::ANA != 0 { Some(admin::ana_log(admin, id, nsids.len())?) } else { None };
+    let mut out = Vec::with_capacity(nsids.len());
+    for nsid in nsids {
+        let (ns, descs) = admin::identify_namespace(admin, nsid)?;
+        if ns.nsze == 0 || ns.block_size() == 0 {
+            continue;
+        }
+        let state = ana
+            .as_ref()
+            .and_then(|l| l.groups.iter().find(|g| g.grpid == ns.anagrpid))
+            .map_or(AnaState::Optimized, |g| g.state);
+        let uuid = descs.iter().find_map(|d| if let NsIdDesc::Uuid(u) = d { Some(*u) } else { None });
+        out.push(NsInfo {
+            nsid,
+            nsze: ns.nsze,
+            block_shift: u8::try_from(ns.block_size().trailing_zeros()).unwrap_or(9),
+            anagrpid: ns.anagrpid,
+            ana_state: state,
+            nguid: ns.nguid,
+            eui64: ns.eui64,
+            uuid,
+            shared: ns.nmic & 1 != 0,
+        });
+    }
+    Ok(out)
+}
+
+fn submit_aer(admin: &mut SyncQueue) -> Option<u64> {
+    admin
+        .submit(Io { sqe: Sqe::async_event_request(nvme::Cid(0)), buf: None, len: 0, dir: DataDir::None, token: 0 })
+        .ok()
+}
+
+fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Receiver<AdminReq>) {
+    let mut admin = Some(admin);
+    let mut aer: Option<u64> = admin.as_mut().and_then(submit_aer);
+    let mut last_ka = Instant::now();
+    let mut ka_token: Option<u64> = None;
+    loop {
+        let Some(ctrl) = weak.upgrade() else { return };
+        let kato = Duration::from_millis(u64::from(ctrl.opts.kato_ms));
+        match ctrl.state() {
+            CtrlState::Live => {
+                let Some(q) = admin.as_mut() else {
+                    ctrl.set_state(CtrlState::Resetting);
+                    continue;
+                };
+                // Control requests.
+                match rx.recv_timeout(Duration::from_millis(20)) {
+                    Ok(AdminReq::Command { io, reply }) => {
+                        let _ = reply.send(q.execute(io, ADMIN_TIMEOUT));
+                    }
+                    Ok(AdminReq::Delete { reply }) => {
+                        let _ = admin::shutdown(q);
+                        ctrl.set_state(CtrlState::Deleting);
+                        ctrl.set_state(CtrlState::Dead);
+                        let _ = reply.send(());
+                        return;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => {
+                        let _ = admin::shutdown(q);
+                        ctrl.set_state(CtrlState::Deleting);
+                        ctrl.set_state(CtrlState::Dead);
+                        return;
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+                // Keep-alive at half the timeout (Linux sends every kato/2 since 6.x).
+                if !kato.is_zero() && last_ka.elapsed() >= kato / 2 && ka_token.is_none() {
+                    let io = Io { sqe: Sqe::keep_alive(nvme::Cid(0)), buf: None, len: 0, dir: DataDir::None, token: 0 };
+                    ka_token = q.submit(io).ok();
+                    last_ka = Instant::now();
+                }
+                let pumped = q.pump(Instant::now() + Duration::from_millis(20));
+                if let Some(t) = ka_token
+                    && let Some(d) = q.take(t)
+                {
+                    ka_token = None;
+                    if !d.cqe.status.is_success() {
+                        tracing::warn!("keep-alive failed: {}", d.cqe.status);
+                    }
+                }
+                if let Some(t) = aer
+                    && let Some(d) = q.take(t)
+                {
+                    aer = None;
+                    if d.cqe.status.is_success() {
+                        handle_event(&ctrl, q, AsyncEvent::from_dw0(d.cqe.dw0));
+                        aer = submit_aer(q);
+                    }
+                }
+                let failed = pumped.as_ref().is_err_and(|e| e.kind != ErrorKind::Timeout)
+                    || q.queue().state() == crate::queue::QueueState::Failed
+                    || ctrl.io_failed.swap(false, Ordering::AcqRel);
+                if failed {
+                    if let Err(e) = &pumped {
+                        ctrl.lock().last_error = Some(e.to_string());
+                    }
+                    ctrl.set_state(CtrlState::Resetting);
+                }
+            }
+            CtrlState::Resetting => {
+                admin = None;
+                aer = None;
+                ka_token = None;
+                ctrl.generation.fetch_add(1, Ordering::AcqRel);
+                ctrl.set_state(CtrlState::Connecting);
+            }
+            CtrlState::Connecting => {
+                if let Ok(AdminReq::Delete { reply }) = rx.try_recv() {
+                    ctrl.set_state(CtrlState::Deleting);
+                    ctrl.set_state(CtrlState::Dead);
+                    let _ = reply.send(());
+                    return;
+                }
+                let down = ctrl.down_for().unwrap_or_default();
+                if ctrl.opts.ctrl_loss_tmo.is_some_and(|t| down >= t) {
+                    tracing::warn!(traddr = %ctrl.opts.traddr, "ctrl_loss_tmo expired: controller deleted");
+                    ctrl.set_state(CtrlState::Deleting);
+                    ctrl.set_state(CtrlState::Dead);
+                    ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+                    return;
+                }
+                let nq = ctrl.io_queue_count();
+                match bring_up(&ctrl.opts, Some(nq)) {
+                    Ok(b) if b.io.len() == nq => {
+                        let generation = ctrl.generation();
+                        let mut g = ctrl.lock();
+                        g.cntlid = b.cntlid;
+                        g.id = b.id;
+                        g.namespaces = b.namespaces;
+                        g.reconnects += 1;
+                        let mut to_send = Vec::new();
+                        for (i, conn) in b.io.into_iter().enumerate() {
+                            let slot = &mut g.slots[i];
+                            match &slot.owner {
+                                Some(o) => to_send.push((o.clone(), u16::try_from(i).unwrap_or(0), conn)),
+                                None => slot.parked = Some(conn),
+                            }
+                        }
+                        drop(g);
+                        ctrl.io_failed.store(false, Ordering::Release);
+                        ctrl.set_state(CtrlState::Live);
+                        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+                        for (owner, index, (stream, queue)) in to_send {
+                            let _ = owner.send(QueueMsg::Queue {
+                                ctrl: Arc::clone(&ctrl),
+                                index,
+                                generation,
+                                stream,
+                                queue,
+                            });
+                        }
+                        admin = Some(b.admin);
+                        aer = admin.as_mut().and_then(submit_aer);
+                        last_ka = Instant::now();
+                        tracing::info!(traddr = %ctrl.opts.traddr, "controller reconnected");
+                    }
+                    Ok(b) => {
+                        ctrl.lock().last_error = Some(format!("reconnect got {} I/O queues, had {nq}", b.io.len()));
+                        drop(ctrl);
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => {
+                        tracing::debug!(traddr = %ctrl.opts.traddr, "reconnect failed: {e}");
+                        ctrl.lock().last_error = Some(e.to_string());
+                        let delay = ctrl.opts.reconnect_delay;
+                        drop(ctrl);
+                        // Sleep in slices so a delete is noticed.
+                        let until = Instant::now() + delay;
+                        while Instant::now() < until {
+                            if let Ok(AdminReq::Delete { reply }) = rx.recv_timeout(Duration::from_millis(20)) {
+                                if let Some(c) = weak.upgrade() {
+                                    c.set_state(CtrlState::Deleting);
+                                    c.set_state(CtrlState::Dead);
+                                }
+                                let _ = reply.send(());
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            CtrlState::New | CtrlState::Deleting | CtrlState::Dead => return,
+        }
+    }
+}
+
+fn handle_event(ctrl: &Controller, q: &mut SyncQueue, ev: AsyncEvent) {
+    tracing::info!(traddr = %ctrl.opts.traddr, ?ev, "asynchronous event");
+    if ev.event_type != aer_type::NOTICE {
+        return;
+    }
+    match ev.info {
+        aer_notice::ANA_CHANGE | aer_notice::NS_ATTR_CHANGED => {
+            if ev.info == aer_notice::NS_ATTR_CHANGED {
+                // Reading the changed list (RAE clear) re-arms the event.
+                let _ = admin::get_log(q, nvme::log::lid::CHANGED_NS, 0, false, 4096, 4096);
+            }
+            let id = ctrl.identify();
+            match scan_namespaces(q, &id) {
+                Ok(ns) => {
+                    ctrl.lock().namespaces = ns;
+                    ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+                }
+                Err(e) => tracing::warn!("rescan after event failed: {e}"),
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Re-reads ANA states (after an I/O failed with an ANA status).
+pub fn refresh_ana(ctrl: &Controller) {
+    let id = ctrl.identify();
+    let nns = ctrl.namespaces().len();
+    let len =
+        nvme::log::AnaLog::size(usize::try_from(id.nanagrpid.max(1)).unwrap_or(1), nns.max(1024)).next_multiple_of(4);
+    let sqe = Sqe::get_log_page(
+        nvme::Cid(0),
+        Nsid::BROADCAST,
+        nvme::log::lid::ANA,
+        0,
+        false,
+        u32::try_from(len).unwrap_or(4096),
+        0,
+    );
+    let buf = uring::IoBuf::new(len.next_multiple_of(4096));
+    let io =
+        Io { sqe, buf: Some(buf), len: u32::try_from(len).unwrap_or(4096), dir: DataDir::FromController, token: 0 };
+    if let Ok(d) = ctrl.admin_command(io)
+        && let Some(b) = d.buf
+        && let Ok(log) = nvme::log::AnaLog::decode(&b.as_full()[..len])
+    {
+        let mut g = ctrl.lock();
+        for ns in &mut g.namespaces {
+            if let Some(gr) = log.groups.iter().find(|gr| gr.grpid == ns.anagrpid) {
+                ns.ana_state = gr.state;
+            }
+        }
+        drop(g);
+        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+    }
+}

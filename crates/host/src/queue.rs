@@ -1,0 +1,817 @@
+//! The host side of one NVMe/TCP queue, as a sans-I/O state machine (Linux
+//! `host/tcp.c`, SPDK `nvme_tcp.c`).
+//!
+//! Like the target's connection, it never touches a socket: its driver (a
+//! [`crate::context::Context`] on the owning thread, or a blocking driver
+//! for handshakes and the admin queue) lends it received bytes and takes
+//! batches to send. One state machine serves the io_uring path, the blocking
+//! path, the in-process loopback and the fuzzer.
+//!
+//! ```text
+//!  submit(Io) ─► CapsuleCmd (+ in-capsule data) ───────────────► target
+//!             ◄─ R2T ─► H2CData from the caller's buffer ──────►
+//!  on_recv  ◄── C2HData into the caller's buffer / CapsuleResp ◄─
+//!           ─► completions(): (token, Cqe, buffer back)
+//! ```
+//!
+//! Per I/O: no allocation (slots indexed by command id, reused send
+//! batches), no lock. A write's buffer may travel in a send batch; the I/O
+//! completes only when both its response arrived and its buffer came back.
+
+use std::ops::Range;
+
+use nvme::fabrics::{ConnectCmd, ConnectData};
+use nvme::tcp::pdu::TERM_MAX_DATA;
+use nvme::tcp::{
+    DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, FatalError, Header, IcReq, PduInfo, Role,
+    crc32c, crc32c_append,
+};
+use nvme::{Cid, Cntlid, Cqe, QueueId, SglDescriptor, Sqe, Status};
+use uring::{IoBuf, SendMsg};
+
+/// Static parameters of a queue.
+#[derive(Clone, Debug)]
+pub struct QueueConfig {
+    /// Queue id (0 = admin).
+    pub qid: QueueId,
+    /// Entries (SQSIZE + 1); command ids 0..entries are the caller's tags.
+    pub entries: u16,
+    /// Header and data digests to ask for.
+    pub digests: Digests,
+    /// In-capsule data the controller accepts (IOCCSZ×16 − 64; 8 KiB on the admin queue).
+    pub max_in_capsule: usize,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Host NQN.
+    pub hostnqn: String,
+    /// Host id.
+    pub hostid: [u8; 16],
+    /// Controller id (`Cntlid::DYNAMIC` for the admin queue).
+    pub cntlid: Cntlid,
+    /// Keep-alive timeout for the admin Connect, ms.
+    pub kato_ms: u32,
+    /// Ask the controller not to track SQ head (lets C2HData carry SUCCESS, saving a PDU per read).
+    pub disable_sqflow: bool,
+    /// Receive buffer size.
+    pub rx_buffer_size: usize,
+}
+
+impl QueueConfig {
+    /// An I/O queue's configuration for controller `cntlid`.
+    pub fn io(qid: u16, entries: u16, cntlid: Cntlid, subnqn: &str, hostnqn: &str, hostid: [u8; 16]) -> QueueConfig {
+        QueueConfig {
+            qid: QueueId(qid),
+            entries,
+            digests: Digests::default(),
+            max_in_capsule: 8192,
+            subnqn: subnqn.to_string(),
+            hostnqn: hostnqn.to_string(),
+            hostid,
+            cntlid,
+            kato_ms: 0,
+            disable_sqflow: true,
+            rx_buffer_size: 64 * 1024,
+        }
+    }
+}
+
+/// Lifecycle of a host queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueState {
+    /// ICReq sent, waiting for ICResp.
+    AwaitIcResp,
+    /// Connect sent, waiting for its response.
+    AwaitConnect,
+    /// Connected: commands flow.
+    Live,
+    /// A fatal error or closed socket: every outstanding command must be failed or retried elsewhere.
+    Failed,
+}
+
+impl QueueState {
+    /// The one place queue lifecycle changes are decided.
+    pub fn transition(self, to: QueueState) -> QueueState {
+        use QueueState::*;
+        match (self, to) {
+            (AwaitIcResp, AwaitConnect) | (AwaitConnect, Live) | (_, Failed) => to,
+            (from, to) => {
+                debug_assert!(false, "queue state {from:?} -> {to:?} is not a transition");
+                from
+            }
+        }
+    }
+}
+
+/// Direction of a command's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataDir {
+    /// No data.
+    None,
+    /// Host to controller (write): the buffer's first `len` bytes are sent.
+    ToController,
+    /// Controller to host (read): up to `len` bytes land in the buffer.
+    FromController,
+}
+
+/// A command to submit.
+#[derive(Debug)]
+pub struct Io {
+    /// The command; its CID is set to the tag by [`HostQueue::submit`].
+    pub sqe: Sqe,
+    /// Data buffer, owned by the queue until completion.
+    pub buf: Option<IoBuf>,
+    /// Data length.
+    pub len: u32,
+    /// Direction.
+    pub dir: DataDir,
+    /// The caller's token, handed back in the completion.
+    pub token: u64,
+}
+
+/// A finished command.
+#[derive(Debug)]
+pub struct Done {
+    /// The caller's token.
+    pub token: u64,
+    /// The tag (command id) the command used.
+    pub tag: u16,
+    /// Completion entry (status, result).
+    pub cqe: Cqe,
+    /// The data buffer, back to the caller.
+    pub buf: Option<IoBuf>,
+}
+
+/// Why a submission was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The queue is not live.
+    #[error("queue is not live")]
+    NotLive,
+    /// The tag is out of range or already in use.
+    #[error("tag {0} is out of range or busy")]
+    BadTag(u16),
+    /// The data length does not match the buffer.
+    #[error("data length does not fit the buffer")]
+    BadLength,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Sent, waiting for data or a response.
+    Outstanding,
+}
+
+struct Slot {
+    state: SlotState,
+    token: u64,
+    dir: DataDir,
+    len: u32,
+    buf: Option<IoBuf>,
+    /// The buffer is in a send batch (H2C data).
+    buf_in_flight: bool,
+    /// C2H bytes received.
+    received: u32,
+    cqe: Option<Cqe>,
+    sqe: Sqe,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            state: SlotState::Free,
+            token: 0,
+            dir: DataDir::None,
+            len: 0,
+            buf: None,
+            buf_in_flight: false,
+            received: 0,
+            cqe: None,
+            sqe: Sqe::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rx {
+    Header,
+    /// C2H data for `tag` at `offset`; `Discard` data nobody owns.
+    Data {
+        tag: Option<u16>,
+        offset: u32,
+        remaining: usize,
+        ddgst: bool,
+        crc: u32,
+        success: bool,
+        last: bool,
+    },
+    Digest {
+        tag: Option<u16>,
+        crc: u32,
+        success: bool,
+        last: bool,
+    },
+    /// A C2HTermReq's error data: skip it, then fail.
+    Term {
+        remaining: usize,
+    },
+}
+
+/// One host NVMe/TCP queue.
+pub struct HostQueue {
+    cfg: QueueConfig,
+    state: QueueState,
+    dec: Decoder,
+    enc: EncoderConfig,
+    maxh2cdata: u32,
+    rx: Option<IoBuf>,
+    rx_pos: usize,
+    rx_state: Rx,
+    tx: SendMsg,
+    tx_owners: Vec<u16>,
+    tx_spare: Option<SendMsg>,
+    tx_inflight: bool,
+    inflight_owners: Vec<u16>,
+    scratch: Vec<u8>,
+    slots: Vec<Slot>,
+    done: Vec<Done>,
+    outstanding: usize,
+    cntlid: Cntlid,
+    error: Option<String>,
+    /// Bytes of commands queued since the last send (for batching decisions).
+    pending_cmds: usize,
+}
+
+impl std::fmt::Debug for HostQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostQueue")
+            .field("qid", &self.cfg.qid)
+            .field("state", &self.state)
+            .field("outstanding", &self.outstanding)
+            .finish()
+    }
+}
+
+/// The internal command id of the Fabrics Connect (one past the caller's tags).
+fn connect_tag(entries: u16) -> u16 {
+    entries
+}
+
+impl HostQueue {
+    /// A new queue; the ICReq is queued for sending at once.
+    pub fn new(cfg: QueueConfig) -> HostQueue {
+        let entries = usize::from(cfg.entries);
+        let mut q = HostQueue {
+            dec: Decoder::new(DecoderConfig::initial(Role::Host)),
+            enc: EncoderConfig::default(),
+            maxh2cdata: nvme::tcp::pdu::MIN_MAXH2CDATA,
+            rx: Some(IoBuf::new(cfg.rx_buffer_size.max(8192).next_multiple_of(4096))),
+            rx_pos: 0,
+            rx_state: Rx::Header,
+            tx: SendMsg::with_capacity(4096, 64),
+            tx_owners: Vec::with_capacity(64),
+            tx_spare: Some(SendMsg::with_capacity(4096, 64)),
+            tx_inflight: false,
+            inflight_owners: Vec::with_capacity(64),
+            scratch: Vec::with_capacity(256),
+            slots: (0..=entries).map(|_| Slot::new()).collect(),
+            done: Vec::with_capacity(entries + 1),
+            outstanding: 0,
+            cntlid: cfg.cntlid,
+            error: None,
+            state: QueueState::AwaitIcResp,
+            pending_cmds: 0,
+            cfg,
+        };
+        let icreq = IcReq { pfv: 0, hpda: 0, digests: q.cfg.digests, maxr2t: 0 };
+        q.tx.push_bytes(&icreq.encode());
+        q
+    }
+
+    /// Lifecycle state.
+    pub fn state(&self) -> QueueState {
+        self.state
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> QueueId {
+        self.cfg.qid
+    }
+
+    /// The controller id the Connect returned (admin) or was given (I/O).
+    pub fn cntlid(&self) -> Cntlid {
+        self.cntlid
+    }
+
+    /// Entries (tags are 0..entries).
+    pub fn entries(&self) -> u16 {
+        self.cfg.entries
+    }
+
+    /// Commands outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Why the queue failed.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// Negotiated digests.
+    pub fn digests(&self) -> Digests {
+        self.enc.digests
+    }
+
+    /// MAXH2CDATA the controller reported.
+    pub fn maxh2cdata(&self) -> u32 {
+        self.maxh2cdata
+    }
+
+    /// Sets the in-capsule limit (after Identify Controller told IOCCSZ).
+    pub fn set_max_in_capsule(&mut self, bytes: usize) {
+        self.cfg.max_in_capsule = bytes;
+    }
+
+    fn fail(&mut self, why: String) {
+        if self.state != QueueState::Failed {
+            tracing::debug!(qid = self.cfg.qid.0, "queue failed: {why}");
+            self.error = Some(why);
+            self.state = self.state.transition(QueueState::Failed);
+        }
+    }
+
+    fn fatal(&mut self, e: FatalError, offending: &[u8]) {
+        self.scratch.clear();
+        EncoderConfig::term_req(&mut self.scratch, Role::Host, e, offending);
+        self.tx.push_bytes(&self.scratch);
+        self.fail(format!("protocol error from controller: {:?} at byte {}", e.fes, e.fei));
+    }
+
+    /// Marks the queue failed (socket error or closed by the driver).
+    pub fn set_failed(&mut self, why: &str) {
+        self.fail(why.to_string());
+    }
+
+    // ------------------------------------------------------------ submission
+
+    /// Queues a command under `tag` (0..entries). The caller's tag allocator
+    /// guarantees the tag is free; a busy tag is refused.
+    pub fn submit(&mut self, tag: u16, mut io: Io) -> Result<(), (SubmitError, Io)> {
+        if self.state != QueueState::Live {
+            return Err((SubmitError::NotLive, io));
+        }
+        if tag >= self.cfg.entries || self.slots[usize::from(tag)].state != SlotState::Free {
+            return Err((SubmitError::BadTag(tag), io));
+        }
+        let len = io.len as usize;
+        if io.dir != DataDir::None && io.buf.as_ref().is_none_or(|b| b.capacity() < len) {
+            return Err((SubmitError::BadLength, io));
+        }
+        io.sqe.set_cid(Cid(tag));
+        let in_capsule = io.dir == DataDir::ToController && len <= self.cfg.max_in_capsule && len > 0;
+        let sgl = if in_capsule { SglDescriptor::in_capsule(io.len) } else { SglDescriptor::transport(io.len) };
+        io.sqe.set_sgl(sgl);
+        self.scratch.clear();
+        let w = self.enc.capsule_cmd(&mut self.scratch, &io.sqe, if in_capsule { len } else { 0 });
+        self.tx.push_bytes(&self.scratch);
+        if in_capsule {
+            let data = &io.buf.as_ref().map_or(&[][..], |b| &b.as_full()[..len]);
+            // In-capsule data is copied into the batch (at most a few KiB): the
+            // caller's buffer stays in the slot and is free the moment the CQE arrives.
+            self.tx.push_bytes(data);
+            if w.ddgst {
+                self.tx.push_bytes(&crc32c(data).to_le_bytes());
+            }
+        }
+        let s = &mut self.slots[usize::from(tag)];
+        s.state = SlotState::Outstanding;
+        s.token = io.token;
+        s.dir = io.dir;
+        s.len = io.len;
+        s.buf = io.buf;
+        s.buf_in_flight = false;
+        s.received = 0;
+        s.cqe = None;
+        s.sqe = io.sqe;
+        self.outstanding += 1;
+        self.pending_cmds += 1;
+        Ok(())
+    }
+
+    /// The command a tag carries (for logs and stall reports).
+    pub fn sqe_of(&self, tag: u16) -> Option<&Sqe> {
+        self.slots.get(usize::from(tag)).filter(|s| s.state == SlotState::Outstanding).map(|s| &s.sqe)
+    }
+
+    // --------------------------------------------------------------- receive
+
+    /// The buffer to receive into and the range to fill, while the queue wants input.
+    pub fn take_recv_buf(&mut self) -> Option<(IoBuf, Range<usize>)> {
+        if self.state == QueueState::Failed {
+            return None;
+        }
+        let mut buf = self.rx.take()?;
+        let end = buf.len();
+        if self.rx_pos == end {
+            self.rx_pos = 0;
+            buf.set_len(0);
+        } else if self.rx_pos > 0 && buf.capacity() - end < buf.capacity() / 4 {
+            let pos = self.rx_pos;
+            buf.as_full_mut().copy_within(pos..end, 0);
+            buf.set_len(end - pos);
+            self.rx_pos = 0;
+        }
+        let start = buf.len();
+        let cap = buf.capacity();
+        Some((buf, start..cap))
+    }
+
+    /// `n` bytes arrived after the buffer's current length (0 = the controller closed).
+    pub fn on_recv(&mut self, mut buf: IoBuf, n: usize) {
+        if n == 0 {
+            self.rx = Some(buf);
+            self.fail("connection closed by the controller".into());
+            return;
+        }
+        let len = (buf.len() + n).min(buf.capacity());
+        buf.set_len(len);
+        self.process(&buf);
+        self.rx = Some(buf);
+    }
+
+    /// The receive buffer comes back without data (a timeout or a cancelled receive).
+    pub fn on_recv_none(&mut self, buf: IoBuf) {
+        self.rx = Some(buf);
+    }
+
+    /// Feeds bytes from elsewhere (loopback, fuzzing, blocking drivers).
+    pub fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let Some((mut buf, range)) = self.take_recv_buf() else { return };
+            let n = data.len().min(range.len());
+            buf.as_full_mut()[range.start..range.start + n].copy_from_slice(&data[..n]);
+            self.on_recv(buf, n);
+            data = &data[n..];
+        }
+    }
+
+    fn process(&mut self, buf: &IoBuf) {
+        loop {
+            if self.state == QueueState::Failed {
+                return;
+            }
+            let avail = &buf[self.rx_pos..];
+            match self.rx_state {
+                Rx::Header => match self.dec.decode_header(avail) {
+                    Err(e) => {
+                        let n = avail.len().min(TERM_MAX_DATA);
+                        let off = avail[..n].to_vec();
+                        self.fatal(e, &off);
+                        return;
+                    }
+                    Ok(Decoded::NeedMore(_)) => return,
+                    Ok(Decoded::Pdu(info)) => {
+                        let skip = info.layout.data_offset.min(info.layout.plen);
+                        if avail.len() < skip {
+                            return;
+                        }
+                        self.rx_pos += skip;
+                        self.on_header(info);
+                    }
+                },
+                Rx::Data { tag, offset, remaining, ddgst, crc, success, last } => {
+                    let n = avail.len().min(remaining);
+                    if n == 0 {
+                        return;
+                    }
+                    let chunk = &buf[self.rx_pos..self.rx_pos + n];
+                    let crc = if ddgst { crc32c_append(crc, chunk) } else { crc };
+                    if let Some(t) = tag {
+                        let s = &mut self.slots[usize::from(t)];
+                        if let Some(b) = s.buf.as_mut() {
+                            let o = offset as usize;
+                            b.as_full_mut()[o..o + n].copy_from_slice(chunk);
+                        }
+                        s.received += u32::try_from(n).unwrap_or(u32::MAX);
+                    }
+                    self.rx_pos += n;
+                    let remaining = remaining - n;
+                    let offset = offset + u32::try_from(n).unwrap_or(0);
+                    if remaining > 0 {
+                        self.rx_state = Rx::Data { tag, offset, remaining, ddgst, crc, success, last };
+                    } else if ddgst {
+                        self.rx_state = Rx::Digest { tag, crc, success, last };
+                    } else {
+                        self.rx_state = Rx::Header;
+                        self.c2h_done(tag, true, success, last);
+                    }
+                }
+                Rx::Digest { tag, crc, success, last } => {
+                    if avail.len() < 4 {
+                        return;
+                    }
+                    let got = u32::from_le_bytes([avail[0], avail[1], avail[2], avail[3]]);
+                    self.rx_pos += 4;
+                    self.rx_state = Rx::Header;
+                    self.c2h_done(tag, got == crc, success, last);
+                }
+                Rx::Term { remaining } => {
+                    let n = avail.len().min(remaining);
+                    self.rx_pos += n;
+                    if remaining - n > 0 {
+                        self.rx_state = Rx::Term { remaining: remaining - n };
+                        return;
+                    }
+                    self.rx_state = Rx::Header;
+                    self.fail("controller terminated the connection (C2HTermReq)".into());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_header(&mut self, info: PduInfo) {
+        match info.header {
+            Header::IcResp(r) => {
+                if self.state != QueueState::AwaitIcResp {
+                    return self.fatal(FatalError::sequence(), &[]);
+                }
+                if r.digests != self.cfg.digests {
+                    return self
+                        .fail(format!("controller enabled digests {:?}, asked {:?}", r.digests, self.cfg.digests));
+                }
+                self.maxh2cdata = r.maxh2cdata;
+                self.enc = EncoderConfig { digests: r.digests, data_align: (usize::from(r.cpda) + 1) * 4 };
+                self.dec.config = DecoderConfig {
+                    receiver: Role::Host,
+                    digests: r.digests,
+                    established: true,
+                    data_align: 4,
+                    max_in_capsule: 0,
+                    max_data_pdu: 64 << 20,
+                };
+                self.send_connect();
+            }
+            Header::C2HTermReq(t) => {
+                tracing::warn!(qid = self.cfg.qid.0, fes = t.fes, fei = t.fei, "C2HTermReq from controller");
+                self.rx_state = Rx::Term { remaining: info.layout.data_len };
+                if info.layout.data_len == 0 {
+                    self.rx_state = Rx::Header;
+                    self.fail(format!("controller terminated the connection (FES {}, FEI {})", t.fes, t.fei));
+                }
+            }
+            Header::CapsuleResp(cqe) => self.on_cqe(cqe),
+            Header::C2HData(d) => {
+                let tag = d.cccid.0;
+                let ok = self.slots.get(usize::from(tag)).is_some_and(|s| {
+                    s.state == SlotState::Outstanding
+                        && s.dir == DataDir::FromController
+                        && d.datao == s.received
+                        && d.datao.checked_add(d.datal).is_some_and(|e| e <= s.len)
+                });
+                if !ok {
+                    return self.fatal(FatalError { fes: nvme::tcp::Fes::DataOutOfRange, fei: 0 }, &[]);
+                }
+                self.rx_state = Rx::Data {
+                    tag: Some(tag),
+                    offset: d.datao,
+                    remaining: info.layout.data_len,
+                    ddgst: info.layout.ddgst,
+                    crc: crc32c(&[]),
+                    success: d.success,
+                    last: d.last,
+                };
+            }
+            Header::R2T(r) => self.on_r2t(r),
+            Header::IcReq(_) | Header::H2CTermReq(_) | Header::CapsuleCmd(_) | Header::H2CData(_) => {
+                self.fatal(FatalError::field(0), &[]);
+            }
+        }
+    }
+
+    fn send_connect(&mut self) {
+        let ct = connect_tag(self.cfg.entries);
+        let cmd = ConnectCmd {
+            recfmt: 0,
+            qid: self.cfg.qid,
+            sqsize: self.cfg.entries.saturating_sub(1),
+            cattr: if self.cfg.disable_sqflow { nvme::fabrics::CATTR_DISABLE_SQFLOW } else { 0 },
+            kato_ms: if self.cfg.qid.is_admin() { self.cfg.kato_ms } else { 0 },
+        };
+        let sqe = cmd.to_sqe(Cid(ct));
+        let data = ConnectData {
+            hostid: self.cfg.hostid,
+            cntlid: self.cfg.cntlid,
+            subnqn: self.cfg.subnqn.clone(),
+            hostnqn: self.cfg.hostnqn.clone(),
+        }
+        .encode();
+        self.scratch.clear();
+        let w = self.enc.capsule_cmd(&mut self.scratch, &sqe, data.len());
+        self.tx.push_bytes(&self.scratch);
+        self.tx.push_bytes(&data);
+        if w.ddgst {
+            self.tx.push_bytes(&crc32c(&data).to_le_bytes());
+        }
+        self.slots[usize::from(ct)].state = SlotState::Outstanding;
+        self.state = self.state.transition(QueueState::AwaitConnect);
+    }
+
+    fn on_cqe(&mut self, cqe: Cqe) {
+        let tag = cqe.cid.0;
+        if self.state == QueueState::AwaitConnect && tag == connect_tag(self.cfg.entries) {
+            self.slots[usize::from(tag)].state = SlotState::Free;
+            if cqe.status.is_success() {
+                if self.cfg.qid.is_admin() {
+                    self.cntlid = Cntlid((cqe.dw0 & 0xffff) as u16);
+                }
+                self.state = self.state.transition(QueueState::Live);
+            } else {
+                self.fail(format!("Connect refused: {} (dw0 {:#x})", cqe.status, cqe.dw0));
+            }
+            return;
+        }
+        match self.slots.get_mut(usize::from(tag)) {
+            Some(s) if s.state == SlotState::Outstanding && tag < self.cfg.entries => {
+                s.cqe = Some(cqe);
+                if !s.buf_in_flight {
+                    self.finish(tag);
+                }
+            }
+            _ => {
+                self.fail(format!("completion for unknown command id {tag}"));
+            }
+        }
+    }
+
+    fn c2h_done(&mut self, tag: Option<u16>, digest_ok: bool, success: bool, last: bool) {
+        let Some(tag) = tag else { return };
+        if !digest_ok {
+            // A data digest error fails the command (NVMe/TCP 1.0 §3.6.2.4); the
+            // connection stays. Record it: the CQE (or SUCCESS) that follows is overridden.
+            let s = &mut self.slots[usize::from(tag)];
+            s.cqe = Some(Cqe::with_status(Cid(tag), Status::TRANSIENT_TRANSPORT_ERROR));
+        }
+        if success && last {
+            let s = &mut self.slots[usize::from(tag)];
+            if s.cqe.is_none() {
+                s.cqe = Some(Cqe::success(Cid(tag)));
+            }
+            self.finish(tag);
+        }
+    }
+
+    fn on_r2t(&mut self, r: nvme::tcp::R2t) {
+        let tag = r.cccid.0;
+        let ok = self.slots.get(usize::from(tag)).is_some_and(|s| {
+            s.state == SlotState::Outstanding
+                && s.dir == DataDir::ToController
+                && !s.buf_in_flight
+                && s.buf.is_some()
+                && r.r2to.checked_add(r.r2tl).is_some_and(|e| e <= s.len)
+        });
+        if !ok {
+            return self.fatal(FatalError { fes: nvme::tcp::Fes::DataOutOfRange, fei: 0 }, &[]);
+        }
+        let Some(buf) = self.slots[usize::from(tag)].buf.take() else { return };
+        let max = self.maxh2cdata.max(4096);
+        let mut off = r.r2to;
+        let end = r.r2to + r.r2tl;
+        let ddgst = self.enc.digests.data;
+        let mut digests = [0u32; 64];
+        let mut nd = 0;
+        // Headers and digests go into the batch; the data segments reference the caller's buffer.
+        let mut chunks: [(u32, u32); 64] = [(0, 0); 64];
+        while off < end && nd < 64 {
+            let n = (end - off).min(max);
+            chunks[nd] = (off, n);
+            if ddgst {
+                digests[nd] = crc32c(&buf.as_full()[off as usize..(off + n) as usize]);
+            }
+            nd += 1;
+            off += n;
+        }
+        if off < end {
+            // More than 64 PDUs for one R2T would need a larger MAXH2CDATA than this controller gives.
+            self.slots[usize::from(tag)].buf = Some(buf);
+            return self.fail("R2T needs more than 64 H2CData PDUs".into());
+        }
+        // One send batch carries every PDU; the buffer rides in it once, its ranges as segments.
+        // SendMsg owns whole buffers, so the buffer is pushed once with its full used range and
+        // the PDU headers are interleaved only when there is a single PDU; otherwise data is copied.
+        if nd == 1 {
+            let (o, n) = chunks[0];
+            let d = DataHeader { cccid: r.cccid, ttag: r.ttag, datao: o, datal: n, last: true, success: false };
+            self.scratch.clear();
+            self.enc.h2c_data(&mut self.scratch, &d);
+            self.tx.push_bytes(&self.scratch);
+            match self.tx.push_buf(buf, o as usize..(o + n) as usize) {
+                Ok(()) => {
+                    self.tx_owners.push(tag);
+                    self.slots[usize::from(tag)].buf_in_flight = true;
+                }
+                Err((e, b)) => {
+                    self.slots[usize::from(tag)].buf = Some(b);
+                    return self.fail(format!("send batch refused a buffer: {e}"));
+                }
+            }
+            if ddgst {
+                self.tx.push_bytes(&digests[0].to_le_bytes());
+            }
+        } else {
+            for (i, &(o, n)) in chunks[..nd].iter().enumerate() {
+                let d =
+                    DataHeader { cccid: r.cccid, ttag: r.ttag, datao: o, datal: n, last: i + 1 == nd, success: false };
+                self.scratch.clear();
+                self.enc.h2c_data(&mut self.scratch, &d);
+                self.tx.push_bytes(&self.scratch);
+                self.tx.push_bytes(&buf.as_full()[o as usize..(o + n) as usize]);
+                if ddgst {
+                    self.tx.push_bytes(&digests[i].to_le_bytes());
+                }
+            }
+            self.slots[usize::from(tag)].buf = Some(buf);
+        }
+    }
+
+    fn finish(&mut self, tag: u16) {
+        let s = &mut self.slots[usize::from(tag)];
+        let Some(mut cqe) = s.cqe.take() else { return };
+        cqe.cid = Cid(tag);
+        let mut buf = s.buf.take();
+        if s.dir == DataDir::FromController
+            && let Some(b) = buf.as_mut()
+        {
+            b.set_len((s.received as usize).min(b.capacity()));
+        }
+        s.state = SlotState::Free;
+        self.outstanding -= 1;
+        self.done.push(Done { token: s.token, tag, cqe, buf });
+    }
+
+    /// Finished commands since the last call (the vector is reused: drain it).
+    pub fn completions(&mut self) -> &mut Vec<Done> {
+        &mut self.done
+    }
+
+    /// Fails every outstanding command with `status` (after the queue failed),
+    /// handing back their buffers. Buffers still in a send batch come back
+    /// when the driver returns the batch.
+    pub fn abort_all(&mut self, status: Status) {
+        for tag in 0..self.cfg.entries {
+            let s = &mut self.slots[usize::from(tag)];
+            if s.state == SlotState::Outstanding {
+                s.cqe = Some(Cqe::with_status(Cid(tag), status));
+                if !s.buf_in_flight {
+                    self.finish(tag);
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ send
+
+    /// The next batch to send, if any and none is in flight.
+    pub fn take_send(&mut self) -> Option<SendMsg> {
+        if self.tx_inflight || self.tx.is_empty() {
+            return None;
+        }
+        let spare = self.tx_spare.take().unwrap_or_default();
+        self.tx_inflight = true;
+        self.pending_cmds = 0;
+        std::mem::swap(&mut self.inflight_owners, &mut self.tx_owners);
+        self.tx_owners.clear();
+        Some(std::mem::replace(&mut self.tx, spare))
+    }
+
+    /// Whether bytes wait to be sent.
+    pub fn has_pending_send(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// A batch was sent (or failed); write buffers it carried go back to their commands.
+    pub fn on_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>) {
+        self.tx_inflight = false;
+        let mut owners = std::mem::take(&mut self.inflight_owners);
+        for (b, tag) in msg.drain_bufs().zip(owners.iter().copied()) {
+            let s = &mut self.slots[usize::from(tag)];
+            s.buf = Some(b);
+            s.buf_in_flight = false;
+        }
+        msg.clear();
+        self.tx_spare = Some(msg);
+        if let Err(e) = result {
+            self.fail(format!("send failed: {e}"));
+        }
+        // Writes whose response arrived while their buffer was still being sent.
+        for &tag in &owners {
+            let s = &self.slots[usize::from(tag)];
+            if s.state == SlotState::Outstanding && s.cqe.is_some() {
+                self.finish(tag);
+            }
+        }
+        owners.clear();
+        self.inflight_owners = owners;
+    }
+}

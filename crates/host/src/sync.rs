@@ -1,0 +1,175 @@
+//! A blocking driver for a [`HostQueue`]: used for queue handshakes (ICReq,
+//! Connect), the admin queue's keep-alive/AER thread, discovery, and tests.
+//! Never on the I/O path.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use uring::IoBuf;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
+
+/// A queue over a blocking socket.
+#[derive(Debug)]
+pub struct SyncQueue {
+    stream: TcpStream,
+    queue: HostQueue,
+    free_tags: Vec<u16>,
+    done: VecDeque<Done>,
+    next_token: u64,
+}
+
+impl SyncQueue {
+    /// Connects, exchanges ICReq/ICResp and Fabrics Connect within `timeout`.
+    pub fn connect(addr: SocketAddr, cfg: QueueConfig, timeout: Duration) -> Result<SyncQueue> {
+        let stream =
+            TcpStream::connect_timeout(&addr, timeout).map_err(|e| Error::io(format!("connect to {addr}"), &e))?;
+        stream.set_nodelay(true).map_err(|e| Error::io("TCP_NODELAY", &e))?;
+        SyncQueue::handshake(stream, cfg, timeout)
+    }
+
+    /// Runs the handshake on an already connected socket.
+    pub fn handshake(stream: TcpStream, cfg: QueueConfig, timeout: Duration) -> Result<SyncQueue> {
+        let entries = cfg.entries;
+        let qid = cfg.qid;
+        let mut q = SyncQueue {
+            stream,
+            queue: HostQueue::new(cfg),
+            free_tags: (0..entries).rev().collect(),
+            done: VecDeque::new(),
+            next_token: 1,
+        };
+        let deadline = Instant::now() + timeout;
+        while q.queue.state() != QueueState::Live {
+            if q.queue.state() == QueueState::Failed {
+                let why = q.queue.error().unwrap_or("failed").to_string();
+                return Err(Error::new(ErrorKind::Protocol, format!("queue {qid} bring-up: {why}")));
+            }
+            q.pump(deadline)?;
+        }
+        Ok(q)
+    }
+
+    /// The queue state machine.
+    pub fn queue(&self) -> &HostQueue {
+        &self.queue
+    }
+
+    /// Splits into the socket and the live queue (to hand to a context).
+    pub fn into_parts(self) -> (TcpStream, HostQueue) {
+        (self.stream, self.queue)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        while let Some(msg) = self.queue.take_send() {
+            let bytes = msg.to_vec();
+            let r = self.stream.write_all(&bytes);
+            self.queue
+                .on_send_done(msg, r.as_ref().map(|_| ()).map_err(|e| std::io::Error::new(e.kind(), e.to_string())));
+            r.map_err(|e| Error::io("send", &e))?;
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued and receives once (until `deadline`); collects completions.
+    pub fn pump(&mut self, deadline: Instant) -> Result<()> {
+        self.flush()?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::new(ErrorKind::Timeout, format!("queue {}: no answer in time", self.queue.qid())));
+        }
+        self.stream
+            .set_read_timeout(Some(left.min(Duration::from_millis(100))))
+            .map_err(|e| Error::io("timeout", &e))?;
+        let Some((mut buf, range)) = self.queue.take_recv_buf() else {
+            return Err(Error::new(ErrorKind::Protocol, self.queue.error().unwrap_or("queue failed").to_string()));
+        };
+        match self.stream.read(&mut buf.as_full_mut()[range]) {
+            Ok(n) => self.queue.on_recv(buf, n),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                self.queue.on_recv_none(buf);
+            }
+            Err(e) => {
+                self.queue.on_recv_none(buf);
+                self.queue.set_failed(&format!("recv: {e}"));
+                return Err(Error::io("recv", &e));
+            }
+        }
+        self.done.extend(self.queue.completions().drain(..));
+        self.flush()
+    }
+
+    /// Submits without waiting; returns the token.
+    pub fn submit(&mut self, mut io: Io) -> Result<u64> {
+        let tag = self.free_tags.pop().ok_or_else(|| Error::new(ErrorKind::Busy, "no free command id"))?;
+        let token = self.next_token;
+        self.next_token += 1;
+        io.token = token;
+        if let Err((e, _)) = self.queue.submit(tag, io) {
+            self.free_tags.push(tag);
+            return Err(Error::new(ErrorKind::Protocol, format!("submit: {e}")));
+        }
+        self.flush()?;
+        Ok(token)
+    }
+
+    /// Takes a completion with this token if it arrived.
+    pub fn take(&mut self, token: u64) -> Option<Done> {
+        let i = self.done.iter().position(|d| d.token == token)?;
+        let d = self.done.remove(i)?;
+        self.free_tags.push(d.tag);
+        Some(d)
+    }
+
+    /// Takes any completion that arrived (e.g. an AER).
+    pub fn take_any(&mut self) -> Option<Done> {
+        let d = self.done.pop_front()?;
+        self.free_tags.push(d.tag);
+        Some(d)
+    }
+
+    /// Submits and waits for the completion.
+    pub fn execute(&mut self, io: Io, timeout: Duration) -> Result<Done> {
+        let token = self.submit(io)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(d) = self.take(token) {
+                return Ok(d);
+            }
+            if self.queue.state() == QueueState::Failed {
+                return Err(Error::new(ErrorKind::Io, self.queue.error().unwrap_or("queue failed").to_string()));
+            }
+            self.pump(deadline)?;
+        }
+    }
+
+    /// Executes a command without data; fails on an error status.
+    pub fn command(&mut self, sqe: nvme::Sqe, timeout: Duration) -> Result<nvme::Cqe> {
+        let d = self.execute(Io { sqe, buf: None, len: 0, dir: DataDir::None, token: 0 }, timeout)?;
+        if !d.cqe.status.is_success() {
+            return Err(Error::status(format!("opcode {:#04x}", sqe.opcode()), d.cqe.status));
+        }
+        Ok(d.cqe)
+    }
+
+    /// Executes a command that returns `len` bytes; fails on an error status.
+    pub fn read_data(&mut self, sqe: nvme::Sqe, len: usize, timeout: Duration) -> Result<(nvme::Cqe, Vec<u8>)> {
+        let buf = IoBuf::new(len.max(1).next_multiple_of(4096));
+        let len32 = u32::try_from(len).map_err(|_| Error::new(ErrorKind::Invalid, "transfer too large"))?;
+        let d =
+            self.execute(Io { sqe, buf: Some(buf), len: len32, dir: DataDir::FromController, token: 0 }, timeout)?;
+        if !d.cqe.status.is_success() {
+            return Err(Error::status(format!("opcode {:#04x}", sqe.opcode()), d.cqe.status));
+        }
+        let data = d.buf.map(|b| b.as_full()[..len].to_vec()).unwrap_or_default();
+        Ok((d.cqe, data))
+    }
+
+    /// Sets the socket's read timeout for [`SyncQueue::pump`]-driven loops.
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+}
