@@ -108,7 +108,9 @@ pub trait Engine {
     fn open(&mut self, ctx: &EngineCtx<'_>) -> Result<FileInfo>;
 
     /// Called once with every unit before the first I/O (fio's `io_u_init`/`post_init`):
-    /// register buffers, preallocate per-unit state. Units keep their `index`.
+    /// register buffers, preallocate per-unit state, or replace each unit's buffer with
+    /// the engine's own memory ([`crate::io_u::IoBuf::foreign`], at least as long as the
+    /// one given). Units must keep their `index`; the runner fills the buffers after this.
     fn prepare(&mut self, units: &mut [IoU]) -> Result<()> {
         let _ = units;
         Ok(())

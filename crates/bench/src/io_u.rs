@@ -82,16 +82,41 @@ pub enum IoResult {
     Error(IoError),
 }
 
-/// A heap buffer whose usable part starts at an aligned address.
+/// Memory an engine provides for a unit's data, installed once in
+/// [`Engine::prepare`](crate::engine::Engine::prepare) with [`IoBuf::foreign`].
+///
+/// This lets an engine use its own buffer type (the `uring` crate's `IoBuf`, which its
+/// ring takes by value; a host's registered memory) without copying or allocating per
+/// I/O: the engine reaches its type with [`IoBuf::downcast_mut`], may move the inner
+/// buffer out while the I/O is in flight (e.g. keep an `Option<uring::IoBuf>` inside),
+/// and must put it back before returning the unit.
+pub trait ForeignBuf: std::any::Any + Send {
+    /// The whole buffer.
+    fn bytes(&self) -> &[u8];
+    /// The whole buffer, mutably.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+enum Storage {
+    /// Over-allocated vector; the usable part starts at `start`.
+    Owned { storage: Vec<u8>, start: usize },
+    /// Engine-provided memory.
+    Foreign(Box<dyn ForeignBuf>),
+}
+
+/// A unit's data buffer: an aligned heap block (the default) or engine-provided memory.
 pub struct IoBuf {
-    storage: Vec<u8>,
-    start: usize,
+    storage: Storage,
     len: usize,
 }
 
 impl fmt::Debug for IoBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IoBuf").field("addr", &self.as_ptr()).field("len", &self.len).finish()
+        let kind = match self.storage {
+            Storage::Owned { .. } => "owned",
+            Storage::Foreign(_) => "foreign",
+        };
+        f.debug_struct("IoBuf").field("kind", &kind).field("len", &self.len).finish()
     }
 }
 
@@ -103,7 +128,35 @@ impl IoBuf {
         let storage = vec![0u8; len + align];
         let addr = storage.as_ptr() as usize;
         let start = (align - addr % align) % align;
-        IoBuf { storage, start, len }
+        IoBuf { storage: Storage::Owned { storage, start }, len }
+    }
+
+    /// Wrap engine-provided memory; the usable length is `buf.bytes().len()`.
+    pub fn foreign(buf: Box<dyn ForeignBuf>) -> IoBuf {
+        let len = buf.bytes().len();
+        IoBuf { storage: Storage::Foreign(buf), len }
+    }
+
+    /// The engine's own buffer type, if this is a foreign buffer of type `T`.
+    pub fn downcast_mut<T: ForeignBuf>(&mut self) -> Option<&mut T> {
+        match &mut self.storage {
+            Storage::Foreign(b) => {
+                let any: &mut dyn std::any::Any = &mut **b;
+                any.downcast_mut::<T>()
+            }
+            Storage::Owned { .. } => None,
+        }
+    }
+
+    /// Shared access to the engine's own buffer type.
+    pub fn downcast_ref<T: ForeignBuf>(&self) -> Option<&T> {
+        match &self.storage {
+            Storage::Foreign(b) => {
+                let any: &dyn std::any::Any = &**b;
+                any.downcast_ref::<T>()
+            }
+            Storage::Owned { .. } => None,
+        }
     }
 
     /// Usable length in bytes.
@@ -118,12 +171,18 @@ impl IoBuf {
 
     /// The usable bytes.
     pub fn as_slice(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
+        match &self.storage {
+            Storage::Owned { storage, start } => &storage[*start..*start + self.len],
+            Storage::Foreign(b) => b.bytes(),
+        }
     }
 
     /// The usable bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
+        match &mut self.storage {
+            Storage::Owned { storage, start } => &mut storage[*start..*start + self.len],
+            Storage::Foreign(b) => b.bytes_mut(),
+        }
     }
 
     /// Address of the first usable byte (stable for the buffer's life).
@@ -202,6 +261,31 @@ mod tests {
         let addr = io.buf.as_ptr();
         let moved = [io];
         assert_eq!(moved[0].buf.as_ptr(), addr);
+    }
+
+    struct EngineBuf(Option<Vec<u8>>);
+    impl ForeignBuf for EngineBuf {
+        fn bytes(&self) -> &[u8] {
+            self.0.as_deref().unwrap_or(&[])
+        }
+        fn bytes_mut(&mut self) -> &mut [u8] {
+            self.0.as_deref_mut().unwrap_or(&mut [])
+        }
+    }
+
+    #[test]
+    fn engines_can_install_and_lend_their_own_buffers() {
+        let mut io = IoU::new(0, 4096, 4096);
+        io.buf = IoBuf::foreign(Box::new(EngineBuf(Some(vec![1u8; 8192]))));
+        assert_eq!(io.buf.len(), 8192);
+        io.len = 16;
+        assert_eq!(io.data(), &[1u8; 16]);
+        // Lend the inner buffer out (as to a ring) and put it back: no allocation.
+        let inner = io.buf.downcast_mut::<EngineBuf>().unwrap().0.take().unwrap();
+        assert_eq!(inner.len(), 8192);
+        io.buf.downcast_mut::<EngineBuf>().unwrap().0 = Some(inner);
+        assert!(io.buf.downcast_ref::<EngineBuf>().is_some());
+        assert!(IoBuf::new(64, 1).downcast_ref::<EngineBuf>().is_none());
     }
 
     #[test]

@@ -90,7 +90,7 @@ use std::path::PathBuf;
 
 pub use engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
 pub use error::{Error, ErrorKind, Result};
-pub use io_u::{Ddir, IoBuf, IoError, IoResult, IoU};
+pub use io_u::{Ddir, ForeignBuf, IoBuf, IoError, IoResult, IoU};
 pub use job::{JobFile, JobSpec};
 pub use report::{Baseline, Report};
 pub use run::{RunOptions, RunResult, StatusMode};

@@ -376,17 +376,27 @@ fn setup<'a>(
     }
     let buf_len = usize::try_from(max_bs).map_err(|e| Error::new(ErrorKind::Option, e.to_string()))?;
     let align = caps.buf_align.max(4096);
-    let mut fill_rng = SmallRng::seed_from_u64(seed ^ 0xb0ff);
-    let mut units: Vec<IoU> = (0..depth)
-        .map(|i| {
-            let mut u = IoU::new(i, buf_len, align);
-            if !spec.zero_buffers {
-                fill_rng.fill_bytes(u.buf.as_mut_slice());
-            }
-            u
-        })
-        .collect();
+    let mut units: Vec<IoU> = (0..depth).map(|i| IoU::new(i, buf_len, align)).collect();
     engine.prepare(&mut units)?;
+    // The engine may have installed its own buffers; check them, then fill.
+    let mut fill_rng = SmallRng::seed_from_u64(seed ^ 0xb0ff);
+    for (i, u) in units.iter_mut().enumerate() {
+        if u.index as usize != i || u.buf.len() < buf_len {
+            return Err(Error::new(
+                ErrorKind::Engine,
+                format!(
+                    "{who}: the {} engine's prepare() left unit {i} with index {} and a {}-byte buffer; \
+                     the job needs index {i} and {buf_len} bytes",
+                    engine.name(),
+                    u.index,
+                    u.buf.len()
+                ),
+            ));
+        }
+        if !spec.zero_buffers {
+            fill_rng.fill_bytes(u.buf.as_mut_slice());
+        }
+    }
     let now = Instant::now();
     let meta =
         vec![SlotMeta { start: now, issue: now, ddir: Ddir::Read, block: 0, expect: Expect::Unwritten }; units.len()];
