@@ -35,6 +35,7 @@
 pub mod admin;
 pub mod context;
 pub mod controller;
+pub mod discovery;
 pub mod error;
 pub mod queue;
 pub mod sync;

@@ -1,6 +1,7 @@
 //! `qpath`: the command line. Subcommands parse arguments and call the
 //! library crates; no logic lives here.
 
+mod cmd_host;
 mod cmd_rpc;
 mod cmd_target;
 
@@ -20,13 +21,19 @@ enum Command {
     Target(cmd_target::TargetArgs),
     /// Call the target's JSON-RPC control socket.
     Rpc(cmd_rpc::RpcArgs),
+    /// Read a discovery controller's log (following referrals), like `nvme discover`.
+    Discover(cmd_host::DiscoverArgs),
+    /// Connect to a subsystem, print its controller and namespaces, disconnect.
+    Connect(cmd_host::ConnectArgs),
+    /// Discover, connect to every subsystem found and show controllers and paths.
+    ListSubsys(cmd_host::ListSubsysArgs),
 }
 
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,qpath_target=info")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -35,6 +42,9 @@ fn main() {
     let result = match cli.command {
         Command::Target(a) => cmd_target::run(a),
         Command::Rpc(a) => cmd_rpc::run(a),
+        Command::Discover(a) => cmd_host::discover(a),
+        Command::Connect(a) => cmd_host::connect(a),
+        Command::ListSubsys(a) => cmd_host::list_subsys(a),
     };
     if let Err(e) = result {
         eprintln!("qpath: {e}");

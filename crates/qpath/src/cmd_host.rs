@@ -1,0 +1,212 @@
+//! `qpath discover`, `qpath connect`, `qpath list-subsys`: nvme-cli's
+//! commands for a user-space host. A user-space stack creates no kernel
+//! device, so `connect` connects, reports, optionally checks I/O or holds
+//! the connection, then disconnects.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use host::controller::{ConnectOptions, Controller, default_host_identity};
+use host::discovery::{discover_all, entry_addr, subtype_name};
+use nvme::log::subtype;
+
+/// Transport arguments shared by the host commands (nvme-cli's names).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Transport {
+    /// Transport address (IP or host name).
+    #[arg(short = 'a', long, default_value = "127.0.0.1")]
+    traddr: String,
+    /// Transport service id (TCP port).
+    #[arg(short = 's', long)]
+    trsvcid: Option<u16>,
+    /// Host NQN (default: /etc/nvme/hostnqn, else derived from the machine id).
+    #[arg(short = 'q', long)]
+    hostnqn: Option<String>,
+}
+
+impl Transport {
+    fn addr(&self, default_port: u16) -> Result<SocketAddr, String> {
+        let port = self.trsvcid.unwrap_or(default_port);
+        (self.traddr.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| format!("{}: {e}", self.traddr))?
+            .next()
+            .ok_or_else(|| format!("{} resolves to nothing", self.traddr))
+    }
+
+    fn identity(&self) -> (String, [u8; 16]) {
+        let (nqn, id) = default_host_identity();
+        (self.hostnqn.clone().unwrap_or(nqn), id)
+    }
+}
+
+/// Connection options (nvme-cli's names).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// I/O queues (default: one per CPU).
+    #[arg(short = 'i', long)]
+    nr_io_queues: Option<u16>,
+    /// Entries per I/O queue.
+    #[arg(short = 'Q', long, default_value_t = 128)]
+    queue_size: u16,
+    /// Header digest.
+    #[arg(short = 'g', long)]
+    hdr_digest: bool,
+    /// Data digest.
+    #[arg(short = 'G', long)]
+    data_digest: bool,
+    /// Keep-alive timeout in seconds.
+    #[arg(short = 'k', long, default_value_t = 5)]
+    keep_alive_tmo: u32,
+    /// Seconds between reconnect attempts.
+    #[arg(short = 'c', long, default_value_t = 10)]
+    reconnect_delay: u64,
+    /// Seconds without a connection before the controller is deleted (-1 = forever).
+    #[arg(short = 'l', long, default_value_t = 600, allow_hyphen_values = true)]
+    ctrl_loss_tmo: i64,
+    /// Seconds after which I/O waiting for a reconnect fails (-1 = off).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    fast_io_fail_tmo: i64,
+}
+
+impl ConnArgs {
+    fn options(&self, addr: SocketAddr, nqn: &str, hostnqn: &str, hostid: [u8; 16]) -> ConnectOptions {
+        let mut o = ConnectOptions::new(addr, nqn);
+        o.hostnqn = hostnqn.to_string();
+        o.hostid = hostid;
+        o.nr_io_queues = self.nr_io_queues.unwrap_or(0);
+        o.queue_size = self.queue_size;
+        o.hdr_digest = self.hdr_digest;
+        o.data_digest = self.data_digest;
+        o.kato_ms = self.keep_alive_tmo.saturating_mul(1000);
+        o.reconnect_delay = Duration::from_secs(self.reconnect_delay);
+        o.ctrl_loss_tmo = u64::try_from(self.ctrl_loss_tmo).ok().map(Duration::from_secs);
+        o.fast_io_fail_tmo = u64::try_from(self.fast_io_fail_tmo).ok().map(Duration::from_secs);
+        o
+    }
+}
+
+/// `qpath discover`.
+#[derive(clap::Args, Debug)]
+pub struct DiscoverArgs {
+    #[command(flatten)]
+    transport: Transport,
+}
+
+/// `qpath connect`.
+#[derive(clap::Args, Debug)]
+pub struct ConnectArgs {
+    #[command(flatten)]
+    transport: Transport,
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Subsystem NQN.
+    #[arg(short = 'n', long)]
+    nqn: String,
+    /// Keep the connection this many seconds before disconnecting.
+    #[arg(long, default_value_t = 0)]
+    hold: u64,
+}
+
+/// `qpath list-subsys`.
+#[derive(clap::Args, Debug)]
+pub struct ListSubsysArgs {
+    #[command(flatten)]
+    transport: Transport,
+    #[command(flatten)]
+    conn: ConnArgs,
+}
+
+type R = Result<(), Box<dyn std::error::Error>>;
+
+pub fn discover(a: DiscoverArgs) -> R {
+    let addr = a.transport.addr(nvme::tcp::DISCOVERY_PORT)?;
+    let (hostnqn, hostid) = a.transport.identity();
+    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)?;
+    println!("\nDiscovery Log Number of Records {}", found.len());
+    for (i, f) in found.iter().enumerate() {
+        let e = &f.entry;
+        println!("=====Discovery Log Entry {i}======");
+        println!("trtype:  {}", if e.trtype == nvme::log::trtype::TCP { "tcp" } else { "other" });
+        println!("adrfam:  {}", if e.adrfam == nvme::log::adrfam::IPV6 { "ipv6" } else { "ipv4" });
+        println!("subtype: {}", subtype_name(e.subtype));
+        println!("treq:    {}", if e.treq & 3 == 1 { "required" } else { "not required" });
+        println!("portid:  {}", e.portid);
+        println!("trsvcid: {}", e.trsvcid);
+        println!("subnqn:  {}", e.subnqn);
+        println!("traddr:  {}", e.traddr);
+        println!("via:     {}", f.via);
+    }
+    Ok(())
+}
+
+fn print_ctrl(c: &Controller) {
+    let i = c.info();
+    println!(
+        "{} cntlid {} {} (model {:?}, serial {:?}, fw {:?}): {} I/O queues, state {:?}",
+        i.traddr, i.cntlid, i.subnqn, i.model, i.serial, i.firmware, i.io_queues, i.state
+    );
+    for ns in c.namespaces() {
+        println!(
+            "  nsid {:>4}  {:>12} bytes  {} B blocks  ANA group {} {}  nguid {}",
+            ns.nsid,
+            ns.size_bytes(),
+            ns.block_size(),
+            ns.anagrpid.0,
+            ns.ana_state.linux_name(),
+            ns.nguid.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+    }
+}
+
+pub fn connect(a: ConnectArgs) -> R {
+    let addr = a.transport.addr(nvme::tcp::IO_PORT)?;
+    let (hostnqn, hostid) = a.transport.identity();
+    let ctrl = Controller::connect(a.conn.options(addr, &a.nqn, &hostnqn, hostid))?;
+    print_ctrl(&ctrl);
+    if a.hold > 0 {
+        std::thread::sleep(Duration::from_secs(a.hold));
+        print_ctrl(&ctrl);
+    }
+    ctrl.delete();
+    Ok(())
+}
+
+pub fn list_subsys(a: ListSubsysArgs) -> R {
+    let addr = a.transport.addr(nvme::tcp::DISCOVERY_PORT)?;
+    let (hostnqn, hostid) = a.transport.identity();
+    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)?;
+    let mut ctrls: Vec<Arc<Controller>> = Vec::new();
+    for f in found.iter().filter(|f| f.entry.subtype == subtype::NVM) {
+        let ea = entry_addr(&f.entry)?;
+        match Controller::connect(a.conn.options(ea, &f.entry.subnqn, &hostnqn, hostid)) {
+            Ok(c) => ctrls.push(c),
+            Err(e) => eprintln!("{} {}: {e}", ea, f.entry.subnqn),
+        }
+    }
+    let mut nqns: Vec<String> = ctrls.iter().map(|c| c.opts.subnqn.clone()).collect();
+    nqns.sort();
+    nqns.dedup();
+    for nqn in nqns {
+        println!("{nqn}");
+        println!("\\");
+        for c in ctrls.iter().filter(|c| c.opts.subnqn == nqn) {
+            let i = c.info();
+            let ana: Vec<String> =
+                c.namespaces().iter().map(|n| format!("ns{} {}", n.nsid, n.ana_state.linux_name())).collect();
+            println!(
+                " +- cntlid {} tcp traddr={},trsvcid={} {:?} [{}]",
+                i.cntlid,
+                i.traddr.ip(),
+                i.traddr.port(),
+                i.state,
+                ana.join(", ")
+            );
+        }
+    }
+    for c in ctrls {
+        c.delete();
+    }
+    Ok(())
+}
