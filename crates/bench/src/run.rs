@@ -206,7 +206,7 @@ pub fn run_jobs(
             }
         }
         let gate = StartGate::default();
-        let batch_start = std::thread::scope(|scope| -> Result<Instant> {
+        std::thread::scope(|scope| -> Result<()> {
             let mut handles = Vec::with_capacity(members.len());
             for &i in &members {
                 let spec = &file.jobs[i];
@@ -235,10 +235,13 @@ pub fn run_jobs(
                 let now = Instant::now();
                 if show_status && now >= next_status {
                     next_status = now + Duration::from_secs(1);
-                    let snap = snapshot(file, &progress, &members, start, now, &mut prev, batch);
-                    let _ = write!(diag, "{}", status.render(&snap));
-                    let _ = diag.flush();
-                    printed_status = true;
+                    let snap = snapshot(file, &progress, &members, (t0, start), now, &mut prev, batch);
+                    // Between batches nothing runs; keep the last useful line.
+                    if snap.running > 0 {
+                        let _ = write!(diag, "{}", status.render(&snap));
+                        let _ = diag.flush();
+                        printed_status = true;
+                    }
                 }
             }
             for (i, h) in handles {
@@ -247,9 +250,8 @@ pub fn run_jobs(
                     .map_err(|_| Error::new(ErrorKind::Engine, format!("job {} thread panicked", file.jobs[i].name)))?;
                 outcomes[i] = Some(outcome);
             }
-            Ok(start)
+            Ok(())
         })?;
-        let _ = batch_start;
     }
     if printed_status {
         let _ = writeln!(diag);
@@ -270,7 +272,7 @@ fn snapshot(
     file: &JobFile,
     progress: &[Progress],
     members: &[usize],
-    start: Instant,
+    (run_start, start): (Instant, Instant),
     now: Instant,
     prev: &mut (Instant, [u64; 2], [u64; 2]),
     batch: usize,
@@ -313,9 +315,17 @@ fn snapshot(
         .try_fold(Duration::ZERO, |acc, p| p.map(|p| acc + p));
     let eta = this_batch.zip(later).map(|(a, b)| a + b);
     let done = eta.map(|e| {
-        let el = elapsed.as_secs_f64();
+        // fio: elapsed / (elapsed + eta), over the whole run.
+        let el = now.saturating_duration_since(run_start).as_secs_f64();
         let total = el + e.as_secs_f64();
         if total > 0.0 { el / total } else { 0.0 }
     });
-    Snapshot { running, run_str, done, rate_kib, iops, eta_sec: eta.map(|e| e.as_secs()) }
+    Snapshot {
+        running,
+        run_str,
+        done,
+        rate_kib,
+        iops,
+        eta_sec: eta.map(|e| e.as_secs() + u64::from(e.subsec_nanos() > 0)),
+    }
 }
