@@ -242,7 +242,7 @@ impl Context {
         if let Some(k) = self.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, ctrl)) {
             return Ok(k);
         }
-        let n = ctrl.io_queue_count();
+        let n = ctrl.block_queue_count();
         if n == 0 {
             return Err(Error::new(ErrorKind::Busy, "controller has no I/O queues"));
         }

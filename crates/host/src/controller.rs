@@ -45,6 +45,9 @@ pub struct ConnectOptions {
     pub hostid: [u8; 16],
     /// I/O queues to ask for (0 = one per online CPU).
     pub nr_io_queues: u16,
+    /// Extra I/O queues reserved for user-owned queue pairs ([`crate::passthru::QueuePair`]):
+    /// the block core never maps them (seed 001's "user_poll" queues).
+    pub nr_user_queues: u16,
     /// Entries per I/O queue (Linux default 128, range 16..=1024).
     pub queue_size: u16,
     /// Header digest (`-g`).
@@ -77,6 +80,7 @@ impl ConnectOptions {
             hostnqn,
             hostid,
             nr_io_queues: 0,
+            nr_user_queues: 0,
             queue_size: 128,
             hdr_digest: false,
             data_digest: false,
@@ -226,6 +230,8 @@ impl std::fmt::Debug for QueueMsg {
 struct QueueSlot {
     owner: Option<MailboxSender<QueueMsg>>,
     parked: Option<(TcpStream, HostQueue)>,
+    /// Reserved for user-owned queue pairs.
+    user: bool,
 }
 
 struct Inner {
@@ -314,13 +320,19 @@ impl Controller {
         }
         let b = bring_up(&opts, None)?;
         let nq = b.io.len();
+        let nuser = usize::from(opts.nr_user_queues).min(nq.saturating_sub(1));
         let ctrl = Arc::new(Controller {
             inner: Mutex::new(Inner {
                 state: CtrlState::Live,
                 cntlid: b.cntlid,
                 id: b.id,
                 namespaces: b.namespaces,
-                slots: b.io.into_iter().map(|q| QueueSlot { owner: None, parked: Some(q) }).collect(),
+                slots: b
+                    .io
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, q)| QueueSlot { owner: None, parked: Some(q), user: i >= nq - nuser })
+                    .collect(),
                 failed_at: None,
                 last_error: None,
                 reconnects: 0,
@@ -392,9 +404,14 @@ impl Controller {
         self.lock().namespaces.iter().find(|n| n.nsid == nsid).cloned()
     }
 
-    /// Number of I/O queues.
+    /// Number of I/O queues (block-core queues and user queues).
     pub fn io_queue_count(&self) -> usize {
         self.lock().slots.len()
+    }
+
+    /// Number of I/O queues the block core may map (user queues excluded).
+    pub fn block_queue_count(&self) -> usize {
+        self.lock().slots.iter().filter(|s| !s.user).count()
     }
 
     /// How long the controller has been down, if it is.
@@ -459,13 +476,22 @@ impl Controller {
         }
     }
 
-    /// Indices of queues no context owns.
+    /// Indices of block-core queues no context owns.
     pub fn free_queues(&self) -> Vec<u16> {
+        self.free_where(false)
+    }
+
+    /// Indices of user queues no queue pair owns.
+    pub fn free_user_queues(&self) -> Vec<u16> {
+        self.free_where(true)
+    }
+
+    fn free_where(&self, user: bool) -> Vec<u16> {
         self.lock()
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.owner.is_none())
+            .filter(|(_, s)| s.owner.is_none() && s.user == user)
             .filter_map(|(i, _)| u16::try_from(i).ok())
             .collect()
     }
@@ -555,8 +581,8 @@ fn bring_up(opts: &ConnectOptions, want_queues: Option<usize>) -> Result<Bringup
     }
     let want = match want_queues {
         Some(n) => n,
-        None if opts.nr_io_queues == 0 => uring::online_cpus().max(1),
-        None => usize::from(opts.nr_io_queues),
+        None if opts.nr_io_queues == 0 => uring::online_cpus().max(1) + usize::from(opts.nr_user_queues),
+        None => usize::from(opts.nr_io_queues) + usize::from(opts.nr_user_queues),
     };
     let want32 = u32::try_from(want).unwrap_or(u32::MAX);
     let cqe = admin.command(

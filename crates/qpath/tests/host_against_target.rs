@@ -164,3 +164,49 @@ fn target_restart_inside_ctrl_loss_tmo() {
     ctrl.delete();
     server.shutdown();
 }
+
+#[test]
+fn user_queue_pair_raw_commands() {
+    use host::passthru::{PtCompletion, QueuePair};
+    use host::queue::DataDir;
+    use nvme::opcode::io;
+    use nvme::{Cid, SglDescriptor, Sqe};
+
+    let port = free_port();
+    let server = config(port).start().unwrap();
+    let mut o = ConnectOptions::new(format!("127.0.0.1:{port}").parse().unwrap(), NQN);
+    o.nr_io_queues = 1;
+    o.nr_user_queues = 1;
+    let ctrl = Controller::connect(o).unwrap();
+    assert_eq!(ctrl.block_queue_count(), 1);
+    assert_eq!(ctrl.free_user_queues().len(), 1);
+    let mut qp = QueuePair::new(&ctrl).unwrap();
+    assert!(QueuePair::new(&ctrl).is_err(), "only one user queue");
+    let data = pattern(8192, 3);
+    let expect = data[..8192].to_vec();
+    let w = Sqe::rw(io::WRITE, Cid(0), Nsid(1), 64, 16, SglDescriptor::transport(8192));
+    qp.submit(w, Some(data), 8192, DataDir::ToController, 1).map_err(|(e, _)| e).unwrap();
+    let r = Sqe::rw(io::READ, Cid(0), Nsid(1), 64, 16, SglDescriptor::transport(8192));
+    let mut out: Vec<PtCompletion> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while out.is_empty() {
+        assert!(Instant::now() < deadline);
+        qp.poll(&mut out).unwrap();
+    }
+    assert!(out[0].cqe.status.is_success());
+    qp.submit(r, Some(IoBuf::new(8192)), 8192, DataDir::FromController, 2).map_err(|(e, _)| e).unwrap();
+    while out.len() < 2 {
+        assert!(Instant::now() < deadline);
+        qp.poll(&mut out).unwrap();
+    }
+    assert_eq!(out[1].user_data, 2);
+    assert!(out[1].buf.as_ref().unwrap()[..8192] == expect[..]);
+    // The block core does not map the user queue: a context gets the other one.
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+    write_read(&mut ctx, dev, 0, 4096, 9);
+    drop(ctx);
+    drop(qp);
+    ctrl.delete();
+    server.shutdown();
+}

@@ -1,0 +1,252 @@
+//! User-owned queue pairs: an I/O queue the block core never sees (seed
+//! 001's "user_poll" queues).
+//!
+//! A [`QueuePair`] owns one of a controller's reserved user queues
+//! (`ConnectOptions::nr_user_queues`) and its own io_uring. The caller builds
+//! raw SQEs, owns its data buffers, picks its command ids, and polls
+//! completions on its own thread: no request slots, tags, queue maps, fair
+//! sharing, statistics, retries or multipath in between — each of those is
+//! the application's business. Admin passthrough (like `nvme admin-passthru`)
+//! goes through [`Controller::admin_command`].
+//!
+//! ```no_run
+//! use qpath_host::controller::{ConnectOptions, Controller};
+//! use qpath_host::passthru::{PtCompletion, QueuePair};
+//! use qpath_host::queue::DataDir;
+//! use nvme::{Cid, Nsid, SglDescriptor, Sqe, opcode::io};
+//! use uring::IoBuf;
+//!
+//! let mut o = ConnectOptions::new("127.0.0.1:4420".parse().unwrap(), "nqn.2026-11.io.qpath:default");
+//! o.nr_user_queues = 1;
+//! let ctrl = Controller::connect(o)?;
+//! let mut qp = QueuePair::new(&ctrl)?;
+//! let sqe = Sqe::rw(io::READ, Cid(0), Nsid(1), 0, 8, SglDescriptor::transport(4096));
+//! qp.submit(sqe, Some(IoBuf::new(4096)), 4096, DataDir::FromController, 42).map_err(|(e, _)| e)?;
+//! let mut done: Vec<PtCompletion> = Vec::new();
+//! while done.is_empty() {
+//!     qp.poll(&mut done)?;
+//! }
+//! assert!(done[0].cqe.status.is_success());
+//! # Ok::<(), qpath_host::error::Error>(())
+//! ```
+
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use nvme::{Cqe, Sqe};
+use uring::{IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
+
+use crate::controller::{Controller, QueueMsg};
+use crate::error::{Error, ErrorKind, Result};
+use crate::queue::{DataDir, HostQueue, Io, QueueState};
+
+/// A finished raw command.
+#[derive(Debug)]
+pub struct PtCompletion {
+    /// The caller's value.
+    pub user_data: u64,
+    /// The completion entry, as the controller sent it (CID = the tag used).
+    pub cqe: Cqe,
+    /// The data buffer, back.
+    pub buf: Option<IoBuf>,
+}
+
+const K_RECV: u64 = 1;
+const K_SEND: u64 = 2;
+
+/// A user-owned I/O queue pair.
+pub struct QueuePair {
+    ctrl: Arc<Controller>,
+    index: u16,
+    ring: Ring,
+    mailbox: Mailbox<QueueMsg>,
+    _sender: MailboxSender<QueueMsg>,
+    conn: Option<(TcpStream, HostQueue)>,
+    recv_inflight: bool,
+    send_inflight: bool,
+    free: Vec<u16>,
+    gen_: u64,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair").field("index", &self.index).finish()
+    }
+}
+
+impl QueuePair {
+    /// Takes a free user queue of `ctrl` for the calling thread.
+    pub fn new(ctrl: &Arc<Controller>) -> Result<QueuePair> {
+        let mut ring =
+            Ring::new(RingConfig::default()).map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
+        let (sender, mailbox) =
+            Mailbox::new(&mut ring).map_err(|e| Error::new(ErrorKind::Io, format!("mailbox: {e}")))?;
+        let index = *ctrl
+            .free_user_queues()
+            .first()
+            .ok_or_else(|| Error::new(ErrorKind::Busy, "no free user queue (set ConnectOptions::nr_user_queues)"))?;
+        let claimed =
+            ctrl.claim_queue(index, sender.clone()).ok_or_else(|| Error::new(ErrorKind::Busy, "user queue taken"))?;
+        let mut qp = QueuePair {
+            ctrl: Arc::clone(ctrl),
+            index,
+            ring,
+            mailbox,
+            _sender: sender,
+            conn: None,
+            recv_inflight: false,
+            send_inflight: false,
+            free: Vec::new(),
+            gen_: 0,
+        };
+        if let Some((s, q, _)) = claimed {
+            qp.install(s, q);
+        }
+        Ok(qp)
+    }
+
+    fn install(&mut self, s: TcpStream, q: HostQueue) {
+        self.free = (0..q.entries()).rev().collect();
+        self.gen_ += 1;
+        self.conn = Some((s, q));
+        self.recv_inflight = false;
+        self.send_inflight = false;
+        self.arm_recv();
+    }
+
+    /// Queue entries (the most commands in flight).
+    pub fn depth(&self) -> usize {
+        self.conn.as_ref().map_or(0, |(_, q)| usize::from(q.entries()))
+    }
+
+    /// Whether the queue is connected.
+    pub fn is_live(&self) -> bool {
+        self.conn.as_ref().is_some_and(|(_, q)| q.state() == QueueState::Live)
+    }
+
+    /// Submits a raw command (its CID is replaced by a free tag). The command
+    /// goes out with the next [`QueuePair::poll`] (or [`QueuePair::flush`]).
+    pub fn submit(
+        &mut self,
+        sqe: Sqe,
+        buf: Option<IoBuf>,
+        len: u32,
+        dir: DataDir,
+        user_data: u64,
+    ) -> std::result::Result<(), (Error, Option<IoBuf>)> {
+        let Some((_, q)) = self.conn.as_mut() else {
+            return Err((Error::new(ErrorKind::Io, "queue not connected"), buf));
+        };
+        let Some(tag) = self.free.pop() else {
+            return Err((Error::new(ErrorKind::Busy, "queue full"), buf));
+        };
+        match q.submit(tag, Io { sqe, buf, len, dir, token: user_data }) {
+            Ok(()) => Ok(()),
+            Err((e, io)) => {
+                self.free.push(tag);
+                Err((Error::new(ErrorKind::Invalid, e.to_string()), io.buf))
+            }
+        }
+    }
+
+    /// Sends queued commands without reaping.
+    pub fn flush(&mut self) {
+        if self.send_inflight {
+            return;
+        }
+        let gen_ = self.gen_;
+        let Some((s, q)) = self.conn.as_mut() else { return };
+        if let Some(msg) = q.take_send() {
+            match self.ring.send(s.as_raw_fd(), msg, (K_SEND << 60) | (gen_ & 0xffff)) {
+                Ok(()) => self.send_inflight = true,
+                Err((e, msg)) => q.on_send_done(msg, Err(std::io::Error::other(e.to_string()))),
+            }
+        }
+    }
+
+    fn arm_recv(&mut self) {
+        if self.recv_inflight {
+            return;
+        }
+        let gen_ = self.gen_;
+        let Some((s, q)) = self.conn.as_mut() else { return };
+        if let Some((buf, range)) = q.take_recv_buf() {
+            match self.ring.recv(s.as_raw_fd(), buf, range, (K_RECV << 60) | (gen_ & 0xffff)) {
+                Ok(()) => self.recv_inflight = true,
+                Err((_, buf)) => q.on_recv_none(buf),
+            }
+        }
+    }
+
+    /// Sends, reaps (never sleeps) and appends finished commands to `out`.
+    pub fn poll(&mut self, out: &mut Vec<PtCompletion>) -> Result<usize> {
+        self.flush();
+        let before = out.len();
+        let gen_ = self.gen_;
+        let mut recv_done = None;
+        let mut send_done = None;
+        self.ring
+            .turn(Wait::Poll, |_, c| {
+                if c.token & 0xffff != gen_ & 0xffff {
+                    return;
+                }
+                let res = c.io_result();
+                match (c.token >> 60, c.payload) {
+                    (K_RECV, Payload::Buf(b)) => recv_done = Some((b, res)),
+                    (K_SEND, Payload::Msg(m)) => send_done = Some((m, res.map(|_| ()))),
+                    _ => {}
+                }
+            })
+            .map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
+        if let Some((_, q)) = self.conn.as_mut() {
+            if let Some((mut b, res)) = recv_done {
+                self.recv_inflight = false;
+                match res {
+                    Ok(n) => {
+                        let len = b.len();
+                        b.set_len(len - n);
+                        q.on_recv(b, n);
+                    }
+                    Err(e) => {
+                        q.on_recv_none(b);
+                        q.set_failed(&format!("recv: {e}"));
+                    }
+                }
+            }
+            if let Some((m, res)) = send_done {
+                self.send_inflight = false;
+                q.on_send_done(m, res);
+            }
+            for d in q.completions().drain(..) {
+                self.free.push(d.tag);
+                out.push(PtCompletion { user_data: d.token, cqe: d.cqe, buf: d.buf });
+            }
+            if q.state() == QueueState::Failed {
+                // Outstanding commands fail back to the caller: a user queue has no retries.
+                q.abort_all(nvme::Status::HOST_PATH_ERROR);
+                for d in q.completions().drain(..) {
+                    out.push(PtCompletion { user_data: d.token, cqe: d.cqe, buf: d.buf });
+                }
+                self.ctrl.report_io_failure("user queue failed");
+                if !self.recv_inflight && !self.send_inflight {
+                    self.conn = None;
+                }
+            }
+        }
+        let mut msgs = Vec::new();
+        self.mailbox.drain(|m| msgs.push(m));
+        for QueueMsg::Queue { stream, queue, .. } in msgs {
+            self.install(stream, queue);
+        }
+        self.arm_recv();
+        self.flush();
+        Ok(out.len() - before)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.ctrl.release_queue(self.index, None);
+    }
+}
