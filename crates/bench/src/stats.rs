@@ -466,9 +466,15 @@ impl ThreadStat {
 }
 
 /// The every-500-ms bandwidth and IOPS sampler of one thread (fio `__add_samples`).
+///
+/// fio samples from a helper thread that wakes on time; we sample from the I/O loop,
+/// which a slow I/O can delay. Samples are therefore due on a fixed grid (500, 1000,
+/// 1500 ms... after stats start) rather than 500 ms after the previous, late, sample;
+/// each rate still uses the time that actually passed since the previous sample.
 #[derive(Debug, Clone)]
 pub struct RateSampler {
     last_ms: u64,
+    next_due_ms: u64,
     last_bytes: [u64; 2],
     last_ios: [u64; 2],
     interval_ms: u64,
@@ -480,20 +486,26 @@ const SAMPLE_SLACK_MS: u64 = 1;
 impl RateSampler {
     /// A sampler starting at `now_ms`.
     pub fn new(now_ms: u64) -> RateSampler {
-        RateSampler { last_ms: now_ms, last_bytes: [0; 2], last_ios: [0; 2], interval_ms: SAMPLE_INTERVAL_MS }
+        RateSampler {
+            last_ms: now_ms,
+            next_due_ms: now_ms + SAMPLE_INTERVAL_MS - SAMPLE_SLACK_MS,
+            last_bytes: [0; 2],
+            last_ios: [0; 2],
+            interval_ms: SAMPLE_INTERVAL_MS,
+        }
     }
 
     /// Milliseconds at which the next sample is due.
     pub fn due_ms(&self) -> u64 {
-        self.last_ms + self.interval_ms - SAMPLE_SLACK_MS
+        self.next_due_ms
     }
 
     /// Take a sample if one is due: `bytes`/`ios` are the totals since stats start.
     pub fn maybe_sample(&mut self, now_ms: u64, bytes: [u64; 2], ios: [u64; 2], dirs: &mut [DirStats; 2]) {
-        let spent = now_ms.saturating_sub(self.last_ms);
-        if spent + SAMPLE_SLACK_MS < self.interval_ms {
+        if now_ms < self.next_due_ms {
             return;
         }
+        let spent = now_ms.saturating_sub(self.last_ms);
         for d in 0..2 {
             let db = bytes[d] - self.last_bytes[d];
             if db > 0 && spent > 0 {
@@ -507,6 +519,9 @@ impl RateSampler {
         self.last_bytes = bytes;
         self.last_ios = ios;
         self.last_ms = now_ms;
+        // Next grid point after now (skipping any missed while the loop was stalled).
+        let grid = (now_ms + SAMPLE_SLACK_MS) / self.interval_ms + 1;
+        self.next_due_ms = grid * self.interval_ms - SAMPLE_SLACK_MS;
     }
 }
 
@@ -602,6 +617,17 @@ mod tests {
         assert_eq!(d[0].bw.min, 2048); // 1 MiB in 0.5 s = 2048 KiB/s
         assert_eq!(d[0].iops.min, 512);
         assert_eq!(d[1].bw.samples, 0);
+        // A late sample does not push the next one off the grid.
+        let mut d: [DirStats; 2] = Default::default();
+        let mut s = RateSampler::new(0);
+        s.maybe_sample(540, [1 << 20, 0], [256, 0], &mut d);
+        assert_eq!(s.due_ms(), 999);
+        s.maybe_sample(999, [2 << 20, 0], [512, 0], &mut d);
+        assert_eq!(d[0].bw.samples, 2);
+        assert_eq!(s.due_ms(), 1499);
+        // A long stall skips the grid points it missed.
+        s.maybe_sample(2600, [3 << 20, 0], [768, 0], &mut d);
+        assert_eq!(s.due_ms(), 2999);
     }
 
     #[test]

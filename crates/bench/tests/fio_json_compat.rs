@@ -24,10 +24,22 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// The brief's job: psync, 4k randread and randwrite, 1 s, one file.
 fn job_text(data: &Path) -> String {
     format!(
         "[global]\nioengine=psync\nfilename={}\nsize=16m\nbs=4k\nruntime=1\ntime_based\n\n\
          [rr]\nrw=randread\n\n[rw]\nrw=randwrite\n",
+        data.display()
+    )
+}
+
+/// Options that change the JSON's shape: group_reporting with clones, a mixed
+/// workload, ramp_time, lat percentiles, a custom percentile list, a description.
+fn grouped_job_text(data: &Path) -> String {
+    format!(
+        "[global]\nioengine=psync\nfilename={}\nsize=16m\nbs=4k\nruntime=1\ntime_based\n\
+         ramp_time=200ms\ngroup_reporting\nlat_percentiles=1\npercentile_list=50:99:99.9\n\n\
+         [mix]\ndescription=mixed 70/30, two clones\nrw=randrw\nrwmixread=70\nnumjobs=2\n",
         data.display()
     )
 }
@@ -83,13 +95,22 @@ fn run_fio(fio: &Path, job: &Path, format: &str, output: &Path) {
 
 #[test]
 fn json_key_structure_matches_fio() {
+    json_structure_case("json", job_text, 2);
+}
+
+#[test]
+fn json_key_structure_matches_fio_with_groups_and_percentiles() {
+    json_structure_case("json-grouped", grouped_job_text, 1);
+}
+
+fn json_structure_case(name: &str, text: fn(&Path) -> String, jobs: usize) {
     let Some(fio) = fio_path() else {
         println!("SKIP: fio not installed");
         return;
     };
-    let dir = scratch("json");
+    let dir = scratch(name);
     let job = dir.join("job.fio");
-    std::fs::write(&job, job_text(&dir.join("data"))).unwrap();
+    std::fs::write(&job, text(&dir.join("data"))).unwrap();
     let (fio_out, our_out) = (dir.join("fio.json"), dir.join("ours.json"));
     run_fio(&fio, &job, "json", &fio_out);
     run_ours(&job, "json", &our_out);
@@ -110,7 +131,8 @@ fn json_key_structure_matches_fio() {
         println!("DIFF {d}");
     }
     assert!(diffs.is_empty(), "{} JSON structure differences from fio", diffs.len());
-    assert_eq!(our_json["jobs"].as_array().unwrap().len(), 2);
+    assert_eq!(our_json["jobs"].as_array().unwrap().len(), jobs);
+    assert_eq!(fio_json["jobs"].as_array().unwrap().len(), jobs);
     assert!(our_json["qpath"].is_object());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -219,6 +219,8 @@ pub fn run_thread(
     };
     let epoch = Instant::now();
     let ramp_end = (!spec.ramp_time.is_zero()).then(|| epoch + spec.ramp_time);
+    // fio counts runtime from the end of ramp_time (reset_all_stats resets the epoch),
+    // so the deadline moves to ramp end + runtime once the ramp is over.
     let deadline = spec.runtime.map(|r| epoch + spec.ramp_time + r);
     let mut usage_base = usage_fn();
     worker.stats_start = epoch;
@@ -747,7 +749,7 @@ impl Worker<'_> {
     /// job fails, then drain everything in flight.
     fn run_phase(
         &mut self,
-        deadline: Option<Instant>,
+        mut deadline: Option<Instant>,
         mut ramp_end: Option<Instant>,
         usage_base: &mut Option<crate::cpu::ThreadUsage>,
         usage_fn: crate::cpu::UsageFn,
@@ -764,6 +766,7 @@ impl Worker<'_> {
                 self.end_ramp(now, usage_base, usage_fn);
                 sample_due_ms = self.sampler.due_ms();
                 ramp_end = None;
+                deadline = self.spec.runtime.map(|r| now + r);
             }
             if self.accounting {
                 let now_ms = self.now_ms(now);
