@@ -1,1 +1,10 @@
 //! placeholder
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod shared_tags;
+pub mod tag;
+
+pub use error::{Error, ErrorKind, Result};
+pub use shared_tags::{SharedTagOptions, SharedTagPolicy, SharedTagSet, TagUser};
+pub use tag::{QueueTags, Tag, TagAllocator, TagSet};
