@@ -484,6 +484,27 @@ impl JobFile {
         self.jobs.iter().any(|j| j.target.kind == TargetKind::Embedded)
     }
 
+    /// Point every job without `filename`/`directory` at `target` (e.g. the embedded
+    /// target the `qpath` bin just started: `nvme+tcp://127.0.0.1:4420/<nqn>/1`).
+    /// Returns how many job threads were changed.
+    pub fn use_embedded_target(&mut self, target: &str) -> Result<usize> {
+        let t = Target::parse(Some(target))?;
+        if !t.is_remote() {
+            return Err(Error::new(
+                ErrorKind::Target,
+                format!("embedded target '{target}' must be a remote NVMe/TCP target"),
+            ));
+        }
+        let mut n = 0;
+        for j in &mut self.jobs {
+            if j.target.kind == TargetKind::Embedded {
+                j.target = t.clone();
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// A short table of the resolved job threads, one line each.
     pub fn describe(&self) -> String {
         let mut s = String::new();
@@ -665,7 +686,12 @@ mod tests {
         assert_eq!(f.jobs[0].target.local_path(), Some(Path::new("/mnt/big/hogs.0.0")));
         assert_eq!(f.jobs[1].target.local_path(), Some(Path::new("/mnt/big/hogs.1.0")));
         assert!(!f.needs_embedded_target());
-        assert!(JobFile::parse("[a]\nrw=read\n", "t").unwrap().needs_embedded_target());
+        let mut f = JobFile::parse("[a]\nrw=read\n[b]\nfilename=/tmp/x\nsize=1m\n", "t").unwrap();
+        assert!(f.needs_embedded_target());
+        assert_eq!(f.use_embedded_target("nvme+tcp://127.0.0.1:4420/nqn.x:y/1").unwrap(), 1);
+        assert!(!f.needs_embedded_target());
+        assert!(f.jobs[0].target.is_remote() && !f.jobs[1].target.is_remote());
+        assert!(f.use_embedded_target("/tmp/file").is_err());
     }
 
     #[test]

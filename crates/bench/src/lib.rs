@@ -181,6 +181,22 @@ pub struct Outcome {
 /// Run a benchmark end to end: load the jobs, warn about unknown options (or fail
 /// under `--strict`), print fio's job header lines, run, print the reports.
 /// Notes, warnings and the status line go to stderr.
+///
+/// A caller that provides an embedded target loads the jobs first, points the jobs
+/// without a filename at it, then calls [`run_file`]:
+///
+/// ```no_run
+/// # use qpath_bench::*;
+/// # fn start_embedded_target() -> String { String::new() }
+/// # let (args, registry) = (BenchArgs::for_jobfile("examples/quickstart.fio"), EngineRegistry::new());
+/// let mut file = args.load_jobs()?;
+/// if file.needs_embedded_target() {
+///     let uri = start_embedded_target(); // "nvme+tcp://127.0.0.1:4420/<nqn>/1"
+///     file.use_embedded_target(&uri)?;
+/// }
+/// let outcome = run_file(&file, &args, &registry, &RunOptions::default(), &Baseline::spdk_loopback_2026_11())?;
+/// # Ok::<(), Error>(())
+/// ```
 pub fn run(args: &BenchArgs, registry: &EngineRegistry, opts: &RunOptions) -> Result<Outcome> {
     let file = args.load_jobs()?;
     run_file(&file, args, registry, opts, &[])
@@ -239,4 +255,40 @@ pub fn run_file(
     }
     out.flush().map_err(write_err)?;
     Ok(Outcome { failed: result.failed(), report: rep })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    #[test]
+    fn cli_arguments() {
+        let c = Cli::try_parse_from(["bench", "job.fio", "--output-format=json+", "--output", "o.json", "--strict"])
+            .unwrap();
+        assert_eq!(c.args.jobfile.as_deref(), Some(std::path::Path::new("job.fio")));
+        assert_eq!(c.args.output_format, "json+");
+        assert!(c.args.strict);
+        let c =
+            Cli::try_parse_from(["bench", "--", "--name=a", "--rw=read", "--size=1m", "--filename=/tmp/x"]).unwrap();
+        assert!(c.args.jobfile.is_none());
+        let f = c.args.load_jobs().unwrap();
+        assert_eq!(f.jobs[0].name, "a");
+        assert!(Cli::try_parse_from(["bench"]).unwrap().args.load_jobs().is_err());
+    }
+
+    #[test]
+    fn output_formats() {
+        let f = OutputFormats::parse("normal,json").unwrap();
+        assert!(f.normal && f.json && !f.json_plus);
+        assert!(OutputFormats::parse("json+").unwrap().json_plus);
+        assert_eq!(OutputFormats::parse("terse").unwrap_err().kind, ErrorKind::Unsupported);
+        assert!(OutputFormats::parse("xml").is_err());
+    }
 }

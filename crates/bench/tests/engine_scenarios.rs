@@ -371,3 +371,36 @@ fn engine_setup_errors_become_job_errors() {
     assert!(run.failed());
     assert!(Report::from_run(&file, &run).failed());
 }
+
+#[test]
+fn cpus_allowed_goes_through_the_pin_hook() {
+    let file = JobFile::parse(
+        "[j]\nioengine=null\nrw=read\nsize=64k\ncpus_allowed=0-1\ncpus_allowed_policy=split\nnumjobs=2\n",
+        "t",
+    )
+    .unwrap();
+    let seen: Arc<Mutex<Vec<Vec<usize>>>> = Arc::default();
+    let rec = seen.clone();
+    let opts = RunOptions {
+        status: StatusMode::Never,
+        pin: Some(Arc::new(move |cpus: &[usize]| {
+            rec.lock().unwrap().push(cpus.to_vec());
+            Ok(())
+        })),
+        ..RunOptions::default()
+    };
+    let run = run_jobs(&file, &EngineRegistry::with_local_engines(), &opts, &mut std::io::sink()).unwrap();
+    assert!(!run.failed());
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(seen, vec![vec![0], vec![1]]);
+    // A failing hook fails the job, with the CPUs in the message.
+    let opts = RunOptions {
+        status: StatusMode::Never,
+        pin: Some(Arc::new(|_: &[usize]| Err(std::io::Error::other("no such cpu")))),
+        ..RunOptions::default()
+    };
+    let run = run_jobs(&file, &EngineRegistry::with_local_engines(), &opts, &mut std::io::sink()).unwrap();
+    let e = run.jobs[0].outcome.error.as_ref().unwrap();
+    assert!(e.message.contains("pin to CPUs [0]") && e.message.contains("no such cpu"), "{}", e.message);
+}
