@@ -286,6 +286,12 @@ impl GenerationMap {
         self.entries[block] & GEN_MASK
     }
 
+    /// The first block at or after `from` that this job wrote, with its generation.
+    pub fn next_written(&self, from: usize) -> Option<(usize, u32)> {
+        let tail = self.entries.get(from..)?;
+        tail.iter().position(|e| e & GEN_MASK != 0).map(|i| (from + i, self.entries[from + i] & GEN_MASK))
+    }
+
     /// Blocks this job wrote successfully, in offset order.
     pub fn written(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
         self.entries.iter().enumerate().filter(|(_, e)| **e & GEN_MASK != 0).map(|(i, e)| (i, e & GEN_MASK))
@@ -347,6 +353,9 @@ mod tests {
         m.end_write(1, false);
         assert_eq!(m.expect(1), Expect::Unwritten);
         assert_eq!(m.written().count(), 1);
+        assert_eq!(m.next_written(0), Some((0, m.current(0))));
+        assert_eq!(m.next_written(1), None);
+        assert_eq!(m.next_written(99), None);
         assert!(GenerationMap::new(BLOCKS_MAX + 1).is_err());
     }
 }

@@ -236,7 +236,7 @@ pub fn run_thread(
         }
     }
 
-    let wrote = worker.verify.as_ref().is_some_and(|v| v.map.written().next().is_some());
+    let wrote = worker.verify.as_ref().is_some_and(|v| v.map.next_written(0).is_some());
     if wrote && spec.do_verify && spec.writes() && worker.error.is_none() {
         progress.set_state(ThreadState::Verifying);
         worker.phase = Phase::VerifyBack { cursor: 0 };
@@ -477,7 +477,7 @@ impl Worker<'_> {
             Phase::Main => self.workload.next(),
             Phase::VerifyBack { cursor } => {
                 let v = self.verify.as_ref()?;
-                let (block, _) = v.map.written().find(|(b, _)| *b >= cursor)?;
+                let (block, _) = v.map.next_written(cursor)?;
                 self.phase = Phase::VerifyBack { cursor: block + 1 };
                 Some(Next {
                     ddir: Ddir::Read,
