@@ -149,9 +149,9 @@ fn label(line: &str) -> Option<String> {
     }
     let end = t.find([':', '=']).unwrap_or(t.len());
     let mut l = t[..end].trim().to_string();
-    // "clat (nsec)" vs "clat (usec)" depends on the values.
+    // "clat (nsec)" vs "clat (usec)" and "bw (  KiB/s)" vs "bw (  MiB/s)" depend on the values.
     if let Some(i) = l.find(" (")
-        && l.ends_with("sec)")
+        && (l.ends_with("sec)") || l.ends_with("/s)"))
     {
         l.truncate(i);
     }

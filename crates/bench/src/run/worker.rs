@@ -161,6 +161,9 @@ struct Worker<'a> {
     sampler: RateSampler,
     this_bytes: [u64; 2],
     this_ios: [u64; 2],
+    /// Totals including ramp, published to `progress`.
+    done_bytes: [u64; 2],
+    done_ios: [u64; 2],
     error: Option<JobError>,
     stop: bool,
     /// The engine failed (commit/getevents): units inside it are abandoned.
@@ -434,6 +437,8 @@ fn setup<'a>(
         sampler: RateSampler::new(0),
         this_bytes: [0; 2],
         this_ios: [0; 2],
+        done_bytes: [0; 2],
+        done_ios: [0; 2],
         error: None,
         stop: false,
         broken: false,
@@ -657,8 +662,11 @@ impl Worker<'_> {
                             self.this_bytes[d] += u64::from(bytes);
                             self.this_ios[d] += 1;
                         }
-                        self.progress.bytes[d].fetch_add(u64::from(bytes), Ordering::Relaxed);
-                        self.progress.ios[d].fetch_add(1, Ordering::Relaxed);
+                        // Single writer: plain stores of thread-local totals, no locked RMW.
+                        self.done_bytes[d] += u64::from(bytes);
+                        self.done_ios[d] += 1;
+                        self.progress.bytes[d].store(self.done_bytes[d], Ordering::Relaxed);
+                        self.progress.ios[d].store(self.done_ios[d], Ordering::Relaxed);
                     }
                     IoResult::Error(e) => {
                         if let Some(v) = self.verify.as_mut()
