@@ -1,0 +1,172 @@
+# tests/vm/lib.sh — host side of the qpath VM interop suite (sourced by run.sh).
+# Starts qpath target inside the vmlab network namespace, boots a vmlab guest with one
+# of tests/vm/guest/*.sh, answers the guest's QPATH-ASK requests, and stops every
+# process it started (by PID or by the process group it created) on exit.
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VM_DIR=$REPO/tests/vm
+VMLAB_DIR=${VMLAB_DIR:-$REPO/../shared/vmlab}
+VMLAB_DIR=$(cd "$VMLAB_DIR" 2>/dev/null && pwd || echo "$VMLAB_DIR")
+if [ -f "$VMLAB_DIR/lib.sh" ]; then
+  # shellcheck source=/dev/null
+  . "$VMLAB_DIR/lib.sh"          # VMLAB_WORK, KERNEL, VMLAB_NETNS/TAP/HOST_IP/GUEST_IP, kdir, initrd
+fi
+QPATH_NQN=${QPATH_NQN:-nqn.2026-11.io.qpath:default}
+CTL_PORT=5599                    # the guest listens here for the host's replies (guest/lib.sh)
+
+say() { printf '[qpath-vm %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+NPASS=0; NFAIL=0
+pass() { NPASS=$((NPASS + 1)); echo "PASS: host: $*"; }
+fail() { NFAIL=$((NFAIL + 1)); echo "FAIL: host: $*"; }
+SKIP_RC=77                       # "cannot run here" (automake convention); the Rust tests map it to a skip
+skip() { echo "SKIP: $*"; exit $SKIP_RC; }
+
+# ---- process bookkeeping --------------------------------------------------------------
+# Every background process is started with setsid, so it leads a process group of its
+# own; stop_group signals that group (the process we started and its children: timeout,
+# ip netns exec, QEMU, tee, dumpcap), then SIGKILLs what is left after a grace period.
+STARTED=()
+stop_group() {   # PID [SIGNAL]
+  local pid=$1 sig=${2:-TERM} i
+  kill -0 "$pid" 2>/dev/null || return 0
+  if [ "$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')" = "$pid" ]; then
+    kill -"$sig" -- "-$pid" 2>/dev/null || true
+  else
+    kill -"$sig" "$pid" 2>/dev/null || true
+  fi
+  for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; fi
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local p
+  for p in "${STARTED[@]}"; do stop_group "$p"; done
+  STARTED=()
+}
+trap cleanup EXIT
+trap 'say "interrupted"; exit 130' INT TERM
+
+child_of() {     # the single child of PID (the program a `timeout` wrapper runs)
+  ps -o pid= --ppid "$1" 2>/dev/null | head -1 | tr -d ' '
+}
+
+# ---- the target -----------------------------------------------------------------------
+# start_target [qpath target args...]: runs `qpath target` in the netns on
+# $VMLAB_HOST_IP:4420/4421 with its RPC socket in $D, bounded by TARGET_TIMEOUT.
+# Sets TARGET_PID (the timeout wrapper) and TARGET_QPATH_PID (qpath itself).
+TARGET_TIMEOUT=${TARGET_TIMEOUT:-1200}
+start_target() {
+  RPC_SOCK=$D/rpc.sock
+  echo "---- qpath target started $(date +%T): $*" >> "$D/target.log"
+  setsid timeout -k 5 "$TARGET_TIMEOUT" ip netns exec "$VMLAB_NETNS" \
+    env RUST_LOG="${QPATH_VM_RUST_LOG:-debug}" "$QPATH_BIN" target \
+    --listen "$VMLAB_HOST_IP:4420" --listen "$VMLAB_HOST_IP:4421" --rpc-socket "$RPC_SOCK" "$@" \
+    >> "$D/target.log" 2>&1 < /dev/null &
+  TARGET_PID=$!
+  STARTED+=("$TARGET_PID")
+  local i
+  for i in $(seq 100); do
+    kill -0 "$TARGET_PID" 2>/dev/null || { fail "qpath target exited at start (log: $D/target.log)"; tail -20 "$D/target.log"; return 1; }
+    rpc get_target > /dev/null 2>&1 && break
+    sleep 0.1
+  done
+  TARGET_QPATH_PID=$(child_of "$TARGET_PID")
+  if ! rpc get_target > /dev/null 2>&1 || [ -z "$TARGET_QPATH_PID" ]; then
+    fail "qpath target did not answer RPC within 10 s (log: $D/target.log)"; return 1
+  fi
+  say "qpath target running (pid $TARGET_QPATH_PID) on $VMLAB_HOST_IP:4420/4421 in netns $VMLAB_NETNS, rpc $RPC_SOCK"
+}
+rpc() { timeout 10 "$QPATH_BIN" rpc --socket "$RPC_SOCK" "$@"; }
+queue_summary() {  # one line per queue from `qpath rpc list_queues`
+  rpc list_queues | python3 -c '
+import json, sys
+for q in json.load(sys.stdin):
+    s = q.get("stats", {})
+    print("  port %s cntlid %s qid %s: commands=%s errors=%s reads=%s writes=%s outstanding=%s" % (
+        q.get("port"), q.get("cntlid"), q.get("qid"), s.get("commands"), s.get("errors"),
+        s.get("reads"), s.get("writes"), s.get("outstanding")))' || echo "  (list_queues failed)"
+}
+
+# check_target_after: the target is still running, RPC answers, and no controller of
+# $QPATH_NQN is left once the guest has disconnected (bounded wait).
+check_target_after() {
+  if kill -0 "$TARGET_QPATH_PID" 2>/dev/null; then pass "qpath target (pid $TARGET_QPATH_PID) still running"
+  else fail "qpath target (pid $TARGET_QPATH_PID) is gone (log: $D/target.log)"; return; fi
+  local out i n=-1
+  for i in $(seq 15); do
+    out=$(rpc list_controllers 2>&1) || { n=-1; sleep 1; continue; }
+    n=$(printf '%s' "$out" | python3 -c 'import json,sys; print(sum(1 for c in json.load(sys.stdin) if c.get("subnqn") == sys.argv[1]))' "$QPATH_NQN" 2>/dev/null || echo -1)
+    [ "$n" = 0 ] && break
+    sleep 1
+  done
+  echo "list_controllers: $out" | head -40
+  case "$n" in
+    -1) fail "qpath rpc list_controllers did not answer with JSON" ;;
+    0) pass "qpath rpc list_controllers answers; no controller of $QPATH_NQN left after disconnect-all" ;;
+    *) fail "qpath rpc list_controllers: $n controller(s) of $QPATH_NQN still listed 15 s after disconnect-all" ;;
+  esac
+  if grep -q "panicked" "$D/target.log"; then fail "target log has a panic:"; grep -m5 -A3 panicked "$D/target.log"; fi
+}
+
+# ---- the guest ------------------------------------------------------------------------
+# boot_guest SCRIPT [vmlab.env.X=Y ...]: boots the guest in the background (BOOT_PID).
+BOOT_TIMEOUT=${BOOT_TIMEOUT:-600}
+boot_guest() {
+  local script=$1; shift
+  local append="vmlab.env.NQN=$QPATH_NQN vmlab.env.EXPECT_KVER=$(kver) $*"
+  SERIAL=$D/serial.log
+  say "booting KERNEL=$KERNEL guest with $(basename "$script") (serial log $SERIAL)"
+  setsid "$VMLAB_DIR/boot.sh" --net tap --script "$script" \
+    --file "$VM_DIR/guest/lib.sh:/vmlab/qpath-lib.sh" --timeout "$BOOT_TIMEOUT" \
+    --append "$append" --log "$SERIAL" > "$D/boot.out" 2>&1 < /dev/null &
+  BOOT_PID=$!
+  STARTED+=("$BOOT_PID")
+}
+
+# serve_guest: until the guest powers off, answer each new "QPATH-ASK NAME" line of the
+# serial log by calling on_ask NAME (defined by the scenario) and sending the guest
+# "ok NAME" (on success) on TCP $CTL_PORT. Sets BOOT_RC (boot.sh's exit status: the
+# guest script's, 124 on timeout).
+serve_guest() {
+  local handled=0 deadline=$((SECONDS + BOOT_TIMEOUT + 60)) asks name
+  while kill -0 "$BOOT_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+    mapfile -t asks < <(grep -ao 'QPATH-ASK [a-z0-9-]*' "$SERIAL" 2>/dev/null || true)
+    while [ "$handled" -lt "${#asks[@]}" ]; do
+      name=${asks[$handled]#QPATH-ASK }
+      handled=$((handled + 1))
+      say "guest asks: $name"
+      if on_ask "$name"; then reply_guest "ok $name"; else reply_guest "failed $name"; fi
+    done
+    sleep 0.5
+  done
+  if kill -0 "$BOOT_PID" 2>/dev/null; then
+    fail "guest still running after $((BOOT_TIMEOUT + 60)) s; stopping it"
+    stop_group "$BOOT_PID"
+  fi
+  BOOT_RC=0; wait "$BOOT_PID" || BOOT_RC=$?
+}
+on_ask() { fail "unexpected request from the guest: $1"; return 1; }
+
+reply_guest() {   # MSG: one TCP message to the guest's nc -l (retried for up to 10 s)
+  ip netns exec "$VMLAB_NETNS" timeout 20 python3 - "$VMLAB_GUEST_IP" "$CTL_PORT" "$1" <<'EOF' || fail "could not send '$1' to the guest"
+import socket, sys, time
+for attempt in range(20):
+    try:
+        s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+        s.sendall(sys.argv[3].encode() + b"\n"); s.close(); sys.exit(0)
+    except OSError:
+        time.sleep(0.5)
+sys.exit(1)
+EOF
+}
+
+# check_guest: the guest script exited 0 and reported no failed check.
+check_guest() {
+  local res
+  res=$(grep -ao 'QPATH-GUEST-RESULT pass=[0-9]* fail=[0-9]*' "$SERIAL" | tail -1)
+  if [ "$BOOT_RC" = 0 ] && [ -n "$res" ] && [ "${res##*fail=}" = 0 ]; then
+    pass "guest: ${res#QPATH-GUEST-RESULT } (exit 0)"
+  else
+    fail "guest: exit $BOOT_RC, ${res:-no QPATH-GUEST-RESULT line} (124 = timeout, 125 = no VMLAB-EXIT)"
+  fi
+}

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# run.sh — the qpath VM interop suite: the Linux kernel NVMe/TCP host (in a vmlab QEMU
+# guest) against `qpath target` (on this machine, inside netns vmlab, 10.213.0.1:4420/4421).
+#
+#   tests/vm/run.sh [--kernel bookworm|sid] SCENARIO
+#
+# SCENARIO (see tests/vm/README.md):
+#   interop     discover; connect both ports = one multipath namespace, two paths; fio 4k randrw
+#               + crc32c verify (RANDRW_RUNTIME s) and a 128k sequential write + verify; again
+#               with header and data digests (DIGEST_RUNTIME s); disconnect-all; target alive
+#   ana         ANA flip to inaccessible and back under fio, iopolicy queue-depth (7.2 only)
+#   durability  file backend; kill -9 + restart of the target; the guest reconnects and verifies
+#   capture     tshark on the tap during a short interop run (6.1), decoded by Wireshark's
+#               NVMe/TCP dissector (tests/vm/pcap-check.sh)
+#   all         every scenario on the kernels it applies to
+# Environment: KERNEL (bookworm = 6.1, sid = 7.2), QPATH_BIN (default: cargo build --release),
+#   VMLAB_DIR (default ../shared/vmlab from the repo root), VMLAB_WORK, RANDRW_RUNTIME (30),
+#   DIGEST_RUNTIME (30), QPATH_VM_RUST_LOG (debug), QPATH_VM_KEEP_PCAP=1
+# Exit status: 0 passed, 1 failed, 77 cannot run here (a "SKIP: reason" line says why).
+# Logs: $VMLAB_WORK/qpath-vm-SCENARIO-KERNEL.XXXXXX/{serial.log,target.log,boot.out,...}
+set -euo pipefail
+# shellcheck source=tests/vm/lib.sh
+. "$(cd "$(dirname "$0")" && pwd)/lib.sh"
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kernel) KERNEL=$2; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -*) echo "unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+  shift
+done
+SCENARIO=${1:-}
+case "$SCENARIO" in
+  interop|ana|durability|capture) ;;
+  all)
+    rc=0
+    for s in "bookworm interop" "bookworm capture" "bookworm durability" "sid interop" "sid ana" "sid durability"; do
+      set -- $s
+      "$0" --kernel "$1" "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
+    done
+    exit $rc ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] interop|ana|durability|capture|all" >&2; exit 2 ;;
+esac
+export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
+
+# ---- can this machine run it? ----------------------------------------------------------
+[ "$(id -u)" = 0 ] || skip "needs root (network namespace, tap device, QEMU on the tap)"
+[ -f "$VMLAB_DIR/lib.sh" ] && [ -x "$VMLAB_DIR/boot.sh" ] || skip "no vmlab at $VMLAB_DIR (set VMLAB_DIR)"
+for t in qemu-system-x86_64 ip python3 setsid ps flock timeout cpio gzip; do
+  command -v "$t" > /dev/null || skip "$t not installed (scripts/install-deps.sh)"
+done
+[ -c /dev/net/tun ] || skip "/dev/net/tun missing (tap networking)"
+[ -f "$(initrd)" ] && [ -f "$(kdir)/KVER" ] \
+  || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
+case "$SCENARIO:$KERNEL" in
+  ana:bookworm) skip "ana needs iopolicy queue-depth (Linux >= 6.11); KERNEL=$KERNEL is 6.1" ;;
+  capture:*) command -v tshark > /dev/null || skip "tshark not installed (scripts/install-deps.sh)" ;;
+esac
+
+if [ -z "${QPATH_BIN:-}" ]; then
+  say "building qpath (release)"
+  (cd "$REPO" && cargo build --release -q -p qpath)
+  QPATH_BIN=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/qpath
+fi
+[ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
+QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
+
+# One suite run at a time on this machine: they share the netns, the tap and the ports.
+mkdir -p "$VMLAB_WORK"
+exec 9> "$VMLAB_WORK/qpath-vm.lock"
+flock -w 600 9 || { echo "FAIL: host: another qpath VM run holds $VMLAB_WORK/qpath-vm.lock"; exit 1; }
+D=$(mktemp -d "$VMLAB_WORK/qpath-vm-$SCENARIO-$KERNEL.XXXXXX")
+T0=$SECONDS
+say "scenario $SCENARIO, KERNEL=$KERNEL ($(kver)), qpath $QPATH_BIN, logs in $D"
+"$VMLAB_DIR/netns.sh" up > /dev/null
+
+# ---- scenarios --------------------------------------------------------------------------
+scenario_interop() {   # [extra vmlab.env.* for the guest]
+  start_target || return 0
+  boot_guest "$VM_DIR/guest/interop.sh" "vmlab.env.RANDRW_RUNTIME=${RANDRW_RUNTIME:-30}" \
+    "vmlab.env.DIGEST_RUNTIME=${DIGEST_RUNTIME:-${RANDRW_RUNTIME:-30}}" "$@"
+  serve_guest
+  check_guest
+  check_target_after
+}
+
+scenario_ana() {
+  on_ask() {
+    local state
+    case "$1" in
+      ana-inaccessible) state=inaccessible ;;
+      ana-optimized) state=optimized ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+    if rpc set_ana_state port=1 group=1 state=$state; then
+      pass "rpc set_ana_state port=1 group=1 state=$state"
+    else
+      fail "rpc set_ana_state port=1 group=1 state=$state"; return 1
+    fi
+    echo "list_queues after the flip to $state:"; queue_summary
+  }
+  start_target || return 0
+  boot_guest "$VM_DIR/guest/ana.sh" "vmlab.env.ANA_FIO_RUNTIME=${ANA_FIO_RUNTIME:-45}"
+  serve_guest
+  check_guest
+  check_target_after
+}
+
+scenario_durability() {
+  QPATH_NQN=nqn.2026-11.io.qpath:durable
+  local img=$D/ns1.img dur_mb=64
+  cat > "$D/durable.toml" <<EOF
+# written by tests/vm/run.sh durability
+[[port]]
+id = 1
+addr = "$VMLAB_HOST_IP:4420"
+[[port]]
+id = 2
+addr = "$VMLAB_HOST_IP:4421"
+[[subsystem]]
+nqn = "$QPATH_NQN"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "$img"
+size = "256M"
+ana_group = 1
+EOF
+  on_ask() {
+    [ "$1" = restart-target ] || { fail "unexpected request from the guest: $1"; return 1; }
+    local old=$TARGET_QPATH_PID wrapper=$TARGET_PID i
+    kill -KILL "$old"
+    for i in $(seq 100); do kill -0 "$wrapper" 2>/dev/null || break; sleep 0.1; done
+    wait "$wrapper" 2>/dev/null || true
+    if kill -0 "$old" 2>/dev/null; then fail "qpath target pid $old survived kill -9"; return 1; fi
+    pass "qpath target pid $old killed with SIGKILL"
+    start_target --config "$D/durable.toml" || return 1
+    pass "qpath target restarted with the same config (pid $TARGET_QPATH_PID)"
+  }
+  start_target --config "$D/durable.toml" || return 0
+  boot_guest "$VM_DIR/guest/durability.sh" "vmlab.env.DUR_MB=$dur_mb"
+  serve_guest
+  check_guest
+  check_target_after
+  # the bytes the guest read back are the bytes in the file on this side
+  local guest_md5 file_md5
+  guest_md5=$(grep -ao 'md5 after the restart: [0-9a-f]*' "$SERIAL" | tail -1 | awk '{print $NF}')
+  file_md5=$(dd if="$img" bs=1M count=$dur_mb 2>/dev/null | md5sum | cut -d' ' -f1)
+  if [ -n "$guest_md5" ] && [ "$guest_md5" = "$file_md5" ]; then
+    pass "backing file's first $dur_mb MiB have the md5 the guest read ($file_md5)"
+  else
+    fail "backing file md5 $file_md5, guest read ${guest_md5:-nothing}"
+  fi
+  rm -f "$img"
+}
+
+scenario_capture() {
+  local pcap=$D/capture.pcap i
+  # -B: 64 MiB kernel buffer, so the capture keeps up with TCG bursts; -a filesize: a bound (KB)
+  setsid timeout -k 5 $((BOOT_TIMEOUT + 120)) ip netns exec "$VMLAB_NETNS" tshark -q -n -i "$VMLAB_TAP" -B 64 \
+    -f 'tcp port 4420 or tcp port 4421' -a filesize:2000000 -w "$pcap" > "$D/tshark.log" 2>&1 < /dev/null &
+  TSHARK_PID=$!
+  STARTED+=("$TSHARK_PID")
+  for i in $(seq 100); do grep -q "Capturing on" "$D/tshark.log" 2>/dev/null && break; sleep 0.2; done
+  grep -q "Capturing on" "$D/tshark.log" || { fail "tshark did not start capturing:"; cat "$D/tshark.log"; return 0; }
+  # A short interop run: same guest script, size-bounded I/O so the capture stays small.
+  scenario_interop vmlab.env.RANDRW_RUNTIME=0 vmlab.env.DIGEST_RUNTIME=0 vmlab.env.RANDRW_SIZE=8M vmlab.env.SEQ_SIZE=16M
+  sleep 1
+  kill -INT "$TSHARK_PID" 2>/dev/null || true     # timeout passes SIGINT on to tshark
+  for i in $(seq 100); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; done
+  stop_group "$TSHARK_PID"
+  say "capture: $(du -h "$pcap" | cut -f1) in $pcap"
+  if "$VM_DIR/pcap-check.sh" --self-test; then pass "capture: pcap-check.sh self-test"
+  else fail "capture: pcap-check.sh self-test (the check below could pass vacuously)"; fi
+  if "$VM_DIR/pcap-check.sh" "$pcap" --need-digests; then
+    pass "capture: Wireshark's NVMe/TCP dissector found no malformed frame, no error, no unknown PDU type"
+    [ "${QPATH_VM_KEEP_PCAP:-0}" = 1 ] || rm -f "$pcap"
+  else
+    fail "capture: pcap-check.sh failed (capture kept: $pcap)"
+  fi
+}
+
+# ---- run ------------------------------------------------------------------------------
+# From here on every check reports PASS/FAIL itself; one failed command must not end the run.
+set +e
+"scenario_$SCENARIO"
+cleanup
+echo
+say "scenario $SCENARIO on KERNEL=$KERNEL ($(kver)): $NPASS host checks passed, $NFAIL failed, $((SECONDS - T0)) s"
+say "serial log: ${SERIAL:-none}   target log: $D/target.log"
+grep -aE '^(PASS|FAIL): ' "${SERIAL:-/dev/null}" | sed 's/^/  guest /' || true
+if [ "$NFAIL" = 0 ]; then
+  echo "RESULT: PASS $SCENARIO KERNEL=$KERNEL ($((SECONDS - T0)) s)"
+  exit 0
+fi
+echo "RESULT: FAIL $SCENARIO KERNEL=$KERNEL: see $D (serial log ${SERIAL:-none})"
+exit 1
