@@ -109,8 +109,10 @@ pub enum Outcome {
 /// Path selection for one multipath head on one thread. See the module docs.
 #[derive(Debug)]
 pub struct Selector {
-    /// Per-path counters, indexed by [`PathIndex`].
+    /// Per-path counters, indexed by [`PathIndex`]; only ever grows (up to `PATHS_MAX`).
     slots: Vec<PathSlot>,
+    /// Paths in the last `set_paths` (slots beyond are gone).
+    len: usize,
     /// The tier: usable paths of the best class, ascending index.
     tier: Vec<u16>,
     /// Where ties start in the tier: `thread_index % tier.len()`.
@@ -136,6 +138,7 @@ impl Selector {
     pub fn new(policy: Policy, thread_index: usize) -> Selector {
         Selector {
             slots: Vec::new(),
+            len: 0,
             tier: Vec::new(),
             tier_rot: 0,
             fallback: Selection::Fail,
@@ -169,16 +172,16 @@ impl Selector {
     /// `paths[i]` is path slot `i`. Slots are stable: keep a path at its
     /// index; add one by appending it (or by reusing the slot of a removed
     /// path, with a new [`PathState::id`]); remove one by giving it class
-    /// [`PathClass::Gone`] (or by shortening the slice if it is the last).
-    /// A slot's in-flight count survives; completions for slots beyond the
-    /// new length are ignored.
+    /// [`PathClass::Gone`] or by leaving it off the end of the slice. A slot
+    /// is never forgotten: one left off counts as gone, and its in-flight
+    /// count survives like every slot's, so completions of I/O sent before
+    /// the change are accounted for whatever the head does meanwhile.
     ///
     /// # Panics
     ///
     /// If `paths` has more than [`PATHS_MAX`] entries.
     pub fn set_paths(&mut self, paths: &[PathState]) {
         assert!(paths.len() <= PATHS_MAX, "a multipath head has at most {PATHS_MAX} paths, got {}", paths.len());
-        self.slots.truncate(paths.len());
         for (i, p) in paths.iter().enumerate() {
             match self.slots.get_mut(i) {
                 Some(s) => {
@@ -188,6 +191,10 @@ impl Selector {
                 None => self.slots.push(PathSlot::new(*p)),
             }
         }
+        for s in self.slots.iter_mut().skip(paths.len()) {
+            s.class = PathClass::Gone;
+        }
+        self.len = paths.len();
         self.rebuild();
     }
 
@@ -264,9 +271,9 @@ impl Selector {
         }
     }
 
-    /// Number of path slots.
+    /// Number of paths in the last [`Selector::set_paths`].
     pub fn paths(&self) -> usize {
-        self.slots.len()
+        self.len
     }
 
     /// This thread's I/Os in flight on `path`.
@@ -570,7 +577,6 @@ impl Latency {
         self.ewma_ns.resize(n, 0);
         self.last_sample.resize(n, self.clock);
         self.weight.resize(n, 0);
-        self.ids.truncate(n);
         for (i, s) in v.slots.iter().enumerate() {
             if self.ids.get(i) != Some(&s.id) {
                 // A new path in this slot: forget the old one's history.
