@@ -3,7 +3,7 @@
 //! This crate owns everything of the benchmark except talking NVMe/TCP: parsing fio
 //! job files ([`job`]), naming targets ([`target`]), generating I/O ([`workload`]),
 //! `verify=crc32c` ([`verify`]), the engine interface and registry ([`engine`]) with the
-//! local `psync`/`sync` engines, the job threads ([`run`]), statistics ([`stats`]) and
+//! local `psync`/`sync` engines, the job threads ([`mod@run`]), statistics ([`stats`]) and
 //! fio 3.33's text and JSON reports ([`report`]). The NVMe/TCP engines (`qpath`,
 //! `qpath-passthru`) and the io_uring engine live in other crates and plug in through
 //! [`engine::EngineFactory`].
@@ -58,6 +58,30 @@
 //! # Ok::<(), qpath_bench::Error>(())
 //! ```
 //!
+//! Other crates import this package as `bench` (the workspace renames `qpath-bench`);
+//! doctests and integration tests use `qpath_bench`.
+//!
+//! # Plugging in an engine
+//!
+//! Implement [`engine::EngineFactory`] and [`engine::Engine`] and register the factory
+//! in an [`engine::EngineRegistry`] under the name the resolver maps to (`qpath`,
+//! `qpath-passthru`, `io_uring`). Engines that need their own buffer type install it in
+//! `prepare` with [`io_u::IoBuf::foreign`]. CPU pinning and precise thread CPU time come
+//! from [`run::RunOptions`] hooks, so this crate does not depend on `uring`.
+//!
+//! # Where it differs from fio
+//!
+//! - Percentiles come from an HDR histogram (~0.1% resolution) instead of fio's
+//!   log-linear buckets (~1.6%); same selection rule, slightly different values.
+//! - Jobs always run as threads (`Starting N threads`); the status line goes to stderr
+//!   and only when it is a terminal; times are printed in UTC; JSON `eta` is 0;
+//!   `Disk stats`/`disk_util` are not produced; CPU times come from
+//!   `/proc/thread-self` at 10 ms resolution unless a better hook is given.
+//! - `invalidate` has no effect (no `posix_fadvise` without `unsafe`): buffered reads
+//!   may hit the page cache where fio's would not. Use `direct=1`.
+//! - `verify=crc32c` uses our own header layout (not fio's), so data written by fio
+//!   with verify cannot be verified by qpath and vice versa.
+//!
 //! # What is missing
 //!
 //! - The `io_uring`, `qpath` and `qpath-passthru` engines (other crates). Until the
@@ -65,9 +89,9 @@
 //!   `psync` with a note.
 //! - fio features not implemented: trim workloads, `rw=...:N` suffixes, several files
 //!   per job, `bssplit`, `rate*`, `thinktime`, `%` sizes, `include`, `unified_rw_reporting`,
-//!   `latency_target`, log files, terse output, `Disk stats`, and verify methods other than
-//!   crc32c. Options accepted without effect are listed as notes.
-//! - CPU times come from `/proc/thread-self` at 10 ms resolution; timestamps are UTC.
+//!   `latency_target`, `offset_increment`, log files, terse output, and verify methods
+//!   other than crc32c. Unknown options are reported; options accepted without effect
+//!   are listed as notes.
 
 #![forbid(unsafe_code)]
 
@@ -169,7 +193,7 @@ impl BenchArgs {
     }
 }
 
-/// What [`run`] hands back.
+/// What [`run()`] hands back.
 #[derive(Debug)]
 pub struct Outcome {
     /// The report that was printed.
@@ -202,7 +226,7 @@ pub fn run(args: &BenchArgs, registry: &EngineRegistry, opts: &RunOptions) -> Re
     run_file(&file, args, registry, opts, &[])
 }
 
-/// [`run`] for an already loaded job file, with optional baselines for the `qpath`
+/// [`run()`] for an already loaded job file, with optional baselines for the `qpath`
 /// JSON key (the bin passes [`Baseline::spdk_loopback_2026_11`] for remote targets).
 pub fn run_file(
     file: &JobFile,

@@ -25,11 +25,11 @@ enum Mode {
     SeekThenIo,
 }
 
-/// Factory for [`Mode::Positional`] engines (`ioengine=psync`).
+/// Factory for `pread`/`pwrite` engines (`ioengine=psync`).
 #[derive(Debug)]
 pub struct PsyncFactory;
 
-/// Factory for [`Mode::SeekThenIo`] engines (`ioengine=sync`).
+/// Factory for `lseek` + `read`/`write` engines (`ioengine=sync`).
 #[derive(Debug)]
 pub struct SyncFactory;
 
