@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# scripts/install-deps.sh — install what the tests need; idempotent, quiet unless something fails.
+#   1. apt packages for the VM interop suite (tests/vm): QEMU, nvme-cli, fio, busybox-static,
+#      cpio, kmod, xz-utils, zstd, iproute2, netcat-openbsd, tshark, python3
+#   2. vmlab (../shared/vmlab from the repo root, or $VMLAB_DIR): a Debian kernel and a guest
+#      initramfs for KERNEL=bookworm (Linux 6.1) and KERNEL=sid (Linux 7.2), under $VMLAB_WORK
+# The Rust toolchain is not installed here. Nothing in this script fails the CI run because the
+# VM part cannot be prepared (not root, no vmlab, apt or a kernel download failing): it prints
+# "SKIP: ..." or "WARN: ..." with the reason and exits 0; the VM tests then skip themselves
+# with a reason of their own.
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+VMLAB_DIR=${VMLAB_DIR:-$REPO/../shared/vmlab}
+PACKAGES="qemu-system-x86 nvme-cli fio busybox-static cpio kmod xz-utils zstd gzip iproute2
+  netcat-openbsd tshark python3"
+KERNELS=${QPATH_VM_KERNELS:-"bookworm sid"}
+LOG=$(mktemp "${TMPDIR:-/tmp}/qpath-install-deps.XXXXXX")
+trap 'rm -f "$LOG"' EXIT
+T0=$SECONDS
+
+note() { echo "install-deps: $*"; }
+show_log() { sed 's/^/    /' "$LOG" | tail -40; }
+
+if [ "$(id -u)" != 0 ]; then
+  note "SKIP: not root, so no apt-get and no vmlab setup; the VM tests will skip"
+  exit 0
+fi
+
+# ---- 1. packages -------------------------------------------------------------------------
+missing=()
+for p in $PACKAGES; do
+  dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get > /dev/null; then
+    note "WARN: no apt-get; missing packages: ${missing[*]}"
+  else
+    # tshark asks whether non-root users may capture; answer no, without a prompt
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2> /dev/null
+    if apt-get update -qq > "$LOG" 2>&1 \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >> "$LOG" 2>&1; then
+      note "installed ${missing[*]} ($((SECONDS - T0)) s)"
+    else
+      note "WARN: apt-get install ${missing[*]} failed; the tests that need them will skip:"
+      show_log
+    fi
+  fi
+fi
+
+# ---- 2. vmlab kernels + initramfs ---------------------------------------------------------
+if [ ! -x "$VMLAB_DIR/setup.sh" ]; then
+  note "SKIP: no vmlab at $VMLAB_DIR (set VMLAB_DIR); the VM tests will skip"
+  exit 0
+fi
+for k in $KERNELS; do
+  t=$SECONDS
+  # --skip-apt: the packages above are a superset of setup.sh's list
+  if KERNEL=$k timeout 900 "$VMLAB_DIR/setup.sh" --skip-apt > "$LOG" 2>&1; then
+    grep -qE 'extracted|initramfs built' "$LOG" && note "vmlab KERNEL=$k prepared ($((SECONDS - t)) s)"
+  else
+    note "WARN: vmlab setup for KERNEL=$k failed; its VM tests will skip:"
+    show_log
+  fi
+done
+exit 0

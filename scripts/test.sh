@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# scripts/test.sh — the project's single test command (CI: .ci/run = install-deps + this).
+#   1. cargo fmt --all --check
+#   2. cargo clippy --workspace --all-targets -- -D warnings
+#   3. cargo test --workspace                      (debug; the VM tests are #[ignore]d here)
+#   4. cargo build --release -p qpath              (the binary the VM tests run as the target)
+#   5. the VM interop suite, one scenario at a time (crates/qpath/tests/vm_linux_host.rs ->
+#      tests/vm/run.sh): Linux 6.1 and 7.2 kernel hosts in QEMU against qpath target.
+#      Each scenario skips with a reason where it cannot run (not root, no QEMU/vmlab);
+#      QPATH_SKIP_VM=1 skips them all.
+# Prints the time of each phase. Measured on the 2-core CI-class machine: see tests/vm/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$SECONDS
+phase() { echo; echo "==== [$((SECONDS - T0)) s] $*"; }
+
+phase "cargo fmt --all --check"
+cargo fmt --all --check
+
+phase "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+phase "cargo test --workspace"
+cargo test --workspace
+
+phase "cargo build --release -p qpath"
+cargo build --release -p qpath
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR=$PWD/$TARGET_DIR ;; esac
+
+phase "VM interop suite (tests/vm, Linux 6.1 + 7.2 hosts against qpath target)"
+QPATH_BIN=$TARGET_DIR/release/qpath \
+  cargo test -p qpath --test vm_linux_host -- --ignored --test-threads=1
+
+phase "all tests passed"
