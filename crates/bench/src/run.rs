@@ -259,12 +259,15 @@ pub fn run_jobs(
     let mut jobs = Vec::with_capacity(file.jobs.len());
     for ((spec, r), outcome) in file.jobs.iter().zip(resolved).zip(outcomes) {
         let outcome = outcome.expect("every job thread was joined");
+        // Clones report the same notes; say each once.
         for n in &outcome.notes {
-            let _ = writeln!(diag, "note: {n}");
+            if !notes.contains(n) {
+                let _ = writeln!(diag, "note: {n}");
+                notes.push(n.clone());
+            }
         }
         jobs.push(ThreadResult { spec: spec.clone(), engine: r.factory.name().to_string(), outcome });
     }
-    notes.extend(jobs.iter().flat_map(|j| j.outcome.notes.iter().cloned()));
     Ok(RunResult { jobs, started, elapsed: t0.elapsed(), notes })
 }
 

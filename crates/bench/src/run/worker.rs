@@ -290,7 +290,7 @@ fn setup<'a>(
     if let Some(cpus) = spec.cpus_for_thread() {
         match &opts.pin {
             Some(pin) => pin(&cpus).map_err(|e| Error::io(format!("{who}: pin to CPUs {cpus:?}"), e))?,
-            None => notes.push(format!("{who}: cpus_allowed ignored: no pin hook installed")),
+            None => notes.push(format!("job {}: cpus_allowed ignored: no pin hook installed", spec.name)),
         }
     }
     let needed_size = spec.filesize.or(spec.size.map(|s| spec.offset + s));
@@ -300,7 +300,8 @@ fn setup<'a>(
     let mut depth = spec.iodepth;
     if caps.max_depth > 0 && depth > caps.max_depth {
         notes.push(format!(
-            "{who}: iodepth={} lowered to {} (the {} engine's limit)",
+            "job {}: iodepth={} lowered to {} (the {} engine's limit)",
+            spec.name,
             spec.iodepth,
             caps.max_depth,
             engine.name()
@@ -311,7 +312,8 @@ fn setup<'a>(
         // fio: "both iodepth >= 1 and synchronous I/O engine are selected, queue depth
         // will be capped at 1". The reports still show the configured iodepth.
         notes.push(format!(
-            "{who}: the {} engine is synchronous; queue depth is capped at 1 (iodepth={})",
+            "job {}: the {} engine is synchronous; queue depth is capped at 1 (iodepth={})",
+            spec.name,
             engine.name(),
             spec.iodepth
         ));
