@@ -459,7 +459,8 @@ impl JobFile {
         }
     }
 
-    /// One line listing every unknown option, or `None` if there are none.
+    /// Every unknown option with its section and line, on one line
+    /// (`job.fio: [global] foo=1 (line 2), [a] bar (line 6)`), or `None` if there are none.
     pub fn unknown_line(&self) -> Option<String> {
         if self.unknown.is_empty() {
             return None;
@@ -475,7 +476,7 @@ impl JobFile {
                 }
             })
             .collect();
-        Some(format!("{}: unknown options ignored: {}", self.origin, list.join(", ")))
+        Some(format!("{}: {}", self.origin, list.join(", ")))
     }
 
     /// Whether some job has neither `filename` nor `directory`, so the caller must start

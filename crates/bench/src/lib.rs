@@ -240,7 +240,7 @@ pub fn run_file(
     if args.strict {
         file.check_strict()?;
     } else if let Some(line) = file.unknown_line() {
-        let _ = writeln!(stderr, "warning: {line}");
+        let _ = writeln!(stderr, "warning: unknown options ignored (--strict makes them an error): {line}");
     }
     let mut out: Box<dyn Write> = match &args.output {
         Some(p) => Box::new(std::io::BufWriter::new(
