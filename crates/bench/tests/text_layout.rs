@@ -142,3 +142,46 @@ fn job_and_group_blocks_match_seed_000() {
     }
     assert!(diffs.is_empty(), "text layout differs from fio:\n{}\n--- ours ---\n{out}", diffs.join("\n"));
 }
+
+#[test]
+fn json_of_the_seed_report_has_fio_units_and_baseline_ratios() {
+    use qpath_bench::report::{Baseline, Report};
+    let r = seed_report();
+    let groups = group_stats(std::slice::from_ref(&r), 1);
+    let rep = Report {
+        version: "qpath-test".into(),
+        time: std::time::UNIX_EPOCH,
+        elapsed_sec: 16,
+        global_options: vec![("rw".into(), Some("randread".into())), ("time_based".into(), None)],
+        jobs: vec![r],
+        groups,
+        notes: vec!["a note".into()],
+        baselines: vec![Baseline {
+            label: "reference".into(),
+            rw: "randread".into(),
+            bs: 512 * 1024,
+            iodepth: 1,
+            iops: 980.0,
+            lat_mean_ns: Some(1_018_460.0),
+        }],
+    };
+    let text = qpath_bench::report::json::render(&rep, false);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let read = &v["jobs"][0]["read"];
+    // fio units: bytes, KiB, KiB/s, ms, ns.
+    assert_eq!(read["io_bytes"], 7359u64 * 512 * 1024);
+    assert_eq!(read["io_kbytes"], 7359u64 * 512);
+    assert_eq!(read["bw"], 251_170);
+    assert_eq!(read["runtime"], 15001);
+    assert_eq!(read["slat_ns"]["min"], 70_000);
+    assert_eq!(read["clat_ns"]["percentile"]["99.000000"].as_u64().unwrap().div_ceil(1000), 2376);
+    assert_eq!(read["bw_samples"], 29);
+    assert_eq!(v["time"], "Thu Jan  1 00:00:00 1970");
+    assert_eq!(v["global options"]["rw"], "randread");
+    assert!(v["global options"].get("time_based").is_none(), "fio drops options without a value");
+    let b = &v["qpath"]["jobs"][0]["baseline"];
+    assert!((b["iops_ratio"].as_f64().unwrap() - 490.567 / 980.0).abs() < 1e-3, "{b}");
+    assert!((b["lat_ratio"].as_f64().unwrap() - 2.0).abs() < 1e-3, "{b}");
+    assert_eq!(v["qpath"]["notes"][0], "a note");
+    assert!(text.contains("\"iops\" : 490.567296,"), "fio prints floats with %f");
+}
