@@ -101,7 +101,8 @@ pub trait Engine {
     /// Engine name as shown in reports (`psync`, `io_uring`, `qpath`...).
     fn name(&self) -> &str;
 
-    /// Capabilities; asked once after `open`.
+    /// Capabilities; asked once, after the factory created the engine and before `open`
+    /// (the queue depth given to `open` already respects `max_depth`).
     fn capabilities(&self) -> Capabilities;
 
     /// Open the target (connect, open the file...) and report its size.
