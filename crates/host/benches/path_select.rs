@@ -7,6 +7,7 @@
 //! optimized (the worst case for scanning selectors); completion latencies
 //! differ per path (20-35 µs) so the latency policy has real weights.
 //!
+//! - `baseline_harness`: the ring and loop without any selection, to subtract.
 //! - `1_thread/<policy>/<paths>`: one thread, pinned to CPU 0.
 //! - `2_threads/<policy>/<paths>`: two threads pinned to CPUs 0 and 1, each
 //!   with its own `Selector` (as each context will have); the figure is the
@@ -36,6 +37,14 @@ const PATH_COUNTS: [usize; 3] = [2, 8, 64];
 /// Something that does one I/O's worth of path selection.
 trait Step: Send {
     fn step(&mut self);
+
+    /// `iters` steps (monomorphised per stepper, so `step` inlines into the loop).
+    #[inline(never)]
+    fn run(&mut self, iters: u64) {
+        for _ in 0..iters {
+            self.step();
+        }
+    }
 }
 
 fn latency_of(p: PathIndex) -> u64 {
@@ -156,8 +165,21 @@ impl Step for AtomicRef {
     }
 }
 
+/// The harness alone: the in-flight ring and a fixed path, no selection.
+struct Baseline {
+    ring: Ring,
+}
+
+impl Step for Baseline {
+    #[inline]
+    fn step(&mut self) {
+        self.ring.cycle(|old| black_box(PathIndex(old.0 ^ 1)));
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Subject {
+    Baseline,
     Policy(&'static str, Policy),
     SumPerQueue,
     SharedAtomic,
@@ -166,32 +188,45 @@ enum Subject {
 impl Subject {
     fn name(self) -> &'static str {
         match self {
+            Subject::Baseline => "baseline_harness",
             Subject::Policy(name, _) => name,
             Subject::SumPerQueue => "ref_sum_per_queue",
             Subject::SharedAtomic => "ref_shared_atomic",
         }
     }
 
-    /// One stepper per thread; the references' threads share one instance.
-    fn steppers(self, paths: usize, threads: usize) -> Vec<Box<dyn Step>> {
+    /// What the threads of one run share: the reference's counters, or nothing.
+    fn shared(self, paths: usize) -> Shared {
         let classes = vec![PathClass::Optimized; paths];
         match self {
-            Subject::Policy(_, policy) => {
-                (0..threads).map(|t| Box::new(Own::new(policy, paths, t)) as Box<dyn Step>).collect()
-            }
-            Subject::SumPerQueue => {
-                let r = Arc::new(SumPerQueue::new(&classes, QUEUES_PER_PATH));
-                (0..threads).map(|t| Box::new(SumRef::new(Arc::clone(&r), t)) as Box<dyn Step>).collect()
-            }
-            Subject::SharedAtomic => {
-                let r = Arc::new(SharedAtomic::new(&classes));
-                (0..threads).map(|_| Box::new(AtomicRef::new(Arc::clone(&r))) as Box<dyn Step>).collect()
-            }
+            Subject::Baseline | Subject::Policy(..) => Shared::Nothing,
+            Subject::SumPerQueue => Shared::Sum(Arc::new(SumPerQueue::new(&classes, QUEUES_PER_PATH))),
+            Subject::SharedAtomic => Shared::Atomic(Arc::new(SharedAtomic::new(&classes))),
+        }
+    }
+
+    /// Thread `thread`'s stepper. Call it on that thread: its allocations
+    /// then come from the thread's own malloc arena, as a context's would,
+    /// and two threads' private state never shares a cache line.
+    fn stepper(self, shared: &Shared, paths: usize, thread: usize) -> Box<dyn Step> {
+        match (self, shared) {
+            (Subject::Baseline, _) => Box::new(Baseline { ring: Ring { slots: [PathIndex(0); DEPTH], head: 0 } }),
+            (Subject::Policy(_, policy), _) => Box::new(Own::new(policy, paths, thread)),
+            (_, Shared::Sum(r)) => Box::new(SumRef::new(Arc::clone(r), thread)),
+            (_, Shared::Atomic(r)) => Box::new(AtomicRef::new(Arc::clone(r))),
+            (_, Shared::Nothing) => unreachable!("references always share their counters"),
         }
     }
 }
 
-const SUBJECTS: [Subject; 6] = [
+enum Shared {
+    Nothing,
+    Sum(Arc<SumPerQueue>),
+    Atomic(Arc<SharedAtomic>),
+}
+
+const SUBJECTS: [Subject; 7] = [
+    Subject::Baseline,
     Subject::Policy("numa", Policy::Numa),
     Subject::Policy("round_robin", Policy::ROUND_ROBIN),
     Subject::Policy("queue_depth", Policy::QueueDepth),
@@ -200,27 +235,19 @@ const SUBJECTS: [Subject; 6] = [
     Subject::SharedAtomic,
 ];
 
-/// Runs `iters` steps on one thread.
-#[inline(never)]
-fn run(s: &mut dyn Step, iters: u64) {
-    for _ in 0..iters {
-        s.step();
-    }
-    black_box(s);
-}
-
 fn one_thread(c: &mut Criterion) {
     let _ = pin_current_thread(0);
     let mut group = c.benchmark_group("1_thread");
     for subject in SUBJECTS {
         for paths in PATH_COUNTS {
-            let mut steppers = subject.steppers(paths, 1);
-            let s = &mut *steppers[0];
+            let mut s = subject.stepper(&subject.shared(paths), paths, 0);
             group.bench_function(BenchmarkId::new(subject.name(), paths), |b| {
                 b.iter_custom(|iters| {
                     let t = Instant::now();
-                    run(s, iters);
-                    t.elapsed()
+                    s.run(iters);
+                    let elapsed = t.elapsed();
+                    black_box(&mut *s);
+                    elapsed
                 });
             });
         }
@@ -237,19 +264,20 @@ fn two_threads(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     // Fresh state per sample (set up outside the timed region); both threads
                     // start together and the slower one's time is the figure.
-                    let steppers = subject.steppers(paths, 2);
+                    let shared = Arc::new(subject.shared(paths));
                     let start = Arc::new(Barrier::new(2));
-                    let handles: Vec<_> = steppers
-                        .into_iter()
-                        .enumerate()
-                        .map(|(t, mut s)| {
-                            let start = Arc::clone(&start);
+                    let handles: Vec<_> = (0..2)
+                        .map(|t| {
+                            let (start, shared) = (Arc::clone(&start), Arc::clone(&shared));
                             thread::spawn(move || {
                                 let _ = pin_current_thread(t % cpus);
+                                let mut s = subject.stepper(&shared, paths, t);
                                 start.wait();
                                 let t0 = Instant::now();
-                                run(&mut *s, iters);
-                                t0.elapsed()
+                                s.run(iters);
+                                let elapsed = t0.elapsed();
+                                black_box(&mut *s);
+                                elapsed
                             })
                         })
                         .collect();
