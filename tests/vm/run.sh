@@ -2,7 +2,7 @@
 # run.sh — the qpath VM interop suite: the Linux kernel NVMe/TCP host (in a vmlab QEMU
 # guest) against `qpath target` (on this machine, inside netns vmlab, 10.213.0.1:4420/4421).
 #
-#   tests/vm/run.sh [--kernel bookworm|sid] SCENARIO
+#   tests/vm/run.sh [--kernel bookworm|sid] [--capture] SCENARIO
 #
 # SCENARIO (see tests/vm/README.md):
 #   interop     discover; connect both ports = one multipath namespace, two paths; fio 4k randrw
@@ -10,22 +10,25 @@
 #               with header and data digests (DIGEST_RUNTIME s); disconnect-all; target alive
 #   ana         ANA flip to inaccessible and back under fio, iopolicy queue-depth (7.2 only)
 #   durability  file backend; kill -9 + restart of the target; the guest reconnects and verifies
-#   capture     tshark on the tap during a short interop run (6.1), decoded by Wireshark's
-#               NVMe/TCP dissector (tests/vm/pcap-check.sh)
-#   all         every scenario on the kernels it applies to
+#   all         every scenario on the kernels it applies to (6.1 interop with --capture)
+# --capture: tshark records the scenario's NVMe/TCP traffic on the tap; afterwards Wireshark's
+#   dissector must find no malformed frame, expert error, unknown PDU type or bad digest, and
+#   every PDU type of a read/write workload (tests/vm/pcap-check.sh).
 # Environment: KERNEL (bookworm = 6.1, sid = 7.2), QPATH_BIN (default: cargo build --release),
 #   VMLAB_DIR (default ../shared/vmlab from the repo root), VMLAB_WORK, RANDRW_RUNTIME (30),
-#   DIGEST_RUNTIME (30), QPATH_VM_RUST_LOG (debug), QPATH_VM_KEEP_PCAP=1
+#   DIGEST_RUNTIME (30), ANA_FIO_RUNTIME (45), QPATH_VM_RUST_LOG (debug), QPATH_VM_KEEP_PCAP=1
 # Exit status: 0 passed, 1 failed, 77 cannot run here (a "SKIP: reason" line says why).
 # Logs: $VMLAB_WORK/qpath-vm-SCENARIO-KERNEL.XXXXXX/{serial.log,target.log,boot.out,...}
 set -euo pipefail
 # shellcheck source=tests/vm/lib.sh
 . "$(cd "$(dirname "$0")" && pwd)/lib.sh"
 
+CAPTURE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --capture) CAPTURE=1 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -33,15 +36,15 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|capture) ;;
+  interop|ana|durability) ;;
   all)
     rc=0
-    for s in "bookworm interop" "bookworm capture" "bookworm durability" "sid interop" "sid ana" "sid durability"; do
+    for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability"; do
       set -- $s
-      "$0" --kernel "$1" "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
+      "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] interop|ana|durability|capture|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -56,8 +59,10 @@ done
   || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
 case "$SCENARIO:$KERNEL" in
   ana:bookworm) skip "ana needs iopolicy queue-depth (Linux >= 6.11); KERNEL=$KERNEL is 6.1" ;;
-  capture:*) command -v tshark > /dev/null || skip "tshark not installed (scripts/install-deps.sh)" ;;
 esac
+if [ "$CAPTURE" = 1 ]; then
+  for t in tshark text2pcap; do command -v $t > /dev/null || skip "$t not installed (scripts/install-deps.sh)"; done
+fi
 
 if [ -z "${QPATH_BIN:-}" ]; then
   say "building qpath (release)"
@@ -158,36 +163,47 @@ EOF
   rm -f "$img"
 }
 
-scenario_capture() {
-  local pcap=$D/capture.pcap i
-  # -B: 64 MiB kernel buffer, so the capture keeps up with TCG bursts; -a filesize: a bound (KB)
-  setsid timeout -k 5 $((BOOT_TIMEOUT + 120)) ip netns exec "$VMLAB_NETNS" tshark -q -n -i "$VMLAB_TAP" -B 64 \
-    -f 'tcp port 4420 or tcp port 4421' -a filesize:2000000 -w "$pcap" > "$D/tshark.log" 2>&1 < /dev/null &
+# ---- --capture ------------------------------------------------------------------------
+start_capture() {
+  PCAP=$D/capture.pcap
+  local i
+  # -B: 64 MiB kernel buffer so the capture keeps up with bursts; -a filesize: a bound (kB)
+  setsid timeout -k 5 $((BOOT_TIMEOUT + 300)) ip netns exec "$VMLAB_NETNS" tshark -q -n -i "$VMLAB_TAP" \
+    -B 64 -f 'tcp port 4420 or tcp port 4421' -a filesize:4000000 -w "$PCAP" \
+    > "$D/tshark.log" 2>&1 < /dev/null &
   TSHARK_PID=$!
   STARTED+=("$TSHARK_PID")
-  for i in $(seq 100); do grep -q "Capturing on" "$D/tshark.log" 2>/dev/null && break; sleep 0.2; done
-  grep -q "Capturing on" "$D/tshark.log" || { fail "tshark did not start capturing:"; cat "$D/tshark.log"; return 0; }
-  # A short interop run: same guest script, size-bounded I/O so the capture stays small.
-  scenario_interop vmlab.env.RANDRW_RUNTIME=0 vmlab.env.DIGEST_RUNTIME=0 vmlab.env.RANDRW_SIZE=8M vmlab.env.SEQ_SIZE=16M
+  for i in $(seq 100); do grep -q "Capturing on" "$D/tshark.log" 2>/dev/null && return 0; sleep 0.2; done
+  fail "capture: tshark did not start capturing:"; cat "$D/tshark.log"
+  return 1
+}
+check_capture() {
+  local i
   sleep 1
   kill -INT "$TSHARK_PID" 2>/dev/null || true     # timeout passes SIGINT on to tshark
   for i in $(seq 100); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; done
   stop_group "$TSHARK_PID"
-  say "capture: $(du -h "$pcap" | cut -f1) in $pcap"
+  say "capture: $(du -h "$PCAP" | cut -f1) in $PCAP ($(grep -E 'packets (captured|dropped)' "$D/tshark.log" \
+    | tr '\n' ' ')); decoding"
   if "$VM_DIR/pcap-check.sh" --self-test; then pass "capture: pcap-check.sh self-test"
   else fail "capture: pcap-check.sh self-test (the check below could pass vacuously)"; fi
-  if "$VM_DIR/pcap-check.sh" "$pcap" --need-digests; then
-    pass "capture: Wireshark's NVMe/TCP dissector found no malformed frame, no error, no unknown PDU type"
-    [ "${QPATH_VM_KEEP_PCAP:-0}" = 1 ] || rm -f "$pcap"
+  local digests=
+  [ "$SCENARIO" = interop ] && digests=--need-digests     # its second round uses -g -G
+  if "$VM_DIR/pcap-check.sh" "$PCAP" $digests; then
+    pass "capture: Wireshark's NVMe/TCP dissector: no malformed frame, expert error, unknown PDU or bad digest"
+    [ "${QPATH_VM_KEEP_PCAP:-0}" = 1 ] || rm -f "$PCAP"
   else
-    fail "capture: pcap-check.sh failed (capture kept: $pcap)"
+    fail "capture: pcap-check.sh failed (capture kept: $PCAP)"
   fi
 }
 
 # ---- run ------------------------------------------------------------------------------
 # From here on every check reports PASS/FAIL itself; one failed command must not end the run.
 set +e
-"scenario_$SCENARIO"
+if [ "$CAPTURE" = 0 ] || start_capture; then
+  "scenario_$SCENARIO"
+  [ "$CAPTURE" = 1 ] && check_capture
+fi
 cleanup
 echo
 say "scenario $SCENARIO on KERNEL=$KERNEL ($(kver)): $NPASS host checks passed, $NFAIL failed, $((SECONDS - T0)) s"

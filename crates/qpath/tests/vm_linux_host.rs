@@ -77,9 +77,9 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-/// Runs `tests/vm/run.sh --kernel KERNEL SCENARIO` and asserts that it passed.
-fn run_scenario(kernel: &str, scenario: &str) {
-    let what = format!("{scenario} on KERNEL={kernel}");
+/// Runs `tests/vm/run.sh --kernel KERNEL [OPTIONS] SCENARIO` and asserts that it passed.
+fn run_scenario(kernel: &str, options: &[&str], scenario: &str) {
+    let what = format!("{scenario} {} on KERNEL={kernel}", options.join(" "));
     if let Some(why) = skip_reason() {
         say!("SKIP: vm {what}: {why}");
         return;
@@ -95,7 +95,9 @@ fn run_scenario(kernel: &str, scenario: &str) {
     let status = Command::new("timeout")
         .args(["-k", "10", &SCENARIO_TIMEOUT_S.to_string()])
         .arg(&script)
-        .args(["--kernel", kernel, scenario])
+        .args(["--kernel", kernel])
+        .args(options)
+        .arg(scenario)
         .env("QPATH_BIN", &bin)
         .status()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
@@ -110,38 +112,38 @@ fn run_scenario(kernel: &str, scenario: &str) {
     }
 }
 
+/// Acceptance 1-3 on Linux 6.1, with the run's traffic captured on the tap and decoded
+/// by Wireshark's NVMe/TCP dissector.
 #[test]
-#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
-fn vm_interop_linux_6_1_needs_root_and_qemu() {
-    run_scenario("bookworm", "interop");
+#[ignore = "needs root, QEMU, vmlab and tshark; scripts/test.sh runs it with --ignored"]
+fn vm_interop_and_tshark_capture_linux_6_1_needs_root_and_qemu() {
+    run_scenario("bookworm", &["--capture"], "interop");
 }
 
+/// Acceptance 1-2 on Linux 7.2.
 #[test]
 #[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
 fn vm_interop_linux_7_2_needs_root_and_qemu() {
-    run_scenario("sid", "interop");
+    run_scenario("sid", &[], "interop");
 }
 
+/// ANA failover under I/O with iopolicy queue-depth, which 6.1 does not have.
 #[test]
 #[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
 fn vm_ana_flip_linux_7_2_needs_root_and_qemu() {
-    run_scenario("sid", "ana");
+    run_scenario("sid", &[], "ana");
 }
 
+/// Acceptance 4 (file backend survives kill -9 + restart) on Linux 6.1.
 #[test]
 #[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
 fn vm_file_durability_linux_6_1_needs_root_and_qemu() {
-    run_scenario("bookworm", "durability");
+    run_scenario("bookworm", &[], "durability");
 }
 
+/// Acceptance 4 on Linux 7.2.
 #[test]
 #[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
 fn vm_file_durability_linux_7_2_needs_root_and_qemu() {
-    run_scenario("sid", "durability");
-}
-
-#[test]
-#[ignore = "needs root, QEMU, vmlab and tshark; scripts/test.sh runs it with --ignored"]
-fn vm_tshark_capture_linux_6_1_needs_root_and_qemu() {
-    run_scenario("bookworm", "capture");
+    run_scenario("sid", &[], "durability");
 }
