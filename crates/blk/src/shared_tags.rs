@@ -475,6 +475,10 @@ impl SharedTagSet {
 /// One user's share of a [`SharedTagSet`]: owned by the thread that drives
 /// the user's queue (it is `Send`, and every method takes `&mut self` or `&self`
 /// on that thread). Dropping it returns every tag it holds to the set.
+///
+/// Register it on that thread: its window and in-flight bitmap are written
+/// on every I/O, and memory allocated by the owner comes from the owner's
+/// malloc arena, not from next to another user's.
 #[derive(Debug)]
 pub struct TagUser {
     set: Arc<SharedTagSet>,

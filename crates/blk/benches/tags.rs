@@ -1,0 +1,158 @@
+//! Tag allocation and queue-map lookup, measured.
+//!
+//! - `tag_set/*`: a private `TagSet`: `qd1` allocates and frees one tag;
+//!   `qd32` keeps 32 in flight and per iteration frees the oldest and
+//!   allocates one (a queue in steady state).
+//! - `shared_1_thread/{policy}/*`: the same through a `TagUser` of a 128-tag
+//!   `SharedTagSet`, alone.
+//! - `shared_2_threads/{policy}/qd32`: two users of one 128-tag set, each on
+//!   its own thread doing the qd32 loop; the time is the measuring thread's,
+//!   while the other hammers the set. `private_control` does the same with
+//!   two private `TagSet`s: the cost of two busy threads on two cores
+//!   sharing nothing.
+//! - `queue_map/lookup`: `QueueMaps::queue` for a CPU.
+//!
+//! Run: `CARGO_TARGET_DIR=/tmp/target-blk cargo bench -p blk --bench tags`
+
+#![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use blk::{QueueMaps, QueueType, SharedTagPolicy, SharedTagSet, Tag, TagAllocator, TagSet};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+const SHARED_DEPTH: u16 = 128;
+const QD: usize = 32;
+const POLICIES: [(SharedTagPolicy, &str); 3] = [
+    (SharedTagPolicy::Unfair, "unfair"),
+    (SharedTagPolicy::LinuxFair, "linux_fair"),
+    (SharedTagPolicy::Windows, "windows"),
+];
+
+/// Fills `ring` to `QD` tags. A second user of a shared set may have to wait
+/// for the first to give back its window (on its next free), so retry a while.
+fn prime<T: TagAllocator>(tags: &mut T, ring: &mut VecDeque<Tag>) {
+    for _ in 0..100_000_000u64 {
+        if ring.len() == QD {
+            return;
+        }
+        match tags.alloc() {
+            Some(t) => ring.push_back(t),
+            None => {
+                tags.tick();
+                thread::yield_now();
+            }
+        }
+    }
+    panic!("could not get {QD} tags");
+}
+
+/// One steady-state step: the oldest completes, a new one goes out.
+#[inline]
+fn step<T: TagAllocator>(tags: &mut T, ring: &mut VecDeque<Tag>) {
+    let old = ring.pop_front().expect("primed");
+    tags.free(old);
+    ring.push_back(black_box(tags.alloc().expect("a tag was just freed")));
+}
+
+fn tag_set(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tag_set");
+    let mut set = TagSet::new(128).unwrap();
+    g.bench_function("qd1", |b| {
+        b.iter(|| {
+            let t = black_box(set.alloc().unwrap());
+            set.free(t);
+        });
+    });
+    let mut ring = VecDeque::with_capacity(QD);
+    prime(&mut set, &mut ring);
+    g.bench_function("qd32", |b| b.iter(|| step(&mut set, &mut ring)));
+    g.finish();
+}
+
+fn shared_1_thread(c: &mut Criterion) {
+    let mut g = c.benchmark_group("shared_1_thread");
+    for (policy, name) in POLICIES {
+        let set = SharedTagSet::new(SHARED_DEPTH, policy).unwrap();
+        let mut user = set.register_user(None).unwrap();
+        g.bench_function(format!("{name}/qd1"), |b| {
+            b.iter(|| {
+                let t = black_box(user.alloc().unwrap());
+                user.free(t);
+            });
+        });
+        let mut ring = VecDeque::with_capacity(QD);
+        prime(&mut user, &mut ring);
+        g.bench_function(format!("{name}/qd32"), |b| b.iter(|| step(&mut user, &mut ring)));
+    }
+    g.finish();
+}
+
+/// Measures the qd32 step on one thread while a second thread runs it on
+/// its own allocator. Each thread makes its allocator itself, as the host's
+/// contexts do, so their hot memory comes from different malloc arenas.
+fn two_threads<T, F>(c: &mut Criterion, name: &str, make: F)
+where
+    T: TagAllocator,
+    F: Fn() -> T + Send + Clone + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut mine = make();
+    let mut ring = VecDeque::with_capacity(QD);
+    prime(&mut mine, &mut ring);
+    let hammer = {
+        let stop = Arc::clone(&stop);
+        let make = make.clone();
+        thread::spawn(move || {
+            let mut other = make();
+            let mut ring = VecDeque::with_capacity(QD);
+            prime(&mut other, &mut ring);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..64 {
+                    step(&mut other, &mut ring);
+                }
+                n += 64;
+            }
+            n
+        })
+    };
+    c.bench_function(&format!("shared_2_threads/{name}/qd32"), |b| b.iter(|| step(&mut mine, &mut ring)));
+    stop.store(true, Ordering::Relaxed);
+    let other_steps = hammer.join().expect("hammer thread");
+    assert!(other_steps > 0, "the other thread ran");
+}
+
+fn shared_2_threads(c: &mut Criterion) {
+    // The control: two private tag sets, nothing shared but the machine.
+    two_threads(c, "private_control", || TagSet::new(SHARED_DEPTH).unwrap());
+    for (policy, name) in POLICIES {
+        let set = SharedTagSet::new(SHARED_DEPTH, policy).unwrap();
+        two_threads(c, name, move || set.register_user(None).unwrap());
+    }
+}
+
+fn queue_map(c: &mut Criterion) {
+    let mut g = c.benchmark_group("queue_map");
+    let maps = QueueMaps::new(64, 16, 8, 4).unwrap();
+    let mut cpu = 0usize;
+    g.bench_function("lookup", |b| {
+        b.iter(|| {
+            cpu = (cpu + 1) & 63;
+            black_box(maps.queue(QueueType::Read, black_box(cpu)))
+        });
+    });
+    g.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! { name = benches; config = config(); targets = tag_set, shared_1_thread, shared_2_threads, queue_map }
+criterion_main!(benches);
