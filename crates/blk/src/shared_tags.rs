@@ -508,7 +508,10 @@ impl TagUser {
     pub fn alloc(&mut self) -> Option<Tag> {
         let tag = match self.policy {
             SharedTagPolicy::Windows => match self.window.pop() {
-                Some(tag) => tag,
+                Some(tag) => {
+                    debug_assert!(self.in_flight < self.limit, "a window tag while at the depth limit");
+                    tag
+                }
                 None => self.alloc_windows_slow()?,
             },
             SharedTagPolicy::LinuxFair => self.alloc_linux()?,
@@ -527,6 +530,8 @@ impl TagUser {
 
     #[cold]
     fn alloc_windows_slow(&mut self) -> Option<u16> {
+        // A user waiting for tags is busy: it must not go idle (and re-balance) while it waits.
+        self.busy = true;
         if !self.active {
             self.set_active(true);
         }
@@ -549,8 +554,9 @@ impl TagUser {
         if self.in_flight >= self.limit {
             return None;
         }
+        self.busy = true;
         if !self.active {
-            // blk_mq_tag_busy(): counted active from the first allocation.
+            // blk_mq_tag_busy(): counted active from the first allocation attempt.
             self.active = true;
             self.set.active_users.0.fetch_add(1, Ordering::Relaxed);
         }
@@ -902,6 +908,28 @@ mod tests {
         assert!(!a.is_active());
         assert_eq!((a.held(), a.quota(), b.quota()), (0, 0, 64));
         assert_eq!(s.active_users(), 1);
+    }
+
+    #[test]
+    fn a_user_waiting_for_tags_stays_active() {
+        for policy in [SharedTagPolicy::LinuxFair, SharedTagPolicy::Windows] {
+            let opts = SharedTagOptions { batch_max: 8, idle_ticks: 2 };
+            let s = SharedTagSet::with_options(8, policy, opts).unwrap();
+            let mut a = s.register_user(None).unwrap();
+            let tags: Vec<Tag> = std::iter::from_fn(|| a.alloc()).collect();
+            let mut b = s.register_user(None).unwrap();
+            for _ in 0..5 {
+                assert_eq!(b.alloc(), None, "{policy:?}: a has all 8 in flight");
+                b.tick();
+                a.tick();
+                assert!(b.is_active(), "{policy:?}: waiting is not idling");
+                assert_eq!(s.active_users(), 2, "{policy:?}");
+            }
+            for t in tags {
+                a.free(t);
+            }
+            assert!(b.alloc().is_some(), "{policy:?}");
+        }
     }
 
     #[test]
