@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!   application thread
-//!     submit(dev, op) ─► request slot ─► tag (command id) ─► HostQueue::submit (bytes batched)
+//!     submit(dev, op) ─► request slot ─► [multipath: Selector picks a path]
+//!                     ─► tag (private per queue, or a share of a host-wide set)
+//!                     ─► HostQueue::submit (bytes batched)
 //!     poll(wait)      ─► flush batches ─► io_uring_enter ─► recv/send completions
 //!                     ◄─ completions(): (token, status, buffer)
 //!   controller admin thread ── QueueMsg (new connection after reconnect) ──► mailbox
@@ -15,6 +17,11 @@
 //! preallocated and reused), no wakeup of another thread. A context may own
 //! several queues (of one controller or many): seed 004's "more queues than
 //! completion vectors".
+//!
+//! Failures: a queue that fails gives its commands back with a path error.
+//! On a single-path device they wait for the controller to reconnect (or fail
+//! after fast_io_fail_tmo / ctrl_loss_tmo, as Linux). On a multipath head they
+//! go to another path at once; with no usable path they wait for one.
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
@@ -22,12 +29,15 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use blk::{Direction, QueueMap, QueueStats, QueueTags, SharedTagSet, Tag, TagAllocator, TagSet, TagUser};
 use nvme::opcode::io as opc;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
 
 use crate::controller::{Controller, QueueMsg};
 use crate::error::{Error, ErrorKind, Result};
+use crate::head::{Head, class_of, path_id};
+use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection, Selector};
 use crate::queue::{DataDir, HostQueue, Io, QueueState};
 
 /// An I/O operation.
@@ -45,6 +55,17 @@ pub enum Op {
     Deallocate,
 }
 
+impl Op {
+    fn direction(self) -> Direction {
+        match self {
+            Op::Read => Direction::Read,
+            Op::Write | Op::WriteZeroes => Direction::Write,
+            Op::Deallocate => Direction::Trim,
+            Op::Flush => Direction::Sync,
+        }
+    }
+}
+
 /// A finished I/O.
 #[derive(Debug)]
 pub struct Completion {
@@ -58,7 +79,7 @@ pub struct Completion {
     pub latency_ns: u64,
 }
 
-/// A device opened in a context (a namespace through one controller).
+/// A device opened in a context: a namespace through one controller, or a multipath head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DeviceId(pub u32);
 
@@ -73,8 +94,14 @@ pub struct ContextOptions {
     pub ring_entries: u32,
     /// A request outstanding longer than this resets its controller (Linux `io_timeout`, 30 s).
     pub io_timeout: Duration,
-    /// Retries of an I/O that failed with a path error before giving up.
+    /// Retries of an I/O on a single-path device after transport failures.
     pub max_retries: u32,
+    /// Path changes an I/O of a multipath head may go through before it fails.
+    pub max_failovers: u32,
+    /// Draw every device's tags from this host-wide shared set instead of
+    /// each queue's own tags (seed 003). The controllers must be connected
+    /// with `ConnectOptions::tag_space` ≥ the set's depth.
+    pub shared_tags: Option<Arc<SharedTagSet>>,
 }
 
 impl Default for ContextOptions {
@@ -85,6 +112,8 @@ impl Default for ContextOptions {
             ring_entries: 256,
             io_timeout: Duration::from_secs(30),
             max_retries: 5,
+            max_failovers: 1000,
+            shared_tags: None,
         }
     }
 }
@@ -117,23 +146,51 @@ struct QEntry {
     ctrl: Arc<Controller>,
     index: u16,
     conn: Option<usize>,
-    tags: Vec<u16>,
+    entries: u16,
+    tags: QueueTags,
+    /// Requests bound to this queue waiting for a tag or a connection.
     waiting: VecDeque<u32>,
     in_flush_list: bool,
+    stats: QueueStats,
+}
+
+struct LocalPath {
+    ctrl: Arc<Controller>,
+    nsid: Nsid,
+    qkey: usize,
+    /// An ANA error was seen: the path counts as transient until the controller's change count moves.
+    suspect_at: Option<u64>,
+}
+
+struct Multi {
+    head: Arc<Head>,
+    sel: Selector,
+    paths: Vec<Option<LocalPath>>,
+    /// The view the selector was last given (head generation, controller changes, local state).
+    seen: u64,
+    seen_head: u64,
+    ios: Vec<u64>,
+}
+
+enum DevKind {
+    Single { qkey: usize, nsid: Nsid },
+    Multi(Box<Multi>),
 }
 
 struct DevEntry {
-    ctrl: Arc<Controller>,
-    nsid: Nsid,
+    kind: DevKind,
     block_shift: u8,
     nsze: u64,
-    qkey: usize,
+    /// Requests waiting for a path (multipath) or a shared tag.
+    waiting: VecDeque<u32>,
+    /// This device's share of the host-wide tag set, if one is used.
+    tags: Option<TagUser>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReqState {
     Free,
-    /// Waiting for a tag or a connection.
+    /// Waiting for a path, a tag or a connection.
     Waiting,
     /// On the wire.
     Outstanding,
@@ -150,6 +207,13 @@ struct Req {
     token: u64,
     start: Instant,
     retries: u32,
+    /// Queue and path it is bound to while waiting for a tag or on the wire.
+    qkey: usize,
+    path: u16,
+    nsid: Nsid,
+    tag: u16,
+    shared_tag: bool,
+    sent: Option<Instant>,
 }
 
 /// A per-thread completion context.
@@ -171,6 +235,7 @@ pub struct Context {
     touched: Vec<usize>,
     dsm_bufs: Vec<IoBuf>,
     last_tick: Instant,
+    has_multi: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -180,6 +245,23 @@ impl std::fmt::Debug for Context {
 }
 
 const TICK: Duration = Duration::from_millis(10);
+
+/// A path of a multipath device as this context sees it.
+#[derive(Clone, Debug)]
+pub struct PathReport {
+    /// Slot.
+    pub index: usize,
+    /// Controller address.
+    pub traddr: std::net::SocketAddr,
+    /// I/Os this context completed on the path.
+    pub ios: u64,
+    /// I/Os in flight on it now.
+    pub in_flight: u32,
+    /// The selector's view of the path.
+    pub class: PathClass,
+    /// The latency policy's EWMA, if any.
+    pub latency_ewma_ns: Option<u64>,
+}
 
 impl Context {
     /// A context for the calling thread (pinned to `opts.cpu` if given).
@@ -205,6 +287,12 @@ impl Context {
                 token: 0,
                 start: now,
                 retries: 0,
+                qkey: 0,
+                path: 0,
+                nsid: Nsid(0),
+                tag: 0,
+                shared_tag: false,
+                sent: None,
             })
             .collect();
         Ok(Context {
@@ -224,6 +312,7 @@ impl Context {
             touched: Vec::new(),
             dsm_bufs: Vec::new(),
             last_tick: now,
+            has_multi: false,
             opts,
         })
     }
@@ -235,18 +324,20 @@ impl Context {
 
     // ----------------------------------------------------------- topology
 
-    /// Claims one I/O queue of `ctrl` for this context: the preferred index
-    /// (`cpu % queues`) if free, else the next free one. Returns the queue's
-    /// key in this context.
+    /// Claims one I/O queue of `ctrl` for this context: the queue the CPU maps
+    /// to (blk's contiguous spread over the controller's block queues) if
+    /// free, else the next free one. Returns the queue's key in this context.
     pub fn attach(&mut self, ctrl: &Arc<Controller>) -> Result<usize> {
         if let Some(k) = self.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, ctrl)) {
             return Ok(k);
         }
         let n = ctrl.block_queue_count();
+        let n16 = u16::try_from(n).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
         if n == 0 {
             return Err(Error::new(ErrorKind::Busy, "controller has no I/O queues"));
         }
-        let pref = self.cpu() % n;
+        let cpus = uring::online_cpus().max(self.cpu() + 1);
+        let pref = QueueMap::spread(cpus, n16).map(|m| usize::from(m.queue(self.cpu()).0)).unwrap_or(self.cpu() % n);
         let free = ctrl.free_queues();
         let pick = (0..n).map(|i| (pref + i) % n).find_map(|i| {
             let i = u16::try_from(i).ok()?;
@@ -268,13 +359,16 @@ impl Context {
             .claim_queue(index, self.sender.clone())
             .ok_or_else(|| Error::new(ErrorKind::Busy, format!("I/O queue {index} is taken or does not exist")))?;
         let qkey = self.queues.len();
+        let placeholder = TagSet::new(1).map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
         self.queues.push(QEntry {
             ctrl: Arc::clone(ctrl),
             index,
             conn: None,
-            tags: Vec::new(),
+            entries: 0,
+            tags: QueueTags::Private(placeholder),
             waiting: VecDeque::new(),
             in_flush_list: false,
+            stats: QueueStats::new(),
         });
         if let Some((stream, q, generation)) = claimed {
             self.install(qkey, stream, q, generation);
@@ -282,7 +376,7 @@ impl Context {
         Ok(qkey)
     }
 
-    fn install(&mut self, qkey: usize, stream: TcpStream, q: HostQueue, generation: u64) {
+    fn install(&mut self, qkey: usize, stream: TcpStream, q: HostQueue, _generation: u64) {
         let _ = stream.set_nodelay(true);
         let entries = q.entries();
         self.conn_gen = self.conn_gen.wrapping_add(1);
@@ -296,7 +390,6 @@ impl Context {
             cancelled: false,
             dying: false,
         };
-        let _ = generation;
         let key = match self.free_conns.pop() {
             Some(k) => {
                 self.conns[k] = Some(conn);
@@ -309,31 +402,92 @@ impl Context {
         };
         let qe = &mut self.queues[qkey];
         qe.conn = Some(key);
-        qe.tags = (0..entries).rev().collect();
+        qe.entries = entries;
+        // A fresh tag set: the old connection's commands were all failed or retried.
+        if let Ok(t) = TagSet::new(entries.max(1)) {
+            qe.tags = QueueTags::Private(t);
+        }
         self.arm_recv(key);
-        // Requests that waited for this queue go out now.
-        self.dispatch_waiting(qkey);
+        self.dispatch_queue_waiting(qkey);
+        self.has_multi_refresh();
+    }
+
+    fn has_multi_refresh(&mut self) {
+        if self.has_multi {
+            for d in &mut self.devices {
+                if let DevKind::Multi(m) = &mut d.kind {
+                    m.seen = 0;
+                }
+            }
+        }
+    }
+
+    fn new_device(&mut self, kind: DevKind, block_shift: u8, nsze: u64, depth_limit: Option<u16>) -> Result<DeviceId> {
+        let id =
+            DeviceId(u32::try_from(self.devices.len()).map_err(|_| Error::new(ErrorKind::Busy, "too many devices"))?);
+        let tags = match &self.opts.shared_tags {
+            Some(set) => Some(set.register_user(depth_limit).map_err(|e| Error::new(ErrorKind::Busy, e.to_string()))?),
+            None => None,
+        };
+        self.devices.push(DevEntry { kind, block_shift, nsze, waiting: VecDeque::new(), tags });
+        Ok(id)
     }
 
     /// Opens namespace `nsid` of `ctrl` on this context (attaching a queue if needed).
     pub fn open(&mut self, ctrl: &Arc<Controller>, nsid: Nsid) -> Result<DeviceId> {
+        self.open_limited(ctrl, nsid, None)
+    }
+
+    /// Opens a namespace with a per-device queue-depth limit (a LUN queue
+    /// depth: only with a shared tag set, where it bounds this device's share).
+    pub fn open_limited(&mut self, ctrl: &Arc<Controller>, nsid: Nsid, depth_limit: Option<u16>) -> Result<DeviceId> {
         let ns = ctrl.namespace(nsid).ok_or_else(|| Error::new(ErrorKind::Invalid, format!("no namespace {nsid}")))?;
         let qkey = self.attach(ctrl)?;
-        self.open_on(ctrl, nsid, qkey, ns.block_shift, ns.nsze)
+        self.open_on(qkey, nsid, ns.block_shift, ns.nsze, depth_limit)
     }
 
     /// Opens a namespace on a specific attached queue.
     pub fn open_on(
         &mut self,
-        ctrl: &Arc<Controller>,
-        nsid: Nsid,
         qkey: usize,
+        nsid: Nsid,
         block_shift: u8,
         nsze: u64,
+        depth_limit: Option<u16>,
     ) -> Result<DeviceId> {
-        let id =
-            DeviceId(u32::try_from(self.devices.len()).map_err(|_| Error::new(ErrorKind::Busy, "too many devices"))?);
-        self.devices.push(DevEntry { ctrl: Arc::clone(ctrl), nsid, block_shift, nsze, qkey });
+        if qkey >= self.queues.len() {
+            return Err(Error::new(ErrorKind::Invalid, "no such queue"));
+        }
+        self.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, depth_limit)
+    }
+
+    /// Opens a multipath head: attaches a queue of every path's controller.
+    pub fn open_head(&mut self, head: &Arc<Head>) -> Result<DeviceId> {
+        let slots = head.paths();
+        let mut paths = Vec::with_capacity(slots.len());
+        let mut geometry = None;
+        for s in &slots {
+            paths.push(match s {
+                Some((c, nsid)) => {
+                    if geometry.is_none()
+                        && let Some(ns) = c.namespace(*nsid)
+                    {
+                        geometry = Some((ns.block_shift, ns.nsze));
+                    }
+                    let qkey = self.attach(c)?;
+                    Some(LocalPath { ctrl: Arc::clone(c), nsid: *nsid, qkey, suspect_at: None })
+                }
+                None => None,
+            });
+        }
+        let (block_shift, nsze) =
+            geometry.ok_or_else(|| Error::new(ErrorKind::Invalid, "the head has no path with a known namespace"))?;
+        let sel = Selector::new(head.policy(), self.cpu());
+        let n = paths.len();
+        let m = Multi { head: Arc::clone(head), sel, paths, seen: 0, seen_head: head.generation(), ios: vec![0; n] };
+        self.has_multi = true;
+        let id = self.new_device(DevKind::Multi(Box::new(m)), block_shift, nsze, None)?;
+        self.refresh_paths(id.0 as usize);
         Ok(id)
     }
 
@@ -350,6 +504,34 @@ impl Context {
     /// Requests in flight (waiting or on the wire).
     pub fn in_flight(&self) -> usize {
         self.reqs.len() - self.free_reqs.len()
+    }
+
+    /// Per-queue statistics: (controller address, queue index, stats).
+    pub fn queue_stats(&self) -> impl Iterator<Item = (std::net::SocketAddr, u16, &QueueStats)> {
+        self.queues.iter().map(|q| (q.ctrl.opts.traddr, q.index, &q.stats))
+    }
+
+    /// The paths of a multipath device, as this context has used them.
+    pub fn path_report(&self, dev: DeviceId) -> Vec<PathReport> {
+        let Some(DevEntry { kind: DevKind::Multi(m), .. }) = self.devices.get(dev.0 as usize) else {
+            return Vec::new();
+        };
+        m.paths
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let p = p.as_ref()?;
+                let idx = PathIndex(u16::try_from(i).ok()?);
+                Some(PathReport {
+                    index: i,
+                    traddr: p.ctrl.opts.traddr,
+                    ios: m.ios.get(i).copied().unwrap_or(0),
+                    in_flight: if i < m.sel.paths() { m.sel.in_flight(idx) } else { 0 },
+                    class: class_of(&p.ctrl, p.nsid),
+                    latency_ewma_ns: if i < m.sel.paths() { m.sel.latency_ewma_ns(idx) } else { None },
+                })
+            })
+            .collect()
     }
 
     // ----------------------------------------------------------- submission
@@ -391,7 +573,6 @@ impl Context {
         let Some(rid) = self.free_reqs.pop() else {
             return Err((Error::new(ErrorKind::Busy, "too many requests in flight"), buf));
         };
-        let qkey = d.qkey;
         let r = &mut self.reqs[rid as usize];
         r.state = ReqState::Waiting;
         r.dev = dev.0;
@@ -403,89 +584,200 @@ impl Context {
         r.token = token;
         r.start = Instant::now();
         r.retries = 0;
-        self.dispatch(qkey, rid);
+        r.sent = None;
+        self.route(rid);
         Ok(())
     }
 
-    /// Sends request `rid` on queue `qkey` now, or parks it until a tag or a connection frees up.
-    fn dispatch(&mut self, qkey: usize, rid: u32) {
-        let qe = &mut self.queues[qkey];
-        let Some(ckey) = qe.conn else {
-            qe.waiting.push_back(rid);
-            return;
-        };
-        let Some(tag) = qe.tags.pop() else {
-            qe.waiting.push_back(rid);
-            return;
+    /// Picks the queue (and path) for a request and sends it, or parks it.
+    fn route(&mut self, rid: u32) {
+        let dev = self.reqs[rid as usize].dev as usize;
+        let d = &mut self.devices[dev];
+        let (qkey, nsid, path) = match &mut d.kind {
+            DevKind::Single { qkey, nsid } => (*qkey, *nsid, 0u16),
+            DevKind::Multi(m) => match m.sel.select() {
+                Selection::Submit(p) => match m.paths.get(p.get()).and_then(Option::as_ref) {
+                    Some(lp) => (lp.qkey, lp.nsid, p.0),
+                    None => {
+                        d.waiting.push_back(rid);
+                        return;
+                    }
+                },
+                Selection::Requeue => {
+                    d.waiting.push_back(rid);
+                    return;
+                }
+                Selection::Fail => {
+                    self.complete(rid, Status::HOST_PATH_ERROR);
+                    return;
+                }
+            },
         };
         let r = &mut self.reqs[rid as usize];
-        let d = &self.devices[r.dev as usize];
-        let nsid = d.nsid;
+        r.qkey = qkey;
+        r.nsid = nsid;
+        r.path = path;
+        self.send_bound(rid);
+    }
+
+    /// Sends a request on the queue it is bound to, or parks it there (or on
+    /// its device, for a shared tag).
+    fn send_bound(&mut self, rid: u32) {
+        let r = &self.reqs[rid as usize];
+        let (qkey, dev) = (r.qkey, r.dev as usize);
+        let qe = &mut self.queues[qkey];
+        let Some(ckey) = qe.conn else {
+            self.park(rid);
+            return;
+        };
+        let Some(Some(conn)) = self.conns.get(ckey) else {
+            self.park(rid);
+            return;
+        };
+        if conn.q.outstanding() >= usize::from(qe.entries) {
+            qe.waiting.push_back(rid);
+            return;
+        }
+        let d = &mut self.devices[dev];
+        let (tag, shared) = match d.tags.as_mut() {
+            Some(u) => match u.alloc() {
+                Some(t) => (t, true),
+                None => {
+                    d.waiting.push_back(rid);
+                    self.queues[qkey].stats.record_busy();
+                    return;
+                }
+            },
+            None => match qe.tags.alloc() {
+                Some(t) => (t, false),
+                None => {
+                    qe.waiting.push_back(rid);
+                    qe.stats.record_busy();
+                    return;
+                }
+            },
+        };
+        let r = &mut self.reqs[rid as usize];
+        r.tag = tag.get();
+        r.shared_tag = shared;
+        let cid = Cid(tag.get());
+        let nsid = r.nsid;
         let (sqe, dir, len, buf) = match r.op {
             Op::Read => (
-                Sqe::rw(opc::READ, Cid(tag), nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
+                Sqe::rw(opc::READ, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
                 DataDir::FromController,
                 r.len,
                 r.buf.take(),
             ),
             Op::Write => (
-                Sqe::rw(opc::WRITE, Cid(tag), nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
+                Sqe::rw(opc::WRITE, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
                 DataDir::ToController,
                 r.len,
                 r.buf.take(),
             ),
-            Op::Flush => (Sqe::flush(Cid(tag), nsid), DataDir::None, 0, r.buf.take()),
-            Op::WriteZeroes => {
-                (Sqe::write_zeroes(Cid(tag), nsid, r.slba, r.nlb, false), DataDir::None, 0, r.buf.take())
-            }
+            Op::Flush => (Sqe::flush(cid, nsid), DataDir::None, 0, r.buf.take()),
+            Op::WriteZeroes => (Sqe::write_zeroes(cid, nsid, r.slba, r.nlb, false), DataDir::None, 0, r.buf.take()),
             Op::Deallocate => {
                 let mut b = self.dsm_bufs.pop().unwrap_or_else(|| IoBuf::new(4096));
                 b.set_len(16);
                 b.fill(0);
                 b[4..8].copy_from_slice(&r.nlb.to_le_bytes());
                 b[8..16].copy_from_slice(&r.slba.to_le_bytes());
-                (
-                    Sqe::dsm_deallocate(Cid(tag), nsid, 1, SglDescriptor::transport(16)),
-                    DataDir::ToController,
-                    16,
-                    Some(b),
-                )
+                (Sqe::dsm_deallocate(cid, nsid, 1, SglDescriptor::transport(16)), DataDir::ToController, 16, Some(b))
             }
         };
         r.state = ReqState::Outstanding;
+        r.sent = Some(Instant::now());
         let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        match conn.q.submit(tag, io) {
+        match conn.q.submit(tag.get(), io) {
             Ok(()) => {
+                if let DevKind::Multi(m) = &mut self.devices[dev].kind {
+                    m.sel.on_submit(PathIndex(self.reqs[rid as usize].path));
+                }
+                let qe = &mut self.queues[qkey];
                 if !qe.in_flush_list {
                     qe.in_flush_list = true;
                     self.flush_list.push(qkey);
                 }
             }
             Err((e, io)) => {
-                qe.tags.push(tag);
+                self.free_tag(rid);
                 let r = &mut self.reqs[rid as usize];
-                if r.op != Op::Deallocate {
+                if r.op == Op::Deallocate {
+                    if let Some(b) = io.buf {
+                        self.dsm_bufs.push(b);
+                    }
+                } else {
                     r.buf = io.buf;
-                } else if let Some(b) = io.buf {
-                    self.dsm_bufs.push(b);
                 }
                 r.state = ReqState::Waiting;
                 tracing::debug!("submit refused ({e}); request waits for the queue");
-                qe.waiting.push_back(rid);
+                self.park(rid);
             }
         }
     }
 
-    fn dispatch_waiting(&mut self, qkey: usize) {
+    /// Parks a request whose queue has no connection: a multipath request
+    /// goes back to its device for another path; a single-path one waits for
+    /// the reconnect on its queue.
+    fn park(&mut self, rid: u32) {
+        let r = &mut self.reqs[rid as usize];
+        r.state = ReqState::Waiting;
+        let dev = r.dev as usize;
+        match &self.devices[dev].kind {
+            DevKind::Multi(_) => self.devices[dev].waiting.push_back(rid),
+            DevKind::Single { .. } => self.queues[r.qkey].waiting.push_back(rid),
+        }
+    }
+
+    fn free_tag(&mut self, rid: u32) {
+        let r = &self.reqs[rid as usize];
+        let tag = Tag::new(r.tag);
+        if r.shared_tag {
+            if let Some(u) = self.devices[r.dev as usize].tags.as_mut()
+                && u.is_in_flight(tag)
+            {
+                u.free(tag);
+            }
+        } else {
+            let qe = &mut self.queues[r.qkey];
+            if qe.tags.is_in_flight(tag) {
+                qe.tags.free(tag);
+            }
+        }
+    }
+
+    fn dispatch_queue_waiting(&mut self, qkey: usize) {
         let n = self.queues[qkey].waiting.len();
         for _ in 0..n {
             let qe = &self.queues[qkey];
-            if qe.conn.is_none() || qe.tags.is_empty() {
+            if qe.conn.is_none() {
                 return;
             }
             let Some(rid) = self.queues[qkey].waiting.pop_front() else { return };
-            self.dispatch(qkey, rid);
+            let before = self.queues[qkey].waiting.len();
+            self.send_bound(rid);
+            if self.queues[qkey].waiting.len() > before {
+                // It went back to the end: out of tags or queue slots; stop for now.
+                return;
+            }
+        }
+    }
+
+    fn dispatch_device_waiting(&mut self, dev: usize) {
+        let n = self.devices[dev].waiting.len();
+        for _ in 0..n {
+            let Some(rid) = self.devices[dev].waiting.pop_front() else { return };
+            let before = self.devices[dev].waiting.len();
+            if matches!(self.devices[dev].kind, DevKind::Multi(_)) {
+                self.route(rid);
+            } else {
+                self.send_bound(rid);
+            }
+            if self.devices[dev].waiting.len() > before {
+                return;
+            }
         }
     }
 
@@ -508,12 +800,22 @@ impl Context {
         for m in msgs {
             self.on_msg(m);
         }
-        let touched = std::mem::take(&mut self.touched);
-        for &k in &touched {
-            self.service(k);
+        let mut touched = std::mem::take(&mut self.touched);
+        let mut i = 0;
+        while i < touched.len() {
+            self.service(touched[i]);
+            i += 1;
+            if !self.touched.is_empty() {
+                touched.append(&mut self.touched);
+            }
         }
+        touched.clear();
         self.touched = touched;
-        self.touched.clear();
+        if self.has_multi {
+            for d in 0..self.devices.len() {
+                self.refresh_paths(d);
+            }
+        }
         self.flush();
         if self.last_tick.elapsed() >= TICK {
             self.last_tick = Instant::now();
@@ -628,10 +930,13 @@ impl Context {
         let dying = conn.dying;
         let mut done = std::mem::take(conn.q.completions());
         for d in done.drain(..) {
-            if !dying {
-                self.queues[qkey].tags.push(d.tag);
+            let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
+            if (rid as usize) < self.reqs.len() && self.reqs[rid as usize].state == ReqState::Outstanding {
+                if !dying {
+                    self.free_tag(rid);
+                }
+                self.finish(rid, d.cqe.status, d.buf);
             }
-            self.finish(d.token, d.cqe.status, d.buf);
         }
         if let Some(Some(conn)) = self.conns.get_mut(ckey) {
             *conn.q.completions() = done;
@@ -656,11 +961,18 @@ impl Context {
         if self.conns[ckey].as_ref().is_some_and(|c| c.q.has_pending_send()) {
             self.send(ckey);
         }
-        self.dispatch_waiting(qkey);
+        self.dispatch_queue_waiting(qkey);
+        if self.opts.shared_tags.is_some() {
+            for d in 0..self.devices.len() {
+                if !self.devices[d].waiting.is_empty() {
+                    self.dispatch_device_waiting(d);
+                }
+            }
+        }
     }
 
-    /// A connection failed: its outstanding commands wait for the reconnect
-    /// (or fail per fast_io_fail_tmo / ctrl_loss_tmo), the controller resets.
+    /// A connection failed: its outstanding commands fail over (multipath) or
+    /// wait for the reconnect, and the controller resets.
     fn fail_conn(&mut self, ckey: usize) {
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         conn.dying = true;
@@ -670,21 +982,29 @@ impl Context {
         let mut done = std::mem::take(conn.q.completions());
         let qe = &mut self.queues[qkey];
         qe.conn = None;
-        qe.tags.clear();
         qe.ctrl.report_io_failure(&why);
+        // Tags of the dead connection are gone with it; shared-set tags go back to their device.
         for d in done.drain(..) {
-            self.finish(d.token, d.cqe.status, d.buf);
+            let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
+            if (rid as usize) < self.reqs.len() && self.reqs[rid as usize].state == ReqState::Outstanding {
+                if self.reqs[rid as usize].shared_tag {
+                    self.free_tag(rid);
+                }
+                self.finish(rid, d.cqe.status, d.buf);
+            }
         }
+        // Multipath requests that waited for this queue pick another path.
+        let waiting: Vec<u32> = self.queues[qkey].waiting.drain(..).collect();
+        for rid in waiting {
+            self.park(rid);
+        }
+        self.has_multi_refresh();
         self.touched.push(ckey);
     }
 
-    /// A command finished: complete it to the caller, or park it for a retry.
-    fn finish(&mut self, token: u64, status: Status, buf: Option<IoBuf>) {
-        let rid = u32::try_from(token).unwrap_or(u32::MAX);
-        let Some(r) = self.reqs.get_mut(rid as usize) else { return };
-        if r.state != ReqState::Outstanding {
-            return;
-        }
+    /// A command finished: complete it to the caller, or send it again.
+    fn finish(&mut self, rid: u32, status: Status, buf: Option<IoBuf>) {
+        let r = &mut self.reqs[rid as usize];
         if r.op == Op::Deallocate {
             if let Some(b) = buf {
                 self.dsm_bufs.push(b);
@@ -692,18 +1012,50 @@ impl Context {
         } else {
             r.buf = buf;
         }
-        let dev = &self.devices[r.dev as usize];
-        // Transport failures (HOST_PATH_ERROR from a failed queue) wait for the
-        // reconnect instead of surfacing (Linux requeues them the same way).
-        let retry =
-            status == Status::HOST_PATH_ERROR && r.retries < self.opts.max_retries && !dev.ctrl.should_fail_io();
-        if retry {
-            r.retries += 1;
-            r.state = ReqState::Waiting;
-            let qkey = dev.qkey;
-            self.queues[qkey].waiting.push_back(rid);
-            return;
+        let latency = r.sent.map_or(0, |t| u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        let dev = r.dev as usize;
+        let qkey = r.qkey;
+        let path = r.path;
+        let path_error = status.is_path_error();
+        if let DevKind::Multi(m) = &mut self.devices[dev].kind {
+            m.sel.on_complete(PathIndex(path), latency, if path_error { Outcome::PathError } else { Outcome::Done });
+            if !path_error && let Some(c) = m.ios.get_mut(usize::from(path)) {
+                *c += 1;
+            }
+            if path_error {
+                if status.is_ana_error()
+                    && let Some(Some(lp)) = m.paths.get_mut(usize::from(path))
+                {
+                    lp.ctrl.request_ana_refresh();
+                    lp.suspect_at = Some(lp.ctrl.change_count());
+                    m.seen = 0;
+                }
+                let r = &mut self.reqs[rid as usize];
+                if r.retries < self.opts.max_failovers {
+                    r.retries += 1;
+                    r.state = ReqState::Waiting;
+                    self.queues[qkey].stats.record_requeue();
+                    self.refresh_paths(dev);
+                    self.route(rid);
+                    return;
+                }
+            }
+        } else if status == Status::HOST_PATH_ERROR {
+            // Transport failures on a single path wait for the reconnect (Linux requeues them).
+            let ctrl_gone = self.queues[qkey].ctrl.should_fail_io();
+            let r = &mut self.reqs[rid as usize];
+            if r.retries < self.opts.max_retries && !ctrl_gone {
+                r.retries += 1;
+                r.state = ReqState::Waiting;
+                self.queues[qkey].stats.record_requeue();
+                self.queues[qkey].waiting.push_back(rid);
+                return;
+            }
         }
+        let r = &self.reqs[rid as usize];
+        let outcome = if status.is_success() { blk::Outcome::Success } else { blk::Outcome::Error };
+        let total = u64::try_from(r.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
         self.complete(rid, status);
     }
 
@@ -714,6 +1066,82 @@ impl Context {
         let buf = r.buf.take();
         self.done.push(Completion { token: r.token, status, buf, latency_ns });
         self.free_reqs.push(rid);
+    }
+
+    /// Re-reads the path states of a multipath device when anything they
+    /// depend on moved (head, controllers, local connections), then retries
+    /// requests waiting for a path.
+    fn refresh_paths(&mut self, dev: usize) {
+        let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
+        let head_gen = m.head.generation();
+        if head_gen != m.seen_head {
+            // Paths added or removed, or the policy switched.
+            m.seen_head = head_gen;
+            m.seen = 0;
+            let policy = m.head.policy();
+            if m.sel.policy() != policy {
+                m.sel.set_policy(policy);
+            }
+            let slots = m.head.paths();
+            let mut attach = Vec::new();
+            for (i, s) in slots.iter().enumerate() {
+                let have = m.paths.get(i).and_then(Option::as_ref).map(|lp| (Arc::as_ptr(&lp.ctrl), lp.nsid));
+                let want = s.as_ref().map(|(c, n)| (Arc::as_ptr(c), *n));
+                if have != want {
+                    if m.paths.len() <= i {
+                        m.paths.resize_with(i + 1, || None);
+                        m.ios.resize(i + 1, 0);
+                    }
+                    m.paths[i] = None;
+                    if let Some((c, n)) = s {
+                        attach.push((i, Arc::clone(c), *n));
+                    }
+                }
+            }
+            for (i, c, n) in attach {
+                if let Ok(qkey) = self.attach(&c)
+                    && let DevKind::Multi(m) = &mut self.devices[dev].kind
+                {
+                    m.paths[i] = Some(LocalPath { ctrl: c, nsid: n, qkey, suspect_at: None });
+                }
+            }
+        }
+        let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
+        // The view key: cheap relaxed loads only.
+        let mut key = m.seen_head.wrapping_mul(0x100_0000_01b3) | 1;
+        for lp in m.paths.iter().flatten() {
+            let conn = self.queues[lp.qkey].conn.is_some();
+            key = key
+                .wrapping_mul(31)
+                .wrapping_add(lp.ctrl.change_count())
+                .wrapping_mul(3)
+                .wrapping_add(u64::from(lp.ctrl.is_live()) * 2 + u64::from(conn));
+        }
+        if key == m.seen {
+            return;
+        }
+        m.seen = key;
+        let mut states = Vec::with_capacity(m.paths.len());
+        for (i, p) in m.paths.iter_mut().enumerate() {
+            states.push(match p {
+                None => PathState::new(u64::MAX - i as u64, PathClass::Gone),
+                Some(lp) => {
+                    if lp.suspect_at.is_some_and(|at| at != lp.ctrl.change_count()) {
+                        lp.suspect_at = None;
+                    }
+                    let mut class = class_of(&lp.ctrl, lp.nsid);
+                    let conn = self.queues[lp.qkey].conn.is_some();
+                    if class.is_usable() && (!conn || lp.suspect_at.is_some()) {
+                        class = PathClass::Transient;
+                    }
+                    PathState::new(path_id(&lp.ctrl, lp.nsid), class)
+                }
+            });
+        }
+        m.sel.set_paths(&states);
+        if !self.devices[dev].waiting.is_empty() {
+            self.dispatch_device_waiting(dev);
+        }
     }
 
     fn on_msg(&mut self, m: QueueMsg) {
@@ -735,23 +1163,42 @@ impl Context {
     }
 
     /// Periodic work: fail waiting I/O of controllers that are gone or past
-    /// fast_io_fail_tmo; reset controllers with timed-out commands.
+    /// fast_io_fail_tmo; reset controllers with timed-out commands; let
+    /// shared-tag users return idle tags.
     fn tick(&mut self) {
         for qkey in 0..self.queues.len() {
             let qe = &self.queues[qkey];
             if qe.conn.is_none() && !qe.waiting.is_empty() && qe.ctrl.should_fail_io() {
                 let waiting: Vec<u32> = self.queues[qkey].waiting.drain(..).collect();
                 for rid in waiting {
-                    self.complete(rid, Status::HOST_PATH_ERROR);
+                    let dev = self.reqs[rid as usize].dev as usize;
+                    if matches!(self.devices[dev].kind, DevKind::Multi(_)) {
+                        self.devices[dev].waiting.push_back(rid);
+                    } else {
+                        self.complete(rid, Status::HOST_PATH_ERROR);
+                    }
                 }
+            }
+        }
+        for d in &mut self.devices {
+            if let Some(u) = d.tags.as_mut() {
+                u.tick();
+            }
+        }
+        for d in 0..self.devices.len() {
+            if !self.devices[d].waiting.is_empty() {
+                if let DevKind::Multi(m) = &mut self.devices[d].kind {
+                    m.seen = 0;
+                }
+                self.refresh_paths(d);
+                self.dispatch_device_waiting(d);
             }
         }
         let timeout = self.opts.io_timeout;
         for i in 0..self.reqs.len() {
             let r = &self.reqs[i];
-            if r.state == ReqState::Outstanding && r.start.elapsed() > timeout {
-                let qkey = self.devices[r.dev as usize].qkey;
-                let qe = &self.queues[qkey];
+            if r.state == ReqState::Outstanding && r.sent.is_some_and(|t| t.elapsed() > timeout) {
+                let qe = &self.queues[r.qkey];
                 if let Some(ckey) = qe.conn {
                     tracing::warn!(request = i, "I/O timeout: resetting the controller");
                     if let Some(Some(c)) = self.conns.get_mut(ckey) {

@@ -68,6 +68,9 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Disable SQ flow control so reads complete with C2HData SUCCESS (one PDU less per read).
     pub disable_sqflow: bool,
+    /// Command ids of I/O queues span `0..tag_space` (for tag sets shared across
+    /// queues; `None` = the queue size).
+    pub tag_space: Option<u16>,
 }
 
 impl ConnectOptions {
@@ -90,6 +93,7 @@ impl ConnectOptions {
             fast_io_fail_tmo: None,
             connect_timeout: Duration::from_secs(5),
             disable_sqflow: true,
+            tag_space: None,
         }
     }
 }
@@ -263,6 +267,8 @@ pub struct Controller {
     live: AtomicBool,
     /// Set by a context whose queue of this controller failed.
     io_failed: AtomicBool,
+    /// Set by a context that saw an ANA status: the admin thread re-reads the ANA log.
+    ana_refresh: AtomicBool,
     admin_tx: Mutex<Option<SyncSender<AdminReq>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -341,6 +347,7 @@ impl Controller {
             change_count: AtomicU64::new(1),
             live: AtomicBool::new(true),
             io_failed: AtomicBool::new(false),
+            ana_refresh: AtomicBool::new(false),
             admin_tx: Mutex::new(None),
             thread: Mutex::new(None),
             opts,
@@ -504,6 +511,12 @@ impl Controller {
         }
     }
 
+    /// A context saw an ANA status on this controller: re-read the ANA log soon
+    /// (on the admin thread; the I/O path only sets a flag).
+    pub fn request_ana_refresh(&self) {
+        self.ana_refresh.store(true, Ordering::Release);
+    }
+
     /// Runs an admin command on the admin thread (control plane; blocks the caller).
     pub fn admin_command(&self, io: Io) -> Result<Done> {
         let tx = self.admin_tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -560,6 +573,7 @@ fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> Q
     let mut c = QueueConfig::io(qid, entries, cntlid, &opts.subnqn, &opts.hostnqn, opts.hostid);
     c.digests = nvme::tcp::Digests { header: opts.hdr_digest, data: opts.data_digest };
     c.disable_sqflow = opts.disable_sqflow;
+    c.tag_space = opts.tag_space.unwrap_or(entries).max(entries);
     c
 }
 
@@ -693,6 +707,13 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                     ka_token = None;
                     if !d.cqe.status.is_success() {
                         tracing::warn!("keep-alive failed: {}", d.cqe.status);
+                    }
+                }
+                if ctrl.ana_refresh.swap(false, Ordering::AcqRel) {
+                    let id = ctrl.identify();
+                    if let Ok(ns) = scan_namespaces(q, &id) {
+                        ctrl.lock().namespaces = ns;
+                        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
                     }
                 }
                 if let Some(t) = aer

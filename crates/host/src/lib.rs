@@ -37,6 +37,7 @@ pub mod context;
 pub mod controller;
 pub mod discovery;
 pub mod error;
+pub mod head;
 pub mod mpath;
 pub mod passthru;
 pub mod queue;

@@ -54,6 +54,10 @@ pub struct QueueConfig {
     pub disable_sqflow: bool,
     /// Receive buffer size.
     pub rx_buffer_size: usize,
+    /// Command ids the caller may use: `0..tag_space` (at least `entries`; larger
+    /// when tags come from a tag set shared with other queues, whose values are
+    /// unique across the set).
+    pub tag_space: u16,
 }
 
 impl QueueConfig {
@@ -71,6 +75,7 @@ impl QueueConfig {
             kato_ms: 0,
             disable_sqflow: true,
             rx_buffer_size: 64 * 1024,
+            tag_space: entries,
         }
     }
 }
@@ -253,14 +258,14 @@ impl std::fmt::Debug for HostQueue {
 }
 
 /// The internal command id of the Fabrics Connect (one past the caller's tags).
-fn connect_tag(entries: u16) -> u16 {
-    entries
+fn connect_tag(tag_space: u16) -> u16 {
+    tag_space
 }
 
 impl HostQueue {
     /// A new queue; the ICReq is queued for sending at once.
     pub fn new(cfg: QueueConfig) -> HostQueue {
-        let entries = usize::from(cfg.entries);
+        let entries = usize::from(cfg.tag_space.max(cfg.entries));
         let mut q = HostQueue {
             dec: Decoder::new(DecoderConfig::initial(Role::Host)),
             enc: EncoderConfig::default(),
@@ -303,9 +308,14 @@ impl HostQueue {
         self.cntlid
     }
 
-    /// Entries (tags are 0..entries).
+    /// Entries (the most commands outstanding at once).
     pub fn entries(&self) -> u16 {
         self.cfg.entries
+    }
+
+    /// Command ids the caller may use: `0..tag_space()`.
+    pub fn tag_space(&self) -> u16 {
+        self.cfg.tag_space.max(self.cfg.entries)
     }
 
     /// Commands outstanding.
@@ -361,7 +371,7 @@ impl HostQueue {
         if self.state != QueueState::Live {
             return Err((SubmitError::NotLive, io));
         }
-        if tag >= self.cfg.entries || self.slots[usize::from(tag)].state != SlotState::Free {
+        if tag >= self.tag_space() || self.slots[usize::from(tag)].state != SlotState::Free {
             return Err((SubmitError::BadTag(tag), io));
         }
         let len = io.len as usize;
@@ -591,7 +601,7 @@ impl HostQueue {
     }
 
     fn send_connect(&mut self) {
-        let ct = connect_tag(self.cfg.entries);
+        let ct = connect_tag(self.tag_space());
         let cmd = ConnectCmd {
             recfmt: 0,
             qid: self.cfg.qid,
@@ -620,7 +630,7 @@ impl HostQueue {
 
     fn on_cqe(&mut self, cqe: Cqe) {
         let tag = cqe.cid.0;
-        if self.state == QueueState::AwaitConnect && tag == connect_tag(self.cfg.entries) {
+        if self.state == QueueState::AwaitConnect && tag == connect_tag(self.tag_space()) {
             self.slots[usize::from(tag)].state = SlotState::Free;
             if cqe.status.is_success() {
                 if self.cfg.qid.is_admin() {
@@ -632,8 +642,9 @@ impl HostQueue {
             }
             return;
         }
+        let space = self.tag_space();
         match self.slots.get_mut(usize::from(tag)) {
-            Some(s) if s.state == SlotState::Outstanding && tag < self.cfg.entries => {
+            Some(s) if s.state == SlotState::Outstanding && tag < space => {
                 s.cqe = Some(cqe);
                 if !s.buf_in_flight {
                     self.finish(tag);
@@ -759,7 +770,7 @@ impl HostQueue {
     /// handing back their buffers. Buffers still in a send batch come back
     /// when the driver returns the batch.
     pub fn abort_all(&mut self, status: Status) {
-        for tag in 0..self.cfg.entries {
+        for tag in 0..self.tag_space() {
             let s = &mut self.slots[usize::from(tag)];
             if s.state == SlotState::Outstanding {
                 s.cqe = Some(Cqe::with_status(Cid(tag), status));
