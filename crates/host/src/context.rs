@@ -98,6 +98,9 @@ pub struct ContextOptions {
     pub max_retries: u32,
     /// Path changes an I/O of a multipath head may go through before it fails.
     pub max_failovers: u32,
+    /// An I/O outstanding longer than this is reported once (controller,
+    /// queue, command id, opcode, age, queue state): see [`Context::take_stall_reports`].
+    pub stall_threshold: Duration,
     /// Draw every device's tags from this host-wide shared set instead of
     /// each queue's own tags (seed 003). The controllers must be connected
     /// with `ConnectOptions::tag_space` ≥ the set's depth.
@@ -113,6 +116,7 @@ impl Default for ContextOptions {
             io_timeout: Duration::from_secs(30),
             max_retries: 5,
             max_failovers: 1000,
+            stall_threshold: Duration::from_secs(5),
             shared_tags: None,
         }
     }
@@ -214,6 +218,28 @@ struct Req {
     tag: u16,
     shared_tag: bool,
     sent: Option<Instant>,
+    stall_reported: bool,
+}
+
+/// An I/O that has been outstanding longer than the stall threshold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StallReport {
+    /// Controller address.
+    pub traddr: std::net::SocketAddr,
+    /// Controller id.
+    pub cntlid: u16,
+    /// Queue id (index + 1).
+    pub qid: u16,
+    /// Command id (tag).
+    pub cid: u16,
+    /// Opcode.
+    pub opcode: u8,
+    /// Time since the command was sent.
+    pub age: Duration,
+    /// The queue's state: commands outstanding on it and whether it is connected.
+    pub queue_outstanding: usize,
+    /// Whether the queue had a live connection.
+    pub queue_connected: bool,
 }
 
 /// A per-thread completion context.
@@ -236,6 +262,7 @@ pub struct Context {
     dsm_bufs: Vec<IoBuf>,
     last_tick: Instant,
     has_multi: bool,
+    stalls: Vec<StallReport>,
 }
 
 impl std::fmt::Debug for Context {
@@ -293,6 +320,7 @@ impl Context {
                 tag: 0,
                 shared_tag: false,
                 sent: None,
+                stall_reported: false,
             })
             .collect();
         Ok(Context {
@@ -313,6 +341,7 @@ impl Context {
             dsm_bufs: Vec::new(),
             last_tick: now,
             has_multi: false,
+            stalls: Vec::new(),
             opts,
         })
     }
@@ -585,6 +614,7 @@ impl Context {
         r.start = Instant::now();
         r.retries = 0;
         r.sent = None;
+        r.stall_reported = false;
         self.route(rid);
         Ok(())
     }
@@ -822,6 +852,11 @@ impl Context {
             self.tick();
         }
         Ok(self.done.len())
+    }
+
+    /// Stall reports since the last call (each stalled I/O is reported once).
+    pub fn take_stall_reports(&mut self) -> Vec<StallReport> {
+        std::mem::take(&mut self.stalls)
     }
 
     /// Completed I/Os since the last drain.
@@ -1195,9 +1230,38 @@ impl Context {
             }
         }
         let timeout = self.opts.io_timeout;
+        let stall = self.opts.stall_threshold;
         for i in 0..self.reqs.len() {
             let r = &self.reqs[i];
-            if r.state == ReqState::Outstanding && r.sent.is_some_and(|t| t.elapsed() > timeout) {
+            if r.state != ReqState::Outstanding {
+                continue;
+            }
+            let age = r.sent.map_or(Duration::ZERO, |t| t.elapsed());
+            if age > stall && !r.stall_reported {
+                let qe = &self.queues[r.qkey];
+                let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
+                let opcode = conn.and_then(|c| c.q.sqe_of(r.tag)).map_or_else(|| op_code(r.op), nvme::Sqe::opcode);
+                let report = StallReport {
+                    traddr: qe.ctrl.opts.traddr,
+                    cntlid: qe.ctrl.cntlid().0,
+                    qid: qe.index + 1,
+                    cid: r.tag,
+                    opcode,
+                    age,
+                    queue_outstanding: conn.map_or(0, |c| c.q.outstanding()),
+                    queue_connected: conn.is_some(),
+                };
+                tracing::warn!(
+                    traddr = %report.traddr, cntlid = report.cntlid, qid = report.qid, cid = report.cid,
+                    opcode = report.opcode, age_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+                    queue_outstanding = report.queue_outstanding, queue_connected = report.queue_connected,
+                    "I/O stall"
+                );
+                self.stalls.push(report);
+                self.reqs[i].stall_reported = true;
+            }
+            let r = &self.reqs[i];
+            if age > timeout {
                 let qe = &self.queues[r.qkey];
                 if let Some(ckey) = qe.conn {
                     tracing::warn!(request = i, "I/O timeout: resetting the controller");
@@ -1208,6 +1272,16 @@ impl Context {
                 }
             }
         }
+    }
+}
+
+fn op_code(op: Op) -> u8 {
+    match op {
+        Op::Read => opc::READ,
+        Op::Write => opc::WRITE,
+        Op::Flush => opc::FLUSH,
+        Op::WriteZeroes => opc::WRITE_ZEROES,
+        Op::Deallocate => opc::DATASET_MANAGEMENT,
     }
 }
 

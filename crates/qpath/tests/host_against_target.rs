@@ -210,3 +210,47 @@ fn user_queue_pair_raw_commands() {
     ctrl.delete();
     server.shutdown();
 }
+
+#[test]
+fn stuck_command_is_reported_once() {
+    let port = free_port();
+    let server = config(port).start().unwrap();
+    // Target-side fault: reads on this port are never completed.
+    server
+        .state
+        .port(1)
+        .unwrap()
+        .faults
+        .stall_opcode
+        .store(u64::from(nvme::opcode::io::READ) + 1, std::sync::atomic::Ordering::Relaxed);
+    let ctrl = connect(port, false);
+    let mut ctx =
+        Context::new(ContextOptions { stall_threshold: Duration::from_millis(100), ..Default::default() }).unwrap();
+    let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+    write_read_write_only(&mut ctx, dev);
+    ctx.submit(dev, Op::Read, 4096, 4096, Some(IoBuf::new(4096)), 77).map_err(|(e, _)| e).unwrap();
+    let mut reports = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(600) {
+        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(5)) }).unwrap();
+        reports.extend(ctx.take_stall_reports());
+    }
+    assert_eq!(reports.len(), 1, "exactly one report for one stuck command: {reports:?}");
+    let r = &reports[0];
+    assert_eq!(r.opcode, nvme::opcode::io::READ);
+    assert_eq!(r.qid, 1);
+    assert_eq!(r.cntlid, ctrl.cntlid().0);
+    assert_eq!(r.traddr, ctrl.opts.traddr);
+    assert!(r.age >= Duration::from_millis(100));
+    assert!(r.queue_connected);
+    assert_eq!(r.queue_outstanding, 1);
+    drop(ctx);
+    ctrl.delete();
+    server.shutdown();
+}
+
+fn write_read_write_only(ctx: &mut Context, dev: DeviceId) {
+    ctx.submit(dev, Op::Write, 0, 4096, Some(pattern(4096, 1)), 1).map_err(|(e, _)| e).unwrap();
+    let c = wait_done(ctx, 1);
+    assert!(c[0].status.is_success());
+}
