@@ -37,6 +37,12 @@ pub enum Policy {
     },
     /// Fewest of this thread's I/Os in flight (Linux 6.11+ `queue-depth`,
     /// SPDK's per-qpair queue depth).
+    ///
+    /// Other threads' I/O is not counted: when every thread balances its own
+    /// I/O the sum is balanced too, and a slow path shows up in this
+    /// thread's own counts (its I/Os stay in flight longer). What it misses is
+    /// load this thread cannot see (threads on other policies, other hosts);
+    /// the latency policy reacts to that, through the latency it causes.
     QueueDepth,
     /// Weighted round robin by per-path service time (the adaptive policy
     /// proposed for Linux in 2025; dm's historical-service-time).
