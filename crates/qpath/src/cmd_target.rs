@@ -29,6 +29,9 @@ pub struct TargetArgs {
     /// Replace the listen addresses of the config's ports, in order (e.g. for a network namespace).
     #[arg(long = "listen")]
     listen: Vec<String>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 127.0.0.1:9420.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
     /// Print the effective configuration (as JSON) and exit.
     #[arg(long)]
     print_config: bool,
@@ -76,6 +79,15 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     let server = Arc::new(cfg.start()?);
     let _rpc = match &cfg.rpc.socket {
         Some(p) => Some(RpcServer::start(p, Arc::clone(&server))?),
+        None => None,
+    };
+    let _metrics = match a.metrics {
+        Some(addr) => {
+            let st = Arc::clone(&server.state);
+            let m = target::metrics::MetricsServer::start(addr, Arc::new(move || target::metrics::render(&st)))?;
+            println!("metrics on http://{}/metrics", m.addr());
+            Some(m)
+        }
         None => None,
     };
     for p in server.state.ports() {

@@ -3,6 +3,7 @@
 
 mod cmd_host;
 mod cmd_rpc;
+mod cmd_stats;
 mod cmd_target;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Command {
     Target(cmd_target::TargetArgs),
     /// Call the target's JSON-RPC control socket.
     Rpc(cmd_rpc::RpcArgs),
+    /// Per-queue statistics of a running target or host process.
+    Stats(cmd_stats::StatsArgs),
     /// Read a discovery controller's log (following referrals), like `nvme discover`.
     Discover(cmd_host::DiscoverArgs),
     /// Connect to a subsystem, print its controller and namespaces, disconnect.
@@ -42,6 +45,7 @@ fn main() {
     let result = match cli.command {
         Command::Target(a) => cmd_target::run(a),
         Command::Rpc(a) => cmd_rpc::run(a),
+        Command::Stats(a) => cmd_stats::run(a),
         Command::Discover(a) => cmd_host::discover(a),
         Command::Connect(a) => cmd_host::connect(a),
         Command::ListSubsys(a) => cmd_host::list_subsys(a),

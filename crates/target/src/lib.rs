@@ -47,6 +47,7 @@ pub mod controller;
 pub mod error;
 pub mod fabrics;
 pub mod io_cmd;
+pub mod metrics;
 pub mod namespace;
 pub mod pool;
 pub mod port;

@@ -74,6 +74,10 @@ pub struct QueueInfo {
     /// Counters.
     pub stats: QueueStats,
     binding: Mutex<Option<(String, Cntlid, u16)>>,
+    /// Latency histograms, merged in by the owner on its tick.
+    published: Mutex<blk::QueueStats>,
+    /// Per-namespace counters, merged in by the owner on its tick.
+    ns: Mutex<Vec<crate::stats::NsCounters>>,
 }
 
 /// A queue as `list_queues` reports it.
@@ -96,6 +100,35 @@ pub struct QueueReport {
 }
 
 impl QueueInfo {
+    /// Merges the owner's latest statistics (and resets them).
+    pub fn publish(&self, local: &mut blk::QueueStats, ns: &mut [crate::stats::NsCounters]) {
+        self.published.lock().unwrap_or_else(|e| e.into_inner()).merge(local);
+        local.reset();
+        let mut g = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        for n in ns.iter_mut() {
+            match g.iter_mut().find(|x| x.nsid == n.nsid) {
+                Some(x) => x.add(n),
+                None => g.push(*n),
+            }
+            *n = crate::stats::NsCounters { nsid: n.nsid, ..Default::default() };
+        }
+    }
+
+    /// A copy of the published histograms.
+    pub fn latency(&self) -> blk::QueueStats {
+        self.published.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The published per-namespace counters.
+    pub fn namespaces(&self) -> Vec<crate::stats::NsCounters> {
+        self.ns.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The queue's binding: (subsystem NQN, controller id, queue id).
+    pub fn binding(&self) -> Option<(String, Cntlid, u16)> {
+        self.binding.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Records the queue's binding after Connect.
     pub fn bind(&self, subnqn: &str, cntlid: Cntlid, qid: u16) {
         *self.binding.lock().unwrap_or_else(|e| e.into_inner()) = Some((subnqn.to_string(), cntlid, qid));
@@ -301,13 +334,28 @@ impl TargetState {
 
     /// Registers a new connection's queue info.
     pub fn register_queue(&self, port: u16, peer: Option<SocketAddr>, reactor: usize) -> Arc<QueueInfo> {
-        let q = Arc::new(QueueInfo { port, peer, reactor, stats: QueueStats::default(), binding: Mutex::new(None) });
+        let q = Arc::new(QueueInfo {
+            port,
+            peer,
+            reactor,
+            stats: QueueStats::default(),
+            binding: Mutex::new(None),
+            published: Mutex::new(blk::QueueStats::new()),
+            ns: Mutex::new(Vec::new()),
+        });
         let mut list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         if list.len() > 64 && list.len().is_power_of_two() {
             list.retain(|w| w.strong_count() > 0);
         }
         list.push(Arc::downgrade(&q));
         q
+    }
+
+    /// Every live queue's info (for statistics).
+    pub fn queue_infos(&self) -> Vec<Arc<QueueInfo>> {
+        let mut list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// Every live queue.

@@ -18,6 +18,7 @@
 //! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
 //! | `list_controllers` | | controllers |
 //! | `list_queues` | | queues with counters |
+//! | `stats` | | per-queue counters and latency percentiles, per-port and per-namespace aggregates |
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -45,6 +46,12 @@ pub struct RpcServer {
 impl RpcServer {
     /// Listens on `path` (replacing a stale socket file) and serves `server`.
     pub fn start(path: &Path, server: Arc<Server>) -> Result<RpcServer, Error> {
+        RpcServer::start_with(path, Arc::new(move |m: &str, p: &Value| call(&server, m, p)))
+    }
+
+    /// Listens on `path` and answers every request with `handler` (the host
+    /// side's statistics use the same socket protocol).
+    pub fn start_with(path: &Path, handler: Arc<Handler>) -> Result<RpcServer, Error> {
         if path.exists() {
             let _ = std::fs::remove_file(path);
         }
@@ -54,9 +61,9 @@ impl RpcServer {
             .spawn(move || {
                 for conn in listener.incoming() {
                     let Ok(conn) = conn else { continue };
-                    let server = Arc::clone(&server);
+                    let handler = Arc::clone(&handler);
                     let _ =
-                        std::thread::Builder::new().name("qpath-rpc-conn".into()).spawn(move || serve(conn, &server));
+                        std::thread::Builder::new().name("qpath-rpc-conn".into()).spawn(move || serve(conn, &handler));
                 }
             })
             .map_err(|e| Error::io("spawn RPC thread", e))?;
@@ -73,7 +80,10 @@ impl Drop for RpcServer {
     }
 }
 
-fn serve(conn: UnixStream, server: &Server) {
+/// Answers one JSON-RPC method.
+pub type Handler = dyn Fn(&str, &Value) -> Result<Value, Error> + Send + Sync;
+
+fn serve(conn: UnixStream, handler: &Arc<Handler>) {
     let Ok(w) = conn.try_clone() else { return };
     let mut w = w;
     let r = BufReader::new(conn);
@@ -91,7 +101,7 @@ fn serve(conn: UnixStream, server: &Server) {
                     let id = req.get("id").cloned().unwrap_or(Value::Null);
                     let method = req.get("method").and_then(Value::as_str).unwrap_or("");
                     let params = req.get("params").cloned().unwrap_or(json!({}));
-                    match call(server, method, &params) {
+                    match handler(method, &params) {
                         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                         Err(e) => {
                             let code = match e.kind {
@@ -257,6 +267,7 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             json!(all)
         }
         "list_queues" => json!(st.queues()),
+        "stats" => crate::metrics::stats_json(st),
         _ => return Err(Error::new(ErrorKind::NotFound, format!("unknown method {method:?}"))),
     })
 }

@@ -87,3 +87,66 @@ impl QueueStats {
         }
     }
 }
+
+/// I/O counters of one namespace as seen by one queue (published on the queue's tick).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NsCounters {
+    /// NSID.
+    pub nsid: u32,
+    /// Reads completed.
+    pub reads: u64,
+    /// Writes completed.
+    pub writes: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// Commands that failed.
+    pub errors: u64,
+}
+
+impl NsCounters {
+    /// Adds `o` into these.
+    pub fn add(&mut self, o: &NsCounters) {
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+        self.errors += o.errors;
+    }
+}
+
+/// Latency percentiles of one direction, for reports (µs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct LatencyReport {
+    /// Completions.
+    pub ios: u64,
+    /// Mean, µs.
+    pub mean_us: f64,
+    /// Median, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// 99.9th percentile, µs.
+    pub p99_9_us: f64,
+    /// Largest, µs.
+    pub max_us: f64,
+}
+
+impl LatencyReport {
+    /// From one direction of blk queue statistics.
+    pub fn of(s: &blk::QueueStats, dir: blk::Direction) -> LatencyReport {
+        let d = s.direction(dir);
+        let sum = d.summary();
+        #[allow(clippy::cast_precision_loss)] // report values
+        let us = |ns: u64| ns as f64 / 1000.0;
+        LatencyReport {
+            ios: d.ios,
+            mean_us: sum.mean_ns / 1000.0,
+            p50_us: us(sum.p50_ns),
+            p99_us: us(sum.p99_ns),
+            p99_9_us: us(sum.p99_9_ns),
+            max_us: us(sum.max_ns),
+        }
+    }
+}

@@ -214,6 +214,10 @@ pub struct Connection {
     /// Last time input arrived (ms), and the value last reported to the controller.
     traffic_ms: u64,
     traffic_reported_ms: u64,
+    /// Latency histograms and counters since the last publish (owner thread only).
+    local_stats: blk::QueueStats,
+    ns_local: Vec<crate::stats::NsCounters>,
+    stats_dirty: bool,
     close_reason: Option<String>,
 }
 
@@ -267,6 +271,9 @@ impl Connection {
             drop_generation,
             traffic_ms: 0,
             traffic_reported_ms: 0,
+            local_stats: blk::QueueStats::new(),
+            ns_local: Vec::new(),
+            stats_dirty: false,
             close_reason: None,
         };
         c.resize_slots(INITIAL_SLOTS);
@@ -1153,8 +1160,51 @@ impl Connection {
                 b.controller().log_error(qid.0, cid.0, status, nsid, lba);
             }
         }
-        stats.latency_ns_sum.add(ctx.now_ns.saturating_sub(r.start_ns));
+        let latency = ctx.now_ns.saturating_sub(r.start_ns);
+        stats.latency_ns_sum.add(latency);
+        if let ReqKind::Io(io) = r.kind {
+            let (dir, bytes) = match io {
+                IoKind::Read { len, .. } => (blk::Direction::Read, u64::from(len)),
+                IoKind::Write { len, .. } => (blk::Direction::Write, u64::from(len)),
+                IoKind::WriteZeroes { len, .. } => (blk::Direction::Write, len),
+                IoKind::Dsm { .. } => (blk::Direction::Trim, 0),
+                IoKind::Flush => (blk::Direction::Sync, 0),
+            };
+            let ok = status.is_success();
+            let outcome = if ok { blk::Outcome::Success } else { blk::Outcome::Error };
+            self.local_stats.record(dir, bytes, latency, outcome);
+            let nsid = r.sqe.nsid().0;
+            let i = match self.ns_local.iter().position(|n| n.nsid == nsid) {
+                Some(i) => i,
+                None => {
+                    self.ns_local.push(crate::stats::NsCounters { nsid, ..Default::default() });
+                    self.ns_local.len() - 1
+                }
+            };
+            let n = &mut self.ns_local[i];
+            match (dir, ok) {
+                (_, false) => n.errors += 1,
+                (blk::Direction::Read, true) => {
+                    n.reads += 1;
+                    n.read_bytes += bytes;
+                }
+                (blk::Direction::Write, true) => {
+                    n.writes += 1;
+                    n.write_bytes += bytes;
+                }
+                _ => {}
+            }
+            self.stats_dirty = true;
+        }
         self.release_slot(slot, ctx);
+    }
+
+    /// Publishes the latency histograms and per-namespace counters gathered
+    /// since the last call, for RPC and metrics readers (on the tick, never per I/O).
+    fn publish_stats(&mut self) {
+        if std::mem::take(&mut self.stats_dirty) {
+            self.info.publish(&mut self.local_stats, &mut self.ns_local);
+        }
     }
 
     fn release_slot(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
@@ -1234,6 +1284,7 @@ impl Connection {
     /// Periodic work (the driver calls it every few ms): keep-alive, events,
     /// controller teardown, connect timeout, injected drops.
     pub fn tick(&mut self, ctx: &mut ConnCtx<'_>) {
+        self.publish_stats();
         let now_ms = ctx.now_ns / 1_000_000;
         if matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect)
             && ctx.now_ns.saturating_sub(self.created_ns) / 1_000_000 > self.target.opts.connect_timeout_ms
@@ -1280,6 +1331,7 @@ impl Connection {
     /// Releases the queue's binding and buffers (the driver calls it once
     /// the connection is closed and no file operation is in flight).
     pub fn release(&mut self, ctx: &mut ConnCtx<'_>) {
+        self.publish_stats();
         for i in 0..self.reqs.len() {
             if let Some(b) = self.reqs[i].buf.take() {
                 ctx.pool.put(b);

@@ -1,0 +1,93 @@
+//! Target statistics: per-queue counters and latency percentiles over RPC,
+//! and Prometheus counters over HTTP that match the host's own I/O count.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use host::context::{Context, ContextOptions, Op};
+use host::controller::{ConnectOptions, Controller};
+use nvme::Nsid;
+use target::config::Config;
+use target::metrics::MetricsServer;
+use target::reactor::{PollMode, ReactorOptions};
+use uring::{IoBuf, Wait};
+
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.0 200 OK"), "{out}");
+    out
+}
+
+fn sum_metric(text: &str, name: &str, filter: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+#[test]
+fn metrics_and_stats_count_every_io() {
+    let mut c = Config::embedded_default();
+    c.reactor = ReactorOptions { reactors: 2, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
+    for p in &mut c.ports {
+        p.addr = "127.0.0.1:0".into();
+    }
+    c.subsystems[0].namespaces[0].size = Some(target::config::SizeValue::Text("16M".into()));
+    let server = c.start().unwrap();
+    let st = Arc::clone(&server.state);
+    let metrics =
+        MetricsServer::start("127.0.0.1:0".parse().unwrap(), Arc::new(move || target::metrics::render(&st))).unwrap();
+    let addr = server.state.port(1).unwrap().addr;
+    let mut o = ConnectOptions::new(addr, target::config::DEFAULT_NQN);
+    o.nr_io_queues = 2;
+    let ctrl = Controller::connect(o).unwrap();
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+    let (reads, writes) = (300u64, 200u64);
+    let mut done = 0;
+    for i in 0..reads + writes {
+        let (op, mut b) = if i < writes { (Op::Write, IoBuf::new(4096)) } else { (Op::Read, IoBuf::new(4096)) };
+        b.set_len(4096);
+        ctx.submit(dev, op, (i % 1024) * 4096, 4096, Some(b), i).map_err(|(e, _)| e).unwrap();
+        if i % 16 == 15 {
+            let t = Instant::now();
+            while done <= i - 8 && t.elapsed() < Duration::from_secs(10) {
+                ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
+                for c in ctx.completions() {
+                    assert!(c.status.is_success());
+                    done += 1;
+                }
+            }
+        }
+    }
+    let t = Instant::now();
+    while done < reads + writes && t.elapsed() < Duration::from_secs(10) {
+        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
+        done += ctx.completions().count() as u64;
+    }
+    assert_eq!(done, reads + writes);
+    // Histograms are published on the reactors' 10 ms tick.
+    std::thread::sleep(Duration::from_millis(50));
+    let text = scrape(metrics.addr());
+    assert_eq!(sum_metric(&text, "qpath_target_queue_ios_total", "dir=\"read\""), reads);
+    assert_eq!(sum_metric(&text, "qpath_target_queue_ios_total", "dir=\"write\""), writes);
+    assert_eq!(sum_metric(&text, "qpath_target_namespace_ios_total", "dir=\"read\""), reads);
+    assert!(text.contains("qpath_target_queue_latency_seconds{"), "latency quantiles exported");
+    let js = target::metrics::stats_json(&server.state);
+    let q_reads: u64 = js["queues"].as_array().unwrap().iter().map(|q| q["reads"].as_u64().unwrap()).sum();
+    assert_eq!(q_reads, reads);
+    let io_q = js["queues"].as_array().unwrap().iter().find(|q| q["reads"].as_u64().unwrap() > 0).unwrap();
+    assert!(io_q["latency"]["read"]["p99_us"].as_f64().unwrap() > 0.0);
+    // The host side counts the same I/Os per queue.
+    let host_ios: u64 = ctx.queue_stats().map(|(_, _, s)| s.ios()).sum();
+    assert_eq!(host_ios, reads + writes);
+    drop(ctx);
+    ctrl.delete();
+    drop(metrics);
+    server.shutdown();
+}
