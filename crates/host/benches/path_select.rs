@@ -10,8 +10,9 @@
 //! - `baseline_harness`: the ring and loop without any selection, to subtract.
 //! - `1_thread/<policy>/<paths>`: one thread, pinned to CPU 0.
 //! - `2_threads/<policy>/<paths>`: two threads pinned to CPUs 0 and 1, each
-//!   with its own `Selector` (as each context will have); the figure is the
-//!   slower thread's time per step. For `ref_*` the two threads share the
+//!   with its own `Selector` (as each context will have), both running until
+//!   both have done the sample's steps; the figure is the slower thread's
+//!   time per step. For `ref_*` the two threads share the
 //!   reference's atomics (that is what the references are), each submitting
 //!   through its own hardware queue: where the seed's contention shows.
 //!
@@ -20,6 +21,7 @@
 #![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -33,6 +35,8 @@ use uring::{online_cpus, pin_current_thread};
 const DEPTH: usize = 32;
 const _: () = assert!(DEPTH.is_power_of_two());
 const PATH_COUNTS: [usize; 3] = [2, 8, 64];
+/// Submitting threads in the `2_threads` group.
+const THREADS: usize = 2;
 
 /// Something that does one I/O's worth of path selection.
 trait Step: Send {
@@ -44,6 +48,30 @@ trait Step: Send {
         for _ in 0..iters {
             self.step();
         }
+    }
+
+    /// At least `iters` steps, and on until `finished` reaches `threads`
+    /// (this thread counts itself in once it has done its `iters`), so every
+    /// thread's rate is measured while all of them run. Returns the steps done.
+    #[inline(never)]
+    fn run_overlapped(&mut self, iters: u64, finished: &AtomicUsize, threads: usize) -> u64 {
+        const CHUNK: u64 = 256;
+        let mut done = 0;
+        while done < iters {
+            let n = CHUNK.min(iters - done);
+            for _ in 0..n {
+                self.step();
+            }
+            done += n;
+        }
+        finished.fetch_add(1, Ordering::Relaxed);
+        while finished.load(Ordering::Relaxed) < threads {
+            for _ in 0..CHUNK {
+                self.step();
+            }
+            done += CHUNK;
+        }
+        done
     }
 }
 
@@ -262,26 +290,30 @@ fn two_threads(c: &mut Criterion) {
         for paths in PATH_COUNTS {
             group.bench_function(BenchmarkId::new(subject.name(), paths), |b| {
                 b.iter_custom(|iters| {
-                    // Fresh state per sample (set up outside the timed region); both threads
-                    // start together and the slower one's time is the figure.
+                    // Fresh state per sample (set up outside the timed region). Both threads
+                    // start together and run until both have done `iters` steps, so each
+                    // one's rate is taken while the other runs; the slower rate is the figure.
                     let shared = Arc::new(subject.shared(paths));
-                    let start = Arc::new(Barrier::new(2));
-                    let handles: Vec<_> = (0..2)
+                    let start = Arc::new(Barrier::new(THREADS));
+                    let finished = Arc::new(AtomicUsize::new(0));
+                    let handles: Vec<_> = (0..THREADS)
                         .map(|t| {
-                            let (start, shared) = (Arc::clone(&start), Arc::clone(&shared));
+                            let (start, shared, finished) =
+                                (Arc::clone(&start), Arc::clone(&shared), Arc::clone(&finished));
                             thread::spawn(move || {
                                 let _ = pin_current_thread(t % cpus);
                                 let mut s = subject.stepper(&shared, paths, t);
                                 start.wait();
                                 let t0 = Instant::now();
-                                s.run(iters);
+                                let steps = s.run_overlapped(iters, &finished, THREADS);
                                 let elapsed = t0.elapsed();
                                 black_box(&mut *s);
-                                elapsed
+                                elapsed.as_secs_f64() / steps as f64
                             })
                         })
                         .collect();
-                    handles.into_iter().map(|h| h.join().expect("bench thread")).max().unwrap_or(Duration::ZERO)
+                    let per_step = handles.into_iter().map(|h| h.join().expect("bench thread")).fold(0.0, f64::max);
+                    Duration::from_secs_f64(per_step * iters as f64)
                 });
             });
         }
