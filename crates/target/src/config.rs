@@ -19,7 +19,14 @@
 //! [[subsystem]]
 //! nqn = "nqn.2026-11.io.qpath:vol1"
 //! allow_any_host = false
-//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]
+//! hosts = [
+//!   "nqn.2014-08.org.nvmexpress:uuid:...",       # allowed, no authentication
+//!   { nqn = "nqn.2014-08.org.nvmexpress:uuid:...",  # allowed, must authenticate (DH-HMAC-CHAP)
+//!     dhchap_key = "DHHC-1:01:...:",              # the host's secret (nvme gen-dhchap-key)
+//!     dhchap_ctrl_key = "DHHC-1:03:...:",         # optional: the controller authenticates too
+//!     hash = "sha384",                            # optional: preferred hash (default sha256)
+//!     dhgroup = "ffdhe3072" },                    # optional: required DH group (default null)
+//! ]
 //! [[subsystem.namespace]]
 //! backend = "file"               # null | ram | file
 //! path = "/var/lib/qpath/vol1.img"
@@ -34,9 +41,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nvme::auth::{DhGroup, HashId, Secret};
 use nvme::{AnaGrpId, AnaState};
 use serde::{Deserialize, Serialize};
 
+use crate::auth::HostAuth;
 use crate::backend::{Backend, FileBackend};
 use crate::error::{Error, ErrorKind};
 use crate::namespace::NamespaceSpec;
@@ -113,9 +122,9 @@ pub struct SubsystemConfig {
     /// Let any host connect (only when set).
     #[serde(default)]
     pub allow_any_host: bool,
-    /// Allowed host NQNs.
+    /// Allowed hosts: NQNs, or tables that also give DH-HMAC-CHAP keys.
     #[serde(default)]
-    pub hosts: Vec<String>,
+    pub hosts: Vec<HostEntry>,
     /// Port ids to expose on (empty = every I/O port).
     #[serde(default)]
     pub ports: Vec<u16>,
@@ -126,6 +135,67 @@ pub struct SubsystemConfig {
     /// Namespaces.
     #[serde(default, rename = "namespace")]
     pub namespaces: Vec<NamespaceConfig>,
+}
+
+/// An allowed host: its NQN, or a table with its DH-HMAC-CHAP settings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HostEntry {
+    /// Allowed without authentication.
+    Nqn(String),
+    /// Allowed; authenticates when `dhchap_key` is set.
+    Auth(HostAuthConfig),
+}
+
+impl HostEntry {
+    /// The host NQN.
+    pub fn nqn(&self) -> &str {
+        match self {
+            HostEntry::Nqn(n) => n,
+            HostEntry::Auth(a) => &a.nqn,
+        }
+    }
+}
+
+/// A host's DH-HMAC-CHAP settings (Linux configfs `hosts/<nqn>/dhchap_*`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostAuthConfig {
+    /// Host NQN.
+    pub nqn: String,
+    /// The host's secret, `DHHC-1:<hh>:<base64>:`.
+    pub dhchap_key: Option<String>,
+    /// The controller's secret (bidirectional authentication when the host asks).
+    pub dhchap_ctrl_key: Option<String>,
+    /// Preferred hash: sha256 (default), sha384, sha512 (or "hmac(sha256)" ...).
+    pub hash: Option<String>,
+    /// Required DH group: null (default), ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192.
+    pub dhgroup: Option<String>,
+}
+
+impl HostAuthConfig {
+    /// Checks the settings: `None` when the host has no key (it does not authenticate).
+    pub fn to_host_auth(&self) -> Result<Option<HostAuth>, Error> {
+        let bad = |what: &str, e: String| Error::new(ErrorKind::Config, format!("host {}: {what}: {e}", self.nqn));
+        let secret = |s: &str, what: &str| Secret::parse(s).map_err(|e| bad(what, e.to_string()));
+        let Some(key) = &self.dhchap_key else {
+            if self.dhchap_ctrl_key.is_some() {
+                return Err(bad("dhchap_ctrl_key", "needs dhchap_key (the host authenticates first)".into()));
+            }
+            return Ok(None);
+        };
+        let mut a = HostAuth::new(secret(key, "dhchap_key")?, None);
+        if let Some(c) = &self.dhchap_ctrl_key {
+            a.ctrl_key = Some(secret(c, "dhchap_ctrl_key")?);
+        }
+        if let Some(h) = &self.hash {
+            a.hash = HashId::parse(h).ok_or_else(|| bad("hash", format!("{h:?}: sha256, sha384 or sha512")))?;
+        }
+        if let Some(g) = &self.dhgroup {
+            a.dhgroup = DhGroup::parse(g).ok_or_else(|| bad("dhgroup", format!("{g:?}: null or ffdhe2048..8192")))?;
+        }
+        Ok(Some(a))
+    }
 }
 
 fn default_model() -> String {
@@ -307,8 +377,14 @@ pub fn add_subsystem(state: &TargetState, s: &SubsystemConfig) -> Result<Arc<Sub
     if let Some(q) = s.queue_size {
         limits.max_queue_entries = q.clamp(2, 4096);
     }
-    let access = HostAccess { allow_any: s.allow_any_host, hosts: s.hosts.clone() };
+    let access =
+        HostAccess { allow_any: s.allow_any_host, hosts: s.hosts.iter().map(|h| h.nqn().to_string()).collect() };
     let sub = Subsystem::new(&s.nqn, SubsysKind::Nvm, &serial, &s.model, access, limits)?;
+    for h in &s.hosts {
+        if let HostEntry::Auth(a) = h {
+            sub.set_host_auth(&a.nqn, a.to_host_auth()?);
+        }
+    }
     sub.set_ports(s.ports.clone());
     let sub = state.add_subsystem(sub)?;
     for n in &s.namespaces {
@@ -410,6 +486,36 @@ mod tests {
         let s = state.subsystem("nqn.2026-11.io.qpath:a").unwrap();
         assert!(!s.allows_host("nqn.other"));
         assert_eq!(s.namespaces().0.len(), 1);
+    }
+
+    #[test]
+    fn host_auth_entries() {
+        let key = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        let c = Config::parse(&format!(
+            r#"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.qpath:a"
+            hosts = ["nqn.plain", {{ nqn = "nqn.auth", dhchap_key = "{key}", dhchap_ctrl_key = "{key}", hash = "sha512", dhgroup = "ffdhe3072" }}]
+            "#
+        ))
+        .unwrap();
+        let state = c.build_state().unwrap();
+        let s = state.subsystem("nqn.2026-11.io.qpath:a").unwrap();
+        assert!(s.allows_host("nqn.plain") && s.allows_host("nqn.auth"));
+        assert!(s.host_auth("nqn.plain").is_none());
+        let a = s.host_auth("nqn.auth").unwrap();
+        assert_eq!((a.hash, a.dhgroup, a.ctrl_key.is_some()), (HashId::Sha512, DhGroup::Ffdhe3072, true));
+        // A bad key, hash or group is a configuration error, not a silent "no authentication".
+        for bad in [
+            r#"{ nqn = "h", dhchap_key = "DHHC-1:01:AAAA:" }"#,
+            r#"{ nqn = "h", dhchap_ctrl_key = "x" }"#,
+            r#"{ nqn = "h", dhchap_key = "KEY", hash = "md5" }"#,
+            r#"{ nqn = "h", dhchap_key = "KEY", dhgroup = "ffdhe1024" }"#,
+            r#"{ nqn = "h", dhchap_key = "KEY", colour = 1 }"#,
+        ] {
+            let t = format!("[[subsystem]]\nnqn = \"nqn.2026-11.io.qpath:b\"\nhosts = [{}]\n", bad.replace("KEY", key));
+            assert!(Config::parse(&t).and_then(|c| c.build_state().map(|_| ())).is_err(), "{bad}");
+        }
     }
 
     #[test]

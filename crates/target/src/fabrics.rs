@@ -9,6 +9,7 @@ use nvme::fabrics::{
 };
 use nvme::{Cntlid, QueueId, Sqe, Status};
 
+use crate::auth::{self, QueueAuth};
 use crate::controller::Controller;
 use crate::port::{Port, PortKind};
 use crate::registry::TargetState;
@@ -64,6 +65,8 @@ pub struct Connected {
     pub entries: u16,
     /// The host disabled SQ flow control (no SQHD needed; C2HData SUCCESS allowed).
     pub sqflow_disabled: bool,
+    /// The host has DH-HMAC-CHAP keys here: the queue must authenticate (ATR) before use.
+    pub auth: Option<QueueAuth>,
 }
 
 /// Handles a Connect command arriving on `port` with its 1024 bytes of data.
@@ -126,7 +129,8 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
             cntlid = ctrl.cntlid.0, subnqn = %subsys.nqn, hostnqn = %d.hostnqn, port = port.id, kato_ms = kato,
             "controller created"
         );
-        Ok(Connected { binding: Binding::Admin(ctrl), entries, sqflow_disabled: cmd.sqflow_disabled() })
+        let auth = auth::on_connect(subsys.host_auth(&d.hostnqn), &d.hostnqn, &subsys.nqn, target.now_ns());
+        Ok(Connected { binding: Binding::Admin(ctrl), entries, sqflow_disabled: cmd.sqflow_disabled(), auth })
     } else {
         let ctrl = subsys
             .controller(d.cntlid)
@@ -143,10 +147,13 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
             return Err(ConnectError::invalid(ConnectInvalid::sqe(connect_sqe_offset::QID)));
         }
         ctrl.touch(now);
+        // Every I/O queue authenticates too (as Linux does without secure channel concatenation).
+        let auth = auth::on_connect(subsys.host_auth(&d.hostnqn), &d.hostnqn, &subsys.nqn, target.now_ns());
         Ok(Connected {
             binding: Binding::Io(Arc::clone(&ctrl), cmd.qid, generation),
             entries,
             sqflow_disabled: cmd.sqflow_disabled(),
+            auth,
         })
     }
 }

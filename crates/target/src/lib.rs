@@ -41,6 +41,7 @@
 //! ```
 
 pub mod admin;
+pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod controller;

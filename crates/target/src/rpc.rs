@@ -12,6 +12,7 @@
 //! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}` | `{nsid}` |
 //! | `remove_namespace` | `{nqn, nsid}` | |
 //! | `add_host` / `remove_host` | `{nqn, host}` | |
+//! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, hash?, dhgroup?}` (no key: clear) | |
 //! | `set_ana_state` | `{port, group, state}` | `{changed}` |
 //! | `set_qos` | `{nqn, nsid, iops, bytes_per_sec, delay_us}` | |
 //! | `add_port` | `{id, addr, kind}` | `{addr}` |
@@ -170,7 +171,7 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                     let a = s.access();
                     json!({
                         "nqn": s.nqn, "serial": s.serial, "model": s.model,
-                        "allow_any_host": a.allow_any, "hosts": a.hosts,
+                        "allow_any_host": a.allow_any, "hosts": a.hosts, "auth_hosts": s.auth_hosts(),
                         "namespaces": ns.iter().map(|n| json!({
                             "nsid": n.nsid.0, "backend": format!("{:?}", n.backend), "size": n.size_bytes(),
                             "block_size": n.block_size(), "ana_group": n.anagrpid.0,
@@ -215,6 +216,26 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                 a.hosts.push(host);
             }
             s.set_access(a);
+            json!({})
+        }
+        "set_host_auth" => {
+            // Allows the host and sets (or, without dhchap_key, clears) its DH-HMAC-CHAP keys.
+            let s = sub(p)?;
+            let host: String = param(p, "host")?;
+            let cfg = crate::config::HostAuthConfig {
+                nqn: host.clone(),
+                dhchap_key: opt(p, "dhchap_key")?,
+                dhchap_ctrl_key: opt(p, "dhchap_ctrl_key")?,
+                hash: opt(p, "hash")?,
+                dhgroup: opt(p, "dhgroup")?,
+            };
+            let auth = cfg.to_host_auth()?;
+            let mut a: HostAccess = s.access();
+            if !a.hosts.contains(&host) {
+                a.hosts.push(host.clone());
+                s.set_access(a);
+            }
+            s.set_host_auth(&host, auth);
             json!({})
         }
         "set_ana_state" => {

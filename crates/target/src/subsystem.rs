@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use nvme::{Cntlid, Nsid};
 
+use crate::auth::HostAuth;
 use crate::controller::Controller;
 use crate::error::{Error, ErrorKind};
 use crate::namespace::{Namespace, NamespaceSpec, NsMap};
@@ -70,6 +71,8 @@ pub struct Subsystem {
     /// Controller limits.
     pub limits: SubsysLimits,
     access: RwLock<HostAccess>,
+    /// DH-HMAC-CHAP keys by host NQN (hosts without an entry do not authenticate).
+    auth: RwLock<BTreeMap<String, Arc<HostAuth>>>,
     /// Port ids this subsystem is exposed on (empty: every I/O port).
     ports: RwLock<Vec<u16>>,
     ns: Mutex<Arc<NsMap>>,
@@ -108,6 +111,7 @@ impl Subsystem {
             firmware: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
             limits,
             access: RwLock::new(access),
+            auth: RwLock::new(BTreeMap::new()),
             ports: RwLock::new(Vec::new()),
             ns: Mutex::new(Arc::new(NsMap::default())),
             ns_gen: AtomicU64::new(1),
@@ -143,6 +147,26 @@ impl Subsystem {
     /// The host access list.
     pub fn access(&self) -> HostAccess {
         self.access.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets (or with `None` removes) a host's DH-HMAC-CHAP keys. Queues
+    /// connected later authenticate with them; live ones keep their state.
+    pub fn set_host_auth(&self, hostnqn: &str, auth: Option<HostAuth>) {
+        let mut m = self.auth.write().unwrap_or_else(|e| e.into_inner());
+        match auth {
+            Some(a) => m.insert(hostnqn.to_string(), Arc::new(a)),
+            None => m.remove(hostnqn),
+        };
+    }
+
+    /// A host's DH-HMAC-CHAP keys, if it must authenticate.
+    pub fn host_auth(&self, hostnqn: &str) -> Option<Arc<HostAuth>> {
+        self.auth.read().unwrap_or_else(|e| e.into_inner()).get(hostnqn).cloned()
+    }
+
+    /// Host NQNs that must authenticate.
+    pub fn auth_hosts(&self) -> Vec<String> {
+        self.auth.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
     }
 
     /// Restricts the subsystem to these ports (empty = every I/O port).

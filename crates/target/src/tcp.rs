@@ -33,6 +33,7 @@ use nvme::{Cqe, QueueId, SglKind, Sqe, Status};
 use uring::{IoBuf, SendMsg};
 
 use crate::admin::{self, Outcome};
+use crate::auth::{self, QueueAuth};
 use crate::backend::{Backend, FileIo, FileOp, falloc};
 use crate::fabrics::{self, Binding};
 use crate::io_cmd::{self, IoKind};
@@ -108,6 +109,8 @@ enum ReqState {
 enum ReqKind {
     Connect,
     Fabrics,
+    /// Authentication Send / Receive (DH-HMAC-CHAP).
+    Auth,
     Admin,
     Io(IoKind),
 }
@@ -197,6 +200,9 @@ pub struct Connection {
     tx_inflight: bool,
     scratch: Vec<u8>,
     binding: Option<Binding>,
+    /// In-band authentication the host owes this queue (until it succeeds only
+    /// Authentication Send/Receive are accepted).
+    auth: Option<QueueAuth>,
     sqflow_disabled: bool,
     entries: u16,
     sqhd: u16,
@@ -255,6 +261,7 @@ impl Connection {
             tx_inflight: false,
             scratch: Vec::with_capacity(256),
             binding: None,
+            auth: None,
             sqflow_disabled: false,
             entries: 0,
             sqhd: 0,
@@ -570,6 +577,16 @@ impl Connection {
     fn classify(&mut self, slot: u16) -> Result<(ReqKind, u32, u32), Status> {
         let sqe = self.reqs[usize::from(slot)].sqe;
         let sgl_len = sqe.sgl().length;
+        if let Some(a) = &self.auth {
+            // NVMe 2.x §8.13.1: until the queue authenticates, only the transaction's commands pass.
+            let auth_cmd = sqe.is_fabrics() && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECEIVE);
+            if auth_cmd {
+                return auth::transfer(&sqe).map(|(h2c, c2h)| (ReqKind::Auth, h2c, c2h));
+            }
+            if !a.is_authenticated() {
+                return Err(Status::AUTH_REQUIRED);
+            }
+        }
         if sqe.is_fabrics() {
             return match (sqe.fctype(), &self.binding) {
                 (fctype::CONNECT, None) => Ok((ReqKind::Connect, 1024, 0)),
@@ -789,6 +806,37 @@ impl Connection {
             }
             ReqKind::Admin => self.exec_admin(slot, ctx),
             ReqKind::Io(io) => self.exec_io(slot, io, ctx),
+            ReqKind::Auth => self.exec_auth(slot, ctx),
+        }
+    }
+
+    /// Authentication Send/Receive: the transaction lives in [`crate::auth`]; a
+    /// failed one closes the queue once its AUTH_Failure1 is sent.
+    fn exec_auth(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let Some(a) = self.auth.as_mut() else {
+            self.reqs[usize::from(slot)].status = Status::INVALID_OPCODE;
+            return self.respond(slot, ctx);
+        };
+        let r = &mut self.reqs[usize::from(slot)];
+        let len = r.xfer_len as usize;
+        if r.c2h {
+            let Some(mut out) = r.buf.take().or_else(|| ctx.pool.get(len)) else {
+                r.status = Status::INTERNAL;
+                return self.respond(slot, ctx);
+            };
+            r.status = a.on_receive(&mut out[..len]);
+            r.buf = Some(out);
+        } else {
+            let data = r.buf.take();
+            r.status = a.on_send(data.as_deref().map_or(&[][..], |d| &d[..len.min(d.len())]));
+            if let Some(b) = data {
+                ctx.pool.put(b);
+            }
+        }
+        let failed = a.is_failed();
+        self.respond(slot, ctx);
+        if failed {
+            self.close("in-band authentication failed");
         }
     }
 
@@ -804,6 +852,10 @@ impl Connection {
             Ok(c) => {
                 let ctrl = Arc::clone(c.binding.controller());
                 r.dw0 = u32::from(ctrl.cntlid.0);
+                if c.auth.is_some() {
+                    r.dw0 |= nvme::auth::CONNECT_AUTHREQ_ATR;
+                }
+                self.auth = c.auth;
                 self.entries = c.entries;
                 self.sqflow_disabled = c.sqflow_disabled;
                 let qid = c.binding.qid();
@@ -1290,6 +1342,10 @@ impl Connection {
             && ctx.now_ns.saturating_sub(self.created_ns) / 1_000_000 > self.target.opts.connect_timeout_ms
         {
             self.close("no ICReq/Connect within the connect timeout");
+            return;
+        }
+        if self.auth.as_ref().is_some_and(|a| a.expired(ctx.now_ns, self.target.opts.connect_timeout_ms)) {
+            self.close("no successful authentication within the connect timeout");
             return;
         }
         let dropgen = self.port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);

@@ -1,0 +1,536 @@
+//! In-band authentication on the target: DH-HMAC-CHAP per queue (NVMe 2.x
+//! §8.13; Linux `target/fabrics-cmd-auth.c`, `target/auth.c`).
+//!
+//! A host with a key in its subsystem's [`HostAuth`] must authenticate every
+//! queue it connects, admin and I/O: Connect answers with ATR set in DW0 and,
+//! until the transaction succeeds, the queue takes only Authentication Send and
+//! Receive; any other command fails with AUTH_REQUIRED. A failed transaction
+//! hands the host an AUTH_Failure1 and the queue is closed.
+//!
+//! ```text
+//!  AwaitNegotiate ─Send(Negotiate)─► SendChallenge ─Recv─► AwaitReply ─Send(Reply ok)─► SendSuccess1
+//!        ▲                                                     │ bad reply                │ Recv
+//!        │ Send(Negotiate): re-authentication                  ▼                          ▼
+//!       Done ◄──────────── Send(Success2) ◄── AwaitSuccess2 ◄── (R2 sent)   Done (unidirectional)
+//!                      any protocol error ─► SendFailure1 ─Recv(Failure1)─► Failed ─► queue closed
+//! ```
+//!
+//! The connection ([`crate::tcp`]) only routes the two commands here and asks
+//! [`QueueAuth::is_authenticated`] / [`QueueAuth::is_failed`].
+
+use std::sync::Arc;
+
+use nvme::auth::dhchap::{self, ResponseInput, Role};
+use nvme::auth::ffdhe::DhKeyPair;
+use nvme::auth::{AuthCmd, DhGroup, Failure, HashId, Message, Secret, Success1, failure};
+use nvme::opcode::fctype;
+use nvme::{Sqe, Status};
+
+/// The DH-HMAC-CHAP settings of one host of a subsystem (Linux configfs
+/// `hosts/<nqn>/dhchap_{key,ctrl_key,hash,dhgroup}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostAuth {
+    /// The host's secret: the host proves it knows it.
+    pub host_key: Secret,
+    /// The controller's secret: when set and the host asks, the controller proves it knows it.
+    pub ctrl_key: Option<Secret>,
+    /// Preferred hash (Linux default SHA-256); another one the host offers is used if it does not offer this.
+    pub hash: HashId,
+    /// Required DH group (Linux default null). Not downgraded: a host that does not offer it is refused.
+    pub dhgroup: DhGroup,
+}
+
+impl HostAuth {
+    /// Keys with Linux's defaults for the rest (SHA-256, null DH group).
+    pub fn new(host_key: Secret, ctrl_key: Option<Secret>) -> HostAuth {
+        HostAuth { host_key, ctrl_key, hash: HashId::Sha256, dhgroup: DhGroup::Null }
+    }
+}
+
+/// The largest Authentication Send/Receive transfer the target takes.
+pub const MAX_TRANSFER: u32 = 4096;
+const _: () = assert!(MAX_TRANSFER as usize == nvme::auth::MAX_MESSAGE_LEN, "one message limit on both sides");
+
+/// Where a queue's transaction stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthState {
+    /// Waiting for AUTH_Negotiate.
+    AwaitNegotiate,
+    /// Negotiated; the host reads the Challenge next.
+    SendChallenge,
+    /// Challenge sent; waiting for the Reply.
+    AwaitReply,
+    /// Reply verified; the host reads Success1 next.
+    SendSuccess1,
+    /// Success1 carried R2; waiting for Success2.
+    AwaitSuccess2,
+    /// A protocol error; the host reads AUTH_Failure1 next.
+    SendFailure1,
+    /// Authenticated.
+    Done,
+    /// Failed: the queue is refused.
+    Failed,
+}
+
+impl AuthState {
+    /// The one place the transaction's state changes are decided.
+    pub fn transition(self, to: AuthState) -> AuthState {
+        use AuthState::*;
+        match (self, to) {
+            (Failed, _) => Failed,
+            (_, Failed | SendFailure1) => to,
+            (AwaitNegotiate, SendChallenge)
+            | (SendChallenge, AwaitReply)
+            | (AwaitReply, SendSuccess1)
+            | (SendSuccess1, AwaitSuccess2 | Done)
+            | (AwaitSuccess2, Done)
+            // A Negotiate restarts the transaction (and re-authenticates a live queue).
+            | (SendChallenge | AwaitReply | SendSuccess1 | AwaitSuccess2 | Done, SendChallenge) => to,
+            (from, to) => {
+                debug_assert!(false, "authentication state {from:?} -> {to:?} is not a transition");
+                SendFailure1
+            }
+        }
+    }
+}
+
+/// One queue's authentication.
+pub struct QueueAuth {
+    state: AuthState,
+    /// The queue may carry commands (set on success; a failure clears it).
+    authenticated: bool,
+    keys: Arc<HostAuth>,
+    hostnqn: String,
+    subnqn: String,
+    started_ns: u64,
+    tid: u16,
+    hash: HashId,
+    dh: Option<DhKeyPair>,
+    session_key: Option<Vec<u8>>,
+    s1: u32,
+    c1: Vec<u8>,
+    /// S2 and C2 when the host asked the controller to authenticate.
+    bidi: Option<(u32, Vec<u8>)>,
+    rescode_exp: u8,
+}
+
+impl std::fmt::Debug for QueueAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueAuth")
+            .field("state", &self.state)
+            .field("authenticated", &self.authenticated)
+            .field("hostnqn", &self.hostnqn)
+            .field("hash", &self.hash)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The queue a Connect binds must authenticate if the host has keys there.
+pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_ns: u64) -> Option<QueueAuth> {
+    keys.map(|keys| QueueAuth {
+        state: AuthState::AwaitNegotiate,
+        authenticated: false,
+        hash: keys.hash,
+        keys,
+        hostnqn: hostnqn.to_string(),
+        subnqn: subnqn.to_string(),
+        started_ns: now_ns,
+        tid: 0,
+        dh: None,
+        session_key: None,
+        s1: 0,
+        c1: Vec::new(),
+        bidi: None,
+        rescode_exp: 0,
+    })
+}
+
+/// Data lengths of an Authentication Send (host to controller) or Receive
+/// (controller to host): `(h2c, c2h)`, checked against their limits.
+pub fn transfer(sqe: &Sqe) -> Result<(u32, u32), Status> {
+    let cmd = AuthCmd::from_sqe(sqe);
+    // Linux nvmet: SECP/SPSP other than DH-HMAC-CHAP's, or a zero length, is an invalid field.
+    if !cmd.is_dhchap() || cmd.len == 0 || cmd.len > MAX_TRANSFER {
+        return Err(Status::INVALID_FIELD);
+    }
+    if sqe.sgl().length != cmd.len {
+        return Err(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    match sqe.fctype() {
+        fctype::AUTH_SEND => Ok((cmd.len, 0)),
+        _ => Ok((0, cmd.len)),
+    }
+}
+
+impl QueueAuth {
+    /// The queue may carry other commands.
+    pub fn is_authenticated(&self) -> bool {
+        self.authenticated
+    }
+
+    /// The transaction failed: close the queue once the response is out.
+    pub fn is_failed(&self) -> bool {
+        self.state == AuthState::Failed
+    }
+
+    /// Transaction state.
+    pub fn state(&self) -> AuthState {
+        self.state
+    }
+
+    /// The first transaction has run longer than `limit_ms` without success.
+    pub fn expired(&self, now_ns: u64, limit_ms: u64) -> bool {
+        !self.authenticated && now_ns.saturating_sub(self.started_ns) / 1_000_000 > limit_ms
+    }
+
+    fn set(&mut self, to: AuthState) {
+        let from = self.state;
+        self.state = from.transition(to);
+        if self.state == AuthState::Failed {
+            self.authenticated = false;
+        }
+        tracing::trace!(hostnqn = %self.hostnqn, ?from, to = ?self.state, "authentication state");
+    }
+
+    fn fail(&mut self, rescode_exp: u8) {
+        tracing::info!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, rescode_exp, state = ?self.state, "authentication failed");
+        self.rescode_exp = rescode_exp;
+        self.authenticated = false;
+        self.set(AuthState::SendFailure1);
+    }
+
+    /// Authentication Send with its data: the command's status (protocol
+    /// failures are reported in the next Receive's AUTH_Failure1, not here).
+    pub fn on_send(&mut self, data: &[u8]) -> Status {
+        if self.state == AuthState::Failed {
+            return Status::AUTH_REQUIRED;
+        }
+        let msg = match Message::decode(data) {
+            Ok(m) => m,
+            Err(e) => {
+                self.fail(e.rescode_exp());
+                return Status::SUCCESS;
+            }
+        };
+        match msg {
+            Message::Negotiate(n) => {
+                self.tid = n.tid;
+                match self.negotiate(&n) {
+                    Ok(()) => self.set(AuthState::SendChallenge),
+                    Err(exp) => self.fail(exp),
+                }
+            }
+            _ if msg.tid() != self.tid => self.fail(failure::INCORRECT_PAYLOAD),
+            Message::Reply(r) if self.state == AuthState::AwaitReply => match self.check_reply(&r) {
+                Ok(()) => self.set(AuthState::SendSuccess1),
+                Err(exp) => self.fail(exp),
+            },
+            Message::Success2(_) if self.state == AuthState::AwaitSuccess2 => {
+                tracing::debug!(hostnqn = %self.hostnqn, "host accepted the controller's response");
+                self.authenticated = true;
+                self.set(AuthState::Done);
+            }
+            Message::Failure2(f) => {
+                // The host refused our response (R2): the queue is done for.
+                tracing::info!(hostnqn = %self.hostnqn, rescode_exp = f.rescode_exp, "host rejected the controller (AUTH_Failure2)");
+                self.authenticated = false;
+                self.set(AuthState::Failed);
+            }
+            _ => self.fail(failure::INCORRECT_MESSAGE),
+        }
+        Status::SUCCESS
+    }
+
+    fn negotiate(&mut self, n: &nvme::auth::Negotiate) -> Result<(), u8> {
+        if n.sc_c != 0 {
+            // Secure channel concatenation (TLS from the transaction) is not offered.
+            return Err(failure::CONCAT_MISMATCH);
+        }
+        if n.napd == 0 || n.authid != nvme::auth::AUTHID_DHCHAP {
+            return Err(failure::INCORRECT_PAYLOAD);
+        }
+        let offered: Vec<HashId> = n.hash_ids.iter().filter_map(|&i| HashId::from_id(i)).collect();
+        // The configured hash if the host offers it, else the host's first (Linux nvmet does the same).
+        self.hash = if offered.contains(&self.keys.hash) {
+            self.keys.hash
+        } else {
+            *offered.first().ok_or(failure::HASH_UNUSABLE)?
+        };
+        let group = self.keys.dhgroup;
+        if !n.dh_groups.contains(&group.id()) {
+            return Err(failure::DHGROUP_UNUSABLE);
+        }
+        self.dh = None;
+        self.session_key = None;
+        self.bidi = None;
+        if group != DhGroup::Null {
+            self.dh = DhKeyPair::generate(group).map_err(|_| failure::FAILED)?;
+        }
+        Ok(())
+    }
+
+    fn check_reply(&mut self, r: &nvme::auth::Reply) -> Result<(), u8> {
+        let hl = self.hash.len();
+        if r.r1.len() != hl {
+            return Err(failure::HASH_UNUSABLE);
+        }
+        match (&self.dh, r.dhv.is_empty()) {
+            (None, true) => {}
+            (None, false) => return Err(failure::INCORRECT_PAYLOAD),
+            (Some(_), true) => return Err(failure::DHGROUP_UNUSABLE),
+            (Some(dh), false) => {
+                self.session_key = Some(dh.shared_secret(&r.dhv).map_err(|_| failure::DHGROUP_UNUSABLE)?);
+            }
+        }
+        let key = self.keys.host_key.transformed(&self.hostnqn);
+        let ca = dhchap::challenge(self.hash, self.session_key.as_deref(), &self.c1);
+        let expect = dhchap::response(
+            Role::Host,
+            &ResponseInput {
+                hash: self.hash,
+                key: &key,
+                challenge: &ca,
+                seqnum: self.s1,
+                tid: self.tid,
+                hostnqn: &self.hostnqn,
+                subnqn: &self.subnqn,
+            },
+        );
+        if !dhchap::ct_eq(&expect, &r.r1) {
+            tracing::info!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, "host response mismatch");
+            return Err(failure::FAILED);
+        }
+        // S2 = 0 with a C2: no controller authentication (the C2 only seeds a TLS PSK).
+        self.bidi = match &r.c2 {
+            Some(c2) if r.seqnum != 0 => {
+                if c2.len() != hl || self.keys.ctrl_key.is_none() {
+                    // Asked to prove a controller key we do not have.
+                    return Err(failure::FAILED);
+                }
+                Some((r.seqnum, c2.clone()))
+            }
+            _ => None,
+        };
+        Ok(())
+    }
+
+    /// Authentication Receive: fills `out` (zero-padded) with the next message.
+    pub fn on_receive(&mut self, out: &mut [u8]) -> Status {
+        out.fill(0);
+        let msg = match self.state {
+            AuthState::SendChallenge => match self.challenge() {
+                Ok(m) => m,
+                Err(exp) => {
+                    self.fail(exp);
+                    self.failure1()
+                }
+            },
+            AuthState::SendSuccess1 => self.success1(),
+            AuthState::SendFailure1 => self.failure1(),
+            // Nothing to read here: the host is out of step.
+            AuthState::AwaitNegotiate
+            | AuthState::AwaitReply
+            | AuthState::AwaitSuccess2
+            | AuthState::Done
+            | AuthState::Failed => {
+                self.fail(failure::INCORRECT_MESSAGE);
+                self.failure1()
+            }
+        };
+        let b = msg.encode();
+        if b.len() > out.len() {
+            // AL too small for the message: the transaction cannot go on.
+            self.fail(failure::INCORRECT_PAYLOAD);
+            self.set(AuthState::Failed);
+            return Status::INVALID_FIELD;
+        }
+        out[..b.len()].copy_from_slice(&b);
+        match msg {
+            Message::Challenge(_) => self.set(AuthState::AwaitReply),
+            Message::Success1(ref s) => {
+                if s.r2.is_some() {
+                    self.set(AuthState::AwaitSuccess2);
+                } else {
+                    self.authenticated = true;
+                    self.set(AuthState::Done);
+                }
+            }
+            _ => self.set(AuthState::Failed),
+        }
+        Status::SUCCESS
+    }
+
+    fn challenge(&mut self) -> Result<Message, u8> {
+        let mut c1 = vec![0u8; self.hash.len()];
+        nvme::auth::fill_random(&mut c1).map_err(|_| failure::FAILED)?;
+        self.s1 = nvme::auth::random_seqnum().map_err(|_| failure::FAILED)?;
+        self.c1 = c1;
+        Ok(Message::Challenge(nvme::auth::Challenge {
+            tid: self.tid,
+            hash_id: self.hash.id(),
+            dh_group: self.keys.dhgroup.id(),
+            seqnum: self.s1,
+            c1: self.c1.clone(),
+            dhv: self.dh.as_ref().map(|d| d.public().to_vec()).unwrap_or_default(),
+        }))
+    }
+
+    fn success1(&mut self) -> Message {
+        let r2 = match (&self.bidi, &self.keys.ctrl_key) {
+            (Some((s2, c2)), Some(ck)) => {
+                let key = ck.transformed(&self.subnqn);
+                let ca = dhchap::challenge(self.hash, self.session_key.as_deref(), c2);
+                Some(dhchap::response(
+                    Role::Controller,
+                    &ResponseInput {
+                        hash: self.hash,
+                        key: &key,
+                        challenge: &ca,
+                        seqnum: *s2,
+                        tid: self.tid,
+                        hostnqn: &self.hostnqn,
+                        subnqn: &self.subnqn,
+                    },
+                ))
+            }
+            _ => None,
+        };
+        let hl = u8::try_from(self.hash.len()).unwrap_or(64);
+        Message::Success1(Success1 { tid: self.tid, hl, r2 })
+    }
+
+    fn failure1(&self) -> Message {
+        Message::Failure1(Failure {
+            tid: self.tid,
+            rescode: failure::REASON_FAILED,
+            rescode_exp: if self.rescode_exp == 0 { failure::FAILED } else { self.rescode_exp },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvme::auth::{Negotiate, Reply};
+
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+    const SUB: &str = "nqn.2026-11.io.qpath:auth";
+
+    fn keys(group: DhGroup, ctrl: bool) -> Arc<HostAuth> {
+        let mut k = HostAuth::new(
+            Secret::generate(Some(HashId::Sha256), 32).unwrap(),
+            ctrl.then(|| Secret::generate(Some(HashId::Sha512), 64).unwrap()),
+        );
+        k.dhgroup = group;
+        k.hash = HashId::Sha384;
+        Arc::new(k)
+    }
+
+    fn read(a: &mut QueueAuth) -> Message {
+        let mut out = vec![0u8; 4096];
+        assert_eq!(a.on_receive(&mut out), Status::SUCCESS);
+        Message::decode(&out).unwrap()
+    }
+
+    /// Runs the host side by hand; `tamper` spoils R1.
+    fn run(group: DhGroup, bidi: bool, tamper: bool) -> (QueueAuth, Message) {
+        let k = keys(group, bidi);
+        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, 0).unwrap();
+        assert_eq!(a.on_send(&Message::Negotiate(Negotiate::offer_all(9)).encode()), Status::SUCCESS);
+        let Message::Challenge(c) = read(&mut a) else { panic!("no challenge") };
+        assert_eq!(c.hash_id, HashId::Sha384.id());
+        assert_eq!(c.dh_group, group.id());
+        let hash = HashId::Sha384;
+        let (dhv, ks) = match DhKeyPair::generate(group).unwrap() {
+            Some(mine) => (mine.public().to_vec(), Some(mine.shared_secret(&c.dhv).unwrap())),
+            None => (vec![], None),
+        };
+        let key = k.host_key.transformed(HOST);
+        let ca = dhchap::challenge(hash, ks.as_deref(), &c.c1);
+        let mut r1 = dhchap::response(
+            Role::Host,
+            &ResponseInput { hash, key: &key, challenge: &ca, seqnum: c.seqnum, tid: 9, hostnqn: HOST, subnqn: SUB },
+        );
+        if tamper {
+            r1[0] ^= 1;
+        }
+        let c2 = vec![0x5a; hash.len()];
+        let reply =
+            Reply { tid: 9, r1, c2: bidi.then(|| c2.clone()), seqnum: if bidi { 1234 } else { 0 }, dhv: dhv.clone() };
+        assert_eq!(a.on_send(&Message::Reply(reply).encode()), Status::SUCCESS);
+        let m = read(&mut a);
+        if let (Message::Success1(s), Some(ck)) = (&m, &k.ctrl_key) {
+            let key = ck.transformed(SUB);
+            let ca = dhchap::challenge(hash, ks.as_deref(), &c2);
+            let r2 = dhchap::response(
+                Role::Controller,
+                &ResponseInput { hash, key: &key, challenge: &ca, seqnum: 1234, tid: 9, hostnqn: HOST, subnqn: SUB },
+            );
+            assert_eq!(s.r2.as_deref(), Some(&r2[..]));
+            assert!(!a.is_authenticated(), "bidirectional: not before Success2");
+            assert_eq!(a.on_send(&Message::Success2(9).encode()), Status::SUCCESS);
+        }
+        (a, m)
+    }
+
+    #[test]
+    fn unidirectional_and_bidirectional_succeed() {
+        for (group, bidi) in [(DhGroup::Null, false), (DhGroup::Null, true), (DhGroup::Ffdhe2048, true)] {
+            let (a, m) = run(group, bidi, false);
+            assert!(matches!(m, Message::Success1(_)), "{group:?} {bidi}: {m:?}");
+            assert!(a.is_authenticated());
+            assert_eq!(a.state(), AuthState::Done);
+        }
+    }
+
+    #[test]
+    fn wrong_response_gets_failure1_and_fails_the_queue() {
+        let (a, m) = run(DhGroup::Null, false, true);
+        assert_eq!(m, Message::Failure1(Failure { tid: 9, rescode: 1, rescode_exp: failure::FAILED }));
+        assert!(a.is_failed() && !a.is_authenticated());
+    }
+
+    #[test]
+    fn out_of_order_and_garbage() {
+        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
+        // A Receive before Negotiate: Failure1, then refused.
+        assert!(matches!(read(&mut a), Message::Failure1(_)));
+        assert!(a.is_failed());
+        assert_eq!(a.on_send(&Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::AUTH_REQUIRED);
+
+        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
+        assert_eq!(a.on_send(&[0xff; 20]), Status::SUCCESS);
+        let Message::Failure1(f) = read(&mut a) else { panic!() };
+        assert_eq!(f.rescode_exp, failure::INCORRECT_MESSAGE);
+
+        // A required DH group the host does not offer: no downgrade.
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe3072, false)), HOST, SUB, 0).unwrap();
+        let mut n = Negotiate::offer_all(1);
+        n.dh_groups = vec![0, 1];
+        a.on_send(&Message::Negotiate(n).encode());
+        let Message::Failure1(f) = read(&mut a) else { panic!() };
+        assert_eq!(f.rescode_exp, failure::DHGROUP_UNUSABLE);
+
+        // Bidirectional asked of a controller without a key.
+        let (_, m) = {
+            let k = keys(DhGroup::Null, false);
+            let mut a = on_connect(Some(k), HOST, SUB, 0).unwrap();
+            a.on_send(&Message::Negotiate(Negotiate::offer_all(2)).encode());
+            let Message::Challenge(_) = read(&mut a) else { panic!() };
+            let reply = Reply { tid: 2, r1: vec![0; 48], c2: Some(vec![1; 48]), seqnum: 5, dhv: vec![] };
+            a.on_send(&Message::Reply(reply).encode());
+            let m = read(&mut a);
+            (a, m)
+        };
+        assert!(matches!(m, Message::Failure1(_)));
+    }
+
+    #[test]
+    fn transitions() {
+        use AuthState::*;
+        assert_eq!(AwaitNegotiate.transition(SendChallenge), SendChallenge);
+        assert_eq!(Done.transition(SendChallenge), SendChallenge);
+        assert_eq!(Failed.transition(Done), Failed);
+        assert_eq!(AwaitReply.transition(SendFailure1), SendFailure1);
+    }
+}
