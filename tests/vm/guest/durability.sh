@@ -17,7 +17,7 @@ job="--filename=$DEV --rw=write --bs=128k --ioengine=libaio --direct=1 --iodepth
 FIO_EXPECT_READ=0
 fio_check dur-write 300 $job --do_verify=0 --fsync_on_close=1 --verify_state_save=0
 FIO_EXPECT_READ=1
-before=$(dd if="$DEV" bs=1M count="$DUR_MB" iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
+before=$(timeout 120 dd if="$DEV" bs=1M count="$DUR_MB" iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
 echo "md5 of the first $DUR_MB MiB before the crash: $before"
 
 t0=$(uptime_s)
@@ -40,7 +40,7 @@ cur=/dev/$(heads | head -1)
   || fail "durability: head was $HEAD, now $cur"
 
 fio_check dur-verify 300 $job --verify_only --verify_state_load=0
-after=$(dd if="$cur" bs=1M count="$DUR_MB" iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
+after=$(timeout 120 dd if="$cur" bs=1M count="$DUR_MB" iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
 echo "md5 after the restart: $after"
 [ -n "$before" ] && [ "$before" = "$after" ] && pass "durability: md5 of $DUR_MB MiB unchanged across kill -9 + restart" \
   || fail "durability: md5 before $before, after $after"
