@@ -95,7 +95,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::tag::{Bits, Tag, TagAllocator};
+use crate::tag::{Bits, Tag, TagAllocator, TagStack};
 
 /// How a shared tag set divides its tags among its users.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -194,8 +194,8 @@ impl Pool {
         None
     }
 
-    /// Takes up to `want` tags into `out`, one `fetch_and` per word touched.
-    fn take_batch(&self, hint: &mut usize, want: u16, out: &mut Vec<u16>) -> u16 {
+    /// Takes up to `want` tags, handing each to `out`; one `fetch_and` per word touched.
+    fn take_batch(&self, hint: &mut usize, want: u16, mut out: impl FnMut(u16)) -> u16 {
         let n = self.words.len();
         let mut got = 0u16;
         let mut w = *hint;
@@ -210,7 +210,7 @@ impl Pool {
                 got += u16::try_from(mine.count_ones()).unwrap_or(0);
                 while mine != 0 {
                     let bit = mine & mine.wrapping_neg();
-                    out.push(self.tag(w, bit));
+                    out(self.tag(w, bit));
                     mine ^= bit;
                 }
                 v = old & !mask;
@@ -363,10 +363,7 @@ impl SharedTagSet {
         // do not all hammer word 0 (sbitmap's per-CPU hints, in spirit).
         let hint = reg.users.len().wrapping_sub(1) % self.pool.words.len();
         drop(reg);
-        let window = match self.policy {
-            SharedTagPolicy::Windows => Vec::with_capacity(usize::from(limit)),
-            _ => Vec::new(),
-        };
+        let window = TagStack::with_capacity(if self.policy == SharedTagPolicy::Windows { limit } else { 0 });
         Ok(TagUser {
             set: Arc::clone(self),
             quota,
@@ -492,7 +489,7 @@ pub struct TagUser {
     /// The tags this user has in flight.
     owned: Bits,
     /// `Windows`: held, not in flight; the top is reused first.
-    window: Vec<u16>,
+    window: TagStack,
     /// Counted in the set's active users.
     active: bool,
     /// Allocated since the last tick.
@@ -504,31 +501,31 @@ pub struct TagUser {
 
 impl TagUser {
     /// A free tag, or `None` (limit, fair share or quota reached, or the set is empty).
-    #[inline]
+    // `always`: a few instructions on the common path, called per I/O across crates.
+    #[inline(always)]
     pub fn alloc(&mut self) -> Option<Tag> {
-        let tag = match self.policy {
-            SharedTagPolicy::Windows => match self.window.pop() {
+        // Only the window pop is inline: the bitmap policies pay for atomics anyway.
+        let tag = if self.policy == SharedTagPolicy::Windows {
+            match self.window.pop() {
                 Some(tag) => {
                     debug_assert!(self.in_flight < self.limit, "a window tag while at the depth limit");
                     tag
                 }
                 None => self.alloc_windows_slow()?,
-            },
-            SharedTagPolicy::LinuxFair => self.alloc_linux()?,
-            SharedTagPolicy::Unfair => {
-                if self.in_flight >= self.limit {
-                    return None;
-                }
-                self.set.pool.take_one(&mut self.hint)?
             }
+        } else {
+            self.alloc_from_bitmap()?
         };
-        assert!(!self.owned.set(tag), "TagUser: tag {tag} handed out while already in flight with this user");
+        if self.owned.set(tag) {
+            broken_uniqueness(tag);
+        }
         self.in_flight += 1;
         self.busy = true;
         Some(Tag::new(tag))
     }
 
     #[cold]
+    #[inline(never)]
     fn alloc_windows_slow(&mut self) -> Option<u16> {
         // A user waiting for tags is busy: it must not go idle (and re-balance) while it waits.
         self.busy = true;
@@ -542,17 +539,22 @@ impl TagUser {
             return None;
         }
         let want = u16::try_from(deficit).unwrap_or(u16::MAX).min(self.set.options.batch_max);
-        let got = self.set.pool.take_batch(&mut self.hint, want, &mut self.window);
+        let window = &mut self.window;
+        let got = self.set.pool.take_batch(&mut self.hint, want, |tag| window.push(tag));
         if got > 0 {
             self.set.pooled.0.fetch_sub(u32::from(got), Ordering::Relaxed);
         }
         self.window.pop()
     }
 
-    #[inline]
-    fn alloc_linux(&mut self) -> Option<u16> {
+    /// `Unfair` and `LinuxFair`: one tag straight from the shared bitmap.
+    #[inline(never)]
+    fn alloc_from_bitmap(&mut self) -> Option<u16> {
         if self.in_flight >= self.limit {
             return None;
+        }
+        if self.policy == SharedTagPolicy::Unfair {
+            return self.set.pool.take_one(&mut self.hint);
         }
         self.busy = true;
         if !self.active {
@@ -576,13 +578,12 @@ impl TagUser {
     /// # Panics
     /// If `tag` is not in flight with this user (double free, another user's
     /// tag, or out of range): tags would no longer be unique.
-    #[inline]
+    #[inline(always)]
     pub fn free(&mut self, tag: Tag) {
         let raw = tag.get();
-        assert!(
-            raw < self.depth && self.owned.clear(raw),
-            "TagUser: {tag} freed but not in flight with this user (double free, or another user's tag)"
-        );
+        if raw >= self.depth || !self.owned.clear(raw) {
+            not_in_flight(tag);
+        }
         self.in_flight -= 1;
         match self.policy {
             SharedTagPolicy::Windows => {
@@ -592,18 +593,26 @@ impl TagUser {
                     self.shed();
                 }
             }
-            SharedTagPolicy::LinuxFair | SharedTagPolicy::Unfair => self.set.pool.put(raw),
+            SharedTagPolicy::LinuxFair | SharedTagPolicy::Unfair => self.free_to_bitmap(raw),
         }
+    }
+
+    /// `Unfair` and `LinuxFair`: the tag goes straight back to the shared bitmap.
+    #[inline(never)]
+    fn free_to_bitmap(&self, raw: u16) {
+        self.set.pool.put(raw);
     }
 
     /// `Windows`: gives back the window's tags beyond the quota, the bottom of
     /// the stack first (the top was freed last and is still in cache).
     #[cold]
+    #[inline(never)]
     fn shed(&mut self) {
         let room = self.quota.0.load(Ordering::Relaxed).saturating_sub(usize::from(self.in_flight));
         let excess = self.window.len().saturating_sub(room);
         if excess > 0 {
-            self.set.give_back(self.window.drain(..excess));
+            let set = &self.set;
+            self.window.remove_bottom(excess, |tags| set.give_back(tags.iter().copied()));
         }
     }
 
@@ -622,7 +631,8 @@ impl TagUser {
                 self.idle_ticks = 0;
                 match self.policy {
                     SharedTagPolicy::Windows => {
-                        self.set.give_back(self.window.drain(..));
+                        let set = &self.set;
+                        self.window.remove_bottom(usize::MAX, |tags| set.give_back(tags.iter().copied()));
                         self.set_active(false);
                     }
                     _ => {
@@ -696,6 +706,18 @@ impl TagUser {
     }
 }
 
+#[cold]
+#[inline(never)]
+fn broken_uniqueness(tag: u16) -> ! {
+    panic!("TagUser: tag {tag} handed out while already in flight with this user (tags no longer unique)");
+}
+
+#[cold]
+#[inline(never)]
+fn not_in_flight(tag: Tag) -> ! {
+    panic!("TagUser: {tag} freed but not in flight with this user (double free, or another user's tag)");
+}
+
 impl TagAllocator for TagUser {
     #[inline]
     fn alloc(&mut self) -> Option<Tag> {
@@ -737,7 +759,7 @@ impl Drop for TagUser {
     fn drop(&mut self) {
         // Tags still in flight are abandoned with the queue that owned them.
         let mut tags: Vec<u16> = self.owned.iter().collect();
-        tags.append(&mut self.window);
+        tags.extend_from_slice(self.window.as_slice());
         self.set.give_back(tags.into_iter());
         let mut reg = self.set.lock();
         reg.users.retain(|e| e.id != self.id);
@@ -781,13 +803,13 @@ mod tests {
         let p = Pool::new(170);
         let mut hint = 0;
         let mut out = Vec::new();
-        assert_eq!(p.take_batch(&mut hint, 40, &mut out), 40);
+        assert_eq!(p.take_batch(&mut hint, 40, |t| out.push(t)), 40);
         assert_eq!(out.len(), 40);
         assert_eq!(p.count(), 130);
         p.put_many(out.drain(..));
         assert_eq!(p.count(), 170);
         let mut all = Vec::new();
-        assert_eq!(p.take_batch(&mut hint, 500, &mut all), 170);
+        assert_eq!(p.take_batch(&mut hint, 500, |t| all.push(t)), 170);
         all.sort_unstable();
         assert_eq!(all, (0..170).collect::<Vec<_>>());
         assert_eq!(p.take_one(&mut hint), None);

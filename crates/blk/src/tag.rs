@@ -107,12 +107,62 @@ impl Bits {
     }
 }
 
+/// A fixed-capacity stack of tag values in plain memory, owned by one thread
+/// (a free list, or a shared-set user's window). No capacity check beyond
+/// the slice's bounds check: callers never push more than they hold.
+#[derive(Clone, Debug)]
+pub(crate) struct TagStack {
+    buf: Box<[u16]>,
+    len: usize,
+}
+
+impl TagStack {
+    pub(crate) fn with_capacity(capacity: u16) -> TagStack {
+        TagStack { buf: vec![0; usize::from(capacity)].into_boxed_slice(), len: 0 }
+    }
+
+    #[inline]
+    pub(crate) fn push(&mut self, tag: u16) {
+        self.buf[self.len] = tag;
+        self.len += 1;
+    }
+
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<u16> {
+        let i = self.len.checked_sub(1)?;
+        self.len = i;
+        Some(self.buf[i])
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The values, bottom first.
+    pub(crate) fn as_slice(&self) -> &[u16] {
+        &self.buf[..self.len]
+    }
+
+    /// Removes the bottom `n` values (the coldest), after `take` has seen them.
+    pub(crate) fn remove_bottom(&mut self, n: usize, take: impl FnOnce(&[u16])) {
+        let n = n.min(self.len);
+        take(&self.buf[..n]);
+        self.buf.copy_within(n..self.len, 0);
+        self.len -= n;
+    }
+}
+
 /// A fixed-depth tag allocator for one owner thread: tags `0..depth`.
 #[derive(Clone, Debug)]
 pub struct TagSet {
-    /// `free[..free_len]` are the free tags; the last one is handed out next.
-    free: Box<[u16]>,
-    free_len: usize,
+    /// The free tags; the top one is handed out next.
+    free: TagStack,
     in_use: Bits,
     depth: u16,
 }
@@ -124,16 +174,17 @@ impl TagSet {
             return Err(Error::new(ErrorKind::InvalidDepth, "tag set depth must be at least 1"));
         }
         // Reversed, so the first allocations hand out 0, 1, 2, ...
-        let free: Box<[u16]> = (0..depth).rev().collect();
-        Ok(TagSet { free_len: free.len(), free, in_use: Bits::new(depth), depth })
+        let mut free = TagStack::with_capacity(depth);
+        for tag in (0..depth).rev() {
+            free.push(tag);
+        }
+        Ok(TagSet { free, in_use: Bits::new(depth), depth })
     }
 
     /// A free tag, or `None` when all `depth` are in use.
     #[inline]
     pub fn alloc(&mut self) -> Option<Tag> {
-        let i = self.free_len.checked_sub(1)?;
-        self.free_len = i;
-        let tag = self.free[i];
+        let tag = self.free.pop()?;
         let was = self.in_use.set(tag);
         debug_assert!(!was, "TagSet: tag {tag} was on the free list and in use at once");
         Some(Tag(tag))
@@ -151,15 +202,14 @@ impl TagSet {
             "TagSet: {tag} freed but not in use (double free, or never allocated from this set of depth {})",
             self.depth
         );
-        self.free[self.free_len] = tag.0;
-        self.free_len += 1;
+        self.free.push(tag.0);
     }
 
     /// Tags in use.
     #[inline]
     pub fn in_use(&self) -> u16 {
-        // free_len <= depth, so the difference fits in u16.
-        self.depth - u16::try_from(self.free_len).unwrap_or(self.depth)
+        // free.len() <= depth, so the difference fits in u16.
+        self.depth - u16::try_from(self.free.len()).unwrap_or(self.depth)
     }
 
     /// Whether `tag` is in use (allocated and not yet freed).
