@@ -23,19 +23,30 @@ skip() { echo "SKIP: $*"; exit $SKIP_RC; }
 
 # ---- process bookkeeping --------------------------------------------------------------
 # Every background process is started with setsid, so it leads a process group of its
-# own; stop_group signals that group (the process we started and its children: timeout,
-# ip netns exec, QEMU, tee, dumpcap), then SIGKILLs what is left after a grace period.
+# own. stop_group signals that group and, by PID, every descendant it has at that moment:
+# some live in groups of their own (GNU timeout, e.g. boot.sh's `timeout qemu`, moves
+# itself into a new process group), so the group signal alone would miss them.
+# What is left after a grace period gets SIGKILL.
 STARTED=()
+descendants() {  # PID: all descendants, parents before children
+  local kids k
+  kids=$(ps -o pid= --ppid "$1" 2>/dev/null | tr -d ' ')
+  for k in $kids; do echo "$k"; descendants "$k"; done
+}
 stop_group() {   # PID [SIGNAL]
-  local pid=$1 sig=${2:-TERM} i
+  local pid=$1 sig=${2:-TERM} i p procs
   kill -0 "$pid" 2>/dev/null || return 0
+  procs="$pid $(descendants "$pid" | tr '\n' ' ')"
   if [ "$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')" = "$pid" ]; then
     kill -"$sig" -- "-$pid" 2>/dev/null || true
-  else
-    kill -"$sig" "$pid" 2>/dev/null || true
   fi
-  for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; fi
+  for p in $procs; do kill -"$sig" "$p" 2>/dev/null || true; done
+  for i in $(seq 50); do
+    for p in $procs; do kill -0 "$p" 2>/dev/null && break; p=; done
+    [ -z "$p" ] && break
+    sleep 0.1
+  done
+  for p in $procs; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
   wait "$pid" 2>/dev/null || true
 }
 cleanup() {
