@@ -61,6 +61,11 @@ pub struct ConnectOptions {
     /// Give up and delete the controller after this long without a connection
     /// (`ctrl_loss_tmo`, default 600 s; `None` = retry forever).
     pub ctrl_loss_tmo: Option<Duration>,
+    /// DH-HMAC-CHAP host secret, `DHHC-1:..` (`nvme connect --dhchap-secret`): used when
+    /// the controller requires in-band authentication.
+    pub dhchap_secret: Option<String>,
+    /// DH-HMAC-CHAP controller secret (`--dhchap-ctrl-secret`): the controller must prove it too.
+    pub dhchap_ctrl_secret: Option<String>,
     /// Fail I/O waiting for a reconnect after this long (`fast_io_fail_tmo`, default off:
     /// I/O waits until the controller is back or lost).
     pub fast_io_fail_tmo: Option<Duration>,
@@ -90,6 +95,8 @@ impl ConnectOptions {
             kato_ms: 5000,
             reconnect_delay: Duration::from_secs(10),
             ctrl_loss_tmo: Some(Duration::from_secs(600)),
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
             fast_io_fail_tmo: None,
             connect_timeout: Duration::from_secs(5),
             disable_sqflow: true,
@@ -580,7 +587,9 @@ fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> Q
 /// Brings up the admin queue and every I/O queue. `want_queues` keeps the
 /// queue count of an earlier connection across reconnects.
 fn bring_up(opts: &ConnectOptions, want_queues: Option<usize>) -> Result<Bringup> {
+    let dhchap = crate::auth::DhchapKeys::parse(opts.dhchap_secret.as_deref(), opts.dhchap_ctrl_secret.as_deref())?;
     let mut acfg = queue_cfg(opts, 0, 32, Cntlid::DYNAMIC);
+    acfg.dhchap.clone_from(&dhchap);
     acfg.kato_ms = opts.kato_ms;
     acfg.disable_sqflow = false;
     let mut admin = SyncQueue::connect(opts.traddr, acfg, opts.connect_timeout)?;
@@ -612,6 +621,7 @@ fn bring_up(opts: &ConnectOptions, want_queues: Option<usize>) -> Result<Bringup
         let qid = u16::try_from(i + 1).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
         let mut cfg = queue_cfg(opts, qid, entries, cntlid);
         cfg.max_in_capsule = id.in_capsule_data_size() as usize;
+        cfg.dhchap.clone_from(&dhchap);
         let q = SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?;
         io.push(q.into_parts());
     }

@@ -33,6 +33,7 @@
 //! ```
 
 pub mod admin;
+pub mod auth;
 pub mod context;
 pub mod controller;
 pub mod discovery;

@@ -58,6 +58,8 @@ pub struct QueueConfig {
     /// when tags come from a tag set shared with other queues, whose values are
     /// unique across the set).
     pub tag_space: u16,
+    /// DH-HMAC-CHAP secrets, for a controller that requires in-band authentication.
+    pub dhchap: Option<crate::auth::DhchapKeys>,
 }
 
 impl QueueConfig {
@@ -76,6 +78,7 @@ impl QueueConfig {
             disable_sqflow: true,
             rx_buffer_size: 64 * 1024,
             tag_space: entries,
+            dhchap: None,
         }
     }
 }
@@ -87,6 +90,9 @@ pub enum QueueState {
     AwaitIcResp,
     /// Connect sent, waiting for its response.
     AwaitConnect,
+    /// Connected, but the controller requires in-band authentication (ATR):
+    /// only Authentication Send/Receive may be submitted until [`HostQueue::authenticated`].
+    Authenticating,
     /// Connected: commands flow.
     Live,
     /// A fatal error or closed socket: every outstanding command must be failed or retried elsewhere.
@@ -98,7 +104,10 @@ impl QueueState {
     pub fn transition(self, to: QueueState) -> QueueState {
         use QueueState::*;
         match (self, to) {
-            (AwaitIcResp, AwaitConnect) | (AwaitConnect, Live) | (_, Failed) => to,
+            (AwaitIcResp, AwaitConnect)
+            | (AwaitConnect, Live | Authenticating)
+            | (Authenticating, Live)
+            | (_, Failed) => to,
             (from, to) => {
                 debug_assert!(false, "queue state {from:?} -> {to:?} is not a transition");
                 from
@@ -298,6 +307,18 @@ impl HostQueue {
         self.state
     }
 
+    /// The configuration the queue was made with.
+    pub fn config(&self) -> &QueueConfig {
+        &self.cfg
+    }
+
+    /// The in-band authentication transaction succeeded: the queue goes live.
+    pub fn authenticated(&mut self) {
+        if self.state == QueueState::Authenticating {
+            self.state = self.state.transition(QueueState::Live);
+        }
+    }
+
     /// Queue id.
     pub fn qid(&self) -> QueueId {
         self.cfg.qid
@@ -368,7 +389,9 @@ impl HostQueue {
     /// Queues a command under `tag` (0..entries). The caller's tag allocator
     /// guarantees the tag is free; a busy tag is refused.
     pub fn submit(&mut self, tag: u16, mut io: Io) -> Result<(), (SubmitError, Io)> {
-        if self.state != QueueState::Live {
+        let auth_cmd = io.sqe.is_fabrics()
+            && matches!(io.sqe.fctype(), nvme::opcode::fctype::AUTH_SEND | nvme::opcode::fctype::AUTH_RECEIVE);
+        if !(self.state == QueueState::Live || (self.state == QueueState::Authenticating && auth_cmd)) {
             return Err((SubmitError::NotLive, io));
         }
         if tag >= self.tag_space() || self.slots[usize::from(tag)].state != SlotState::Free {
@@ -636,7 +659,16 @@ impl HostQueue {
                 if self.cfg.qid.is_admin() {
                     self.cntlid = Cntlid((cqe.dw0 & 0xffff) as u16);
                 }
-                self.state = self.state.transition(QueueState::Live);
+                if cqe.dw0 & nvme::auth::CONNECT_AUTHREQ_ASCR != 0 {
+                    // Secure channel concatenation (TLS keyed by the transaction) is not implemented.
+                    return self.fail("controller requires authentication with a secure channel (ASCR)".into());
+                }
+                let next = if cqe.dw0 & nvme::auth::CONNECT_AUTHREQ_ATR != 0 {
+                    QueueState::Authenticating
+                } else {
+                    QueueState::Live
+                };
+                self.state = self.state.transition(next);
             } else {
                 self.fail(format!("Connect refused: {} (dw0 {:#x})", cqe.status, cqe.dw0));
             }

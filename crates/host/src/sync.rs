@@ -43,12 +43,19 @@ impl SyncQueue {
             next_token: 1,
         };
         let deadline = Instant::now() + timeout;
-        while q.queue.state() != QueueState::Live {
+        while !matches!(q.queue.state(), QueueState::Live | QueueState::Authenticating) {
             if q.queue.state() == QueueState::Failed {
                 let why = q.queue.error().unwrap_or("failed").to_string();
                 return Err(Error::new(ErrorKind::Protocol, format!("queue {qid} bring-up: {why}")));
             }
             q.pump(deadline)?;
+        }
+        if q.queue.state() == QueueState::Authenticating {
+            // Connect asked for in-band authentication (ATR): the queue goes live only after it.
+            let c = q.queue.config();
+            let (keys, hostnqn, subnqn) = (c.dhchap.clone(), c.hostnqn.clone(), c.subnqn.clone());
+            crate::auth::authenticate(&mut q, keys.as_ref(), &hostnqn, &subnqn, deadline)?;
+            q.queue.authenticated();
         }
         Ok(q)
     }

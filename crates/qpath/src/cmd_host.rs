@@ -68,6 +68,12 @@ pub struct ConnArgs {
     /// Seconds after which I/O waiting for a reconnect fails (-1 = off).
     #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
     fast_io_fail_tmo: i64,
+    /// DH-HMAC-CHAP host secret (DHHC-1:..., as `nvme gen-dhchap-key` prints it).
+    #[arg(short = 'S', long)]
+    dhchap_secret: Option<String>,
+    /// DH-HMAC-CHAP controller secret: the controller must authenticate too.
+    #[arg(short = 'C', long)]
+    dhchap_ctrl_secret: Option<String>,
 }
 
 impl ConnArgs {
@@ -83,6 +89,8 @@ impl ConnArgs {
         o.reconnect_delay = Duration::from_secs(self.reconnect_delay);
         o.ctrl_loss_tmo = u64::try_from(self.ctrl_loss_tmo).ok().map(Duration::from_secs);
         o.fast_io_fail_tmo = u64::try_from(self.fast_io_fail_tmo).ok().map(Duration::from_secs);
+        o.dhchap_secret.clone_from(&self.dhchap_secret);
+        o.dhchap_ctrl_secret.clone_from(&self.dhchap_ctrl_secret);
         o
     }
 }

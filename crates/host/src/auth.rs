@@ -1,0 +1,324 @@
+//! In-band authentication on the host: one DH-HMAC-CHAP transaction per queue
+//! whose Connect came back with ATR (NVMe 2.x §8.13; Linux `host/auth.c`
+//! `nvme_queue_auth_work`), run on the blocking bring-up path before the queue
+//! is handed to anyone.
+//!
+//! ```text
+//!   Auth Send    AUTH_Negotiate (SHA-256/384/512, null + ffdhe2048..8192)
+//!   Auth Receive Challenge (hash, group, S1, C1, g^x)      ─ or AUTH_Failure1: refused
+//!   Auth Send    Reply (R1, g^y, and C2/S2 with a controller key)
+//!   Auth Receive Success1 (R2 when asked)                   ─ or AUTH_Failure1: refused
+//!   Auth Send    Success2 (R2 checked)  or  AUTH_Failure2 (R2 wrong or missing)
+//! ```
+//!
+//! Unlike Linux (which accepts a Success1 without R2 after asking for one), a
+//! controller that was asked to prove its key and did not is refused.
+
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use nvme::Cid;
+use nvme::auth::dhchap::{self, ResponseInput, Role};
+use nvme::auth::ffdhe::DhKeyPair;
+use nvme::auth::{AuthCmd, DhGroup, Failure, HashId, MAX_MESSAGE_LEN, Message, Negotiate, Reply, Secret, failure};
+use uring::IoBuf;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::queue::{DataDir, Io};
+use crate::sync::SyncQueue;
+
+/// The host's DH-HMAC-CHAP secrets (`nvme connect --dhchap-secret / --dhchap-ctrl-secret`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DhchapKeys {
+    /// The host's secret: proves the host to the controller.
+    pub host: Secret,
+    /// The controller's secret: when set, the controller must prove itself too.
+    pub ctrl: Option<Secret>,
+}
+
+impl DhchapKeys {
+    /// Parses the `DHHC-1` strings; `None` when neither is given.
+    pub fn parse(host: Option<&str>, ctrl: Option<&str>) -> Result<Option<DhchapKeys>> {
+        let parse =
+            |s: &str, what: &str| Secret::parse(s).map_err(|e| Error::new(ErrorKind::Invalid, format!("{what}: {e}")));
+        match (host, ctrl) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(Error::new(
+                ErrorKind::Invalid,
+                "a controller secret needs a host secret too (the host authenticates first)",
+            )),
+            (Some(h), c) => Ok(Some(DhchapKeys {
+                host: parse(h, "dhchap secret")?,
+                ctrl: c.map(|c| parse(c, "dhchap controller secret")).transpose()?,
+            })),
+        }
+    }
+}
+
+/// Transaction ids: one counter per process (Linux counts per controller).
+static NEXT_TID: AtomicU16 = AtomicU16::new(1);
+
+/// Where the host's side of a transaction stands (for errors and logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Sending AUTH_Negotiate.
+    Negotiate,
+    /// Reading the Challenge.
+    Challenge,
+    /// Sending the Reply.
+    Reply,
+    /// Reading Success1.
+    Success1,
+    /// Sending Success2 (bidirectional).
+    Success2,
+}
+
+impl Step {
+    /// The one place the host's steps advance (the transaction is linear).
+    pub fn transition(self, to: Step) -> Step {
+        use Step::*;
+        match (self, to) {
+            (Negotiate, Challenge) | (Challenge, Reply) | (Reply, Success1) | (Success1, Success2) => to,
+            (from, to) => {
+                debug_assert!(false, "host authentication step {from:?} -> {to:?} is not a transition");
+                from
+            }
+        }
+    }
+}
+
+/// Runs the DH-HMAC-CHAP transaction on `q` (whose Connect asked for it) by `deadline`.
+pub fn authenticate(
+    q: &mut SyncQueue,
+    keys: Option<&DhchapKeys>,
+    hostnqn: &str,
+    subnqn: &str,
+    deadline: Instant,
+) -> Result<()> {
+    let qid = q.queue().qid();
+    let Some(keys) = keys else {
+        return Err(Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "queue {qid}: the controller requires in-band authentication (DH-HMAC-CHAP); no dhchap secret given"
+            ),
+        ));
+    };
+    let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+    let mut t = Transaction { q, tid, deadline, step: Step::Negotiate, qid: qid.0 };
+    match t.run(keys, hostnqn, subnqn) {
+        Ok(hash) => {
+            tracing::debug!(qid = qid.0, ?hash, bidirectional = keys.ctrl.is_some(), "authenticated");
+            Ok(())
+        }
+        Err(Fail::Refused(e)) => Err(e),
+        Err(Fail::Local(rescode_exp, e)) => {
+            // Tell the controller why (AUTH_Failure2), as Linux does; the queue is dropped either way.
+            let f = Message::Failure2(Failure { tid, rescode: failure::REASON_FAILED, rescode_exp });
+            let _ = t.send(&f);
+            Err(e)
+        }
+    }
+}
+
+enum Fail {
+    /// The controller refused (AUTH_Failure1 or an error status): nothing more to send.
+    Refused(Error),
+    /// The host refuses: an AUTH_Failure2 with this explanation follows.
+    Local(u8, Error),
+}
+
+struct Transaction<'a> {
+    q: &'a mut SyncQueue,
+    tid: u16,
+    deadline: Instant,
+    step: Step,
+    qid: u16,
+}
+
+impl Transaction<'_> {
+    fn err(&self, why: String) -> Error {
+        Error::new(ErrorKind::Protocol, format!("queue {} authentication ({:?}): {why}", self.qid, self.step))
+    }
+
+    fn local(&self, rescode_exp: u8, why: &str) -> Fail {
+        Fail::Local(rescode_exp, self.err(why.to_string()))
+    }
+
+    fn left(&self) -> Result<Duration> {
+        let d = self.deadline.saturating_duration_since(Instant::now());
+        if d.is_zero() {
+            return Err(self.err("timed out".into()));
+        }
+        Ok(d)
+    }
+
+    fn advance(&mut self, to: Step) {
+        self.step = self.step.transition(to);
+    }
+
+    fn send(&mut self, m: &Message) -> Result<()> {
+        let data = m.encode();
+        let len = u32::try_from(data.len()).map_err(|_| self.err("message too large".into()))?;
+        let mut buf = IoBuf::new(data.len().next_multiple_of(4096));
+        buf.set_len(data.len());
+        buf.copy_from_slice(&data);
+        let io = Io {
+            sqe: AuthCmd::dhchap(len).send_sqe(Cid(0)),
+            buf: Some(buf),
+            len,
+            dir: DataDir::ToController,
+            token: 0,
+        };
+        let left = self.left()?;
+        let d = self.q.execute(io, left)?;
+        if !d.cqe.status.is_success() {
+            return Err(Error::status(format!("queue {} Authentication Send", self.qid), d.cqe.status));
+        }
+        Ok(())
+    }
+
+    fn receive(&mut self) -> std::result::Result<Message, Fail> {
+        let len = u32::try_from(MAX_MESSAGE_LEN).unwrap_or(4096);
+        let left = self.left().map_err(Fail::Refused)?;
+        let (_, data) =
+            self.q.read_data(AuthCmd::dhchap(len).receive_sqe(Cid(0)), MAX_MESSAGE_LEN, left).map_err(Fail::Refused)?;
+        match Message::decode(&data) {
+            Ok(Message::Failure1(f)) => Err(Fail::Refused(self.err(format!(
+                "controller refused (AUTH_Failure1, reason {:#04x}, explanation {:#04x}: {})",
+                f.rescode,
+                f.rescode_exp,
+                explain(f.rescode_exp)
+            )))),
+            Ok(m) if m.tid() != self.tid => Err(self.local(failure::INCORRECT_MESSAGE, "wrong transaction id")),
+            Ok(m) => Ok(m),
+            Err(e) => Err(self.local(e.rescode_exp(), &format!("undecodable message: {e}"))),
+        }
+    }
+
+    fn run(&mut self, keys: &DhchapKeys, hostnqn: &str, subnqn: &str) -> std::result::Result<HashId, Fail> {
+        self.send(&Message::Negotiate(Negotiate::offer_all(self.tid))).map_err(Fail::Refused)?;
+        self.advance(Step::Challenge);
+        let Message::Challenge(c) = self.receive()? else {
+            return Err(self.local(failure::INCORRECT_MESSAGE, "expected a Challenge"));
+        };
+        let hash = HashId::from_id(c.hash_id)
+            .filter(|h| h.len() == c.c1.len())
+            .ok_or_else(|| self.local(failure::HASH_UNUSABLE, "unknown hash or wrong challenge length"))?;
+        let group =
+            DhGroup::from_id(c.dh_group).ok_or_else(|| self.local(failure::DHGROUP_UNUSABLE, "unknown DH group"))?;
+        let (dhv, session_key) = match (group, c.dhv.is_empty()) {
+            (DhGroup::Null, true) => (Vec::new(), None),
+            (DhGroup::Null, false) => {
+                return Err(self.local(failure::INCORRECT_PAYLOAD, "DH value with the null group"));
+            }
+            (_, true) => return Err(self.local(failure::DHGROUP_UNUSABLE, "no DH value")),
+            (g, false) => {
+                let mine = DhKeyPair::generate(g)
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| self.local(failure::FAILED, "no DH key pair"))?;
+                let ks = mine
+                    .shared_secret(&c.dhv)
+                    .map_err(|_| self.local(failure::DHGROUP_UNUSABLE, "invalid DH public value"))?;
+                (mine.public().to_vec(), Some(ks))
+            }
+        };
+        let host_key = keys.host.transformed(hostnqn);
+        let r1 = dhchap::response(
+            Role::Host,
+            &ResponseInput {
+                hash,
+                key: &host_key,
+                challenge: &dhchap::challenge(hash, session_key.as_deref(), &c.c1),
+                seqnum: c.seqnum,
+                tid: self.tid,
+                hostnqn,
+                subnqn,
+            },
+        );
+        let bidi = match &keys.ctrl {
+            Some(_) => {
+                let mut c2 = vec![0u8; hash.len()];
+                nvme::auth::fill_random(&mut c2).map_err(|e| self.local(failure::FAILED, &e.to_string()))?;
+                let s2 = nvme::auth::random_seqnum().map_err(|e| self.local(failure::FAILED, &e.to_string()))?;
+                Some((s2, c2))
+            }
+            None => None,
+        };
+        self.advance(Step::Reply);
+        let reply = Reply {
+            tid: self.tid,
+            r1,
+            c2: bidi.as_ref().map(|(_, c2)| c2.clone()),
+            seqnum: bidi.as_ref().map_or(0, |(s2, _)| *s2),
+            dhv,
+        };
+        self.send(&Message::Reply(reply)).map_err(Fail::Refused)?;
+        self.advance(Step::Success1);
+        let Message::Success1(s) = self.receive()? else {
+            return Err(self.local(failure::INCORRECT_MESSAGE, "expected Success1"));
+        };
+        if usize::from(s.hl) != hash.len() {
+            return Err(self.local(failure::HASH_UNUSABLE, "Success1 hash length"));
+        }
+        if let (Some((s2, c2)), Some(ck)) = (&bidi, &keys.ctrl) {
+            let ctrl_key = ck.transformed(subnqn);
+            let expect = dhchap::response(
+                Role::Controller,
+                &ResponseInput {
+                    hash,
+                    key: &ctrl_key,
+                    challenge: &dhchap::challenge(hash, session_key.as_deref(), c2),
+                    seqnum: *s2,
+                    tid: self.tid,
+                    hostnqn,
+                    subnqn,
+                },
+            );
+            match &s.r2 {
+                Some(r2) if dhchap::ct_eq(r2, &expect) => {}
+                Some(_) => return Err(self.local(failure::FAILED, "the controller's response is wrong")),
+                None => return Err(self.local(failure::FAILED, "the controller did not answer the host's challenge")),
+            }
+            self.advance(Step::Success2);
+            self.send(&Message::Success2(self.tid)).map_err(Fail::Refused)?;
+        }
+        Ok(hash)
+    }
+}
+
+/// Text for an AUTH_Failure explanation.
+pub fn explain(rescode_exp: u8) -> &'static str {
+    match rescode_exp {
+        failure::FAILED => "authentication failed",
+        failure::NOT_USABLE => "protocol not usable",
+        failure::CONCAT_MISMATCH => "secure channel concatenation mismatch",
+        failure::HASH_UNUSABLE => "hash function not usable",
+        failure::DHGROUP_UNUSABLE => "DH group not usable",
+        failure::INCORRECT_PAYLOAD => "incorrect payload",
+        failure::INCORRECT_MESSAGE => "incorrect protocol message",
+        _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_parse() {
+        let k = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        assert_eq!(DhchapKeys::parse(None, None).unwrap(), None);
+        assert!(DhchapKeys::parse(None, Some(k)).is_err());
+        assert!(DhchapKeys::parse(Some("DHHC-1:01:x:"), None).is_err());
+        let both = DhchapKeys::parse(Some(k), Some(k)).unwrap().unwrap();
+        assert!(both.ctrl.is_some());
+    }
+
+    #[test]
+    fn steps() {
+        assert_eq!(Step::Negotiate.transition(Step::Challenge), Step::Challenge);
+        assert_eq!(Step::Success1.transition(Step::Success2), Step::Success2);
+    }
+}

@@ -1,0 +1,278 @@
+//! DH-HMAC-CHAP in-band authentication, our host against our target over
+//! loopback TCP: unidirectional and bidirectional success for every hash with
+//! the null, ffdhe2048 and ffdhe3072 groups (ffdhe8192 once), and the refusals:
+//! a wrong key, a missing key, a host not on the list, a host that skips the
+//! transaction; discovery needs no authentication.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use host::context::{Context, ContextOptions, Op};
+use host::controller::{ConnectOptions, Controller, CtrlState};
+use host::queue::{DataDir, HostQueue, Io, QueueConfig, QueueState};
+use nvme::auth::{DhGroup, HashId, Secret};
+use nvme::{Cid, Nsid, Sqe, Status};
+use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, PortConfig, SizeValue, SubsystemConfig};
+use target::port::PortKind;
+use target::reactor::{PollMode, ReactorOptions};
+use target::server::Server;
+use uring::{IoBuf, Wait};
+
+const NQN: &str = "nqn.2026-11.io.qpath:authtest";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6d0e2b4c-1c1a-4c4e-9e55-4a7f0c0a0001";
+const PLAIN_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6d0e2b4c-1c1a-4c4e-9e55-4a7f0c0a0002";
+
+struct Keys {
+    host: Secret,
+    ctrl: Option<Secret>,
+}
+
+fn keys(hash: HashId, bidi: bool) -> Keys {
+    Keys {
+        host: Secret::generate(Some(hash), hash.len()).unwrap(),
+        ctrl: bidi.then(|| Secret::generate(Some(hash), hash.len()).unwrap()),
+    }
+}
+
+fn start(k: &Keys, hash: HashId, group: DhGroup) -> (Server, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut c = Config::embedded_default();
+    c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
+    c.ports = vec![PortConfig { id: 1, addr: format!("127.0.0.1:{port}"), kind: PortKind::Io }];
+    c.subsystems = vec![SubsystemConfig {
+        nqn: NQN.into(),
+        serial: None,
+        model: "qpath".into(),
+        allow_any_host: false,
+        hosts: vec![
+            HostEntry::Nqn(PLAIN_HOST.into()),
+            HostEntry::Auth(HostAuthConfig {
+                nqn: HOST.into(),
+                dhchap_key: Some(k.host.to_string()),
+                dhchap_ctrl_key: k.ctrl.as_ref().map(ToString::to_string),
+                hash: Some(hash.linux_name().into()),
+                dhgroup: Some(group.name().into()),
+            }),
+        ],
+        ports: vec![],
+        max_io_queues: None,
+        queue_size: None,
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            backend: "ram".into(),
+            size: Some(SizeValue::Text("16M".into())),
+            path: None,
+            block_size: 512,
+            ana_group: 1,
+            readonly: false,
+            uuid: None,
+            qos: Default::default(),
+        }],
+    }];
+    (c.start().unwrap(), port)
+}
+
+fn options(port: u16, hostnqn: &str, secret: Option<&Secret>, ctrl: Option<&Secret>) -> ConnectOptions {
+    let mut o = ConnectOptions::new(format!("127.0.0.1:{port}").parse().unwrap(), NQN);
+    o.hostnqn = hostnqn.into();
+    o.nr_io_queues = 2;
+    o.connect_timeout = Duration::from_secs(20);
+    o.dhchap_secret = secret.map(ToString::to_string);
+    o.dhchap_ctrl_secret = ctrl.map(ToString::to_string);
+    o
+}
+
+/// Connects with the right keys, checks the controller is usable, and (when `io`) moves data.
+fn connect_ok(hash: HashId, group: DhGroup, bidi: bool, io: bool) {
+    let k = keys(hash, bidi);
+    let (server, port) = start(&k, hash, group);
+    let t0 = Instant::now();
+    let ctrl = Controller::connect(options(port, HOST, Some(&k.host), k.ctrl.as_ref()))
+        .unwrap_or_else(|e| panic!("{hash:?} {group:?} bidi {bidi}: {e}"));
+    let took = t0.elapsed();
+    assert_eq!(ctrl.state(), CtrlState::Live);
+    assert_eq!(ctrl.io_queue_count(), 2);
+    assert_eq!(ctrl.namespace(Nsid(1)).unwrap().size_bytes(), 16 << 20);
+    eprintln!("{hash:?} {group:?} bidirectional={bidi}: admin + 2 I/O queues authenticated in {took:?}");
+    if io {
+        let mut ctx = Context::new(ContextOptions::default()).unwrap();
+        let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+        let mut w = IoBuf::new(8192);
+        w.set_len(8192);
+        w.iter_mut().enumerate().for_each(|(i, b)| *b = u8::try_from(i % 251).unwrap());
+        let expect = w[..].to_vec();
+        ctx.submit(dev, Op::Write, 4096, 8192, Some(w), 1).map_err(|(e, _)| e).unwrap();
+        let c = wait(&mut ctx, 1);
+        assert!(c[0].status.is_success(), "write: {}", c[0].status);
+        ctx.submit(dev, Op::Read, 4096, 8192, Some(IoBuf::new(8192)), 2).map_err(|(e, _)| e).unwrap();
+        let c = wait(&mut ctx, 1);
+        assert!(c[0].status.is_success());
+        assert_eq!(c[0].buf.as_ref().unwrap()[..8192], expect[..]);
+        drop(ctx);
+    }
+    ctrl.delete();
+    server.shutdown();
+}
+
+fn wait(ctx: &mut Context, n: usize) -> Vec<host::context::Completion> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "timed out");
+        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(5)) }).unwrap();
+        out.extend(ctx.completions());
+    }
+    out
+}
+
+fn matrix(hash: HashId) {
+    for group in [DhGroup::Null, DhGroup::Ffdhe2048, DhGroup::Ffdhe3072] {
+        for bidi in [false, true] {
+            connect_ok(hash, group, bidi, group == DhGroup::Ffdhe2048 && bidi);
+        }
+    }
+}
+
+#[test]
+fn sha256_null_ffdhe2048_ffdhe3072_uni_and_bidirectional() {
+    matrix(HashId::Sha256);
+}
+
+#[test]
+fn sha384_null_ffdhe2048_ffdhe3072_uni_and_bidirectional() {
+    matrix(HashId::Sha384);
+}
+
+#[test]
+fn sha512_null_ffdhe2048_ffdhe3072_uni_and_bidirectional() {
+    matrix(HashId::Sha512);
+}
+
+#[test]
+fn sha512_ffdhe8192_bidirectional() {
+    connect_ok(HashId::Sha512, DhGroup::Ffdhe8192, true, true);
+}
+
+fn connect_err(o: ConnectOptions) -> String {
+    match Controller::connect(o) {
+        Ok(c) => {
+            c.delete();
+            panic!("connected although it should not have")
+        }
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn refusals() {
+    let k = keys(HashId::Sha256, true);
+    let (server, port) = start(&k, HashId::Sha256, DhGroup::Ffdhe2048);
+    let other = Secret::generate(Some(HashId::Sha256), 32).unwrap();
+
+    // Wrong host key: the controller answers AUTH_Failure1.
+    let e = connect_err(options(port, HOST, Some(&other), None));
+    assert!(e.contains("AUTH_Failure1"), "{e}");
+    // Right host key, wrong controller key: the host refuses the controller.
+    let e = connect_err(options(port, HOST, Some(&k.host), Some(&other)));
+    assert!(e.contains("controller's response is wrong"), "{e}");
+    // No key at all, though the controller requires one.
+    let e = connect_err(options(port, HOST, None, None));
+    assert!(e.contains("no dhchap secret"), "{e}");
+    // A host not on the list gets no further than Connect.
+    let e = connect_err(options(
+        port,
+        "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000dead",
+        Some(&k.host),
+        None,
+    ));
+    assert!(e.contains("Connect refused"), "{e}");
+    // A listed host without keys connects without authenticating.
+    let c = Controller::connect(options(port, PLAIN_HOST, None, None)).unwrap();
+    assert_eq!(c.state(), CtrlState::Live);
+    c.delete();
+    // Discovery asks nothing of an authenticating host.
+    let log = host::discovery::discovery_log(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        HOST,
+        [1; 16],
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert!(log.iter().any(|e| e.subnqn == NQN), "{log:?}");
+    server.shutdown();
+}
+
+/// A host that skips the transaction: every other command gets AUTH_REQUIRED, and a
+/// Receive out of turn gets AUTH_Failure1 and the connection closed.
+#[test]
+fn unauthenticated_queue_gets_auth_required() {
+    let k = keys(HashId::Sha256, false);
+    let (server, port) = start(&k, HashId::Sha256, DhGroup::Null);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, NQN, HOST, [1; 16]);
+    cfg.disable_sqflow = false;
+    let mut q = HostQueue::new(cfg);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pump = |q: &mut HostQueue, s: &mut TcpStream| {
+        while let Some(m) = q.take_send() {
+            s.write_all(&m.to_vec()).unwrap();
+            q.on_send_done(m, Ok(()));
+        }
+        let (mut buf, r) = q.take_recv_buf().unwrap();
+        match s.read(&mut buf.as_full_mut()[r]) {
+            Ok(n) => q.on_recv(buf, n),
+            Err(_) => q.on_recv_none(buf),
+        }
+    };
+    while q.state() != QueueState::Authenticating {
+        assert!(Instant::now() < deadline && q.state() != QueueState::Failed, "{:?}", q.error());
+        pump(&mut q, &mut s);
+    }
+    // Pretend it authenticated and try an Identify and a Property Get.
+    q.authenticated();
+    let identify = Sqe::identify(Cid(0), nvme::identify::cns::CONTROLLER, Nsid(0), 0, 0);
+    let io = Io { sqe: identify, buf: Some(IoBuf::new(4096)), len: 4096, dir: DataDir::FromController, token: 1 };
+    q.submit(0, io).unwrap();
+    let prop = nvme::fabrics::PropertyCmd::get_sqe(Cid(0), nvme::fabrics::prop::CAP, true);
+    q.submit(1, Io { sqe: prop, buf: None, len: 0, dir: DataDir::None, token: 2 }).unwrap();
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        assert!(Instant::now() < deadline, "no completion");
+        pump(&mut q, &mut s);
+        done.append(q.completions());
+    }
+    for d in &done {
+        assert_eq!(d.cqe.status, Status::AUTH_REQUIRED, "token {}", d.token);
+    }
+    server.shutdown();
+}
+
+#[test]
+fn rpc_sets_and_clears_keys() {
+    let k = keys(HashId::Sha384, false);
+    let (server, port) = start(&k, HashId::Sha384, DhGroup::Null);
+    let server = Arc::new(server);
+    let fresh = Secret::generate(Some(HashId::Sha384), 48).unwrap();
+    target::rpc::call(
+        &server,
+        "set_host_auth",
+        &serde_json::json!({"nqn": NQN, "host": HOST, "dhchap_key": fresh.to_string(), "dhgroup": "ffdhe2048"}),
+    )
+    .unwrap();
+    assert!(connect_err(options(port, HOST, Some(&k.host), None)).contains("AUTH_Failure1"));
+    let c = Controller::connect(options(port, HOST, Some(&fresh), None)).unwrap();
+    c.delete();
+    // Without a key the host is still allowed, and no longer authenticates.
+    target::rpc::call(&server, "set_host_auth", &serde_json::json!({"nqn": NQN, "host": HOST})).unwrap();
+    let c = Controller::connect(options(port, HOST, None, None)).unwrap();
+    c.delete();
+    let list = target::rpc::call(&server, "list_subsystems", &serde_json::json!({})).unwrap();
+    assert_eq!(list[0]["auth_hosts"], serde_json::json!([]));
+    assert!(serde_json::to_string(&list).unwrap().find("DHHC-1").is_none(), "keys never leave the target");
+    if let Ok(s) = Arc::try_unwrap(server) {
+        s.shutdown();
+    }
+}
