@@ -25,8 +25,7 @@ fn scrape(addr: std::net::SocketAddr) -> String {
 fn sum_metric(text: &str, name: &str, filter: &str) -> u64 {
     text.lines()
         .filter(|l| l.starts_with(name) && l.contains(filter))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
 

@@ -25,6 +25,33 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Raises the soft limit on open file descriptors to at least `want` (up to
+/// the hard limit, which a privileged process also raises). Returns the new
+/// soft limit. Servers with thousands of connections need this; the default
+/// soft limit is often 1,024.
+pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
+    // SAFETY: `rlimit` is two integers; all-zero is valid and is overwritten below.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `lim` is a valid out-pointer owned by this frame for the call.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) })?;
+    if lim.rlim_cur >= want {
+        return Ok(lim.rlim_cur);
+    }
+    let mut new = libc::rlimit { rlim_cur: want.min(lim.rlim_max), rlim_max: lim.rlim_max };
+    if lim.rlim_max < want {
+        // Only a privileged process may raise the hard limit; try, else settle for the hard limit.
+        let try_hard = libc::rlimit { rlim_cur: want, rlim_max: want };
+        // SAFETY: `try_hard` is a valid, initialised rlimit owned by this frame for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const try_hard) } == 0 {
+            return Ok(want);
+        }
+        new.rlim_cur = lim.rlim_max;
+    }
+    // SAFETY: `new` is a valid, initialised rlimit owned by this frame for the call.
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const new) })?;
+    Ok(new.rlim_cur)
+}
+
 /// Number of CPUs currently online (`sysconf(_SC_NPROCESSORS_ONLN)`).
 pub fn online_cpus() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
