@@ -94,7 +94,7 @@ struct Ring {
 
 impl Ring {
     /// Takes the oldest I/O's path and puts `fill()`'s path in its place.
-    #[inline]
+    #[inline(always)]
     fn cycle(&mut self, fill: impl FnOnce(PathIndex) -> PathIndex) {
         let h = self.head;
         self.slots[h] = fill(self.slots[h]);
@@ -122,7 +122,7 @@ impl Own {
 }
 
 impl Step for Own {
-    #[inline]
+    #[inline(always)]
     fn step(&mut self) {
         let sel = &mut self.sel;
         self.ring.cycle(|old| {
@@ -152,7 +152,7 @@ impl SumRef {
 }
 
 impl Step for SumRef {
-    #[inline]
+    #[inline(always)]
     fn step(&mut self) {
         let (r, q) = (&*self.r, self.queue);
         self.ring.cycle(|old| {
@@ -181,7 +181,7 @@ impl AtomicRef {
 }
 
 impl Step for AtomicRef {
-    #[inline]
+    #[inline(always)]
     fn step(&mut self) {
         let r = &*self.r;
         self.ring.cycle(|old| {
@@ -199,7 +199,7 @@ struct Baseline {
 }
 
 impl Step for Baseline {
-    #[inline]
+    #[inline(always)]
     fn step(&mut self) {
         self.ring.cycle(|old| black_box(PathIndex(old.0 ^ 1)));
     }

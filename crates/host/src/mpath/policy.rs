@@ -234,7 +234,7 @@ impl Selector {
     }
 
     /// Picks the path for the next I/O. O(1); latency O(1) amortised.
-    #[inline]
+    #[inline(always)]
     pub fn select(&mut self) -> Selection {
         if self.tier.is_empty() {
             return self.fallback;
@@ -249,7 +249,7 @@ impl Selector {
 
     /// An I/O was sent on `path` (normally the one [`Selector::select`]
     /// returned; any usable path is accepted, e.g. a retry elsewhere).
-    #[inline]
+    #[inline(always)]
     pub fn on_submit(&mut self, path: PathIndex) {
         let i = path.get();
         let Some(slot) = self.slots.get_mut(i) else { return };
@@ -263,7 +263,7 @@ impl Selector {
     }
 
     /// An I/O sent on `path` finished after `latency_ns` (submit to completion).
-    #[inline]
+    #[inline(always)]
     pub fn on_complete(&mut self, path: PathIndex, latency_ns: u64, outcome: Outcome) {
         let i = path.get();
         let Some(slot) = self.slots.get_mut(i) else { return };
@@ -393,7 +393,7 @@ impl RoundRobin {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn select(&mut self, tier: &[u16]) -> Selection {
         if self.count >= self.rr_min_io {
             self.count = 0;
@@ -448,7 +448,7 @@ struct Link {
 }
 
 /// The bucket (and sentinel node) of a path with `in_flight` I/Os.
-#[inline]
+#[inline(always)]
 fn bucket(in_flight: u32) -> u16 {
     u16::from(u8::try_from(in_flight).unwrap_or(u8::MAX))
 }
@@ -457,7 +457,7 @@ const _: () = assert!(QD_BUCKETS == u8::MAX as u16 + 1, "bucket() maps counts on
 const _: () = assert!(QD_BUCKETS as usize + PATHS_MAX < u16::MAX as usize, "node indices fit u16");
 
 /// The node of path `p`.
-#[inline]
+#[inline(always)]
 fn node(p: u16) -> u16 {
     QD_BUCKETS + p
 }
@@ -478,26 +478,26 @@ impl QueueDepth {
         self.min = (0..QD_BUCKETS).find(|&b| !self.is_empty(b)).unwrap_or(0);
     }
 
-    #[inline]
+    #[inline(always)]
     fn is_empty(&self, b: u16) -> bool {
         self.nodes[usize::from(b)].next == b
     }
 
-    #[inline]
+    #[inline(always)]
     fn select(&self) -> Selection {
         let n = self.nodes[usize::from(self.min)].next;
         debug_assert!(n >= QD_BUCKETS, "queue-depth: bucket min ({}) empty with a non-empty tier", self.min);
         Selection::Submit(PathIndex(n.wrapping_sub(QD_BUCKETS)))
     }
 
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, n: u16) {
         let Link { prev, next } = self.nodes[usize::from(n)];
         self.nodes[usize::from(prev)].next = next;
         self.nodes[usize::from(next)].prev = prev;
     }
 
-    #[inline]
+    #[inline(always)]
     fn push_tail(&mut self, n: u16, b: u16) {
         let last = self.nodes[usize::from(b)].prev;
         self.nodes[usize::from(n)] = Link { prev: last, next: b };
@@ -506,7 +506,7 @@ impl QueueDepth {
     }
 
     /// `p`'s count went from `old` to `old + 1`.
-    #[inline]
+    #[inline(always)]
     fn on_submit(&mut self, p: u16, old: u32) {
         let (from, to) = (bucket(old), bucket(old.saturating_add(1)));
         self.unlink(node(p));
@@ -517,7 +517,7 @@ impl QueueDepth {
     }
 
     /// `p`'s count went from `old` (≥ 1) to `old - 1`.
-    #[inline]
+    #[inline(always)]
     fn on_complete(&mut self, p: u16, old: u32) {
         let to = bucket(old - 1);
         self.unlink(node(p));
@@ -652,7 +652,7 @@ impl Latency {
         self.pos = 0;
     }
 
-    #[inline]
+    #[inline(always)]
     fn select(&mut self, v: &View<'_>) -> Selection {
         let p = self.order[self.pos];
         self.pos += 1;
@@ -673,7 +673,7 @@ impl Latency {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn sample(&mut self, i: usize, latency_ns: u64, outcome: Outcome) {
         self.clock += 1;
         let (Some(e), Some(last)) = (self.ewma_ns.get_mut(i), self.last_sample.get_mut(i)) else { return };
