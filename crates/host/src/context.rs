@@ -368,17 +368,23 @@ impl Context {
         let cpus = uring::online_cpus().max(self.cpu() + 1);
         let pref = QueueMap::spread(cpus, n16).map(|m| usize::from(m.queue(self.cpu()).0)).unwrap_or(self.cpu() % n);
         let free = ctrl.free_queues();
-        let pick = (0..n).map(|i| (pref + i) % n).find_map(|i| {
-            let i = u16::try_from(i).ok()?;
-            free.contains(&i).then_some(i)
-        });
-        let index = pick.ok_or_else(|| {
-            Error::new(
-                ErrorKind::Busy,
-                format!("all {n} I/O queues of {} are owned by other contexts", ctrl.opts.traddr),
-            )
-        })?;
-        self.attach_index(ctrl, index)
+        // Another thread's context may claim a queue between `free_queues` and the claim
+        // (job threads attaching at once): try the free ones in order of preference
+        // until a claim succeeds. Only the claim itself fails with Busy.
+        for i in (0..n).map(|i| (pref + i) % n) {
+            let Ok(i) = u16::try_from(i) else { continue };
+            if !free.contains(&i) {
+                continue;
+            }
+            match self.attach_index(ctrl, i) {
+                Err(e) if e.kind == ErrorKind::Busy => continue,
+                r => return r,
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Busy,
+            format!("all {n} I/O queues of {} are owned by other contexts", ctrl.opts.traddr),
+        ))
     }
 
     /// Claims I/O queue `index` of `ctrl` (several per controller are allowed:
