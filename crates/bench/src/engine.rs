@@ -22,8 +22,13 @@
 //! `iodepth_batch_submit` queued units, and `getevents(min, max)` with
 //! `min = iodepth_batch_complete_min`, `max = iodepth_batch_complete_max`.
 
+pub mod io_uring;
 pub mod null;
+pub mod passthru;
 pub mod psync;
+pub mod qpath;
+pub mod remote;
+pub mod uring_buf;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -151,6 +156,16 @@ pub trait EngineFactory: Send + Sync {
     fn create(&self, ctx: &EngineCtx<'_>) -> Result<Box<dyn Engine>>;
 }
 
+/// Whether the job asks for polled completions (fio's `hipri`, a bare flag or `hipri=1`):
+/// engines then spin instead of sleeping in the kernel.
+pub fn hipri(job: &JobSpec) -> bool {
+    match job.engine_option("hipri") {
+        None => false,
+        Some(None) => true,
+        Some(Some(v)) => !matches!(v.trim(), "0" | "false" | "off" | "no"),
+    }
+}
+
 /// A resolver hook: given the requested `ioengine` (`None` if unset) and the target,
 /// return the name of the engine to use, or `None` to fall back to the default rules.
 pub type Resolver = dyn Fn(Option<&str>, &Target) -> Option<String> + Send + Sync;
@@ -210,6 +225,17 @@ impl EngineRegistry {
         r.register(Arc::new(null::NullFactory));
         r.register(Arc::new(psync::PsyncFactory));
         r.register(Arc::new(psync::SyncFactory));
+        r
+    }
+
+    /// Every engine: the local ones, `io_uring`, and the NVMe/TCP engines `qpath` and
+    /// `qpath-passthru`, which take their controllers from `ctrls` (one connection per
+    /// remote target for the whole run; see [`remote::Controllers::for_jobs`]).
+    pub fn with_all_engines(ctrls: &Arc<remote::Controllers>) -> EngineRegistry {
+        let mut r = EngineRegistry::with_local_engines();
+        r.register(Arc::new(io_uring::IoUringFactory));
+        r.register(Arc::new(qpath::QpathFactory::new(Arc::clone(ctrls))));
+        r.register(Arc::new(passthru::PassthruFactory::new(Arc::clone(ctrls))));
         r
     }
 

@@ -111,27 +111,9 @@ impl Engine for LocalSync {
     }
 
     fn open(&mut self, ctx: &EngineCtx<'_>) -> Result<FileInfo> {
-        let path = ctx.target.local_path().ok_or_else(|| {
-            Error::new(ErrorKind::Engine, format!("{}: needs a local filename, not '{}'", self.name(), ctx.target.raw))
-        })?;
-        let mut opts = OpenOptions::new();
-        opts.read(true);
-        if ctx.job.writes() {
-            opts.write(true);
-        }
-        if ctx.job.direct {
-            opts.custom_flags(libc::O_DIRECT);
-        }
-        let file = opts.open(path).map_err(|e| Error::io(format!("{}: open {}", self.name(), path.display()), e))?;
-        let meta = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
-        let size = if meta.file_type().is_block_device() {
-            let mut f = &file;
-            f.seek(SeekFrom::End(0)).map_err(|e| Error::io(format!("size of {}", path.display()), e))?
-        } else {
-            meta.len()
-        };
+        let (file, info) = open_local(self.name(), ctx)?;
         self.file = Some(file);
-        Ok(FileInfo { size, block_size: 512 })
+        Ok(info)
     }
 
     fn queue(&mut self, mut unit: IoU) -> Queued {
@@ -151,4 +133,30 @@ impl Engine for LocalSync {
         self.file = None;
         Ok(())
     }
+}
+
+/// Open a job's local file or block device as the local engines do: read-write if the
+/// job writes, `O_DIRECT` for `direct=1`; the size of a block device is where seeking
+/// to its end lands.
+pub(crate) fn open_local(engine: &str, ctx: &EngineCtx<'_>) -> Result<(File, FileInfo)> {
+    let path = ctx.target.local_path().ok_or_else(|| {
+        Error::new(ErrorKind::Engine, format!("{engine}: needs a local filename, not '{}'", ctx.target.raw))
+    })?;
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    if ctx.job.writes() {
+        opts.write(true);
+    }
+    if ctx.job.direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let file = opts.open(path).map_err(|e| Error::io(format!("{engine}: open {}", path.display()), e))?;
+    let meta = file.metadata().map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+    let size = if meta.file_type().is_block_device() {
+        let mut f = &file;
+        f.seek(SeekFrom::End(0)).map_err(|e| Error::io(format!("size of {}", path.display()), e))?
+    } else {
+        meta.len()
+    };
+    Ok((file, FileInfo { size, block_size: 512 }))
 }

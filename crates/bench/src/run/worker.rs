@@ -400,7 +400,9 @@ fn setup<'a>(
                 ),
             ));
         }
-        if !spec.zero_buffers {
+        // fio fills buffers only for jobs that write (init_io_u_buffers): a read-only
+        // job's buffers are overwritten by every read.
+        if spec.writes() && !spec.zero_buffers {
             fill_rng.fill_bytes(u.buf.as_mut_slice());
         }
     }

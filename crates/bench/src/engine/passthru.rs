@@ -1,0 +1,219 @@
+//! The `qpath-passthru` engine (fio's `io_uring_cmd` on remote targets): raw NVMe
+//! commands on a user-owned queue pair ([`host::passthru::QueuePair`]), no block core.
+//!
+//! The engine builds each SQE itself (Read, Write, Flush with the unit's LBA range),
+//! the queue pair picks the command id, and completions are polled. The controller is
+//! shared like the `qpath` engine's and reserves one user queue per passthru job
+//! thread ([`super::remote`]). The queue pair's depth is the queue size: deeper jobs
+//! are lowered to it by the runner (a user queue has no software queue behind it).
+//!
+//! A queue pair never sleeps in the kernel, so waiting spins; without `hipri` a waiter
+//! that made no progress for [`super::qpath::SPIN_BEFORE_BLOCK`] yields its core
+//! between polls so oversubscribed runs still move.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use host::controller::Controller;
+use host::passthru::{PtCompletion, QueuePair};
+use host::queue::DataDir;
+use nvme::opcode::io as opc;
+use nvme::{Cid, Nsid, SglDescriptor, Sqe};
+use uring::Wait;
+
+use super::qpath::{Spinner, io_result};
+use super::remote::Controllers;
+use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
+use crate::error::{Error, ErrorKind, Result};
+use crate::io_u::{Ddir, IoError, IoResult, IoU};
+use crate::target::TargetKind;
+
+/// Factory for `ioengine=qpath-passthru` / `io_uring_cmd` on remote targets.
+#[derive(Debug)]
+pub struct PassthruFactory {
+    ctrls: Arc<Controllers>,
+}
+
+impl PassthruFactory {
+    /// A factory whose engines get their controllers from `ctrls`.
+    pub fn new(ctrls: Arc<Controllers>) -> PassthruFactory {
+        PassthruFactory { ctrls }
+    }
+}
+
+impl EngineFactory for PassthruFactory {
+    fn name(&self) -> &str {
+        "qpath-passthru"
+    }
+
+    fn create(&self, ctx: &EngineCtx<'_>) -> Result<Box<dyn Engine>> {
+        // The queue pair is made here (on the job thread) because its depth is the
+        // engine's max_depth, which the runner asks for before open.
+        let TargetKind::Remote(remote) = &ctx.target.kind else {
+            return Err(Error::new(
+                ErrorKind::Engine,
+                format!("qpath-passthru: needs a remote filename (nvme+tcp://...), not '{}'", ctx.target.raw),
+            ));
+        };
+        let ctrl = self.ctrls.get(remote, Some(ctx.job))?;
+        let qp = QueuePair::new(&ctrl).map_err(|e| {
+            Error::new(ErrorKind::Engine, format!("qpath-passthru: user queue of {}: {e}", ctrl.opts.subnqn))
+        })?;
+        Ok(Box::new(PassthruEngine {
+            ctrl,
+            qp,
+            nsid: Nsid(remote.nsid),
+            block_shift: 9,
+            inflight: Vec::new(),
+            done: Vec::new(),
+            ready: VecDeque::new(),
+            reaped: VecDeque::new(),
+            spinner: Spinner::new(super::hipri(ctx.job)),
+        }))
+    }
+}
+
+struct PassthruEngine {
+    ctrl: Arc<Controller>,
+    qp: QueuePair,
+    nsid: Nsid,
+    block_shift: u8,
+    inflight: Vec<Option<IoU>>,
+    done: Vec<PtCompletion>,
+    ready: VecDeque<IoU>,
+    reaped: VecDeque<IoU>,
+    spinner: Spinner,
+}
+
+impl PassthruEngine {
+    fn poll(&mut self) -> Result<usize> {
+        self.qp
+            .poll(&mut self.done)
+            .map_err(|e| Error::new(ErrorKind::Engine, format!("qpath-passthru: poll: {e}")))?;
+        let n = self.done.len();
+        for c in self.done.drain(..) {
+            let idx = usize::try_from(c.user_data).unwrap_or(usize::MAX);
+            let Some(mut unit) = self.inflight.get_mut(idx).and_then(Option::take) else {
+                panic!("passthru completion for unit {idx}, which is not in flight");
+            };
+            if let Some(b) = c.buf {
+                uring_buf::put(&mut unit, b);
+            }
+            unit.result = io_result(c.cqe.status, unit.len);
+            self.ready.push_back(unit);
+        }
+        Ok(n)
+    }
+
+    fn sqe(&self, unit: &IoU) -> std::result::Result<(Sqe, DataDir), IoError> {
+        let mask = (1u64 << self.block_shift) - 1;
+        if unit.ddir == Ddir::Sync {
+            return Ok((Sqe::flush(Cid(0), self.nsid), DataDir::None));
+        }
+        if unit.offset & mask != 0 || u64::from(unit.len) & mask != 0 || unit.len == 0 {
+            return Err(IoError::Os(libc::EINVAL));
+        }
+        let slba = unit.offset >> self.block_shift;
+        let nlb = unit.len >> self.block_shift;
+        let sgl = SglDescriptor::transport(unit.len);
+        Ok(match unit.ddir {
+            Ddir::Read => (Sqe::rw(opc::READ, Cid(0), self.nsid, slba, nlb, sgl), DataDir::FromController),
+            _ => (Sqe::rw(opc::WRITE, Cid(0), self.nsid, slba, nlb, sgl), DataDir::ToController),
+        })
+    }
+}
+
+impl Engine for PassthruEngine {
+    fn name(&self) -> &str {
+        "qpath-passthru"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let depth = u32::try_from(self.qp.depth()).unwrap_or(u32::MAX).max(1);
+        Capabilities { sync: false, buf_align: uring::IO_ALIGN, polled: true, max_depth: depth, flush: true }
+    }
+
+    fn open(&mut self, ctx: &EngineCtx<'_>) -> Result<FileInfo> {
+        let ns = self.ctrl.namespace(self.nsid).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Engine,
+                format!("qpath-passthru: {} has no namespace {}", self.ctrl.opts.subnqn, self.nsid.0),
+            )
+        })?;
+        let _ = ctx;
+        self.block_shift = ns.block_shift;
+        Ok(FileInfo { size: ns.size_bytes(), block_size: ns.block_size() })
+    }
+
+    fn prepare(&mut self, units: &mut [IoU]) -> Result<()> {
+        uring_buf::install(units);
+        self.inflight = units.iter().map(|_| None).collect();
+        Ok(())
+    }
+
+    fn queue(&mut self, mut unit: IoU) -> Queued {
+        let (sqe, dir) = match self.sqe(&unit) {
+            Ok(x) => x,
+            Err(e) => {
+                unit.result = IoResult::Error(e);
+                return Queued::Completed(unit);
+            }
+        };
+        let buf = if dir == DataDir::None { None } else { uring_buf::take(&mut unit) };
+        let len = if dir == DataDir::None { 0 } else { unit.len };
+        let idx = unit.index as usize;
+        match self.qp.submit(sqe, buf, len, dir, u64::from(unit.index)) {
+            Ok(()) => {
+                self.inflight[idx] = Some(unit);
+                Queued::Queued
+            }
+            Err((e, buf)) => {
+                if let Some(b) = buf {
+                    uring_buf::put(&mut unit, b);
+                }
+                if e.kind == host::ErrorKind::Busy {
+                    return Queued::Busy(unit);
+                }
+                tracing::debug!("qpath-passthru: submit refused: {e}");
+                unit.result = IoResult::Error(IoError::Os(libc::EIO));
+                Queued::Completed(unit)
+            }
+        }
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.qp.flush();
+        Ok(())
+    }
+
+    fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
+        assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        if self.poll()? > 0 {
+            self.spinner.progress(start);
+        }
+        while self.ready.len() < min {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            if self.spinner.wait(now, deadline) != Wait::Poll {
+                // No kernel wait on a queue pair: give the core away for a moment.
+                std::thread::yield_now();
+            }
+            if self.poll()? > 0 {
+                self.spinner.progress(Instant::now());
+            }
+        }
+        let n = self.ready.len().min(max.max(min).max(1));
+        self.reaped.extend(self.ready.drain(..n));
+        Ok(n)
+    }
+
+    fn event(&mut self, index: usize) -> IoU {
+        let _ = index;
+        self.reaped.pop_front().expect("event() index within the last getevents count")
+    }
+}

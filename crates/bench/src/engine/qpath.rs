@@ -1,0 +1,272 @@
+//! The `qpath` engine: our NVMe/TCP host through its block core.
+//!
+//! One [`host::context::Context`] per job thread, created on that thread; the
+//! controller is shared by the run's job threads ([`super::remote::Controllers`]) and
+//! each context attaches an I/O queue of its own. A unit maps to one
+//! `Context::submit(dev, Read | Write | Flush, offset, len, buf, token = unit index)`:
+//! the unit's [`uring::IoBuf`] moves into the host and comes back in the completion,
+//! so data is never copied by the engine.
+//!
+//! Waiting ([`Spinner`]): `getevents` polls the context, spinning while fewer than `min`
+//! completions are ready. After [`SPIN_BEFORE_BLOCK`] without progress it sleeps in the
+//! kernel (`Wait::Block`) so that oversubscribed runs (more job threads than cores) leave
+//! the core to their neighbours; `hipri` (fio's polled completions) spins always.
+//! `direct` is implied: there is no page cache on this path.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use host::context::{Context, ContextOptions, DeviceId, Op};
+use nvme::{Nsid, Status};
+use uring::Wait;
+
+use super::remote::Controllers;
+use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
+use crate::error::{Error, ErrorKind, Result};
+use crate::io_u::{Ddir, IoError, IoResult, IoU};
+use crate::target::TargetKind;
+
+/// Spin this long without a completion before sleeping in the kernel (unless `hipri`).
+/// A loopback round trip here is ~15 µs, so a spinning waiter normally sees its
+/// completion long before this; a thread that waits longer is probably sharing its core.
+pub const SPIN_BEFORE_BLOCK: Duration = Duration::from_micros(50);
+/// Longest kernel sleep before the engine re-checks the caller's deadline.
+const BLOCK_SLICE: Duration = Duration::from_millis(10);
+
+/// Factory for `ioengine=qpath` (and what the registry maps fio's engines to on remote
+/// targets).
+#[derive(Debug)]
+pub struct QpathFactory {
+    ctrls: Arc<Controllers>,
+}
+
+impl QpathFactory {
+    /// A factory whose engines get their controllers from `ctrls`.
+    pub fn new(ctrls: Arc<Controllers>) -> QpathFactory {
+        QpathFactory { ctrls }
+    }
+}
+
+impl EngineFactory for QpathFactory {
+    fn name(&self) -> &str {
+        "qpath"
+    }
+
+    fn create(&self, ctx: &EngineCtx<'_>) -> Result<Box<dyn Engine>> {
+        // The runner never has more than iodepth units out; the context queues what its
+        // I/O queue cannot take (seed 003's iodepth=10000) in software.
+        let max_requests = usize::try_from(ctx.iodepth.max(1)).unwrap_or(1);
+        let context = Context::new(ContextOptions { max_requests, ..ContextOptions::default() })
+            .map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: context: {e}")))?;
+        Ok(Box::new(QpathEngine {
+            ctrls: Arc::clone(&self.ctrls),
+            ctx: context,
+            dev: None,
+            inflight: Vec::new(),
+            ready: VecDeque::new(),
+            reaped: VecDeque::new(),
+            spinner: Spinner::new(super::hipri(ctx.job)),
+        }))
+    }
+}
+
+/// When a waiting loop may sleep: after `SPIN_BEFORE_BLOCK` without progress, never
+/// with `always` (hipri).
+#[derive(Debug, Clone, Copy)]
+pub struct Spinner {
+    always: bool,
+    last_progress: Instant,
+}
+
+impl Spinner {
+    /// A spinner; `always` = never sleep.
+    pub fn new(always: bool) -> Spinner {
+        Spinner { always, last_progress: Instant::now() }
+    }
+
+    /// Something completed.
+    pub fn progress(&mut self, now: Instant) {
+        self.last_progress = now;
+    }
+
+    /// How the next poll should wait, given the caller's deadline.
+    pub fn wait(&self, now: Instant, deadline: Option<Instant>) -> Wait {
+        if self.always || now.saturating_duration_since(self.last_progress) < SPIN_BEFORE_BLOCK {
+            return Wait::Poll;
+        }
+        let left = deadline.map_or(BLOCK_SLICE, |d| d.saturating_duration_since(now).min(BLOCK_SLICE));
+        Wait::Block { timeout: Some(left) }
+    }
+}
+
+/// The result of an NVMe completion for the unit that carried `len` bytes.
+pub fn io_result(status: Status, len: u32) -> IoResult {
+    if status.is_success() {
+        IoResult::Done { bytes: len }
+    } else {
+        IoResult::Error(IoError::Nvme { sct: status.sct as u8, sc: status.sc })
+    }
+}
+
+struct QpathEngine {
+    ctrls: Arc<Controllers>,
+    ctx: Context,
+    dev: Option<DeviceId>,
+    /// Units on the wire, by unit index (their buffers are inside the host).
+    inflight: Vec<Option<IoU>>,
+    ready: VecDeque<IoU>,
+    reaped: VecDeque<IoU>,
+    spinner: Spinner,
+}
+
+impl QpathEngine {
+    fn poll(&mut self, wait: Wait) -> Result<usize> {
+        self.ctx.poll(wait).map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: poll: {e}")))?;
+        let before = self.ready.len();
+        for c in self.ctx.completions() {
+            let idx = usize::try_from(c.token).unwrap_or(usize::MAX);
+            let Some(mut unit) = self.inflight.get_mut(idx).and_then(Option::take) else {
+                panic!("qpath completion for unit {idx}, which is not in flight");
+            };
+            if let Some(b) = c.buf {
+                uring_buf::put(&mut unit, b);
+            }
+            unit.result = io_result(c.status, unit.len);
+            self.ready.push_back(unit);
+        }
+        Ok(self.ready.len() - before)
+    }
+}
+
+impl Engine for QpathEngine {
+    fn name(&self) -> &str {
+        "qpath"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Polled: sends (R2T data included) and receives only move when the thread polls.
+        Capabilities { sync: false, buf_align: uring::IO_ALIGN, polled: true, max_depth: 0, flush: true }
+    }
+
+    fn open(&mut self, ctx: &EngineCtx<'_>) -> Result<FileInfo> {
+        let TargetKind::Remote(remote) = &ctx.target.kind else {
+            return Err(Error::new(
+                ErrorKind::Engine,
+                format!("qpath: needs a remote filename (nvme+tcp://...), not '{}'", ctx.target.raw),
+            ));
+        };
+        let ctrl = self.ctrls.get(remote, Some(ctx.job))?;
+        let dev = self.ctx.open(&ctrl, Nsid(remote.nsid)).map_err(|e| {
+            Error::new(ErrorKind::Engine, format!("qpath: open namespace {} of {}: {e}", remote.nsid, ctrl.opts.subnqn))
+        })?;
+        self.dev = Some(dev);
+        Ok(FileInfo { size: self.ctx.capacity(dev), block_size: self.ctx.block_size(dev) })
+    }
+
+    fn prepare(&mut self, units: &mut [IoU]) -> Result<()> {
+        uring_buf::install(units);
+        self.inflight = units.iter().map(|_| None).collect();
+        Ok(())
+    }
+
+    fn queue(&mut self, mut unit: IoU) -> Queued {
+        let Some(dev) = self.dev else {
+            unit.result = IoResult::Error(IoError::Failed("engine not open"));
+            return Queued::Completed(unit);
+        };
+        let (op, buf) = match unit.ddir {
+            Ddir::Read => (Op::Read, uring_buf::take(&mut unit)),
+            Ddir::Write => (Op::Write, uring_buf::take(&mut unit)),
+            Ddir::Sync => (Op::Flush, None),
+        };
+        let idx = unit.index as usize;
+        match self.ctx.submit(dev, op, unit.offset, unit.len, buf, u64::from(unit.index)) {
+            Ok(()) => {
+                self.inflight[idx] = Some(unit);
+                Queued::Queued
+            }
+            Err((e, buf)) => {
+                if let Some(b) = buf {
+                    uring_buf::put(&mut unit, b);
+                }
+                if e.kind == host::ErrorKind::Busy {
+                    return Queued::Busy(unit);
+                }
+                tracing::debug!(offset = unit.offset, len = unit.len, "qpath: submit refused: {e}");
+                let errno = if e.kind == host::ErrorKind::Invalid { libc::EINVAL } else { libc::EIO };
+                unit.result = IoResult::Error(IoError::Os(errno));
+                Queued::Completed(unit)
+            }
+        }
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        if self.poll(Wait::Poll)? > 0 {
+            self.spinner.progress(Instant::now());
+        }
+        Ok(())
+    }
+
+    fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
+        assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
+        let mut now = Instant::now();
+        let deadline = timeout.map(|t| now + t);
+        if self.ready.len() < min.max(1) && self.poll(Wait::Poll)? > 0 {
+            self.spinner.progress(now);
+        }
+        while self.ready.len() < min {
+            now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            let wait = self.spinner.wait(now, deadline);
+            if self.poll(wait)? > 0 {
+                self.spinner.progress(Instant::now());
+            }
+        }
+        let n = self.ready.len().min(max.max(min).max(1));
+        self.reaped.extend(self.ready.drain(..n));
+        Ok(n)
+    }
+
+    fn event(&mut self, index: usize) -> IoU {
+        let _ = index;
+        self.reaped.pop_front().expect("event() index within the last getevents count")
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.dev = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spins_then_blocks_unless_hipri() {
+        let t0 = Instant::now();
+        let mut s = Spinner::new(false);
+        s.progress(t0);
+        assert_eq!(s.wait(t0 + Duration::from_micros(10), None), Wait::Poll);
+        assert!(matches!(s.wait(t0 + Duration::from_micros(60), None), Wait::Block { .. }));
+        let deadline = t0 + Duration::from_micros(70);
+        assert_eq!(
+            s.wait(t0 + Duration::from_micros(60), Some(deadline)),
+            Wait::Block { timeout: Some(Duration::from_micros(10)) }
+        );
+        let mut h = Spinner::new(true);
+        h.progress(t0);
+        assert_eq!(h.wait(t0 + Duration::from_secs(1), None), Wait::Poll);
+    }
+
+    #[test]
+    fn nvme_errors_keep_their_codes() {
+        assert_eq!(io_result(Status::SUCCESS, 4096), IoResult::Done { bytes: 4096 });
+        // Media error: Unrecovered Read Error (SCT 2h, SC 81h).
+        let st = Status { sct: nvme::Sct::Media, sc: 0x81, crd: 0, more: false, dnr: true };
+        assert_eq!(io_result(st, 4096), IoResult::Error(IoError::Nvme { sct: 2, sc: 0x81 }));
+    }
+}

@@ -1,0 +1,271 @@
+//! Controllers shared by the job threads of one run: one connection per distinct remote
+//! target, made by the first job thread that needs it.
+//!
+//! ```text
+//!  JobFile ──plan──► per target: job threads, passthru threads, deepest iodepth
+//!                      │
+//!  job thread k: Controllers::get(remote) ──► Arc<Controller> (connect once, under a lock)
+//!                      └─► Context::open attaches one I/O queue of its own
+//! ```
+//!
+//! Every job thread attaches its own I/O queue, so a controller asks for at least as
+//! many queues as job threads use it (`nr_io_queues = max(cpus, threads)`, counted over
+//! the whole run so stonewalled batches never wait for a queue to come back), plus one
+//! user queue per `qpath-passthru` thread. The queue size follows the deepest job
+//! (`iodepth` clamped to 128..=1024): deeper jobs queue the rest in the host context.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+
+use host::controller::{ConnectOptions, Controller};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::job::{JobFile, JobSpec};
+use crate::target::{RemoteTarget, TargetKind};
+
+/// Linux's default I/O queue size (REFERENCE: "queue size: host 128").
+pub const QUEUE_SIZE_MIN: u16 = 128;
+/// Our target's largest queue (its `max_queue_entries`).
+pub const QUEUE_SIZE_MAX: u16 = 1024;
+/// Most commands all of a controller's queues may have outstanding, when jobs are
+/// deeper than [`QUEUE_SIZE_MIN`] (4 queues of 1024, 32 of 128).
+pub const OUTSTANDING_MAX: u32 = 4096;
+/// Most I/O queues one controller is asked for (the target's per-controller cap).
+pub const IO_QUEUES_MAX: u16 = 128;
+
+/// What distinguishes two controllers: where, which subsystem, as whom, with which digests.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ControllerKey {
+    /// `traddr:trsvcid` as written (resolved at connect time).
+    pub addr: String,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Host NQN (`None` = the machine's default identity).
+    pub hostnqn: Option<String>,
+    /// Header digest.
+    pub hdgst: bool,
+    /// Data digest.
+    pub ddgst: bool,
+}
+
+impl ControllerKey {
+    /// The key of a job's remote target; the `hostnqn` engine option applies when the
+    /// filename does not name one.
+    pub fn of(remote: &RemoteTarget, job: Option<&JobSpec>) -> ControllerKey {
+        let hostnqn = remote
+            .hostnqn
+            .clone()
+            .or_else(|| job.and_then(|j| j.engine_option("hostnqn").flatten()).map(str::to_string));
+        let host = if remote.traddr.contains(':') { format!("[{}]", remote.traddr) } else { remote.traddr.clone() };
+        ControllerKey {
+            addr: format!("{host}:{}", remote.trsvcid),
+            subnqn: remote.subnqn.clone(),
+            hostnqn,
+            hdgst: remote.hdgst || digest_option(job, "header"),
+            ddgst: remote.ddgst || digest_option(job, "data"),
+        }
+    }
+}
+
+/// SPDK's fio plugin spells digests `digest_enable=HEADER|DATA|BOTH`.
+fn digest_option(job: Option<&JobSpec>, which: &str) -> bool {
+    let Some(v) = job.and_then(|j| j.engine_option("digest_enable").flatten()) else { return false };
+    let v = v.to_ascii_lowercase();
+    v == which || v == "both"
+}
+
+/// How to connect one controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectPlan {
+    /// Block-core I/O queues (0 = one per CPU).
+    pub nr_io_queues: u16,
+    /// User queues for `qpath-passthru` threads.
+    pub nr_user_queues: u16,
+    /// Entries per queue.
+    pub queue_size: u16,
+}
+
+impl Default for ConnectPlan {
+    fn default() -> Self {
+        ConnectPlan { nr_io_queues: 0, nr_user_queues: 0, queue_size: QUEUE_SIZE_MIN }
+    }
+}
+
+/// Whether a job goes through a user queue (`qpath-passthru`) rather than the block core.
+pub fn wants_passthru(job: &JobSpec) -> bool {
+    matches!(job.ioengine.as_deref(), Some("io_uring_cmd" | "qpath-passthru"))
+}
+
+/// Entries per queue for jobs as deep as `depth` over `queues` queues: the deepest
+/// job's iodepth within 128..=1024, but no more than [`OUTSTANDING_MAX`] commands over
+/// all queues (what one target reactor is asked to hold at once; deeper jobs queue
+/// the rest in the host context, as Linux queues beyond its 128 tags in blk-mq).
+pub fn queue_size_for(depth: u32, queues: u16) -> u16 {
+    let fair = OUTSTANDING_MAX / u32::from(queues.max(1));
+    let size = depth.min(fair).clamp(u32::from(QUEUE_SIZE_MIN), u32::from(QUEUE_SIZE_MAX));
+    u16::try_from(size).unwrap_or(QUEUE_SIZE_MIN)
+}
+
+/// One plan per remote target of `file`.
+pub fn plan(file: &JobFile) -> BTreeMap<ControllerKey, ConnectPlan> {
+    let cpus = u16::try_from(uring::online_cpus()).unwrap_or(1);
+    let mut out: BTreeMap<ControllerKey, (u16, u16, u32)> = BTreeMap::new();
+    for j in &file.jobs {
+        let TargetKind::Remote(r) = &j.target.kind else { continue };
+        let e = out.entry(ControllerKey::of(r, Some(j))).or_insert((0, 0, 0));
+        if wants_passthru(j) {
+            e.1 = e.1.saturating_add(1);
+        } else {
+            e.0 = e.0.saturating_add(1);
+        }
+        e.2 = e.2.max(j.iodepth);
+    }
+    out.into_iter()
+        .map(|(k, (threads, user, depth))| {
+            let queue_size = queue_size_for(depth, threads + user);
+            // Block queues leave room for the user queues under the per-controller cap.
+            let nr_io_queues = threads.max(cpus).min(IO_QUEUES_MAX.saturating_sub(user).max(1));
+            (k, ConnectPlan { nr_io_queues, nr_user_queues: user, queue_size })
+        })
+        .collect()
+}
+
+/// The controllers of one run, connected on first use.
+#[derive(Default)]
+pub struct Controllers {
+    plans: BTreeMap<ControllerKey, ConnectPlan>,
+    live: Mutex<BTreeMap<ControllerKey, Arc<Controller>>>,
+}
+
+impl std::fmt::Debug for Controllers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controllers").field("plans", &self.plans).finish_non_exhaustive()
+    }
+}
+
+impl Controllers {
+    /// Controllers for the jobs of `file` (nothing connects yet).
+    pub fn for_jobs(file: &JobFile) -> Controllers {
+        Controllers { plans: plan(file), live: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// The plan for `key` (defaults for targets the job file did not name).
+    pub fn plan_for(&self, key: &ControllerKey) -> ConnectPlan {
+        self.plans.get(key).copied().unwrap_or_default()
+    }
+
+    /// The controller for a job's remote target, connecting it on first use. Job
+    /// threads that need the same one wait for that connect instead of making their own.
+    pub fn get(&self, remote: &RemoteTarget, job: Option<&JobSpec>) -> Result<Arc<Controller>> {
+        let key = ControllerKey::of(remote, job);
+        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = live.get(&key) {
+            return Ok(Arc::clone(c));
+        }
+        let opts = self.connect_options(&key)?;
+        let ctrl = Controller::connect(opts)
+            .map_err(|e| Error::new(ErrorKind::Engine, format!("connect to {} ({}): {e}", key.addr, key.subnqn)))?;
+        live.insert(key, Arc::clone(&ctrl));
+        Ok(ctrl)
+    }
+
+    fn connect_options(&self, key: &ControllerKey) -> Result<ConnectOptions> {
+        let addr: SocketAddr = key
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| Error::new(ErrorKind::Target, format!("{}: {e}", key.addr)))?
+            .next()
+            .ok_or_else(|| Error::new(ErrorKind::Target, format!("{} resolves to no address", key.addr)))?;
+        let plan = self.plan_for(key);
+        let mut o = ConnectOptions::new(addr, &key.subnqn);
+        if let Some(h) = &key.hostnqn {
+            o.hostnqn.clone_from(h);
+        }
+        o.hdr_digest = key.hdgst;
+        o.data_digest = key.ddgst;
+        o.nr_io_queues = plan.nr_io_queues;
+        o.nr_user_queues = plan.nr_user_queues;
+        o.queue_size = plan.queue_size;
+        Ok(o)
+    }
+
+    /// Controllers connected so far, with their keys.
+    pub fn connected(&self) -> Vec<(ControllerKey, Arc<Controller>)> {
+        let live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        live.iter().map(|(k, c)| (k.clone(), Arc::clone(c))).collect()
+    }
+
+    /// Disconnect every controller (after the run, before an embedded target stops).
+    pub fn disconnect_all(&self) {
+        let all = std::mem::take(&mut *self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for c in all.into_values() {
+            c.delete();
+        }
+    }
+}
+
+impl Drop for Controllers {
+    fn drop(&mut self) {
+        self.disconnect_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_plan_per_target_with_a_queue_per_thread() {
+        let f = JobFile::parse(
+            "[global]\nsize=1m\n\
+             [a]\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/1\nnumjobs=33\niodepth=10000\n\
+             [b]\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/2\niodepth=3\n\
+             [c]\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/1\nioengine=io_uring_cmd\niodepth=128\n\
+             [d]\nfilename=trtype=TCP traddr=127.0.0.1 trsvcid=4421 subnqn=nqn.x:a ns=1\n\
+             [e]\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/1?hdgst=1\n",
+            "t",
+        )
+        .unwrap();
+        let p = plan(&f);
+        assert_eq!(p.len(), 3, "{p:?}");
+        let k = ControllerKey {
+            addr: "127.0.0.1:4420".into(),
+            subnqn: "nqn.x:a".into(),
+            hostnqn: None,
+            hdgst: false,
+            ddgst: false,
+        };
+        let a = p[&k];
+        assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");
+        assert_eq!(a.nr_user_queues, 1);
+        assert_eq!(a.queue_size, QUEUE_SIZE_MIN, "35 queues share 4096 outstanding commands");
+        let d = ControllerKey { addr: "127.0.0.1:4421".into(), ..k.clone() };
+        assert_eq!(p[&d].queue_size, QUEUE_SIZE_MIN);
+        assert!(p[&d].nr_io_queues >= 1);
+        assert!(p.contains_key(&ControllerKey { hdgst: true, ..k }));
+    }
+
+    #[test]
+    fn queue_sizes_follow_depth_within_bounds() {
+        assert_eq!(queue_size_for(1, 1), QUEUE_SIZE_MIN);
+        assert_eq!(queue_size_for(512, 2), 512);
+        assert_eq!(queue_size_for(10_000, 1), QUEUE_SIZE_MAX);
+        assert_eq!(queue_size_for(10_000, 8), 512);
+        assert_eq!(queue_size_for(10_000, 64), QUEUE_SIZE_MIN);
+    }
+
+    #[test]
+    fn hostnqn_and_digests_from_engine_options() {
+        let f = JobFile::parse(
+            "[a]\nsize=1m\nfilename=nvme+tcp://[::1]/nqn.x:a/1\nhostnqn=nqn.h\ndigest_enable=BOTH\n",
+            "t",
+        )
+        .unwrap();
+        let TargetKind::Remote(r) = &f.jobs[0].target.kind else { panic!() };
+        let k = ControllerKey::of(r, Some(&f.jobs[0]));
+        assert_eq!(k.addr, "[::1]:4420");
+        assert_eq!(k.hostnqn.as_deref(), Some("nqn.h"));
+        assert!(k.hdgst && k.ddgst);
+    }
+}
