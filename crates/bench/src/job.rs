@@ -506,6 +506,27 @@ impl JobFile {
         Ok(n)
     }
 
+    /// Cap every job's `runtime` (and `ramp_time`) at `cap`, for smoke tests of long job
+    /// files (`qpath bench --runtime-cap`). Jobs without a runtime get one, so size-bound
+    /// jobs stop at the cap too, as fio's `runtime` stops them. Returns how many job
+    /// threads changed; a note says so.
+    pub fn cap_runtime(&mut self, cap: Duration) -> usize {
+        let mut n = 0;
+        for j in &mut self.jobs {
+            let before = (j.runtime, j.ramp_time);
+            j.runtime = Some(j.runtime.map_or(cap, |r| r.min(cap)));
+            j.ramp_time = j.ramp_time.min(cap);
+            if (j.runtime, j.ramp_time) != before {
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.notes
+                .push(format!("runtime capped at {:.1} s for {n} job thread(s) (--runtime-cap)", cap.as_secs_f64()));
+        }
+        n
+    }
+
     /// A short table of the resolved job threads, one line each.
     pub fn describe(&self) -> String {
         let mut s = String::new();

@@ -95,11 +95,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod baseline;
 pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod io_u;
 pub mod job;
+pub mod lab;
 pub mod layout;
 pub mod report;
 pub mod run;
@@ -112,6 +114,7 @@ pub mod workload;
 use std::io::Write;
 use std::path::PathBuf;
 
+pub use baseline::Physical;
 pub use engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
 pub use error::{Error, ErrorKind, Result};
 pub use io_u::{Ddir, ForeignBuf, IoBuf, IoError, IoResult, IoU};
@@ -226,14 +229,38 @@ pub fn run(args: &BenchArgs, registry: &EngineRegistry, opts: &RunOptions) -> Re
     run_file(&file, args, registry, opts, &[])
 }
 
-/// [`run()`] for an already loaded job file, with optional baselines for the `qpath`
-/// JSON key (the bin passes [`Baseline::spdk_loopback_2026_11`] for remote targets).
+/// [`run()`] for an already loaded job file, with optional reference numbers for the
+/// `qpath` JSON key ([`Baseline::spdk_loopback_2026_11`] for remote targets).
 pub fn run_file(
     file: &JobFile,
     args: &BenchArgs,
     registry: &EngineRegistry,
     opts: &RunOptions,
     baselines: &[Baseline],
+) -> Result<Outcome> {
+    let cmp = Comparisons { references: baselines.to_vec(), ..Comparisons::default() };
+    run_file_compared(file, args, registry, opts, &cmp)
+}
+
+/// What a report compares its jobs with, and says about the run.
+#[derive(Debug, Clone, Default)]
+pub struct Comparisons {
+    /// Numbers measured elsewhere (SPDK), matched by job shape.
+    pub references: Vec<Baseline>,
+    /// The physical baseline of this run ([`baseline::measure`]).
+    pub physical: Option<Physical>,
+    /// Which target the jobs used, for the report.
+    pub target: Option<String>,
+}
+
+/// [`run_file`] with a physical baseline and a target description ([`lab::bench`]
+/// uses it).
+pub fn run_file_compared(
+    file: &JobFile,
+    args: &BenchArgs,
+    registry: &EngineRegistry,
+    opts: &RunOptions,
+    cmp: &Comparisons,
 ) -> Result<Outcome> {
     let formats = OutputFormats::parse(&args.output_format)?;
     let mut stderr = std::io::stderr();
@@ -270,7 +297,9 @@ pub fn run_file(
         }
     }
     let mut rep = Report::from_run(file, &result);
-    rep.baselines = baselines.to_vec();
+    rep.baselines.clone_from(&cmp.references);
+    rep.physical = cmp.physical;
+    rep.target.clone_from(&cmp.target);
     if formats.json || formats.json_plus {
         out.write_all(report::json::render(&rep, formats.json_plus).as_bytes()).map_err(write_err)?;
     }

@@ -9,6 +9,7 @@ pub mod time;
 
 use std::time::SystemTime;
 
+use crate::baseline::Physical;
 use crate::job::JobFile;
 use crate::run::RunResult;
 use crate::stats::ThreadStat;
@@ -59,6 +60,27 @@ pub struct JobReport {
     pub targets: Vec<String>,
     /// rw mode, block size and depth of the first member, for baseline matching.
     pub shape: (String, u64, u32),
+}
+
+impl JobReport {
+    /// IOPS of the job's own directions: reads for read jobs, writes for write jobs
+    /// (a verify read-back is not counted), both for mixed jobs.
+    pub fn workload_iops(&self) -> f64 {
+        let dirs: &[usize] = match self.shape.0.as_str() {
+            "read" | "randread" => &[0],
+            "write" | "randwrite" => &[1],
+            _ => &[0, 1],
+        };
+        dirs.iter()
+            .map(|&d| &self.stat.dirs[d])
+            .filter(|d| d.runtime_ms > 0)
+            .map(|d| {
+                #[allow(clippy::cast_precision_loss)]
+                let iops = 1000.0 * d.total_ios as f64 / d.runtime_ms as f64;
+                iops
+            })
+            .sum()
+    }
 }
 
 /// A reporting group's totals (fio's `group_run_stats`); index 0 read, 1 write, 2 trim.
@@ -140,6 +162,71 @@ impl Baseline {
     }
 }
 
+/// A job's result over the physical baseline of the same run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio {
+    /// The job's value (ns or bytes/s).
+    pub job: f64,
+    /// The baseline's value, same unit.
+    pub baseline: f64,
+}
+
+impl Ratio {
+    /// `job / baseline` (0 when the baseline is 0).
+    pub fn ratio(&self) -> f64 {
+        if self.baseline > 0.0 { self.job / self.baseline } else { 0.0 }
+    }
+}
+
+/// Which ratios a job gets against the physical baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct JobRatios {
+    /// QD1 read jobs of at most 4 KiB (the ping-pong's shape): mean completion latency
+    /// (`lat`) over the ping-pong's mean round trip. Goal: at most 1.5.
+    pub lat_mean: Option<Ratio>,
+    /// The same jobs' 99th percentile over the ping-pong's (when the job kept a
+    /// histogram: `lat` with `lat_percentiles`, else `clat`).
+    pub lat_p99: Option<Ratio>,
+    /// Sequential jobs (`read`, `write`, `rw`): bandwidth over one raw TCP stream's.
+    /// Goal: at least 0.8.
+    pub bw: Option<Ratio>,
+}
+
+impl JobRatios {
+    /// The ratios of `r` against `p`.
+    pub fn of(r: &JobReport, p: &Physical) -> JobRatios {
+        let (rw, bs, qd) = (&r.shape.0, r.shape.1, r.shape.2);
+        let mut out = JobRatios::default();
+        let reads = &r.stat.dirs[0];
+        let read_only = rw == "read" || rw == "randread";
+        if read_only && qd == 1 && bs <= 4096 && reads.lat.samples > 0 {
+            out.lat_mean = Some(Ratio { job: reads.lat.mean, baseline: p.ping_pong.lat_mean_ns });
+            let hist = reads.lat_hist.as_ref().or(reads.clat_hist.as_ref()).filter(|h| !h.is_empty());
+            if let Some(h) = hist {
+                #[allow(clippy::cast_precision_loss)]
+                let p99 = h.percentiles(&[99.0])[0] as f64;
+                #[allow(clippy::cast_precision_loss)]
+                let base = p.ping_pong.lat_p99_ns as f64;
+                out.lat_p99 = Some(Ratio { job: p99, baseline: base });
+            }
+        }
+        if matches!(rw.as_str(), "read" | "write" | "rw") {
+            let bw: u64 = r.stat.dirs.iter().filter_map(|d| (d.io_bytes * 1000).checked_div(d.runtime_ms)).sum();
+            if bw > 0 {
+                #[allow(clippy::cast_precision_loss)]
+                let bw = bw as f64;
+                out.bw = Some(Ratio { job: bw, baseline: p.stream.bw_bytes });
+            }
+        }
+        out
+    }
+
+    /// Whether any ratio applies.
+    pub fn is_empty(&self) -> bool {
+        self.lat_mean.is_none() && self.bw.is_none()
+    }
+}
+
 /// Everything the renderers need.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -157,8 +244,12 @@ pub struct Report {
     pub groups: Vec<GroupStats>,
     /// Notes (engine substitutions, ignored options) for the `qpath` JSON key.
     pub notes: Vec<String>,
-    /// References for the `qpath` JSON key's ratios.
+    /// Reference numbers measured elsewhere (SPDK), compared by job shape.
     pub baselines: Vec<Baseline>,
+    /// The physical baseline measured in the same run ([`crate::baseline`]).
+    pub physical: Option<Physical>,
+    /// Which target the run used (the embedded one, or the filenames'), for the header.
+    pub target: Option<String>,
 }
 
 /// The version string we print in place of fio's.
@@ -235,6 +326,8 @@ impl Report {
             groups,
             notes: run.notes.clone(),
             baselines: Vec::new(),
+            physical: None,
+            target: None,
         }
     }
 

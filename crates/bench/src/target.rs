@@ -182,6 +182,31 @@ impl RemoteTarget {
         t.finish(raw, saw_adrfam)
     }
 
+    /// The URI form of this target ([`RemoteTarget::parse_uri`] reads it back to an
+    /// equal value, `extra` pairs included).
+    pub fn to_uri(&self) -> String {
+        let host = if self.traddr.contains(':') { format!("[{}]", self.traddr) } else { self.traddr.clone() };
+        let mut s = format!("nvme+tcp://{host}:{}/{}/{}", self.trsvcid, percent_encode(&self.subnqn), self.nsid);
+        let mut query: Vec<String> = Vec::new();
+        if let Some(h) = &self.hostnqn {
+            query.push(format!("hostnqn={}", percent_encode(h)));
+        }
+        if self.hdgst {
+            query.push("hdgst=1".into());
+        }
+        if self.ddgst {
+            query.push("ddgst=1".into());
+        }
+        for (k, v) in &self.extra {
+            query.push(format!("{k}={}", percent_encode(v)));
+        }
+        if !query.is_empty() {
+            s.push('?');
+            s.push_str(&query.join("&"));
+        }
+        s
+    }
+
     /// Parse `nvme+tcp://host[:port]/subnqn[/nsid][?hostnqn=..&hdgst=1&ddgst=1]`.
     pub fn parse_uri(raw: &str) -> Result<RemoteTarget> {
         let rest =
@@ -292,6 +317,19 @@ fn parse_nsid(raw: &str, v: &str) -> Result<u32> {
     }
 }
 
+/// Escape what would end a URI path segment or query value (`/ ? & # % =`, space).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if matches!(b, b'/' | b'?' | b'&' | b'#' | b'%' | b'=') || !b.is_ascii_graphic() {
+            out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push(char::from(b));
+        }
+    }
+    out
+}
+
 fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -360,6 +398,19 @@ mod tests {
         assert_eq!(r.subnqn, "nqn.x:y");
         assert!(r.ddgst && !r.hdgst);
         assert_eq!(r.hostnqn.as_deref(), Some("nqn.h"));
+    }
+
+    #[test]
+    fn uri_round_trips() {
+        for raw in [
+            "trtype=TCP traddr=127.0.0.1 trsvcid=4421 subnqn=nqn.2026-11.io.qpath\\:default ns=2 hdgst=1",
+            "nvme+tcp://[::1]:4420/nqn.x%2Fy:z/7?hostnqn=nqn.h%3Dq&ddgst=1",
+        ] {
+            let TargetKind::Remote(r) = Target::parse(Some(raw)).unwrap().kind else { panic!("{raw}") };
+            let uri = r.to_uri();
+            let TargetKind::Remote(back) = Target::parse(Some(&uri)).unwrap().kind else { panic!("{uri}") };
+            assert_eq!(back, r, "{uri}");
+        }
     }
 
     #[test]

@@ -164,6 +164,8 @@ fn json_of_the_seed_report_has_fio_units_and_baseline_ratios() {
             iops: 980.0,
             lat_mean_ns: Some(1_018_460.0),
         }],
+        physical: None,
+        target: None,
     };
     let text = qpath_bench::report::json::render(&rep, false);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -179,7 +181,7 @@ fn json_of_the_seed_report_has_fio_units_and_baseline_ratios() {
     assert_eq!(v["time"], "Thu Jan  1 00:00:00 1970");
     assert_eq!(v["global options"]["rw"], "randread");
     assert!(v["global options"].get("time_based").is_none(), "fio drops options without a value");
-    let b = &v["qpath"]["jobs"][0]["baseline"];
+    let b = &v["qpath"]["jobs"][0]["reference"];
     assert!((b["iops_ratio"].as_f64().unwrap() - 490.567 / 980.0).abs() < 1e-3, "{b}");
     assert!((b["lat_ratio"].as_f64().unwrap() - 2.0).abs() < 1e-3, "{b}");
     assert_eq!(v["qpath"]["notes"][0], "a note");

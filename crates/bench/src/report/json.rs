@@ -6,7 +6,8 @@
 use std::fmt::Write as _;
 
 use super::time::{ctime, epoch_secs_ms};
-use super::{Baseline, GroupStats, JobReport, Report, agg_percent, calc_dist, calc_lat};
+use super::{Baseline, GroupStats, JobRatios, JobReport, Ratio, Report, agg_percent, calc_dist, calc_lat};
+use crate::baseline::Physical;
 use crate::stats::{DirStats, LatHist, LatStat};
 
 /// A JSON value that prints the way fio's json.c prints.
@@ -278,14 +279,7 @@ fn job_json(r: &JobReport, g: &GroupStats, elapsed: u64, plus: bool) -> Json {
 fn baseline_json(r: &JobReport, baselines: &[Baseline]) -> Option<Json> {
     let (rw, bs, qd) = &r.shape;
     let b = baselines.iter().find(|b| &b.rw == rw && b.bs == *bs && b.iodepth == *qd)?;
-    #[allow(clippy::cast_precision_loss)]
-    let iops: f64 = r
-        .stat
-        .dirs
-        .iter()
-        .filter(|d| d.runtime_ms > 0)
-        .map(|d| 1000.0 * d.total_ios as f64 / d.runtime_ms as f64)
-        .sum();
+    let iops = r.workload_iops();
     let mut o = Json::obj();
     o.str("label", &b.label);
     o.float("iops", b.iops);
@@ -300,9 +294,68 @@ fn baseline_json(r: &JobReport, baselines: &[Baseline]) -> Option<Json> {
     Some(o)
 }
 
+/// The physical baseline as JSON (under `qpath.baseline`, and `qpath lab baseline --json`).
+pub fn physical_json(p: &Physical) -> Json {
+    let mut o = Json::obj();
+    o.str("label", &p.describe());
+    let pl = &p.placement;
+    let cpu = |c: Option<usize>| c.map_or(-1i128, |c| i128::try_from(c).unwrap_or(-1));
+    o.int("server_cpu", cpu(pl.server_cpu));
+    o.int("client_cpu", cpu(pl.client_cpu));
+    o.str("server_wait", pl.server_wait.name());
+    o.str("client_wait", pl.client_wait.name());
+    let pp = &p.ping_pong;
+    let mut ping = Json::obj();
+    ping.int("request_bytes", crate::baseline::REQUEST_BYTES as u64);
+    ping.int("reply_bytes", crate::baseline::REPLY_BYTES as u64);
+    ping.int("round_trips", pp.round_trips);
+    ping.float("lat_mean_ns", pp.lat_mean_ns);
+    ping.int("lat_min_ns", pp.lat_min_ns);
+    ping.int("lat_p50_ns", pp.lat_p50_ns);
+    ping.int("lat_p99_ns", pp.lat_p99_ns);
+    ping.int("lat_p999_ns", pp.lat_p999_ns);
+    ping.int("lat_max_ns", pp.lat_max_ns);
+    o.put("ping_pong", ping);
+    let mut st = Json::obj();
+    st.int("write_bytes", crate::baseline::STREAM_WRITE_BYTES as u64);
+    st.int("bytes", p.stream.bytes);
+    st.float("seconds", p.stream.seconds);
+    st.float("bw_bytes", p.stream.bw_bytes);
+    o.put("stream", st);
+    o
+}
+
+fn ratio_json(r: &Ratio, job_key: &str, base_key: &str) -> Json {
+    let mut o = Json::obj();
+    o.float(job_key, r.job);
+    o.float(base_key, r.baseline);
+    o.float("ratio", r.ratio());
+    o
+}
+
+fn ratios_json(r: &JobRatios) -> Json {
+    let mut o = Json::obj();
+    if let Some(x) = &r.lat_mean {
+        o.put("lat_mean", ratio_json(x, "job_ns", "ping_pong_ns"));
+    }
+    if let Some(x) = &r.lat_p99 {
+        o.put("lat_p99", ratio_json(x, "job_ns", "ping_pong_ns"));
+    }
+    if let Some(x) = &r.bw {
+        o.put("bw", ratio_json(x, "job_bytes", "stream_bytes"));
+    }
+    o
+}
+
 fn qpath_json(report: &Report) -> Json {
     let mut q = Json::obj();
     q.str("version", &report.version);
+    if let Some(t) = &report.target {
+        q.str("target", t);
+    }
+    if let Some(p) = &report.physical {
+        q.put("baseline", physical_json(p));
+    }
     let mut jobs = Vec::new();
     for r in &report.jobs {
         let mut j = Json::obj();
@@ -323,8 +376,14 @@ fn qpath_json(report: &Report) -> Json {
             }
             j.put("verify", vo);
         }
+        if let Some(p) = &report.physical {
+            let ratios = JobRatios::of(r, p);
+            if !ratios.is_empty() {
+                j.put("ratios", ratios_json(&ratios));
+            }
+        }
         if let Some(b) = baseline_json(r, &report.baselines) {
-            j.put("baseline", b);
+            j.put("reference", b);
         }
         jobs.push(j);
     }

@@ -361,7 +361,134 @@ pub fn render(report: &Report) -> String {
             }
         }
     }
+    qpath_section(&mut out, report);
     out
+}
+
+fn fmt_ns(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} us", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+fn fmt_bw(bytes: f64) -> String {
+    if bytes >= 1e9 { format!("{:.2} GB/s", bytes / 1e9) } else { format!("{:.1} MB/s", bytes / 1e6) }
+}
+
+/// qpath's own lines after fio's: the target used, the physical baseline of this run
+/// with each job's ratio to it, and the reference numbers (SPDK) by job shape.
+fn qpath_section(out: &mut String, report: &Report) {
+    if report.target.is_none() && report.physical.is_none() {
+        return;
+    }
+    out.push_str("\nqpath:\n");
+    if let Some(t) = &report.target {
+        let _ = writeln!(out, "  target: {t}");
+    }
+    if let Some(p) = &report.physical {
+        physical_lines(out, report, p);
+    }
+    reference_lines(out, report);
+}
+
+/// The physical baseline as `qpath lab baseline` prints it.
+pub fn physical_text(p: &crate::baseline::Physical) -> String {
+    let mut out = String::new();
+    let pp = &p.ping_pong;
+    let _ = writeln!(out, "baseline: {}", p.describe());
+    #[allow(clippy::cast_precision_loss)]
+    let (p50, p99, p999) = (pp.lat_p50_ns as f64, pp.lat_p99_ns as f64, pp.lat_p999_ns as f64);
+    let _ = writeln!(
+        out,
+        "  ping-pong {}B/{}B: avg={}, p50={}, p99={}, p99.9={} ({} round trips)",
+        crate::baseline::REQUEST_BYTES,
+        crate::baseline::REPLY_BYTES,
+        fmt_ns(pp.lat_mean_ns),
+        fmt_ns(p50),
+        fmt_ns(p99),
+        fmt_ns(p999),
+        pp.round_trips
+    );
+    let _ = writeln!(
+        out,
+        "  stream {}KiB writes: {} ({:.1} s)",
+        crate::baseline::STREAM_WRITE_BYTES / 1024,
+        fmt_bw(p.stream.bw_bytes),
+        p.stream.seconds
+    );
+    out
+}
+
+fn physical_lines(out: &mut String, report: &Report, p: &crate::baseline::Physical) {
+    use crate::report::JobRatios;
+    for line in physical_text(p).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+    for r in &report.jobs {
+        let x = JobRatios::of(r, p);
+        if let Some(l) = x.lat_mean {
+            let _ = writeln!(
+                out,
+                "  {}: lat avg {} / ping-pong avg {} = {:.2}x (goal <= 1.5x)",
+                r.name,
+                fmt_ns(l.job),
+                fmt_ns(l.baseline),
+                l.ratio()
+            );
+        }
+        if let Some(l) = x.lat_p99 {
+            let _ = writeln!(
+                out,
+                "  {}: lat p99 {} / ping-pong p99 {} = {:.2}x",
+                r.name,
+                fmt_ns(l.job),
+                fmt_ns(l.baseline),
+                l.ratio()
+            );
+        }
+        if let Some(b) = x.bw {
+            let _ = writeln!(
+                out,
+                "  {}: bw {} / stream bw {} = {:.2} (goal >= 0.8)",
+                r.name,
+                fmt_bw(b.job),
+                fmt_bw(b.baseline),
+                b.ratio()
+            );
+        }
+    }
+}
+
+/// The reference numbers (measured elsewhere), clearly labelled, for jobs of their shape.
+fn reference_lines(out: &mut String, report: &Report) {
+    let mut label_printed = false;
+    for r in &report.jobs {
+        let (rw, bs, qd) = &r.shape;
+        let Some(b) = report.baselines.iter().find(|b| &b.rw == rw && b.bs == *bs && b.iodepth == *qd) else {
+            continue;
+        };
+        if !label_printed {
+            let _ = writeln!(out, "  reference (not this run): {}", b.label);
+            label_printed = true;
+        }
+        let iops = r.workload_iops();
+        let mut line = format!(
+            "    {}: {:.0}K IOPS / reference {:.0}K = {:.2}",
+            r.name,
+            iops / 1e3,
+            b.iops / 1e3,
+            if b.iops > 0.0 { iops / b.iops } else { 0.0 }
+        );
+        if let (Some(lat), Some(d)) = (b.lat_mean_ns, r.stat.dirs.iter().find(|d| d.lat.samples > 0)) {
+            let _ =
+                write!(line, "; lat avg {} / reference {} = {:.2}x", fmt_ns(d.lat.mean), fmt_ns(lat), d.lat.mean / lat);
+        }
+        let _ = writeln!(out, "{line}");
+    }
 }
 
 #[cfg(test)]
