@@ -124,8 +124,16 @@ fn seed_004_per_cpu() {
 fn quickstart_needs_the_embedded_target() {
     let f = load("quickstart.fio");
     assert!(f.needs_embedded_target());
-    assert_eq!(engines(&f), ["qpath", "qpath"]);
-    assert_eq!(f.jobs[1].verify, qpath_bench::job::VerifyKind::Crc32c);
+    assert_eq!(engines(&f), ["qpath"; 4]);
+    let shapes: Vec<(&str, u64, u32)> = f.jobs.iter().map(|j| (j.rw_str(), j.max_bs(), j.iodepth)).collect();
+    assert_eq!(
+        shapes,
+        [("randread", 4096, 1), ("randread", 4096, 32), ("read", 128 << 10, 16), ("randwrite", 4096, 32)],
+        "QD1 and sequential jobs give the baseline ratios"
+    );
+    assert_eq!(f.jobs[3].verify, qpath_bench::job::VerifyKind::Crc32c);
+    let total: f64 = f.jobs.iter().map(|j| j.runtime.unwrap().as_secs_f64()).sum();
+    assert!(total <= 12.0, "quickstart stays short: {total} s of jobs");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `qpath`: the command line. Subcommands parse arguments and call the
 //! library crates; no logic lives here.
 
+mod cmd_bench;
 mod cmd_host;
 mod cmd_rpc;
 mod cmd_stats;
@@ -30,6 +31,11 @@ enum Command {
     Connect(cmd_host::ConnectArgs),
     /// Discover, connect to every subsystem found and show controllers and paths.
     ListSubsys(cmd_host::ListSubsysArgs),
+    /// Run a fio job file (an embedded target when jobs have no filename), with the
+    /// physical baseline and ratios.
+    Bench(bench::lab::LabBenchArgs),
+    /// Measurements of the machine itself (`qpath lab baseline`).
+    Lab(cmd_bench::LabArgs),
 }
 
 fn main() {
@@ -49,6 +55,8 @@ fn main() {
         Command::Discover(a) => cmd_host::discover(a),
         Command::Connect(a) => cmd_host::connect(a),
         Command::ListSubsys(a) => cmd_host::list_subsys(a),
+        Command::Bench(a) => cmd_bench::bench(&a),
+        Command::Lab(a) => cmd_bench::lab(&a),
     };
     if let Err(e) = result {
         eprintln!("qpath: {e}");

@@ -1,0 +1,34 @@
+//! `qpath bench` and `qpath lab`: argument glue around `bench::lab`, which holds the logic.
+
+/// Arguments of `qpath lab`.
+#[derive(clap::Args, Debug)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    command: LabCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum LabCommand {
+    /// Measure the physical baseline: a raw loopback TCP ping-pong of a 4 KiB read's
+    /// shape (72-byte request, 4,144-byte reply) and a raw TCP stream of 128 KiB writes.
+    Baseline(bench::lab::LabBaselineArgs),
+}
+
+/// `qpath bench`: exits non-zero when a job failed.
+pub fn bench(a: &bench::lab::LabBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let outcome = bench::lab::bench(a)?;
+    if outcome.failed {
+        return Err("some jobs failed (see err= in the report)".into());
+    }
+    Ok(())
+}
+
+/// `qpath lab ...`.
+pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
+    match &a.command {
+        LabCommand::Baseline(b) => {
+            bench::lab::baseline(b, &mut std::io::stdout())?;
+        }
+    }
+    Ok(())
+}
