@@ -219,8 +219,8 @@ impl EngineRegistry {
         EngineRegistry::default()
     }
 
-    /// A registry with this crate's engines: `psync`, `sync` and `null`.
-    pub fn with_local_engines() -> EngineRegistry {
+    /// A registry with the synchronous engines only: `psync`, `sync` and `null`.
+    pub fn with_sync_engines() -> EngineRegistry {
         let mut r = EngineRegistry::new();
         r.register(Arc::new(null::NullFactory));
         r.register(Arc::new(psync::PsyncFactory));
@@ -228,12 +228,19 @@ impl EngineRegistry {
         r
     }
 
-    /// Every engine: the local ones, `io_uring`, and the NVMe/TCP engines `qpath` and
+    /// A registry with the engines for local files: `psync`, `sync`, `null` and
+    /// `io_uring` (which `ioengine=libaio|io_uring|posixaio` run on).
+    pub fn with_local_engines() -> EngineRegistry {
+        let mut r = EngineRegistry::with_sync_engines();
+        r.register(Arc::new(io_uring::IoUringFactory));
+        r
+    }
+
+    /// Every engine: the local ones and the NVMe/TCP engines `qpath` and
     /// `qpath-passthru`, which take their controllers from `ctrls` (one connection per
     /// remote target for the whole run; see [`remote::Controllers::for_jobs`]).
     pub fn with_all_engines(ctrls: &Arc<remote::Controllers>) -> EngineRegistry {
         let mut r = EngineRegistry::with_local_engines();
-        r.register(Arc::new(io_uring::IoUringFactory));
         r.register(Arc::new(qpath::QpathFactory::new(Arc::clone(ctrls))));
         r.register(Arc::new(passthru::PassthruFactory::new(Arc::clone(ctrls))));
         r
@@ -353,7 +360,7 @@ mod tests {
 
     #[test]
     fn default_rules() {
-        let mut r = EngineRegistry::with_local_engines();
+        let mut r = EngineRegistry::with_sync_engines();
         assert_eq!(resolve(&r, "filename=/tmp/x").unwrap().0, "psync");
         assert_eq!(resolve(&r, "filename=/tmp/x\nioengine=sync").unwrap().0, "sync");
         let (name, note) = resolve(&r, "filename=/tmp/x\nioengine=libaio").unwrap();

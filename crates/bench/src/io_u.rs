@@ -5,7 +5,8 @@
 //! per-I/O path allocates nothing. Buffers are `Vec<u8>` over-allocated and sliced at
 //! an aligned start, which keeps O_DIRECT happy without `unsafe`; the heap block does
 //! not move while the unit travels, so an engine may hand its address to the kernel
-//! (the io_uring engine does that inside the `uring` crate).
+//! (the io_uring and NVMe/TCP engines install `uring::IoBuf`s instead, which move into
+//! the ring or the host and back: [`crate::engine::uring_buf`]).
 
 use std::fmt;
 

@@ -1,12 +1,12 @@
 //! `qpath bench`: fio job files in, fio-compatible text and JSON out.
 //!
-//! This crate owns everything of the benchmark except talking NVMe/TCP: parsing fio
-//! job files ([`job`]), naming targets ([`target`]), generating I/O ([`workload`]),
-//! `verify=crc32c` ([`verify`]), the engine interface and registry ([`engine`]) with the
-//! local `psync`/`sync` engines, the job threads ([`mod@run`]), statistics ([`stats`]) and
-//! fio 3.33's text and JSON reports ([`report`]). The NVMe/TCP engines (`qpath`,
-//! `qpath-passthru`) and the io_uring engine live in other crates and plug in through
-//! [`engine::EngineFactory`].
+//! This crate owns the benchmark: parsing fio job files ([`job`]), naming targets
+//! ([`target`]), generating I/O ([`workload`]), `verify=crc32c` ([`verify`]), the engine
+//! interface and registry ([`engine`]) with the engines (`psync`/`sync`/`null`,
+//! `io_uring` for local files, `qpath` and `qpath-passthru` over our NVMe/TCP host),
+//! the job threads ([`mod@run`]), statistics ([`stats`]), fio 3.33's text and JSON
+//! reports ([`report`]), the physical baseline measured in the same run ([`baseline`])
+//! and what `qpath bench` does end to end, embedded target included ([`lab`]).
 //!
 //! ```text
 //!  job file ─► job::JobFile ──► run::run_jobs ──────────────► report::Report ─► text / JSON
@@ -47,7 +47,7 @@
 //! # Ok::<(), qpath_bench::Error>(())
 //! ```
 //!
-//! Running a job file (what `qpath bench` does):
+//! Running a job file with the local engines only:
 //!
 //! ```no_run
 //! use qpath_bench::{BenchArgs, EngineRegistry, RunOptions};
@@ -58,16 +58,25 @@
 //! # Ok::<(), qpath_bench::Error>(())
 //! ```
 //!
+//! What `qpath bench examples/quickstart.fio` does (embedded target, baseline, every engine):
+//!
+//! ```no_run
+//! let outcome = qpath_bench::lab::bench(&qpath_bench::lab::LabBenchArgs::for_jobfile("examples/quickstart.fio"))?;
+//! assert!(!outcome.failed);
+//! # Ok::<(), qpath_bench::Error>(())
+//! ```
+//!
 //! Other crates import this package as `bench` (the workspace renames `qpath-bench`);
 //! doctests and integration tests use `qpath_bench`.
 //!
 //! # Plugging in an engine
 //!
 //! Implement [`engine::EngineFactory`] and [`engine::Engine`] and register the factory
-//! in an [`engine::EngineRegistry`] under the name the resolver maps to (`qpath`,
-//! `qpath-passthru`, `io_uring`). Engines that need their own buffer type install it in
-//! `prepare` with [`io_u::IoBuf::foreign`]. CPU pinning and precise thread CPU time come
-//! from [`run::RunOptions`] hooks, so this crate does not depend on `uring`.
+//! in an [`engine::EngineRegistry`] under the name the resolver maps to. Engines that
+//! need their own buffer type install it in `prepare` with [`io_u::IoBuf::foreign`]
+//! (the io_uring and NVMe/TCP engines install `uring::IoBuf`s that move into the ring
+//! or the host and back: [`engine::uring_buf`]). CPU pinning and thread CPU time come
+//! from [`run::RunOptions`] hooks ([`lab::pin_hook`] pins with `uring`).
 //!
 //! # Where it differs from fio
 //!
@@ -84,14 +93,13 @@
 //!
 //! # What is missing
 //!
-//! - The `io_uring`, `qpath` and `qpath-passthru` engines (other crates). Until the
-//!   `io_uring` engine is registered, `ioengine=libaio`/`io_uring` on local files runs on
-//!   `psync` with a note.
 //! - fio features not implemented: trim workloads, `rw=...:N` suffixes, several files
 //!   per job, `bssplit`, `rate*`, `thinktime`, `%` sizes, `include`, `unified_rw_reporting`,
 //!   `latency_target`, `offset_increment`, log files, terse output, and verify methods
 //!   other than crc32c. Unknown options are reported; options accepted without effect
 //!   are listed as notes.
+//! - `cpus_allowed` with several CPUs (but not all) pins each thread to one of them in
+//!   turn: `uring` pins to single CPUs only.
 
 #![forbid(unsafe_code)]
 
