@@ -102,7 +102,8 @@ pub struct QueueAuth {
     keys: Arc<HostAuth>,
     hostnqn: String,
     subnqn: String,
-    started_ns: u64,
+    /// When the last transaction message arrived (the Connect, at first).
+    step_ns: u64,
     tid: u16,
     hash: HashId,
     dh: Option<DhKeyPair>,
@@ -134,7 +135,7 @@ pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_
         keys,
         hostnqn: hostnqn.to_string(),
         subnqn: subnqn.to_string(),
-        started_ns: now_ns,
+        step_ns: now_ns,
         tid: 0,
         dh: None,
         session_key: None,
@@ -178,9 +179,15 @@ impl QueueAuth {
         self.state
     }
 
-    /// The first transaction has run longer than `limit_ms` without success.
+    /// The queue is not authenticated and its transaction has waited for the
+    /// host's next message longer than `limit_ms` (Linux `auth_expired_work`).
     pub fn expired(&self, now_ns: u64, limit_ms: u64) -> bool {
-        !self.authenticated && now_ns.saturating_sub(self.started_ns) / 1_000_000 > limit_ms
+        !self.authenticated && now_ns.saturating_sub(self.step_ns) / 1_000_000 > limit_ms
+    }
+
+    /// A transaction message arrived at `now_ns`: the step timer restarts.
+    pub fn touch(&mut self, now_ns: u64) {
+        self.step_ns = now_ns;
     }
 
     fn set(&mut self, to: AuthState) {
@@ -523,6 +530,15 @@ mod tests {
             (a, m)
         };
         assert!(matches!(m, Message::Failure1(_)));
+    }
+
+    #[test]
+    fn step_timer() {
+        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
+        assert!(!a.expired(5_000_000_000, 5_000));
+        assert!(a.expired(5_000_000_001 + 1_000_000, 5_000));
+        a.touch(4_000_000_000);
+        assert!(!a.expired(8_000_000_000, 5_000), "each message restarts the step timer");
     }
 
     #[test]

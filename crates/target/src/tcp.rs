@@ -817,6 +817,7 @@ impl Connection {
             self.reqs[usize::from(slot)].status = Status::INVALID_OPCODE;
             return self.respond(slot, ctx);
         };
+        a.touch(ctx.now_ns);
         let r = &mut self.reqs[usize::from(slot)];
         let len = r.xfer_len as usize;
         if r.c2h {
@@ -1344,9 +1345,21 @@ impl Connection {
             self.close("no ICReq/Connect within the connect timeout");
             return;
         }
-        if self.auth.as_ref().is_some_and(|a| a.expired(ctx.now_ns, self.target.opts.connect_timeout_ms)) {
-            self.close("no successful authentication within the connect timeout");
-            return;
+        if let Some(a) = &self.auth
+            && !a.is_authenticated()
+        {
+            // Linux nvmet: each transaction step may take KATO (120 s without keep-alive).
+            let kato = u64::from(self.binding.as_ref().map_or(0, |b| b.controller().kato_ms()));
+            let limit_ms = if kato == 0 { 120_000 } else { kato.max(self.target.opts.connect_timeout_ms) };
+            if a.expired(ctx.now_ns, limit_ms) {
+                self.close("authentication transaction step timed out");
+                return;
+            }
+            // Keep-alive counts once the queue is authenticated: until then the host can send
+            // nothing but the transaction (NVMe 2.x §8.13), whose DH math may take a while.
+            if let Some(b) = &self.binding {
+                b.controller().touch(now_ms);
+            }
         }
         let dropgen = self.port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
         if dropgen != self.drop_generation {
