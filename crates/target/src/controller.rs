@@ -212,6 +212,24 @@ impl Controller {
         self.subsys.unregister_controller(self.cntlid);
     }
 
+    /// Deletes the controller because its admin queue went away: the host
+    /// disconnected (normal) or the connection broke. Every queue closes.
+    pub fn delete(&self, why: &str) {
+        let was = {
+            let mut g = self.lock();
+            let was = g.state;
+            if let Ok(s) = g.state.transition(CtrlState::Failed) {
+                g.state = s;
+            }
+            was
+        };
+        if was != CtrlState::Failed {
+            tracing::info!(cntlid = self.cntlid.0, subnqn = %self.subsys.nqn, hostnqn = %self.hostnqn, "controller deleted: {why}");
+        }
+        self.dead.store(true, Ordering::Release);
+        self.subsys.unregister_controller(self.cntlid);
+    }
+
     /// Whether commands other than Fabrics ones may run (CC.EN = 1, CSTS.RDY = 1).
     pub fn is_ready(&self) -> bool {
         self.lock().state == CtrlState::Ready

@@ -1408,7 +1408,14 @@ impl Connection {
         }
         if let Some(b) = self.binding.take() {
             match b {
-                Binding::Admin(ctrl) => ctrl.fail("admin queue closed"),
+                Binding::Admin(ctrl) => {
+                    let why = match self.close_reason.as_deref() {
+                        Some("peer closed the connection") => "the host closed the admin queue".to_string(),
+                        Some(r) => format!("admin queue closed: {r}"),
+                        None => "admin queue closed".to_string(),
+                    };
+                    ctrl.delete(&why);
+                }
                 Binding::Io(ctrl, qid, _) => ctrl.detach_io_queue(qid),
             }
         }
@@ -1420,7 +1427,7 @@ impl Drop for Connection {
     fn drop(&mut self) {
         if let Some(b) = self.binding.take() {
             match b {
-                Binding::Admin(ctrl) => ctrl.fail("admin queue dropped"),
+                Binding::Admin(ctrl) => ctrl.delete("admin queue dropped"),
                 Binding::Io(ctrl, qid, _) => ctrl.detach_io_queue(qid),
             }
         }
