@@ -8,6 +8,11 @@
 //! differ per path (20-35 µs) so the latency policy has real weights.
 //!
 //! - `baseline_harness`: the ring and loop without any selection, to subtract.
+//!
+//! The machine this runs on is shared (2 cores, other builds and VMs), so a
+//! sample's figure is the median over its 10-50 µs chunks of steps (see
+//! `Step::per_step_ns`): time slices lost to other processes drop out
+//! instead of inflating the total, and two threads compare like with like.
 //! - `1_thread/<policy>/<paths>`: one thread, pinned to CPU 0.
 //! - `2_threads/<policy>/<paths>`: two threads pinned to CPUs 0 and 1, each
 //!   with its own `Selector` (as each context will have), both running until
@@ -42,36 +47,41 @@ const THREADS: usize = 2;
 trait Step: Send {
     fn step(&mut self);
 
-    /// `iters` steps (monomorphised per stepper, so `step` inlines into the loop).
+    /// Time per step of this thread, robust to the core being taken away.
+    ///
+    /// Runs `iters` steps in chunks of `chunk`, timing each chunk, and goes on
+    /// (still timing) until `finished` reaches `threads`: this thread counts
+    /// itself in once it has done its `iters`, so with two threads each rate
+    /// is taken while the other runs too. Returns the median chunk's time per
+    /// step: a chunk (10-50 µs) during which the scheduler gave the core to
+    /// another process is an outlier and drops out, where a plain wall-clock
+    /// total would count it. Monomorphised per stepper, so `step` inlines.
     #[inline(never)]
-    fn run(&mut self, iters: u64) {
-        for _ in 0..iters {
-            self.step();
-        }
-    }
-
-    /// At least `iters` steps, and on until `finished` reaches `threads`
-    /// (this thread counts itself in once it has done its `iters`), so every
-    /// thread's rate is measured while all of them run. Returns the steps done.
-    #[inline(never)]
-    fn run_overlapped(&mut self, iters: u64, finished: &AtomicUsize, threads: usize) -> u64 {
-        const CHUNK: u64 = 256;
+    fn per_step_ns(&mut self, iters: u64, chunk: u64, finished: &AtomicUsize, threads: usize) -> f64 {
+        let mut per_step = Vec::with_capacity(usize::try_from(2 * iters / chunk + 16).unwrap_or(1 << 20));
         let mut done = 0;
-        while done < iters {
-            let n = CHUNK.min(iters - done);
+        let mut counted_in = false;
+        loop {
+            let n = if done < iters { chunk.min(iters - done) } else { chunk };
+            let t = Instant::now();
             for _ in 0..n {
                 self.step();
             }
-            done += n;
-        }
-        finished.fetch_add(1, Ordering::Relaxed);
-        while finished.load(Ordering::Relaxed) < threads {
-            for _ in 0..CHUNK {
-                self.step();
+            let elapsed = t.elapsed();
+            if per_step.len() < per_step.capacity() {
+                per_step.push(elapsed.as_nanos() as f64 / n as f64);
             }
-            done += CHUNK;
+            done += n;
+            if done >= iters && !counted_in {
+                counted_in = true;
+                finished.fetch_add(1, Ordering::Relaxed);
+            }
+            if counted_in && finished.load(Ordering::Relaxed) >= threads {
+                break;
+            }
         }
-        done
+        per_step.sort_by(f64::total_cmp);
+        per_step[per_step.len() / 2]
     }
 }
 
@@ -223,6 +233,17 @@ impl Subject {
         }
     }
 
+    /// Steps per timed chunk: 10-50 µs of work, long against the ~25 ns of
+    /// `Instant::now`, short against a scheduler time slice.
+    fn chunk(self, paths: usize) -> u64 {
+        let paths = u64::try_from(paths).unwrap_or(u64::MAX);
+        match self {
+            Subject::Baseline | Subject::Policy(..) => 4096,
+            Subject::SharedAtomic => (8192 / paths).max(64),
+            Subject::SumPerQueue => (1024 / paths).max(16),
+        }
+    }
+
     /// What the threads of one run share: the reference's counters, or nothing.
     fn shared(self, paths: usize) -> Shared {
         let classes = vec![PathClass::Optimized; paths];
@@ -271,11 +292,9 @@ fn one_thread(c: &mut Criterion) {
             let mut s = subject.stepper(&subject.shared(paths), paths, 0);
             group.bench_function(BenchmarkId::new(subject.name(), paths), |b| {
                 b.iter_custom(|iters| {
-                    let t = Instant::now();
-                    s.run(iters);
-                    let elapsed = t.elapsed();
+                    let ns = s.per_step_ns(iters, subject.chunk(paths), &AtomicUsize::new(0), 1);
                     black_box(&mut *s);
-                    elapsed
+                    Duration::from_secs_f64(ns * 1e-9 * iters as f64)
                 });
             });
         }
@@ -304,16 +323,14 @@ fn two_threads(c: &mut Criterion) {
                                 let _ = pin_current_thread(t % cpus);
                                 let mut s = subject.stepper(&shared, paths, t);
                                 start.wait();
-                                let t0 = Instant::now();
-                                let steps = s.run_overlapped(iters, &finished, THREADS);
-                                let elapsed = t0.elapsed();
+                                let ns = s.per_step_ns(iters, subject.chunk(paths), &finished, THREADS);
                                 black_box(&mut *s);
-                                elapsed.as_secs_f64() / steps as f64
+                                ns
                             })
                         })
                         .collect();
                     let per_step = handles.into_iter().map(|h| h.join().expect("bench thread")).fold(0.0, f64::max);
-                    Duration::from_secs_f64(per_step * iters as f64)
+                    Duration::from_secs_f64(per_step * 1e-9 * iters as f64)
                 });
             });
         }
