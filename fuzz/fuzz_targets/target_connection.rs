@@ -1,7 +1,8 @@
 //! A whole target connection driven in-process: arbitrary host bytes in
 //! (split at arbitrary points), PDUs out, through the same state machine the
 //! socket path uses. Nothing may panic, and the target must keep its
-//! invariants (it closes or keeps serving, never hangs the loop).
+//! invariants (it closes or keeps serving, never hangs the loop). One host NQN must
+//! authenticate, so the DH-HMAC-CHAP transaction is fuzzed through the same path.
 
 #![no_main]
 
@@ -34,6 +35,13 @@ fn target() -> Arc<TargetState> {
                 .unwrap(),
             )
             .unwrap();
+        // This host must authenticate (DH-HMAC-CHAP): Connects naming it reach the transaction's
+        // state machine (seeds: corpus/target_connection/auth-*).
+        let key = nvme::auth::Secret::parse("DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:").unwrap();
+        s.set_host_auth(
+            "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a0a0",
+            Some(qpath_target::auth::HostAuth::new(key.clone(), Some(key))),
+        );
         s.add_namespace(NamespaceSpec {
             nsid: 1,
             backend: Backend::ram(1 << 20).unwrap(),

@@ -490,7 +490,8 @@ impl Message {
             Message::Negotiate(m) => {
                 let mut b = vec![0u8; NEG_HDR + DESC];
                 put_u8(&mut b, 6, m.sc_c);
-                put_u8(&mut b, 7, 1);
+                // One descriptor is encoded; NAPD is the caller's (1 from `offer_all`).
+                put_u8(&mut b, 7, m.napd);
                 let d = &mut b[NEG_HDR..];
                 let nh = m.hash_ids.len().min(MAX_IDS);
                 let nd = m.dh_groups.len().min(MAX_IDS);
