@@ -107,8 +107,14 @@ pub fn authenticate(
     let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
     let mut t = Transaction { q, tid, deadline, step: Step::Negotiate, qid: qid.0 };
     match t.run(keys, hostnqn, subnqn) {
-        Ok(hash) => {
-            tracing::debug!(qid = qid.0, ?hash, bidirectional = keys.ctrl.is_some(), "authenticated");
+        Ok((hash, group)) => {
+            let (hash, group, bidirectional) = (hash.linux_name(), group.name(), keys.ctrl.is_some());
+            // Like Linux, the admin queue's outcome at info, the I/O queues' at debug.
+            if qid.is_admin() {
+                tracing::info!(qid = qid.0, hash, group, bidirectional, "authenticated (DH-HMAC-CHAP)");
+            } else {
+                tracing::debug!(qid = qid.0, hash, group, bidirectional, "authenticated (DH-HMAC-CHAP)");
+            }
             Ok(())
         }
         Err(Fail::Refused(e)) => Err(e),
@@ -196,7 +202,7 @@ impl Transaction<'_> {
         }
     }
 
-    fn run(&mut self, keys: &DhchapKeys, hostnqn: &str, subnqn: &str) -> std::result::Result<HashId, Fail> {
+    fn run(&mut self, keys: &DhchapKeys, hostnqn: &str, subnqn: &str) -> std::result::Result<(HashId, DhGroup), Fail> {
         self.send(&Message::Negotiate(Negotiate::offer_all(self.tid))).map_err(Fail::Refused)?;
         self.advance(Step::Challenge);
         let Message::Challenge(c) = self.receive()? else {
@@ -284,7 +290,7 @@ impl Transaction<'_> {
             self.advance(Step::Success2);
             self.send(&Message::Success2(self.tid)).map_err(Fail::Refused)?;
         }
-        Ok(hash)
+        Ok((hash, group))
     }
 }
 
