@@ -26,7 +26,7 @@
 #![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -47,41 +47,87 @@ const THREADS: usize = 2;
 trait Step: Send {
     fn step(&mut self);
 
-    /// Time per step of this thread, robust to the core being taken away.
+    /// Time per step of thread `me` of `run`, robust to the core being taken away.
     ///
     /// Runs `iters` steps in chunks of `chunk`, timing each chunk, and goes on
-    /// (still timing) until `finished` reaches `threads`: this thread counts
-    /// itself in once it has done its `iters`, so with two threads each rate
-    /// is taken while the other runs too. Returns the median chunk's time per
-    /// step: a chunk (10-50 µs) during which the scheduler gave the core to
-    /// another process is an outlier and drops out, where a plain wall-clock
-    /// total would count it. Monomorphised per stepper, so `step` inlines.
+    /// (still timing) until every thread of the run has done its `iters`.
+    /// Returns the median chunk's time per step: a chunk (10-50 µs) during
+    /// which the scheduler gave the core to another process is an outlier and
+    /// drops out, where a plain wall-clock total would count it. With several
+    /// threads only chunks during which the others made progress count
+    /// (another process may hold their core meanwhile, and contention on
+    /// shared lines only happens while both run), unless there are too few.
+    /// Monomorphised per stepper, so `step` inlines into the loop.
     #[inline(never)]
-    fn per_step_ns(&mut self, iters: u64, chunk: u64, finished: &AtomicUsize, threads: usize) -> f64 {
-        let mut per_step = Vec::with_capacity(usize::try_from(2 * iters / chunk + 16).unwrap_or(1 << 20));
+    fn per_step_ns(&mut self, iters: u64, chunk: u64, run: &Run, me: usize) -> f64 {
+        let cap = usize::try_from(2 * iters / chunk + 16).unwrap_or(1 << 20);
+        let (mut alone, mut together) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
         let mut done = 0;
         let mut counted_in = false;
         loop {
             let n = if done < iters { chunk.min(iters - done) } else { chunk };
+            let others_before = run.others_progress(me);
             let t = Instant::now();
             for _ in 0..n {
                 self.step();
             }
             let elapsed = t.elapsed();
-            if per_step.len() < per_step.capacity() {
-                per_step.push(elapsed.as_nanos() as f64 / n as f64);
-            }
+            let ns = elapsed.as_nanos() as f64 / n as f64;
             done += n;
+            run.progress[me].0.store(done, Ordering::Relaxed);
+            let others = run.others_progress(me) - others_before;
+            let list =
+                if run.threads == 1 || others >= n / 2 * (run.threads as u64 - 1) { &mut together } else { &mut alone };
+            if list.len() < cap {
+                list.push(ns);
+            }
             if done >= iters && !counted_in {
                 counted_in = true;
-                finished.fetch_add(1, Ordering::Relaxed);
+                run.finished.fetch_add(1, Ordering::Relaxed);
             }
-            if counted_in && finished.load(Ordering::Relaxed) >= threads {
+            if counted_in && run.finished.load(Ordering::Relaxed) >= run.threads {
                 break;
             }
         }
-        per_step.sort_by(f64::total_cmp);
-        per_step[per_step.len() / 2]
+        if std::env::var_os("PATH_SELECT_DEBUG").is_some() {
+            eprintln!("thread {me}: {} chunks together, {} alone", together.len(), alone.len());
+        }
+        let mut list = together;
+        if list.len() < CHUNKS_MIN {
+            list.extend(alone);
+        }
+        list.sort_by(f64::total_cmp);
+        list[list.len() / 2]
+    }
+}
+
+/// Fewest chunks run alongside the other threads for those alone to be left out.
+const CHUNKS_MIN: usize = 5;
+
+/// A counter alone on its cache line.
+#[repr(align(64))]
+struct Line(AtomicU64);
+
+/// What the threads of one timed run share (besides a reference's counters).
+struct Run {
+    threads: usize,
+    /// Threads that have done their steps.
+    finished: AtomicUsize,
+    /// Steps done per thread, published after each chunk.
+    progress: Vec<Line>,
+}
+
+impl Run {
+    fn new(threads: usize) -> Run {
+        Run {
+            threads,
+            finished: AtomicUsize::new(0),
+            progress: (0..threads).map(|_| Line(AtomicU64::new(0))).collect(),
+        }
+    }
+
+    fn others_progress(&self, me: usize) -> u64 {
+        self.progress.iter().enumerate().filter(|&(t, _)| t != me).map(|(_, l)| l.0.load(Ordering::Relaxed)).sum()
     }
 }
 
@@ -292,7 +338,7 @@ fn one_thread(c: &mut Criterion) {
             let mut s = subject.stepper(&subject.shared(paths), paths, 0);
             group.bench_function(BenchmarkId::new(subject.name(), paths), |b| {
                 b.iter_custom(|iters| {
-                    let ns = s.per_step_ns(iters, subject.chunk(paths), &AtomicUsize::new(0), 1);
+                    let ns = s.per_step_ns(iters, subject.chunk(paths), &Run::new(1), 0);
                     black_box(&mut *s);
                     Duration::from_secs_f64(ns * 1e-9 * iters as f64)
                 });
@@ -310,20 +356,19 @@ fn two_threads(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new(subject.name(), paths), |b| {
                 b.iter_custom(|iters| {
                     // Fresh state per sample (set up outside the timed region). Both threads
-                    // start together and run until both have done `iters` steps, so each
-                    // one's rate is taken while the other runs; the slower rate is the figure.
+                    // start together and run until both have done `iters` steps; each one's
+                    // rate is taken while the other runs; the slower rate is the figure.
                     let shared = Arc::new(subject.shared(paths));
                     let start = Arc::new(Barrier::new(THREADS));
-                    let finished = Arc::new(AtomicUsize::new(0));
+                    let run = Arc::new(Run::new(THREADS));
                     let handles: Vec<_> = (0..THREADS)
                         .map(|t| {
-                            let (start, shared, finished) =
-                                (Arc::clone(&start), Arc::clone(&shared), Arc::clone(&finished));
+                            let (start, shared, run) = (Arc::clone(&start), Arc::clone(&shared), Arc::clone(&run));
                             thread::spawn(move || {
                                 let _ = pin_current_thread(t % cpus);
                                 let mut s = subject.stepper(&shared, paths, t);
                                 start.wait();
-                                let ns = s.per_step_ns(iters, subject.chunk(paths), &finished, THREADS);
+                                let ns = s.per_step_ns(iters, subject.chunk(paths), &run, t);
                                 black_box(&mut *s);
                                 ns
                             })
