@@ -36,7 +36,7 @@ use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload
 
 use crate::controller::{Controller, QueueMsg};
 use crate::error::{Error, ErrorKind, Result};
-use crate::head::{Head, class_of, path_id};
+use crate::head::{Head, ReferenceSelector, class_of, path_id};
 use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection, Selector};
 use crate::queue::{DataDir, HostQueue, Io, QueueState};
 
@@ -169,11 +169,60 @@ struct LocalPath {
 struct Multi {
     head: Arc<Head>,
     sel: Selector,
+    /// Seed 000's shared selectors, when the head runs one instead of `sel`.
+    reference: Option<ReferenceSelector>,
+    /// Bumped whenever `reference` changes: a completion is counted down only by
+    /// the reference that counted its submission.
+    ref_gen: u32,
     paths: Vec<Option<LocalPath>>,
     /// The view the selector was last given (head generation, controller changes, local state).
     seen: u64,
     seen_head: u64,
     ios: Vec<u64>,
+}
+
+impl Multi {
+    #[inline]
+    fn select(&mut self) -> Selection {
+        match &self.reference {
+            None => self.sel.select(),
+            Some(ReferenceSelector::SumPerQueue(r)) => r.select(),
+            Some(ReferenceSelector::SharedAtomic(r)) => r.select(),
+        }
+    }
+
+    /// Counts a submission; returns the generation of the reference selector
+    /// that counted it too (0 = none): its completion must be counted down by
+    /// that same reference, and by no other.
+    #[inline]
+    fn on_submit(&mut self, path: PathIndex, qkey: usize) -> u32 {
+        // The local selector keeps counting under a reference too, so switching back is exact.
+        self.sel.on_submit(path);
+        match &self.reference {
+            None => 0,
+            Some(ReferenceSelector::SumPerQueue(r)) => {
+                r.on_submit(path, qkey);
+                self.ref_gen
+            }
+            Some(ReferenceSelector::SharedAtomic(r)) => {
+                r.on_submit(path);
+                self.ref_gen
+            }
+        }
+    }
+
+    #[inline]
+    fn on_complete(&mut self, path: PathIndex, qkey: usize, latency_ns: u64, outcome: Outcome, counted_by: u32) {
+        self.sel.on_complete(path, latency_ns, outcome);
+        if counted_by == 0 || counted_by != self.ref_gen {
+            return;
+        }
+        match &self.reference {
+            None => {}
+            Some(ReferenceSelector::SumPerQueue(r)) => r.on_complete(path, qkey),
+            Some(ReferenceSelector::SharedAtomic(r)) => r.on_complete(path),
+        }
+    }
 }
 
 enum DevKind {
@@ -219,6 +268,8 @@ struct Req {
     shared_tag: bool,
     sent: Option<Instant>,
     stall_reported: bool,
+    /// Generation of the reference selector that counted it at submission (0 = none).
+    via_reference: u32,
 }
 
 /// An I/O that has been outstanding longer than the stall threshold.
@@ -321,6 +372,7 @@ impl Context {
                 shared_tag: false,
                 sent: None,
                 stall_reported: false,
+                via_reference: 0,
             })
             .collect();
         Ok(Context {
@@ -519,7 +571,16 @@ impl Context {
             geometry.ok_or_else(|| Error::new(ErrorKind::Invalid, "the head has no path with a known namespace"))?;
         let sel = Selector::new(head.policy(), self.cpu());
         let n = paths.len();
-        let m = Multi { head: Arc::clone(head), sel, paths, seen: 0, seen_head: head.generation(), ios: vec![0; n] };
+        let m = Multi {
+            head: Arc::clone(head),
+            sel,
+            reference: head.reference(),
+            ref_gen: 1,
+            paths,
+            seen: 0,
+            seen_head: head.generation(),
+            ios: vec![0; n],
+        };
         self.has_multi = true;
         let id = self.new_device(DevKind::Multi(Box::new(m)), block_shift, nsze, None)?;
         self.refresh_paths(id.0 as usize);
@@ -631,7 +692,7 @@ impl Context {
         let d = &mut self.devices[dev];
         let (qkey, nsid, path) = match &mut d.kind {
             DevKind::Single { qkey, nsid } => (*qkey, *nsid, 0u16),
-            DevKind::Multi(m) => match m.sel.select() {
+            DevKind::Multi(m) => match m.select() {
                 Selection::Submit(p) => match m.paths.get(p.get()).and_then(Option::as_ref) {
                     Some(lp) => (lp.qkey, lp.nsid, p.0),
                     None => {
@@ -729,7 +790,8 @@ impl Context {
         match conn.q.submit(tag.get(), io) {
             Ok(()) => {
                 if let DevKind::Multi(m) = &mut self.devices[dev].kind {
-                    m.sel.on_submit(PathIndex(self.reqs[rid as usize].path));
+                    let r = &mut self.reqs[rid as usize];
+                    r.via_reference = m.on_submit(PathIndex(r.path), qkey);
                 }
                 let qe = &mut self.queues[qkey];
                 if !qe.in_flush_list {
@@ -1059,7 +1121,14 @@ impl Context {
         let path = r.path;
         let path_error = status.is_path_error();
         if let DevKind::Multi(m) = &mut self.devices[dev].kind {
-            m.sel.on_complete(PathIndex(path), latency, if path_error { Outcome::PathError } else { Outcome::Done });
+            let counted = self.reqs[rid as usize].via_reference;
+            m.on_complete(
+                PathIndex(path),
+                qkey,
+                latency,
+                if path_error { Outcome::PathError } else { Outcome::Done },
+                counted,
+            );
             if !path_error && let Some(c) = m.ios.get_mut(usize::from(path)) {
                 *c += 1;
             }
@@ -1123,6 +1192,8 @@ impl Context {
             if m.sel.policy() != policy {
                 m.sel.set_policy(policy);
             }
+            m.reference = m.head.reference();
+            m.ref_gen = m.ref_gen.wrapping_add(1).max(1);
             let slots = m.head.paths();
             let mut attach = Vec::new();
             for (i, s) in slots.iter().enumerate() {

@@ -30,6 +30,18 @@ struct HeadInner {
     /// Path slots: index = `PathIndex`; a removed path leaves `None` (its slot stays Gone).
     paths: Vec<Option<(Arc<Controller>, Nsid)>>,
     policy: Policy,
+    reference: Option<ReferenceSelector>,
+}
+
+/// Seed 000's two queue-depth selectors, to run real I/O through them in the
+/// same experiment as qpath's policies (`qpath lab seed-000`). Shared by every
+/// context that opens the head, as Linux's counters are shared by every CPU.
+#[derive(Clone, Debug)]
+pub enum ReferenceSelector {
+    /// Per-queue counters summed over every queue of every path at each selection.
+    SumPerQueue(Arc<crate::mpath::reference::SumPerQueue>),
+    /// One shared atomic in-flight counter per path.
+    SharedAtomic(Arc<crate::mpath::reference::SharedAtomic>),
 }
 
 impl std::fmt::Debug for Head {
@@ -63,7 +75,7 @@ impl Head {
         Arc::new(Head {
             subnqn: subnqn.to_string(),
             uid,
-            inner: Mutex::new(HeadInner { paths: Vec::new(), policy }),
+            inner: Mutex::new(HeadInner { paths: Vec::new(), policy, reference: None }),
             generation: AtomicU64::new(1),
         })
     }
@@ -136,6 +148,18 @@ impl Head {
     pub fn set_policy(&self, policy: Policy) {
         self.lock().policy = policy;
         self.bump();
+    }
+
+    /// Replaces the policy by one of seed 000's reference selectors (built over
+    /// the paths' classes now), or back to the policy with `None`.
+    pub fn set_reference(&self, reference: Option<ReferenceSelector>) {
+        self.lock().reference = reference;
+        self.bump();
+    }
+
+    /// The reference selector in use, if any.
+    pub fn reference(&self) -> Option<ReferenceSelector> {
+        self.lock().reference.clone()
     }
 
     /// The selector's view of every slot now (control plane: locks the controllers briefly).

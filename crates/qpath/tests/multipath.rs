@@ -66,7 +66,7 @@ fn run_io(ctx: &mut Context, dev: DeviceId, n: u64, seed: u64) {
         }
     }
     let bad: Vec<_> = done.iter().filter(|c| !c.status.is_success()).map(|c| c.status).collect();
-    assert!(bad.is_empty(), "I/O errors surfaced: {bad:?}");
+    assert!(bad.is_empty(), "I/O errors surfaced (seed {seed}): {bad:?}");
     for i in (0..n).step_by(7) {
         ctx.submit(dev, Op::Read, i * 4096, 4096, Some(IoBuf::new(4096)), i).map_err(|(e, _)| e).unwrap();
         let c = loop {
@@ -127,6 +127,17 @@ fn head_fails_over_on_ana_and_link_loss() {
     // Policy switch at runtime: queue-depth.
     head.set_policy(Policy::QueueDepth);
     run_io(&mut ctx, dev, 100, 4);
+
+    // Seed 000's reference selectors carry real I/O too (for the lab's same-run comparison).
+    use host::head::ReferenceSelector;
+    use host::mpath::reference::{SharedAtomic, SumPerQueue};
+    let classes = [PathClass::Optimized, PathClass::Optimized];
+    head.set_reference(Some(ReferenceSelector::SumPerQueue(Arc::new(SumPerQueue::new(&classes, 32)))));
+    run_io(&mut ctx, dev, 100, 5);
+    head.set_reference(Some(ReferenceSelector::SharedAtomic(Arc::new(SharedAtomic::new(&classes)))));
+    run_io(&mut ctx, dev, 100, 6);
+    head.set_reference(None);
+    run_io(&mut ctx, dev, 50, 7);
     drop(ctx);
     for c in &ctrls {
         c.delete();
