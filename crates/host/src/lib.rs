@@ -6,7 +6,8 @@
 //!
 //! ```text
 //!   Controller (admin thread: keep-alive, AER, ANA, reconnect)
-//!      │ I/O queue connections, handed over once per (re)connect
+//!      │ I/O queue connections (DH-HMAC-CHAP on bring-up when asked: auth),
+//!      │ handed over once per (re)connect
 //!      ▼
 //!   Context (one per application thread: io_uring + owned queues)
 //!      submit(dev, op, offset, buf) ─► tag ─► HostQueue ─► socket

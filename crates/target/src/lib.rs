@@ -6,11 +6,13 @@
 //! ```text
 //!             TargetState (control plane: Connect, admin, RPC)
 //!    ports ─┬─ subsystems ─┬─ namespaces (NsMap, read per I/O) ─ backends null/RAM/file
-//!           │              └─ controllers (CC/CSTS, features, AEN, keep-alive)
+//!           │              ├─ controllers (CC/CSTS, features, AEN, keep-alive)
+//!           │              └─ hosts: allowed NQNs, DH-HMAC-CHAP keys (auth::HostAuth)
 //!           └─ ANA state per (port, group)
 //!
 //!    reactor thread k (one per core)                       ◄── accept ── listeners
 //!       io_uring ── recv/send ──► tcp::Connection (sans-I/O queue state machine)
+//!                                   └─ auth::QueueAuth until the queue authenticates
 //!                └─ file I/O ───► backend::FileOp
 //! ```
 //!
