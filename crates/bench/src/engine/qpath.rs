@@ -123,6 +123,8 @@ struct QpathEngine {
 impl QpathEngine {
     fn poll(&mut self, wait: Wait) -> Result<usize> {
         self.ctx.poll(wait).map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: poll: {e}")))?;
+        // The host logs stalled I/O itself; drop the reports so they do not pile up.
+        drop(self.ctx.take_stall_reports());
         let before = self.ready.len();
         for c in self.ctx.completions() {
             let idx = usize::try_from(c.token).unwrap_or(usize::MAX);
