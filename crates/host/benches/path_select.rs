@@ -9,6 +9,13 @@
 //!
 //! - `baseline_harness`: the ring and loop without any selection, to subtract.
 //!
+//! After each `2_threads` benchmark an `interference` line gives, for the
+//! same thread and memory layout, its time per step while the other thread
+//! was running over its time per step while the other was descheduled (by
+//! other processes on the machine): 1.00 means the two threads do not slow
+//! each other down. It needs some such descheduling, so on an idle machine
+//! it may be missing; then compare `2_threads` with `1_thread`.
+//!
 //! The machine this runs on is shared (2 cores, other builds and VMs), so a
 //! sample's figure is the median over its 10-50 µs chunks of steps (see
 //! `Step::per_step_ns`): time slices lost to other processes drop out
@@ -59,7 +66,7 @@ trait Step: Send {
     /// shared lines only happens while both run), unless there are too few.
     /// Monomorphised per stepper, so `step` inlines into the loop.
     #[inline(never)]
-    fn per_step_ns(&mut self, iters: u64, chunk: u64, run: &Run, me: usize) -> f64 {
+    fn per_step_ns(&mut self, iters: u64, chunk: u64, run: &Run, me: usize) -> Rate {
         let cap = usize::try_from(2 * iters / chunk + 16).unwrap_or(1 << 20);
         let (mut alone, mut together) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
         let mut done = 0;
@@ -89,17 +96,36 @@ trait Step: Send {
                 break;
             }
         }
-        if std::env::var_os("PATH_SELECT_DEBUG").is_some() {
-            eprintln!("thread {me}: {} chunks together, {} alone", together.len(), alone.len());
-        }
+        together.sort_by(f64::total_cmp);
+        alone.sort_by(f64::total_cmp);
+        let interference = (together.len() >= CHUNKS_PAIRED && alone.len() >= CHUNKS_PAIRED)
+            .then(|| median(&together) / median(&alone));
         let mut list = together;
         if list.len() < CHUNKS_MIN {
             list.extend(alone);
+            list.sort_by(f64::total_cmp);
         }
-        list.sort_by(f64::total_cmp);
-        list[list.len() / 2]
+        Rate { ns: median(&list), interference }
     }
 }
+
+/// What [`Step::per_step_ns`] measured.
+struct Rate {
+    /// Time per step, ns.
+    ns: f64,
+    /// Time per step while the other threads ran over time per step while
+    /// they did not (both medians, same thread, same memory layout), when the
+    /// sample had enough chunks of each kind.
+    interference: Option<f64>,
+}
+
+/// The median of a sorted, non-empty slice.
+fn median(sorted: &[f64]) -> f64 {
+    sorted[sorted.len() / 2]
+}
+
+/// Fewest chunks of each kind for the paired interference ratio.
+const CHUNKS_PAIRED: usize = 20;
 
 /// Fewest chunks run alongside the other threads for those alone to be left out.
 const CHUNKS_MIN: usize = 5;
@@ -338,7 +364,7 @@ fn one_thread(c: &mut Criterion) {
             let mut s = subject.stepper(&subject.shared(paths), paths, 0);
             group.bench_function(BenchmarkId::new(subject.name(), paths), |b| {
                 b.iter_custom(|iters| {
-                    let ns = s.per_step_ns(iters, subject.chunk(paths), &Run::new(1), 0);
+                    let ns = s.per_step_ns(iters, subject.chunk(paths), &Run::new(1), 0).ns;
                     black_box(&mut *s);
                     Duration::from_secs_f64(ns * 1e-9 * iters as f64)
                 });
@@ -353,6 +379,7 @@ fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("2_threads");
     for subject in SUBJECTS {
         for paths in PATH_COUNTS {
+            let mut interference = Vec::new();
             group.bench_function(BenchmarkId::new(subject.name(), paths), |b| {
                 b.iter_custom(|iters| {
                     // Fresh state per sample (set up outside the timed region). Both threads
@@ -368,16 +395,29 @@ fn two_threads(c: &mut Criterion) {
                                 let _ = pin_current_thread(t % cpus);
                                 let mut s = subject.stepper(&shared, paths, t);
                                 start.wait();
-                                let ns = s.per_step_ns(iters, subject.chunk(paths), &run, t);
+                                let rate = s.per_step_ns(iters, subject.chunk(paths), &run, t);
                                 black_box(&mut *s);
-                                ns
+                                rate
                             })
                         })
                         .collect();
-                    let per_step = handles.into_iter().map(|h| h.join().expect("bench thread")).fold(0.0, f64::max);
+                    let rates: Vec<Rate> = handles.into_iter().map(|h| h.join().expect("bench thread")).collect();
+                    interference.extend(rates.iter().filter_map(|r| r.interference));
+                    let per_step = rates.iter().map(|r| r.ns).fold(0.0, f64::max);
                     Duration::from_secs_f64(per_step * 1e-9 * iters as f64)
                 });
             });
+            interference.sort_by(f64::total_cmp);
+            if interference.is_empty() {
+                println!("  interference: no sample had enough chunks both with and without the other thread running");
+            } else {
+                println!(
+                    "  interference: {:.2}x (time per step while the other thread runs / while it does not, \
+                     same thread; median of {})",
+                    median(&interference),
+                    interference.len()
+                );
+            }
         }
     }
     group.finish();
