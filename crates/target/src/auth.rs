@@ -209,8 +209,12 @@ impl QueueAuth {
     /// Authentication Send with its data: the command's status (protocol
     /// failures are reported in the next Receive's AUTH_Failure1, not here).
     pub fn on_send(&mut self, data: &[u8]) -> Status {
-        if self.state == AuthState::Failed {
-            return Status::AUTH_REQUIRED;
+        match self.state {
+            AuthState::Failed => return Status::AUTH_REQUIRED,
+            // The transaction already failed: the host reads AUTH_Failure1 next, and a
+            // Negotiate does not buy it another try on this queue (found by fuzzing).
+            AuthState::SendFailure1 => return Status::SUCCESS,
+            _ => {}
         }
         let msg = match Message::decode(data) {
             Ok(m) => m,
@@ -507,8 +511,12 @@ mod tests {
 
         let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
         assert_eq!(a.on_send(&[0xff; 20]), Status::SUCCESS);
+        // A Negotiate after the failure does not restart the transaction.
+        assert_eq!(a.on_send(&Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::SUCCESS);
+        assert_eq!(a.state(), AuthState::SendFailure1);
         let Message::Failure1(f) = read(&mut a) else { panic!() };
         assert_eq!(f.rescode_exp, failure::INCORRECT_MESSAGE);
+        assert!(a.is_failed());
 
         // A required DH group the host does not offer: no downgrade.
         let mut a = on_connect(Some(keys(DhGroup::Ffdhe3072, false)), HOST, SUB, 0).unwrap();
