@@ -158,10 +158,17 @@ mod tests {
 
     #[test]
     fn generated_by_nvme_cli_parse() {
-        // `nvme gen-dhchap-key -m 1` output quoted in a public test script (Dell PowerStore notes).
+        // `nvme gen-dhchap-key -m 1` output quoted in a public test script (Dell PowerStore
+        // notes), and -m 2 / -m 3 output of nvme-cli 2.3 in the vmlab guest (tests/vm-auth).
         for (s, id, len) in [
             ("DHHC-1:01:C7XNT6VDFTFfbGtrSimOlLFg7BAdH+UwUgkLTuSA5gcd+7/H:", 1, 32),
             ("DHHC-1:01:97vgjyw8YRnwFPn0LYjeGW5/ClRhS5YuVnwTNIwUNHUWmp6v:", 1, 32),
+            ("DHHC-1:02:XqSOg6pikAALbqrPrXykml8Om0mJeA4JPI0E0SW7kRi5lARYF9nHcnPgprQ9XUTo5XbVXQ==:", 2, 48),
+            (
+                "DHHC-1:03:vey5bH9du4pFEVcBb299RRaTT80xavOKMvbVyR1n/DQvg43bChuVK1bpnIPreyvma10imOPnfSLkVTlyddwHl9OFZnc=:",
+                3,
+                64,
+            ),
         ] {
             let k = Secret::parse(s).unwrap();
             assert_eq!(k.transform().map(HashId::id), Some(id));
