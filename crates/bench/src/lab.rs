@@ -13,6 +13,7 @@
 //! ```
 
 pub mod embedded;
+pub mod result;
 
 use std::io::Write;
 use std::sync::Arc;
