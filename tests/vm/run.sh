@@ -10,6 +10,8 @@
 #               with header and data digests (DIGEST_RUNTIME s); disconnect-all; target alive
 #   ana         ANA flip to inaccessible and back under fio, iopolicy queue-depth (7.2 only)
 #   durability  file backend; kill -9 + restart of the target; the guest reconnects and verifies
+#   qdpolicy    port 1 delayed by QD_DELAY_US (2000); iopolicy queue-depth must send most I/O to
+#               port 2, round-robin splits it evenly (per-path sysfs counts; 7.2 only)
 #   all         every scenario on the kernels it applies to (6.1 interop with --capture)
 # --capture: tshark records the scenario's NVMe/TCP traffic on the tap; afterwards Wireshark's
 #   dissector must find no malformed frame, expert error, unknown PDU type or bad digest, and
@@ -36,15 +38,16 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability) ;;
+  interop|ana|durability|qdpolicy) ;;
   all)
     rc=0
-    for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability"; do
+    for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
+      "sid qdpolicy"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -58,7 +61,8 @@ done
 [ -f "$(initrd)" ] && [ -f "$(kdir)/KVER" ] \
   || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
 case "$SCENARIO:$KERNEL" in
-  ana:bookworm) skip "ana needs iopolicy queue-depth (Linux >= 6.11); KERNEL=$KERNEL is 6.1" ;;
+  ana:bookworm|qdpolicy:bookworm)
+    skip "$SCENARIO needs iopolicy queue-depth (Linux >= 6.11); KERNEL=$KERNEL is 6.1" ;;
 esac
 if [ "$CAPTURE" = 1 ]; then
   for t in tshark text2pcap; do command -v $t > /dev/null || skip "$t not installed (scripts/install-deps.sh)"; done
@@ -161,6 +165,28 @@ EOF
     fail "backing file md5 $file_md5, guest read ${guest_md5:-nothing}"
   fi
   rm -f "$img"
+}
+
+# Issue #4 acceptance 5: the kernel's queue-depth iopolicy avoids the delayed path.
+scenario_qdpolicy() {
+  local delay=${QD_DELAY_US:-2000}
+  on_ask() {   # counters-POLICY: the target's own per-queue counts, cumulative, after each fio run
+    case "$1" in counters-*) ;; *) fail "unexpected request from the guest: $1"; return 1 ;; esac
+    echo "target-side per-queue counters after ${1#counters-} (port 1 delayed, cumulative):"; queue_summary
+  }
+  start_target || return 0
+  if rpc set_port_fault port=1 delay_us="$delay" > /dev/null; then
+    pass "rpc set_port_fault port=1 delay_us=$delay (every I/O command on port 1 completes $delay us later)"
+  else
+    fail "rpc set_port_fault port=1 delay_us=$delay"; return 0
+  fi
+  boot_guest "$VM_DIR/guest/qdpolicy.sh" "vmlab.env.QD_RUNTIME=${QD_RUNTIME:-20}" \
+    "vmlab.env.QD_DELAY_US=$delay" "vmlab.env.QD_MIN_SHARE=${QD_MIN_SHARE:-55}" \
+    "vmlab.env.QD_IODEPTH=${QD_IODEPTH:-16}"
+  serve_guest
+  check_guest
+  grep -a '^QDPOLICY' "$SERIAL" | sed 's/^/  guest /'
+  check_target_after
 }
 
 # ---- --capture ------------------------------------------------------------------------

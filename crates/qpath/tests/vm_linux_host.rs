@@ -147,3 +147,11 @@ fn vm_file_durability_linux_6_1_needs_root_and_qemu() {
 fn vm_file_durability_linux_7_2_needs_root_and_qemu() {
     run_scenario("sid", &[], "durability");
 }
+
+/// Issue #4 acceptance 5: Linux 7.2's iopolicy queue-depth sends most I/O to the path
+/// whose port is not delayed by +2 ms; round-robin splits evenly (per-path sysfs counts).
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_queue_depth_avoids_delayed_port_linux_7_2_needs_root_and_qemu() {
+    run_scenario("sid", &[], "qdpolicy");
+}
