@@ -318,6 +318,11 @@ pub fn run_file_compared(
     Ok(Outcome { failed: result.failed(), report: rep })
 }
 
+/// The README's host API example, run as a doctest so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     use super::*;
