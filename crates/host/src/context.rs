@@ -105,6 +105,24 @@ pub struct ContextOptions {
     /// each queue's own tags (seed 003). The controllers must be connected
     /// with `ConnectOptions::tag_space` ≥ the set's depth.
     pub shared_tags: Option<Arc<SharedTagSet>>,
+    /// With a shared tag set: whether a device's depth limit (`open_limited`)
+    /// caps the tags it holds, or is a dispatch budget taken after the tag.
+    pub depth_limit_order: DepthLimitOrder,
+}
+
+/// Where a device's queue-depth limit (its LUN queue depth, [`Context::open_limited`])
+/// applies when the context draws tags from a shared set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DepthLimitOrder {
+    /// The limit caps the tags the device holds: a device at its limit takes no
+    /// more tags, so the rest of the set stays free for the other devices.
+    #[default]
+    BeforeTag,
+    /// Linux SCSI's order (seed 003): a request takes a tag from the whole set
+    /// first, then waits for the device's budget (`scsi_mq_get_budget`) while
+    /// holding it. A device with a deep queue can then sit on every tag with
+    /// requests that wait for its own budget.
+    AfterTag,
 }
 
 impl Default for ContextOptions {
@@ -118,6 +136,7 @@ impl Default for ContextOptions {
             max_failovers: 1000,
             stall_threshold: Duration::from_secs(5),
             shared_tags: None,
+            depth_limit_order: DepthLimitOrder::BeforeTag,
         }
     }
 }
@@ -238,6 +257,12 @@ struct DevEntry {
     waiting: VecDeque<u32>,
     /// This device's share of the host-wide tag set, if one is used.
     tags: Option<TagUser>,
+    /// `DepthLimitOrder::AfterTag`: the device's depth limit, taken after the tag.
+    budget: Option<u16>,
+    /// Requests of this device holding budget (on the wire).
+    budget_used: u16,
+    /// Requests holding a tag, waiting for budget.
+    budget_waiting: VecDeque<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,6 +291,8 @@ struct Req {
     nsid: Nsid,
     tag: u16,
     shared_tag: bool,
+    /// Counted in its device's `budget_used`.
+    budgeted: bool,
     sent: Option<Instant>,
     stall_reported: bool,
     /// Generation of the reference selector that counted it at submission (0 = none).
@@ -370,6 +397,7 @@ impl Context {
                 nsid: Nsid(0),
                 tag: 0,
                 shared_tag: false,
+                budgeted: false,
                 sent: None,
                 stall_reported: false,
                 via_reference: 0,
@@ -512,11 +540,26 @@ impl Context {
     fn new_device(&mut self, kind: DevKind, block_shift: u8, nsze: u64, depth_limit: Option<u16>) -> Result<DeviceId> {
         let id =
             DeviceId(u32::try_from(self.devices.len()).map_err(|_| Error::new(ErrorKind::Busy, "too many devices"))?);
+        let after_tag = self.opts.depth_limit_order == DepthLimitOrder::AfterTag;
+        let (tag_limit, budget) = if after_tag { (None, depth_limit) } else { (depth_limit, None) };
         let tags = match &self.opts.shared_tags {
-            Some(set) => Some(set.register_user(depth_limit).map_err(|e| Error::new(ErrorKind::Busy, e.to_string()))?),
+            Some(set) => Some(set.register_user(tag_limit).map_err(|e| Error::new(ErrorKind::Busy, e.to_string()))?),
             None => None,
         };
-        self.devices.push(DevEntry { kind, block_shift, nsze, waiting: VecDeque::new(), tags });
+        let budget = if tags.is_some() { budget } else { None };
+        if budget == Some(0) {
+            return Err(Error::new(ErrorKind::Invalid, "a device's depth limit must be at least 1"));
+        }
+        self.devices.push(DevEntry {
+            kind,
+            block_shift,
+            nsze,
+            waiting: VecDeque::new(),
+            tags,
+            budget,
+            budget_used: 0,
+            budget_waiting: VecDeque::new(),
+        });
         Ok(id)
     }
 
@@ -595,6 +638,12 @@ impl Context {
     /// Capacity of a device in bytes.
     pub fn capacity(&self, dev: DeviceId) -> u64 {
         self.devices.get(dev.0 as usize).map_or(0, |d| d.nsze << d.block_shift)
+    }
+
+    /// Tags a device holds from the shared set now (in flight, waiting for
+    /// budget, or kept in its window); `None` without a shared set.
+    pub fn tags_held(&self, dev: DeviceId) -> Option<u16> {
+        self.devices.get(dev.0 as usize)?.tags.as_ref().map(TagUser::held)
     }
 
     /// Requests in flight (waiting or on the wire).
@@ -757,7 +806,23 @@ impl Context {
         let r = &mut self.reqs[rid as usize];
         r.tag = tag.get();
         r.shared_tag = shared;
-        let cid = Cid(tag.get());
+        let d = &mut self.devices[dev];
+        if let Some(budget) = d.budget {
+            // DepthLimitOrder::AfterTag: the tag is taken; now the device's budget.
+            if d.budget_used >= budget {
+                d.budget_waiting.push_back(rid);
+                return;
+            }
+            d.budget_used += 1;
+            r.budgeted = true;
+        }
+        self.issue(rid, ckey, qkey, dev);
+    }
+
+    /// Sends a request that holds its tag (and budget) on connection `ckey` of queue `qkey`.
+    fn issue(&mut self, rid: u32, ckey: usize, qkey: usize, dev: usize) {
+        let r = &mut self.reqs[rid as usize];
+        let cid = Cid(r.tag);
         let nsid = r.nsid;
         let (sqe, dir, len, buf) = match r.op {
             Op::Read => (
@@ -787,7 +852,7 @@ impl Context {
         r.sent = Some(Instant::now());
         let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        match conn.q.submit(tag.get(), io) {
+        match conn.q.submit(cid.0, io) {
             Ok(()) => {
                 if let DevKind::Multi(m) = &mut self.devices[dev].kind {
                     let r = &mut self.reqs[rid as usize];
@@ -801,6 +866,7 @@ impl Context {
             }
             Err((e, io)) => {
                 self.free_tag(rid);
+                self.release_budget(rid);
                 let r = &mut self.reqs[rid as usize];
                 if r.op == Op::Deallocate {
                     if let Some(b) = io.buf {
@@ -842,6 +908,47 @@ impl Context {
             let qe = &mut self.queues[r.qkey];
             if qe.tags.is_in_flight(tag) {
                 qe.tags.free(tag);
+            }
+        }
+    }
+
+    /// Gives back the device budget a request held (it left the wire).
+    fn release_budget(&mut self, rid: u32) {
+        let r = &mut self.reqs[rid as usize];
+        if r.budgeted {
+            r.budgeted = false;
+            let d = &mut self.devices[r.dev as usize];
+            d.budget_used -= 1;
+        }
+    }
+
+    /// `DepthLimitOrder::AfterTag`: sends requests that hold a tag, as budget allows.
+    fn dispatch_budget_waiting(&mut self, dev: usize) {
+        loop {
+            let d = &mut self.devices[dev];
+            if d.budget.is_none_or(|b| d.budget_used >= b) {
+                return;
+            }
+            let Some(rid) = d.budget_waiting.pop_front() else { return };
+            let qkey = self.reqs[rid as usize].qkey;
+            let qe = &self.queues[qkey];
+            let conn = qe.conn.and_then(|ckey| Some((ckey, self.conns.get(ckey)?.as_ref()?.q.outstanding())));
+            match conn {
+                None => {
+                    // The queue lost its connection: the tag goes back, the request waits for the queue.
+                    self.free_tag(rid);
+                    self.park(rid);
+                }
+                Some((_, outstanding)) if outstanding >= usize::from(qe.entries) => {
+                    self.devices[dev].budget_waiting.push_front(rid);
+                    return;
+                }
+                Some((ckey, _)) => {
+                    let d = &mut self.devices[dev];
+                    d.budget_used += 1;
+                    self.reqs[rid as usize].budgeted = true;
+                    self.issue(rid, ckey, qkey, dev);
+                }
             }
         }
     }
@@ -1064,6 +1171,14 @@ impl Context {
         if self.conns[ckey].as_ref().is_some_and(|c| c.q.has_pending_send()) {
             self.send(ckey);
         }
+        if self.opts.shared_tags.is_some() {
+            // Requests that already hold a tag go first.
+            for d in 0..self.devices.len() {
+                if !self.devices[d].budget_waiting.is_empty() {
+                    self.dispatch_budget_waiting(d);
+                }
+            }
+        }
         self.dispatch_queue_waiting(qkey);
         if self.opts.shared_tags.is_some() {
             for d in 0..self.devices.len() {
@@ -1107,6 +1222,7 @@ impl Context {
 
     /// A command finished: complete it to the caller, or send it again.
     fn finish(&mut self, rid: u32, status: Status, buf: Option<IoBuf>) {
+        self.release_budget(rid);
         let r = &mut self.reqs[rid as usize];
         if r.op == Op::Deallocate {
             if let Some(b) = buf {
@@ -1295,6 +1411,11 @@ impl Context {
         for d in &mut self.devices {
             if let Some(u) = d.tags.as_mut() {
                 u.tick();
+            }
+        }
+        for d in 0..self.devices.len() {
+            if !self.devices[d].budget_waiting.is_empty() {
+                self.dispatch_budget_waiting(d);
             }
         }
         for d in 0..self.devices.len() {
