@@ -12,6 +12,10 @@ enum LabCommand {
     /// Measure the physical baseline: a raw loopback TCP ping-pong of a 4 KiB read's
     /// shape (72-byte request, 4,144-byte reply) and a raw TCP stream of 128 KiB writes.
     Baseline(bench::lab::LabBaselineArgs),
+    /// Seed 003: WAL writes next to random-read hogs on one host-wide tag set of 170,
+    /// without fairness, with each fairness policy, and with per-device tag sets.
+    #[command(name = "seed-003")]
+    Seed003(bench::lab::seed_003::Seed003Args),
 }
 
 /// `qpath bench`: exits non-zero when a job failed.
@@ -28,6 +32,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
     match &a.command {
         LabCommand::Baseline(b) => {
             bench::lab::baseline(b, &mut std::io::stdout())?;
+        }
+        LabCommand::Seed003(s) => {
+            let r = bench::lab::seed_003::lab(s)?;
+            let errors = bench::lab::seed_003::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("seed-003: {errors} I/O errors").into());
+            }
         }
     }
     Ok(())
