@@ -23,6 +23,7 @@
 //! `min = iodepth_batch_complete_min`, `max = iodepth_batch_complete_max`.
 
 pub mod io_uring;
+pub mod mpath;
 pub mod null;
 pub mod passthru;
 pub mod psync;
@@ -139,6 +140,13 @@ pub trait Engine {
     /// Called exactly once for each `index < n`, in increasing order, before the next
     /// `getevents`.
     fn event(&mut self, index: usize) -> IoU;
+
+    /// The policy and per-path I/O counts of a multipath device (`None`: one path, or
+    /// an engine without multipath). Counts run from `open`; the runner asks at the end
+    /// of `ramp_time` and before `close`, and reports the difference.
+    fn multipath(&self) -> Option<mpath::MultipathStats> {
+        None
+    }
 
     /// Release the target. Every queued unit has been reaped before this is called.
     fn close(&mut self) -> Result<()> {

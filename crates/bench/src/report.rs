@@ -60,6 +60,8 @@ pub struct JobReport {
     pub targets: Vec<String>,
     /// rw mode, block size and depth of the first member, for baseline matching.
     pub shape: (String, u64, u32),
+    /// Multipath members' policy and per-path counts, merged.
+    pub multipath: Option<crate::engine::mpath::MultipathStats>,
 }
 
 impl JobReport {
@@ -288,11 +290,18 @@ impl Report {
                     engines: Vec::new(),
                     targets: Vec::new(),
                     shape: (spec.rw_str().to_string(), spec.bs[0].0.max(spec.bs[1].0), spec.iodepth),
+                    multipath: None,
                 });
             }
             let r = jobs.last_mut().expect("a report exists");
             r.stat.merge(&t.outcome.stat);
             r.members += 1;
+            if let Some(m) = &t.outcome.multipath {
+                match &mut r.multipath {
+                    Some(all) => all.merge(m),
+                    None => r.multipath = Some(m.clone()),
+                }
+            }
             r.options.clone_from(&spec.options);
             r.clat_percentiles = spec.clat_percentiles;
             r.lat_percentiles = spec.lat_percentiles;

@@ -10,6 +10,13 @@
 //! - A URI: `nvme+tcp://127.0.0.1:4420/nqn.2016-06.io.spdk:cnode1/1?hostnqn=...&hdgst=1&ddgst=1`
 //!   (port defaults to 4420, namespace to 1, IPv6 hosts in brackets, `%XX` escapes in the NQN).
 //!
+//! Multipath: a URI may name several transport addresses of the same subsystem, comma
+//! separated, as multi-host database URIs do:
+//! `nvme+tcp://10.0.0.1:4420,10.0.1.1:4420/nqn.2016-06.io.spdk:cnode1/1`. Each address is
+//! one path (one controller) to the namespace; the `qpath` engine opens them as one
+//! multipath head ([`RemoteTarget::paths`]). fio's own `:`-separated file list would need
+//! every `:` of a URI escaped, so it is not used for this.
+//!
 //! The raw string is kept in [`Target::raw`] so an engine can re-read it untouched.
 
 use std::path::PathBuf;
@@ -51,7 +58,13 @@ pub struct RemoteTarget {
     pub ddgst: bool,
     /// Other `key=value` pairs, lower-cased keys, in order, for the engine to interpret.
     pub extra: Vec<(String, String)>,
+    /// Further paths to the same namespace: `(traddr, trsvcid)` of each address after
+    /// the first in a multipath URI (empty for one path).
+    pub more_paths: Vec<(String, u16)>,
 }
+
+/// Most transport addresses one multipath URI may name.
+pub const PATHS_MAX: usize = 16;
 
 /// Where a job's I/O goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,7 +175,24 @@ impl RemoteTarget {
             hdgst: false,
             ddgst: false,
             extra: Vec::new(),
+            more_paths: Vec::new(),
         }
+    }
+
+    /// Number of paths (transport addresses) named.
+    pub fn path_count(&self) -> usize {
+        1 + self.more_paths.len()
+    }
+
+    /// One single-path target per transport address, first address first; every other
+    /// field is the same.
+    pub fn paths(&self) -> Vec<RemoteTarget> {
+        let first = RemoteTarget { more_paths: Vec::new(), ..self.clone() };
+        let mut out = vec![first.clone()];
+        for (traddr, trsvcid) in &self.more_paths {
+            out.push(RemoteTarget { traddr: traddr.clone(), trsvcid: *trsvcid, ..first.clone() });
+        }
+        out
     }
 
     /// Parse SPDK's transport ID form (`trtype=TCP traddr=... subnqn=... ns=1`).
@@ -185,8 +215,12 @@ impl RemoteTarget {
     /// The URI form of this target ([`RemoteTarget::parse_uri`] reads it back to an
     /// equal value, `extra` pairs included).
     pub fn to_uri(&self) -> String {
-        let host = if self.traddr.contains(':') { format!("[{}]", self.traddr) } else { self.traddr.clone() };
-        let mut s = format!("nvme+tcp://{host}:{}/{}/{}", self.trsvcid, percent_encode(&self.subnqn), self.nsid);
+        let host = |a: &str| if a.contains(':') { format!("[{a}]") } else { a.to_string() };
+        let mut authority = format!("{}:{}", host(&self.traddr), self.trsvcid);
+        for (a, p) in &self.more_paths {
+            authority.push_str(&format!(",{}:{p}", host(a)));
+        }
+        let mut s = format!("nvme+tcp://{authority}/{}/{}", percent_encode(&self.subnqn), self.nsid);
         let mut query: Vec<String> = Vec::new();
         if let Some(h) = &self.hostnqn {
             query.push(format!("hostnqn={}", percent_encode(h)));
@@ -207,7 +241,7 @@ impl RemoteTarget {
         s
     }
 
-    /// Parse `nvme+tcp://host[:port]/subnqn[/nsid][?hostnqn=..&hdgst=1&ddgst=1]`.
+    /// Parse `nvme+tcp://host[:port][,host[:port]...]/subnqn[/nsid][?hostnqn=..&hdgst=1&ddgst=1]`.
     pub fn parse_uri(raw: &str) -> Result<RemoteTarget> {
         let rest =
             raw.strip_prefix("nvme+tcp://").ok_or_else(|| target_err(raw, "only nvme+tcp:// URIs are supported"))?;
@@ -217,23 +251,24 @@ impl RemoteTarget {
         };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let mut t = RemoteTarget::new_empty();
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6.split_once(']').ok_or_else(|| target_err(raw, "IPv6 address has no closing ']'"))?;
-            t.adrfam = AddressFamily::Ipv6;
-            (h, after.strip_prefix(':'))
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (authority, None),
+        let mut addrs = Vec::new();
+        for one in authority.split(',') {
+            if addrs.len() == PATHS_MAX {
+                return Err(target_err(raw, format!("more than {PATHS_MAX} transport addresses")));
             }
-        };
-        if host.is_empty() {
-            return Err(target_err(raw, "no host"));
+            let (host, port, v6) = parse_host_port(raw, one.trim())?;
+            if addrs.is_empty() && v6 {
+                t.adrfam = AddressFamily::Ipv6;
+            }
+            let addr = (host.to_string(), port.unwrap_or(NVME_TCP_PORT));
+            if addrs.contains(&addr) {
+                return Err(target_err(raw, format!("transport address {one} is named twice")));
+            }
+            addrs.push(addr);
         }
-        t.traddr = host.to_string();
-        if let Some(p) = port {
-            t.trsvcid = p.parse().map_err(|_| target_err(raw, format!("port '{p}' is not a number")))?;
-        }
+        let mut addrs = addrs.into_iter();
+        (t.traddr, t.trsvcid) = addrs.next().ok_or_else(|| target_err(raw, "no host"))?;
+        t.more_paths = addrs.collect();
         let mut segs = path.split('/').filter(|s| !s.is_empty());
         t.subnqn = percent_decode(segs.next().unwrap_or(""))
             .ok_or_else(|| target_err(raw, "bad %-escape in the subsystem NQN"))?;
@@ -307,6 +342,28 @@ impl RemoteTarget {
         }
         Ok(self)
     }
+}
+
+/// One `host[:port]` of a URI's authority: the host, the port if given, whether the
+/// host is a bracketed IPv6 literal.
+fn parse_host_port<'a>(raw: &str, authority: &'a str) -> Result<(&'a str, Option<u16>, bool)> {
+    let (host, port, v6) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6.split_once(']').ok_or_else(|| target_err(raw, "IPv6 address has no closing ']'"))?;
+        (h, after.strip_prefix(':'), true)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p), false),
+            None => (authority, None, false),
+        }
+    };
+    if host.is_empty() {
+        return Err(target_err(raw, "no host"));
+    }
+    let port = match port {
+        Some(p) => Some(p.parse().map_err(|_| target_err(raw, format!("port '{p}' is not a number")))?),
+        None => None,
+    };
+    Ok((host, port, v6))
 }
 
 fn parse_nsid(raw: &str, v: &str) -> Result<u32> {
@@ -414,6 +471,27 @@ mod tests {
     }
 
     #[test]
+    fn multipath_uri_names_every_path() {
+        let raw = "nvme+tcp://127.0.0.1:4420,127.0.0.1:4421,[::1]/nqn.x%3Ay/3?hdgst=1";
+        let TargetKind::Remote(r) = Target::parse(Some(raw)).unwrap().kind else { panic!() };
+        assert_eq!((r.traddr.as_str(), r.trsvcid, r.nsid), ("127.0.0.1", 4420, 3));
+        assert_eq!(r.adrfam, AddressFamily::Ipv4, "the first address decides");
+        assert_eq!(r.more_paths, vec![("127.0.0.1".to_string(), 4421), ("::1".to_string(), NVME_TCP_PORT)]);
+        assert_eq!(r.path_count(), 3);
+        let paths = r.paths();
+        assert_eq!(paths.len(), 3);
+        for p in &paths {
+            assert!(p.more_paths.is_empty());
+            assert_eq!((p.subnqn.as_str(), p.nsid, p.hdgst), ("nqn.x:y", 3, true));
+        }
+        assert_eq!((paths[1].traddr.as_str(), paths[1].trsvcid), ("127.0.0.1", 4421));
+        assert_eq!((paths[2].traddr.as_str(), paths[2].trsvcid), ("::1", 4420));
+        let TargetKind::Remote(back) = Target::parse(Some(&r.to_uri())).unwrap().kind else { panic!() };
+        assert_eq!(back, r, "{}", r.to_uri());
+        assert_eq!(RemoteTarget::parse_uri("nvme+tcp://a:1/n").unwrap().paths().len(), 1);
+    }
+
+    #[test]
     fn bad_remote_targets_say_why() {
         for (raw, why) in [
             ("trtype=RDMA traddr=1.2.3.4 subnqn=n", "only TCP"),
@@ -423,6 +501,8 @@ mod tests {
             ("nvme+rdma://1.2.3.4/n", "nvme+tcp"),
             ("nvme+tcp://1.2.3.4:x/n", "port"),
             ("nvme+tcp://1.2.3.4/n/1/2", "unexpected path"),
+            ("nvme+tcp://1.2.3.4:4420,1.2.3.4:4420/n", "named twice"),
+            ("nvme+tcp://1.2.3.4,/n", "no host"),
         ] {
             let e = Target::parse(Some(raw)).unwrap_err();
             assert!(e.context.contains(why), "{raw}: {e}");

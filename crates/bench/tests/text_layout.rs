@@ -97,6 +97,7 @@ fn seed_report() -> JobReport {
         engines: vec!["libaio".into()],
         targets: vec![spec.target.raw.clone()],
         shape: (spec.rw_str().into(), 512 * 1024, 1),
+        multipath: None,
     }
 }
 

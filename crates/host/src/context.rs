@@ -197,7 +197,10 @@ struct Multi {
     /// The view the selector was last given (head generation, controller changes, local state).
     seen: u64,
     seen_head: u64,
+    /// I/Os completed on each path slot (not counting path errors).
     ios: Vec<u64>,
+    /// Their lengths, summed (bytes).
+    bytes: Vec<u64>,
 }
 
 impl Multi {
@@ -360,6 +363,8 @@ pub struct PathReport {
     pub traddr: std::net::SocketAddr,
     /// I/Os this context completed on the path.
     pub ios: u64,
+    /// The lengths of those I/Os, summed (bytes).
+    pub bytes: u64,
     /// I/Os in flight on it now.
     pub in_flight: u32,
     /// The selector's view of the path.
@@ -623,6 +628,7 @@ impl Context {
             seen: 0,
             seen_head: head.generation(),
             ios: vec![0; n],
+            bytes: vec![0; n],
         };
         self.has_multi = true;
         let id = self.new_device(DevKind::Multi(Box::new(m)), block_shift, nsze, None)?;
@@ -671,6 +677,7 @@ impl Context {
                     index: i,
                     traddr: p.ctrl.opts.traddr,
                     ios: m.ios.get(i).copied().unwrap_or(0),
+                    bytes: m.bytes.get(i).copied().unwrap_or(0),
                     in_flight: if i < m.sel.paths() { m.sel.in_flight(idx) } else { 0 },
                     class: class_of(&p.ctrl, p.nsid),
                     latency_ewma_ns: if i < m.sel.paths() { m.sel.latency_ewma_ns(idx) } else { None },
@@ -1247,6 +1254,9 @@ impl Context {
             );
             if !path_error && let Some(c) = m.ios.get_mut(usize::from(path)) {
                 *c += 1;
+                if let Some(b) = m.bytes.get_mut(usize::from(path)) {
+                    *b += u64::from(self.reqs[rid as usize].len);
+                }
             }
             if path_error {
                 if status.is_ana_error()
@@ -1319,6 +1329,7 @@ impl Context {
                     if m.paths.len() <= i {
                         m.paths.resize_with(i + 1, || None);
                         m.ios.resize(i + 1, 0);
+                        m.bytes.resize(i + 1, 0);
                     }
                     m.paths[i] = None;
                     if let Some((c, n)) = s {

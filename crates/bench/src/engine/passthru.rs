@@ -56,6 +56,14 @@ impl EngineFactory for PassthruFactory {
                 format!("qpath-passthru: needs a remote filename (nvme+tcp://...), not '{}'", ctx.target.raw),
             ));
         };
+        if remote.path_count() > 1 {
+            // A user queue pair is one queue of one controller (as io_uring_cmd is one
+            // NVMe char device): no head to choose paths.
+            return Err(Error::new(
+                ErrorKind::Engine,
+                format!("qpath-passthru: one path only; '{}' names {}", ctx.target.raw, remote.path_count()),
+            ));
+        }
         let ctrl = self.ctrls.get(remote, Some(ctx.job))?;
         let qp = QueuePair::new(&ctrl).map_err(|e| {
             Error::new(ErrorKind::Engine, format!("qpath-passthru: user queue of {}: {e}", ctrl.opts.subnqn))

@@ -12,6 +12,11 @@
 //! kernel (`Wait::Block`) so that oversubscribed runs (more job threads than cores) leave
 //! the core to their neighbours; `hipri` (fio's polled completions) spins always.
 //! `direct` is implied: there is no page cache on this path.
+//!
+//! Multipath ([`super::mpath`]): a filename naming several transport addresses
+//! (`nvme+tcp://A,B/nqn/1`) or a job setting `mpath_policy` opens a multipath head
+//! (`Context::open_head`) over one controller per address, shared with the run's other
+//! job threads on the same paths and policy; [`Engine::multipath`] reports per-path counts.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,7 +26,8 @@ use host::context::{Context, ContextOptions, DeviceId, Op};
 use nvme::{Nsid, Status};
 use uring::Wait;
 
-use super::remote::Controllers;
+use super::mpath::{self, Heads, MultipathStats, PathStat, PolicyChoice};
+use super::remote::{ControllerKey, Controllers};
 use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io_u::{Ddir, IoError, IoResult, IoU};
@@ -39,12 +45,13 @@ const BLOCK_SLICE: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 pub struct QpathFactory {
     ctrls: Arc<Controllers>,
+    heads: Arc<Heads>,
 }
 
 impl QpathFactory {
     /// A factory whose engines get their controllers from `ctrls`.
     pub fn new(ctrls: Arc<Controllers>) -> QpathFactory {
-        QpathFactory { ctrls }
+        QpathFactory { ctrls, heads: Arc::new(Heads::default()) }
     }
 }
 
@@ -61,6 +68,8 @@ impl EngineFactory for QpathFactory {
             .map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: context: {e}")))?;
         Ok(Box::new(QpathEngine {
             ctrls: Arc::clone(&self.ctrls),
+            heads: Arc::clone(&self.heads),
+            mpath_policy: None,
             ctx: context,
             dev: None,
             inflight: Vec::new(),
@@ -111,6 +120,9 @@ pub fn io_result(status: Status, len: u32) -> IoResult {
 
 struct QpathEngine {
     ctrls: Arc<Controllers>,
+    heads: Arc<Heads>,
+    /// The policy's name when `dev` is a multipath head.
+    mpath_policy: Option<String>,
     ctx: Context,
     dev: Option<DeviceId>,
     /// Units on the wire, by unit index (their buffers are inside the host).
@@ -158,10 +170,27 @@ impl Engine for QpathEngine {
                 format!("qpath: needs a remote filename (nvme+tcp://...), not '{}'", ctx.target.raw),
             ));
         };
-        let ctrl = self.ctrls.get(remote, Some(ctx.job))?;
-        let dev = self.ctx.open(&ctrl, Nsid(remote.nsid)).map_err(|e| {
-            Error::new(ErrorKind::Engine, format!("qpath: open namespace {} of {}: {e}", remote.nsid, ctrl.opts.subnqn))
-        })?;
+        let choice = mpath::policy_of(ctx.job)?;
+        let dev = if remote.path_count() > 1 || choice.is_some() {
+            let choice = choice.unwrap_or(PolicyChoice::DEFAULT);
+            let paths = remote.paths();
+            let keys: Vec<ControllerKey> = paths.iter().map(|p| ControllerKey::of(p, Some(ctx.job))).collect();
+            let ctrls = paths.iter().map(|p| self.ctrls.get(p, Some(ctx.job))).collect::<Result<Vec<_>>>()?;
+            let head = self.heads.get(&keys, &ctrls, remote.nsid, &choice)?;
+            let dev = self.ctx.open_head(&head).map_err(|e| {
+                Error::new(ErrorKind::Engine, format!("qpath: open multipath namespace {}: {e}", remote.nsid))
+            })?;
+            self.mpath_policy = Some(choice.name());
+            dev
+        } else {
+            let ctrl = self.ctrls.get(remote, Some(ctx.job))?;
+            self.ctx.open(&ctrl, Nsid(remote.nsid)).map_err(|e| {
+                Error::new(
+                    ErrorKind::Engine,
+                    format!("qpath: open namespace {} of {}: {e}", remote.nsid, ctrl.opts.subnqn),
+                )
+            })?
+        };
         self.dev = Some(dev);
         Ok(FileInfo { size: self.ctx.capacity(dev), block_size: self.ctx.block_size(dev) })
     }
@@ -241,6 +270,17 @@ impl Engine for QpathEngine {
     fn event(&mut self, index: usize) -> IoU {
         let _ = index;
         self.reaped.pop_front().expect("event() index within the last getevents count")
+    }
+
+    fn multipath(&self) -> Option<MultipathStats> {
+        let policy = self.mpath_policy.clone()?;
+        let paths = self
+            .ctx
+            .path_report(self.dev?)
+            .into_iter()
+            .map(|p| PathStat { traddr: p.traddr.to_string(), ios: p.ios, bytes: p.bytes })
+            .collect();
+        Some(MultipathStats { policy, paths })
     }
 
     fn close(&mut self) -> Result<()> {

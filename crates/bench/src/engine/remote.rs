@@ -113,13 +113,16 @@ pub fn plan(file: &JobFile) -> BTreeMap<ControllerKey, ConnectPlan> {
     let mut out: BTreeMap<ControllerKey, (u16, u16, u32)> = BTreeMap::new();
     for j in &file.jobs {
         let TargetKind::Remote(r) = &j.target.kind else { continue };
-        let e = out.entry(ControllerKey::of(r, Some(j))).or_insert((0, 0, 0));
-        if wants_passthru(j) {
-            e.1 = e.1.saturating_add(1);
-        } else {
-            e.0 = e.0.saturating_add(1);
+        // A multipath job attaches a queue of every path's controller.
+        for path in r.paths() {
+            let e = out.entry(ControllerKey::of(&path, Some(j))).or_insert((0, 0, 0));
+            if wants_passthru(j) {
+                e.1 = e.1.saturating_add(1);
+            } else {
+                e.0 = e.0.saturating_add(1);
+            }
+            e.2 = e.2.max(j.iodepth);
         }
-        e.2 = e.2.max(j.iodepth);
     }
     out.into_iter()
         .map(|(k, (threads, user, depth))| {
@@ -244,6 +247,20 @@ mod tests {
         assert_eq!(p[&d].queue_size, QUEUE_SIZE_MIN);
         assert!(p[&d].nr_io_queues >= 1);
         assert!(p.contains_key(&ControllerKey { hdgst: true, ..k }));
+    }
+
+    #[test]
+    fn multipath_jobs_plan_a_queue_on_every_path() {
+        let f = JobFile::parse(
+            "[a]\nsize=1m\nnumjobs=2\nfilename=nvme+tcp://127.0.0.1:4420,127.0.0.1:4421/nqn.x:a/1\n",
+            "t",
+        )
+        .unwrap();
+        let p = plan(&f);
+        assert_eq!(p.len(), 2, "{p:?}");
+        for (k, c) in &p {
+            assert!(c.nr_io_queues >= 2, "{k:?}: one queue per job thread on each path");
+        }
     }
 
     #[test]

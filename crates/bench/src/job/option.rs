@@ -103,6 +103,11 @@ const NAMES: &[(&str, &[&str])] = &[
     ("hostnqn", &[]),
     ("digest_enable", &[]),
     ("enable_sgl", &[]),
+    // multipath, read by the qpath engine (crate::engine::mpath)
+    ("mpath_policy", &["iopolicy"]),
+    ("rr_min_io", &[]),
+    ("mpath_ref_queues", &[]),
+    ("paths", &[]),
 ];
 
 /// The canonical name of `key`, or `None` if qpath does not know the option.
@@ -259,6 +264,11 @@ pub fn apply(spec: &mut JobSpec, name: &str, value: Option<&str>) -> Result<Appl
         "overwrite" => return Ok(Applied::NoEffect("files are always laid out before reads")),
         "hipri" | "fixedbufs" | "registerfiles" | "sqthread_poll" | "sqthread_poll_cpu" | "nonvectored"
         | "cmd_type" | "nowait" | "force_async" | "hostnqn" | "digest_enable" | "enable_sgl" => {
+            spec.engine_options.push((name.to_string(), value.map(str::to_string)));
+            return Ok(Applied::Engine);
+        }
+        "mpath_policy" | "rr_min_io" | "mpath_ref_queues" | "paths" => {
+            crate::engine::mpath::check_option(name, value)?;
             spec.engine_options.push((name.to_string(), value.map(str::to_string)));
             return Ok(Applied::Engine);
         }

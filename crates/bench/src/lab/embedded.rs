@@ -51,6 +51,8 @@ pub struct EmbeddedOptions {
 pub struct Embedded {
     server: Server,
     addrs: [SocketAddr; 2],
+    /// Port ids of `addrs`.
+    port_ids: [u16; 2],
     opts: EmbeddedOptions,
 }
 
@@ -155,7 +157,17 @@ impl Embedded {
             server.local_addr(id).ok_or_else(|| Error::new(ErrorKind::Target, format!("embedded target: no port {id}")))
         };
         let addrs = [addr(ids[0])?, addr(ids[1])?];
-        Ok(Embedded { server, addrs, opts })
+        Ok(Embedded { server, addrs, port_ids: [ids[0], ids[1]], opts })
+    }
+
+    /// The target port behind `addrs()[path]` (its fault switches: `delay_us`,
+    /// `refuse_connects`, `drop_generation`, `stall_opcode`).
+    ///
+    /// # Panics
+    ///
+    /// If `path` is not 0 or 1.
+    pub fn port(&self, path: usize) -> std::sync::Arc<target::port::Port> {
+        self.server.state.port(self.port_ids[path]).expect("the embedded target's ports are never removed")
     }
 
     /// The two bound addresses.
@@ -174,12 +186,26 @@ impl Embedded {
     }
 
     /// Point `file`'s `jobs` (from [`embedded_jobs`]) at this target, keeping each job's
-    /// namespace, host NQN and digests.
+    /// namespace, host NQN and digests. A job with `paths=2`, or whose filename named
+    /// two paths, gets both ports as two paths of a multipath head.
     pub fn redirect(&self, file: &mut JobFile, jobs: &[(usize, u32)]) -> Result<()> {
         for &(i, nsid) in jobs {
             let Some(Target { kind: TargetKind::Remote(mut r), .. }) = Target::parse(Some(&self.uri(nsid))).ok() else {
                 return Err(Error::new(ErrorKind::Target, "embedded target: its own URI does not parse"));
             };
+            let job = &file.jobs[i];
+            let named = match &job.target.kind {
+                TargetKind::Remote(old) => old.path_count(),
+                _ => 1,
+            };
+            let paths = crate::engine::mpath::paths_of(job)?.unwrap_or(named);
+            if paths > self.addrs.len() {
+                return Err(Error::new(
+                    ErrorKind::Option,
+                    format!("job {}: paths={paths}, but the embedded target has {} ports", job.name, self.addrs.len()),
+                ));
+            }
+            r.more_paths = self.addrs[1..paths].iter().map(|a| (a.ip().to_string(), a.port())).collect();
             if let TargetKind::Remote(old) = &file.jobs[i].target.kind {
                 r.hostnqn.clone_from(&old.hostnqn);
                 r.hdgst = old.hdgst;
@@ -244,5 +270,40 @@ mod tests {
         assert_eq!(notes.len(), 1, "{notes:?}");
         let (plan, _) = plan_namespaces(&f, &embedded_jobs(&f, false), None);
         assert_eq!(plan, vec![(1, NAMESPACE_BYTES_MIN)], "at least the default's 1 GiB");
+    }
+
+    #[test]
+    fn paths_option_names_both_ports() {
+        let s = Embedded::start(EmbeddedOptions {
+            poll: PollMode::Block,
+            reactor_cpu: None,
+            namespaces: vec![(1, NAMESPACE_BYTES_MIN)],
+        })
+        .unwrap();
+        let mut f = JobFile::parse(
+            "[one]\nsize=1m\n\
+             [two]\nsize=1m\npaths=2\n\
+             [named]\nsize=1m\nfilename=nvme+tcp://127.0.0.1:4420,127.0.0.1:4421/nqn.2026-11.io.qpath:default/1\n\
+             [three]\nsize=1m\npaths=3\n",
+            "t",
+        )
+        .unwrap();
+        let jobs = embedded_jobs(&f, true);
+        assert!(s.redirect(&mut f, &jobs).unwrap_err().context.contains("has 2 ports"));
+        f.jobs.pop();
+        s.redirect(&mut f, &jobs[..3]).unwrap();
+        let remote = |i: usize| match &f.jobs[i].target.kind {
+            TargetKind::Remote(r) => r.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(remote(0).path_count(), 1);
+        for i in [1, 2] {
+            let r = remote(i);
+            let addrs: Vec<String> = r.paths().iter().map(|p| format!("{}:{}", p.traddr, p.trsvcid)).collect();
+            assert_eq!(addrs, vec![s.addrs()[0].to_string(), s.addrs()[1].to_string()], "job {i}");
+        }
+        s.port(1).faults.delay_us.store(5, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(s.port(1).addr, s.addrs()[1]);
+        s.shutdown();
     }
 }

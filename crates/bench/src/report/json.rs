@@ -347,6 +347,28 @@ fn ratios_json(r: &JobRatios) -> Json {
     o
 }
 
+/// A multipath job's policy and per-path counts (under `qpath.jobs[].multipath`).
+fn multipath_json(m: &crate::engine::mpath::MultipathStats) -> Json {
+    let mut o = Json::obj();
+    o.str("policy", &m.policy);
+    let total = m.total_ios();
+    let paths = m
+        .paths
+        .iter()
+        .map(|p| {
+            let mut po = Json::obj();
+            po.str("traddr", &p.traddr);
+            po.int("ios", p.ios);
+            po.int("io_bytes", p.bytes);
+            #[allow(clippy::cast_precision_loss)] // counts well below 2^53
+            po.float("ios_pct", if total > 0 { 100.0 * p.ios as f64 / total as f64 } else { 0.0 });
+            po
+        })
+        .collect();
+    o.put("paths", Json::Arr(paths));
+    o
+}
+
 fn qpath_json(report: &Report) -> Json {
     let mut q = Json::obj();
     q.str("version", &report.version);
@@ -381,6 +403,9 @@ fn qpath_json(report: &Report) -> Json {
             if !ratios.is_empty() {
                 j.put("ratios", ratios_json(&ratios));
             }
+        }
+        if let Some(m) = &r.multipath {
+            j.put("multipath", multipath_json(m));
         }
         if let Some(b) = baseline_json(r, &report.baselines) {
             j.put("reference", b);

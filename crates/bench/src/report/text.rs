@@ -382,7 +382,8 @@ fn fmt_bw(bytes: f64) -> String {
 /// qpath's own lines after fio's: the target used, the physical baseline of this run
 /// with each job's ratio to it, and the reference numbers (SPDK) by job shape.
 fn qpath_section(out: &mut String, report: &Report) {
-    if report.target.is_none() && report.physical.is_none() {
+    let multipath = report.jobs.iter().any(|r| r.multipath.is_some());
+    if report.target.is_none() && report.physical.is_none() && !multipath {
         return;
     }
     out.push_str("\nqpath:\n");
@@ -393,6 +394,27 @@ fn qpath_section(out: &mut String, report: &Report) {
         physical_lines(out, report, p);
     }
     reference_lines(out, report);
+    multipath_lines(out, report);
+}
+
+/// Each multipath job's policy and how its I/O spread over the paths.
+fn multipath_lines(out: &mut String, report: &Report) {
+    for r in &report.jobs {
+        let Some(m) = &r.multipath else { continue };
+        let total = m.total_ios();
+        let _ = writeln!(out, "  multipath {}: policy={}, {} paths, ios={total}", r.name, m.policy, m.paths.len());
+        for p in &m.paths {
+            #[allow(clippy::cast_precision_loss)] // counts well below 2^53
+            let pct = if total > 0 { 100.0 * p.ios as f64 / total as f64 } else { 0.0 };
+            let _ = writeln!(
+                out,
+                "    path {}: ios={} ({pct:.1}%), io={}",
+                p.traddr,
+                p.ios,
+                num2str(p.bytes, r.sig_figs as usize, 1, r.kb_base == 1024, Unit::Byte)
+            );
+        }
+    }
 }
 
 /// The physical baseline as `qpath lab baseline` prints it.

@@ -112,6 +112,8 @@ pub struct ThreadOutcome {
     pub tid: u32,
     /// Messages for the user (depth lowered, etc.).
     pub notes: Vec<String>,
+    /// A multipath device's policy and per-path counts, after ramp_time.
+    pub multipath: Option<crate::engine::mpath::MultipathStats>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -171,6 +173,8 @@ struct Worker<'a> {
     refill: Option<SmallRng>,
     progress: &'a Progress,
     stall_timeout: Duration,
+    /// The engine's per-path counts at the end of ramp_time (subtracted at the end).
+    multipath_base: Option<crate::engine::mpath::MultipathStats>,
 }
 
 /// The seed of a job thread: fixed per (randseed, thread) with `randrepeat=1`.
@@ -217,6 +221,7 @@ pub fn run_thread(
                 error: Some(JobError { errno: if e.kind == ErrorKind::Io { 5 } else { 22 }, message: e.to_string() }),
                 tid,
                 notes,
+                multipath: None,
             };
         }
     };
@@ -260,6 +265,10 @@ pub fn run_thread(
         worker.stats.minf = now.minflt.saturating_sub(base.minflt);
         worker.stats.majf = now.majflt.saturating_sub(base.majflt);
     }
+    let multipath = match (worker.engine.multipath(), &worker.multipath_base) {
+        (Some(now), Some(base)) => Some(now.since(base)),
+        (now, _) => now,
+    };
     if let Err(e) = worker.engine.close()
         && worker.error.is_none()
     {
@@ -276,7 +285,7 @@ pub fn run_thread(
         });
     }
     progress.set_state(if worker.error.is_some() { ThreadState::Failed } else { ThreadState::Done });
-    ThreadOutcome { stat: worker.stats, error: worker.error, tid, notes }
+    ThreadOutcome { stat: worker.stats, error: worker.error, tid, notes, multipath }
 }
 
 fn setup<'a>(
@@ -449,6 +458,7 @@ fn setup<'a>(
         refill: (spec.refill_buffers && !spec.zero_buffers).then(|| SmallRng::seed_from_u64(seed ^ 0x0fee)),
         progress,
         stall_timeout: opts.stall_timeout,
+        multipath_base: None,
     })
 }
 
@@ -472,6 +482,7 @@ impl Worker<'_> {
         usage_fn: crate::cpu::UsageFn,
     ) {
         self.stats.reset_io();
+        self.multipath_base = self.engine.multipath();
         self.this_bytes = [0; 2];
         self.this_ios = [0; 2];
         self.stats_start = now;
