@@ -12,6 +12,8 @@
 #   durability  file backend; kill -9 + restart of the target; the guest reconnects and verifies
 #   qdpolicy    port 1 delayed by QD_DELAY_US (2000); iopolicy queue-depth must send most I/O to
 #               port 2, round-robin splits it evenly (per-path sysfs counts; 7.2 only)
+#   nvmet       our host against the guest kernel's nvmet-tcp: qpath discover, connect, bench
+#               with verify=crc32c on both ports and with digests (issue 3 acceptance 1)
 #   all         every scenario on the kernels it applies to (6.1 interop with --capture)
 # --capture: tshark records the scenario's NVMe/TCP traffic on the tap; afterwards Wireshark's
 #   dissector must find no malformed frame, expert error, unknown PDU type or bad digest, and
@@ -38,16 +40,17 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|qdpolicy) ;;
+  interop|ana|durability|qdpolicy|nvmet) ;;
   all)
     rc=0
     for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
-      "sid qdpolicy"; do
+      "sid qdpolicy" \
+      "bookworm nvmet" "sid nvmet"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -187,6 +190,86 @@ scenario_qdpolicy() {
   check_guest
   grep -a '^QDPOLICY' "$SERIAL" | sed 's/^/  guest /'
   check_target_after
+}
+
+# Issue #3 acceptance 1: our host (qpath discover / connect / bench, in netns vmlab) against
+# the guest kernel's nvmet-tcp (vmlab's guest/target-serve.sh: a 256 MiB brd namespace on
+# ports 4420 and 4421). No qpath target runs in this scenario.
+scenario_nvmet() {
+  QPATH_NQN=nqn.2026-11.io.qpath:linux-nvmet
+  local g=$VMLAB_GUEST_IP i out json rc port
+  boot_guest "$VMLAB_DIR/guest/target-serve.sh" "vmlab.env.SERVE_SECONDS=$((BOOT_TIMEOUT - 60))"
+  for i in $(seq "$BOOT_TIMEOUT"); do
+    grep -aq VMLAB-READY-FOR-HOST "$SERIAL" 2>/dev/null && break
+    kill -0 "$BOOT_PID" 2>/dev/null || break
+    sleep 1
+  done
+  if ! grep -aq VMLAB-READY-FOR-HOST "$SERIAL" 2>/dev/null; then
+    fail "the guest's nvmet target never became ready (serial log: $SERIAL)"; return 0
+  fi
+  pass "Linux $(kver) nvmet-tcp serves $QPATH_NQN on $g:4420 and :4421"
+  on_host() { ip netns exec "$VMLAB_NETNS" timeout 300 "$QPATH_BIN" "$@"; }
+
+  # Linux nvmet's discovery log lists the (subsystem, port) pairs of the port it is read through.
+  for port in 4420 4421; do
+    out=$(on_host discover -a "$g" -s $port 2>&1); rc=$?
+    echo "$out" | grep -E 'subnqn|trsvcid|Records' | sed "s/^/  discover $port: /"
+    if [ $rc = 0 ] && echo "$out" | grep -A3 "trsvcid: $port" | grep -q "subnqn:  $QPATH_NQN"; then
+      pass "qpath discover $g:$port lists $QPATH_NQN on port $port"
+    else
+      fail "qpath discover $g:$port: exit $rc, or the log lacks ($QPATH_NQN, $port)"
+    fi
+  done
+  for port in 4420 4421; do
+    out=$(on_host connect -a "$g" -s $port -n "$QPATH_NQN" 2>&1); rc=$?
+    echo "$out" | sed "s/^/  connect $port: /"
+    if [ $rc = 0 ]; then pass "qpath connect $g:$port $QPATH_NQN (identify, namespaces, disconnect)"
+    else fail "qpath connect $g:$port: exit $rc"; fi
+  done
+
+  # Writes with crc32c verify through each path, and once with header and data digests
+  # (128k writes are larger than nvmet's in-capsule data: R2T + H2CData).
+  local base="nvme+tcp://$g"
+  cat > "$D/nvmet.fio" <<EOF
+[global]
+ioengine=qpath
+direct=1
+verify=crc32c
+size=48m
+
+[randwrite-4420]
+filename=$base:4420/$QPATH_NQN/1
+rw=randwrite
+bs=4k
+iodepth=16
+offset=0
+
+[randwrite-4421]
+filename=$base:4421/$QPATH_NQN/1
+rw=randwrite
+bs=4k
+iodepth=16
+offset=64m
+
+[write-128k-digests]
+filename=$base:4420/$QPATH_NQN/1?hdgst=1&ddgst=1
+rw=write
+bs=128k
+iodepth=4
+offset=128m
+EOF
+  json=$D/nvmet-bench.json
+  on_host bench "$D/nvmet.fio" --no-baseline --output-format=json --output "$json" > "$D/bench.out" 2>&1; rc=$?
+  sed 's/^/  bench: /' "$D/bench.out" | head -20
+  if [ $rc = 0 ] && python3 "$VM_DIR/bench-check.py" "$json" 3; then
+    pass "qpath bench: 4k randwrite on each path and 128k write with digests, verify=crc32c: zero errors, every written byte read back and checked"
+  else
+    fail "qpath bench against nvmet: exit $rc, or a job with errors or without read-back (report: $json)"
+  fi
+  reply_guest "done"
+  for i in $(seq 120); do kill -0 "$BOOT_PID" 2>/dev/null || break; sleep 0.5; done
+  BOOT_RC=0; wait "$BOOT_PID" || BOOT_RC=$?
+  if [ "$BOOT_RC" = 0 ]; then pass "guest target stopped cleanly"; else fail "guest exit $BOOT_RC"; fi
 }
 
 # ---- --capture ------------------------------------------------------------------------

@@ -155,3 +155,18 @@ fn vm_file_durability_linux_7_2_needs_root_and_qemu() {
 fn vm_queue_depth_avoids_delayed_port_linux_7_2_needs_root_and_qemu() {
     run_scenario("sid", &[], "qdpolicy");
 }
+
+/// Issue #3 acceptance 1: our host (`qpath discover`, `connect`, `bench` with
+/// verify=crc32c on both ports and with digests) against Linux 6.1's nvmet-tcp.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_our_host_against_nvmet_linux_6_1_needs_root_and_qemu() {
+    run_scenario("bookworm", &[], "nvmet");
+}
+
+/// Issue #3 acceptance 1 against Linux 7.2's nvmet-tcp.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_our_host_against_nvmet_linux_7_2_needs_root_and_qemu() {
+    run_scenario("sid", &[], "nvmet");
+}
