@@ -69,15 +69,27 @@ fuzz_target!(|data: &[u8]| {
         let n = chunk.min(rest.len());
         let now = t.now_ns();
         let mut ctx = ConnCtx { pool: &mut pool, file_io: &mut fio, token: 0, now_ns: now };
-        conn.feed(&rest[..n], &mut ctx);
+        let taken = conn.feed(&rest[..n], &mut ctx);
+        // Output not taken by the driver stays bounded: data buffers (capped per connection)
+        // plus about one batch of PDU headers.
+        let queued = conn.queued_send_bytes();
+        assert!(queued <= conn.buffer_bytes() + (1 << 20), "send queue grew to {queued}");
         conn.on_timers(&mut ctx);
         conn.tick(&mut ctx);
         while let Some(msg) = conn.take_send() {
             let _ = msg.len();
             conn.on_send_done(msg, Ok(()), &mut ctx);
         }
-        rest = &rest[n..];
+        // A paused connection resumes once its output is sent (above); one that took
+        // nothing and is not paused has stopped reading (closing).
+        if taken == 0 && !conn.input_paused() {
+            break;
+        }
+        rest = &rest[taken..];
     }
     let mut ctx = ConnCtx { pool: &mut pool, file_io: &mut fio, token: 0, now_ns: t.now_ns() };
     conn.release(&mut ctx);
+    // Every data buffer went back to the pool (a lost one would shrink the reactor's pool for good).
+    assert_eq!(conn.buffer_bytes(), 0, "buffers held after release");
+    assert_eq!(pool.outstanding(), 0, "pool bytes out after release");
 });

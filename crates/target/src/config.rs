@@ -4,6 +4,12 @@
 //! ```toml
 //! [options]                      # transport limits (all optional)
 //! in_capsule_data_size = 8192
+//! max_connections_per_port = 4096     # limits on what peers may hold (defaults shown,
+//! max_connections_per_host = 2048     #   see crate::limits; changeable at run time by
+//! max_connections_per_hostnqn = 2048  #   the set_limits RPC)
+//! connect_timeout_ms = 10000          # ICReq + Connect within this long of accept
+//! pdu_timeout_ms = 30000              # a started PDU or an R2T must be finished
+//! max_buffer_bytes_per_connection = 16777216
 //! [reactor]
 //! reactors = 2                   # default: one per CPU
 //! poll = "adaptive"              # busy | adaptive | block
@@ -343,6 +349,15 @@ impl Config {
 
     /// Builds the target state (subsystems, namespaces) — ports are bound by [`Config::start`].
     pub fn build_state(&self) -> Result<Arc<TargetState>, Error> {
+        let o = &self.options;
+        let limits = [o.max_connections_per_port, o.max_connections_per_host, o.max_connections_per_hostnqn];
+        if limits.contains(&0)
+            || o.connect_timeout_ms == 0
+            || o.pdu_timeout_ms == 0
+            || o.max_buffer_bytes_per_connection == 0
+        {
+            return Err(Error::new(ErrorKind::Config, "connection limits and timeouts must be at least 1"));
+        }
         let state = Arc::new(TargetState::new(self.options));
         for s in &self.subsystems {
             add_subsystem(&state, s)?;
@@ -516,6 +531,17 @@ mod tests {
             let t = format!("[[subsystem]]\nnqn = \"nqn.2026-11.io.qpath:b\"\nhosts = [{}]\n", bad.replace("KEY", key));
             assert!(Config::parse(&t).and_then(|c| c.build_state().map(|_| ())).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn limits_from_options() {
+        let c = Config::parse("[options]\nmax_connections_per_hostnqn = 3\npdu_timeout_ms = 500\n").unwrap();
+        let s = c.build_state().unwrap();
+        let l = s.limits.get();
+        assert_eq!((l.max_connections_per_hostnqn, l.pdu_timeout_ms), (Some(3), Some(500)));
+        assert_eq!(l.max_connections_per_port, Some(TargetOptions::default().max_connections_per_port));
+        let zero = Config::parse("[options]\nconnect_timeout_ms = 0\n").unwrap();
+        assert!(zero.build_state().is_err(), "a zero timeout would lock every peer out");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use nvme::{Cntlid, QueueId, Sqe, Status};
 
 use crate::auth::{self, QueueAuth};
 use crate::controller::Controller;
+use crate::limits::HostTicket;
 use crate::port::{Port, PortKind};
 use crate::registry::TargetState;
 use crate::subsystem::SubsysKind;
@@ -67,6 +68,8 @@ pub struct Connected {
     pub sqflow_disabled: bool,
     /// The host has DH-HMAC-CHAP keys here: the queue must authenticate (ATR) before use.
     pub auth: Option<QueueAuth>,
+    /// The queue's place under `max_connections_per_hostnqn` (the connection keeps it).
+    pub host_ticket: HostTicket,
 }
 
 /// Handles a Connect command arriving on `port` with its 1024 bytes of data.
@@ -103,6 +106,10 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
         return Err(ConnectError::invalid(ConnectInvalid::sqe(connect_sqe_offset::SQSIZE)));
     }
     let entries = u16::try_from(entries).unwrap_or(u16::MAX);
+    let host_ticket = target.limits.admit_host(&d.hostnqn).map_err(|why| {
+        tracing::warn!(hostnqn = %d.hostnqn, limit = why.name(), "connect refused: connection limit reached");
+        ConnectError { status: Status::CONNECT_CONTROLLER_BUSY, dw0: 0 }
+    })?;
     let now = target.now_ms();
     if cmd.qid.is_admin() {
         if d.cntlid != Cntlid::DYNAMIC {
@@ -130,7 +137,13 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
             "controller created"
         );
         let auth = auth::on_connect(subsys.host_auth(&d.hostnqn), &d.hostnqn, &subsys.nqn, target.now_ns());
-        Ok(Connected { binding: Binding::Admin(ctrl), entries, sqflow_disabled: cmd.sqflow_disabled(), auth })
+        Ok(Connected {
+            binding: Binding::Admin(ctrl),
+            entries,
+            sqflow_disabled: cmd.sqflow_disabled(),
+            auth,
+            host_ticket,
+        })
     } else {
         let ctrl = subsys
             .controller(d.cntlid)
@@ -154,6 +167,7 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
             entries,
             sqflow_disabled: cmd.sqflow_disabled(),
             auth,
+            host_ticket,
         })
     }
 }

@@ -50,6 +50,7 @@ pub mod controller;
 pub mod error;
 pub mod fabrics;
 pub mod io_cmd;
+pub mod limits;
 pub mod metrics;
 pub mod namespace;
 pub mod pool;

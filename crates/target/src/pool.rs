@@ -51,6 +51,16 @@ impl BufPool {
         if self.out_bytes + cap > self.cap_bytes && self.out_bytes > 0 {
             return None;
         }
+        Some(self.get_unbounded(len))
+    }
+
+    /// A buffer like [`BufPool::get`] that ignores the cap: for data already on the wire
+    /// (in-capsule data), whose total its callers bound.
+    pub fn get_unbounded(&mut self, len: usize) -> IoBuf {
+        let cap = match self.class(len) {
+            Some(c) => 4096usize << c,
+            None => len.next_multiple_of(4096),
+        };
         let mut buf = match self.class(len).and_then(|c| self.classes[c].pop()) {
             Some(b) => b,
             None => {
@@ -60,7 +70,7 @@ impl BufPool {
         };
         self.out_bytes += buf.capacity();
         buf.set_len(len);
-        Some(buf)
+        buf
     }
 
     /// Returns a buffer.
@@ -95,6 +105,9 @@ mod tests {
         assert_eq!(b.capacity(), 8192);
         assert_eq!(b.len(), 5000);
         assert!(p.get(60 << 10).is_none(), "over the cap");
+        let d = p.get_unbounded(60 << 10);
+        assert_eq!(p.outstanding(), 4096 + 8192 + (64 << 10), "counted, though over the cap");
+        p.put(d);
         p.put(a);
         p.put(b);
         assert_eq!(p.outstanding(), 0);

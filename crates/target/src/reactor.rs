@@ -28,6 +28,7 @@ use uring::{Completion, FsyncMode, IoBuf, Mailbox, MailboxSender, Payload, Ring,
 
 use crate::backend::{FileIo, FileOp};
 use crate::error::Error;
+use crate::limits::ConnTicket;
 use crate::pool::BufPool;
 use crate::port::Port;
 use crate::registry::TargetState;
@@ -65,10 +66,23 @@ impl Default for ReactorOptions {
     }
 }
 
+/// An accepted connection on its way to a reactor.
+#[derive(Debug)]
+pub struct NewConn {
+    /// The socket.
+    pub stream: TcpStream,
+    /// The port it came in on.
+    pub port: Arc<Port>,
+    /// The peer's address.
+    pub peer: Option<SocketAddr>,
+    /// Its place under the connection limits, given back when the reactor frees it.
+    pub ticket: ConnTicket,
+}
+
 /// Messages into a reactor (control plane only).
 pub enum ReactorMsg {
     /// Serve this accepted connection.
-    Conn(TcpStream, Arc<Port>, Option<SocketAddr>),
+    Conn(Box<NewConn>),
     /// Close every connection and exit.
     Shutdown,
 }
@@ -76,7 +90,7 @@ pub enum ReactorMsg {
 impl std::fmt::Debug for ReactorMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ReactorMsg::Conn(_, p, a) => write!(f, "Conn(port {}, {a:?})", p.id),
+            ReactorMsg::Conn(c) => write!(f, "Conn(port {}, {:?})", c.port.id, c.peer),
             ReactorMsg::Shutdown => write!(f, "Shutdown"),
         }
     }
@@ -117,6 +131,8 @@ fn untoken(t: u64) -> (u64, u64, usize, u16) {
 struct Entry {
     conn: Connection,
     stream: Option<TcpStream>,
+    /// Given back (dropped) when the entry is freed.
+    _ticket: ConnTicket,
     generation: u64,
     recv_inflight: bool,
     send_inflight: bool,
@@ -489,12 +505,13 @@ impl Reactor {
 
     fn on_msg(&mut self, m: ReactorMsg) {
         match m {
-            ReactorMsg::Conn(stream, port, peer) => self.add_conn(stream, port, peer),
+            ReactorMsg::Conn(c) => self.add_conn(*c),
             ReactorMsg::Shutdown => self.stop = true,
         }
     }
 
-    fn add_conn(&mut self, stream: TcpStream, port: Arc<Port>, peer: Option<SocketAddr>) {
+    fn add_conn(&mut self, c: NewConn) {
+        let NewConn { stream, port, peer, ticket } = c;
         if self.stop {
             return;
         }
@@ -503,6 +520,7 @@ impl Reactor {
         let e = Entry {
             conn,
             stream: Some(stream),
+            _ticket: ticket,
             generation: self.generation & 0xfff,
             recv_inflight: false,
             send_inflight: false,

@@ -14,9 +14,10 @@ use nvme::log::{DiscoveryEntry, DiscoveryLog, adrfam, subtype, trtype};
 use nvme::{AnaGrpId, AnaState, Cntlid};
 
 use crate::error::{Error, ErrorKind};
+use crate::limits::Limits;
 use crate::port::{ANA_GROUPS, Port, PortKind};
 use crate::stats::{QueueStats, QueueStatsSnapshot};
-use crate::subsystem::{SubsysKind, Subsystem};
+use crate::subsystem::{HostAccess, SubsysKind, Subsystem};
 
 /// Transport and queue limits of the whole target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,12 +33,22 @@ pub struct TargetOptions {
     pub rx_buffer_size: usize,
     /// Data buffer bytes a reactor may have outstanding.
     pub buffer_pool_bytes: usize,
-    /// A connection that has not completed ICReq and Connect within this many ms is closed.
+    /// A connection that has not completed ICReq and Connect within this many ms is closed
+    /// (a peer that connects and sends nothing, or half an ICReq, holds nothing longer).
     pub connect_timeout_ms: u64,
+    /// A connection that started a PDU and sent no whole PDU since, or that owes H2CData
+    /// for an R2T and sent none, for this many ms is closed.
+    pub pdu_timeout_ms: u64,
     /// Most connections at once on one port.
     pub max_connections_per_port: usize,
     /// Most connections at once from one host address.
     pub max_connections_per_host: usize,
+    /// Most queues (admin and I/O, over every subsystem) at once with one host NQN.
+    pub max_connections_per_hostnqn: usize,
+    /// Data buffer bytes one connection may hold at once (R2T, read and admin data); its
+    /// commands wait for its own buffers beyond this. In-capsule data is not counted: it
+    /// is bounded by the queue size times `in_capsule_data_size`.
+    pub max_buffer_bytes_per_connection: usize,
 }
 
 impl Default for TargetOptions {
@@ -49,8 +60,11 @@ impl Default for TargetOptions {
             rx_buffer_size: 64 * 1024,
             buffer_pool_bytes: 256 << 20,
             connect_timeout_ms: 10_000,
+            pdu_timeout_ms: 30_000,
             max_connections_per_port: 4096,
             max_connections_per_host: 2048,
+            max_connections_per_hostnqn: 2048,
+            max_buffer_bytes_per_connection: 16 << 20,
         }
     }
 }
@@ -154,6 +168,8 @@ impl QueueInfo {
 pub struct TargetState {
     /// Options.
     pub opts: TargetOptions,
+    /// Connection limits and timeouts in force (changeable at run time).
+    pub limits: Arc<Limits>,
     ports: RwLock<Vec<Arc<Port>>>,
     subsystems: RwLock<Vec<Arc<Subsystem>>>,
     /// The discovery subsystem.
@@ -169,6 +185,7 @@ impl TargetState {
     pub fn new(opts: TargetOptions) -> TargetState {
         TargetState {
             opts,
+            limits: Arc::new(Limits::new(&opts)),
             ports: RwLock::new(Vec::new()),
             subsystems: RwLock::new(Vec::new()),
             discovery: Arc::new(Subsystem::discovery()),
@@ -290,6 +307,24 @@ impl TargetState {
         Ok(true)
     }
 
+    /// Replaces `s`'s allowed hosts. Revoking is immediate: the controllers of hosts no
+    /// longer allowed fail (their queues close on the next tick, and a reconnect is refused),
+    /// and discovery controllers get a discovery-log-change event, since what a host's log
+    /// shows may have changed. Returns how many controllers failed.
+    pub fn set_host_access(&self, s: &Subsystem, access: HostAccess) -> usize {
+        s.set_access(access);
+        let mut failed = 0;
+        for c in s.controllers() {
+            if !s.allows_host(&c.hostnqn) {
+                tracing::info!(subnqn = %s.nqn, hostnqn = %c.hostnqn, cntlid = c.cntlid.0, "host no longer allowed");
+                c.fail("host no longer allowed");
+                failed += 1;
+            }
+        }
+        self.bump_discovery();
+        failed
+    }
+
     fn bump_discovery(&self) {
         self.disc_genctr.fetch_add(1, Ordering::Relaxed);
         for c in self.discovery.controllers() {
@@ -363,14 +398,5 @@ impl TargetState {
         let mut list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         list.retain(|w| w.strong_count() > 0);
         list.iter().filter_map(Weak::upgrade).map(|q| q.report()).collect()
-    }
-
-    /// Live connections on a port and from a host address (for the connection limits).
-    pub fn connection_counts(&self, port: u16, peer: Option<SocketAddr>) -> (usize, usize) {
-        let list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-        let live: Vec<Arc<QueueInfo>> = list.iter().filter_map(Weak::upgrade).collect();
-        let on_port = live.iter().filter(|q| q.port == port).count();
-        let from_host = peer.map_or(0, |p| live.iter().filter(|q| q.peer.map(|x| x.ip()) == Some(p.ip())).count());
-        (on_port, from_host)
     }
 }

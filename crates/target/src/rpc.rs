@@ -11,12 +11,15 @@
 //! | `remove_subsystem` | `{nqn}` | |
 //! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}` | `{nsid}` |
 //! | `remove_namespace` | `{nqn, nsid}` | |
-//! | `add_host` / `remove_host` | `{nqn, host}` | |
+//! | `add_host` / `remove_host` | `{nqn, host}` (a removed host's controllers fail at once) | `{controllers_failed}` |
+//! | `set_allow_any_host` | `{nqn, allow}` (false: controllers of hosts not listed fail) | `{controllers_failed}` |
 //! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, hash?, dhgroup?}` (no key: clear) | |
 //! | `set_ana_state` | `{port, group, state}` | `{changed}` |
 //! | `set_qos` | `{nqn, nsid, iops, bytes_per_sec, delay_us}` | |
 //! | `add_port` | `{id, addr, kind}` | `{addr}` |
 //! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
+//! | `get_limits` | | limits in force, connections refused by reason, timeouts |
+//! | `set_limits` | any of `{max_connections_per_port, max_connections_per_host, max_connections_per_hostnqn, connect_timeout_ms, pdu_timeout_ms, max_buffer_bytes_per_connection}` | limits in force |
 //! | `list_controllers` | | controllers |
 //! | `list_queues` | | queues with counters |
 //! | `stats` | | per-queue counters and latency percentiles, per-port and per-namespace aggregates |
@@ -214,9 +217,19 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             a.hosts.retain(|h| *h != host);
             if method == "add_host" {
                 a.hosts.push(host);
+            } else {
+                // A removed host keeps no DH-HMAC-CHAP keys either.
+                s.set_host_auth(&host, None);
             }
-            s.set_access(a);
-            json!({})
+            let failed = st.set_host_access(&s, a);
+            json!({"controllers_failed": failed})
+        }
+        "set_allow_any_host" => {
+            let s = sub(p)?;
+            let mut a: HostAccess = s.access();
+            a.allow_any = param(p, "allow")?;
+            let failed = st.set_host_access(&s, a);
+            json!({"controllers_failed": failed})
         }
         "set_host_auth" => {
             // Allows the host and sets (or, without dhchap_key, clears) its DH-HMAC-CHAP keys.
@@ -233,7 +246,7 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             let mut a: HostAccess = s.access();
             if !a.hosts.contains(&host) {
                 a.hosts.push(host.clone());
-                s.set_access(a);
+                st.set_host_access(&s, a);
             }
             s.set_host_auth(&host, auth);
             json!({})
@@ -282,6 +295,13 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             }
             json!({})
         }
+        "get_limits" => limits_json(st),
+        "set_limits" => {
+            let s: crate::limits::LimitSettings =
+                serde_json::from_value(p.clone()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+            st.limits.set(&s).map_err(|e| Error::new(ErrorKind::Config, e))?;
+            limits_json(st)
+        }
         "list_controllers" => {
             let mut all: Vec<_> = st.subsystems().iter().flat_map(|s| s.controllers()).map(|c| c.info()).collect();
             all.extend(st.discovery.controllers().iter().map(|c| c.info()));
@@ -291,6 +311,12 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
         "stats" => crate::metrics::stats_json(st),
         _ => return Err(Error::new(ErrorKind::NotFound, format!("unknown method {method:?}"))),
     })
+}
+
+fn limits_json(st: &crate::registry::TargetState) -> Value {
+    let refused: serde_json::Map<String, Value> =
+        st.limits.refused().iter().map(|(r, n)| (r.name().to_string(), json!(n))).collect();
+    json!({"limits": st.limits.get(), "refused": refused, "timeouts": st.limits.timeouts()})
 }
 
 /// A blocking client: sends one request and returns its result or error message.

@@ -1,8 +1,9 @@
 //! The running target: reactor threads plus one acceptor thread per port.
 //!
 //! Accepting is control plane: an acceptor blocks in `accept(2)`, applies
-//! the port's connection limits and fault switches, and hands the socket to
-//! a reactor (round-robin) through its mailbox. The reactor owns it from then on.
+//! the port's connection limits ([`crate::limits`]) and fault switches, and
+//! hands the socket with its place under the limits to a reactor (round-robin)
+//! through its mailbox. The reactor owns it from then on.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,7 +14,7 @@ use uring::MailboxSender;
 
 use crate::error::{Error, ErrorKind};
 use crate::port::{Port, PortKind};
-use crate::reactor::{self, ReactorHandle, ReactorMsg, ReactorOptions};
+use crate::reactor::{self, NewConn, ReactorHandle, ReactorMsg, ReactorOptions};
 use crate::registry::TargetState;
 
 struct Acceptor {
@@ -109,6 +110,8 @@ fn accept_loop(
     next: &AtomicUsize,
     stop: &AtomicBool,
 ) {
+    let mut refused = 0u64;
+    let mut last_warn = None;
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
@@ -127,15 +130,23 @@ fn accept_loop(
             drop(stream);
             continue;
         }
-        let (on_port, from_host) = state.connection_counts(port.id, Some(peer));
-        let o = &state.opts;
-        if on_port >= o.max_connections_per_port || from_host >= o.max_connections_per_host {
-            tracing::warn!(port = port.id, %peer, on_port, from_host, "connection limit reached: refusing");
-            continue;
-        }
+        let ticket = match state.limits.admit_connection(port.id, Some(peer.ip())) {
+            Ok(t) => t,
+            Err(why) => {
+                // Closed at once; the warning is rate-limited (a flood must not flood the log too).
+                refused += 1;
+                if last_warn.is_none_or(|t: std::time::Instant| t.elapsed() >= std::time::Duration::from_secs(1)) {
+                    tracing::warn!(port = port.id, %peer, limit = why.name(), refused, "connection limit reached: refusing");
+                    last_warn = Some(std::time::Instant::now());
+                    refused = 0;
+                }
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let k = next.fetch_add(1, Ordering::Relaxed) % senders.len().max(1);
-        if senders.get(k).map(|s| s.send(ReactorMsg::Conn(stream, Arc::clone(port), Some(peer)))).is_none() {
+        let msg = ReactorMsg::Conn(Box::new(NewConn { stream, port: Arc::clone(port), peer: Some(peer), ticket }));
+        if senders.get(k).map(|s| s.send(msg)).is_none() {
             tracing::error!("no reactor to take the connection");
         }
     }

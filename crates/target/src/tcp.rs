@@ -37,6 +37,7 @@ use crate::auth::{self, QueueAuth};
 use crate::backend::{Backend, FileIo, FileOp, falloc};
 use crate::fabrics::{self, Binding};
 use crate::io_cmd::{self, IoKind};
+use crate::limits::HostTicket;
 use crate::namespace::NsMap;
 use crate::pool::BufPool;
 use crate::port::Port;
@@ -138,6 +139,8 @@ struct Req {
     dw1: u32,
     start_ns: u64,
     after: After,
+    /// Bytes the file operation in flight must move (0 for sync and fallocate).
+    op_len: usize,
 }
 
 impl Req {
@@ -155,6 +158,7 @@ impl Req {
             dw1: 0,
             start_ns: 0,
             after: After::Respond,
+            op_len: 0,
         }
     }
 }
@@ -178,6 +182,14 @@ enum Rx {
     Digest { sink: Sink, crc: u32 },
 }
 
+/// Most segments in one send batch: a full batch is queued and a new one started, so a
+/// batch never exceeds what one `sendmsg` takes (`UIO_MAXIOV`), whatever the queue depth.
+const TX_BATCH_SEGMENTS: usize = uring::SEND_SEGMENTS_MAX - 8;
+/// Output queued beyond a full batch or this many copied bytes stops the parsing of
+/// input until a send completes: a peer that does not read its responses is not read
+/// either (TCP pushes back on it), instead of growing the send queue without bound.
+const TX_PAUSE_BYTES: usize = 64 * 1024;
+
 /// Slots beyond SQSIZE: outstanding AERs on the admin queue.
 const EXTRA_SLOTS: usize = crate::controller::MAX_AERS;
 /// Slots before Connect (the Connect itself).
@@ -196,10 +208,30 @@ pub struct Connection {
     rx_pos: usize,
     rx_state: Rx,
     tx: SendMsg,
-    tx_spare: Option<SendMsg>,
+    /// Full batches waiting for their turn, oldest first.
+    tx_full: VecDeque<SendMsg>,
+    tx_spares: Vec<SendMsg>,
     tx_inflight: bool,
+    /// Input parsing stopped because too much output is queued (resumed when a send completes).
+    rx_paused: bool,
+    /// A PDU is partly received.
+    mid_pdu: bool,
     scratch: Vec<u8>,
     binding: Option<Binding>,
+    /// The queue's place under the per-host-NQN limit.
+    host_ticket: Option<HostTicket>,
+    /// Data buffer bytes this connection holds (from the pool), and its cap.
+    buf_bytes: usize,
+    buf_cap: usize,
+    /// PDU headers received; with `stall_*`, what the PDU timeout watches.
+    pdus: u64,
+    stall_pdus: u64,
+    stall_since_ns: u64,
+    /// R2Ts sent and R2T transfers completed; with `r2t_*`, what the PDU timeout watches.
+    r2t_sent: u64,
+    h2c_done: u64,
+    r2t_mark: u64,
+    r2t_since_ns: u64,
     /// In-band authentication the host owes this queue (until it succeeds only
     /// Authentication Send/Receive are accepted).
     auth: Option<QueueAuth>,
@@ -245,6 +277,7 @@ impl Connection {
         let rx = IoBuf::new(target.opts.rx_buffer_size.max(8192).next_multiple_of(4096));
         let now = target.now_ns();
         let drop_generation = port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
+        let buf_cap = target.limits.max_buffer_bytes_per_connection();
         let mut c = Connection {
             state: ConnState::AwaitIcReq,
             target,
@@ -257,10 +290,23 @@ impl Connection {
             rx_pos: 0,
             rx_state: Rx::Header,
             tx: SendMsg::with_capacity(4096, 64),
-            tx_spare: Some(SendMsg::with_capacity(4096, 64)),
+            tx_full: VecDeque::new(),
+            tx_spares: vec![SendMsg::with_capacity(4096, 64)],
             tx_inflight: false,
+            rx_paused: false,
+            mid_pdu: false,
             scratch: Vec::with_capacity(256),
             binding: None,
+            host_ticket: None,
+            buf_bytes: 0,
+            buf_cap,
+            pdus: 0,
+            stall_pdus: 0,
+            stall_since_ns: now,
+            r2t_sent: 0,
+            h2c_done: 0,
+            r2t_mark: 0,
+            r2t_since_ns: now,
             auth: None,
             sqflow_disabled: false,
             entries: 0,
@@ -333,9 +379,77 @@ impl Connection {
         tracing::debug!(port = self.port.id, peer = ?self.peer, qid = ?self.qid(), "closing: {why}");
         self.close_reason = Some(why.to_string());
         self.set_state(ConnState::Closing);
-        if self.tx.is_empty() && !self.tx_inflight {
+        if !self.tx_pending() && !self.tx_inflight {
             self.set_state(ConnState::Closed);
         }
+    }
+
+    /// Data buffer bytes the connection holds now (bounded by `max_buffer_bytes_per_connection`,
+    /// plus in-capsule data).
+    pub fn buffer_bytes(&self) -> usize {
+        self.buf_bytes
+    }
+
+    /// Bytes queued to send and not yet handed to the driver.
+    pub fn queued_send_bytes(&self) -> usize {
+        self.tx.len() + self.tx_full.iter().map(SendMsg::len).sum::<usize>()
+    }
+
+    /// Whether input parsing is paused until queued output is sent.
+    pub fn input_paused(&self) -> bool {
+        self.rx_paused && matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live)
+    }
+
+    // ---------------------------------------------------------------- buffers
+
+    /// A data buffer within this connection's cap (the first one is always granted, so a
+    /// cap below one transfer still makes progress), or `None`: the caller waits.
+    fn buf_get(&mut self, ctx: &mut ConnCtx<'_>, len: usize) -> Option<IoBuf> {
+        if self.buf_bytes > 0 && self.buf_bytes + len > self.buf_cap {
+            return None;
+        }
+        let b = ctx.pool.get(len)?;
+        self.buf_bytes += b.capacity();
+        Some(b)
+    }
+
+    /// A buffer for in-capsule data, which is already on the wire and cannot wait: outside
+    /// both caps (bounded by queue entries x in-capsule size).
+    fn buf_get_in_capsule(&mut self, ctx: &mut ConnCtx<'_>, len: usize) -> IoBuf {
+        let b = ctx.pool.get_unbounded(len);
+        self.buf_bytes += b.capacity();
+        b
+    }
+
+    /// Gives a data buffer back to the pool.
+    fn buf_put(&mut self, ctx: &mut ConnCtx<'_>, b: IoBuf) {
+        self.buf_bytes = self.buf_bytes.saturating_sub(b.capacity());
+        ctx.pool.put(b);
+    }
+
+    // ------------------------------------------------------------ send queue
+
+    fn tx_pending(&self) -> bool {
+        !self.tx.is_empty() || !self.tx_full.is_empty()
+    }
+
+    /// Makes room for `segments` more segments in the current batch, queueing it when full.
+    fn tx_room(&mut self, segments: usize) {
+        if self.tx.segments() + segments > TX_BATCH_SEGMENTS {
+            let fresh = self.tx_spares.pop().unwrap_or_default();
+            let full = std::mem::replace(&mut self.tx, fresh);
+            self.tx_full.push_back(full);
+        }
+    }
+
+    /// Appends PDU bytes to the send queue.
+    fn tx_bytes(&mut self, bytes: &[u8]) {
+        self.tx_room(1);
+        self.tx.push_bytes(bytes);
+    }
+
+    fn tx_over(&self) -> bool {
+        !self.tx_full.is_empty() || self.tx.header().len() >= TX_PAUSE_BYTES
     }
 
     // ---------------------------------------------------------------- receive
@@ -343,7 +457,7 @@ impl Connection {
     /// The buffer to receive into and the range to fill, if the connection
     /// wants input. The driver gives it back with [`Connection::on_recv`].
     pub fn take_recv_buf(&mut self) -> Option<(IoBuf, std::ops::Range<usize>)> {
-        if !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
+        if self.rx_paused || !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
             return None;
         }
         let mut buf = self.rx.take()?;
@@ -380,18 +494,29 @@ impl Connection {
         buf.set_len(len.min(buf.capacity()));
         self.traffic_ms = ctx.now_ns / 1_000_000;
         self.process(&mut buf, ctx);
+        self.note_rx(&buf);
         self.rx = Some(buf);
     }
 
+    /// Remembers whether a PDU is partly received (for the PDU timeout, checked on the tick).
+    fn note_rx(&mut self, buf: &IoBuf) {
+        // Paused input is our choice, not the peer's slowness.
+        self.mid_pdu = !self.rx_paused && (self.rx_pos < buf.len() || self.rx_state != Rx::Header);
+    }
+
     /// Feeds bytes that are not in the connection's own buffer (loopback, fuzzing).
-    pub fn feed(&mut self, mut data: &[u8], ctx: &mut ConnCtx<'_>) {
-        while !data.is_empty() {
-            let Some((mut buf, range)) = self.take_recv_buf() else { return };
-            let n = data.len().min(range.len());
-            buf.as_full_mut()[range.start..range.start + n].copy_from_slice(&data[..n]);
+    /// Returns how many it took: fewer than given when it stopped reading (closing, or
+    /// paused until the driver sends what is queued, see [`Connection::input_paused`]).
+    pub fn feed(&mut self, data: &[u8], ctx: &mut ConnCtx<'_>) -> usize {
+        let mut taken = 0;
+        while taken < data.len() {
+            let Some((mut buf, range)) = self.take_recv_buf() else { break };
+            let n = (data.len() - taken).min(range.len());
+            buf.as_full_mut()[range.start..range.start + n].copy_from_slice(&data[taken..taken + n]);
             self.on_recv(buf, n, ctx);
-            data = &data[n..];
+            taken += n;
         }
+        taken
     }
 
     fn process(&mut self, buf: &mut IoBuf, ctx: &mut ConnCtx<'_>) {
@@ -401,6 +526,11 @@ impl Connection {
             }
             let avail = &buf[self.rx_pos..];
             match self.rx_state {
+                Rx::Header if self.tx_over() => {
+                    // The peer is not taking its responses: stop here until a send completes.
+                    self.rx_paused = true;
+                    return;
+                }
                 Rx::Header => match self.dec.decode_header(avail) {
                     Err(e) => {
                         let n = avail.len().min(nvme::tcp::pdu::TERM_MAX_DATA);
@@ -415,6 +545,7 @@ impl Connection {
                             return;
                         }
                         self.rx_pos += skip;
+                        self.pdus += 1;
                         self.on_header(info, ctx);
                     }
                 },
@@ -476,9 +607,9 @@ impl Connection {
                 // HPDA: C2H data alignment the host asks for; MAXR2T: we issue one R2T per command.
                 let _ = r.maxr2t;
                 self.enc = EncoderConfig { digests: r.digests, data_align: (usize::from(r.hpda) + 1) * 4 };
-                let o = &self.target.opts;
-                let resp = IcResp { pfv: 0, cpda: 0, digests: r.digests, maxh2cdata: o.maxh2cdata };
-                self.tx.push_bytes(&resp.encode());
+                let maxh2cdata = self.target.opts.maxh2cdata;
+                let resp = IcResp { pfv: 0, cpda: 0, digests: r.digests, maxh2cdata };
+                self.tx_bytes(&resp.encode());
                 self.dec.config = DecoderConfig {
                     receiver: Role::Controller,
                     digests: r.digests,
@@ -487,7 +618,7 @@ impl Connection {
                     // The admin queue takes Connect data (1 KiB) and 8 KiB like Linux
                     // (NVME_TCP_ADMIN_CCSZ); I/O queues get IOCCSZ after Connect.
                     max_in_capsule: 8192,
-                    max_data_pdu: o.maxh2cdata as usize,
+                    max_data_pdu: maxh2cdata as usize,
                 };
                 self.set_state(ConnState::AwaitConnect);
                 None
@@ -560,14 +691,10 @@ impl Connection {
                 r.xfer_len = h2c.max(c2h);
                 if data_len > 0 {
                     // In-capsule data: into a buffer of its own.
-                    match ctx.pool.get(data_len) {
-                        Some(b) => r.buf = Some(b),
-                        None => return self.fail_cmd(slot, Status::INTERNAL, data_len),
-                    }
-                    Sink::InCapsule(slot)
-                } else {
-                    Sink::InCapsule(slot)
+                    let b = self.buf_get_in_capsule(ctx, data_len);
+                    self.reqs[usize::from(slot)].buf = Some(b);
                 }
+                Sink::InCapsule(slot)
             }
             Err(s) => self.fail_cmd(slot, s, data_len),
         }
@@ -711,6 +838,7 @@ impl Connection {
                     r.status = Status::TRANSIENT_TRANSPORT_ERROR;
                 }
                 if r.received >= r.xfer_len {
+                    self.h2c_done += 1;
                     if r.status.is_success() {
                         self.execute(slot, ctx);
                     } else {
@@ -723,7 +851,7 @@ impl Connection {
 
     fn start_r2t(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let len = self.reqs[usize::from(slot)].xfer_len as usize;
-        match ctx.pool.get(len) {
+        match self.buf_get(ctx, len) {
             Some(b) => {
                 let r = &mut self.reqs[usize::from(slot)];
                 r.buf = Some(b);
@@ -732,7 +860,10 @@ impl Connection {
                 let r2t = R2t { cccid: r.sqe.cid(), ttag: slot, r2to: 0, r2tl: r.xfer_len };
                 self.scratch.clear();
                 self.enc.r2t(&mut self.scratch, &r2t);
-                self.tx.push_bytes(&self.scratch);
+                let scratch = std::mem::take(&mut self.scratch);
+                self.tx_bytes(&scratch);
+                self.scratch = scratch;
+                self.r2t_sent += 1;
             }
             None => {
                 self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
@@ -813,28 +944,34 @@ impl Connection {
     /// Authentication Send/Receive: the transaction lives in [`crate::auth`]; a
     /// failed one closes the queue once its AUTH_Failure1 is sent.
     fn exec_auth(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
-        let Some(a) = self.auth.as_mut() else {
+        if self.auth.is_none() {
             self.reqs[usize::from(slot)].status = Status::INVALID_OPCODE;
             return self.respond(slot, ctx);
+        }
+        let (c2h, len) = (self.reqs[usize::from(slot)].c2h, self.reqs[usize::from(slot)].xfer_len as usize);
+        let buf = match self.reqs[usize::from(slot)].buf.take() {
+            None if c2h => self.buf_get(ctx, len),
+            b => b,
         };
+        let Some(a) = self.auth.as_mut() else { return };
         a.touch(ctx.now_ns);
         let r = &mut self.reqs[usize::from(slot)];
-        let len = r.xfer_len as usize;
-        if r.c2h {
-            let Some(mut out) = r.buf.take().or_else(|| ctx.pool.get(len)) else {
+        let mut consumed = None;
+        if c2h {
+            let Some(mut out) = buf else {
                 r.status = Status::INTERNAL;
                 return self.respond(slot, ctx);
             };
             r.status = a.on_receive(&mut out[..len]);
             r.buf = Some(out);
         } else {
-            let data = r.buf.take();
-            r.status = a.on_send(data.as_deref().map_or(&[][..], |d| &d[..len.min(d.len())]));
-            if let Some(b) = data {
-                ctx.pool.put(b);
-            }
+            r.status = a.on_send(buf.as_deref().map_or(&[][..], |d| &d[..len.min(d.len())]));
+            consumed = buf;
         }
         let failed = a.is_failed();
+        if let Some(b) = consumed {
+            self.buf_put(ctx, b);
+        }
         self.respond(slot, ctx);
         if failed {
             self.close("in-band authentication failed");
@@ -846,7 +983,7 @@ impl Connection {
         let data = self.reqs[usize::from(slot)].buf.take();
         let result = fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[]));
         if let Some(b) = data {
-            ctx.pool.put(b);
+            self.buf_put(ctx, b);
         }
         let r = &mut self.reqs[usize::from(slot)];
         match result {
@@ -857,6 +994,7 @@ impl Connection {
                     r.dw0 |= nvme::auth::CONNECT_AUTHREQ_ATR;
                 }
                 self.auth = c.auth;
+                self.host_ticket = Some(c.host_ticket);
                 self.entries = c.entries;
                 self.sqflow_disabled = c.sqflow_disabled;
                 let qid = c.binding.qid();
@@ -894,7 +1032,7 @@ impl Connection {
             (r.xfer_len as usize, r.c2h)
         };
         if c2h && self.reqs[usize::from(slot)].buf.is_none() {
-            match ctx.pool.get(xfer) {
+            match self.buf_get(ctx, xfer) {
                 Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
                 None => {
                     self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
@@ -928,7 +1066,7 @@ impl Connection {
             Outcome::Aer => {
                 r.state = ReqState::Aer;
                 if let Some(b) = r.buf.take() {
-                    ctx.pool.put(b);
+                    self.buf_put(ctx, b);
                 }
                 self.aers.push(slot);
                 self.deliver_events(ctx);
@@ -952,7 +1090,7 @@ impl Connection {
         match io {
             IoKind::Read { offset, len } => {
                 if self.reqs[usize::from(slot)].buf.is_none() {
-                    match ctx.pool.get(len as usize) {
+                    match self.buf_get(ctx, len as usize) {
                         Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
                         None => {
                             self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
@@ -1023,7 +1161,7 @@ impl Connection {
                 let data = self.reqs[usize::from(slot)].buf.take();
                 let ranges = io_cmd::dsm_ranges(data.as_deref().unwrap_or(&[]), &ns);
                 if let Some(b) = data {
-                    ctx.pool.put(b);
+                    self.buf_put(ctx, b);
                 }
                 match ranges {
                     Err(s) => self.reqs[usize::from(slot)].status = s,
@@ -1056,6 +1194,11 @@ impl Connection {
     }
 
     fn submit_file(&mut self, slot: u16, op: FileOp<'_>, token: u64, ctx: &mut ConnCtx<'_>) {
+        let op_len = match &op {
+            FileOp::Read { len, .. } | FileOp::Write { len, .. } => *len,
+            FileOp::Sync { .. } | FileOp::Fallocate { .. } => 0,
+        };
+        self.reqs[usize::from(slot)].op_len = op_len;
         match ctx.file_io.submit(op, token) {
             Ok(()) => {
                 self.file_ops += 1;
@@ -1083,16 +1226,23 @@ impl Connection {
         if self.file_ops == 0 {
             self.retired_ns.clear();
         }
-        let Some(r) = self.reqs.get_mut(usize::from(slot)) else { return };
+        let Some(r) = self.reqs.get(usize::from(slot)) else { return };
         if r.state != ReqState::Executing {
             if let Some(b) = buf {
-                ctx.pool.put(b);
+                self.buf_put(ctx, b);
             }
             return;
         }
+        let r = &mut self.reqs[usize::from(slot)];
         if buf.is_some() {
             r.buf = buf;
         }
+        let result = match result {
+            // A short read or write (a file shrunk under us, a full file system) is a failure:
+            // acknowledging it would report data that is not there.
+            Ok(n) if n < r.op_len => Err(std::io::Error::other(format!("short transfer: {n} of {} bytes", r.op_len))),
+            other => other,
+        };
         if let Err(e) = &result {
             tracing::warn!(slot, "backend I/O failed: {e}");
             r.status = if r.c2h { Status::UNRECOVERED_READ_ERROR } else { Status::WRITE_FAULT };
@@ -1175,17 +1325,23 @@ impl Connection {
                 let d = DataHeader { cccid: cid, ttag: 0, datao: 0, datal: r.xfer_len, last: true, success };
                 self.scratch.clear();
                 let w = self.enc.c2h_data(&mut self.scratch, &d);
+                // Header, data, digest and (below) the response stay in one batch.
+                self.tx_room(4);
                 self.tx.push_bytes(&self.scratch);
                 let digest = w.ddgst.then(|| crc32c(&buf[..len]));
                 if let Err((e, b)) = self.tx.push_buf(buf, 0..len) {
-                    tracing::warn!("send batch full: {e}");
-                    ctx.pool.put(b);
+                    // Only a range outside the buffer fails, and `len` is the buffer's length.
+                    tracing::error!("C2HData payload refused: {e}");
+                    self.buf_put(ctx, b);
                 }
                 if let Some(d) = digest {
                     self.tx.push_bytes(&d.to_le_bytes());
                 }
                 resp_needed = !success;
             }
+        }
+        if resp_needed {
+            self.tx_room(1);
         }
         let r = &mut self.reqs[usize::from(slot)];
         if resp_needed {
@@ -1261,10 +1417,10 @@ impl Connection {
     }
 
     fn release_slot(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
-        let r = &mut self.reqs[usize::from(slot)];
-        if let Some(b) = r.buf.take() {
-            ctx.pool.put(b);
+        if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
+            self.buf_put(ctx, b);
         }
+        let r = &mut self.reqs[usize::from(slot)];
         if r.state != ReqState::Free {
             r.state = ReqState::Free;
             self.info.stats.outstanding.sub(1);
@@ -1297,6 +1453,7 @@ impl Connection {
         tracing::info!(port = self.port.id, peer = ?self.peer, fes = ?err.fes, fei = err.fei, "fatal transport error");
         self.scratch.clear();
         EncoderConfig::term_req(&mut self.scratch, Role::Controller, err, offending);
+        self.tx_room(1);
         self.tx.push_bytes(&self.scratch);
         self.close_reason = Some(format!("fatal error {:?} at {}", err.fes, err.fei));
         self.set_state(ConnState::Closing);
@@ -1306,29 +1463,47 @@ impl Connection {
 
     /// The next batch to send, if any and if none is in flight.
     pub fn take_send(&mut self) -> Option<SendMsg> {
-        if self.tx_inflight || self.tx.is_empty() || self.state == ConnState::Closed {
+        if self.tx_inflight || !self.tx_pending() || self.state == ConnState::Closed {
             return None;
         }
-        let spare = self.tx_spare.take().unwrap_or_default();
         self.tx_inflight = true;
+        if let Some(full) = self.tx_full.pop_front() {
+            return Some(full);
+        }
+        let spare = self.tx_spares.pop().unwrap_or_default();
         Some(std::mem::replace(&mut self.tx, spare))
     }
 
-    /// A batch was sent (or failed).
+    /// A batch was sent (or failed). Resumes input parsing paused for output, and
+    /// commands that waited for this connection's buffers.
     pub fn on_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
         self.tx_inflight = false;
         for b in msg.drain_bufs() {
-            ctx.pool.put(b);
+            self.buf_put(ctx, b);
         }
         msg.clear();
-        self.tx_spare = Some(msg);
+        if self.tx_spares.len() < 2 {
+            self.tx_spares.push(msg);
+        }
         if let Err(e) = result {
             self.close(&format!("send failed: {e}"));
             self.set_state(ConnState::Closed);
             return;
         }
-        if self.state == ConnState::Closing && self.tx.is_empty() {
+        if self.state == ConnState::Closing && !self.tx_pending() {
             self.set_state(ConnState::Closed);
+            return;
+        }
+        if self.has_waiting() {
+            self.pump(ctx);
+        }
+        if self.rx_paused && !self.tx_over() {
+            self.rx_paused = false;
+            if let Some(mut buf) = self.rx.take() {
+                self.process(&mut buf, ctx);
+                self.note_rx(&buf);
+                self.rx = Some(buf);
+            }
         }
     }
 
@@ -1339,10 +1514,17 @@ impl Connection {
     pub fn tick(&mut self, ctx: &mut ConnCtx<'_>) {
         self.publish_stats();
         let now_ms = ctx.now_ns / 1_000_000;
+        let limits = &self.target.limits;
         if matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect)
-            && ctx.now_ns.saturating_sub(self.created_ns) / 1_000_000 > self.target.opts.connect_timeout_ms
+            && ctx.now_ns.saturating_sub(self.created_ns) / 1_000_000 > limits.connect_timeout_ms()
         {
+            limits.count_timeout();
             self.close("no ICReq/Connect within the connect timeout");
+            return;
+        }
+        if let Some(why) = self.pdu_stalled(ctx.now_ns) {
+            self.target.limits.count_timeout();
+            self.close(why);
             return;
         }
         if let Some(a) = &self.auth
@@ -1350,7 +1532,7 @@ impl Connection {
         {
             // Linux nvmet: each transaction step may take KATO (120 s without keep-alive).
             let kato = u64::from(self.binding.as_ref().map_or(0, |b| b.controller().kato_ms()));
-            let limit_ms = if kato == 0 { 120_000 } else { kato.max(self.target.opts.connect_timeout_ms) };
+            let limit_ms = if kato == 0 { 120_000 } else { kato.max(self.target.limits.connect_timeout_ms()) };
             if a.expired(ctx.now_ns, limit_ms) {
                 self.close("authentication transaction step timed out");
                 return;
@@ -1397,15 +1579,46 @@ impl Connection {
         }
     }
 
+    /// The PDU timeout: a PDU started and no whole one since, or R2Ts outstanding and none
+    /// answered, for `pdu_timeout_ms` (checked on the tick: two counters and a flag, nothing
+    /// per PDU beyond counting it).
+    fn pdu_stalled(&mut self, now_ns: u64) -> Option<&'static str> {
+        let limit_ns = self.target.limits.pdu_timeout_ms().saturating_mul(1_000_000);
+        if !self.mid_pdu || self.pdus != self.stall_pdus {
+            self.stall_pdus = self.pdus;
+            self.stall_since_ns = now_ns;
+        } else if now_ns.saturating_sub(self.stall_since_ns) > limit_ns {
+            return Some("a PDU was not finished within the PDU timeout");
+        }
+        if self.r2t_sent == self.h2c_done || self.h2c_done != self.r2t_mark {
+            // Nothing owed, or an R2T answered since the last tick: the clock restarts.
+            self.r2t_mark = self.h2c_done;
+            self.r2t_since_ns = now_ns;
+        } else if now_ns.saturating_sub(self.r2t_since_ns) > limit_ns {
+            return Some("an R2T was not answered within the PDU timeout");
+        }
+        None
+    }
+
     /// Releases the queue's binding and buffers (the driver calls it once
     /// the connection is closed and no file operation is in flight).
     pub fn release(&mut self, ctx: &mut ConnCtx<'_>) {
         self.publish_stats();
         for i in 0..self.reqs.len() {
             if let Some(b) = self.reqs[i].buf.take() {
-                ctx.pool.put(b);
+                self.buf_put(ctx, b);
             }
         }
+        // Output never sent (a failed send, a dropped connection) gives its buffers back too.
+        let mut unsent: Vec<SendMsg> = self.tx_full.drain(..).collect();
+        unsent.push(std::mem::take(&mut self.tx));
+        for mut m in unsent {
+            for b in m.drain_bufs() {
+                self.buf_put(ctx, b);
+            }
+            m.clear();
+        }
+        self.host_ticket = None;
         if let Some(b) = self.binding.take() {
             match b {
                 Binding::Admin(ctrl) => {

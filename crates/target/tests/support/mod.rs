@@ -119,14 +119,39 @@ impl Host {
         panic!("connection did not settle");
     }
 
+    /// Feeds bytes without sending anything back (a peer that does not read); returns how
+    /// many the connection took.
+    pub fn feed_only(&mut self, bytes: &[u8]) -> usize {
+        let mut n = 0;
+        self.ctx_run(|c, ctx| n = c.feed(bytes, ctx));
+        n
+    }
+
+    /// Takes one queued send batch into the inbox, as a reading peer would.
+    pub fn read_one_batch(&mut self) -> bool {
+        let Some(msg) = self.conn.take_send() else { return false };
+        self.inbox.extend_from_slice(&msg.to_vec());
+        self.ctx_run(|c, ctx| c.on_send_done(msg, Ok(()), ctx));
+        true
+    }
+
     pub fn tick(&mut self) {
         self.ctx_run(|c, ctx| c.tick(ctx));
         self.pump();
     }
 
-    pub fn send(&mut self, bytes: &[u8]) {
-        self.ctx_run(|c, ctx| c.feed(bytes, ctx));
-        self.pump();
+    pub fn send(&mut self, mut bytes: &[u8]) {
+        loop {
+            let mut n = 0;
+            self.ctx_run(|c, ctx| n = c.feed(bytes, ctx));
+            bytes = &bytes[n..];
+            self.pump();
+            // Stop when all went in, or the connection reads no more (closing); a pause for
+            // queued output ends in pump, which sends it.
+            if bytes.is_empty() || (n == 0 && !self.conn.input_paused()) {
+                return;
+            }
+        }
     }
 
     /// The next PDU the target sent, if a whole one arrived.
