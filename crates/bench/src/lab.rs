@@ -14,6 +14,7 @@
 
 pub mod embedded;
 pub mod result;
+pub mod seed_001;
 pub mod seed_003;
 
 use std::io::Write;

@@ -16,6 +16,10 @@ enum LabCommand {
     /// without fairness, with each fairness policy, and with per-device tag sets.
     #[command(name = "seed-003")]
     Seed003(bench::lab::seed_003::Seed003Args),
+    /// Seed 001: 512 B and 4 KiB random reads at iodepth 128 on one core, through the
+    /// block path and through a user-owned queue pair, same run.
+    #[command(name = "seed-001")]
+    Seed001(bench::lab::seed_001::Seed001Args),
 }
 
 /// `qpath bench`: exits non-zero when a job failed.
@@ -38,6 +42,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
             let errors = bench::lab::seed_003::total_errors(&r);
             if errors > 0 {
                 return Err(format!("seed-003: {errors} I/O errors").into());
+            }
+        }
+        LabCommand::Seed001(s) => {
+            let r = bench::lab::seed_001::lab(s)?;
+            let errors = bench::lab::seed_001::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("seed-001: {errors} I/O errors").into());
             }
         }
     }

@@ -1,0 +1,93 @@
+//! `qpath lab seed-001` runs briefly end to end: both paths at both block sizes, the
+//! table's shape, the JSON with its goals and per-run samples, the SVG plot, and no
+//! I/O errors. Speed and whether the goals are met are the lab's to report, not this
+//! test's.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Four runs of 0.5 s (`--quick`) plus connects, set-up and the target's start.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[test]
+fn seed_001_lab_runs_both_paths_without_errors() {
+    let dir = std::env::temp_dir().join(format!("qpath-lab-seed-001-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plot = dir.join("seed-001.svg");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qpath"))
+        .args(["lab", "seed-001", "--quick", "--json", "--plot"])
+        .arg(&plot)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn qpath");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).ok();
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("qpath lab seed-001 ran longer than {RUN_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
+    assert!(status.success(), "qpath lab seed-001 failed:\n{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+
+    assert_eq!(v["lab"], "seed-001");
+    let notes = v["notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("t/io_uring")), "the notes say how it was scaled");
+    let columns = v["columns"].as_array().unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "two paths at two block sizes: {rows:?}");
+    for r in rows {
+        assert_eq!(r.as_object().unwrap().len(), columns.len());
+        assert_eq!(r["errors"], 0.0, "{r}");
+    }
+    let goals = v["goals"].as_array().unwrap();
+    assert_eq!(goals.len(), 4, "IOPS and host capacity at each block size");
+    assert!(goals.iter().all(|g| g["ratio"].is_number() || g["ratio"].is_null()));
+
+    let samples = v["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 4, "one round of each case");
+    let mut seen = Vec::new();
+    for s in samples {
+        let path = s["path"].as_str().unwrap();
+        let bs = s["bs"].as_u64().unwrap();
+        seen.push((path.to_string(), bs));
+        assert_eq!(s["errors"], 0, "{s}");
+        assert!(s["ios"].as_u64().unwrap() > 0, "{path} bs={bs} did I/O");
+        assert!(s["runtime_ms"].as_u64().unwrap() > 0, "{path} bs={bs} measured a runtime");
+        // The meter polled: the host's time is accounted for, not guessed.
+        assert!(s["polls"].as_u64().unwrap() > 0, "{path} bs={bs} polled");
+        assert!(s["empty_polls"].as_u64().unwrap() <= s["polls"].as_u64().unwrap());
+    }
+    seen.sort();
+    let expected: Vec<(String, u64)> =
+        [("qpath", 512), ("qpath", 4096), ("qpath-passthru", 512), ("qpath-passthru", 4096)]
+            .iter()
+            .map(|&(p, b)| (p.to_string(), b))
+            .collect();
+    assert_eq!(seen, expected);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("passthru"), "{svg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
