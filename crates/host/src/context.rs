@@ -39,6 +39,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::head::{Head, ReferenceSelector, class_of, path_id};
 use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection, Selector};
 use crate::queue::{DataDir, HostQueue, Io, QueueState};
+use crate::stats::{DeviceView, HostStats, QueueView, Recorder, STATS_INTERVAL_DEFAULT};
 
 /// An I/O operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +102,12 @@ pub struct ContextOptions {
     /// An I/O outstanding longer than this is reported once (controller,
     /// queue, command id, opcode, age, queue state): see [`Context::take_stall_reports`].
     pub stall_threshold: Duration,
+    /// Publish this context's per-queue, per-path and per-namespace statistics
+    /// here (`qpath stats`, `/metrics`): copied every `stats_interval` and when
+    /// the context is dropped, never per I/O.
+    pub stats: Option<Arc<HostStats>>,
+    /// How often statistics are published to `stats` (default 100 ms).
+    pub stats_interval: Duration,
     /// Draw every device's tags from this host-wide shared set instead of
     /// each queue's own tags (seed 003). The controllers must be connected
     /// with `ConnectOptions::tag_space` ≥ the set's depth.
@@ -135,6 +142,8 @@ impl Default for ContextOptions {
             max_retries: 5,
             max_failovers: 1000,
             stall_threshold: Duration::from_secs(5),
+            stats: None,
+            stats_interval: STATS_INTERVAL_DEFAULT,
             shared_tags: None,
             depth_limit_order: DepthLimitOrder::BeforeTag,
         }
@@ -344,6 +353,8 @@ pub struct Context {
     last_tick: Instant,
     has_multi: bool,
     stalls: Vec<StallReport>,
+    /// Statistics for a [`HostStats`] (inert without one).
+    rec: Recorder,
 }
 
 impl std::fmt::Debug for Context {
@@ -427,6 +438,7 @@ impl Context {
             last_tick: now,
             has_multi: false,
             stalls: Vec::new(),
+            rec: Recorder::new(opts.stats.clone(), opts.stats_interval),
             opts,
         })
     }
@@ -490,6 +502,7 @@ impl Context {
             in_flush_list: false,
             stats: QueueStats::new(),
         });
+        self.rec.on_attach(qkey, ctrl, index);
         if let Some((stream, q, generation)) = claimed {
             self.install(qkey, stream, q, generation);
         }
@@ -520,6 +533,7 @@ impl Context {
                 self.conns.len() - 1
             }
         };
+        self.rec.on_connect(qkey);
         let qe = &mut self.queues[qkey];
         qe.conn = Some(key);
         qe.entries = entries;
@@ -660,6 +674,38 @@ impl Context {
     /// Per-queue statistics: (controller address, queue index, stats).
     pub fn queue_stats(&self) -> impl Iterator<Item = (std::net::SocketAddr, u16, &QueueStats)> {
         self.queues.iter().map(|q| (q.ctrl.opts.traddr, q.index, &q.stats))
+    }
+
+    /// Publishes this context's statistics to its [`HostStats`] now (waiting
+    /// for readers), so they are exact until the next I/O. Contexts also publish
+    /// every `stats_interval` while polled, and when dropped.
+    pub fn publish_stats(&mut self) {
+        self.publish(true);
+    }
+
+    /// Copies the statistics that changed since the last publish into the
+    /// hub's slots (control plane: every `stats_interval`, not per I/O).
+    fn publish(&mut self, force: bool) {
+        if !self.rec.enabled() {
+            return;
+        }
+        for (qkey, qe) in self.queues.iter().enumerate() {
+            let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
+            let view = QueueView {
+                stats: &qe.stats,
+                outstanding: conn.map_or(0, |c| c.q.outstanding()),
+                waiting: qe.waiting.len(),
+                connected: conn.is_some(),
+            };
+            self.rec.publish_queue(qkey, &view, force);
+        }
+        let queues = &self.queues;
+        let ctrl_of = |qkey: usize| queues.get(qkey).map(|q| &q.ctrl);
+        for (dev, d) in self.devices.iter().enumerate() {
+            let view = DeviceView { multipath: matches!(d.kind, DevKind::Multi(_)), ctrl_of: &ctrl_of };
+            self.rec.publish_device(dev, &view, force);
+        }
+        self.rec.published(Instant::now());
     }
 
     /// The paths of a multipath device, as this context has used them.
@@ -1032,6 +1078,9 @@ impl Context {
         if self.last_tick.elapsed() >= TICK {
             self.last_tick = Instant::now();
             self.tick();
+            if self.rec.due(self.last_tick) {
+                self.publish(false);
+            }
         }
         Ok(self.done.len())
     }
@@ -1205,6 +1254,7 @@ impl Context {
         conn.q.abort_all(Status::HOST_PATH_ERROR);
         let qkey = conn.qkey;
         let mut done = std::mem::take(conn.q.completions());
+        self.rec.on_failure(qkey);
         let qe = &mut self.queues[qkey];
         qe.conn = None;
         qe.ctrl.report_io_failure(&why);
@@ -1300,6 +1350,8 @@ impl Context {
         r.state = ReqState::Free;
         let latency_ns = u64::try_from(r.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let buf = r.buf.take();
+        let last = r.sent.map(|_| (r.path, r.qkey, r.nsid));
+        self.rec.record(r.dev, last, r.op.direction(), r.len, latency_ns, status.is_success());
         self.done.push(Completion { token: r.token, status, buf, latency_ns });
         self.free_reqs.push(rid);
     }
@@ -1496,6 +1548,9 @@ fn op_code(op: Op) -> u8 {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        // Final numbers first: what a hub shows after this context is exact.
+        self.publish(true);
+        self.rec.retire();
         // Give idle connections back to their controllers so another context can claim them.
         for qkey in 0..self.queues.len() {
             let ckey = self.queues[qkey].conn.take();

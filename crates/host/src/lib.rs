@@ -40,9 +40,11 @@ pub mod controller;
 pub mod discovery;
 pub mod error;
 pub mod head;
+pub mod metrics;
 pub mod mpath;
 pub mod passthru;
 pub mod queue;
+pub mod stats;
 pub mod sync;
 
 pub use error::{Error, ErrorKind, Result};
