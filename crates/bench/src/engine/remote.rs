@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use host::controller::{ConnectOptions, Controller};
 
@@ -47,6 +48,10 @@ pub struct ControllerKey {
     pub hdgst: bool,
     /// Data digest.
     pub ddgst: bool,
+    /// `reconnect_delay=SECS` from the URI (`nvme connect -c`), checked at connect.
+    pub reconnect_delay: Option<String>,
+    /// `ctrl_loss_tmo=SECS` from the URI (`nvme connect -l`; -1 = forever), checked at connect.
+    pub ctrl_loss_tmo: Option<String>,
 }
 
 impl ControllerKey {
@@ -64,7 +69,26 @@ impl ControllerKey {
             hostnqn,
             hdgst: remote.hdgst || digest_option(job, "header"),
             ddgst: remote.ddgst || digest_option(job, "data"),
+            reconnect_delay: uri_option(remote, "reconnect_delay"),
+            ctrl_loss_tmo: uri_option(remote, "ctrl_loss_tmo"),
         }
+    }
+}
+
+/// The last `key=value` of the filename's extra options.
+fn uri_option(remote: &RemoteTarget, key: &str) -> Option<String> {
+    remote.extra.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+/// Seconds as `nvme connect` takes them (`-1` only where `forever` is allowed).
+fn parse_secs(key: &str, value: &str, forever: bool) -> Result<Option<Duration>> {
+    match value.parse::<i64>() {
+        Ok(-1) if forever => Ok(None),
+        Ok(s) if (0..=86_400).contains(&s) => Ok(Some(Duration::from_secs(s.unsigned_abs()))),
+        _ => Err(Error::new(
+            ErrorKind::Target,
+            format!("{key}={value}: expected seconds 0..=86400{}", if forever { " or -1" } else { "" }),
+        )),
     }
 }
 
@@ -187,6 +211,12 @@ impl Controllers {
         }
         o.hdr_digest = key.hdgst;
         o.data_digest = key.ddgst;
+        if let Some(v) = &key.reconnect_delay {
+            o.reconnect_delay = parse_secs("reconnect_delay", v, false)?.unwrap_or_default();
+        }
+        if let Some(v) = &key.ctrl_loss_tmo {
+            o.ctrl_loss_tmo = parse_secs("ctrl_loss_tmo", v, true)?;
+        }
         o.nr_io_queues = plan.nr_io_queues;
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
@@ -238,6 +268,8 @@ mod tests {
             hostnqn: None,
             hdgst: false,
             ddgst: false,
+            reconnect_delay: None,
+            ctrl_loss_tmo: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");
@@ -261,6 +293,27 @@ mod tests {
         for (k, c) in &p {
             assert!(c.nr_io_queues >= 2, "{k:?}: one queue per job thread on each path");
         }
+    }
+
+    #[test]
+    fn reconnect_options_in_the_uri_reach_the_controller() {
+        let c = Controllers::for_jobs(&JobFile::parse("[a]\nsize=1m\n", "t").unwrap());
+        let key = |q: &str| {
+            let t = RemoteTarget::parse_uri(&format!("nvme+tcp://127.0.0.1:4420/nqn.x:a/1{q}")).unwrap();
+            ControllerKey::of(&t, None)
+        };
+        let o = c.connect_options(&key("?reconnect_delay=1&ctrl_loss_tmo=30")).unwrap();
+        assert_eq!(o.reconnect_delay, Duration::from_secs(1));
+        assert_eq!(o.ctrl_loss_tmo, Some(Duration::from_secs(30)));
+        let o = c.connect_options(&key("?ctrl_loss_tmo=-1")).unwrap();
+        assert_eq!(o.ctrl_loss_tmo, None, "-1: retry forever, as nvme connect -l -1");
+        let d = c.connect_options(&key("")).unwrap();
+        assert_eq!(d.reconnect_delay, Duration::from_secs(10), "Linux's default");
+        assert_eq!(d.ctrl_loss_tmo, Some(Duration::from_secs(600)));
+        for bad in ["?reconnect_delay=-1", "?reconnect_delay=soon", "?ctrl_loss_tmo=-2", "?ctrl_loss_tmo=99999999"] {
+            assert!(c.connect_options(&key(bad)).is_err(), "{bad}");
+        }
+        assert_ne!(key("?reconnect_delay=1"), key(""), "different reconnect options: different controllers");
     }
 
     #[test]
