@@ -25,6 +25,20 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Moves the calling thread into the network namespace at `path` (`setns(2)` with
+/// `CLONE_NEWNET`, e.g. `/run/netns/NAME` as `ip netns add` makes it). Only this thread
+/// moves; threads it spawns afterwards start in the new namespace, and sockets it creates
+/// belong to it for their whole life. Needs CAP_SYS_ADMIN (root). Failover tests use it
+/// to put a target's ports and a host in namespaces of their own, joined by veth links.
+pub fn enter_netns(path: &std::path::Path) -> io::Result<()> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: `file` is an open descriptor owned by this frame for the whole call;
+    // setns only reads it, and CLONE_NEWNET makes the kernel check that it is a
+    // network namespace (EINVAL otherwise).
+    cvt(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    Ok(())
+}
+
 /// Raises the soft limit on open file descriptors to at least `want` (up to
 /// the hard limit, which a privileged process also raises). Returns the new
 /// soft limit. Servers with thousands of connections need this; the default
@@ -111,6 +125,19 @@ fn get_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Resul
 /// Sets or clears `TCP_NODELAY` (NVMe/TCP sends whole PDUs; Nagle only adds latency).
 pub fn set_nodelay(fd: RawFd, nodelay: bool) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, i32::from(nodelay))
+}
+
+/// Sets `SO_LINGER` to on with a zero timeout: closing the socket then sends a RST and
+/// drops whatever is still queued to send, instead of delivering it later. An NVMe/TCP
+/// host wants this (Linux's `sock_no_linger` in `nvme_tcp_alloc_queue`): a command it has
+/// failed over to another path must never reach the target afterwards through the
+/// retransmissions of a queue it closed.
+pub fn set_linger_zero(fd: RawFd) -> io::Result<()> {
+    let value = libc::linger { l_onoff: 1, l_linger: 0 };
+    let len = libc::socklen_t::try_from(size_of::<libc::linger>()).expect("linger fits socklen_t");
+    // SAFETY: `value` lives in this frame for the call and `len` is its size.
+    cvt(unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&raw const value).cast(), len) })?;
+    Ok(())
 }
 
 /// Sets `SO_SNDBUF` (the kernel doubles the value and applies its minimum).
@@ -219,8 +246,29 @@ mod tests {
         set_send_buffer_size(fd, 4096).expect("sndbuf");
         assert!(send_buffer_size(fd).expect("get sndbuf") < 64 * 1024);
         set_recv_buffer_size(fd, 4096).expect("rcvbuf");
+        set_linger_zero(fd).expect("linger");
+        let mut lg = libc::linger { l_onoff: 0, l_linger: 7 };
+        let mut len = libc::socklen_t::try_from(size_of::<libc::linger>()).unwrap();
+        // SAFETY: `lg` and `len` are out-pointers owned by this frame for the call.
+        let rc = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&raw mut lg).cast(), &raw mut len) };
+        assert_eq!((rc, lg.l_onoff, lg.l_linger), (0, 1, 0), "linger on, zero timeout");
         set_nonblocking(fd, true).expect("nonblocking");
         set_nonblocking(fd, false).expect("blocking");
         assert!(set_nodelay(-1, true).is_err());
+    }
+
+    #[test]
+    fn enter_netns_checks_the_file() {
+        std::thread::spawn(|| {
+            assert!(enter_netns(std::path::Path::new("/dev/null")).is_err(), "not a namespace file");
+            assert!(enter_netns(std::path::Path::new("/nonexistent/netns")).is_err());
+            // The thread's own namespace: allowed with CAP_SYS_ADMIN, EPERM without.
+            match enter_netns(std::path::Path::new("/proc/self/ns/net")) {
+                Ok(()) => {}
+                Err(e) => assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}"),
+            }
+        })
+        .join()
+        .expect("netns thread");
     }
 }
