@@ -9,6 +9,8 @@
 //!   start the embedded target, point the jobs at it
 //!   run with every engine (qpath, qpath-passthru, io_uring, psync, sync, null)
 //!   report: fio text / JSON + qpath section (target, baseline, ratios, SPDK reference)
+//!   [--rpc-socket / --metrics: host and embedded-target statistics served throughout,
+//!    --linger: and for a while after the jobs]
 //!   disconnect, stop the target
 //! ```
 
@@ -86,6 +88,19 @@ pub struct LabBenchArgs {
     /// job files in examples/ do) at it.
     #[arg(long = "embedded-target")]
     pub embedded_target: bool,
+    /// Serve the run's statistics on this JSON-RPC socket while it runs (`qpath stats
+    /// --socket PATH`; with the embedded target, `qpath stats --socket PATH --target`).
+    #[arg(long = "rpc-socket", value_name = "PATH")]
+    pub rpc_socket: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics (`GET /metrics`: qpath_host_*, the embedded target's
+    /// qpath_target_*, qpath_bench_running) on this address, e.g. 127.0.0.1:9421
+    /// (port 0: any free port, printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Keep the RPC socket and /metrics up this long after the jobs end (until a client
+    /// calls the RPC method `release`), so a scraper sees the final counts.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub linger: Option<f64>,
 }
 
 impl LabBenchArgs {
@@ -98,6 +113,9 @@ impl LabBenchArgs {
             no_baseline: false,
             target_poll: PollMode::Adaptive,
             embedded_target: false,
+            rpc_socket: None,
+            metrics: None,
+            linger: None,
         }
     }
 
@@ -209,6 +227,20 @@ pub fn bench(args: &LabBenchArgs) -> Result<Outcome> {
         None => None,
     };
     let ctrls = Arc::new(Controllers::for_jobs(&file));
+    let endpoints = if args.rpc_socket.is_some() || args.metrics.is_some() {
+        let src =
+            crate::observe::Sources { host: Arc::clone(ctrls.stats()), target: server.as_ref().map(Embedded::state) };
+        let e = crate::observe::Endpoints::start(args.rpc_socket.as_deref(), args.metrics, src)?;
+        if let Some(p) = &args.rpc_socket {
+            let _ = writeln!(stderr, "qpath bench: statistics on RPC socket {}", p.display());
+        }
+        if let Some(a) = e.metrics_addr() {
+            let _ = writeln!(stderr, "qpath bench: metrics on http://{a}/metrics");
+        }
+        Some(e)
+    } else {
+        None
+    };
     let registry = EngineRegistry::with_all_engines(&ctrls);
     let opts = RunOptions { pin: Some(pin_hook()), ..RunOptions::default() };
     let references =
@@ -216,6 +248,15 @@ pub fn bench(args: &LabBenchArgs) -> Result<Outcome> {
     let cmp = Comparisons { references, physical, target: target_desc };
     let outcome = crate::run_file_compared(&file, &args.bench, &registry, &opts, &cmp);
     drop(registry);
+    if let Some(e) = &endpoints {
+        // Every job's context is gone: the host's counts are final.
+        e.finished();
+        if let Some(secs) = args.linger {
+            let _ = writeln!(stderr, "qpath bench: jobs done; serving statistics for {secs} s (RPC `release` ends it)");
+            e.linger(Duration::from_secs_f64(secs));
+        }
+    }
+    drop(endpoints);
     ctrls.disconnect_all();
     if let Some(s) = server {
         s.shutdown();

@@ -111,6 +111,7 @@ pub mod io_u;
 pub mod job;
 pub mod lab;
 pub mod layout;
+pub mod observe;
 pub mod report;
 pub mod run;
 pub mod stats;

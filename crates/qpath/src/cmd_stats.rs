@@ -10,6 +10,9 @@ pub struct StatsArgs {
     /// RPC socket of a `qpath target` or of a host process (`qpath bench --rpc-socket`).
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// On a host process's socket: the statistics of its embedded target instead of the host's.
+    #[arg(long)]
+    target: bool,
     /// Print the raw JSON.
     #[arg(long)]
     json: bool,
@@ -19,14 +22,22 @@ fn lat(q: &Value, dir: &str, key: &str) -> String {
     q["latency"][dir][key].as_f64().map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
 }
 
+/// The last `n` characters of `s` (NQNs differ at the end).
+fn tail(s: &str, n: usize) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    chars[chars.len().saturating_sub(n)..].iter().collect()
+}
+
 pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
     let socket = a.socket.unwrap_or_else(crate::default_rpc_socket);
-    let v = target::rpc::client_call(&socket, "stats", serde_json::json!({}))?;
+    let method = if a.target { "target_stats" } else { "stats" };
+    let v = target::rpc::client_call(&socket, method, serde_json::json!({}))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let side = v["side"].as_str().unwrap_or("?");
+    let host = side == "host";
     println!("{side} queues");
     println!(
         "{:<32} {:>6} {:>4} {:>11} {:>6} {:>6} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
@@ -45,10 +56,12 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
     );
     for q in v["queues"].as_array().into_iter().flatten() {
         let name = q["subnqn"].as_str().or_else(|| q["traddr"].as_str()).unwrap_or("-");
-        let name: String = name.chars().rev().take(32).collect::<Vec<_>>().into_iter().rev().collect();
+        // A host talks to one subsystem through several addresses: name the address too.
+        let name =
+            if host { format!("{} {}", tail(name, 14), q["traddr"].as_str().unwrap_or("")) } else { name.into() };
         println!(
             "{:<32} {:>6} {:>4} {:>11} {:>6} {:>6} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
-            name,
+            tail(&name, 32),
             q["cntlid"],
             q["qid"],
             q["commands"],
@@ -61,6 +74,42 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
             lat(q, "write", "p50_us"),
             lat(q, "write", "p99_us"),
         );
+    }
+    if let Some(ctrls) = v["controllers"].as_array() {
+        println!("\ncontrollers");
+        for c in ctrls {
+            println!(
+                "  ctrl {:>3}: {} {} cntlid {} {}, {} reconnects, {}/{} queues used, {} I/Os, {} errors, {} queue failures",
+                c["ctrl"],
+                c["traddr"].as_str().unwrap_or(""),
+                c["subnqn"].as_str().unwrap_or(""),
+                c["cntlid"],
+                c["state"].as_str().unwrap_or("?"),
+                c["reconnects"],
+                c["queues_used"],
+                c["io_queues"],
+                c["ios"],
+                c["errors"],
+                c["failures"],
+            );
+        }
+    }
+    if let Some(paths) = v["paths"].as_array() {
+        println!("\npaths");
+        for p in paths {
+            println!(
+                "  {} nsid {} via ctrl {} ({}): {} I/Os, {} bytes, {} errors, rd p99 {} us, wr p99 {} us",
+                p["subnqn"].as_str().unwrap_or(""),
+                p["nsid"],
+                p["ctrl"],
+                p["traddr"].as_str().unwrap_or("?"),
+                p["ios"],
+                p["bytes"],
+                p["errors"],
+                lat(p, "read", "p99_us"),
+                lat(p, "write", "p99_us"),
+            );
+        }
     }
     if let Some(ports) = v["ports"].as_array() {
         println!("\nports");
@@ -75,8 +124,9 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("\nnamespaces");
         for n in nss {
             let c = &n["counters"];
+            let paths = if host { format!(" ({} paths)", n["paths"]) } else { String::new() };
             println!(
-                "  {} nsid {}: {} reads ({} B), {} writes ({} B), {} errors",
+                "  {} nsid {}{paths}: {} reads ({} B), {} writes ({} B), {} errors",
                 n["subnqn"].as_str().unwrap_or(""),
                 c["nsid"],
                 c["reads"],

@@ -64,7 +64,8 @@ impl EngineFactory for QpathFactory {
         // The runner never has more than iodepth units out; the context queues what its
         // I/O queue cannot take (seed 003's iodepth=10000) in software.
         let max_requests = usize::try_from(ctx.iodepth.max(1)).unwrap_or(1);
-        let context = Context::new(ContextOptions { max_requests, ..ContextOptions::default() })
+        let stats = Some(Arc::clone(self.ctrls.stats()));
+        let context = Context::new(ContextOptions { max_requests, stats, ..ContextOptions::default() })
             .map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: context: {e}")))?;
         Ok(Box::new(QpathEngine {
             ctrls: Arc::clone(&self.ctrls),

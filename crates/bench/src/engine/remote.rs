@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use host::controller::{ConnectOptions, Controller};
+use host::stats::HostStats;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobFile, JobSpec};
@@ -163,6 +164,8 @@ pub fn plan(file: &JobFile) -> BTreeMap<ControllerKey, ConnectPlan> {
 pub struct Controllers {
     plans: BTreeMap<ControllerKey, ConnectPlan>,
     live: Mutex<BTreeMap<ControllerKey, Arc<Controller>>>,
+    /// Where the run's controllers and `qpath` engine contexts publish their statistics.
+    stats: Arc<HostStats>,
 }
 
 impl std::fmt::Debug for Controllers {
@@ -174,7 +177,7 @@ impl std::fmt::Debug for Controllers {
 impl Controllers {
     /// Controllers for the jobs of `file` (nothing connects yet).
     pub fn for_jobs(file: &JobFile) -> Controllers {
-        Controllers { plans: plan(file), live: Mutex::new(BTreeMap::new()) }
+        Controllers { plans: plan(file), live: Mutex::new(BTreeMap::new()), stats: HostStats::new() }
     }
 
     /// The plan for `key` (defaults for targets the job file did not name).
@@ -194,6 +197,7 @@ impl Controllers {
         let ctrl = Controller::connect(opts)
             .map_err(|e| Error::new(ErrorKind::Engine, format!("connect to {} ({}): {e}", key.addr, key.subnqn)))?;
         live.insert(key, Arc::clone(&ctrl));
+        self.stats.controller_number(&ctrl);
         Ok(ctrl)
     }
 
@@ -221,6 +225,11 @@ impl Controllers {
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
         Ok(o)
+    }
+
+    /// The run's host statistics (`qpath bench --rpc-socket/--metrics` serve them).
+    pub fn stats(&self) -> &Arc<HostStats> {
+        &self.stats
     }
 
     /// Controllers connected so far, with their keys.

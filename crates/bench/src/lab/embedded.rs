@@ -180,6 +180,11 @@ impl Embedded {
         &self.opts
     }
 
+    /// The target's state (its statistics: `target::metrics`).
+    pub fn state(&self) -> std::sync::Arc<target::registry::TargetState> {
+        std::sync::Arc::clone(&self.server.state)
+    }
+
     /// The URI of namespace `nsid` on the first port.
     pub fn uri(&self, nsid: u32) -> String {
         format!("nvme+tcp://{}/{DEFAULT_NQN}/{nsid}", self.addrs[0])

@@ -1,0 +1,184 @@
+//! Statistics of a running benchmark for outside readers: the host's per-queue,
+//! per-controller, per-path and per-namespace statistics ([`host::stats`]) and,
+//! with the embedded target, the target's, over a JSON-RPC Unix socket (`qpath
+//! stats --socket`) and a Prometheus `/metrics` endpoint. The servers are the
+//! target's ([`target::rpc::RpcServer::start_with`], [`target::metrics::MetricsServer`]);
+//! only the methods and the text differ.
+//!
+//! ```text
+//!  job threads: Context ──publish every 100 ms──► HostStats ─┐
+//!  embedded target reactors ──10 ms tick──────► TargetState ─┤
+//!                                                            ├─► RPC: stats, target_stats, bench_status, release
+//!                                                            └─► GET /metrics: qpath_host_*, qpath_target_*, qpath_bench_running
+//! ```
+//!
+//! `--linger SECONDS` keeps both up after the jobs end (until the time passes or
+//! a client calls `release`), so a scraper can read the final counts, which
+//! are exact once every job's context has been dropped.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use host::stats::HostStats;
+use serde_json::{Value, json};
+use target::error::{Error as TargetError, ErrorKind as TargetErrorKind};
+use target::metrics::MetricsServer;
+use target::registry::TargetState;
+use target::rpc::RpcServer;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Whose statistics the endpoints serve.
+#[derive(Clone)]
+pub struct Sources {
+    /// The host side (every `qpath` engine context of the run publishes here).
+    pub host: Arc<HostStats>,
+    /// The embedded target, when one runs in this process.
+    pub target: Option<Arc<TargetState>>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sources").field("host", &self.host).field("target", &self.target.is_some()).finish()
+    }
+}
+
+#[derive(Default)]
+struct RunState {
+    running: AtomicBool,
+    released: Mutex<bool>,
+    cv: Condvar,
+}
+
+/// The running endpoints of one benchmark.
+pub struct Endpoints {
+    rpc: Option<RpcServer>,
+    metrics: Option<MetricsServer>,
+    state: Arc<RunState>,
+}
+
+impl std::fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoints").field("rpc", &self.rpc).field("metrics", &self.metrics_addr()).finish()
+    }
+}
+
+/// The `/metrics` text: the host's, the embedded target's, and whether the jobs still run.
+pub fn render(src: &Sources, running: bool) -> String {
+    let mut out = host::metrics::render(&src.host);
+    if let Some(t) = &src.target {
+        out.push_str(&target::metrics::render(t));
+    }
+    out.push_str("# HELP qpath_bench_running 1 while the benchmark's jobs run, 0 after.\n");
+    out.push_str("# TYPE qpath_bench_running gauge\n");
+    out.push_str(if running { "qpath_bench_running 1\n" } else { "qpath_bench_running 0\n" });
+    out
+}
+
+fn call(src: &Sources, state: &RunState, method: &str) -> std::result::Result<Value, TargetError> {
+    match method {
+        "stats" => Ok(host::metrics::stats_json(&src.host)),
+        "target_stats" => match &src.target {
+            Some(t) => Ok(target::metrics::stats_json(t)),
+            None => Err(TargetError::new(TargetErrorKind::NotFound, "no embedded target in this process")),
+        },
+        "bench_status" => Ok(json!({"running": state.running.load(Ordering::Acquire)})),
+        "release" => {
+            *state.released.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+            state.cv.notify_all();
+            Ok(json!({}))
+        }
+        _ => Err(TargetError::new(TargetErrorKind::NotFound, format!("unknown method {method:?}"))),
+    }
+}
+
+impl Endpoints {
+    /// Serves `src` on the RPC socket `rpc` and on `GET /metrics` at `metrics` (port 0
+    /// picks a free one: see [`Endpoints::metrics_addr`]); either may be absent.
+    pub fn start(rpc: Option<&Path>, metrics: Option<SocketAddr>, src: Sources) -> Result<Endpoints> {
+        let state = Arc::new(RunState { running: AtomicBool::new(true), ..RunState::default() });
+        let fail = |what: &str, e: TargetError| Error::new(ErrorKind::Io, format!("{what}: {e}"));
+        let rpc = match rpc {
+            Some(path) => {
+                let (s, st) = (src.clone(), Arc::clone(&state));
+                let handler = Arc::new(move |m: &str, _: &Value| call(&s, &st, m));
+                Some(RpcServer::start_with(path, handler).map_err(|e| fail("RPC socket", e))?)
+            }
+            None => None,
+        };
+        let metrics = match metrics {
+            Some(addr) => {
+                let (s, st) = (src, Arc::clone(&state));
+                let render = Arc::new(move || render(&s, st.running.load(Ordering::Acquire)));
+                Some(MetricsServer::start(addr, render).map_err(|e| fail("metrics endpoint", e))?)
+            }
+            None => None,
+        };
+        Ok(Endpoints { rpc, metrics, state })
+    }
+
+    /// Where `/metrics` is served, if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::addr)
+    }
+
+    /// The jobs ended: `qpath_bench_running` turns 0, `bench_status` says so.
+    pub fn finished(&self) {
+        self.state.running.store(false, Ordering::Release);
+    }
+
+    /// Keeps serving for up to `linger`, or until a client calls `release`.
+    pub fn linger(&self, linger: Duration) {
+        let deadline = Instant::now() + linger;
+        let mut released = self.state.released.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !*released {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            released = self.state.cv.wait_timeout(released, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_methods_and_metrics_text() {
+        let src = Sources { host: HostStats::new(), target: None };
+        let st = RunState { running: AtomicBool::new(true), ..RunState::default() };
+        assert_eq!(call(&src, &st, "stats").unwrap()["side"], "host");
+        assert_eq!(call(&src, &st, "bench_status").unwrap()["running"], true);
+        assert_eq!(call(&src, &st, "target_stats").unwrap_err().kind, TargetErrorKind::NotFound);
+        assert!(call(&src, &st, "nope").is_err());
+        assert!(render(&src, true).ends_with("qpath_bench_running 1\n"));
+        assert!(render(&src, false).contains("qpath_host_contexts 0"));
+    }
+
+    #[test]
+    fn release_ends_the_linger() {
+        let dir = std::env::temp_dir().join(format!("qpath-observe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("rpc.sock");
+        let src = Sources { host: HostStats::new(), target: None };
+        let e = Endpoints::start(Some(&sock), Some("127.0.0.1:0".parse().unwrap()), src).unwrap();
+        assert!(e.metrics_addr().is_some_and(|a| a.port() != 0));
+        e.finished();
+        let s2 = sock.clone();
+        let t = std::thread::spawn(move || {
+            assert_eq!(target::rpc::client_call(&s2, "bench_status", json!({})).unwrap()["running"], false);
+            target::rpc::client_call(&s2, "release", json!({})).unwrap();
+        });
+        let t0 = Instant::now();
+        e.linger(Duration::from_secs(30));
+        assert!(t0.elapsed() < Duration::from_secs(20), "release ended the linger");
+        t.join().unwrap();
+        drop(e);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
