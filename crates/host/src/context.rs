@@ -166,6 +166,10 @@ struct Conn {
     stream: TcpStream,
     q: HostQueue,
     generation: u64,
+    /// The controller's connection generation this queue belongs to: once the
+    /// controller resets (the generation moves on), the queue is dead even if its
+    /// socket is not (a link that went down fails nothing for minutes).
+    ctrl_generation: u64,
     qkey: usize,
     recv_inflight: bool,
     send_inflight: bool,
@@ -509,7 +513,7 @@ impl Context {
         Ok(qkey)
     }
 
-    fn install(&mut self, qkey: usize, stream: TcpStream, q: HostQueue, _generation: u64) {
+    fn install(&mut self, qkey: usize, stream: TcpStream, q: HostQueue, ctrl_generation: u64) {
         let _ = stream.set_nodelay(true);
         let entries = q.entries();
         self.conn_gen = self.conn_gen.wrapping_add(1);
@@ -517,6 +521,7 @@ impl Context {
             stream,
             q,
             generation: self.conn_gen & 0xfff,
+            ctrl_generation,
             qkey,
             recv_inflight: false,
             send_inflight: false,
@@ -1253,11 +1258,17 @@ impl Context {
         let why = conn.q.error().unwrap_or("queue failed").to_string();
         conn.q.abort_all(Status::HOST_PATH_ERROR);
         let qkey = conn.qkey;
+        let conn_generation = conn.ctrl_generation;
         let mut done = std::mem::take(conn.q.completions());
         self.rec.on_failure(qkey);
         let qe = &mut self.queues[qkey];
         qe.conn = None;
-        qe.ctrl.report_io_failure(&why);
+        // Only a queue of the controller's current connection says something about it: an
+        // older one failing (retired after a reset or a reconnect) must not reset the
+        // controller again, or every reconnect would start the next reset.
+        if qe.ctrl.generation() == conn_generation {
+            qe.ctrl.report_io_failure(&why);
+        }
         // Tags of the dead connection are gone with it; shared-set tags go back to their device.
         for d in done.drain(..) {
             let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
@@ -1458,6 +1469,20 @@ impl Context {
     /// shared-tag users return idle tags.
     fn tick(&mut self) {
         for qkey in 0..self.queues.len() {
+            let qe = &self.queues[qkey];
+            // The controller reset (keep-alive timeout, admin queue lost, another queue
+            // failed): this queue's commands will never complete, fail them over now
+            // (Linux's error recovery cancels every request of the old queues).
+            if let Some(ckey) = qe.conn
+                && let Some(Some(conn)) = self.conns.get_mut(ckey)
+                && !conn.dying
+                && conn.q.state() != QueueState::Failed
+                && qe.ctrl.generation() != conn.ctrl_generation
+            {
+                tracing::debug!(traddr = %qe.ctrl.opts.traddr, index = qe.index, "controller reset: failing its queue");
+                conn.q.set_failed("controller reset");
+                self.touched.push(ckey);
+            }
             let qe = &self.queues[qkey];
             if qe.conn.is_none() && !qe.waiting.is_empty() && qe.ctrl.should_fail_io() {
                 let waiting: Vec<u32> = self.queues[qkey].waiting.drain(..).collect();

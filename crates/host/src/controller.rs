@@ -719,6 +719,16 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                         tracing::warn!("keep-alive failed: {}", d.cqe.status);
                     }
                 }
+                // A keep-alive unanswered for KATO means the link or the controller is gone
+                // (Linux gives the keep-alive request a timeout of KATO; its expiry starts
+                // error recovery): reset, so the I/O of this path fails over now instead of
+                // waiting for TCP to give up, which takes about 15 minutes. Checked after the
+                // pump, so a reply that has already arrived counts.
+                let ka_expired = ka_token.is_some() && !kato.is_zero() && last_ka.elapsed() >= kato;
+                if ka_expired {
+                    tracing::warn!(traddr = %ctrl.opts.traddr, kato_ms = ctrl.opts.kato_ms, "keep-alive timed out");
+                    ctrl.lock().last_error = Some(format!("keep-alive timed out after {} ms", ctrl.opts.kato_ms));
+                }
                 if ctrl.ana_refresh.swap(false, Ordering::AcqRel) {
                     let id = ctrl.identify();
                     if let Ok(ns) = scan_namespaces(q, &id) {
@@ -735,7 +745,8 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                         aer = submit_aer(q);
                     }
                 }
-                let failed = pumped.as_ref().is_err_and(|e| e.kind != ErrorKind::Timeout)
+                let failed = ka_expired
+                    || pumped.as_ref().is_err_and(|e| e.kind != ErrorKind::Timeout)
                     || q.queue().state() == crate::queue::QueueState::Failed
                     || ctrl.io_failed.swap(false, Ordering::AcqRel);
                 if failed {
@@ -750,6 +761,11 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                 aer = None;
                 ka_token = None;
                 ctrl.generation.fetch_add(1, Ordering::AcqRel);
+                // Queues no context has claimed yet belong to the old connection: a context
+                // that claims one during the reconnect gets the new one instead.
+                for slot in &mut ctrl.lock().slots {
+                    slot.parked = None;
+                }
                 ctrl.set_state(CtrlState::Connecting);
             }
             CtrlState::Connecting => {

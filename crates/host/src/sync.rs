@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use uring::IoBuf;
@@ -28,6 +29,9 @@ impl SyncQueue {
         let stream =
             TcpStream::connect_timeout(&addr, timeout).map_err(|e| Error::io(format!("connect to {addr}"), &e))?;
         stream.set_nodelay(true).map_err(|e| Error::io("TCP_NODELAY", &e))?;
+        // Closing a queue resets it and drops its unsent bytes (Linux: sock_no_linger):
+        // commands failed over to another path must not reach the target later from here.
+        uring::set_linger_zero(stream.as_raw_fd()).map_err(|e| Error::io("SO_LINGER", &e))?;
         SyncQueue::handshake(stream, cfg, timeout)
     }
 

@@ -1,0 +1,216 @@
+//! A path that goes silent (a link lost: no FIN, no RST, the socket stays open) must not
+//! hold the I/O sent on it: the unanswered keep-alive resets the controller after KATO,
+//! the context fails that controller's queues, and their writes complete on the other
+//! path with no error. Without root there are no veth links to take down, so a TCP relay
+//! in front of port 1 stops relaying (and leaves every socket open) for the outage; when
+//! it resumes, the connections that lived through the outage are closed, as the first
+//! packet after a real link comes back would find them gone.
+//!
+//! ```text
+//!   Context ── head (round-robin) ─┬─ ctrl 1 ─► relay (frozen 4 s) ─► target port 1
+//!                                  └─ ctrl 2 ───────────────────────► target port 2
+//! ```
+
+#![allow(clippy::cast_possible_truncation)] // test sizes are small
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use host::context::{Context, ContextOptions, Op};
+use host::controller::{ConnectOptions, Controller};
+use host::head::Head;
+use host::mpath::Policy;
+use target::config::Config;
+use target::reactor::{PollMode, ReactorOptions};
+use uring::{IoBuf, Wait};
+
+/// A TCP relay that can go silent.
+struct Relay {
+    addr: SocketAddr,
+    frozen: Arc<AtomicBool>,
+    /// Bumped when a freeze ends: connections opened before it are closed.
+    epoch: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(upstream: SocketAddr) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let (frozen, epoch, stop) =
+            (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let (f, e, s) = (Arc::clone(&frozen), Arc::clone(&epoch), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                let Ok((down, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                down.set_nonblocking(false).unwrap();
+                let Ok(up) = TcpStream::connect(upstream) else { continue };
+                let born = e.load(Ordering::Acquire);
+                for (from, to) in [(down.try_clone().unwrap(), up.try_clone().unwrap()), (up, down)] {
+                    let (f, e, s) = (Arc::clone(&f), Arc::clone(&e), Arc::clone(&s));
+                    std::thread::spawn(move || pump(&from, &to, &f, &e, born, &s));
+                }
+            }
+        });
+        Relay { addr, frozen, epoch, stop }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+    }
+
+    fn thaw(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.frozen.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Copies `from` to `to` unless frozen; a connection older than the last freeze is closed.
+fn pump(from: &TcpStream, to: &TcpStream, frozen: &AtomicBool, epoch: &AtomicU64, born: u64, stop: &AtomicBool) {
+    from.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut from_r, mut to_w) = (from, to);
+    loop {
+        if stop.load(Ordering::Acquire) || epoch.load(Ordering::Acquire) != born {
+            break;
+        }
+        if frozen.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        match from_r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if to_w.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+#[test]
+fn writes_on_a_silent_path_fail_over_after_the_keep_alive_timeout() {
+    let mut c = Config::embedded_default();
+    c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
+    for p in &mut c.ports {
+        p.addr = "127.0.0.1:0".into();
+    }
+    c.subsystems[0].namespaces[0].size = Some(target::config::SizeValue::Text("16M".into()));
+    let server = c.start().unwrap();
+    let ports: Vec<SocketAddr> = server.state.ports().iter().map(|p| p.addr).collect();
+    let relay = Relay::start(ports[0]);
+    let ctrls: Vec<Arc<Controller>> = [relay.addr, ports[1]]
+        .iter()
+        .map(|a| {
+            let mut o = ConnectOptions::new(*a, target::config::DEFAULT_NQN);
+            o.nr_io_queues = 1;
+            o.kato_ms = 1000;
+            o.reconnect_delay = Duration::from_millis(200);
+            Controller::connect(o).unwrap()
+        })
+        .collect();
+    let heads = Head::build(&ctrls, Policy::ROUND_ROBIN);
+    let head = heads.iter().find(|h| h.path_count() == 2).expect("one namespace, two paths");
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let dev = ctx.open_head(head).unwrap();
+
+    // Writes at QD 16, block i gets byte (i + round); each block is written by one I/O at a time.
+    const BLOCKS: u64 = 1024;
+    const QD: u64 = 16;
+    let mut value = vec![0u8; BLOCKS as usize];
+    let mut in_flight = 0u64;
+    let (mut next, mut round) = (0u64, 1u8);
+    let mut errors = Vec::new();
+    let t0 = Instant::now();
+    let (freeze_at, thaw_at, end_at) =
+        (Duration::from_millis(500), Duration::from_millis(4500), Duration::from_secs(6));
+    // Completions in the last 1.5 s of the outage: only a failover can give them, since
+    // round-robin puts every slot on the frozen path within a few I/Os.
+    let mut late_in_outage = 0u64;
+    let mut frozen = false;
+    let mut thawed = false;
+    while t0.elapsed() < end_at || in_flight > 0 {
+        let now = t0.elapsed();
+        assert!(now < Duration::from_secs(60), "the writes did not drain; errors so far: {errors:?}");
+        if !frozen && now >= freeze_at && now < thaw_at {
+            relay.freeze();
+            frozen = true;
+        }
+        if frozen && now >= thaw_at && !thawed {
+            relay.thaw();
+            thawed = true;
+        }
+        while now < end_at && in_flight < QD {
+            let block = next;
+            next = (next + 1) % BLOCKS;
+            if next == 0 {
+                round = round.wrapping_add(1).max(1);
+            }
+            let byte = (block as u8).wrapping_add(round);
+            let mut b = IoBuf::new(4096);
+            b.set_len(4096);
+            b.fill(byte);
+            ctx.submit(dev, Op::Write, block * 4096, 4096, Some(b), block).map_err(|(e, _)| e).unwrap();
+            value[block as usize] = byte;
+            in_flight += 1;
+        }
+        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
+        for c in ctx.completions() {
+            in_flight -= 1;
+            if !c.status.is_success() {
+                errors.push((c.token, c.status));
+            }
+            let t = t0.elapsed();
+            if t >= thaw_at - Duration::from_millis(1500) && t < thaw_at {
+                late_in_outage += 1;
+            }
+        }
+    }
+    assert!(errors.is_empty(), "writes failed: {errors:?}");
+    assert!(late_in_outage > 0, "no write completed late in the outage: the silent path held them");
+
+    // The path comes back (reconnected: its controller was reset); the read-back finds
+    // every block's last write.
+    let t = Instant::now();
+    while !ctrls[0].is_live() || ctrls[0].info().reconnects == 0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "path 1 never came back: {:?}", ctrls[0].info());
+        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(10)) }).unwrap();
+    }
+    for block in 0..BLOCKS {
+        ctx.submit(dev, Op::Read, block * 4096, 4096, Some(IoBuf::new(4096)), block).map_err(|(e, _)| e).unwrap();
+        let c = loop {
+            ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
+            if let Some(c) = ctx.completions().next() {
+                break c;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "read-back timed out");
+        };
+        assert!(c.status.is_success(), "read of block {block}: {}", c.status);
+        let want = value[block as usize];
+        assert!(c.buf.unwrap().iter().all(|&b| b == want), "block {block} does not hold its last write ({want})");
+    }
+    drop(ctx);
+    for c in &ctrls {
+        c.delete();
+    }
+    drop(relay);
+    server.shutdown();
+}
