@@ -29,7 +29,9 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blk::{Direction, QueueMap, QueueStats, QueueTags, SharedTagSet, Tag, TagAllocator, TagSet, TagUser};
+use blk::{
+    ContextId, ContextMap, Direction, QueueMap, QueueStats, QueueTags, SharedTagSet, Tag, TagAllocator, TagSet, TagUser,
+};
 use nvme::opcode::io as opc;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
@@ -260,8 +262,53 @@ impl Multi {
     }
 }
 
+/// How a device opened over several queues of one context picks the queue of
+/// each submission ([`Context::open_spread`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueSpread {
+    /// Submission k goes to queue k mod N: one submitter's commands over all the queues.
+    RoundRobin,
+    /// Submitter s of `submitters` goes to queue `s * N / submitters` (blk's
+    /// contiguous CPU → queue map): each submitter keeps to its own queue, as each
+    /// CPU does on blk-mq. [`Context::submit`] submits as the context's CPU.
+    BySubmitter {
+        /// How many submitters (CPUs, streams) the map covers.
+        submitters: usize,
+    },
+}
+
+/// A single-path device spread over several queues of one controller.
+struct SpreadDev {
+    nsid: Nsid,
+    /// The context's queue keys, in queue order.
+    qkeys: Box<[usize]>,
+    /// Submitter → position in `qkeys` (`BySubmitter`); empty for round robin.
+    map: Box<[u16]>,
+    next: usize,
+}
+
+impl SpreadDev {
+    #[inline]
+    fn pick(&mut self, submitter: u32) -> usize {
+        if self.map.is_empty() {
+            let k = self.next;
+            self.next = if k + 1 == self.qkeys.len() { 0 } else { k + 1 };
+            self.qkeys[k]
+        } else {
+            let s = submitter as usize;
+            let i = self.map.get(s).copied().unwrap_or_else(|| self.map[s % self.map.len()]);
+            self.qkeys[usize::from(i)]
+        }
+    }
+}
+
 enum DevKind {
-    Single { qkey: usize, nsid: Nsid },
+    Single {
+        qkey: usize,
+        nsid: Nsid,
+    },
+    /// One namespace over several queues of this context (seed 004).
+    Spread(Box<SpreadDev>),
     Multi(Box<Multi>),
 }
 
@@ -313,6 +360,8 @@ struct Req {
     stall_reported: bool,
     /// Generation of the reference selector that counted it at submission (0 = none).
     via_reference: u32,
+    /// Who submitted it (a spread device's queue map key).
+    submitter: u32,
 }
 
 /// An I/O that has been outstanding longer than the stall threshold.
@@ -421,6 +470,7 @@ impl Context {
                 sent: None,
                 stall_reported: false,
                 via_reference: 0,
+                submitter: 0,
             })
             .collect();
         Ok(Context {
@@ -615,6 +665,97 @@ impl Context {
         self.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, depth_limit)
     }
 
+    /// Claims `n` I/O queues of `ctrl` for this context, starting with the one
+    /// [`Context::attach`] prefers (the CPU's) and going on through the free ones
+    /// in index order. Queues this context already owns count. Returns their keys
+    /// in queue-index order.
+    pub fn attach_queues(&mut self, ctrl: &Arc<Controller>, n: usize) -> Result<Vec<usize>> {
+        let total = ctrl.block_queue_count();
+        if n == 0 || n > total {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("{n} queues asked of a controller with {total} block-core I/O queues"),
+            ));
+        }
+        self.attach(ctrl)?;
+        let mut mine = self.queue_keys_of(ctrl);
+        for i in 0..total {
+            if mine.len() >= n {
+                break;
+            }
+            let Ok(i) = u16::try_from(i) else { break };
+            if mine.iter().any(|&k| self.queues[k].index == i) || !ctrl.free_queues().contains(&i) {
+                continue;
+            }
+            match self.attach_index(ctrl, i) {
+                Ok(k) => mine.push(k),
+                Err(e) if e.kind == ErrorKind::Busy => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if mine.len() < n {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("only {} of {n} I/O queues of {} are free for this context", mine.len(), ctrl.opts.traddr),
+            ));
+        }
+        mine.sort_by_key(|&k| self.queues[k].index);
+        mine.truncate(n);
+        Ok(mine)
+    }
+
+    /// Claims the queues `map` deals to context `me` (queues → completion
+    /// contexts: blk's [`ContextMap`], seed 004). The map must cover exactly the
+    /// controller's block-core queues. Returns their keys in queue-index order.
+    pub fn attach_mapped(&mut self, ctrl: &Arc<Controller>, map: &ContextMap, me: ContextId) -> Result<Vec<usize>> {
+        let total = ctrl.block_queue_count();
+        if map.nr_queues() != total {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("the context map covers {} queues; the controller has {total}", map.nr_queues()),
+            ));
+        }
+        let mut keys = Vec::new();
+        for q in map.queues_of(me) {
+            keys.push(self.attach_index(ctrl, q.0)?);
+        }
+        Ok(keys)
+    }
+
+    /// Keys of this context's queues of `ctrl`.
+    fn queue_keys_of(&self, ctrl: &Arc<Controller>) -> Vec<usize> {
+        (0..self.queues.len()).filter(|&k| Arc::ptr_eq(&self.queues[k].ctrl, ctrl)).collect()
+    }
+
+    /// Opens namespace `nsid` over several of this context's queues (of one
+    /// controller, from [`Context::attach_queues`] or [`Context::attach_mapped`]):
+    /// each submission goes to one of them as `spread` says, and waits on that
+    /// queue if it is reconnecting. Seed 004's "more queues than completion
+    /// vectors": the queues are independent connections, reaped by this one context.
+    pub fn open_spread(&mut self, qkeys: &[usize], nsid: Nsid, spread: QueueSpread) -> Result<DeviceId> {
+        let Some(&first) = qkeys.first() else {
+            return Err(Error::new(ErrorKind::Invalid, "a spread device needs at least one queue"));
+        };
+        if qkeys.iter().any(|&k| k >= self.queues.len()) {
+            return Err(Error::new(ErrorKind::Invalid, "no such queue"));
+        }
+        let ctrl = Arc::clone(&self.queues[first].ctrl);
+        if qkeys.iter().any(|&k| !Arc::ptr_eq(&self.queues[k].ctrl, &ctrl)) {
+            return Err(Error::new(ErrorKind::Invalid, "a spread device's queues belong to one controller"));
+        }
+        let n = u16::try_from(qkeys.len()).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
+        let ns = ctrl.namespace(nsid).ok_or_else(|| Error::new(ErrorKind::Invalid, format!("no namespace {nsid}")))?;
+        let map: Box<[u16]> = match spread {
+            QueueSpread::RoundRobin => Box::new([]),
+            QueueSpread::BySubmitter { submitters } => {
+                let m = QueueMap::spread(submitters, n).map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
+                (0..submitters).map(|s| m.queue(s).0).collect()
+            }
+        };
+        let dev = SpreadDev { nsid, qkeys: qkeys.into(), map, next: 0 };
+        self.new_device(DevKind::Spread(Box::new(dev)), ns.block_shift, ns.nsze, None)
+    }
+
     /// Opens a multipath head: attaches a queue of every path's controller.
     pub fn open_head(&mut self, head: &Arc<Head>) -> Result<DeviceId> {
         let slots = head.paths();
@@ -751,6 +892,24 @@ impl Context {
         buf: Option<IoBuf>,
         token: u64,
     ) -> std::result::Result<(), (Error, Option<IoBuf>)> {
+        let me = u32::try_from(self.cpu()).unwrap_or(0);
+        self.submit_from(dev, me, op, offset, len, buf, token)
+    }
+
+    /// [`Context::submit`] on behalf of `submitter` (a CPU or stream): a device
+    /// opened with [`QueueSpread::BySubmitter`] sends it on that submitter's queue;
+    /// other devices ignore it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_from(
+        &mut self,
+        dev: DeviceId,
+        submitter: u32,
+        op: Op,
+        offset: u64,
+        len: u32,
+        buf: Option<IoBuf>,
+        token: u64,
+    ) -> std::result::Result<(), (Error, Option<IoBuf>)> {
         let Some(d) = self.devices.get(dev.0 as usize) else {
             return Err((Error::new(ErrorKind::Invalid, "no such device"), buf));
         };
@@ -789,6 +948,7 @@ impl Context {
         r.retries = 0;
         r.sent = None;
         r.stall_reported = false;
+        r.submitter = submitter;
         self.route(rid);
         Ok(())
     }
@@ -799,6 +959,7 @@ impl Context {
         let d = &mut self.devices[dev];
         let (qkey, nsid, path) = match &mut d.kind {
             DevKind::Single { qkey, nsid } => (*qkey, *nsid, 0u16),
+            DevKind::Spread(sp) => (sp.pick(self.reqs[rid as usize].submitter), sp.nsid, 0u16),
             DevKind::Multi(m) => match m.select() {
                 Selection::Submit(p) => match m.paths.get(p.get()).and_then(Option::as_ref) {
                     Some(lp) => (lp.qkey, lp.nsid, p.0),
@@ -949,7 +1110,7 @@ impl Context {
         let dev = r.dev as usize;
         match &self.devices[dev].kind {
             DevKind::Multi(_) => self.devices[dev].waiting.push_back(rid),
-            DevKind::Single { .. } => self.queues[r.qkey].waiting.push_back(rid),
+            DevKind::Single { .. } | DevKind::Spread(_) => self.queues[r.qkey].waiting.push_back(rid),
         }
     }
 
