@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # scripts/install-deps.sh — install what the tests need; idempotent, quiet unless something fails.
+#   0. cargo-fuzz (cargo install), for the fuzz smoke run of scripts/test.sh
 #   1. apt packages for the VM interop suite (tests/vm): QEMU, nvme-cli, fio, busybox-static,
 #      cpio, kmod, xz-utils, zstd, iproute2, netcat-openbsd, tshark, python3
 #   2. vmlab (../shared/vmlab from the repo root, or $VMLAB_DIR): a Debian kernel and a guest
@@ -20,6 +21,17 @@ T0=$SECONDS
 
 note() { echo "install-deps: $*"; }
 show_log() { sed 's/^/    /' "$LOG" | tail -40; }
+
+# ---- 0. cargo-fuzz (scripts/fuzz.sh; the test command's fuzz smoke run) ------------------
+# A cargo tool, not a system package: installed for the user running CI, root or not.
+if command -v cargo > /dev/null && ! cargo fuzz --version > /dev/null 2>&1; then
+  if cargo install cargo-fuzz --locked --quiet > "$LOG" 2>&1; then
+    note "installed cargo-fuzz ($((SECONDS - T0)) s)"
+  else
+    note "WARN: cargo install cargo-fuzz failed; the fuzz smoke run will skip:"
+    show_log
+  fi
+fi
 
 if [ "$(id -u)" != 0 ]; then
   note "SKIP: not root, so no apt-get and no vmlab setup; the VM tests will skip"

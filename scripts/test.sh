@@ -8,6 +8,9 @@
 #      tests/vm/run.sh): Linux 6.1 and 7.2 kernel hosts in QEMU against qpath target.
 #      Each scenario skips with a reason where it cannot run (not root, no QEMU/vmlab);
 #      QPATH_SKIP_VM=1 skips them all.
+#   6. the DH-HMAC-CHAP VM suite (crates/qpath/tests/vm_auth.rs -> tests/vm-auth/run.sh), same rules.
+#   7. every cargo-fuzz target for a few seconds (scripts/fuzz.sh; QPATH_FUZZ_SECS, default 5);
+#      skipped with a reason when cargo-fuzz is missing (scripts/install-deps.sh installs it).
 # Prints the time of each phase. Measured on the 2-core CI-class machine: see tests/vm/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,5 +34,17 @@ case "$TARGET_DIR" in /*) ;; *) TARGET_DIR=$PWD/$TARGET_DIR ;; esac
 phase "VM interop suite (tests/vm, Linux 6.1 + 7.2 hosts against qpath target)"
 QPATH_BIN=$TARGET_DIR/release/qpath \
   cargo test -p qpath --test vm_linux_host -- --ignored --test-threads=1
+
+phase "VM DH-HMAC-CHAP suite (tests/vm-auth, Linux 7.2 host and target against qpath)"
+QPATH_BIN=$TARGET_DIR/release/qpath \
+  cargo test -p qpath --test vm_auth -- --ignored --test-threads=1
+
+phase "fuzz smoke run (scripts/fuzz.sh, every target ${QPATH_FUZZ_SECS:-5} s)"
+if cargo fuzz --version > /dev/null 2>&1; then
+  # Its own target directory: cargo fuzz builds with instrumentation flags of its own.
+  CARGO_TARGET_DIR=$TARGET_DIR/fuzz scripts/fuzz.sh "${QPATH_FUZZ_SECS:-5}"
+else
+  echo "SKIP: cargo-fuzz is not installed (scripts/install-deps.sh installs it); no fuzz smoke run"
+fi
 
 phase "all tests passed"
