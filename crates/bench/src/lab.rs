@@ -16,6 +16,7 @@
 
 pub mod embedded;
 pub mod result;
+pub mod seed_000;
 pub mod seed_001;
 pub mod seed_003;
 

@@ -16,6 +16,10 @@ enum LabCommand {
     /// without fairness, with each fairness policy, and with per-device tag sets.
     #[command(name = "seed-003")]
     Seed003(bench::lab::seed_003::Seed003Args),
+    /// Seed 000: 512 KiB random reads at QD1 over two paths under each path policy and
+    /// the seed's two reference selectors: submission latency, IOPS, per-path counts.
+    #[command(name = "seed-000")]
+    Seed000(bench::lab::seed_000::Seed000Args),
     /// Seed 001: 512 B and 4 KiB random reads at iodepth 128 on one core, through the
     /// block path and through a user-owned queue pair, same run.
     #[command(name = "seed-001")]
@@ -36,6 +40,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
     match &a.command {
         LabCommand::Baseline(b) => {
             bench::lab::baseline(b, &mut std::io::stdout())?;
+        }
+        LabCommand::Seed000(s) => {
+            let r = bench::lab::seed_000::lab(s)?;
+            let errors = bench::lab::seed_000::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("seed-000: {errors} cases with I/O errors").into());
+            }
         }
         LabCommand::Seed003(s) => {
             let r = bench::lab::seed_003::lab(s)?;
