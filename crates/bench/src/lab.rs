@@ -18,6 +18,7 @@ pub mod embedded;
 pub mod result;
 pub mod seed_000;
 pub mod seed_001;
+pub mod seed_002;
 pub mod seed_003;
 
 use std::io::Write;

@@ -24,6 +24,10 @@ enum LabCommand {
     /// block path and through a user-owned queue pair, same run.
     #[command(name = "seed-001")]
     Seed001(bench::lab::seed_001::Seed001Args),
+    /// Seed 002: tiobench-style 4k sequential and random writes and reads over 1, 2 and
+    /// 4 subsystems of 2 paths each: aggregate MiB/s, I/O errors and reconnects.
+    #[command(name = "seed-002")]
+    Seed002(bench::lab::seed_002::Seed002Args),
 }
 
 /// `qpath bench`: exits non-zero when a job failed.
@@ -53,6 +57,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
             let errors = bench::lab::seed_003::total_errors(&r);
             if errors > 0 {
                 return Err(format!("seed-003: {errors} I/O errors").into());
+            }
+        }
+        LabCommand::Seed002(s) => {
+            let r = bench::lab::seed_002::lab(s)?;
+            let errors = bench::lab::seed_002::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("seed-002: {errors} I/O errors, job errors, reconnects or failed queues").into());
             }
         }
         LabCommand::Seed001(s) => {
