@@ -20,6 +20,7 @@ pub mod seed_000;
 pub mod seed_001;
 pub mod seed_002;
 pub mod seed_003;
+pub mod seed_004;
 
 use std::io::Write;
 use std::sync::Arc;

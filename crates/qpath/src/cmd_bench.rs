@@ -24,6 +24,10 @@ enum LabCommand {
     /// block path and through a user-owned queue pair, same run.
     #[command(name = "seed-001")]
     Seed001(bench::lab::seed_001::Seed001Args),
+    /// Seed 004: per-stream 4k random reads at iodepth 64 over 1 I/O queue, N queues
+    /// on one completion context, and N queues on N contexts.
+    #[command(name = "seed-004")]
+    Seed004(bench::lab::seed_004::Seed004Args),
     /// Seed 002: tiobench-style 4k sequential and random writes and reads over 1, 2 and
     /// 4 subsystems of 2 paths each: aggregate MiB/s, I/O errors and reconnects.
     #[command(name = "seed-002")]
@@ -71,6 +75,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
             let errors = bench::lab::seed_001::total_errors(&r);
             if errors > 0 {
                 return Err(format!("seed-001: {errors} I/O errors").into());
+            }
+        }
+        LabCommand::Seed004(s) => {
+            let r = bench::lab::seed_004::lab(s)?;
+            let errors = bench::lab::seed_004::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("seed-004: {errors} I/O errors").into());
             }
         }
     }
