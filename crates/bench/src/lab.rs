@@ -15,6 +15,7 @@
 //! ```
 
 pub mod embedded;
+pub mod flaps;
 pub mod result;
 pub mod seed_000;
 pub mod seed_001;

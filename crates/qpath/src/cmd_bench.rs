@@ -9,6 +9,10 @@ pub struct LabArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum LabCommand {
+    /// Issue 4: path flaps that lose nothing. A 4k randwrite with crc32c verify through a
+    /// 2-path head while one path goes down (5 s every 10 s), then a read-back: link loss
+    /// (veth in network namespaces), port faults or ANA flips by RPC, or Linux nvmet.
+    Flaps(bench::lab::flaps::FlapsArgs),
     /// Measure the physical baseline: a raw loopback TCP ping-pong of a 4 KiB read's
     /// shape (72-byte request, 4,144-byte reply) and a raw TCP stream of 128 KiB writes.
     Baseline(bench::lab::LabBaselineArgs),
@@ -46,6 +50,16 @@ pub fn bench(a: &bench::lab::LabBenchArgs) -> Result<(), Box<dyn std::error::Err
 /// `qpath lab ...`.
 pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
     match &a.command {
+        LabCommand::Flaps(f) => match bench::lab::flaps::run(f)? {
+            bench::lab::flaps::FlapsOutcome::Skipped(why) => println!("SKIP: {why}"),
+            bench::lab::flaps::FlapsOutcome::Ran(r) => {
+                r.emit(&f.output)?;
+                let lost = bench::lab::flaps::losses(&r);
+                if lost > 0 {
+                    return Err(format!("flaps: {lost} I/O errors or verify failures").into());
+                }
+            }
+        },
         LabCommand::Baseline(b) => {
             bench::lab::baseline(b, &mut std::io::stdout())?;
         }
