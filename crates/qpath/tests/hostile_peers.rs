@@ -408,3 +408,41 @@ fn a_thousand_connections_opened_and_dropped() {
     }
     lab.finish();
 }
+
+#[test]
+fn a_peer_that_never_reads_its_responses_is_not_read_either() {
+    let lab = lab();
+    let (admin, cntlid) = Peer::admin(lab.addr, 0);
+    let mut q = Peer::io(lab.addr, cntlid, 1, 127);
+    // 20,000 4 KiB reads (80 MB of responses) sent without reading a byte back.
+    let n = 20_000u32;
+    let mut all = Vec::new();
+    for i in 0..n {
+        let sqe = Sqe::rw(io::READ, Cid((i % 4096) as u16), Nsid(1), 0, 8, SglDescriptor::transport(4096));
+        q.enc.capsule_cmd(&mut all, &sqe, 0);
+    }
+    let mut w = q.s.try_clone().unwrap();
+    w.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&all).map(|()| w));
+    std::thread::sleep(Duration::from_secs(1));
+    // Now read: every command is answered, and the writer gets through.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut done = 0u32;
+    while done < n {
+        assert!(Instant::now() < deadline, "only {done} of {n} answered: the target stopped serving the queue");
+        match q.pdu() {
+            (Header::C2HData(d), data) => {
+                assert_eq!(data.len(), 4096);
+                done += u32::from(d.success);
+            }
+            (Header::CapsuleResp(c), _) => {
+                assert_eq!(c.status, Status::SUCCESS);
+                done += 1;
+            }
+            (h, _) => panic!("unexpected {h:?}"),
+        }
+    }
+    writer.join().unwrap().expect("the target read every command once its responses were read");
+    drop((q, admin));
+    lab.finish();
+}
