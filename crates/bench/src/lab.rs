@@ -16,6 +16,7 @@
 
 pub mod embedded;
 pub mod flaps;
+pub mod mpath_delay;
 pub mod result;
 pub mod seed_000;
 pub mod seed_001;

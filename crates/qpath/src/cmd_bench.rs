@@ -24,6 +24,10 @@ enum LabCommand {
     /// the seed's two reference selectors: submission latency, IOPS, per-path counts.
     #[command(name = "seed-000")]
     Seed000(bench::lab::seed_000::Seed000Args),
+    /// Issue 4: one of two paths delayed +2 ms by the target; 4k random reads under
+    /// round-robin, queue-depth and latency: IOPS and per-path counts.
+    #[command(name = "mpath-delay")]
+    MpathDelay(bench::lab::mpath_delay::MpathDelayArgs),
     /// Seed 001: 512 B and 4 KiB random reads at iodepth 128 on one core, through the
     /// block path and through a user-owned queue pair, same run.
     #[command(name = "seed-001")]
@@ -68,6 +72,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
             let errors = bench::lab::seed_000::total_errors(&r);
             if errors > 0 {
                 return Err(format!("seed-000: {errors} cases with I/O errors").into());
+            }
+        }
+        LabCommand::MpathDelay(s) => {
+            let r = bench::lab::mpath_delay::lab(s)?;
+            let errors = bench::lab::seed_000::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("mpath-delay: {errors} cases with I/O errors").into());
             }
         }
         LabCommand::Seed003(s) => {

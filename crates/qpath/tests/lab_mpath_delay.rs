@@ -1,0 +1,102 @@
+//! `qpath lab mpath-delay` runs briefly end to end: the healthy reference and the three
+//! policies with path 2 delayed by the target, the table's shape, the JSON with its
+//! goals, per-path counts that add up to each case's I/Os, the SVG plot, and no I/O
+//! errors. Which policy is faster is the lab's to report, not this test's.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A warm-up and four cases of 0.3 s, with set-up and drain.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `qpath lab <args>` with a plot into a fresh directory; returns the JSON and the SVG.
+pub fn run_lab(name: &str, args: &[&str]) -> (Value, String) {
+    let dir = std::env::temp_dir().join(format!("qpath-lab-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plot = dir.join(format!("{name}.svg"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qpath"))
+        .arg("lab")
+        .arg(name)
+        .args(args)
+        .args(["--json", "--plot"])
+        .arg(&plot)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn qpath");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).ok();
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("qpath lab {name} ran longer than {RUN_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
+    assert!(status.success(), "qpath lab {name} failed:\n{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (v, svg)
+}
+
+#[test]
+fn mpath_delay_lab_runs_every_policy_without_errors() {
+    let (v, svg) = run_lab("mpath-delay", &["--runtime", "0.3", "--rounds", "1", "--jobs", "2", "--iodepth", "8"]);
+
+    assert_eq!(v["lab"], "mpath-delay");
+    let notes = v["notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("scaled to this 2-core machine")), "{notes:?}");
+    let columns = v["columns"].as_array().unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let cases = ["no delay, round-robin", "round-robin", "queue-depth", "latency"];
+    assert_eq!(rows.len(), cases.len(), "{rows:?}");
+    for (r, name) in rows.iter().zip(cases) {
+        assert_eq!(r.as_object().unwrap().len(), columns.len());
+        assert_eq!(r["case"], name);
+        assert_eq!(r["errors"], 0.0, "{r}");
+    }
+    let goals = v["goals"].as_array().unwrap();
+    assert_eq!(goals.len(), 3, "latency >= queue-depth, both > round-robin: {goals:?}");
+    assert!(goals.iter().all(|g| g["ratio"].is_number()), "{goals:?}");
+
+    let json_cases = v["cases"].as_array().unwrap();
+    assert_eq!(json_cases.len(), cases.len());
+    for (c, name) in json_cases.iter().zip(cases) {
+        assert_eq!(c["policy"], name);
+        assert_eq!(c["error"], 0, "{c}");
+        assert_eq!(c["path2_delay_us"], if name.starts_with("no delay") { 0 } else { 2000 }, "{name}");
+        let ios = c["total_ios"].as_u64().unwrap();
+        assert!(ios > 0, "{name} did I/O");
+        let paths = c["paths"].as_array().unwrap();
+        assert_eq!(paths.len(), 2, "{name}: {paths:?}");
+        let per_path: Vec<u64> = paths.iter().map(|x| x["ios"].as_u64().unwrap()).collect();
+        assert_eq!(per_path.iter().sum::<u64>(), ios, "{name}: per-path counts add up to the I/Os");
+        let bytes: u64 = paths.iter().map(|x| x["io_bytes"].as_u64().unwrap()).sum();
+        assert_eq!(bytes, ios * 4096, "{name}: 4 KiB each");
+        if name.contains("round-robin") {
+            // Each of the 2 job threads alternates, so the paths differ by at most one I/O per thread.
+            assert!(per_path[0].abs_diff(per_path[1]) <= 2, "{name}: {per_path:?}");
+        }
+    }
+    assert!(svg.starts_with("<svg") && svg.contains("queue-depth"), "{svg}");
+}
