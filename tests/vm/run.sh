@@ -14,6 +14,10 @@
 #               port 2, round-robin splits it evenly (per-path sysfs counts; 7.2 only)
 #   nvmet       our host against the guest kernel's nvmet-tcp: qpath discover, connect, bench
 #               with verify=crc32c on both ports and with digests (issue 3 acceptance 1)
+#   flaps       issue 4 acceptance 3c: `qpath lab flaps --mode nvmet`, our host's 4k randwrite +
+#               crc32c verify through a 2-path head while the guest's nvmet removes and re-adds
+#               one port's subsystem link in configfs (FLAPS_DOWN s every FLAPS_PERIOD s for
+#               FLAPS_RUNTIME s: 5/10/120), then a read-back: zero errors, zero verify failures
 #   all         every scenario on the kernels it applies to (6.1 interop with --capture)
 # --capture: tshark records the scenario's NVMe/TCP traffic on the tap; afterwards Wireshark's
 #   dissector must find no malformed frame, expert error, unknown PDU type or bad digest, and
@@ -40,17 +44,17 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|qdpolicy|nvmet) ;;
+  interop|ana|durability|qdpolicy|nvmet|flaps) ;;
   all)
     rc=0
     for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
       "sid qdpolicy" \
-      "bookworm nvmet" "sid nvmet"; do
+      "bookworm nvmet" "sid nvmet" "sid flaps"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -270,6 +274,51 @@ EOF
   for i in $(seq 120); do kill -0 "$BOOT_PID" 2>/dev/null || break; sleep 0.5; done
   BOOT_RC=0; wait "$BOOT_PID" || BOOT_RC=$?
   if [ "$BOOT_RC" = 0 ]; then pass "guest target stopped cleanly"; else fail "guest exit $BOOT_RC"; fi
+}
+
+# Issue #4 acceptance 3c: path flaps against Linux nvmet. The guest (guest/nvmet-flaps.sh)
+# serves a brd namespace on ports 4420 and 4421 and takes "down N" / "up N" on TCP 5600;
+# `qpath lab flaps --mode nvmet` (in netns vmlab) writes through both paths, sends those
+# commands on its schedule, reads everything back and reports; no qpath target runs here.
+scenario_flaps() {
+  QPATH_NQN=nqn.2026-11.io.qpath:flaps
+  local g=$VMLAB_GUEST_IP i rc json=$D/flaps.json runtime=${FLAPS_RUNTIME:-120}
+  boot_guest "$VM_DIR/guest/nvmet-flaps.sh" "vmlab.env.SERVE_SECONDS=$((BOOT_TIMEOUT - 60))" \
+    "vmlab.env.NS_SIZE_MB=256" "vmlab.env.FLAP_PORT=5600"
+  for i in $(seq "$BOOT_TIMEOUT"); do
+    grep -aq VMLAB-READY-FOR-HOST "$SERIAL" 2>/dev/null && break
+    kill -0 "$BOOT_PID" 2>/dev/null || break
+    sleep 1
+  done
+  if ! grep -aq VMLAB-READY-FOR-HOST "$SERIAL" 2>/dev/null; then
+    fail "the guest's nvmet target never became ready (serial log: $SERIAL)"; return 0
+  fi
+  pass "Linux $(kver) nvmet-tcp serves $QPATH_NQN on $g:4420 and :4421"
+  say "qpath lab flaps --mode nvmet: $runtime s of writes, ${FLAPS_DOWN:-5} s down every ${FLAPS_PERIOD:-10} s"
+  ip netns exec "$VMLAB_NETNS" timeout $((runtime * 3 + 600)) "$QPATH_BIN" lab flaps --mode nvmet \
+    --path "$g:4420" --path "$g:4421" --nqn "$QPATH_NQN" --control "$g:5600" --size-mib 256 \
+    --runtime "$runtime" --down "${FLAPS_DOWN:-5}" --period "${FLAPS_PERIOD:-10}" \
+    --json --output "$json" --plot "$D/flaps.svg" > "$D/flaps.out" 2>&1; rc=$?
+  grep -E 'WARN|ERROR' "$D/flaps.out" | head -20 | sed 's/^/  lab: /'
+  if [ -s "$json" ] && python3 "$VM_DIR/flaps-check.py" "$json"; then
+    pass "qpath lab flaps --mode nvmet: zero I/O errors, zero verify failures, every outage run, both paths reconnected and used (report: $json)"
+  else
+    fail "qpath lab flaps --mode nvmet: errors, verify failures, a failed flap or a path never back (report: $json, log: $D/flaps.out)"
+  fi
+  [ "$rc" = 0 ] || fail "qpath lab flaps exited $rc (log: $D/flaps.out)"
+  ip netns exec "$VMLAB_NETNS" timeout 30 python3 - "$g" <<'EOF' || fail "could not send 'done' to the guest's flap control"
+import socket, sys, time
+for attempt in range(40):
+    try:
+        s = socket.create_connection((sys.argv[1], 5600), timeout=5)
+        s.sendall(b"done\n"); s.close(); sys.exit(0)
+    except OSError:
+        time.sleep(0.5)
+sys.exit(1)
+EOF
+  for i in $(seq 120); do kill -0 "$BOOT_PID" 2>/dev/null || break; sleep 0.5; done
+  BOOT_RC=0; wait "$BOOT_PID" || BOOT_RC=$?
+  check_guest
 }
 
 # ---- --capture ------------------------------------------------------------------------

@@ -278,8 +278,18 @@ const NVMET_SETTLE: Duration = Duration::from_secs(5);
 
 impl NvmetFlapper {
     fn send(&self, line: &str) -> Result<()> {
-        let mut s = TcpStream::connect_timeout(&self.control, Duration::from_secs(5))
-            .map_err(|e| Error::io(format!("connect to the guest's flap control {}", self.control), e))?;
+        // The guest listens for one command at a time (busybox `nc -l` in a loop): between
+        // two commands the port is closed for a moment, so connecting is retried.
+        let deadline = Instant::now() + NVMET_SETTLE;
+        let mut s = loop {
+            match TcpStream::connect_timeout(&self.control, Duration::from_secs(2)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(Error::io(format!("connect to the guest's flap control {}", self.control), e));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
         s.write_all(format!("{line}\n").as_bytes()).map_err(|e| Error::io("send a flap command", e))?;
         let _ = s.shutdown(std::net::Shutdown::Write);
