@@ -60,7 +60,7 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
                 r.emit(&f.output)?;
                 let lost = bench::lab::flaps::losses(&r);
                 if lost > 0 {
-                    return Err(format!("flaps: {lost} I/O errors or verify failures").into());
+                    return Err(format!("flaps: {lost} I/O errors, verify failures or blocks not read back").into());
                 }
             }
         },

@@ -593,7 +593,12 @@ fn result(
     r.extra.insert("read_back".into(), rep.read.json());
     r.extra.insert(
         "verify".into(),
-        json!({"checked": rep.verify_checked, "failures": rep.verify_failures, "first": rep.first_mismatch}),
+        json!({
+            "written": rep.blocks_written,
+            "checked": rep.verify_checked,
+            "failures": rep.verify_failures,
+            "first": rep.first_mismatch,
+        }),
     );
     r.extra.insert(
         "paths".into(),
@@ -613,9 +618,10 @@ fn result(
     r
 }
 
-/// I/O errors plus verify failures in a result from [`run`] (non-zero fails the command).
+/// I/O errors, verify failures and written blocks the read-back did not check, in a result
+/// from [`run`] (non-zero fails the command).
 pub fn losses(r: &LabResult) -> u64 {
     let n = |k: &str| r.extra.get(k).and_then(|v| v["errors"].as_u64()).unwrap_or(0);
-    let v = r.extra.get("verify").and_then(|v| v["failures"].as_u64()).unwrap_or(0);
-    n("write") + n("read_back") + v
+    let v = |k: &str| r.extra.get("verify").and_then(|v| v[k].as_u64()).unwrap_or(0);
+    n("write") + n("read_back") + v("failures") + v("written").saturating_sub(v("checked"))
 }
