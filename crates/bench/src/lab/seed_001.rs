@@ -318,6 +318,14 @@ impl Sample {
         (self.cpu_us as f64 * 1000.0 - self.idle_ns as f64).max(0.0) / self.ios as f64
     }
 
+    /// The submitting thread's CPU time over the job's runtime. The meter times
+    /// empty polls by the wall clock, so busy ns per I/O holds only while the thread
+    /// keeps its core (≈ 1 here): a thread preempted inside an empty poll counts the
+    /// preemption as idle, and busy time comes out too low (0 on a loaded machine).
+    pub fn on_cpu_share(&self) -> f64 {
+        if self.runtime_ms == 0 { f64::NAN } else { self.cpu_us as f64 / (self.runtime_ms as f64 * 1000.0) }
+    }
+
     /// Share of the submitting thread's CPU time spent in empty polls.
     pub fn idle_share(&self) -> f64 {
         if self.cpu_us == 0 { f64::NAN } else { (self.idle_ns as f64 / (self.cpu_us as f64 * 1000.0)).min(1.0) }
@@ -445,7 +453,9 @@ fn report(samples: &[Sample], runtime: Duration, rounds: u32, target: &str, job_
     r.note(format!(
         "{rounds} round(s) of {:.1} s per case, paths alternating first; medians shown. 'host busy ns/IO' = (the \
          job thread's user+system CPU time - time in polls that found nothing) / reads; 'host idle' = that empty-poll \
-         share of its CPU time. A host that idles is waiting for the target: then IOPS measure the target, and \
+         share of its CPU time; 'host on-CPU' = its CPU time / the job's runtime: the busy figures hold only near 1 \
+         (a thread preempted in an empty poll counts the preemption as idle, so on a loaded machine busy ns/IO \
+         reads too low, down to 0). A host that idles is waiting for the target: then IOPS measure the target, and \
          '1-core host capacity' (1e9 / busy ns) is what the host core alone would carry.",
         runtime.as_secs_f64()
     ));
@@ -458,6 +468,7 @@ fn report(samples: &[Sample], runtime: Duration, rounds: u32, target: &str, job_
         "host CPU ns/IO",
         "host busy ns/IO",
         "host idle",
+        "host on-CPU",
         "1-core host capacity",
         "capacity vs block",
         "errors",
@@ -481,6 +492,7 @@ fn report(samples: &[Sample], runtime: Duration, rounds: u32, target: &str, job_
                 Cell::num(med(samples, path, bs, Sample::cpu_ns_per_io), "ns"),
                 Cell::num(busy, "ns"),
                 Cell::num(med(samples, path, bs, Sample::idle_share), ""),
+                Cell::num(med(samples, path, bs, Sample::on_cpu_share), ""),
                 Cell::num(1e9 / busy, "IOPS"),
                 Cell::num(busy_block / busy, ""),
                 Cell::num(errors as f64, ""),
@@ -522,6 +534,7 @@ fn report(samples: &[Sample], runtime: Duration, rounds: u32, target: &str, job_
                 "clat_us_mean": s.clat_us,
                 "cpu_ns_per_io": s.cpu_ns_per_io(),
                 "busy_ns_per_io": s.busy_ns_per_io(),
+                "on_cpu_share": s.on_cpu_share(),
                 "errors": s.errors,
             })
         })
