@@ -203,7 +203,8 @@ pub struct PhaseResult {
 pub struct ConfigResult {
     /// Subsystems.
     pub subsystems: usize,
-    /// I/O queues per controller (each job thread owns one on each path of its subsystem).
+    /// I/O queues per controller carrying I/O at a time (each job thread owns one on each
+    /// path of its subsystem; the controller connects one per job thread of all four steps).
     pub queues_per_path: usize,
     /// Per phase, in [`PHASES`] order.
     pub phases: Vec<PhaseResult>,
@@ -368,12 +369,14 @@ fn build(args: &Seed002Args, configs: &[ConfigResult]) -> LabResult {
     r.note(format!(
         "scaled to {} CPUs: {} job threads per step in every configuration, spread evenly over the subsystems \
          (the seed's 4 per subsystem would oversubscribe the cores); each job thread owns one I/O queue on each \
-         path of its subsystem, so N = {}/S queues per path (8, 4, 2 at the default) and {} queues in use in \
-         every configuration",
+         path of its subsystem, so N = {}/S queues per path carry I/O at a time ({} in use in every \
+         configuration); each controller connects one queue per job thread of the whole run, N x 4 steps \
+         ({} with one subsystem, the seed's 32 at the default)",
         uring::online_cpus(),
         args.jobs,
         args.jobs,
-        args.jobs as usize * PATHS
+        args.jobs as usize * PATHS,
+        args.jobs as usize * PHASES.len()
     ));
     r.note(format!(
         "job: bs=4k, iodepth={}, {secs} s per step (seq write, rand write, seq read, rand read, stonewalled), \
