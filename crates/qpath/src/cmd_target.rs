@@ -29,6 +29,16 @@ pub struct TargetArgs {
     /// Replace the listen addresses of the config's ports, in order (e.g. for a network namespace).
     #[arg(long = "listen")]
     listen: Vec<String>,
+    /// Fairness: PDUs one connection parses per reactor turn (overrides the config; 0 = no limit).
+    #[arg(long = "rx-budget-pdus", value_name = "PDUS")]
+    rx_budget_pdus: Option<u32>,
+    /// Fairness: most bytes in one send batch of a connection (overrides the config; 0 = no limit).
+    #[arg(long = "tx-batch-bytes", value_name = "BYTES")]
+    tx_batch_bytes: Option<usize>,
+    /// Fairness: a reactor turn stops parsing deep queues' input this many µs after it began,
+    /// to send what is ready (overrides the config; 0 = no deadline).
+    #[arg(long = "tx-deadline-us", value_name = "US")]
+    tx_deadline_us: Option<u64>,
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 127.0.0.1:9420.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
@@ -59,6 +69,15 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(c) = a.cpus {
         cfg.reactor.cpus = c;
+    }
+    if let Some(v) = a.rx_budget_pdus {
+        cfg.options.rx_budget_pdus = v;
+    }
+    if let Some(v) = a.tx_batch_bytes {
+        cfg.options.tx_batch_bytes = v;
+    }
+    if let Some(v) = a.tx_deadline_us {
+        cfg.options.tx_deadline_us = v;
     }
     for (i, addr) in a.listen.iter().enumerate() {
         match cfg.ports.get_mut(i) {

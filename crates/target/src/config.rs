@@ -4,6 +4,9 @@
 //! ```toml
 //! [options]                      # transport limits (all optional)
 //! in_capsule_data_size = 8192
+//! rx_budget_pdus = 16            # fairness per connection per reactor turn (0 = no limit)
+//! tx_batch_bytes = 65536
+//! tx_deadline_us = 50
 //! max_connections_per_port = 4096     # limits on what peers may hold (defaults shown,
 //! max_connections_per_host = 2048     #   see crate::limits; changeable at run time by
 //! max_connections_per_hostnqn = 2048  #   the set_limits RPC)
@@ -462,6 +465,15 @@ mod tests {
         assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_size("1.5k").unwrap(), 1536);
         assert!(parse_size("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn fairness_options_parse_and_default() {
+        let c = Config::parse("[options]\nrx_budget_pdus = 8\ntx_batch_bytes = 32768\ntx_deadline_us = 0\n").unwrap();
+        assert_eq!((c.options.rx_budget_pdus, c.options.tx_batch_bytes, c.options.tx_deadline_us), (8, 32768, 0));
+        let d = Config::parse("[options]\n").unwrap().options;
+        assert_eq!((d.rx_budget_pdus, d.tx_batch_bytes, d.tx_deadline_us), (16, 64 * 1024, 50));
+        assert!(Config::parse("[options]\ntx_deadline_us = -1\n").is_err(), "a negative deadline is refused");
     }
 
     #[test]

@@ -10,14 +10,25 @@
 //! ```text
 //!  loop {
 //!     turn(Poll | Block{timeout})   one io_uring_enter: submit + reap
-//!       recv done  -> conn.on_recv  -> maybe take_send() -> ring.send
+//!       recv done  -> conn.queue_input -> ready list (shallow or deep)
 //!       send done  -> conn.on_send_done
 //!       file done  -> conn.on_file_done
 //!     due timers (held completions), ticks every 10 ms (keep-alive, AEN, teardown)
 //!     mailbox: new connections, shutdown
+//!     ready lists, shallow then deep, round-robin: conn.process_input (≤ rx_budget_pdus
+//!       each), until tx_deadline_us; connections with input left wait for the next turn
+//!     touched connections, shallow first: take_send() -> ring.send, recv re-armed
 //!  }
 //! ```
+//!
+//! Fairness (seed 002; Linux nvmet-tcp's receive/send budgets and nvme-tcp's io_work
+//! deadline): a connection parses at most `rx_budget_pdus` PDUs per turn and sends at
+//! most `tx_batch_bytes` per batch, one batch in flight, so a flooded queue cannot hold
+//! the reactor. Queues whose host keeps few commands in flight ([`Connection::is_deep`])
+//! are parsed, and their sends queued in the ring, before deep ones: a QD1 command waits
+//! for at most one budget of a flood's work, not for its whole queue.
 
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -138,6 +149,10 @@ struct Entry {
     send_inflight: bool,
     cancelled: bool,
     timer_armed: bool,
+    /// On a ready list: received input waits to be parsed.
+    ready: bool,
+    /// The turn it went on the ready list.
+    ready_turn: u64,
 }
 
 /// Starts reactor `index`.
@@ -214,6 +229,13 @@ struct Reactor {
     free_keys: Vec<usize>,
     generation: u64,
     touched: Vec<usize>,
+    /// Connections with input to parse: latency-sensitive ones, then deep ones (each
+    /// served round-robin), and scratch for the ones served in a turn.
+    ready_shallow: VecDeque<usize>,
+    ready_deep: VecDeque<usize>,
+    ready_served: Vec<usize>,
+    /// Loop turns so far.
+    turn: u64,
     timer_keys: Vec<usize>,
     last_tick: Instant,
     last_activity: Instant,
@@ -244,6 +266,10 @@ impl Reactor {
             free_keys: Vec::new(),
             generation: 0,
             touched: Vec::with_capacity(256),
+            ready_shallow: VecDeque::with_capacity(256),
+            ready_deep: VecDeque::with_capacity(256),
+            ready_served: Vec::with_capacity(256),
+            turn: 0,
             timer_keys: Vec::new(),
             last_tick: Instant::now(),
             last_activity: Instant::now(),
@@ -262,8 +288,10 @@ impl Reactor {
                 tracing::error!(reactor = self.index, "io_uring turn failed: {e}");
                 std::thread::sleep(Duration::from_millis(1));
             }
+            self.turn += 1;
+            let turn_start = Instant::now();
             if !done.is_empty() {
-                self.last_activity = Instant::now();
+                self.last_activity = turn_start;
             }
             for c in done.drain(..) {
                 self.complete(c, &mut touched);
@@ -279,9 +307,15 @@ impl Reactor {
             for m in msgs {
                 self.on_msg(m);
             }
+            self.process_ready(turn_start);
             let touched = std::mem::take(&mut self.touched);
-            for &k in &touched {
-                self.drive(k);
+            // Shallow queues' sends go into the ring, and out of it, first.
+            for deep in [false, true] {
+                for &k in &touched {
+                    if self.conns.get(k).and_then(Option::as_ref).is_some_and(|e| e.conn.is_deep() == deep) {
+                        self.drive(k);
+                    }
+                }
             }
             self.touched = touched;
             self.touched.clear();
@@ -298,7 +332,7 @@ impl Reactor {
     }
 
     fn wait_mode(&self) -> Wait {
-        if self.busy || !self.touched.is_empty() {
+        if self.busy || !self.touched.is_empty() || !self.ready_shallow.is_empty() || !self.ready_deep.is_empty() {
             return Wait::Poll;
         }
         let mut timeout = TICK.saturating_sub(self.last_tick.elapsed());
@@ -356,10 +390,10 @@ impl Reactor {
                             let mut buf = buf;
                             let len = buf.len();
                             buf.set_len(len - n);
-                            e.conn.on_recv(buf, n, ctx);
+                            e.conn.queue_input(buf, n, ctx.now_ns);
                         }
                         Err(err) => {
-                            e.conn.on_recv(buf, 0, ctx);
+                            e.conn.queue_input(buf, 0, ctx.now_ns);
                             if err.raw_os_error() != Some(libc::ECANCELED) {
                                 e.conn.close(&format!("recv failed: {err}"));
                             }
@@ -367,6 +401,7 @@ impl Reactor {
                     }
                     let _ = start;
                 });
+                self.make_ready(key);
             }
             KIND_SEND => {
                 let res = c.io_result().map(|_| ());
@@ -377,6 +412,8 @@ impl Reactor {
                         e.conn.on_send_done(m, res, ctx);
                     }
                 });
+                // Input resumed after the send may have stopped at the PDU budget.
+                self.make_ready(key);
             }
             KIND_FILE => {
                 let res = c.io_result();
@@ -391,6 +428,56 @@ impl Reactor {
         if !touched.contains(&key) {
             touched.push(key);
         }
+    }
+
+    /// Puts a connection with input to parse at the back of the ready list its depth picks.
+    fn make_ready(&mut self, key: usize) {
+        let turn = self.turn;
+        let Some(Some(e)) = self.conns.get_mut(key) else { return };
+        if e.ready || !e.conn.has_input() {
+            return;
+        }
+        e.ready = true;
+        e.ready_turn = turn;
+        if e.conn.is_deep() {
+            self.ready_deep.push_back(key);
+        } else {
+            self.ready_shallow.push_back(key);
+        }
+    }
+
+    /// Parses the input of ready connections, each within its PDU budget: every shallow
+    /// one (a few PDUs each), then deep ones round-robin until `tx_deadline_us` after the
+    /// turn began (at least one, so they never starve). Deep connections not served keep
+    /// their place at the front; served ones with input left go to the back.
+    fn process_ready(&mut self, turn_start: Instant) {
+        let deadline_us = self.target.opts.tx_deadline_us;
+        let deadline = (deadline_us > 0).then(|| turn_start + Duration::from_micros(deadline_us));
+        let mut served = std::mem::take(&mut self.ready_served);
+        for deep in [false, true] {
+            let waiting = if deep { self.ready_deep.len() } else { self.ready_shallow.len() };
+            for i in 0..waiting {
+                if deep && i > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+                let list = if deep { &mut self.ready_deep } else { &mut self.ready_shallow };
+                let Some(key) = list.pop_front() else { break };
+                let turn = self.turn;
+                let Some(Some(e)) = self.conns.get_mut(key) else { continue };
+                e.ready = false;
+                e.conn.info().stats.ready_wait_turns_max.max(turn - e.ready_turn);
+                self.with_conn(key, |e, ctx| e.conn.process_input(ctx));
+                served.push(key);
+                if !self.touched.contains(&key) {
+                    self.touched.push(key);
+                }
+            }
+        }
+        for &key in &served {
+            self.make_ready(key);
+        }
+        served.clear();
+        self.ready_served = served;
     }
 
     /// Submits whatever the connection wants next, and frees it when it is done.
@@ -453,6 +540,10 @@ impl Reactor {
             // peer sees the FIN even if the reactor is about to exit.
             drop(e.stream.take());
             tracing::debug!(reactor = self.index, peer = ?e.conn.info().peer, reason = ?e.conn.close_reason(), "connection freed");
+            if e.ready {
+                self.ready_shallow.retain(|&k| k != key);
+                self.ready_deep.retain(|&k| k != key);
+            }
             self.free_keys.push(key);
         }
     }
@@ -526,6 +617,8 @@ impl Reactor {
             send_inflight: false,
             cancelled: false,
             timer_armed: false,
+            ready: false,
+            ready_turn: 0,
         };
         let key = match self.free_keys.pop() {
             Some(k) => {

@@ -49,6 +49,17 @@ pub struct TargetOptions {
     /// commands wait for its own buffers beyond this. In-capsule data is not counted: it
     /// is bounded by the queue size times `in_capsule_data_size`.
     pub max_buffer_bytes_per_connection: usize,
+    /// Fairness: PDUs one connection parses per reactor turn; the rest of its input waits
+    /// for its next turn, after the other ready connections' (0 = no limit). Linux nvmet-tcp
+    /// receives 8 per pass.
+    pub rx_budget_pdus: u32,
+    /// Fairness: most bytes in one send batch, and so sent per connection per turn (one
+    /// batch in flight each); responses beyond it wait for the next batch (0 = no limit).
+    pub tx_batch_bytes: usize,
+    /// Fairness: a reactor turn stops parsing received input this many µs after it began
+    /// and goes back to the ring to send what is ready (at least one connection is served
+    /// per turn; 0 = no deadline). Linux nvme-tcp's io_work deadline, in µs since seed 002.
+    pub tx_deadline_us: u64,
 }
 
 impl Default for TargetOptions {
@@ -65,6 +76,9 @@ impl Default for TargetOptions {
             max_connections_per_host: 2048,
             max_connections_per_hostnqn: 2048,
             max_buffer_bytes_per_connection: 16 << 20,
+            rx_budget_pdus: 16,
+            tx_batch_bytes: 64 * 1024,
+            tx_deadline_us: 50,
         }
     }
 }

@@ -26,6 +26,12 @@ pub struct QueueStats {
     pub outstanding: Counter,
     /// Sum of command service times in ns (for the mean).
     pub latency_ns_sum: Counter,
+    /// Input passes the PDU budget (`rx_budget_pdus`) cut short.
+    pub rx_budget_stops: Counter,
+    /// Most PDUs one input pass parsed (at most `rx_budget_pdus` when it is set).
+    pub rx_pass_pdus_max: Counter,
+    /// Most reactor turns this queue's received input waited, other queues served first.
+    pub ready_wait_turns_max: Counter,
 }
 
 /// A single-writer counter.
@@ -42,6 +48,13 @@ impl Counter {
     #[inline]
     pub fn sub(&self, v: u64) {
         self.0.store(self.0.load(Ordering::Relaxed).wrapping_sub(v), Ordering::Relaxed);
+    }
+    /// Raises the value to `v` if it is larger (only from the owning thread).
+    #[inline]
+    pub fn max(&self, v: u64) {
+        if v > self.0.load(Ordering::Relaxed) {
+            self.0.store(v, Ordering::Relaxed);
+        }
     }
     /// Current value.
     #[inline]
@@ -69,6 +82,12 @@ pub struct QueueStatsSnapshot {
     pub outstanding: u64,
     /// Mean service time in ns.
     pub latency_ns_mean: u64,
+    /// Input passes the PDU budget cut short.
+    pub rx_budget_stops: u64,
+    /// Most PDUs one input pass parsed.
+    pub rx_pass_pdus_max: u64,
+    /// Most reactor turns received input waited for this queue's turn.
+    pub ready_wait_turns_max: u64,
 }
 
 impl QueueStats {
@@ -84,6 +103,9 @@ impl QueueStats {
             errors: self.errors.get(),
             outstanding: self.outstanding.get(),
             latency_ns_mean: self.latency_ns_sum.get() / done,
+            rx_budget_stops: self.rx_budget_stops.get(),
+            rx_pass_pdus_max: self.rx_pass_pdus_max.get(),
+            ready_wait_turns_max: self.ready_wait_turns_max.get(),
         }
     }
 }

@@ -190,6 +190,13 @@ const TX_BATCH_SEGMENTS: usize = uring::SEND_SEGMENTS_MAX - 8;
 /// either (TCP pushes back on it), instead of growing the send queue without bound.
 const TX_PAUSE_BYTES: usize = 64 * 1024;
 
+/// A queue whose input passes parse at most this many PDUs counts as latency-sensitive
+/// (see [`Connection::is_deep`]): a QD1 host sends one command per receive.
+const SHALLOW_PDUS_MAX: u32 = 2;
+/// Bytes of a response beyond its data: C2HData and CapsuleResp headers with digests and
+/// the largest data alignment padding (an estimate for `tx_batch_bytes`, never a bound).
+const RESPONSE_BYTES_MAX: usize = 24 + 4 + 4 + 128 + 24 + 4;
+
 /// Slots beyond SQSIZE: outstanding AERs on the admin queue.
 const EXTRA_SLOTS: usize = crate::controller::MAX_AERS;
 /// Slots before Connect (the Connect itself).
@@ -216,6 +223,11 @@ pub struct Connection {
     rx_paused: bool,
     /// A PDU is partly received.
     mid_pdu: bool,
+    /// Received bytes wait for [`Connection::process_input`] (the PDU budget stopped the
+    /// last pass, or the driver has not given this connection its turn yet).
+    rx_pending: bool,
+    /// PDUs the last input pass parsed: how deep the host drives this queue.
+    rx_pass_pdus: u32,
     scratch: Vec<u8>,
     binding: Option<Binding>,
     /// The queue's place under the per-host-NQN limit.
@@ -295,6 +307,8 @@ impl Connection {
             tx_inflight: false,
             rx_paused: false,
             mid_pdu: false,
+            rx_pending: false,
+            rx_pass_pdus: 0,
             scratch: Vec::with_capacity(256),
             binding: None,
             host_ticket: None,
@@ -448,6 +462,19 @@ impl Connection {
         self.tx.push_bytes(bytes);
     }
 
+    /// Fairness: queues the batch being filled if `more` bytes would take it past
+    /// `TargetOptions::tx_batch_bytes`, so one send never carries a whole flood (a batch
+    /// holds at least one response, however large).
+    fn tx_seal_batch(&mut self, more: usize) {
+        let cap = self.target.opts.tx_batch_bytes;
+        if cap == 0 || self.tx.is_empty() || self.tx.len() + more <= cap {
+            return;
+        }
+        let fresh = self.tx_spares.pop().unwrap_or_default();
+        let full = std::mem::replace(&mut self.tx, fresh);
+        self.tx_full.push_back(full);
+    }
+
     fn tx_over(&self) -> bool {
         !self.tx_full.is_empty() || self.tx.header().len() >= TX_PAUSE_BYTES
     }
@@ -457,6 +484,10 @@ impl Connection {
     /// The buffer to receive into and the range to fill, if the connection
     /// wants input. The driver gives it back with [`Connection::on_recv`].
     pub fn take_recv_buf(&mut self) -> Option<(IoBuf, std::ops::Range<usize>)> {
+        if self.rx_pending {
+            // What was received is parsed first (no receive buffer to lend meanwhile).
+            return None;
+        }
         if self.rx_paused || !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
             return None;
         }
@@ -483,8 +514,17 @@ impl Connection {
         Some((buf, start..cap))
     }
 
-    /// `n` bytes were received at the end of `buf` (0 = the peer closed).
-    pub fn on_recv(&mut self, mut buf: IoBuf, n: usize, ctx: &mut ConnCtx<'_>) {
+    /// `n` bytes were received at the end of `buf` (0 = the peer closed):
+    /// [`Connection::queue_input`] then [`Connection::process_input`].
+    pub fn on_recv(&mut self, buf: IoBuf, n: usize, ctx: &mut ConnCtx<'_>) {
+        self.queue_input(buf, n, ctx.now_ns);
+        self.process_input(ctx);
+    }
+
+    /// `n` bytes were received at the end of `buf` (0 = the peer closed). They are parsed
+    /// by [`Connection::process_input`] when the driver gives this connection its turn;
+    /// no receive is wanted until then.
+    pub fn queue_input(&mut self, mut buf: IoBuf, n: usize, now_ns: u64) {
         if n == 0 {
             self.rx = Some(buf);
             self.close("peer closed the connection");
@@ -492,7 +532,32 @@ impl Connection {
         }
         let len = buf.len() + n;
         buf.set_len(len.min(buf.capacity()));
-        self.traffic_ms = ctx.now_ns / 1_000_000;
+        self.traffic_ms = now_ns / 1_000_000;
+        self.rx = Some(buf);
+        self.rx_pending = true;
+    }
+
+    /// Whether received bytes wait for [`Connection::process_input`].
+    pub fn has_input(&self) -> bool {
+        self.rx_pending && matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live)
+    }
+
+    /// Whether the host keeps this queue busy: its last pass parsed more than
+    /// [`SHALLOW_PDUS_MAX`] PDUs or hit the budget, or output waits beyond the batch being
+    /// filled. A driver serves the other queues first (a QD1 command does not wait behind
+    /// a flood's PDUs or its send).
+    pub fn is_deep(&self) -> bool {
+        self.rx_pass_pdus > SHALLOW_PDUS_MAX || !self.tx_full.is_empty()
+    }
+
+    /// Parses buffered input: at most `TargetOptions::rx_budget_pdus` PDUs, so one busy
+    /// queue cannot hold its reactor; what is left stays pending ([`Connection::has_input`]).
+    pub fn process_input(&mut self, ctx: &mut ConnCtx<'_>) {
+        if !self.rx_pending {
+            return;
+        }
+        self.rx_pending = false;
+        let Some(mut buf) = self.rx.take() else { return };
         self.process(&mut buf, ctx);
         self.note_rx(&buf);
         self.rx = Some(buf);
@@ -510,16 +575,26 @@ impl Connection {
     pub fn feed(&mut self, data: &[u8], ctx: &mut ConnCtx<'_>) -> usize {
         let mut taken = 0;
         while taken < data.len() {
+            // Input the PDU budget left is parsed first (each pass parses at least one PDU).
+            while self.has_input() {
+                self.process_input(ctx);
+            }
             let Some((mut buf, range)) = self.take_recv_buf() else { break };
             let n = (data.len() - taken).min(range.len());
             buf.as_full_mut()[range.start..range.start + n].copy_from_slice(&data[taken..taken + n]);
             self.on_recv(buf, n, ctx);
             taken += n;
         }
+        // No driver gives this connection turns: what the budget left is parsed now.
+        while self.has_input() {
+            self.process_input(ctx);
+        }
         taken
     }
 
     fn process(&mut self, buf: &mut IoBuf, ctx: &mut ConnCtx<'_>) {
+        let budget = self.target.opts.rx_budget_pdus;
+        self.rx_pass_pdus = 0;
         loop {
             if !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
                 return;
@@ -529,6 +604,12 @@ impl Connection {
                 Rx::Header if self.tx_over() => {
                     // The peer is not taking its responses: stop here until a send completes.
                     self.rx_paused = true;
+                    return;
+                }
+                Rx::Header if budget > 0 && self.rx_pass_pdus >= budget => {
+                    // Fairness: the rest waits for this connection's next turn.
+                    self.rx_pending = !avail.is_empty();
+                    self.info.stats.rx_budget_stops.add(1);
                     return;
                 }
                 Rx::Header => match self.dec.decode_header(avail) {
@@ -546,6 +627,8 @@ impl Connection {
                         }
                         self.rx_pos += skip;
                         self.pdus += 1;
+                        self.rx_pass_pdus += 1;
+                        self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
                         self.on_header(info, ctx);
                     }
                 },
@@ -1310,6 +1393,9 @@ impl Connection {
     /// then CapsuleResp unless C2HData carried SUCCESS) and frees the slot.
     fn respond(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let qid = self.qid().unwrap_or(QueueId(0));
+        let r = &self.reqs[usize::from(slot)];
+        let data_bytes = if r.status.is_success() && r.c2h { r.xfer_len as usize } else { 0 };
+        self.tx_seal_batch(data_bytes + RESPONSE_BYTES_MAX);
         let r = &mut self.reqs[usize::from(slot)];
         let cid = r.sqe.cid();
         let status = r.status;

@@ -1,0 +1,200 @@
+//! Fairness budgets of one connection (issue 6): the PDU budget cuts an input pass and
+//! keeps the rest for the connection's next turn, `tx_batch_bytes` splits a flood's
+//! responses into bounded send batches, a pass of one PDU marks a queue shallow, and
+//! budgets of 0 mean no limit. Driven in-process, byte by byte, no reactor or socket.
+
+#![allow(clippy::cast_possible_truncation)] // test sizes are small
+
+mod support;
+
+use std::sync::Arc;
+
+use nvme::opcode::io;
+use nvme::tcp::{Digests, Header};
+use nvme::{Nsid, SglDescriptor, Sqe, Status};
+use qpath_target::backend::Backend;
+use qpath_target::namespace::NamespaceSpec;
+use qpath_target::port::PortKind;
+use qpath_target::registry::{TargetOptions, TargetState};
+use qpath_target::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
+use qpath_target::tcp::ConnCtx;
+use support::{HOSTNQN, Host, NQN};
+
+/// `support::target()` with these options.
+fn target_with(opts: TargetOptions) -> Arc<TargetState> {
+    let t = Arc::new(TargetState::new(opts));
+    t.add_port(1, "127.0.0.1:4420".parse().unwrap(), PortKind::Io).unwrap();
+    let s = t
+        .add_subsystem(
+            Subsystem::new(
+                NQN,
+                SubsysKind::Nvm,
+                "QPTEST0001",
+                "qpath test",
+                HostAccess { allow_any: false, hosts: vec![HOSTNQN.to_string()] },
+                SubsysLimits::default(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    s.add_namespace(NamespaceSpec {
+        nsid: 1,
+        backend: Backend::ram(1 << 20).unwrap(),
+        size: None,
+        block_size: 512,
+        anagrpid: 1,
+        uuid: None,
+        readonly: false,
+    })
+    .unwrap();
+    t
+}
+
+/// An I/O queue (with its admin queue, kept alive) on a target with `opts`.
+fn io_queue(opts: TargetOptions) -> (Host, Host) {
+    let t = target_with(opts);
+    let mut admin = Host::new(&t, 1);
+    let cntlid = admin.admin_up(Digests::default());
+    let q = Host::io_up(&t, 1, cntlid, 1, Digests::default());
+    (admin, q)
+}
+
+/// `n` read commands of `len` bytes, back to back as a deep host sends them.
+fn reads(q: &mut Host, n: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let cid = q.cid();
+        let slba = (i * len / 512) as u64 % 1024;
+        let sqe = Sqe::rw(io::READ, cid, Nsid(1), slba, (len / 512) as u32, SglDescriptor::transport(len as u32));
+        q.enc.capsule_cmd(&mut out, &sqe, 0);
+    }
+    out
+}
+
+/// Hands `bytes` to the connection as one receive would, without parsing them.
+fn receive(q: &mut Host, bytes: &[u8]) {
+    let (mut buf, range) = q.conn.take_recv_buf().expect("the connection wants input");
+    assert!(range.len() >= bytes.len(), "test input fits one receive");
+    buf.as_full_mut()[range.start..range.start + bytes.len()].copy_from_slice(bytes);
+    let now = q.target.now_ns();
+    q.conn.queue_input(buf, bytes.len(), now);
+}
+
+/// One turn of the connection's input: a `process_input` pass.
+fn pass(q: &mut Host) {
+    let now = q.target.now_ns();
+    let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns: now };
+    q.conn.process_input(&mut ctx);
+}
+
+/// Sends every queued batch to the inbox; returns each batch's length.
+fn drain_sends(q: &mut Host) -> Vec<usize> {
+    let mut lens = Vec::new();
+    while let Some(msg) = q.conn.take_send() {
+        lens.push(msg.len());
+        q.inbox.extend_from_slice(&msg.to_vec());
+        let now = q.target.now_ns();
+        let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns: now };
+        q.conn.on_send_done(msg, Ok(()), &mut ctx);
+    }
+    lens
+}
+
+/// Successful read completions in the inbox (C2HData data with its CapsuleResp).
+fn completions(q: &mut Host) -> usize {
+    let mut n = 0;
+    while let Some(p) = q.recv() {
+        match p.header {
+            Header::C2HData(_) => {}
+            Header::CapsuleResp(c) => {
+                assert_eq!(c.status, Status::SUCCESS, "read {:?}", c.cid);
+                n += 1;
+            }
+            h => panic!("unexpected {h:?}"),
+        }
+    }
+    n
+}
+
+#[test]
+fn the_pdu_budget_cuts_a_pass_and_the_rest_waits_for_the_next_turn() {
+    let opts = TargetOptions { rx_budget_pdus: 16, tx_batch_bytes: 0, ..TargetOptions::default() };
+    let (_admin, mut q) = io_queue(opts);
+    let input = reads(&mut q, 40, 512);
+    receive(&mut q, &input);
+    assert!(q.conn.has_input());
+
+    let mut per_pass = Vec::new();
+    let mut done = 0;
+    while q.conn.has_input() {
+        // No receive is armed while parsed input waits: TCP holds the rest back.
+        assert!(q.conn.take_recv_buf().is_none(), "no receive while input waits");
+        pass(&mut q);
+        drain_sends(&mut q);
+        let n = completions(&mut q);
+        per_pass.push(n);
+        done += n;
+        assert!(per_pass.len() <= 3, "40 PDUs take 3 passes of 16: {per_pass:?}");
+    }
+    assert_eq!(per_pass, [16, 16, 8], "PDUs parsed per pass");
+    assert_eq!(done, 40);
+    let s = q.conn.info().stats.snapshot();
+    assert_eq!(s.rx_pass_pdus_max, 16, "no pass parsed more than the budget");
+    assert_eq!(s.rx_budget_stops, 2, "the budget stopped two passes");
+    assert!(q.conn.is_deep(), "a queue that hit its budget is deep");
+    // The queue wants input again once everything is parsed.
+    assert!(q.conn.take_recv_buf().is_some());
+}
+
+#[test]
+fn a_budget_of_zero_parses_everything_in_one_pass() {
+    let opts = TargetOptions { rx_budget_pdus: 0, tx_batch_bytes: 0, ..TargetOptions::default() };
+    let (_admin, mut q) = io_queue(opts);
+    let input = reads(&mut q, 40, 512);
+    receive(&mut q, &input);
+    pass(&mut q);
+    assert!(!q.conn.has_input());
+    let lens = drain_sends(&mut q);
+    assert_eq!(lens.len(), 1, "one batch without a byte limit: {lens:?}");
+    assert_eq!(completions(&mut q), 40);
+    let s = q.conn.info().stats.snapshot();
+    assert_eq!((s.rx_pass_pdus_max, s.rx_budget_stops), (40, 0));
+}
+
+#[test]
+fn tx_batch_bytes_splits_a_flood_into_bounded_batches() {
+    let cap = 16 * 1024;
+    let opts = TargetOptions { rx_budget_pdus: 0, tx_batch_bytes: cap, ..TargetOptions::default() };
+    let (_admin, mut q) = io_queue(opts);
+    let input = reads(&mut q, 32, 4096);
+    receive(&mut q, &input);
+    let mut batches = Vec::new();
+    for _ in 0..100 {
+        pass(&mut q);
+        batches.extend(drain_sends(&mut q));
+        if !q.conn.has_input() && !q.conn.input_paused() {
+            break;
+        }
+    }
+    assert_eq!(completions(&mut q), 32);
+    // 4 KiB responses (4,096 + 48 bytes): three fit under 16 KiB, a fourth would not.
+    assert!(batches.len() >= 32 / 3, "batches {batches:?}");
+    for &b in &batches {
+        assert!(b <= cap, "a batch of {b} bytes is over tx_batch_bytes {cap}");
+    }
+}
+
+#[test]
+fn a_qd1_queue_is_shallow() {
+    let (_admin, mut q) = io_queue(TargetOptions::default());
+    for _ in 0..4 {
+        let input = reads(&mut q, 1, 4096);
+        receive(&mut q, &input);
+        pass(&mut q);
+        assert!(!q.conn.is_deep(), "one PDU per pass: shallow");
+        drain_sends(&mut q);
+        assert_eq!(completions(&mut q), 1);
+    }
+    let s = q.conn.info().stats.snapshot();
+    assert_eq!((s.rx_pass_pdus_max, s.rx_budget_stops), (1, 0));
+}
