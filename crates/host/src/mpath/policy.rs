@@ -60,11 +60,20 @@ impl Policy {
 ///
 /// Each path's service time is an EWMA of its completion latencies, kept by
 /// the thread. Once per weighted round robin round the EWMAs become integer
-/// weights in `1..=weight_max`, proportional to `fastest EWMA / path EWMA`
+/// weights in `1..=weight_max`, proportional to `(fastest EWMA / path EWMA)²`
 /// (the fastest path gets `weight_max`). A round gives each path exactly its
 /// weight in I/Os, interleaved; so a round is at most `weight_max × paths`
 /// I/Os long and every usable path gets at least one I/O per round: that I/O
 /// is the *re-probe* that lets a recovered path earn its weight back.
+///
+/// Why squared: a job at a fixed queue depth is a closed loop, and an I/O
+/// holds its slot for its path's latency, so a path's share of the slots is
+/// its share of the I/Os times its latency. Weights ∝ `1 / latency` (the 2025
+/// Linux proposal's) make every path hold the *same* number of slots, which is
+/// exactly what queue-depth does: a path delayed +2 ms kept half of a QD32
+/// job's slots waiting (`tests/mpath_latency_closed_loop.rs`). Weights ∝
+/// `1 / latency²` give each path a share of the slots ∝ `1 / latency`: a path
+/// twice as slow holds half as many, one 20× slower only its probes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LatencyParams {
     /// EWMA gain `2^-ewma_shift`. Default 3 (1/8, TCP's SRTT gain, RFC 6298):
@@ -72,9 +81,9 @@ pub struct LatencyParams {
     /// (the residue shrinks by 7/8 per sample). Clamped to `0..=16`.
     pub ewma_shift: u8,
     /// Weight of the fastest path, `2..=64`. Default 64 (as the Linux
-    /// proposal): resolves latency ratios up to 64:1, and a path 64× slower
-    /// than the best still gets 1 I/O per round (the probe). Larger would
-    /// only lengthen rounds and delay the reaction to change.
+    /// proposal): weights resolve latency ratios up to 8:1 (√64), and a path
+    /// 8× slower than the best or worse gets 1 I/O per round (the probe).
+    /// Larger would only lengthen rounds and delay the reaction to change.
     pub weight_max: u8,
     /// A path with no latency sample in this many completions of the
     /// selector is stale. With no I/O in flight its estimate is forgotten:
@@ -622,8 +631,10 @@ impl Latency {
                 _ if e == 0 => wmax,
                 _ if self.clock - self.last_sample[i] > stale_after => 1,
                 Some(best) => {
-                    // Rounded wmax × best / e, in 1..=wmax (best ≤ e).
-                    let w = (u128::from(wmax) * u128::from(best) + u128::from(e / 2)) / u128::from(e);
+                    // Rounded wmax × (best / e)², in 1..=wmax (best ≤ e); see LatencyParams for
+                    // why squared. u128: e² of an hours-long EWMA still fits.
+                    let e2 = u128::from(e) * u128::from(e);
+                    let w = (u128::from(wmax) * u128::from(best) * u128::from(best) + e2 / 2) / e2;
                     u8::try_from(w).unwrap_or(wmax).clamp(1, wmax)
                 }
                 None => wmax,
