@@ -50,6 +50,8 @@ pub const PHASES: [(&str, &str); 4] =
 pub const SEED_SEQ_WRITE_MIBS: (f64, f64) = (523.0, 409.0);
 /// Most job threads per phase.
 pub const JOBS_MAX: u32 = 64;
+/// Most rounds.
+pub const ROUNDS_MAX: u32 = 20;
 /// Each subsystem's namespace (RAM, mapped lazily): what the jobs of one subsystem cover.
 const NS_BYTES: u64 = 256 << 20;
 const NQN_PREFIX: &str = "nqn.2026-11.io.qpath:seed-002-";
@@ -77,9 +79,13 @@ pub struct Seed002Args {
     /// Seconds each phase runs (tiobench's timeout=60; 4 phases x 3 configurations).
     #[arg(long, default_value = "5", value_parser = parse_seconds)]
     pub runtime: f64,
-    /// A short run for smoke tests: 0.5 s per phase.
+    /// A short run for smoke tests: 0.5 s per phase, one round.
     #[arg(long)]
     pub quick: bool,
+    /// Rounds: the three configurations run in turn this many times; each reports its
+    /// round with the median all-steps bandwidth (a shared machine's load comes and goes).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
     /// Job threads per phase in every configuration, spread evenly over the subsystems
     /// (a multiple of 4; tiobench runs 4 per step on one device).
     #[arg(long, default_value_t = 8)]
@@ -103,6 +109,7 @@ impl Default for Seed002Args {
         Seed002Args {
             runtime: 5.0,
             quick: false,
+            rounds: 3,
             jobs: 8,
             iodepth: 1,
             policy: "round-robin".into(),
@@ -117,7 +124,14 @@ impl Seed002Args {
         if self.quick { Duration::from_millis(500) } else { Duration::from_secs_f64(self.runtime) }
     }
 
+    fn rounds(&self) -> u32 {
+        if self.quick { 1 } else { self.rounds }
+    }
+
     fn check(&self) -> Result<()> {
+        if self.rounds == 0 || self.rounds > ROUNDS_MAX {
+            return Err(Error::new(ErrorKind::Option, format!("--rounds {}: 1..={ROUNDS_MAX}", self.rounds)));
+        }
         if self.jobs == 0 || self.jobs > JOBS_MAX || !self.jobs.is_multiple_of(4) {
             return Err(Error::new(
                 ErrorKind::Option,
@@ -222,6 +236,9 @@ pub struct ConfigResult {
     pub job_ios: u64,
     /// Per path: (address, I/Os) summed over every head.
     pub paths: Vec<(String, u64)>,
+    /// All-steps MiB/s of every round, in run order (this result is the median one's;
+    /// its error, reconnect and failure counts are summed over every round).
+    pub rounds_mibs: Vec<f64>,
 }
 
 impl ConfigResult {
@@ -250,6 +267,7 @@ impl ConfigResult {
             "phases": phases, "all_mibs": self.all_mibs(), "job_errors": self.job_errors,
             "io_errors": self.io_errors, "reconnects": self.reconnects, "queue_failures": self.queue_failures,
             "host_queue_ios": self.host_queue_ios, "job_ios": self.job_ios, "paths": paths,
+            "rounds_all_mibs": self.rounds_mibs,
         })
     }
 }
@@ -328,7 +346,23 @@ fn summarize(subsystems: usize, args: &Seed002Args, report: &Report, snap: &host
         host_queue_ios: snap.queue_ios(),
         job_ios: report.jobs.iter().map(|j| j.stat.dirs.iter().map(|d| d.total_ios).sum::<u64>()).sum(),
         paths,
+        rounds_mibs: Vec::new(),
     }
+}
+
+/// The round with the median all-steps bandwidth, with every round's errors, reconnects
+/// and failed queues added up (none may hide in a round that was not picked).
+fn median_round(mut rounds: Vec<ConfigResult>) -> Option<ConfigResult> {
+    let mibs: Vec<f64> = rounds.iter().map(ConfigResult::all_mibs).collect();
+    let (job_errors, io_errors, reconnects, queue_failures) = rounds
+        .iter()
+        .fold((0, 0, 0, 0), |a, r| (a.0 + r.job_errors, a.1 + r.io_errors, a.2 + r.reconnects, a.3 + r.queue_failures));
+    rounds.sort_by(|a, b| a.all_mibs().total_cmp(&b.all_mibs()));
+    let mid = rounds.len() / 2;
+    let mut m = rounds.into_iter().nth(mid)?;
+    m.rounds_mibs = mibs;
+    (m.job_errors, m.io_errors, m.reconnects, m.queue_failures) = (job_errors, io_errors, reconnects, queue_failures);
+    Some(m)
 }
 
 /// Errors, resets and failed queues over every configuration of a result.
@@ -348,11 +382,19 @@ pub fn total_errors(r: &LabResult) -> u64 {
 /// Runs every configuration and builds the result. Progress goes to `diag`.
 pub fn run(args: &Seed002Args, diag: &mut dyn std::io::Write) -> Result<LabResult> {
     args.check()?;
-    let mut configs = Vec::new();
-    for s in SUBSYSTEMS {
-        let _ = writeln!(diag, "seed-002: {s} subsystem(s) x {PATHS} paths, {} job threads ...", args.jobs);
-        configs.push(run_config(s, args, diag)?);
+    let mut rounds: Vec<Vec<ConfigResult>> = SUBSYSTEMS.iter().map(|_| Vec::new()).collect();
+    for round in 1..=args.rounds() {
+        for (i, s) in SUBSYSTEMS.into_iter().enumerate() {
+            let _ = writeln!(
+                diag,
+                "seed-002: round {round}/{}: {s} subsystem(s) x {PATHS} paths, {} job threads ...",
+                args.rounds(),
+                args.jobs
+            );
+            rounds[i].push(run_config(s, args, diag)?);
+        }
     }
+    let configs: Vec<ConfigResult> = rounds.into_iter().filter_map(median_round).collect();
     Ok(build(args, &configs))
 }
 
@@ -387,7 +429,12 @@ fn build(args: &Seed002Args, configs: &[ConfigResult]) -> LabResult {
         NS_BYTES >> 20,
         args.target_poll
     ));
-    r.note("errors, reconnects and failed queues come from the host's statistics (host::stats), not from fio");
+    r.note(format!(
+        "{} round(s), the configurations in turn; each row is the round with the median all-steps MiB/s \
+         (every round's: rounds_all_mibs in the JSON); errors, reconnects and failed queues are summed over \
+         every round and come from the host's statistics (host::stats), not from fio",
+        args.rounds()
+    ));
     r.columns(&[
         "subsystems",
         "queues/path",
@@ -466,6 +513,34 @@ mod tests {
             let crate::target::TargetKind::Remote(r) = &j.target.kind else { panic!("{:?}", j.target) };
             assert_eq!(r.path_count(), PATHS);
         }
+    }
+
+    #[test]
+    fn the_median_round_keeps_every_rounds_errors() {
+        let round = |mibs: f64, reconnects: u64| ConfigResult {
+            subsystems: 1,
+            queues_per_path: 8,
+            phases: vec![PhaseResult {
+                mibs,
+                job_min_mibs: 0.0,
+                job_max_mibs: 0.0,
+                bytes: 1 << 20,
+                seconds: 1.0 / mibs,
+            }],
+            job_errors: 0,
+            io_errors: 1,
+            reconnects,
+            queue_failures: 0,
+            host_queue_ios: 0,
+            job_ios: 0,
+            paths: Vec::new(),
+            rounds_mibs: Vec::new(),
+        };
+        let m = median_round(vec![round(30.0, 0), round(10.0, 2), round(20.0, 0)]).unwrap();
+        assert!((m.all_mibs() - 20.0).abs() < 1e-6, "{}", m.all_mibs());
+        assert_eq!((m.reconnects, m.io_errors), (2, 3), "summed over the rounds");
+        assert_eq!(m.rounds_mibs.len(), 3);
+        assert!(median_round(Vec::new()).is_none());
     }
 
     #[test]
