@@ -85,6 +85,9 @@ pub struct FlapRecord {
     pub back_after_ms: Option<f64>,
     /// A `down` or `up` action that failed.
     pub error: Option<String>,
+    /// The run ended during the outage or before the path was back in use: it says
+    /// nothing about noticing or coming back (the run's end checks that both paths are).
+    pub cut_short: bool,
 }
 
 impl FlapRecord {
@@ -97,6 +100,7 @@ impl FlapRecord {
             "noticed_after_ms": self.noticed_after_ms,
             "back_after_ms": self.back_after_ms,
             "error": self.error,
+            "cut_short": self.cut_short,
         })
     }
 }
@@ -146,6 +150,7 @@ pub fn drive(
             noticed_after_ms: None,
             back_after_ms: None,
             error: None,
+            cut_short: false,
         };
         if let Err(e) = flapper.down(path) {
             rec.error = Some(format!("down: {e}"));
@@ -157,6 +162,7 @@ pub fn drive(
             rec.error.get_or_insert(format!("up: {e}"));
         }
         rec.up_at_s = secs(up_at);
+        rec.cut_short = stopped;
         out.push(rec);
         if stopped {
             break;
@@ -173,6 +179,7 @@ pub fn drive(
         }
         if let Some(last) = out.last_mut() {
             last.back_after_ms = back.map(|t| ms(t - up_at));
+            last.cut_short = back.is_none() && stop.load(Ordering::Acquire);
         }
         k += 1;
     }
@@ -393,7 +400,7 @@ mod tests {
             assert!(r.noticed_after_ms.is_some_and(|ms| ms < 30.0), "{r:?}");
             assert!(r.back_after_ms.is_some_and(|ms| ms < 30.0), "{r:?}");
             assert!((r.up_at_s - r.down_at_s - 0.06).abs() < 0.03, "{r:?}");
-            assert!(r.error.is_none());
+            assert!(r.error.is_none() && !r.cut_short, "{r:?}");
         }
     }
 }
