@@ -93,3 +93,29 @@ fn latency_slot_shares_follow_the_inverse_latency_when_paths_are_close() {
     let qd = run(Policy::QueueDepth, [100_000, 200_000]);
     assert!(total >= qd.completions.iter().sum::<u64>(), "latency {total} vs queue-depth {:?}", qd.completions);
 }
+
+#[test]
+fn latency_never_piles_more_in_flight_on_a_path_than_on_the_fastest() {
+    // Both paths measured equal, then path 1's I/Os stop completing (a stall the
+    // estimate cannot see: no completion, no sample). Its weight stays full, but it may
+    // not hold more of the thread's I/Os than the fastest path does.
+    let mut sel = Selector::new(Policy::LATENCY, 0);
+    sel.set_paths(&[PathState::new(1, PathClass::Optimized), PathState::new(2, PathClass::Optimized)]);
+    for _ in 0..1_000 {
+        let Selection::Submit(p) = sel.select() else { panic!("both paths are usable") };
+        sel.on_submit(p);
+        sel.on_complete(p, 100_000, Outcome::Done);
+    }
+    let mut stuck = 0;
+    for _ in 0..1_000 {
+        let Selection::Submit(p) = sel.select() else { panic!("both paths are usable") };
+        sel.on_submit(p);
+        if p == PathIndex(0) {
+            sel.on_complete(p, 100_000, Outcome::Done);
+        } else {
+            stuck += 1;
+        }
+    }
+    assert_eq!(sel.in_flight(PathIndex(1)), stuck);
+    assert!(stuck <= 1, "{stuck} I/Os piled on the stalled path");
+}

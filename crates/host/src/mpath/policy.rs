@@ -666,10 +666,16 @@ impl Latency {
     #[inline(always)]
     fn select(&mut self, v: &View<'_>) -> Selection {
         let p = self.order[self.pos];
+        let fastest = self.order[0];
         self.pos += 1;
         if self.pos >= self.eligible {
             self.next_pass(v);
         }
+        // A slower path never gets more of this thread's I/Os in flight than the
+        // fastest has: the weights set how often it is used, this caps how many of a
+        // closed loop's slots it can hold when its estimate lags (at most what
+        // queue-depth would give it). Equal counts pass, so an idle path is still probed.
+        let p = if v.slots[usize::from(p)].in_flight > v.slots[usize::from(fastest)].in_flight { fastest } else { p };
         Selection::Submit(PathIndex(p))
     }
 
