@@ -15,6 +15,7 @@
 //! ```
 
 pub mod embedded;
+pub mod fairness;
 pub mod flaps;
 pub mod mpath_delay;
 pub mod result;

@@ -16,6 +16,9 @@ enum LabCommand {
     /// Measure the physical baseline: a raw loopback TCP ping-pong of a 4 KiB read's
     /// shape (72-byte request, 4,144-byte reply) and a raw TCP stream of 128 KiB writes.
     Baseline(bench::lab::LabBaselineArgs),
+    /// Issue 6: QD1 4k reads next to a QD64 flood on the same target reactor, without
+    /// fairness budgets and with the defaults (QD1 p99 with the flood / alone, goal <= 2x).
+    Fairness(bench::lab::fairness::FairnessArgs),
     /// Seed 003: WAL writes next to random-read hogs on one host-wide tag set of 170,
     /// without fairness, with each fairness policy, and with per-device tag sets.
     #[command(name = "seed-003")]
@@ -66,6 +69,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
         },
         LabCommand::Baseline(b) => {
             bench::lab::baseline(b, &mut std::io::stdout())?;
+        }
+        LabCommand::Fairness(f) => {
+            let r = bench::lab::fairness::lab(f)?;
+            let errors = bench::lab::fairness::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("fairness: {errors} I/O errors").into());
+            }
         }
         LabCommand::Seed000(s) => {
             let r = bench::lab::seed_000::lab(s)?;
