@@ -779,7 +779,20 @@ impl Connection {
                 }
                 Sink::InCapsule(slot)
             }
-            Err(s) => self.fail_cmd(slot, s, data_len),
+            Err(s) => {
+                // An I/O command on a queue whose controller has failed (keep-alive timeout,
+                // fatal error) before this queue's tick closed it: answer nothing and close
+                // now, as nvmet tears a failed controller's queues down. The command never
+                // ran; the host fails it over. "Command sequence error, do not retry" would
+                // end it as an I/O error.
+                if let Some(b @ Binding::Io(..)) = &self.binding
+                    && !b.controller().is_ready()
+                {
+                    self.close("I/O command for a failed controller");
+                    return Sink::Discard;
+                }
+                self.fail_cmd(slot, s, data_len)
+            }
         }
     }
 
