@@ -28,7 +28,7 @@
 //!   reference's atomics (that is what the references are), each submitting
 //!   through its own hardware queue: where the seed's contention shows.
 //!
-//! Run: `CARGO_TARGET_DIR=/tmp/target-mpath cargo bench -p qpath-host --bench path_select`
+//! Run: `cargo bench -p qpath-host --bench path_select`
 
 #![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
 
