@@ -330,7 +330,8 @@ fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
     let mut r = LabResult::new("fairness", "a QD1 queue next to a flooded queue on one target reactor");
     let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
     r.note(format!(
-        "seed 002 / issue 6 acceptance 2: 4k random reads, QD1 on one controller's I/O queue, QD{} on another's, \
+        "seed 002 / issue 6 acceptance 2: 4k reads, QD1 (block 0 again and again) on one controller's I/O queue, \
+         QD{} (64 MiB in order) on another's, \
          both queues on the target's one reactor (busy poll, CPU {}); one host context (CPU {}) drives both. Each \
          case: a fresh target, {:.1} s of QD1 alone, then {:.1} s of QD1 with the flood.",
         args.flood_iodepth,
