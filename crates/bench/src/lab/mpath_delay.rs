@@ -48,10 +48,12 @@ fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
 #[derive(Debug, Clone, clap::Args)]
 pub struct MpathDelayArgs {
     /// Seconds each case runs.
-    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", default_value = "12", value_parser = parse_seconds)]
     pub runtime: f64,
     /// Rounds: every case runs `runtime / rounds` seconds per round, cases interleaved.
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    /// On a shared 2-core machine one case moved by up to 2x between 2 s slices, so the
+    /// default spreads each case over 6 of them.
+    #[arg(long, value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub rounds: u32,
     /// Microseconds the target adds to every I/O on the second port.
     #[arg(long = "delay-us", value_name = "US", default_value_t = 2000)]
