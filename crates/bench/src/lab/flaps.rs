@@ -498,13 +498,21 @@ fn result(
     };
     r.note(format!("target: {target}; RAM namespace, writes over its first {} MiB", args.size_mib));
     r.note(format!(
-        "host: one thread (run-to-completion context, CPU 1 when there are 2+), QD {} 4 KiB, policy {:?}, \
-         kato {} s, reconnect_delay {} s, ctrl_loss_tmo 600 s, fast_io_fail_tmo off",
-        args.iodepth, args.policy, args.kato, args.reconnect_delay
+        "host: one thread (run-to-completion context, {}), QD {} 4 KiB, policy {:?}, kato {} s, reconnect_delay {} s, \
+         ctrl_loss_tmo 600 s, fast_io_fail_tmo off",
+        if args.mode == FlapMode::Nvmet { "not pinned" } else { "CPU 1 when there are 2+" },
+        args.iodepth,
+        args.policy,
+        args.kato,
+        args.reconnect_delay
     ));
     r.note(format!(
-        "scaled to this 2-core machine: target and host share it (reactor CPU 0, host CPU 1); load average {} before, \
-         {} after",
+        "scaled to this 2-core machine: {}; load average {} before, {} after",
+        if args.mode == FlapMode::Nvmet {
+            "the host shares it with the QEMU guest (TCG) that runs nvmet"
+        } else {
+            "target and host share it (reactor CPU 0, host CPU 1)"
+        },
         load.0.map_or("?".into(), |l| format!("{l:.2}")),
         load.1.map_or("?".into(), |l| format!("{l:.2}"))
     ));
