@@ -5,49 +5,21 @@
 //! errors, zero verify failures, every written block read back, both paths used and every
 //! outage run. Latency and IOPS are the lab's to report, not this test's.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
+
+mod run_bounded;
 
 /// 20 s of writes, the read-back (flaps go on), set-up and teardown, on a busy machine.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs the lab; `None` when it printed a SKIP line.
 fn run(mode: &str, extra: &[&str]) -> Option<Value> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qpath"))
-        .args(["lab", "flaps", "--mode", mode, "--quick", "--size-mib", "256", "--json", "--no-plot"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn qpath");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut out, &mut s).ok();
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut err, &mut s).ok();
-        s
-    });
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("qpath lab flaps --mode {mode} ran longer than {RUN_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qpath"));
+    cmd.args(["lab", "flaps", "--mode", mode, "--quick", "--size-mib", "256", "--json", "--no-plot"]).args(extra);
+    let (status, stdout, stderr) = run_bounded::run(cmd, RUN_TIMEOUT);
     if let Some(why) = stdout.lines().find(|l| l.starts_with("SKIP:")) {
         eprintln!("{why}");
         return None;

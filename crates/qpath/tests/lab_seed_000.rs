@@ -3,65 +3,16 @@
 //! each case's I/Os, the SVG plot, and no I/O errors. Speed and whether the goals are
 //! met are the lab's to report, not this test's.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::Value;
+mod run_bounded;
 
 /// A warm-up and six cases of 0.3 s, set-up and drain, and the selection timings.
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// Runs `qpath lab <args>` with a plot into a fresh directory; returns the JSON and the SVG.
-pub fn run_lab(name: &str, args: &[&str]) -> (Value, String) {
-    let dir = std::env::temp_dir().join(format!("qpath-lab-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let plot = dir.join(format!("{name}.svg"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qpath"))
-        .arg("lab")
-        .arg(name)
-        .args(args)
-        .args(["--json", "--plot"])
-        .arg(&plot)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn qpath");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut out, &mut s).ok();
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut err, &mut s).ok();
-        s
-    });
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("qpath lab {name} ran longer than {RUN_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
-    assert!(status.success(), "qpath lab {name} failed:\n{stderr}");
-    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    let svg = std::fs::read_to_string(&plot).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    (v, svg)
-}
-
 #[test]
 fn seed_000_lab_runs_every_selector_without_errors() {
-    let (v, svg) = run_lab("seed-000", &["--runtime", "0.3", "--rounds", "1"]);
+    let (v, svg) = run_bounded::run_lab("seed-000", &["--runtime", "0.3", "--rounds", "1"], RUN_TIMEOUT);
 
     assert_eq!(v["lab"], "seed-000");
     let notes = v["notes"].as_array().unwrap();

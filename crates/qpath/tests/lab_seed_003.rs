@@ -2,10 +2,12 @@
 //! JSON with its goals and per-case counts, the SVG plot, and no I/O errors. Speed
 //! and whether the goals are met are the lab's to report, not this test's.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
+
+mod run_bounded;
 
 /// Seven cases of (0.3 s + 0.1 s warm-up + 0.2 s hog head start + set-up and drain).
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
@@ -15,39 +17,9 @@ fn seed_003_lab_runs_every_case_without_errors() {
     let dir = std::env::temp_dir().join(format!("qpath-lab-seed-003-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plot = dir.join("seed-003.svg");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qpath"))
-        .args(["lab", "seed-003", "--runtime", "0.3", "--warmup", "0.1", "--json", "--plot"])
-        .arg(&plot)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn qpath");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut out, &mut s).ok();
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut err, &mut s).ok();
-        s
-    });
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("qpath lab seed-003 ran longer than {RUN_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qpath"));
+    cmd.args(["lab", "seed-003", "--runtime", "0.3", "--warmup", "0.1", "--json", "--plot"]).arg(&plot);
+    let (status, stdout, stderr) = run_bounded::run(cmd, RUN_TIMEOUT);
     assert!(status.success(), "qpath lab seed-003 failed:\n{stderr}");
     let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
 
