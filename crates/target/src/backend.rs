@@ -3,7 +3,9 @@
 //! - [`Backend::Null`] keeps no data: reads return zeros, writes are dropped.
 //!   It measures the transport alone.
 //! - [`Backend::Ram`] keeps data in a [`uring::SharedRegion`] that every
-//!   reactor thread reads and writes directly (a memcpy, no syscall).
+//!   reactor thread reads and writes directly (a memcpy, no syscall); reads
+//!   without a data digest are sent straight from the region (the kernel's
+//!   copy into the socket is the only one).
 //! - [`Backend::File`] is a file or block device driven through the
 //!   reactor's io_uring, opened with `O_DIRECT` where the file system accepts
 //!   it (buffered otherwise). Flush is `fdatasync`: it makes every completed
@@ -15,6 +17,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use uring::{IoBuf, SharedRegion};
 
@@ -25,7 +28,7 @@ pub enum Backend {
     /// No storage.
     Null,
     /// Memory shared by all reactors.
-    Ram(SharedRegion),
+    Ram(Arc<SharedRegion>),
     /// A file or block device.
     File(FileBackend),
 }
@@ -112,7 +115,7 @@ impl Backend {
     pub fn ram(size: u64) -> Result<Backend, Error> {
         let len = usize::try_from(size).map_err(|_| Error::new(ErrorKind::Config, "RAM namespace too large"))?;
         SharedRegion::new(len)
-            .map(Backend::Ram)
+            .map(|r| Backend::Ram(Arc::new(r)))
             .map_err(|e| Error::new(ErrorKind::Backend, format!("RAM region of {size} bytes: {e}")))
     }
 

@@ -141,6 +141,9 @@ struct Req {
     after: After,
     /// Bytes the file operation in flight must move (0 for sync and fallocate).
     op_len: usize,
+    /// A RAM read sent straight from the namespace's region at this byte offset
+    /// (no buffer, no copy in user space).
+    ram_src: Option<usize>,
 }
 
 impl Req {
@@ -159,6 +162,7 @@ impl Req {
             start_ns: 0,
             after: After::Respond,
             op_len: 0,
+            ram_src: None,
         }
     }
 }
@@ -1184,6 +1188,14 @@ impl Connection {
         }
         let token = ctx.token | u64::from(slot);
         match io {
+            IoKind::Read { offset, .. }
+                if matches!(ns.backend, Backend::Ram(_))
+                    && !self.enc.digests.data
+                    && self.reqs[usize::from(slot)].buf.is_none() =>
+            {
+                // The response gathers the bytes from the region itself (`respond`).
+                self.reqs[usize::from(slot)].ram_src = Some(crate::us(offset));
+            }
             IoKind::Read { offset, len } => {
                 if self.reqs[usize::from(slot)].buf.is_none() {
                     match self.buf_get(ctx, len as usize) {
@@ -1406,27 +1418,37 @@ impl Connection {
     /// then CapsuleResp unless C2HData carried SUCCESS) and frees the slot.
     fn respond(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let qid = self.qid().unwrap_or(QueueId(0));
-        let r = &self.reqs[usize::from(slot)];
+        let r = &mut self.reqs[usize::from(slot)];
+        let nsid = r.sqe.nsid();
+        // A RAM read gathered from the region: the range was checked against the namespace
+        // when the command came in, but the namespace may have gone since (RPC).
+        let mut ram = None;
+        if let Some(off) = r.ram_src.take()
+            && r.status.is_success()
+        {
+            let end = off.checked_add(r.xfer_len as usize);
+            match self.ns.get(nsid).map(|n| &n.backend) {
+                Some(Backend::Ram(region)) if end.is_some_and(|e| e <= region.len()) => ram = Some(off),
+                _ => r.status = Status::INTERNAL,
+            }
+        }
         let data_bytes = if r.status.is_success() && r.c2h { r.xfer_len as usize } else { 0 };
         self.tx_seal_batch(data_bytes + RESPONSE_BYTES_MAX);
         let r = &mut self.reqs[usize::from(slot)];
         let cid = r.sqe.cid();
         let status = r.status;
         let mut resp_needed = true;
-        if status.is_success()
-            && r.c2h
-            && r.xfer_len > 0
-            && let Some(buf) = r.buf.take()
-        {
-            {
-                let len = r.xfer_len as usize;
-                let success = self.sqflow_disabled;
-                let d = DataHeader { cccid: cid, ttag: 0, datao: 0, datal: r.xfer_len, last: true, success };
-                self.scratch.clear();
-                let w = self.enc.c2h_data(&mut self.scratch, &d);
-                // Header, data, digest and (below) the response stay in one batch.
-                self.tx_room(4);
-                self.tx.push_bytes(&self.scratch);
+        if status.is_success() && r.c2h && r.xfer_len > 0 && (r.buf.is_some() || ram.is_some()) {
+            let len = r.xfer_len as usize;
+            let success = self.sqflow_disabled;
+            let d = DataHeader { cccid: cid, ttag: 0, datao: 0, datal: r.xfer_len, last: true, success };
+            let buf = r.buf.take();
+            self.scratch.clear();
+            let w = self.enc.c2h_data(&mut self.scratch, &d);
+            // Header, data, digest and (below) the response stay in one batch.
+            self.tx_room(4);
+            self.tx.push_bytes(&self.scratch);
+            if let Some(buf) = buf {
                 let digest = w.ddgst.then(|| crc32c(&buf[..len]));
                 if let Err((e, b)) = self.tx.push_buf(buf, 0..len) {
                     // Only a range outside the buffer fails, and `len` is the buffer's length.
@@ -1436,8 +1458,14 @@ impl Connection {
                 if let Some(d) = digest {
                     self.tx.push_bytes(&d.to_le_bytes());
                 }
-                resp_needed = !success;
+            } else if let (Some(off), Some(Backend::Ram(region))) = (ram, self.ns.get(nsid).map(|n| &n.backend)) {
+                // No data digest here (`exec_io` copies when digests are on): the kernel
+                // reads the bytes straight from the namespace while it sends.
+                if let Err(e) = self.tx.push_region(region, off..off + len) {
+                    tracing::error!("C2HData region range refused: {e}");
+                }
             }
+            resp_needed = !success;
         }
         if resp_needed {
             self.tx_room(1);
@@ -1520,6 +1548,7 @@ impl Connection {
             self.buf_put(ctx, b);
         }
         let r = &mut self.reqs[usize::from(slot)];
+        r.ram_src = None;
         if r.state != ReqState::Free {
             r.state = ReqState::Free;
             self.info.stats.outstanding.sub(1);
