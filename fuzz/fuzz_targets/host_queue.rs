@@ -30,9 +30,14 @@ fuzz_target!(|data: &[u8]| {
             .into_iter()
             .enumerate()
         {
-            let len = if dir == DataDir::None { 0 } else { 8192 };
+            // The read is large enough for its payload to be received straight into its buffer.
+            let len = match dir {
+                DataDir::None => 0,
+                DataDir::FromController => 32768,
+                DataDir::ToController => 8192,
+            };
             let sqe = Sqe::rw(op, Cid(0), Nsid(1), 0, 16, SglDescriptor::transport(len));
-            let buf = (dir != DataDir::None).then(|| IoBuf::new(8192));
+            let buf = (dir != DataDir::None).then(|| IoBuf::new(len as usize));
             if q.submit(u16::try_from(tag).unwrap(), Io { sqe, buf, len, dir, token: issued }).is_ok() {
                 issued += 1;
             }

@@ -29,6 +29,15 @@ use nvme::tcp::{
 use nvme::{Cid, Cntlid, Cqe, QueueId, SglDescriptor, Sqe, Status};
 use uring::{IoBuf, SendMsg};
 
+/// C2H data of at least this many bytes still to come is received straight into the
+/// command's buffer instead of through the queue's receive buffer (one copy, not two).
+pub const DIRECT_RECV_MIN: usize = 16 * 1024;
+
+/// How much the receive after a directly placed payload asks for: enough for the next
+/// headers and responses, little enough that the next large payload is mostly placed
+/// directly too. Any other receive asks for the whole free buffer.
+const RECV_AFTER_DIRECT: usize = 512;
+
 /// Static parameters of a queue.
 #[derive(Clone, Debug)]
 pub struct QueueConfig {
@@ -231,6 +240,14 @@ enum Rx {
     },
 }
 
+/// A receive in flight into a command's own buffer.
+#[derive(Clone, Copy, Debug)]
+struct Direct {
+    tag: u16,
+    /// The buffer's length before the receive (the ring sets it to the received end).
+    len: usize,
+}
+
 /// One host NVMe/TCP queue.
 pub struct HostQueue {
     cfg: QueueConfig,
@@ -241,6 +258,10 @@ pub struct HostQueue {
     rx: Option<IoBuf>,
     rx_pos: usize,
     rx_state: Rx,
+    /// The receive in flight goes into a command's buffer, not `rx`.
+    direct: Option<Direct>,
+    /// Most bytes the next receive into `rx` asks for.
+    rx_limit: usize,
     tx: SendMsg,
     tx_owners: Vec<u16>,
     tx_spare: Option<SendMsg>,
@@ -282,6 +303,8 @@ impl HostQueue {
             rx: Some(IoBuf::new(cfg.rx_buffer_size.max(8192).next_multiple_of(4096))),
             rx_pos: 0,
             rx_state: Rx::Header,
+            direct: None,
+            rx_limit: usize::MAX,
             tx: SendMsg::with_capacity(4096, 64),
             tx_owners: Vec::with_capacity(64),
             tx_spare: Some(SendMsg::with_capacity(4096, 64)),
@@ -444,6 +467,9 @@ impl HostQueue {
         if self.state == QueueState::Failed {
             return None;
         }
+        if let Some(direct) = self.take_direct() {
+            return Some(direct);
+        }
         let mut buf = self.rx.take()?;
         let end = buf.len();
         if self.rx_pos == end {
@@ -457,11 +483,95 @@ impl HostQueue {
         }
         let start = buf.len();
         let cap = buf.capacity();
-        Some((buf, start..cap))
+        let end = if cap - start > self.rx_limit { start + self.rx_limit } else { cap };
+        Some((buf, start..end))
+    }
+
+    /// The command's own buffer and the range its C2H payload goes to, when the next bytes
+    /// are a large payload and none of it waits in the receive buffer. The buffer counts
+    /// as in flight (like a write's buffer in a send batch) until the receive returns it.
+    fn take_direct(&mut self) -> Option<(IoBuf, Range<usize>)> {
+        let Rx::Data { tag: Some(tag), offset, remaining, .. } = self.rx_state else { return None };
+        if remaining < DIRECT_RECV_MIN || self.direct.is_some() {
+            return None;
+        }
+        if self.rx.as_ref().is_none_or(|rx| self.rx_pos != rx.len()) {
+            return None;
+        }
+        let start = offset as usize;
+        let end = start.checked_add(remaining)?;
+        let s = self.slots.get_mut(usize::from(tag))?;
+        if s.buf_in_flight || s.buf.as_ref().is_none_or(|b| end > b.capacity()) {
+            return None;
+        }
+        let buf = s.buf.take()?;
+        s.buf_in_flight = true;
+        self.direct = Some(Direct { tag, len: buf.len() });
+        Some((buf, start..end))
+    }
+
+    /// A direct receive came back with `n` bytes (or none: `n == 0` with `closed`).
+    fn on_direct(&mut self, d: Direct, mut buf: IoBuf, n: usize, closed: bool) {
+        buf.set_len(d.len);
+        let s = &mut self.slots[usize::from(d.tag)];
+        s.buf = Some(buf);
+        s.buf_in_flight = false;
+        if closed {
+            self.fail("connection closed by the controller".into());
+        } else if n > 0
+            && let Rx::Data { tag: Some(tag), offset, remaining, ddgst, crc, success, last } = self.rx_state
+            && tag == d.tag
+        {
+            let n = n.min(remaining);
+            let s = &mut self.slots[usize::from(tag)];
+            let crc = match s.buf.as_ref() {
+                Some(b) if ddgst => crc32c_append(crc, &b.as_full()[offset as usize..offset as usize + n]),
+                _ => crc,
+            };
+            s.received += u32::try_from(n).unwrap_or(u32::MAX);
+            if n == remaining {
+                self.rx_limit = RECV_AFTER_DIRECT;
+            }
+            self.data_advanced(Some(tag), offset, remaining, n, ddgst, crc, success, last);
+        }
+        // A command aborted while its buffer was out finishes now that it is back.
+        let s = &self.slots[usize::from(d.tag)];
+        if self.state == QueueState::Failed && s.state == SlotState::Outstanding && s.cqe.is_some() {
+            self.finish(d.tag);
+        }
+    }
+
+    /// `n` bytes of a C2H payload went to `tag`'s buffer: the state after them.
+    #[allow(clippy::too_many_arguments)]
+    fn data_advanced(
+        &mut self,
+        tag: Option<u16>,
+        offset: u32,
+        remaining: usize,
+        n: usize,
+        ddgst: bool,
+        crc: u32,
+        success: bool,
+        last: bool,
+    ) {
+        let remaining = remaining - n;
+        let offset = offset + u32::try_from(n).unwrap_or(0);
+        if remaining > 0 {
+            self.rx_state = Rx::Data { tag, offset, remaining, ddgst, crc, success, last };
+        } else if ddgst {
+            self.rx_state = Rx::Digest { tag, crc, success, last };
+        } else {
+            self.rx_state = Rx::Header;
+            self.c2h_done(tag, true, success, last);
+        }
     }
 
     /// `n` bytes arrived after the buffer's current length (0 = the controller closed).
     pub fn on_recv(&mut self, mut buf: IoBuf, n: usize) {
+        if let Some(d) = self.direct.take() {
+            return self.on_direct(d, buf, n, n == 0);
+        }
+        self.rx_limit = usize::MAX;
         if n == 0 {
             self.rx = Some(buf);
             self.fail("connection closed by the controller".into());
@@ -475,6 +585,9 @@ impl HostQueue {
 
     /// The receive buffer comes back without data (a timeout or a cancelled receive).
     pub fn on_recv_none(&mut self, buf: IoBuf) {
+        if let Some(d) = self.direct.take() {
+            return self.on_direct(d, buf, 0, false);
+        }
         self.rx = Some(buf);
     }
 
@@ -529,16 +642,7 @@ impl HostQueue {
                         s.received += u32::try_from(n).unwrap_or(u32::MAX);
                     }
                     self.rx_pos += n;
-                    let remaining = remaining - n;
-                    let offset = offset + u32::try_from(n).unwrap_or(0);
-                    if remaining > 0 {
-                        self.rx_state = Rx::Data { tag, offset, remaining, ddgst, crc, success, last };
-                    } else if ddgst {
-                        self.rx_state = Rx::Digest { tag, crc, success, last };
-                    } else {
-                        self.rx_state = Rx::Header;
-                        self.c2h_done(tag, true, success, last);
-                    }
+                    self.data_advanced(tag, offset, remaining, n, ddgst, crc, success, last);
                 }
                 Rx::Digest { tag, crc, success, last } => {
                     if avail.len() < 4 {

@@ -108,6 +108,23 @@ fn io_sizes_and_commands() {
         for (i, len) in [512usize, 4096, 8192, 12288, 65536, 256 * 1024, 1 << 20].into_iter().enumerate() {
             write_read(&mut ctx, dev, (i as u64) << 21, len, i as u64 + 7);
         }
+        // Large reads in flight together: their payloads follow each other on the stream,
+        // each received straight into its own buffer (host) from the RAM region (target).
+        let big = 128 * 1024;
+        for i in 0..16u64 {
+            let b = pattern(big, 100 + i);
+            ctx.submit(dev, Op::Write, 16 << 20 | (i << 17), big as u32, Some(b), i).map_err(|(e, _)| e).unwrap();
+        }
+        assert!(wait_done(&mut ctx, 16).iter().all(|c| c.status.is_success()));
+        for i in 0..16u64 {
+            let b = IoBuf::new(big);
+            ctx.submit(dev, Op::Read, 16 << 20 | (i << 17), big as u32, Some(b), i).map_err(|(e, _)| e).unwrap();
+        }
+        for c in wait_done(&mut ctx, 16) {
+            assert!(c.status.is_success(), "read {}: {}", c.token, c.status);
+            let got = c.buf.unwrap();
+            assert!(got[..big] == pattern(big, 100 + c.token)[..big], "read {} (digests {digests})", c.token);
+        }
         // Many in flight at once (deeper than the queue: the rest wait for tags).
         let n = 300;
         for i in 0..n {
