@@ -417,6 +417,8 @@ impl std::fmt::Debug for Context {
 }
 
 const TICK: Duration = Duration::from_millis(10);
+/// A connection with more commands than this in flight is deep: served after the others.
+const SHALLOW_OUTSTANDING_MAX: usize = 4;
 
 /// A path of a multipath device as this context sees it.
 #[derive(Clone, Debug)]
@@ -1225,9 +1227,19 @@ impl Context {
             self.on_msg(m);
         }
         let mut touched = std::mem::take(&mut self.touched);
+        // Shallow connections' completions first (see `conn_is_deep`), then the rest and
+        // whatever servicing touched on the way.
+        for slot in touched.iter_mut() {
+            if !self.conn_is_deep(*slot) {
+                self.service(*slot);
+                *slot = usize::MAX;
+            }
+        }
         let mut i = 0;
         while i < touched.len() {
-            self.service(touched[i]);
+            if touched[i] != usize::MAX {
+                self.service(touched[i]);
+            }
             i += 1;
             if !self.touched.is_empty() {
                 touched.append(&mut self.touched);
@@ -1272,13 +1284,30 @@ impl Context {
         }
     }
 
+    /// Whether a queue's connection keeps more than a few commands in flight: its sends
+    /// and completions wait behind those of shallow queues in a poll (a QD1 command is
+    /// not sent after a flood's batch, whose loopback send runs the target's receive
+    /// inline, nor completed after the flood's responses).
+    fn conn_is_deep(&self, ckey: usize) -> bool {
+        self.conns.get(ckey).and_then(Option::as_ref).is_some_and(|c| c.q.outstanding() > SHALLOW_OUTSTANDING_MAX)
+    }
+
+    /// Sends the batches of the queues that took commands since the last flush, shallow
+    /// queues first (two passes over the flush list, never over all queues).
     fn flush(&mut self) {
         let list = std::mem::take(&mut self.flush_list);
+        for deep in [false, true] {
+            for &qkey in &list {
+                if let Some(ckey) = self.queues[qkey].conn
+                    && self.queues[qkey].in_flush_list
+                    && self.conn_is_deep(ckey) == deep
+                {
+                    self.send(ckey);
+                }
+            }
+        }
         for &qkey in &list {
             self.queues[qkey].in_flush_list = false;
-            if let Some(ckey) = self.queues[qkey].conn {
-                self.send(ckey);
-            }
         }
         self.flush_list = list;
         self.flush_list.clear();
