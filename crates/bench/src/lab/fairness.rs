@@ -58,6 +58,16 @@ pub struct FairnessArgs {
     /// Reads the flooded queue keeps outstanding.
     #[arg(long = "flood-iodepth", default_value_t = 64)]
     pub flood_iodepth: u32,
+    /// Adds a third case, `custom`, with this `rx_budget_pdus` (0 = no budget); the
+    /// other two custom options default to the target's defaults.
+    #[arg(long = "rx-budget-pdus")]
+    pub rx_budget_pdus: Option<u32>,
+    /// Adds the `custom` case with this `tx_batch_bytes` (0 = no limit).
+    #[arg(long = "tx-batch-bytes")]
+    pub tx_batch_bytes: Option<usize>,
+    /// Adds the `custom` case with this `tx_deadline_us` (0 = none).
+    #[arg(long = "tx-deadline-us")]
+    pub tx_deadline_us: Option<u64>,
     /// Text/JSON and plot output.
     #[command(flatten)]
     pub output: LabOutputArgs,
@@ -65,7 +75,14 @@ pub struct FairnessArgs {
 
 impl Default for FairnessArgs {
     fn default() -> Self {
-        FairnessArgs { runtime: 3.0, flood_iodepth: 64, output: LabOutputArgs::default() }
+        FairnessArgs {
+            runtime: 3.0,
+            flood_iodepth: 64,
+            rx_budget_pdus: None,
+            tx_batch_bytes: None,
+            tx_deadline_us: None,
+            output: LabOutputArgs::default(),
+        }
     }
 }
 
@@ -304,11 +321,27 @@ pub fn cases() -> [(&'static str, Budgets); 2] {
     [("unlimited", Budgets::unlimited()), ("defaults", Budgets::defaults())]
 }
 
+impl FairnessArgs {
+    /// The `custom` case's options, when any of its flags is given.
+    pub fn custom(&self) -> Option<Budgets> {
+        if self.rx_budget_pdus.is_none() && self.tx_batch_bytes.is_none() && self.tx_deadline_us.is_none() {
+            return None;
+        }
+        let d = Budgets::defaults();
+        Some(Budgets {
+            rx_budget_pdus: self.rx_budget_pdus.unwrap_or(d.rx_budget_pdus),
+            tx_batch_bytes: self.tx_batch_bytes.unwrap_or(d.tx_batch_bytes),
+            tx_deadline_us: self.tx_deadline_us.unwrap_or(d.tx_deadline_us),
+        })
+    }
+}
+
 /// Runs every case; progress lines go to `progress`.
 pub fn run(args: &FairnessArgs, progress: &mut dyn std::io::Write) -> Result<LabResult> {
     let runtime = Duration::from_secs_f64(args.runtime);
     let mut results = Vec::new();
-    for (name, budgets) in cases() {
+    let custom = args.custom().map(|b| ("custom", b));
+    for (name, budgets) in cases().into_iter().chain(custom) {
         let _ =
             writeln!(progress, "fairness: {name} ({:.1} s alone, {:.1} s with the flood)", args.runtime, args.runtime);
         results.push(run_case(name, budgets, runtime, args.flood_iodepth)?);
@@ -342,7 +375,8 @@ fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
     ));
     r.note(
         "unlimited: no PDU budget, no send batch limit, no deadline (the reactor before fairness); defaults: \
-         TargetOptions::default() (rx_budget_pdus, tx_batch_bytes, tx_deadline_us).",
+         TargetOptions::default() (rx_budget_pdus, tx_batch_bytes, tx_deadline_us); custom (when asked): the \
+         --rx-budget-pdus/--tx-batch-bytes/--tx-deadline-us given.",
     );
     r.columns(&[
         "case",
