@@ -45,13 +45,9 @@ use embedded::{Embedded, EmbeddedOptions};
 /// Environment variable that caps job runtimes like `--runtime-cap` (seconds).
 pub const RUNTIME_CAP_ENV: &str = "QPATH_BENCH_RUNTIME_CAP";
 
-fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
-    match s {
-        "busy" => Ok(PollMode::Busy),
-        "adaptive" => Ok(PollMode::Adaptive),
-        "block" => Ok(PollMode::Block),
-        _ => Err(format!("{s:?}: busy, adaptive or block")),
-    }
+/// `busy`, `adaptive` or `block`: the `--target-poll` option of `bench` and every lab.
+pub(crate) fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
+    s.parse()
 }
 
 fn parse_wait(s: &str) -> std::result::Result<WaitMode, String> {
@@ -62,11 +58,16 @@ fn parse_wait(s: &str) -> std::result::Result<WaitMode, String> {
     }
 }
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+/// A number of seconds in (0, `MAX`]: the `--runtime`-style options of every lab.
+pub(crate) fn seconds_up_to<const MAX: u32>(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 86400]")),
+        Ok(v) if v.is_finite() && v > 0.0 && v <= f64::from(MAX) => Ok(v),
+        _ => Err(format!("{s:?}: a number of seconds in (0, {MAX}]")),
     }
+}
+
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    seconds_up_to::<86_400>(s)
 }
 
 /// Arguments of `qpath bench`.

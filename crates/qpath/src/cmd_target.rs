@@ -48,12 +48,7 @@ pub struct TargetArgs {
 }
 
 fn parse_poll(s: &str) -> Result<PollMode, String> {
-    match s {
-        "busy" => Ok(PollMode::Busy),
-        "adaptive" => Ok(PollMode::Adaptive),
-        "block" => Ok(PollMode::Block),
-        _ => Err(format!("{s:?}: busy, adaptive or block")),
-    }
+    s.parse()
 }
 
 pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {

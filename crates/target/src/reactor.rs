@@ -57,6 +57,20 @@ pub enum PollMode {
     Block,
 }
 
+impl std::str::FromStr for PollMode {
+    type Err = String;
+
+    /// `busy`, `adaptive` or `block` (command-line options).
+    fn from_str(s: &str) -> Result<PollMode, String> {
+        match s {
+            "busy" => Ok(PollMode::Busy),
+            "adaptive" => Ok(PollMode::Adaptive),
+            "block" => Ok(PollMode::Block),
+            _ => Err(format!("{s:?}: busy, adaptive or block")),
+        }
+    }
+}
+
 /// How reactors run.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]

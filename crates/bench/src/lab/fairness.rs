@@ -42,18 +42,11 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The goal: QD1 p99 under the flood / alone.
 pub const GOAL_RATIO: f64 = 2.0;
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 600.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 600]")),
-    }
-}
-
 /// Arguments of `qpath lab fairness`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FairnessArgs {
     /// Seconds of each phase (QD1 alone, QD1 under the flood) of each case.
-    #[arg(long, default_value = "3", value_parser = parse_seconds)]
+    #[arg(long, default_value = "3", value_parser = super::seconds_up_to::<600>)]
     pub runtime: f64,
     /// Reads the flooded queue keeps outstanding.
     #[arg(long = "flood-iodepth", default_value_t = 64)]

@@ -72,13 +72,6 @@ impl FlapMode {
     }
 }
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 86400]")),
-    }
-}
-
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
     match s {
         "numa" => Ok(Policy::Numa),
@@ -98,13 +91,13 @@ pub struct FlapsArgs {
     #[arg(long, value_enum)]
     pub mode: FlapMode,
     /// Seconds of random writes (the issue: 2 minutes); the read-back pass follows.
-    #[arg(long, default_value = "120", value_parser = parse_seconds)]
+    #[arg(long, default_value = "120", value_parser = super::seconds_up_to::<86400>)]
     pub runtime: f64,
     /// One outage starts every PERIOD seconds.
-    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    #[arg(long, default_value = "10", value_parser = super::seconds_up_to::<86400>)]
     pub period: f64,
     /// Each outage lasts DOWN seconds.
-    #[arg(long, default_value = "5", value_parser = parse_seconds)]
+    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<86400>)]
     pub down: f64,
     /// A short run: 20 s of writes, a 2 s outage every 4 s.
     #[arg(long)]
@@ -120,11 +113,11 @@ pub struct FlapsArgs {
     pub policy: Policy,
     /// Keep-alive timeout, seconds (`nvme connect -k`; Linux's default 5): a keep-alive
     /// unanswered this long resets the controller, which is how a lost link is noticed.
-    #[arg(long, default_value = "5", value_parser = parse_seconds)]
+    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<86400>)]
     pub kato: f64,
     /// Seconds between reconnect attempts (`nvme connect --reconnect-delay`; Linux's
     /// default 10 would keep a path down for longer than the outage).
-    #[arg(long = "reconnect-delay", default_value = "1", value_parser = parse_seconds)]
+    #[arg(long = "reconnect-delay", default_value = "1", value_parser = super::seconds_up_to::<86400>)]
     pub reconnect_delay: f64,
     /// nvmet: the target's two addresses, path 1 then path 2.
     #[arg(long = "path", value_name = "ADDR:PORT")]

@@ -28,27 +28,11 @@ use crate::engine::mpath::PolicyChoice;
 use crate::error::{Error, ErrorKind, Result};
 use host::mpath::Policy;
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 3600]")),
-    }
-}
-
-fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
-    match s {
-        "busy" => Ok(PollMode::Busy),
-        "adaptive" => Ok(PollMode::Adaptive),
-        "block" => Ok(PollMode::Block),
-        _ => Err(format!("{s:?}: busy, adaptive or block")),
-    }
-}
-
 /// Arguments of `qpath lab mpath-delay`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MpathDelayArgs {
     /// Seconds each case runs.
-    #[arg(long, value_name = "SECONDS", default_value = "12", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", default_value = "12", value_parser = super::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Rounds: every case runs `runtime / rounds` seconds per round, cases interleaved.
     /// On a shared 2-core machine one case moved by up to 2x between 2 s slices, so the
@@ -68,7 +52,7 @@ pub struct MpathDelayArgs {
     #[arg(long, default_value = "4k")]
     pub bs: String,
     /// How the embedded target's reactor waits: adaptive (spin 200 us, then sleep), busy or block.
-    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = parse_poll)]
+    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = super::parse_poll)]
     pub target_poll: PollMode,
     /// Output: --json, --plot FILE, --no-plot, --output FILE.
     #[command(flatten)]

@@ -73,27 +73,11 @@ paths=2
 {policy}
 ";
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 3600]")),
-    }
-}
-
-fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
-    match s {
-        "busy" => Ok(PollMode::Busy),
-        "adaptive" => Ok(PollMode::Adaptive),
-        "block" => Ok(PollMode::Block),
-        _ => Err(format!("{s:?}: busy, adaptive or block")),
-    }
-}
-
 /// Arguments of `qpath lab seed-000`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed000Args {
     /// Seconds each case runs (the seed ran 15).
-    #[arg(long, value_name = "SECONDS", default_value = "15", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", default_value = "15", value_parser = super::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Rounds: every case runs `runtime / rounds` seconds per round, cases interleaved,
     /// so drift in the machine's load spreads over all cases instead of favouring one.
@@ -103,7 +87,7 @@ pub struct Seed000Args {
     #[arg(long = "ref-queues", value_name = "N", default_value_t = REF_QUEUES_DEFAULT)]
     pub ref_queues: usize,
     /// How the embedded target's reactor waits: adaptive (spin 200 us, then sleep), busy or block.
-    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = parse_poll)]
+    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = super::parse_poll)]
     pub target_poll: PollMode,
     /// Output: --json, --plot FILE, --no-plot, --output FILE.
     #[command(flatten)]

@@ -50,27 +50,11 @@ pub const BATCH: u32 = 32;
 /// Block sizes: the seed's 512 bytes, and 4 KiB as the issue asks.
 pub const BLOCK_SIZES: [u32; 2] = [512, 4096];
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3_600.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 3600]")),
-    }
-}
-
-fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
-    match s {
-        "busy" => Ok(PollMode::Busy),
-        "adaptive" => Ok(PollMode::Adaptive),
-        "block" => Ok(PollMode::Block),
-        _ => Err(format!("{s:?}: busy, adaptive or block")),
-    }
-}
-
 /// Arguments of `qpath lab seed-001`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed001Args {
     /// Seconds each job runs (the seed's t/io_uring ran until stopped).
-    #[arg(long, default_value = "5", value_parser = parse_seconds)]
+    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Runs of every case, interleaved (block, passthru, block, ...); the table shows
     /// the median of each case.
@@ -80,7 +64,7 @@ pub struct Seed001Args {
     #[arg(long)]
     pub quick: bool,
     /// How the embedded target's reactor waits: busy (default, as SPDK), adaptive or block.
-    #[arg(long = "target-poll", default_value = "busy", value_parser = parse_poll)]
+    #[arg(long = "target-poll", default_value = "busy", value_parser = super::parse_poll)]
     pub target_poll: PollMode,
     /// Text/JSON and plot output.
     #[command(flatten)]

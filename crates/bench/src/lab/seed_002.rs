@@ -64,15 +64,6 @@ fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
     }
 }
 
-fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
-    match s {
-        "busy" => Ok(PollMode::Busy),
-        "adaptive" => Ok(PollMode::Adaptive),
-        "block" => Ok(PollMode::Block),
-        _ => Err(format!("{s:?}: busy, adaptive or block")),
-    }
-}
-
 /// Arguments of `qpath lab seed-002`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed002Args {
@@ -97,7 +88,7 @@ pub struct Seed002Args {
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
     /// How the target's reactor waits: adaptive (spin, then sleep), busy or block.
-    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = parse_poll)]
+    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = super::parse_poll)]
     pub target_poll: PollMode,
     /// Text/JSON and plot output.
     #[command(flatten)]

@@ -77,21 +77,14 @@ const POLL_SLICE: Duration = Duration::from_millis(2);
 const HOG_HEAD_START: Duration = Duration::from_millis(200);
 const NQN: &str = "nqn.2026-11.io.qpath:seed-003";
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3_600.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 3600]")),
-    }
-}
-
 /// Arguments of `qpath lab seed-003`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed003Args {
     /// Seconds each case is measured, after its warm-up (the seed ran 1000 s).
-    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    #[arg(long, default_value = "10", value_parser = super::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Seconds of warm-up per case, after the WAL started.
-    #[arg(long, default_value = "1", value_parser = parse_seconds)]
+    #[arg(long, default_value = "1", value_parser = super::seconds_up_to::<3600>)]
     pub warmup: f64,
     /// A short run for smoke tests: 1 s per case, 0.3 s warm-up.
     #[arg(long)]

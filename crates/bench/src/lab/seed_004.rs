@@ -65,22 +65,6 @@ const STREAMS_MAX: usize = 64;
 /// Most queues per controller the lab asks for.
 const QUEUES_MAX: u16 = 64;
 
-fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3_600.0 => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds in (0, 3600]")),
-    }
-}
-
-fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
-    match s {
-        "busy" => Ok(PollMode::Busy),
-        "adaptive" => Ok(PollMode::Adaptive),
-        "block" => Ok(PollMode::Block),
-        _ => Err(format!("{s:?}: busy, adaptive or block")),
-    }
-}
-
 fn parse_cpus(s: &str) -> std::result::Result<Vec<usize>, String> {
     s.split(',').map(|c| c.trim().parse::<usize>().map_err(|e| format!("{c:?}: {e}"))).collect()
 }
@@ -89,10 +73,10 @@ fn parse_cpus(s: &str) -> std::result::Result<Vec<usize>, String> {
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed004Args {
     /// Seconds each case is measured, after its warm-up.
-    #[arg(long, default_value = "5", value_parser = parse_seconds)]
+    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Seconds of warm-up per case.
-    #[arg(long, default_value = "1", value_parser = parse_seconds)]
+    #[arg(long, default_value = "1", value_parser = super::seconds_up_to::<3600>)]
     pub warmup: f64,
     /// Runs of every case, interleaved ((i), (ii), (iii), (i), ...); the table shows
     /// the run with the median IOPS of each case.
@@ -123,7 +107,7 @@ pub struct Seed004Args {
     #[arg(long = "host-cpus", value_parser = parse_cpus)]
     pub host_cpus: Option<Vec<usize>>,
     /// How the target's reactors wait: busy, adaptive or block.
-    #[arg(long = "target-poll", default_value = "busy", value_parser = parse_poll)]
+    #[arg(long = "target-poll", default_value = "busy", value_parser = super::parse_poll)]
     pub target_poll: PollMode,
     /// Host contexts never sleep (fio's hipri); otherwise they spin 50 us, then sleep.
     #[arg(long)]
