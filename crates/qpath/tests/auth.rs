@@ -14,8 +14,7 @@ use host::controller::{ConnectOptions, Controller, CtrlState};
 use host::queue::{DataDir, HostQueue, Io, QueueConfig, QueueState};
 use nvme::auth::{DhGroup, HashId, Secret};
 use nvme::{Cid, Nsid, Sqe, Status};
-use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, PortConfig, SizeValue, SubsystemConfig};
-use target::port::PortKind;
+use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, PortConfig, SubsystemConfig};
 use target::reactor::{PollMode, ReactorOptions};
 use target::server::Server;
 use uring::{IoBuf, Wait};
@@ -40,11 +39,8 @@ fn start(k: &Keys, hash: HashId, group: DhGroup) -> (Server, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut c = Config::embedded_default();
     c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    c.ports = vec![PortConfig { id: 1, addr: format!("127.0.0.1:{port}"), kind: PortKind::Io }];
+    c.ports = vec![PortConfig::io(1, format!("127.0.0.1:{port}"))];
     c.subsystems = vec![SubsystemConfig {
-        nqn: NQN.into(),
-        serial: None,
-        model: "qpath".into(),
         allow_any_host: false,
         hosts: vec![
             HostEntry::Nqn(PLAIN_HOST.into()),
@@ -56,20 +52,7 @@ fn start(k: &Keys, hash: HashId, group: DhGroup) -> (Server, u16) {
                 dhgroup: Some(group.name().into()),
             }),
         ],
-        ports: vec![],
-        max_io_queues: None,
-        queue_size: None,
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            backend: "ram".into(),
-            size: Some(SizeValue::Text("16M".into())),
-            path: None,
-            block_size: 512,
-            ana_group: 1,
-            readonly: false,
-            uuid: None,
-            qos: Default::default(),
-        }],
+        ..SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "16M")])
     }];
     (c.start().unwrap(), port)
 }

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use host::context::{Completion, Context, ContextOptions, DeviceId, Op};
 use host::controller::{ConnectOptions, Controller, CtrlState};
 use nvme::Nsid;
-use target::config::{Config, NamespaceConfig, PortConfig, SizeValue, SubsystemConfig};
-use target::port::PortKind;
+use target::config::{Config, NamespaceConfig, PortConfig, SubsystemConfig};
 use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, Wait};
 
@@ -20,28 +19,8 @@ const NQN: &str = "nqn.2026-11.io.qpath:hosttest";
 fn config(port: u16) -> Config {
     let mut c = Config::embedded_default();
     c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    c.ports = vec![PortConfig { id: 1, addr: format!("127.0.0.1:{port}"), kind: PortKind::Io }];
-    c.subsystems = vec![SubsystemConfig {
-        nqn: NQN.into(),
-        serial: None,
-        model: "qpath".into(),
-        allow_any_host: true,
-        hosts: vec![],
-        ports: vec![],
-        max_io_queues: None,
-        queue_size: None,
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            backend: "ram".into(),
-            size: Some(SizeValue::Text("64M".into())),
-            path: None,
-            block_size: 512,
-            ana_group: 1,
-            readonly: false,
-            uuid: None,
-            qos: Default::default(),
-        }],
-    }];
+    c.ports = vec![PortConfig::io(1, format!("127.0.0.1:{port}"))];
+    c.subsystems = vec![SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "64M")])];
     c
 }
 

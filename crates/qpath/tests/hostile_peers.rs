@@ -19,8 +19,7 @@ use nvme::opcode::io;
 use nvme::tcp::{DataHeader, Digests, Fes, Header, IcReq};
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use rand::{Rng, SeedableRng};
-use target::config::{Config, NamespaceConfig, PortConfig, SizeValue, SubsystemConfig};
-use target::port::PortKind;
+use target::config::{Config, NamespaceConfig, PortConfig, SubsystemConfig};
 use target::reactor::{PollMode, ReactorOptions};
 use target::server::Server;
 use uring::{IoBuf, Wait};
@@ -51,28 +50,8 @@ fn lab() -> Lab {
     c.options.pdu_timeout_ms = TIMEOUT_MS;
     // One reactor: the attacker shares the thread that serves the healthy host.
     c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    c.ports = vec![PortConfig { id: 1, addr: format!("127.0.0.1:{port}"), kind: PortKind::Io }];
-    c.subsystems = vec![SubsystemConfig {
-        nqn: NQN.into(),
-        serial: None,
-        model: "qpath".into(),
-        allow_any_host: true,
-        hosts: vec![],
-        ports: vec![],
-        max_io_queues: None,
-        queue_size: None,
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            backend: "ram".into(),
-            size: Some(SizeValue::Text("64M".into())),
-            path: None,
-            block_size: 512,
-            ana_group: 1,
-            readonly: false,
-            uuid: None,
-            qos: Default::default(),
-        }],
-    }];
+    c.ports = vec![PortConfig::io(1, format!("127.0.0.1:{port}"))];
+    c.subsystems = vec![SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "64M")])];
     let server = c.start().unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut o = ConnectOptions::new(addr, NQN);

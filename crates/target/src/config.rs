@@ -117,6 +117,13 @@ fn default_kind() -> PortKind {
     PortKind::Io
 }
 
+impl PortConfig {
+    /// An I/O port (with discovery) on `addr` ("127.0.0.1:4420"; port 0 picks a free one).
+    pub fn io(id: u16, addr: impl Into<String>) -> PortConfig {
+        PortConfig { id, addr: addr.into(), kind: PortKind::Io }
+    }
+}
+
 /// A subsystem.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -209,6 +216,42 @@ impl HostAuthConfig {
 
 fn default_model() -> String {
     "qpath".to_string()
+}
+
+impl SubsystemConfig {
+    /// A subsystem any host may use, on every port, with these namespaces and the
+    /// defaults for everything else (the config file's defaults).
+    pub fn open(nqn: impl Into<String>, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig {
+        SubsystemConfig {
+            nqn: nqn.into(),
+            serial: None,
+            model: default_model(),
+            allow_any_host: true,
+            hosts: vec![],
+            ports: vec![],
+            max_io_queues: None,
+            queue_size: None,
+            namespaces,
+        }
+    }
+}
+
+impl NamespaceConfig {
+    /// A RAM namespace of `size` ("64M", "1G", bytes as text) with the config file's
+    /// defaults: 512-byte blocks, ANA group 1, writable, no limits.
+    pub fn ram(nsid: u32, size: &str) -> NamespaceConfig {
+        NamespaceConfig {
+            nsid,
+            backend: "ram".into(),
+            size: Some(SizeValue::Text(size.into())),
+            path: None,
+            block_size: default_block_size(),
+            ana_group: default_group(),
+            readonly: false,
+            uuid: None,
+            qos: QosSettings::default(),
+        }
+    }
 }
 
 /// A namespace.
@@ -321,31 +364,8 @@ impl Config {
             options: TargetOptions::default(),
             reactor: ReactorOptions::default(),
             rpc: RpcConfig::default(),
-            ports: vec![
-                PortConfig { id: 1, addr: "127.0.0.1:4420".into(), kind: PortKind::Io },
-                PortConfig { id: 2, addr: "127.0.0.1:4421".into(), kind: PortKind::Io },
-            ],
-            subsystems: vec![SubsystemConfig {
-                nqn: DEFAULT_NQN.into(),
-                serial: None,
-                model: default_model(),
-                allow_any_host: true,
-                hosts: vec![],
-                ports: vec![],
-                max_io_queues: None,
-                queue_size: None,
-                namespaces: vec![NamespaceConfig {
-                    nsid: 1,
-                    backend: "ram".into(),
-                    size: Some(SizeValue::Text("1G".into())),
-                    path: None,
-                    block_size: 512,
-                    ana_group: 1,
-                    readonly: false,
-                    uuid: None,
-                    qos: QosSettings::default(),
-                }],
-            }],
+            ports: vec![PortConfig::io(1, "127.0.0.1:4420"), PortConfig::io(2, "127.0.0.1:4421")],
+            subsystems: vec![SubsystemConfig::open(DEFAULT_NQN, vec![NamespaceConfig::ram(1, "1G")])],
             ana: vec![],
         }
     }
