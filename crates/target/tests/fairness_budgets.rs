@@ -7,48 +7,12 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use nvme::opcode::io;
 use nvme::tcp::{Digests, Header};
 use nvme::{Nsid, SglDescriptor, Sqe, Status};
-use qpath_target::backend::Backend;
-use qpath_target::namespace::NamespaceSpec;
-use qpath_target::port::PortKind;
-use qpath_target::registry::{TargetOptions, TargetState};
-use qpath_target::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
+use qpath_target::registry::TargetOptions;
 use qpath_target::tcp::ConnCtx;
-use support::{HOSTNQN, Host, NQN};
-
-/// `support::target()` with these options.
-fn target_with(opts: TargetOptions) -> Arc<TargetState> {
-    let t = Arc::new(TargetState::new(opts));
-    t.add_port(1, "127.0.0.1:4420".parse().unwrap(), PortKind::Io).unwrap();
-    let s = t
-        .add_subsystem(
-            Subsystem::new(
-                NQN,
-                SubsysKind::Nvm,
-                "QPTEST0001",
-                "qpath test",
-                HostAccess { allow_any: false, hosts: vec![HOSTNQN.to_string()] },
-                SubsysLimits::default(),
-            )
-            .unwrap(),
-        )
-        .unwrap();
-    s.add_namespace(NamespaceSpec {
-        nsid: 1,
-        backend: Backend::ram(1 << 20).unwrap(),
-        size: None,
-        block_size: 512,
-        anagrpid: 1,
-        uuid: None,
-        readonly: false,
-    })
-    .unwrap();
-    t
-}
+use support::{Host, target_with};
 
 /// An I/O queue (with its admin queue, kept alive) on a target with `opts`.
 fn io_queue(opts: TargetOptions) -> (Host, Host) {

@@ -24,7 +24,12 @@ pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-80
 
 /// A target with ports 1 (I/O) and 2 (I/O) and one 1 MiB RAM namespace (512-byte blocks).
 pub fn target() -> Arc<TargetState> {
-    let t = Arc::new(TargetState::new(TargetOptions::default()));
+    target_with(TargetOptions::default())
+}
+
+/// [`target`] with these options.
+pub fn target_with(opts: TargetOptions) -> Arc<TargetState> {
+    let t = Arc::new(TargetState::new(opts));
     t.add_port(1, "127.0.0.1:4420".parse().unwrap(), PortKind::Io).unwrap();
     t.add_port(2, "127.0.0.1:4421".parse().unwrap(), PortKind::Io).unwrap();
     let s = t
