@@ -8,6 +8,8 @@
 
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
+mod read_back;
+
 use std::time::{Duration, Instant};
 
 use host::context::{Context, ContextOptions, Op};
@@ -84,20 +86,7 @@ fn writes_to_a_controller_the_target_failed_are_retried_not_failed() {
     assert!(errors.is_empty(), "{} writes failed, e.g. {:?}", errors.len(), &errors[..errors.len().min(5)]);
     assert!(ctrl.info().reconnects >= 1, "the host reconnected: {:?}", ctrl.info());
 
-    let t = Instant::now();
-    for block in 0..BLOCKS {
-        ctx.submit(dev, Op::Read, block * 4096, 4096, Some(IoBuf::new(4096)), block).map_err(|(e, _)| e).unwrap();
-        let c = loop {
-            ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
-            if let Some(c) = ctx.completions().next() {
-                break c;
-            }
-            assert!(t.elapsed() < Duration::from_secs(60), "read-back timed out");
-        };
-        assert!(c.status.is_success(), "read of block {block}: {}", c.status);
-        let want = value[block as usize];
-        assert!(c.buf.unwrap().iter().all(|&b| b == want), "block {block} does not hold its last write");
-    }
+    read_back::check_last_writes(&mut ctx, dev, &value, Duration::from_secs(60));
     drop(ctx);
     ctrl.delete();
     server.shutdown();

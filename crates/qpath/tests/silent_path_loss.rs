@@ -13,6 +13,8 @@
 
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
+mod read_back;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -194,19 +196,7 @@ fn writes_on_a_silent_path_fail_over_after_the_keep_alive_timeout() {
         assert!(t.elapsed() < Duration::from_secs(20), "path 1 never came back: {:?}", ctrls[0].info());
         ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(10)) }).unwrap();
     }
-    for block in 0..BLOCKS {
-        ctx.submit(dev, Op::Read, block * 4096, 4096, Some(IoBuf::new(4096)), block).map_err(|(e, _)| e).unwrap();
-        let c = loop {
-            ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
-            if let Some(c) = ctx.completions().next() {
-                break c;
-            }
-            assert!(t.elapsed() < Duration::from_secs(60), "read-back timed out");
-        };
-        assert!(c.status.is_success(), "read of block {block}: {}", c.status);
-        let want = value[block as usize];
-        assert!(c.buf.unwrap().iter().all(|&b| b == want), "block {block} does not hold its last write ({want})");
-    }
+    read_back::check_last_writes(&mut ctx, dev, &value, Duration::from_secs(60));
     drop(ctx);
     for c in &ctrls {
         c.delete();
