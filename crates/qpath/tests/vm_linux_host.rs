@@ -21,95 +21,18 @@
 //! or with `QPATH_SKIP_VM=1`; `tests/vm/run.sh` exits 77 for the finer reasons (no kernel
 //! image prepared, no tap device, no tshark) and the test skips on that too.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+mod vm_script;
 
-/// `tests/vm/run.sh`'s exit status for "cannot run on this machine".
-const SKIP_RC: i32 = 77;
 /// Upper bound for one scenario, seconds (the slowest takes about two minutes here).
 const SCENARIO_TIMEOUT_S: u32 = 1500;
 
-/// Like `eprintln!`, but not captured by the test harness: a SKIP line must show even when
-/// the test passes (libtest captures only the print macros, not writes to the stderr handle).
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
-
-fn repo_root() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    root.canonicalize().unwrap_or(root)
-}
-
-fn is_root() -> bool {
-    // "Uid:\treal\teffective\tsaved\tfs" in /proc/self/status; std has no geteuid.
-    std::fs::read_to_string("/proc/self/status").ok().is_some_and(|s| {
-        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|ids| ids.split_whitespace().nth(1)) == Some("0")
-    })
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-}
-
-fn vmlab_dir() -> PathBuf {
-    std::env::var_os("VMLAB_DIR").map_or_else(|| repo_root().join("../shared/vmlab"), PathBuf::from)
-}
-
-/// Why the VM tests cannot run here, if they cannot.
-fn skip_reason() -> Option<String> {
-    if std::env::var("QPATH_SKIP_VM").is_ok_and(|v| v == "1") {
-        return Some("QPATH_SKIP_VM=1".into());
-    }
-    if !is_root() {
-        return Some("needs root (network namespace, tap device)".into());
-    }
-    if !on_path("qemu-system-x86_64") {
-        return Some("qemu-system-x86_64 not installed (scripts/install-deps.sh)".into());
-    }
-    let vmlab = vmlab_dir();
-    if !vmlab.join("boot.sh").is_file() {
-        return Some(format!("no vmlab at {} (set VMLAB_DIR)", vmlab.display()));
-    }
-    None
-}
-
 /// Runs `tests/vm/run.sh --kernel KERNEL [OPTIONS] SCENARIO` and asserts that it passed.
 fn run_scenario(kernel: &str, options: &[&str], scenario: &str) {
-    let what = format!("{scenario} {} on KERNEL={kernel}", options.join(" "));
-    if let Some(why) = skip_reason() {
-        say!("SKIP: vm {what}: {why}");
-        return;
-    }
-    let bin = std::env::var_os("QPATH_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_qpath")), PathBuf::from);
-    if !bin.to_string_lossy().contains("release") {
-        say!("note: {} is not a release build; scripts/test.sh passes QPATH_BIN=.../release/qpath", bin.display());
-    }
-    let script = repo_root().join("tests/vm/run.sh");
-    let started = Instant::now();
-    // Output goes straight to this process's stdout/stderr (not captured by the harness),
-    // so a CI log shows the PASS/FAIL lines and the paths of the serial and target logs.
-    let status = Command::new("timeout")
-        .args(["-k", "10", &SCENARIO_TIMEOUT_S.to_string()])
-        .arg(&script)
-        .args(["--kernel", kernel])
-        .args(options)
-        .arg(scenario)
-        .env("QPATH_BIN", &bin)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    let secs = started.elapsed().as_secs();
-    match status.code() {
-        Some(0) => say!("vm {what}: passed in {secs} s"),
-        Some(SKIP_RC) => say!("SKIP: vm {what}: tests/vm/run.sh cannot run here (its SKIP line says why)"),
-        Some(124) => panic!("vm {what}: timed out after {SCENARIO_TIMEOUT_S} s"),
-        code => {
-            panic!("vm {what}: tests/vm/run.sh exited {code:?} after {secs} s; its FAIL lines and log paths are above")
-        }
-    }
+    let what = format!("vm {scenario} {} on KERNEL={kernel}", options.join(" "));
+    let mut args = vec!["--kernel", kernel];
+    args.extend_from_slice(options);
+    args.push(scenario);
+    vm_script::run("tests/vm/run.sh", &args, &what, SCENARIO_TIMEOUT_S);
 }
 
 /// Acceptance 1-3 on Linux 6.1, with the run's traffic captured on the tap and decoded
