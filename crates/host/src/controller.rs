@@ -76,6 +76,10 @@ pub struct ConnectOptions {
     /// Command ids of I/O queues span `0..tag_space` (for tag sets shared across
     /// queues; `None` = the queue size).
     pub tag_space: Option<u16>,
+    /// TCP congestion control of every queue's connection, by its kernel name (`reno`,
+    /// `cubic`, `bbr`, ...; `None` = the system's). BBR paces its sends, which on short
+    /// round trips costs a request/response stream bandwidth (BENCHMARKS.md).
+    pub tcp_congestion: Option<String>,
 }
 
 impl ConnectOptions {
@@ -101,6 +105,7 @@ impl ConnectOptions {
             connect_timeout: Duration::from_secs(5),
             disable_sqflow: true,
             tag_space: None,
+            tcp_congestion: None,
         }
     }
 }
@@ -581,6 +586,7 @@ fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> Q
     c.digests = nvme::tcp::Digests { header: opts.hdr_digest, data: opts.data_digest };
     c.disable_sqflow = opts.disable_sqflow;
     c.tag_space = opts.tag_space.unwrap_or(entries).max(entries);
+    c.tcp_congestion.clone_from(&opts.tcp_congestion);
     c
 }
 

@@ -69,6 +69,8 @@ pub struct QueueConfig {
     pub tag_space: u16,
     /// DH-HMAC-CHAP secrets, for a controller that requires in-band authentication.
     pub dhchap: Option<crate::auth::DhchapKeys>,
+    /// TCP congestion control of the connection by its kernel name (`None` = the system's).
+    pub tcp_congestion: Option<String>,
 }
 
 impl QueueConfig {
@@ -88,6 +90,7 @@ impl QueueConfig {
             rx_buffer_size: 64 * 1024,
             tag_space: entries,
             dhchap: None,
+            tcp_congestion: None,
         }
     }
 }

@@ -32,6 +32,10 @@ impl SyncQueue {
         // Closing a queue resets it and drops its unsent bytes (Linux: sock_no_linger):
         // commands failed over to another path must not reach the target later from here.
         uring::set_linger_zero(stream.as_raw_fd()).map_err(|e| Error::io("SO_LINGER", &e))?;
+        if let Some(cc) = &cfg.tcp_congestion {
+            uring::set_congestion_control(stream.as_raw_fd(), cc)
+                .map_err(|e| Error::io(format!("TCP congestion control {cc:?}"), &e))?;
+        }
         SyncQueue::handshake(stream, cfg, timeout)
     }
 

@@ -35,6 +35,9 @@ pub struct TargetArgs {
     /// Fairness: most bytes in one send batch of a connection (overrides the config; 0 = no limit).
     #[arg(long = "tx-batch-bytes", value_name = "BYTES")]
     tx_batch_bytes: Option<usize>,
+    /// TCP congestion control of the connections: system (default), reno, cubic, bbr or dctcp.
+    #[arg(long = "tcp-congestion", value_name = "NAME")]
+    tcp_congestion: Option<target::registry::TcpCongestion>,
     /// Fairness: a reactor turn stops parsing deep queues' input this many µs after it began,
     /// to send what is ready (overrides the config; 0 = no deadline).
     #[arg(long = "tx-deadline-us", value_name = "US")]
@@ -67,6 +70,9 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = a.rx_budget_pdus {
         cfg.options.rx_budget_pdus = v;
+    }
+    if let Some(v) = a.tcp_congestion {
+        cfg.options.tcp_congestion = v;
     }
     if let Some(v) = a.tx_batch_bytes {
         cfg.options.tx_batch_bytes = v;

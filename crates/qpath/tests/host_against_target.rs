@@ -250,3 +250,26 @@ fn write_read_write_only(ctx: &mut Context, dev: DeviceId) {
     let c = wait_done(ctx, 1);
     assert!(c[0].status.is_success());
 }
+
+/// `TCP_CONGESTION` on both sides: a target whose ports use reno and a host asking for
+/// reno move data; a name the kernel does not know fails the connect and says why.
+#[test]
+fn tcp_congestion_control_on_both_sides() {
+    let port = free_port();
+    let mut c = config(port);
+    c.options.tcp_congestion = target::registry::TcpCongestion::Reno;
+    let server = c.start().unwrap();
+    let mut o = ConnectOptions::new(format!("127.0.0.1:{port}").parse().unwrap(), NQN);
+    o.nr_io_queues = 1;
+    o.tcp_congestion = Some("reno".into());
+    let ctrl = Controller::connect(o.clone()).unwrap();
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+    write_read(&mut ctx, dev, 0, 128 * 1024, 3);
+    drop(ctx);
+    ctrl.delete();
+    o.tcp_congestion = Some("no-such-cc".into());
+    let e = Controller::connect(o).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("congestion control"), "{e}");
+    server.shutdown();
+}

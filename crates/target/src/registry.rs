@@ -19,6 +19,54 @@ use crate::port::{ANA_GROUPS, Port, PortKind};
 use crate::stats::{QueueStats, QueueStatsSnapshot};
 use crate::subsystem::{HostAccess, SubsysKind, Subsystem};
 
+/// TCP congestion control of the target's connections (`TCP_CONGESTION`, set on each
+/// port's listening socket and inherited by the connections it accepts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TcpCongestion {
+    /// The system's default (`net.ipv4.tcp_congestion_control`).
+    #[default]
+    System,
+    /// Reno.
+    Reno,
+    /// CUBIC (Linux's default).
+    Cubic,
+    /// BBR: paces its sends, which on short-RTT links (loopback, one rack) costs
+    /// request/response streams bandwidth (see BENCHMARKS.md).
+    Bbr,
+    /// DCTCP (needs ECN on the path).
+    Dctcp,
+}
+
+impl TcpCongestion {
+    /// The kernel's name, `None` for the system default.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            TcpCongestion::System => None,
+            TcpCongestion::Reno => Some("reno"),
+            TcpCongestion::Cubic => Some("cubic"),
+            TcpCongestion::Bbr => Some("bbr"),
+            TcpCongestion::Dctcp => Some("dctcp"),
+        }
+    }
+}
+
+impl std::str::FromStr for TcpCongestion {
+    type Err = String;
+
+    /// `system`, `reno`, `cubic`, `bbr` or `dctcp` (command-line options).
+    fn from_str(s: &str) -> Result<TcpCongestion, String> {
+        match s {
+            "system" => Ok(TcpCongestion::System),
+            "reno" => Ok(TcpCongestion::Reno),
+            "cubic" => Ok(TcpCongestion::Cubic),
+            "bbr" => Ok(TcpCongestion::Bbr),
+            "dctcp" => Ok(TcpCongestion::Dctcp),
+            _ => Err(format!("{s:?}: system, reno, cubic, bbr or dctcp")),
+        }
+    }
+}
+
 /// Transport and queue limits of the whole target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,6 +108,8 @@ pub struct TargetOptions {
     /// and goes back to the ring to send what is ready (at least one connection is served
     /// per turn; 0 = no deadline). Linux nvme-tcp's io_work deadline, in µs since seed 002.
     pub tx_deadline_us: u64,
+    /// TCP congestion control of every port's connections (default: the system's).
+    pub tcp_congestion: TcpCongestion,
 }
 
 impl Default for TargetOptions {
@@ -79,6 +129,7 @@ impl Default for TargetOptions {
             rx_budget_pdus: 16,
             tx_batch_bytes: 64 * 1024,
             tx_deadline_us: 50,
+            tcp_congestion: TcpCongestion::System,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! through its mailbox. The reactor owns it from then on.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -56,6 +57,11 @@ impl Server {
     /// Returns the bound address.
     pub fn add_port(&self, id: u16, addr: SocketAddr, kind: PortKind) -> Result<SocketAddr, Error> {
         let listener = TcpListener::bind(addr).map_err(|e| Error::io(format!("listen on {addr}"), e))?;
+        if let Some(cc) = self.state.opts.tcp_congestion.name() {
+            // Accepted connections inherit it from the listening socket.
+            uring::set_congestion_control(listener.as_raw_fd(), cc)
+                .map_err(|e| Error::io(format!("TCP congestion control {cc:?} on {addr}"), e))?;
+        }
         let local = listener.local_addr().map_err(|e| Error::io("local_addr", e))?;
         let port = self.state.add_port(id, local, kind)?;
         let stop = Arc::new(AtomicBool::new(false));

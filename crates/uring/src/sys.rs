@@ -140,6 +140,33 @@ pub fn set_linger_zero(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the socket's TCP congestion control (`TCP_CONGESTION`) by its kernel name: `reno`,
+/// `cubic`, `bbr`, ... (`/proc/sys/net/ipv4/tcp_available_congestion_control`). An unknown
+/// or unloaded name fails (`ENOENT`) and leaves the socket as it was. Sockets accepted on a
+/// listening socket inherit its setting.
+pub fn set_congestion_control(fd: RawFd, name: &str) -> io::Result<()> {
+    let len = libc::socklen_t::try_from(name.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "congestion control name too long"))?;
+    // SAFETY: `name` lives in this frame for the call and `len` is its length; the kernel
+    // copies at most TCP_CA_NAME_MAX bytes and needs no terminating NUL.
+    cvt(unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_ptr().cast(), len) })?;
+    Ok(())
+}
+
+/// The socket's TCP congestion control, by its kernel name.
+pub fn congestion_control(fd: RawFd) -> io::Result<String> {
+    let mut name = [0u8; 32];
+    let mut len = libc::socklen_t::try_from(name.len()).expect("32 fits socklen_t");
+    // SAFETY: `name` and `len` are out-pointers owned by this frame; the kernel writes at
+    // most `len` bytes.
+    cvt(unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_mut_ptr().cast(), &raw mut len)
+    })?;
+    let n = usize::try_from(len).unwrap_or(0).min(name.len());
+    let end = name[..n].iter().position(|&b| b == 0).unwrap_or(n);
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
 /// Sets `SO_SNDBUF` (the kernel doubles the value and applies its minimum).
 pub fn set_send_buffer_size(fd: RawFd, bytes: usize) -> io::Result<()> {
     let value = i32::try_from(bytes).unwrap_or(i32::MAX);
