@@ -18,6 +18,7 @@
 
 use std::io::{ErrorKind as IoKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -95,6 +96,9 @@ pub struct BaselineOptions {
     pub round_trips_max: u64,
     /// How long the stream measures.
     pub stream_time: Duration,
+    /// TCP congestion control of both sockets, by its kernel name (`None` = the system's):
+    /// the same as the stack's connections, so the ratio compares like with like.
+    pub tcp_congestion: Option<&'static str>,
 }
 
 impl Default for BaselineOptions {
@@ -104,6 +108,7 @@ impl Default for BaselineOptions {
             ping_pong_time: Duration::from_secs(1),
             round_trips_max: 5_000_000,
             stream_time: Duration::from_secs(1),
+            tcp_congestion: None,
         }
     }
 }
@@ -143,6 +148,8 @@ pub struct Stream {
 pub struct Physical {
     /// Where and how it ran.
     pub placement: Placement,
+    /// TCP congestion control of its sockets (`None` = the system's).
+    pub tcp_congestion: Option<&'static str>,
     /// Latency.
     pub ping_pong: PingPong,
     /// Bandwidth.
@@ -155,11 +162,12 @@ impl Physical {
         let cpu = |c: Option<usize>| c.map_or_else(|| "any".to_string(), |c| c.to_string());
         let p = &self.placement;
         format!(
-            "raw loopback TCP, server on CPU {} ({}), client on CPU {} ({})",
+            "raw loopback TCP, server on CPU {} ({}), client on CPU {} ({}), congestion control {}",
             cpu(p.server_cpu),
             p.server_wait.name(),
             cpu(p.client_cpu),
-            p.client_wait.name()
+            p.client_wait.name(),
+            self.tcp_congestion.unwrap_or("of the system")
         )
     }
 }
@@ -257,10 +265,15 @@ impl Side {
 /// and return the client's result.
 fn run_pair<T: Send>(
     placement: Placement,
+    congestion: Option<&str>,
     server: impl FnOnce(Side) -> Result<()> + Send,
     client: impl FnOnce(Side) -> Result<T> + Send,
 ) -> Result<T> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("listen"))?;
+    if let Some(cc) = congestion {
+        // The accepted socket inherits it.
+        uring::set_congestion_control(listener.as_raw_fd(), cc).map_err(io_err("TCP congestion control"))?;
+    }
     let addr = listener.local_addr().map_err(io_err("local address"))?;
     std::thread::scope(|scope| {
         let srv = std::thread::Builder::new()
@@ -276,6 +289,9 @@ fn run_pair<T: Send>(
             .spawn_scoped(scope, move || -> Result<T> {
                 pin(placement.client_cpu)?;
                 let s = TcpStream::connect_timeout(&addr, STALL).map_err(io_err("connect"))?;
+                if let Some(cc) = congestion {
+                    uring::set_congestion_control(s.as_raw_fd(), cc).map_err(io_err("TCP congestion control"))?;
+                }
                 client(Side::new(s, placement.client_wait).map_err(io_err("client socket"))?)
             })
             .map_err(io_err("spawn client"))?;
@@ -293,6 +309,7 @@ pub fn ping_pong(opts: &BaselineOptions) -> Result<PingPong> {
     let max = opts.round_trips_max.max(1);
     run_pair(
         opts.placement,
+        opts.tcp_congestion,
         |mut s| {
             let mut req = [0u8; REQUEST_BYTES];
             let reply = vec![0x5a; REPLY_BYTES];
@@ -355,6 +372,7 @@ pub fn stream(opts: &BaselineOptions) -> Result<Stream> {
     let time = opts.stream_time;
     run_pair(
         opts.placement,
+        opts.tcp_congestion,
         move |mut s| {
             let chunk = vec![0x3cu8; STREAM_WRITE_BYTES];
             while !stop_srv.load(Ordering::Relaxed) {
@@ -395,7 +413,12 @@ pub fn stream(opts: &BaselineOptions) -> Result<Stream> {
 
 /// Ping-pong, then stream.
 pub fn measure(opts: &BaselineOptions) -> Result<Physical> {
-    Ok(Physical { placement: opts.placement, ping_pong: ping_pong(opts)?, stream: stream(opts)? })
+    Ok(Physical {
+        placement: opts.placement,
+        tcp_congestion: opts.tcp_congestion,
+        ping_pong: ping_pong(opts)?,
+        stream: stream(opts)?,
+    })
 }
 
 #[cfg(test)]
@@ -408,6 +431,7 @@ mod tests {
             ping_pong_time: Duration::from_millis(50),
             round_trips_max: 500,
             stream_time: Duration::from_millis(50),
+            tcp_congestion: None,
         }
     }
 

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use target::reactor::PollMode;
+use target::registry::TcpCongestion;
 
 use crate::baseline::{self, BaselineOptions, Physical, Placement, WaitMode};
 use crate::engine::EngineRegistry;
@@ -90,6 +91,12 @@ pub struct LabBenchArgs {
     /// How the embedded target's reactor waits: adaptive (spin 200 us, then sleep), busy or block.
     #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = parse_poll)]
     pub target_poll: PollMode,
+    /// TCP congestion control of every connection of the run (the embedded target's, the
+    /// host's unless a filename URI names `tcp_congestion`, and the physical baseline's):
+    /// system (default), reno, cubic, bbr or dctcp. BBR paces its sends; on loopback that
+    /// costs the 128k read stream bandwidth (BENCHMARKS.md).
+    #[arg(long = "tcp-congestion", value_name = "NAME", default_value = "system")]
+    pub tcp_congestion: TcpCongestion,
     /// Start the embedded target even when jobs have filenames, and point the jobs that
     /// name its default subsystem (nqn.2026-11.io.qpath:default on loopback, as the seed
     /// job files in examples/ do) at it.
@@ -119,6 +126,7 @@ impl LabBenchArgs {
             baseline: false,
             no_baseline: false,
             target_poll: PollMode::Adaptive,
+            tcp_congestion: TcpCongestion::System,
             embedded_target: false,
             rpc_socket: None,
             metrics: None,
@@ -195,7 +203,12 @@ pub fn bench(args: &LabBenchArgs) -> Result<Outcome> {
         place_jobs(&mut file, &job_cpus);
         let (namespaces, notes) = embedded::plan_namespaces(&file, &jobs, embedded::memory_available());
         file.notes.extend(notes);
-        embedded_opts = Some(EmbeddedOptions { poll: args.target_poll, reactor_cpu, namespaces });
+        embedded_opts = Some(EmbeddedOptions {
+            poll: args.target_poll,
+            reactor_cpu,
+            namespaces,
+            tcp_congestion: args.tcp_congestion,
+        });
     } else if file.jobs.iter().any(|j| j.target.is_remote()) {
         let mut raws: Vec<&str> = Vec::new();
         for j in &file.jobs {
@@ -214,7 +227,8 @@ pub fn bench(args: &LabBenchArgs) -> Result<Outcome> {
             client_wait: WaitMode::Busy,
         };
         let _ = writeln!(stderr, "qpath bench: measuring the physical baseline (raw loopback TCP, ~2 s)");
-        let opts = BaselineOptions { placement, ..BaselineOptions::default() };
+        let opts =
+            BaselineOptions { placement, tcp_congestion: args.tcp_congestion.name(), ..BaselineOptions::default() };
         Some(baseline::measure(&opts)?)
     } else {
         None
@@ -233,7 +247,7 @@ pub fn bench(args: &LabBenchArgs) -> Result<Outcome> {
         }
         None => None,
     };
-    let ctrls = Arc::new(Controllers::for_jobs(&file));
+    let ctrls = Arc::new(Controllers::for_jobs(&file).with_tcp_congestion(args.tcp_congestion.name()));
     let endpoints = if args.rpc_socket.is_some() || args.metrics.is_some() {
         let src =
             crate::observe::Sources { host: Arc::clone(ctrls.stats()), target: server.as_ref().map(Embedded::state) };

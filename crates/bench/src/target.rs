@@ -10,8 +10,9 @@
 //! - A URI: `nvme+tcp://127.0.0.1:4420/nqn.2016-06.io.spdk:cnode1/1?hostnqn=...&hdgst=1&ddgst=1`
 //!   (port defaults to 4420, namespace to 1, IPv6 hosts in brackets, `%XX` escapes in the NQN).
 //!   `reconnect_delay=SECS` and `ctrl_loss_tmo=SECS|-1` set the controller's reconnect
-//!   behaviour as `nvme connect -c/-l` do (defaults 10 and 600, as Linux); other keys are
-//!   kept in [`RemoteTarget::extra`] for the engine.
+//!   behaviour as `nvme connect -c/-l` do (defaults 10 and 600, as Linux);
+//!   `tcp_congestion=NAME` the connections' TCP congestion control (`cubic`, `bbr`, ...;
+//!   default the system's); other keys are kept in [`RemoteTarget::extra`] for the engine.
 //!
 //! Multipath: a URI may name several transport addresses of the same subsystem, comma
 //! separated, as multi-host database URIs do:

@@ -38,6 +38,7 @@ fn a_dropped_path_fails_no_io_of_a_multipath_job() {
         poll: PollMode::Block,
         reactor_cpu: None,
         namespaces: vec![(1, embedded::NAMESPACE_BYTES_MIN)],
+        tcp_congestion: target::registry::TcpCongestion::System,
     })
     .unwrap();
     let mut file = JobFile::parse(JOB, "mpath-drop").unwrap();

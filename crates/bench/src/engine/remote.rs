@@ -53,6 +53,8 @@ pub struct ControllerKey {
     pub reconnect_delay: Option<String>,
     /// `ctrl_loss_tmo=SECS` from the URI (`nvme connect -l`; -1 = forever), checked at connect.
     pub ctrl_loss_tmo: Option<String>,
+    /// `tcp_congestion=NAME` from the URI: the connections' TCP congestion control.
+    pub tcp_congestion: Option<String>,
 }
 
 impl ControllerKey {
@@ -72,6 +74,7 @@ impl ControllerKey {
             ddgst: remote.ddgst || digest_option(job, "data"),
             reconnect_delay: uri_option(remote, "reconnect_delay"),
             ctrl_loss_tmo: uri_option(remote, "ctrl_loss_tmo"),
+            tcp_congestion: uri_option(remote, "tcp_congestion"),
         }
     }
 }
@@ -166,6 +169,8 @@ pub struct Controllers {
     live: Mutex<BTreeMap<ControllerKey, Arc<Controller>>>,
     /// Where the run's controllers and `qpath` engine contexts publish their statistics.
     stats: Arc<HostStats>,
+    /// TCP congestion control for targets whose URI does not name one (`None` = the system's).
+    tcp_congestion: Option<String>,
 }
 
 impl std::fmt::Debug for Controllers {
@@ -177,7 +182,20 @@ impl std::fmt::Debug for Controllers {
 impl Controllers {
     /// Controllers for the jobs of `file` (nothing connects yet).
     pub fn for_jobs(file: &JobFile) -> Controllers {
-        Controllers { plans: plan(file), live: Mutex::new(BTreeMap::new()), stats: HostStats::new() }
+        Controllers {
+            plans: plan(file),
+            live: Mutex::new(BTreeMap::new()),
+            stats: HostStats::new(),
+            tcp_congestion: None,
+        }
+    }
+
+    /// Connections use this TCP congestion control unless a target's URI names one
+    /// (`qpath bench --tcp-congestion`).
+    #[must_use]
+    pub fn with_tcp_congestion(mut self, name: Option<&str>) -> Controllers {
+        self.tcp_congestion = name.map(str::to_string);
+        self
     }
 
     /// The plan for `key` (defaults for targets the job file did not name).
@@ -221,6 +239,7 @@ impl Controllers {
         if let Some(v) = &key.ctrl_loss_tmo {
             o.ctrl_loss_tmo = parse_secs("ctrl_loss_tmo", v, true)?;
         }
+        o.tcp_congestion = key.tcp_congestion.clone().or_else(|| self.tcp_congestion.clone());
         o.nr_io_queues = plan.nr_io_queues;
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
@@ -279,6 +298,7 @@ mod tests {
             ddgst: false,
             reconnect_delay: None,
             ctrl_loss_tmo: None,
+            tcp_congestion: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");
@@ -323,6 +343,23 @@ mod tests {
             assert!(c.connect_options(&key(bad)).is_err(), "{bad}");
         }
         assert_ne!(key("?reconnect_delay=1"), key(""), "different reconnect options: different controllers");
+    }
+
+    #[test]
+    fn tcp_congestion_from_the_uri_or_the_run() {
+        let key = |q: &str| {
+            let t = RemoteTarget::parse_uri(&format!("nvme+tcp://127.0.0.1:4420/nqn.x:a/1{q}")).unwrap();
+            ControllerKey::of(&t, None)
+        };
+        let plain = Controllers::for_jobs(&JobFile::parse("[a]\nsize=1m\n", "t").unwrap());
+        assert_eq!(plain.connect_options(&key("")).unwrap().tcp_congestion, None, "the system's");
+        let o = plain.connect_options(&key("?tcp_congestion=reno")).unwrap();
+        assert_eq!(o.tcp_congestion.as_deref(), Some("reno"));
+        let run =
+            Controllers::for_jobs(&JobFile::parse("[a]\nsize=1m\n", "t").unwrap()).with_tcp_congestion(Some("cubic"));
+        assert_eq!(run.connect_options(&key("")).unwrap().tcp_congestion.as_deref(), Some("cubic"));
+        let o = run.connect_options(&key("?tcp_congestion=reno")).unwrap();
+        assert_eq!(o.tcp_congestion.as_deref(), Some("reno"), "the URI wins");
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 
 use target::config::{Config, DEFAULT_NQN, NamespaceConfig, SizeValue};
 use target::reactor::{PollMode, ReactorOptions};
+use target::registry::TcpCongestion;
 use target::server::Server;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -45,6 +46,8 @@ pub struct EmbeddedOptions {
     pub reactor_cpu: Option<usize>,
     /// `(nsid, bytes)` of each RAM namespace.
     pub namespaces: Vec<(u32, u64)>,
+    /// TCP congestion control of its connections.
+    pub tcp_congestion: TcpCongestion,
 }
 
 /// A running embedded target.
@@ -142,6 +145,7 @@ impl Embedded {
         for p in &mut cfg.ports {
             p.addr = "127.0.0.1:0".into();
         }
+        cfg.options.tcp_congestion = opts.tcp_congestion;
         let spin_us = if opts.poll == PollMode::Adaptive { ADAPTIVE_SPIN_US } else { 0 };
         cfg.reactor =
             ReactorOptions { reactors: 1, cpus: opts.reactor_cpu.into_iter().collect(), poll: opts.poll, spin_us };
@@ -283,6 +287,7 @@ mod tests {
             poll: PollMode::Block,
             reactor_cpu: None,
             namespaces: vec![(1, NAMESPACE_BYTES_MIN)],
+            tcp_congestion: TcpCongestion::System,
         })
         .unwrap();
         let mut f = JobFile::parse(

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use target::reactor::PollMode;
+use target::registry::TcpCongestion;
 
 use super::embedded::{self, Embedded, EmbeddedOptions};
 use super::result::{Cell, Goal, LabOutputArgs, LabResult};
@@ -146,6 +147,7 @@ impl LabTarget {
             poll,
             reactor_cpu,
             namespaces: vec![(1, embedded::NAMESPACE_BYTES_MIN)],
+            tcp_congestion: TcpCongestion::System,
         })?;
         Ok(LabTarget { target, job_cpus })
     }

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use target::reactor::PollMode;
+use target::registry::TcpCongestion;
 
 use super::embedded::{Embedded, EmbeddedOptions, NAMESPACE_BYTES_MIN};
 use super::result::{Cell, Goal, LabOutputArgs, LabResult};
@@ -377,6 +378,7 @@ pub fn run(args: &Seed001Args, progress: &mut dyn std::io::Write) -> Result<LabR
         poll: args.target_poll,
         reactor_cpu,
         namespaces: vec![(1, NAMESPACE_BYTES_MIN)],
+        tcp_congestion: TcpCongestion::System,
     })?;
     let _ = writeln!(progress, "seed-001: {}", server.describe());
     let mut samples = Vec::new();

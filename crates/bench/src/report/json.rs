@@ -304,6 +304,7 @@ pub fn physical_json(p: &Physical) -> Json {
     o.int("client_cpu", cpu(pl.client_cpu));
     o.str("server_wait", pl.server_wait.name());
     o.str("client_wait", pl.client_wait.name());
+    o.str("tcp_congestion", p.tcp_congestion.unwrap_or("system"));
     let pp = &p.ping_pong;
     let mut ping = Json::obj();
     ping.int("request_bytes", crate::baseline::REQUEST_BYTES as u64);
