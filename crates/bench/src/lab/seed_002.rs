@@ -30,6 +30,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use target::config::{Config, SizeValue};
 use target::reactor::{PollMode, ReactorOptions};
+use target::registry::TcpCongestion;
 
 use super::result::{Cell, Goal, LabOutputArgs, LabResult};
 use crate::engine::EngineRegistry;
@@ -90,6 +91,10 @@ pub struct Seed002Args {
     /// How the target's reactor waits: adaptive (spin, then sleep), busy or block.
     #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = super::parse_poll)]
     pub target_poll: PollMode,
+    /// TCP congestion control of the target's and the host's connections: system
+    /// (default), reno, cubic, bbr or dctcp. BBR's pacing makes the runs noisier here.
+    #[arg(long = "tcp-congestion", value_name = "NAME", default_value = "system")]
+    pub tcp_congestion: TcpCongestion,
     /// Text/JSON and plot output.
     #[command(flatten)]
     pub output: LabOutputArgs,
@@ -105,6 +110,7 @@ impl Default for Seed002Args {
             iodepth: 1,
             policy: "round-robin".into(),
             target_poll: PollMode::Adaptive,
+            tcp_congestion: TcpCongestion::System,
             output: LabOutputArgs::default(),
         }
     }
@@ -141,8 +147,9 @@ fn nqn(k: usize) -> String {
 }
 
 /// `subsystems` subsystems of one RAM namespace each, on two loopback ports, one reactor.
-fn target_config(subsystems: usize, reactor_cpu: Option<usize>, poll: PollMode) -> Config {
+fn target_config(subsystems: usize, reactor_cpu: Option<usize>, poll: PollMode, cc: TcpCongestion) -> Config {
     let mut cfg = Config::embedded_default();
+    cfg.options.tcp_congestion = cc;
     for p in &mut cfg.ports {
         p.addr = "127.0.0.1:0".into();
     }
@@ -271,7 +278,7 @@ fn mibs(bytes_per_sec: u64) -> f64 {
 /// Runs one configuration on a fresh target.
 fn run_config(subsystems: usize, args: &Seed002Args, diag: &mut dyn std::io::Write) -> Result<ConfigResult> {
     let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
-    let server = target_config(subsystems, reactor_cpu, args.target_poll)
+    let server = target_config(subsystems, reactor_cpu, args.target_poll, args.tcp_congestion)
         .start()
         .map_err(|e| Error::new(ErrorKind::Target, format!("seed-002 target: {e}")))?;
     let addr = |id: u16| {
@@ -282,7 +289,7 @@ fn run_config(subsystems: usize, args: &Seed002Args, diag: &mut dyn std::io::Wri
         let mut file = JobFile::parse(&job_text(subsystems, addrs, args), "seed-002")?;
         file.check_strict()?;
         super::place_jobs(&mut file, &job_cpus);
-        let ctrls = Arc::new(Controllers::for_jobs(&file));
+        let ctrls = Arc::new(Controllers::for_jobs(&file).with_tcp_congestion(args.tcp_congestion.name()));
         let registry = EngineRegistry::with_all_engines(&ctrls);
         let opts = RunOptions { pin: Some(super::pin_hook()), status: StatusMode::Never, ..RunOptions::default() };
         let run = run::run_jobs(&file, &registry, &opts, diag);
@@ -414,11 +421,12 @@ fn build(args: &Seed002Args, configs: &[ConfigResult]) -> LabResult {
     r.note(format!(
         "job: bs=4k, iodepth={}, {secs} s per step (seq write, rand write, seq read, rand read, stonewalled), \
          multipath heads over both ports (mpath_policy={}); target: one reactor, RAM namespaces of {} MiB, \
-         poll {:?}; fresh target and host per configuration",
+         poll {:?}; TCP congestion control {}; fresh target and host per configuration",
         args.iodepth,
         args.policy,
         NS_BYTES >> 20,
-        args.target_poll
+        args.target_poll,
+        args.tcp_congestion.name().unwrap_or("of the system")
     ));
     r.note(format!(
         "{} round(s), the configurations in turn; each row is the round with the median all-steps MiB/s \
@@ -544,7 +552,7 @@ mod tests {
 
     #[test]
     fn the_target_has_the_subsystems_on_both_ports() {
-        let cfg = target_config(4, None, PollMode::Block);
+        let cfg = target_config(4, None, PollMode::Block, TcpCongestion::System);
         assert_eq!(cfg.subsystems.len(), 4);
         assert_eq!(cfg.ports.len(), 2);
         assert!(cfg.subsystems.iter().all(|s| s.ports.is_empty()), "every subsystem on every port");
