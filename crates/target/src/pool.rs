@@ -5,7 +5,11 @@
 //! returned to the pool is kept for reuse, so after warm-up the I/O path does
 //! no allocation. The pool is owned by one reactor thread: no lock.
 //! Outstanding bytes are capped; a request that cannot get a buffer waits in
-//! its connection until one is returned.
+//! its connection until one is returned. Kept (idle) bytes are capped too, at
+//! the same number: a workload that moves from small to large transfers frees
+//! small buffers beyond it instead of keeping every class's high-water mark, so
+//! a reactor's buffers never hold more than twice the cap (plus in-capsule
+//! data, which its queues bound).
 
 use uring::IoBuf;
 
@@ -18,8 +22,12 @@ pub struct BufPool {
     max_shift: u32,
     out_bytes: usize,
     cap_bytes: usize,
-    /// Buffers handed out over the pool's life (for tests and stats).
+    /// Bytes of the buffers kept for reuse.
+    cached_bytes: usize,
+    /// Buffers allocated over the pool's life (for tests and stats).
     pub allocations: u64,
+    /// Returned buffers freed because keeping them would pass the cap.
+    pub released: u64,
 }
 
 impl BufPool {
@@ -31,7 +39,9 @@ impl BufPool {
             max_shift,
             out_bytes: 0,
             cap_bytes,
+            cached_bytes: 0,
             allocations: 0,
+            released: 0,
         }
     }
 
@@ -62,7 +72,10 @@ impl BufPool {
             None => len.next_multiple_of(4096),
         };
         let mut buf = match self.class(len).and_then(|c| self.classes[c].pop()) {
-            Some(b) => b,
+            Some(b) => {
+                self.cached_bytes -= b.capacity();
+                b
+            }
             None => {
                 self.allocations += 1;
                 IoBuf::new(cap)
@@ -81,8 +94,18 @@ impl BufPool {
             && let Some(c) = self.class(cap)
             && 4096usize << c == cap
         {
-            self.classes[c].push(buf);
+            if self.cached_bytes + cap <= self.cap_bytes {
+                self.cached_bytes += cap;
+                self.classes[c].push(buf);
+            } else {
+                self.released += 1;
+            }
         }
+    }
+
+    /// Bytes kept for reuse (at most the cap).
+    pub fn cached(&self) -> usize {
+        self.cached_bytes
     }
 
     /// Bytes handed out and not yet returned.
@@ -107,10 +130,12 @@ mod tests {
         assert!(p.get(60 << 10).is_none(), "over the cap");
         let d = p.get_unbounded(60 << 10);
         assert_eq!(p.outstanding(), 4096 + 8192 + (64 << 10), "counted, though over the cap");
-        p.put(d);
         p.put(a);
         p.put(b);
+        p.put(d);
         assert_eq!(p.outstanding(), 0);
+        assert_eq!(p.cached(), 4096 + 8192, "the 64 KiB buffer would pass the cap beside them: freed");
+        assert_eq!(p.released, 1);
         let before = p.allocations;
         let c = p.get(100).unwrap();
         assert_eq!(p.allocations, before, "reused");
@@ -118,5 +143,29 @@ mod tests {
         let big = p.get(3 << 20).unwrap();
         assert_eq!(big.len(), 3 << 20);
         p.put(big);
+    }
+
+    #[test]
+    fn kept_bytes_stay_under_the_cap_when_sizes_change() {
+        let cap = 1 << 20;
+        let mut p = BufPool::new(1 << 20, cap);
+        // A burst of 4 KiB buffers up to the cap, all returned: all kept.
+        let small: Vec<_> = (0..256).map(|_| p.get(4096).unwrap()).collect();
+        small.into_iter().for_each(|b| p.put(b));
+        assert_eq!(p.cached(), cap);
+        // Then 256 KiB transfers: the pool has no buffer of that class and must allocate,
+        // and what comes back no longer fits beside the kept 4 KiB ones.
+        for _ in 0..3 {
+            let big: Vec<_> = (0..4).map(|_| p.get(256 << 10).unwrap()).collect();
+            big.into_iter().for_each(|b| p.put(b));
+            assert!(p.cached() <= cap, "{} kept", p.cached());
+        }
+        assert!(p.released > 0, "buffers beyond the cap are freed");
+        assert_eq!(p.outstanding(), 0);
+        // Reuse still works for what is kept.
+        let before = p.allocations;
+        let b = p.get(4096).unwrap();
+        assert_eq!(p.allocations, before);
+        p.put(b);
     }
 }
