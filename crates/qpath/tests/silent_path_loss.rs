@@ -14,99 +14,20 @@
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
 mod read_back;
+mod relay;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use host::context::{Context, ContextOptions, Op};
 use host::controller::{ConnectOptions, Controller};
 use host::head::Head;
 use host::mpath::Policy;
+use relay::Relay;
 use target::config::Config;
 use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, Wait};
-
-/// A TCP relay that can go silent.
-struct Relay {
-    addr: SocketAddr,
-    frozen: Arc<AtomicBool>,
-    /// Bumped when a freeze ends: connections opened before it are closed.
-    epoch: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Relay {
-    fn start(upstream: SocketAddr) -> Relay {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let addr = l.local_addr().unwrap();
-        let (frozen, epoch, stop) =
-            (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-        let (f, e, s) = (Arc::clone(&frozen), Arc::clone(&epoch), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            while !s.load(Ordering::Acquire) {
-                let Ok((down, _)) = l.accept() else {
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                };
-                down.set_nonblocking(false).unwrap();
-                let Ok(up) = TcpStream::connect(upstream) else { continue };
-                let born = e.load(Ordering::Acquire);
-                for (from, to) in [(down.try_clone().unwrap(), up.try_clone().unwrap()), (up, down)] {
-                    let (f, e, s) = (Arc::clone(&f), Arc::clone(&e), Arc::clone(&s));
-                    std::thread::spawn(move || pump(&from, &to, &f, &e, born, &s));
-                }
-            }
-        });
-        Relay { addr, frozen, epoch, stop }
-    }
-
-    fn freeze(&self) {
-        self.frozen.store(true, Ordering::Release);
-    }
-
-    fn thaw(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        self.frozen.store(false, Ordering::Release);
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-    }
-}
-
-/// Copies `from` to `to` unless frozen; a connection older than the last freeze is closed.
-fn pump(from: &TcpStream, to: &TcpStream, frozen: &AtomicBool, epoch: &AtomicU64, born: u64, stop: &AtomicBool) {
-    from.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-    let mut buf = vec![0u8; 64 * 1024];
-    let (mut from_r, mut to_w) = (from, to);
-    loop {
-        if stop.load(Ordering::Acquire) || epoch.load(Ordering::Acquire) != born {
-            break;
-        }
-        if frozen.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(5));
-            continue;
-        }
-        match from_r.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                if to_w.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => break,
-        }
-    }
-    let _ = from.shutdown(Shutdown::Both);
-    let _ = to.shutdown(Shutdown::Both);
-}
 
 #[test]
 fn writes_on_a_silent_path_fail_over_after_the_keep_alive_timeout() {
