@@ -321,13 +321,15 @@ impl Reactor {
             for m in msgs {
                 self.on_msg(m);
             }
-            self.process_ready(turn_start, true);
-            let mut touched = std::mem::take(&mut self.touched);
+            self.process_ready(turn_start);
+            let touched = std::mem::take(&mut self.touched);
             // Shallow queues' sends go into the ring, and out of it, first.
-            self.drive_some(&touched, false);
-            if touched.iter().any(|&k| self.is_deep(k)) {
-                self.reap_for_shallow(&mut touched);
-                self.drive_some(&touched, true);
+            for deep in [false, true] {
+                for &k in &touched {
+                    if self.conns.get(k).and_then(Option::as_ref).is_some_and(|e| e.conn.is_deep() == deep) {
+                        self.drive(k);
+                    }
+                }
             }
             self.touched = touched;
             self.touched.clear();
@@ -341,46 +343,6 @@ impl Reactor {
             }
         }
         tracing::debug!(reactor = self.index, "reactor stopped");
-    }
-
-    fn is_deep(&self, key: usize) -> bool {
-        self.conns.get(key).and_then(Option::as_ref).is_some_and(|e| e.conn.is_deep())
-    }
-
-    /// Drives the connections of `keys` that are deep (or shallow).
-    fn drive_some(&mut self, keys: &[usize], deep: bool) {
-        for &k in keys {
-            if self.conns.get(k).and_then(Option::as_ref).is_some_and(|e| e.conn.is_deep() == deep) {
-                self.drive(k);
-            }
-        }
-    }
-
-    /// Before deep connections' sends go into the ring (a flood's batch: on loopback its
-    /// sendmsg runs the peer's receive path inline), one more non-blocking turn: the
-    /// shallow sends go out, and a shallow queue's command that arrived meanwhile is
-    /// parsed and answered ahead of the batch instead of a whole turn later. Connections
-    /// it touches join `touched`.
-    fn reap_for_shallow(&mut self, touched: &mut Vec<usize>) {
-        let mut done: Vec<Completion> = Vec::new();
-        if self.ring.turn(Wait::Poll, |_, c| done.push(c)).is_err() {
-            return;
-        }
-        let mut more = std::mem::take(&mut self.touched);
-        for c in done.drain(..) {
-            self.complete(c, &mut more);
-        }
-        self.touched = more;
-        self.process_ready(Instant::now(), false);
-        let more = std::mem::take(&mut self.touched);
-        for &k in &more {
-            if !touched.contains(&k) {
-                touched.push(k);
-                if !self.is_deep(k) {
-                    self.drive(k);
-                }
-            }
-        }
     }
 
     fn wait_mode(&self) -> Wait {
@@ -502,14 +464,11 @@ impl Reactor {
     /// one (a few PDUs each), then deep ones round-robin until `tx_deadline_us` after the
     /// turn began (at least one, so they never starve). Deep connections not served keep
     /// their place at the front; served ones with input left go to the back.
-    fn process_ready(&mut self, turn_start: Instant, deep_too: bool) {
+    fn process_ready(&mut self, turn_start: Instant) {
         let deadline_us = self.target.opts.tx_deadline_us;
         let deadline = (deadline_us > 0).then(|| turn_start + Duration::from_micros(deadline_us));
         let mut served = std::mem::take(&mut self.ready_served);
         for deep in [false, true] {
-            if deep && !deep_too {
-                break;
-            }
             let waiting = if deep { self.ready_deep.len() } else { self.ready_shallow.len() };
             for i in 0..waiting {
                 if deep && i > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
