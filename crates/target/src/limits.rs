@@ -12,11 +12,13 @@
 //! Everything here is control plane: a mutex taken once per accepted connection
 //! and once per Connect, never per command. Every limit can be changed at run
 //! time (`set_limits` over RPC); a change applies to connections admitted
-//! afterwards, and the timeouts to every connection on its next tick.
+//! afterwards, the timeouts to every connection on its next tick, and the
+//! fairness budgets (`rx_budget_pdus`, `tx_batch_bytes`, `tx_deadline_us`) to the
+//! next reactor turn.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +41,12 @@ pub struct LimitSettings {
     pub pdu_timeout_ms: Option<u64>,
     /// Data buffer bytes one connection may hold (R2T, read and admin data).
     pub max_buffer_bytes_per_connection: Option<usize>,
+    /// Fairness: PDUs one connection parses per reactor turn (0 = no limit).
+    pub rx_budget_pdus: Option<u32>,
+    /// Fairness: most bytes in one send batch (0 = no limit).
+    pub tx_batch_bytes: Option<usize>,
+    /// Fairness: a reactor turn stops parsing input this many µs after it began (0 = never).
+    pub tx_deadline_us: Option<u64>,
 }
 
 /// Why a connection or a Connect was refused.
@@ -79,6 +87,9 @@ pub struct Limits {
     connect_timeout_ms: AtomicU64,
     pdu_timeout_ms: AtomicU64,
     max_buffer_bytes: AtomicUsize,
+    rx_budget_pdus: AtomicU32,
+    tx_batch_bytes: AtomicUsize,
+    tx_deadline_us: AtomicU64,
     counts: Mutex<Counts>,
     refused: [AtomicU64; 3],
     timeouts: AtomicU64,
@@ -94,6 +105,9 @@ impl Limits {
             connect_timeout_ms: AtomicU64::new(o.connect_timeout_ms),
             pdu_timeout_ms: AtomicU64::new(o.pdu_timeout_ms),
             max_buffer_bytes: AtomicUsize::new(o.max_buffer_bytes_per_connection),
+            rx_budget_pdus: AtomicU32::new(o.rx_budget_pdus),
+            tx_batch_bytes: AtomicUsize::new(o.tx_batch_bytes),
+            tx_deadline_us: AtomicU64::new(o.tx_deadline_us),
             counts: Mutex::new(Counts::default()),
             refused: Default::default(),
             timeouts: AtomicU64::new(0),
@@ -109,10 +123,14 @@ impl Limits {
             connect_timeout_ms: Some(self.connect_timeout_ms()),
             pdu_timeout_ms: Some(self.pdu_timeout_ms()),
             max_buffer_bytes_per_connection: Some(self.max_buffer_bytes_per_connection()),
+            rx_budget_pdus: Some(self.rx_budget_pdus()),
+            tx_batch_bytes: Some(self.tx_batch_bytes()),
+            tx_deadline_us: Some(self.tx_deadline_us()),
         }
     }
 
-    /// Changes the values given (a zero count or timeout is refused: it would lock every peer out).
+    /// Changes the values given (a zero count or timeout is refused: it would lock every peer
+    /// out; a zero fairness budget means no limit).
     pub fn set(&self, s: &LimitSettings) -> Result<(), String> {
         let counts = [s.max_connections_per_port, s.max_connections_per_host, s.max_connections_per_hostnqn];
         let times = [s.connect_timeout_ms, s.pdu_timeout_ms];
@@ -127,6 +145,13 @@ impl Limits {
         let store = |a: &AtomicU64, v: Option<u64>| v.into_iter().for_each(|v| a.store(v, Ordering::Relaxed));
         store(&self.connect_timeout_ms, s.connect_timeout_ms);
         store(&self.pdu_timeout_ms, s.pdu_timeout_ms);
+        store(&self.tx_deadline_us, s.tx_deadline_us);
+        if let Some(v) = s.tx_batch_bytes {
+            self.tx_batch_bytes.store(v, Ordering::Relaxed);
+        }
+        if let Some(v) = s.rx_budget_pdus {
+            self.rx_budget_pdus.store(v, Ordering::Relaxed);
+        }
         tracing::info!(limits = ?self.get(), "limits changed");
         Ok(())
     }
@@ -147,6 +172,24 @@ impl Limits {
     #[inline]
     pub fn max_buffer_bytes_per_connection(&self) -> usize {
         self.max_buffer_bytes.load(Ordering::Relaxed)
+    }
+
+    /// PDUs a connection parses per reactor turn (0 = no limit).
+    #[inline]
+    pub fn rx_budget_pdus(&self) -> u32 {
+        self.rx_budget_pdus.load(Ordering::Relaxed)
+    }
+
+    /// Most bytes in one send batch (0 = no limit).
+    #[inline]
+    pub fn tx_batch_bytes(&self) -> usize {
+        self.tx_batch_bytes.load(Ordering::Relaxed)
+    }
+
+    /// µs after which a reactor turn stops parsing input (0 = never).
+    #[inline]
+    pub fn tx_deadline_us(&self) -> u64 {
+        self.tx_deadline_us.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {

@@ -465,7 +465,7 @@ impl Reactor {
     /// turn began (at least one, so they never starve). Deep connections not served keep
     /// their place at the front; served ones with input left go to the back.
     fn process_ready(&mut self, turn_start: Instant) {
-        let deadline_us = self.target.opts.tx_deadline_us;
+        let deadline_us = self.target.limits.tx_deadline_us();
         let deadline = (deadline_us > 0).then(|| turn_start + Duration::from_micros(deadline_us));
         let mut served = std::mem::take(&mut self.ready_served);
         for deep in [false, true] {

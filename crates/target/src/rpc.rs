@@ -19,7 +19,7 @@
 //! | `add_port` | `{id, addr, kind}` | `{addr}` |
 //! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
 //! | `get_limits` | | limits in force, connections refused by reason, timeouts |
-//! | `set_limits` | any of `{max_connections_per_port, max_connections_per_host, max_connections_per_hostnqn, connect_timeout_ms, pdu_timeout_ms, max_buffer_bytes_per_connection}` | limits in force |
+//! | `set_limits` | any of `{max_connections_per_port, max_connections_per_host, max_connections_per_hostnqn, connect_timeout_ms, pdu_timeout_ms, max_buffer_bytes_per_connection, rx_budget_pdus, tx_batch_bytes, tx_deadline_us}` | limits in force (the fairness budgets may be 0 = no limit) |
 //! | `list_controllers` | | controllers |
 //! | `list_queues` | | queues with counters |
 //! | `stats` | | per-queue counters and latency percentiles, per-port and per-namespace aggregates |

@@ -470,7 +470,7 @@ impl Connection {
     /// `TargetOptions::tx_batch_bytes`, so one send never carries a whole flood (a batch
     /// holds at least one response, however large).
     fn tx_seal_batch(&mut self, more: usize) {
-        let cap = self.target.opts.tx_batch_bytes;
+        let cap = self.target.limits.tx_batch_bytes();
         if cap == 0 || self.tx.is_empty() || self.tx.len() + more <= cap {
             return;
         }
@@ -597,7 +597,7 @@ impl Connection {
     }
 
     fn process(&mut self, buf: &mut IoBuf, ctx: &mut ConnCtx<'_>) {
-        let budget = self.target.opts.rx_budget_pdus;
+        let budget = self.target.limits.rx_budget_pdus();
         self.rx_pass_pdus = 0;
         loop {
             if !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {

@@ -162,3 +162,43 @@ fn a_qd1_queue_is_shallow() {
     let s = q.conn.info().stats.snapshot();
     assert_eq!((s.rx_pass_pdus_max, s.rx_budget_stops), (1, 0));
 }
+
+#[test]
+fn budgets_changed_at_run_time_apply_to_the_next_pass() {
+    use qpath_target::limits::LimitSettings;
+    let opts = TargetOptions { rx_budget_pdus: 0, tx_batch_bytes: 0, ..TargetOptions::default() };
+    let (_admin, mut q) = io_queue(opts);
+    // What `set_limits` over RPC does: a PDU budget of 10 where there was none.
+    q.target.limits.set(&LimitSettings { rx_budget_pdus: Some(10), ..Default::default() }).unwrap();
+    assert_eq!(q.target.limits.get().rx_budget_pdus, Some(10));
+    let input = reads(&mut q, 25, 512);
+    receive(&mut q, &input);
+    let mut per_pass = Vec::new();
+    while q.conn.has_input() && per_pass.len() < 10 {
+        pass(&mut q);
+        drain_sends(&mut q);
+        per_pass.push(completions(&mut q));
+    }
+    assert_eq!(per_pass, [10, 10, 5], "PDUs parsed per pass under the new budget");
+    // Then a send batch limit: a flood's responses leave in bounded batches.
+    let cap = 8 * 1024;
+    q.target
+        .limits
+        .set(&LimitSettings { rx_budget_pdus: Some(0), tx_batch_bytes: Some(cap), ..Default::default() })
+        .unwrap();
+    let input = reads(&mut q, 16, 4096);
+    receive(&mut q, &input);
+    let mut batches = Vec::new();
+    let mut done = 0;
+    for _ in 0..100 {
+        pass(&mut q);
+        batches.extend(drain_sends(&mut q));
+        done += completions(&mut q);
+        if !q.conn.has_input() && !q.conn.input_paused() {
+            break;
+        }
+    }
+    assert_eq!(done, 16);
+    assert!(batches.len() >= 8, "16 responses of 4 KiB in batches of 8 KiB: {batches:?}");
+    assert!(batches.iter().all(|&l| l <= cap + 4096 + 128), "batches bounded by the new size: {batches:?}");
+}
