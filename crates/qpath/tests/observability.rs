@@ -82,6 +82,16 @@ fn metrics_and_stats_count_every_io() {
     assert_eq!(q_reads, reads);
     let io_q = js["queues"].as_array().unwrap().iter().find(|q| q["reads"].as_u64().unwrap() > 0).unwrap();
     assert!(io_q["latency"]["read"]["p99_us"].as_f64().unwrap() > 0.0);
+    // Each reactor's data buffers, published on the same tick: one line per reactor,
+    // buffers were allocated (for the writes' in-capsule data), and the idle ones stay
+    // under the pool's cap.
+    assert_eq!(text.matches("qpath_target_reactor_buffer_allocations_total{").count(), 2, "{text}");
+    assert_eq!(text.matches("qpath_target_reactor_buffer_bytes{").count(), 4, "outstanding and cached per reactor");
+    assert!(sum_metric(&text, "qpath_target_reactor_buffer_allocations_total", "") > 0);
+    let cap = target::registry::TargetOptions::default().buffer_pool_bytes as u64;
+    for r in js["reactors"].as_array().unwrap() {
+        assert!(r["buffer_cached_bytes"].as_u64().unwrap() <= cap, "{r}");
+    }
     // The host side counts the same I/Os per queue.
     let host_ios: u64 = ctx.queue_stats().map(|(_, _, s)| s.ios()).sum();
     assert_eq!(host_ios, reads + writes);

@@ -17,9 +17,12 @@
 //! | `qpath_target_namespace_ios_total` | subnqn, nsid, dir | completed reads/writes |
 //! | `qpath_target_namespace_bytes_total` | subnqn, nsid, dir | bytes moved |
 //! | `qpath_target_controllers` | subnqn | live controllers |
+//! | `qpath_target_reactor_buffer_bytes` | reactor, state (outstanding, cached) | data buffer bytes handed out / kept idle for reuse |
+//! | `qpath_target_reactor_buffer_allocations_total` | reactor | data buffers allocated |
+//! | `qpath_target_reactor_buffer_released_total` | reactor | returned buffers freed because the idle cache was full |
 //!
-//! Histograms and per-namespace counters are published by each queue's
-//! reactor on its 10 ms tick; counters are read directly (relaxed).
+//! Histograms, per-namespace counters and the buffer numbers are published by
+//! each reactor on its 10 ms tick; counters are read directly (relaxed).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -79,7 +82,19 @@ pub fn stats_json(state: &TargetState) -> Value {
         })
         .collect();
     let namespaces: Vec<Value> = nss.iter().map(|((nqn, _), n)| json!({"subnqn": nqn, "counters": n})).collect();
-    json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces})
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let reactors: Vec<Value> = state
+        .buffer_stats()
+        .iter()
+        .map(|b| {
+            json!({
+                "reactor": b.reactor, "buffer_outstanding_bytes": load(&b.outstanding_bytes),
+                "buffer_cached_bytes": load(&b.cached_bytes), "buffer_allocations": load(&b.allocations),
+                "buffer_released": load(&b.released),
+            })
+        })
+        .collect();
+    json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors})
 }
 
 fn esc(v: &str) -> String {
@@ -164,6 +179,34 @@ pub fn render(state: &TargetState) -> String {
         let _ = writeln!(out, "qpath_target_namespace_ios_total{{{l},dir=\"write\"}} {}", c["writes"]);
         let _ = writeln!(out, "qpath_target_namespace_bytes_total{{{l},dir=\"read\"}} {}", c["read_bytes"]);
         let _ = writeln!(out, "qpath_target_namespace_bytes_total{{{l},dir=\"write\"}} {}", c["write_bytes"]);
+    }
+    help(&mut out, "qpath_target_reactor_buffer_bytes", "gauge", "Data buffer bytes handed out or kept idle.");
+    help(&mut out, "qpath_target_reactor_buffer_allocations_total", "counter", "Data buffers allocated.");
+    help(
+        &mut out,
+        "qpath_target_reactor_buffer_released_total",
+        "counter",
+        "Returned buffers freed (idle cache full).",
+    );
+    for r in js["reactors"].as_array().into_iter().flatten() {
+        let id = &r["reactor"];
+        let _ = writeln!(
+            out,
+            "qpath_target_reactor_buffer_bytes{{reactor=\"{id}\",state=\"outstanding\"}} {}",
+            r["buffer_outstanding_bytes"]
+        );
+        let _ = writeln!(
+            out,
+            "qpath_target_reactor_buffer_bytes{{reactor=\"{id}\",state=\"cached\"}} {}",
+            r["buffer_cached_bytes"]
+        );
+        let _ = writeln!(
+            out,
+            "qpath_target_reactor_buffer_allocations_total{{reactor=\"{id}\"}} {}",
+            r["buffer_allocations"]
+        );
+        let _ =
+            writeln!(out, "qpath_target_reactor_buffer_released_total{{reactor=\"{id}\"}} {}", r["buffer_released"]);
     }
     help(&mut out, "qpath_target_controllers", "gauge", "Live controllers of the subsystem.");
     for s in state.subsystems() {

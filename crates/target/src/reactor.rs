@@ -239,6 +239,8 @@ struct Reactor {
     opts: ReactorOptions,
     busy: bool,
     pool: BufPool,
+    /// Where the pool's numbers are published on each tick.
+    buffers: Arc<crate::registry::BufferStats>,
     conns: Vec<Option<Entry>>,
     free_keys: Vec<usize>,
     generation: u64,
@@ -268,6 +270,7 @@ impl Reactor {
         busy: bool,
     ) -> Reactor {
         let pool = BufPool::new(target.opts.max_transfer(), target.opts.buffer_pool_bytes);
+        let buffers = target.register_buffers(index);
         Reactor {
             index,
             target,
@@ -276,6 +279,7 @@ impl Reactor {
             opts,
             busy,
             pool,
+            buffers,
             conns: Vec::new(),
             free_keys: Vec::new(),
             generation: 0,
@@ -600,6 +604,11 @@ impl Reactor {
     }
 
     fn tick(&mut self) {
+        let b = &self.buffers;
+        b.outstanding_bytes.store(self.pool.outstanding() as u64, std::sync::atomic::Ordering::Relaxed);
+        b.cached_bytes.store(self.pool.cached() as u64, std::sync::atomic::Ordering::Relaxed);
+        b.allocations.store(self.pool.allocations, std::sync::atomic::Ordering::Relaxed);
+        b.released.store(self.pool.released, std::sync::atomic::Ordering::Relaxed);
         for k in 0..self.conns.len() {
             if self.conns[k].is_some() {
                 self.with_conn(k, |e, ctx| e.conn.tick(ctx));

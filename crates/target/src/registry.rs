@@ -243,6 +243,24 @@ pub struct TargetState {
     disc_genctr: AtomicU64,
     epoch: Instant,
     queues: Mutex<Vec<Weak<QueueInfo>>>,
+    /// Each reactor's data buffers, published on its tick.
+    buffers: Mutex<Vec<Arc<BufferStats>>>,
+}
+
+/// One reactor's data buffer pool, as its reactor last published it (every 10 ms tick;
+/// nothing per I/O).
+#[derive(Debug, Default)]
+pub struct BufferStats {
+    /// The reactor's index.
+    pub reactor: usize,
+    /// Bytes in buffers handed out now.
+    pub outstanding_bytes: AtomicU64,
+    /// Bytes in idle buffers kept for reuse (at most `buffer_pool_bytes`).
+    pub cached_bytes: AtomicU64,
+    /// Buffers allocated so far.
+    pub allocations: AtomicU64,
+    /// Returned buffers freed because keeping them would pass the cap.
+    pub released: AtomicU64,
 }
 
 impl TargetState {
@@ -258,6 +276,7 @@ impl TargetState {
             disc_genctr: AtomicU64::new(1),
             epoch: Instant::now(),
             queues: Mutex::new(Vec::new()),
+            buffers: Mutex::new(Vec::new()),
         }
     }
 
@@ -449,6 +468,18 @@ impl TargetState {
         }
         list.push(Arc::downgrade(&q));
         q
+    }
+
+    /// A reactor's buffer statistics, registered when it starts (control plane).
+    pub fn register_buffers(&self, reactor: usize) -> Arc<BufferStats> {
+        let b = Arc::new(BufferStats { reactor, ..BufferStats::default() });
+        self.buffers.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::clone(&b));
+        b
+    }
+
+    /// Every reactor's buffer statistics.
+    pub fn buffer_stats(&self) -> Vec<Arc<BufferStats>> {
+        self.buffers.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Every live queue's info (for statistics).
