@@ -522,7 +522,7 @@ impl HostQueue {
         if closed {
             self.fail("connection closed by the controller".into());
         } else if n > 0
-            && let Rx::Data { tag: Some(tag), offset, remaining, ddgst, crc, success, last } = self.rx_state
+            && let Rx::Data { tag: Some(tag), offset, remaining, ddgst, crc, .. } = self.rx_state
             && tag == d.tag
         {
             let n = n.min(remaining);
@@ -535,7 +535,7 @@ impl HostQueue {
             if n == remaining {
                 self.rx_limit = RECV_AFTER_DIRECT;
             }
-            self.data_advanced(Some(tag), offset, remaining, n, ddgst, crc, success, last);
+            self.data_advanced(n, crc);
         }
         // A command aborted while its buffer was out finishes now that it is back.
         let s = &self.slots[usize::from(d.tag)];
@@ -544,19 +544,10 @@ impl HostQueue {
         }
     }
 
-    /// `n` bytes of a C2H payload went to `tag`'s buffer: the state after them.
-    #[allow(clippy::too_many_arguments)]
-    fn data_advanced(
-        &mut self,
-        tag: Option<u16>,
-        offset: u32,
-        remaining: usize,
-        n: usize,
-        ddgst: bool,
-        crc: u32,
-        success: bool,
-        last: bool,
-    ) {
+    /// `n` more bytes of the C2H payload being received (`rx_state` is `Rx::Data`) went to
+    /// its command's buffer, and `crc` covers them: the state after them.
+    fn data_advanced(&mut self, n: usize, crc: u32) {
+        let Rx::Data { tag, offset, remaining, ddgst, success, last, .. } = self.rx_state else { return };
         let remaining = remaining - n;
         let offset = offset + u32::try_from(n).unwrap_or(0);
         if remaining > 0 {
@@ -629,7 +620,7 @@ impl HostQueue {
                         self.on_header(info);
                     }
                 },
-                Rx::Data { tag, offset, remaining, ddgst, crc, success, last } => {
+                Rx::Data { tag, offset, remaining, ddgst, crc, .. } => {
                     let n = avail.len().min(remaining);
                     if n == 0 {
                         return;
@@ -645,7 +636,7 @@ impl HostQueue {
                         s.received += u32::try_from(n).unwrap_or(u32::MAX);
                     }
                     self.rx_pos += n;
-                    self.data_advanced(tag, offset, remaining, n, ddgst, crc, success, last);
+                    self.data_advanced(n, crc);
                 }
                 Rx::Digest { tag, crc, success, last } => {
                     if avail.len() < 4 {
