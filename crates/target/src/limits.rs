@@ -142,13 +142,11 @@ impl Limits {
         store(&self.max_per_addr, s.max_connections_per_host);
         store(&self.max_per_nqn, s.max_connections_per_hostnqn);
         store(&self.max_buffer_bytes, s.max_buffer_bytes_per_connection);
+        store(&self.tx_batch_bytes, s.tx_batch_bytes);
         let store = |a: &AtomicU64, v: Option<u64>| v.into_iter().for_each(|v| a.store(v, Ordering::Relaxed));
         store(&self.connect_timeout_ms, s.connect_timeout_ms);
         store(&self.pdu_timeout_ms, s.pdu_timeout_ms);
         store(&self.tx_deadline_us, s.tx_deadline_us);
-        if let Some(v) = s.tx_batch_bytes {
-            self.tx_batch_bytes.store(v, Ordering::Relaxed);
-        }
         if let Some(v) = s.rx_budget_pdus {
             self.rx_budget_pdus.store(v, Ordering::Relaxed);
         }
