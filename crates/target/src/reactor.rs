@@ -604,11 +604,7 @@ impl Reactor {
     }
 
     fn tick(&mut self) {
-        let b = &self.buffers;
-        b.outstanding_bytes.store(self.pool.outstanding() as u64, std::sync::atomic::Ordering::Relaxed);
-        b.cached_bytes.store(self.pool.cached() as u64, std::sync::atomic::Ordering::Relaxed);
-        b.allocations.store(self.pool.allocations, std::sync::atomic::Ordering::Relaxed);
-        b.released.store(self.pool.released, std::sync::atomic::Ordering::Relaxed);
+        self.buffers.publish(&self.pool);
         for k in 0..self.conns.len() {
             if self.conns[k].is_some() {
                 self.with_conn(k, |e, ctx| e.conn.tick(ctx));

@@ -263,6 +263,16 @@ pub struct BufferStats {
     pub released: AtomicU64,
 }
 
+impl BufferStats {
+    /// Copies the pool's numbers (the owning reactor, on its tick).
+    pub fn publish(&self, pool: &crate::pool::BufPool) {
+        self.outstanding_bytes.store(pool.outstanding() as u64, Ordering::Relaxed);
+        self.cached_bytes.store(pool.cached() as u64, Ordering::Relaxed);
+        self.allocations.store(pool.allocations, Ordering::Relaxed);
+        self.released.store(pool.released, Ordering::Relaxed);
+    }
+}
+
 impl TargetState {
     /// An empty target.
     pub fn new(opts: TargetOptions) -> TargetState {
