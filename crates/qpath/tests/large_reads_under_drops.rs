@@ -6,6 +6,7 @@
 
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
+mod loopback;
 mod relay;
 
 use std::sync::atomic::Ordering;
@@ -16,8 +17,6 @@ use host::controller::{ConnectOptions, Controller};
 use host::head::Head;
 use host::mpath::Policy;
 use relay::Relay;
-use target::config::Config;
-use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, Wait};
 
 const BS: usize = 128 * 1024;
@@ -32,14 +31,7 @@ fn byte(block: u64, i: usize) -> u8 {
 
 #[test]
 fn large_reads_survive_dropped_connections() {
-    let mut c = Config::embedded_default();
-    c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    for p in &mut c.ports {
-        p.addr = "127.0.0.1:0".into();
-    }
-    c.subsystems[0].namespaces[0].size = Some(target::config::SizeValue::Text("64M".into()));
-    let server = c.start().unwrap();
-    let ports: Vec<_> = server.state.ports().iter().map(|p| p.addr).collect();
+    let (server, ports) = loopback::target(1, "64M");
     let relay = Relay::start(ports[0]);
     let ctrls: Vec<_> = [relay.addr, ports[1]]
         .iter()

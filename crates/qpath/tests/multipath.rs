@@ -4,6 +4,8 @@
 
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
+mod loopback;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -13,21 +15,7 @@ use host::controller::{ConnectOptions, Controller};
 use host::head::Head;
 use host::mpath::{PathClass, Policy};
 use nvme::{AnaGrpId, AnaState};
-use target::config::Config;
-use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, Wait};
-
-fn start() -> (target::server::Server, Vec<std::net::SocketAddr>) {
-    let mut c = Config::embedded_default();
-    c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    for p in &mut c.ports {
-        p.addr = "127.0.0.1:0".into();
-    }
-    c.subsystems[0].namespaces[0].size = Some(target::config::SizeValue::Text("64M".into()));
-    let s = c.start().unwrap();
-    let addrs = s.state.ports().iter().map(|p| p.addr).collect();
-    (s, addrs)
-}
 
 fn connect(addr: std::net::SocketAddr) -> Arc<Controller> {
     let mut o = ConnectOptions::new(addr, target::config::DEFAULT_NQN);
@@ -83,7 +71,7 @@ fn run_io(ctx: &mut Context, dev: DeviceId, n: u64, seed: u64) {
 
 #[test]
 fn head_fails_over_on_ana_and_link_loss() {
-    let (server, addrs) = start();
+    let (server, addrs) = loopback::target(1, "64M");
     let ctrls: Vec<_> = addrs.iter().map(|a| connect(*a)).collect();
     let heads = Head::build(&ctrls, Policy::ROUND_ROBIN);
     assert_eq!(heads.len(), 1, "one namespace, two paths");

@@ -1,6 +1,8 @@
 //! Target statistics: per-queue counters and latency percentiles over RPC,
 //! and Prometheus counters over HTTP that match the host's own I/O count.
 
+mod loopback;
+
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,9 +10,7 @@ use std::time::{Duration, Instant};
 use host::context::{Context, ContextOptions, Op};
 use host::controller::{ConnectOptions, Controller};
 use nvme::Nsid;
-use target::config::Config;
 use target::metrics::MetricsServer;
-use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, Wait};
 
 fn scrape(addr: std::net::SocketAddr) -> String {
@@ -31,13 +31,7 @@ fn sum_metric(text: &str, name: &str, filter: &str) -> u64 {
 
 #[test]
 fn metrics_and_stats_count_every_io() {
-    let mut c = Config::embedded_default();
-    c.reactor = ReactorOptions { reactors: 2, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    for p in &mut c.ports {
-        p.addr = "127.0.0.1:0".into();
-    }
-    c.subsystems[0].namespaces[0].size = Some(target::config::SizeValue::Text("16M".into()));
-    let server = c.start().unwrap();
+    let (server, _ports) = loopback::target(2, "16M");
     let st = Arc::clone(&server.state);
     let metrics =
         MetricsServer::start("127.0.0.1:0".parse().unwrap(), Arc::new(move || target::metrics::render(&st))).unwrap();

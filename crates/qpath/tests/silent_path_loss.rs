@@ -13,10 +13,10 @@
 
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
+mod loopback;
 mod read_back;
 mod relay;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,20 +25,11 @@ use host::controller::{ConnectOptions, Controller};
 use host::head::Head;
 use host::mpath::Policy;
 use relay::Relay;
-use target::config::Config;
-use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, Wait};
 
 #[test]
 fn writes_on_a_silent_path_fail_over_after_the_keep_alive_timeout() {
-    let mut c = Config::embedded_default();
-    c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    for p in &mut c.ports {
-        p.addr = "127.0.0.1:0".into();
-    }
-    c.subsystems[0].namespaces[0].size = Some(target::config::SizeValue::Text("16M".into()));
-    let server = c.start().unwrap();
-    let ports: Vec<SocketAddr> = server.state.ports().iter().map(|p| p.addr).collect();
+    let (server, ports) = loopback::target(1, "16M");
     let relay = Relay::start(ports[0]);
     let ctrls: Vec<Arc<Controller>> = [relay.addr, ports[1]]
         .iter()
