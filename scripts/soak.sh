@@ -76,23 +76,25 @@ bench() {
 # Besides RSS and descriptors, each sample records where the memory is: the anonymous part
 # of RSS, the resident part of the main heap (glibc's brk arena; other threads' arenas are
 # anonymous mappings), and the buffer pools' outstanding and cached bytes (summed
-# over reactors) with their allocation and release counts, from the target's own stats.
+# over reactors) with their allocation and release counts, and the number of live queues
+# (connections), from the target's own stats.
 pool_py='
 import json, sys
-r = json.load(sys.stdin)["reactors"]
-s = lambda k: sum(x["buffer_" + k] for x in r)
-print(s("outstanding_bytes") // 1024, s("cached_bytes") // 1024, s("allocations"), s("released"), sep=",")'
+d = json.load(sys.stdin)
+s = lambda k: sum(x["buffer_" + k] for x in d["reactors"])
+print(s("outstanding_bytes") // 1024, s("cached_bytes") // 1024, s("allocations"), s("released"), len(d["queues"]),
+      sep=",")'
 sample() {
   local rss anon heap fds pool
   rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$tpid/status")
   anon=$(awk '/^RssAnon:/ {print $2}' "/proc/$tpid/status")
   heap=$(awk '/\[heap\]/ {h = 1; next} h && /^Rss:/ {print $2; exit}' "/proc/$tpid/smaps")
   fds=$(ls "/proc/$tpid/fd" | wc -l)
-  pool=$("$bin" rpc --socket "$sock" stats 2> /dev/null | python3 -c "$pool_py" 2> /dev/null || echo ",,,")
+  pool=$("$bin" rpc --socket "$sock" stats 2> /dev/null | python3 -c "$pool_py" 2> /dev/null || echo ",,,,")
   echo "$(($(date +%s) - t0)),$rss,$fds,$anon,${heap:-0},$pool" >> "$out/samples.csv"
 }
 
-echo "seconds,rss_kib,fds,anon_kib,heap_kib,pool_outstanding_kib,pool_cached_kib,pool_allocations,pool_released" \
+echo "seconds,rss_kib,fds,anon_kib,heap_kib,pool_outstanding_kib,pool_cached_kib,pool_allocations,pool_released,queues" \
   > "$out/samples.csv"
 t0=$(date +%s)
 end=$((t0 + minutes * 60))
