@@ -120,6 +120,20 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    if let Some(reactors) = v["reactors"].as_array() {
+        println!("\nreactors (data buffer pools)");
+        for r in reactors {
+            let kib = |k: &str| r[k].as_u64().unwrap_or(0) / 1024;
+            println!(
+                "  reactor {:>2}: {} KiB out, {} KiB cached, {} allocated, {} released",
+                r["reactor"],
+                kib("buffer_outstanding_bytes"),
+                kib("buffer_cached_bytes"),
+                r["buffer_allocations"],
+                r["buffer_released"]
+            );
+        }
+    }
     if let Some(nss) = v["namespaces"].as_array() {
         println!("\nnamespaces");
         for n in nss {

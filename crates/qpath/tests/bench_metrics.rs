@@ -191,6 +191,19 @@ fn metrics_follow_a_bench_run_and_end_at_its_io_count() {
         .expect("qpath stats");
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.starts_with("host queues") && table.contains("controllers") && table.contains("paths"), "{table}");
+    let table = Command::new(env!("CARGO_BIN_EXE_qpath"))
+        .args(["stats", "--target", "--socket", sock.to_str().unwrap()])
+        .output()
+        .expect("qpath stats --target");
+    let table = String::from_utf8_lossy(&table.stdout);
+    let pools = t["reactors"].as_array().expect("the target's reactors");
+    assert!(!pools.is_empty());
+    for r in pools {
+        let line = format!("reactor {:>2}: ", r["reactor"]);
+        let line = table.lines().find(|l| l.contains(&line)).unwrap_or_else(|| panic!("{line} in\n{table}"));
+        let allocated = format!("{} allocated", r["buffer_allocations"]);
+        assert!(line.contains(&allocated), "{line}");
+    }
 
     // Release the linger; the bench's own report has the same counts.
     target::rpc::client_call(&sock, "release", json!({})).unwrap();
