@@ -82,7 +82,9 @@ impl SharedRegion {
             .checked_next_multiple_of(page)
             .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "SharedRegion length overflows"))?;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        if options.populate {
+        // With huge pages the advice must come before the pages are faulted in, or they
+        // are faulted as 4 KiB pages; so that case populates after the madvise instead.
+        if options.populate && !options.huge_pages {
             flags |= libc::MAP_POPULATE;
         }
         // SAFETY: an anonymous mapping at an address the kernel chooses touches no existing
@@ -107,8 +109,27 @@ impl SharedRegion {
                     "MADV_HUGEPAGE refused; SharedRegion uses normal pages"
                 );
             }
+            if options.populate {
+                region.populate_write();
+            }
         }
         Ok(region)
+    }
+
+    /// Faults every page in for writing (`MADV_POPULATE_WRITE`, Linux 5.14), or, where the
+    /// kernel refuses that, by storing a zero word into each page (the memory is zeroed
+    /// already, so the contents do not change).
+    fn populate_write(&self) {
+        // SAFETY: the range is exactly this region's mapping.
+        let rc = unsafe { libc::madvise(self.base.as_ptr().cast(), self.map_len, libc::MADV_POPULATE_WRITE) };
+        if rc == 0 {
+            return;
+        }
+        let page = page_size();
+        for offset in (0..self.len).step_by(page) {
+            // Within `len`, so the copy cannot fail.
+            let _ = self.copy_to_region(offset, &[0u8; WORD][..WORD.min(self.len - offset)]);
+        }
     }
 
     /// Length in bytes.
@@ -392,5 +413,28 @@ mod tests {
         let options = RegionOptions { populate: true, huge_pages: true };
         let region = SharedRegion::with_options(4 << 20, options).expect("map");
         region.copy_to_region((4 << 20) - 4, b"tail").expect("write");
+    }
+
+    /// Pages of the region the kernel has resident (`mincore`).
+    fn resident_pages(region: &SharedRegion) -> usize {
+        let mut vec = vec![0u8; region.map_len / page_size()];
+        // SAFETY: the range is the region's mapping; `vec` has one byte per page of it.
+        let rc = unsafe { libc::mincore(region.base.as_ptr().cast(), region.map_len, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn populate_faults_every_page_in_and_keeps_it_zeroed() {
+        const LEN: usize = 8 << 20;
+        let lazy = SharedRegion::new(LEN).expect("map");
+        assert_eq!(resident_pages(&lazy), 0, "a lazy region has no page until written");
+        for huge_pages in [false, true] {
+            let region = SharedRegion::with_options(LEN, RegionOptions { populate: true, huge_pages }).expect("map");
+            assert_eq!(resident_pages(&region), LEN / page_size(), "huge_pages {huge_pages}");
+            let mut out = vec![0xffu8; LEN];
+            region.copy_from_region(0, &mut out).expect("read");
+            assert!(out.iter().all(|&b| b == 0), "huge_pages {huge_pages}: zeroed");
+        }
     }
 }
