@@ -19,7 +19,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use uring::{IoBuf, SharedRegion};
+use uring::{IoBuf, RegionOptions, SharedRegion};
 
 use crate::error::{Error, ErrorKind};
 
@@ -113,8 +113,13 @@ fn io_err(path: &Path, e: std::io::Error) -> Error {
 impl Backend {
     /// A RAM backend of `size` bytes.
     pub fn ram(size: u64) -> Result<Backend, Error> {
+        Backend::ram_with(size, RegionOptions::default())
+    }
+
+    /// A RAM backend of `size` bytes mapped with `options` (e.g. pre-faulted).
+    pub fn ram_with(size: u64, options: RegionOptions) -> Result<Backend, Error> {
         let len = usize::try_from(size).map_err(|_| Error::new(ErrorKind::Config, "RAM namespace too large"))?;
-        SharedRegion::new(len)
+        SharedRegion::with_options(len, options)
             .map(|r| Backend::Ram(Arc::new(r)))
             .map_err(|e| Error::new(ErrorKind::Backend, format!("RAM region of {size} bytes: {e}")))
     }

@@ -41,6 +41,11 @@
 //! path = "/var/lib/qpath/vol1.img"
 //! size = "10G"
 //! ana_group = 1
+//! [[subsystem.namespace]]
+//! backend = "ram"
+//! size = "1G"
+//! prefault = true                # ram: fault every page in at start (no first-touch faults)
+//! huge_pages = true              # ram: transparent huge pages (MADV_HUGEPAGE, best effort)
 //! [[ana]]
 //! port = 2
 //! group = 1
@@ -64,6 +69,7 @@ use crate::reactor::ReactorOptions;
 use crate::registry::{TargetOptions, TargetState};
 use crate::server::Server;
 use crate::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
+use uring::RegionOptions;
 
 /// The NQN of the embedded default subsystem.
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.qpath:default";
@@ -250,6 +256,8 @@ impl NamespaceConfig {
             readonly: false,
             uuid: None,
             qos: QosSettings::default(),
+            prefault: false,
+            huge_pages: false,
         }
     }
 }
@@ -281,6 +289,15 @@ pub struct NamespaceConfig {
     /// Provisioned limits.
     #[serde(default)]
     pub qos: QosSettings,
+    /// RAM backend: fault every page in at creation (`MAP_POPULATE`), so no I/O pays for a
+    /// first-touch page fault and zeroing, as on a device whose media exists up front
+    /// (SPDK's malloc bdev is allocated whole too). Costs the whole size in RSS at once.
+    #[serde(default)]
+    pub prefault: bool,
+    /// RAM backend: ask for transparent huge pages (`MADV_HUGEPAGE`; best effort), fewer
+    /// TLB misses when I/O spreads over a large namespace.
+    #[serde(default)]
+    pub huge_pages: bool,
 }
 
 fn default_block_size() -> u32 {
@@ -436,7 +453,10 @@ pub fn add_namespace(sub: &Subsystem, n: &NamespaceConfig) -> Result<nvme::Nsid,
     let size = n.size.as_ref().map(SizeValue::bytes).transpose()?;
     let backend = match n.backend.as_str() {
         "null" => Backend::Null,
-        "ram" => Backend::ram(size.ok_or_else(|| Error::new(ErrorKind::Config, "a ram namespace needs a size"))?)?,
+        "ram" => {
+            let size = size.ok_or_else(|| Error::new(ErrorKind::Config, "a ram namespace needs a size"))?;
+            Backend::ram_with(size, RegionOptions { populate: n.prefault, huge_pages: n.huge_pages })?
+        }
         "file" => {
             let path = n.path.as_ref().ok_or_else(|| Error::new(ErrorKind::Config, "a file namespace needs a path"))?;
             Backend::File(FileBackend::open(path, size, size.is_some())?)
@@ -519,6 +539,11 @@ mod tests {
             backend = "null"
             size = "1G"
             qos = { iops = 3500, bytes_per_sec = 170000000 }
+            [[subsystem.namespace]]
+            backend = "ram"
+            size = "4M"
+            prefault = true
+            huge_pages = true
             [[ana]]
             port = 1
             group = 1
@@ -529,10 +554,15 @@ mod tests {
         assert_eq!(c.options.in_capsule_data_size, 4096);
         assert_eq!(c.ports[1].kind, PortKind::Discovery);
         assert_eq!(c.subsystems[0].namespaces[0].qos.iops, 3500);
+        assert!(!c.subsystems[0].namespaces[0].prefault, "lazy unless asked");
+        assert!(c.subsystems[0].namespaces[1].prefault);
         let state = c.build_state().unwrap();
         let s = state.subsystem("nqn.2026-11.io.qpath:a").unwrap();
         assert!(!s.allows_host("nqn.other"));
-        assert_eq!(s.namespaces().0.len(), 1);
+        let (nss, _) = s.namespaces();
+        assert_eq!(nss.len(), 2);
+        let ram = nss.iter().find(|n| n.size_bytes() == 4 << 20).expect("the pre-faulted RAM namespace");
+        assert_eq!(ram.block_size(), 512);
     }
 
     #[test]
