@@ -53,7 +53,8 @@ pub const SEED_SEQ_WRITE_MIBS: (f64, f64) = (523.0, 409.0);
 pub const JOBS_MAX: u32 = 64;
 /// Most rounds.
 pub const ROUNDS_MAX: u32 = 20;
-/// Each subsystem's namespace (RAM, mapped lazily): what the jobs of one subsystem cover.
+/// Each subsystem's namespace (RAM, pre-faulted unless `--lazy-ram`): what the jobs of one
+/// subsystem cover.
 const NS_BYTES: u64 = 256 << 20;
 const NQN_PREFIX: &str = "nqn.2026-11.io.qpath:seed-002-";
 const MIB: f64 = 1024.0 * 1024.0;
@@ -95,6 +96,15 @@ pub struct Seed002Args {
     /// (default), reno, cubic, bbr or dctcp. BBR's pacing makes the runs noisier here.
     #[arg(long = "tcp-congestion", value_name = "NAME", default_value = "system")]
     pub tcp_congestion: TcpCongestion,
+    /// Map the RAM namespaces lazily, so the first write to each page pays a page fault and
+    /// zeroing on the target's core. By default they are pre-faulted: every job starts at
+    /// offset 0 of its subsystem's namespace, so four subsystems touch four times the pages
+    /// one does, and the comparison would measure first-touch faults, not controllers.
+    #[arg(long)]
+    pub lazy_ram: bool,
+    /// Back the RAM namespaces with transparent huge pages (best effort).
+    #[arg(long)]
+    pub huge_pages: bool,
     /// Text/JSON and plot output.
     #[command(flatten)]
     pub output: LabOutputArgs,
@@ -111,6 +121,8 @@ impl Default for Seed002Args {
             policy: "round-robin".into(),
             target_poll: PollMode::Adaptive,
             tcp_congestion: TcpCongestion::System,
+            lazy_ram: false,
+            huge_pages: false,
             output: LabOutputArgs::default(),
         }
     }
@@ -147,7 +159,14 @@ fn nqn(k: usize) -> String {
 }
 
 /// `subsystems` subsystems of one RAM namespace each, on two loopback ports, one reactor.
-fn target_config(subsystems: usize, reactor_cpu: Option<usize>, poll: PollMode, cc: TcpCongestion) -> Config {
+fn target_config(
+    subsystems: usize,
+    reactor_cpu: Option<usize>,
+    poll: PollMode,
+    cc: TcpCongestion,
+    prefault: bool,
+    huge_pages: bool,
+) -> Config {
     let mut cfg = Config::embedded_default();
     cfg.options.tcp_congestion = cc;
     for p in &mut cfg.ports {
@@ -161,6 +180,8 @@ fn target_config(subsystems: usize, reactor_cpu: Option<usize>, poll: PollMode, 
             s.nqn = nqn(k);
             for ns in &mut s.namespaces {
                 ns.size = Some(SizeValue::Bytes(NS_BYTES));
+                ns.prefault = prefault;
+                ns.huge_pages = huge_pages;
             }
             s
         })
@@ -278,9 +299,10 @@ fn mibs(bytes_per_sec: u64) -> f64 {
 /// Runs one configuration on a fresh target.
 fn run_config(subsystems: usize, args: &Seed002Args, diag: &mut dyn std::io::Write) -> Result<ConfigResult> {
     let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
-    let server = target_config(subsystems, reactor_cpu, args.target_poll, args.tcp_congestion)
-        .start()
-        .map_err(|e| Error::new(ErrorKind::Target, format!("seed-002 target: {e}")))?;
+    let server =
+        target_config(subsystems, reactor_cpu, args.target_poll, args.tcp_congestion, !args.lazy_ram, args.huge_pages)
+            .start()
+            .map_err(|e| Error::new(ErrorKind::Target, format!("seed-002 target: {e}")))?;
     let addr = |id: u16| {
         server.local_addr(id).ok_or_else(|| Error::new(ErrorKind::Target, format!("seed-002 target: no port {id}")))
     };
@@ -377,12 +399,22 @@ pub fn total_errors(r: &LabResult) -> u64 {
         .sum()
 }
 
+/// Indexes into [`SUBSYSTEMS`] in the order round `round` (from 1) runs them: every other
+/// round backwards, so no configuration always runs first or last in a round (where the
+/// machine's drift over a round, or what the previous configuration left behind, would
+/// land on it alone).
+fn round_order(round: u32) -> impl Iterator<Item = usize> {
+    let n = SUBSYSTEMS.len();
+    (0..n).map(move |k| if round.is_multiple_of(2) { n - 1 - k } else { k })
+}
+
 /// Runs every configuration and builds the result. Progress goes to `diag`.
 pub fn run(args: &Seed002Args, diag: &mut dyn std::io::Write) -> Result<LabResult> {
     args.check()?;
     let mut rounds: Vec<Vec<ConfigResult>> = SUBSYSTEMS.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds() {
-        for (i, s) in SUBSYSTEMS.into_iter().enumerate() {
+        for i in round_order(round) {
+            let s = SUBSYSTEMS[i];
             let _ = writeln!(
                 diag,
                 "seed-002: round {round}/{}: {s} subsystem(s) x {PATHS} paths, {} job threads ...",
@@ -420,16 +452,22 @@ fn build(args: &Seed002Args, configs: &[ConfigResult]) -> LabResult {
     ));
     r.note(format!(
         "job: bs=4k, iodepth={}, {secs} s per step (seq write, rand write, seq read, rand read, stonewalled), \
-         multipath heads over both ports (mpath_policy={}); target: one reactor, RAM namespaces of {} MiB, \
+         multipath heads over both ports (mpath_policy={}); target: one reactor, RAM namespaces of {} MiB ({}), \
          poll {:?}; TCP congestion control {}; fresh target and host per configuration",
         args.iodepth,
         args.policy,
         NS_BYTES >> 20,
+        match (args.lazy_ram, args.huge_pages) {
+            (true, false) => "mapped lazily",
+            (true, true) => "mapped lazily, huge pages",
+            (false, false) => "pre-faulted",
+            (false, true) => "pre-faulted, huge pages",
+        },
         args.target_poll,
         args.tcp_congestion.name().unwrap_or("of the system")
     ));
     r.note(format!(
-        "{} round(s), the configurations in turn; each row is the round with the median all-steps MiB/s \
+        "{} round(s), the configurations in turn (every other round in reverse order); each row is the round with the median all-steps MiB/s \
          (every round's: rounds_all_mibs in the JSON); errors, reconnects and failed queues are summed over \
          every round and come from the host's statistics (host::stats), not from fio",
         args.rounds()
@@ -543,6 +581,13 @@ mod tests {
     }
 
     #[test]
+    fn rounds_alternate_the_order_of_the_configurations() {
+        assert_eq!(round_order(1).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(round_order(2).collect::<Vec<_>>(), [2, 1, 0]);
+        assert_eq!(round_order(3).collect::<Vec<_>>(), [0, 1, 2]);
+    }
+
+    #[test]
     fn jobs_must_split_evenly() {
         for jobs in [0, 6, 68] {
             assert!(Seed002Args { jobs, ..Seed002Args::default() }.check().is_err(), "{jobs}");
@@ -552,9 +597,14 @@ mod tests {
 
     #[test]
     fn the_target_has_the_subsystems_on_both_ports() {
-        let cfg = target_config(4, None, PollMode::Block, TcpCongestion::System);
+        let cfg = target_config(4, None, PollMode::Block, TcpCongestion::System, false, false);
         assert_eq!(cfg.subsystems.len(), 4);
         assert_eq!(cfg.ports.len(), 2);
         assert!(cfg.subsystems.iter().all(|s| s.ports.is_empty()), "every subsystem on every port");
+        assert!(cfg.subsystems.iter().flat_map(|s| &s.namespaces).all(|n| !n.prefault));
+        let cfg = target_config(2, None, PollMode::Block, TcpCongestion::System, true, true);
+        assert!(
+            cfg.subsystems.iter().flat_map(|s| &s.namespaces).all(|n| n.prefault && n.huge_pages && n.backend == "ram")
+        );
     }
 }
