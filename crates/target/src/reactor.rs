@@ -245,6 +245,8 @@ struct Reactor {
     free_keys: Vec<usize>,
     generation: u64,
     touched: Vec<usize>,
+    /// Completions of the current turn; kept across turns so a turn allocates nothing.
+    done: Vec<Completion>,
     /// Connections with input to parse: latency-sensitive ones, then deep ones (each
     /// served round-robin), and scratch for the ones served in a turn.
     ready_shallow: VecDeque<usize>,
@@ -284,6 +286,7 @@ impl Reactor {
             free_keys: Vec::new(),
             generation: 0,
             touched: Vec::with_capacity(256),
+            done: Vec::with_capacity(256),
             ready_shallow: VecDeque::with_capacity(256),
             ready_deep: VecDeque::with_capacity(256),
             ready_served: Vec::with_capacity(256),
@@ -300,7 +303,7 @@ impl Reactor {
         while !self.stop || self.conns.iter().any(Option::is_some) {
             let wait = self.wait_mode();
             let mut touched = std::mem::take(&mut self.touched);
-            let mut done: Vec<Completion> = Vec::new();
+            let mut done = std::mem::take(&mut self.done);
             let res = self.ring.turn(wait, |_, c| done.push(c));
             if let Err(e) = res {
                 tracing::error!(reactor = self.index, "io_uring turn failed: {e}");
@@ -314,6 +317,7 @@ impl Reactor {
             for c in done.drain(..) {
                 self.complete(c, &mut touched);
             }
+            self.done = done;
             self.touched = touched;
             self.run_timers();
             if self.last_tick.elapsed() >= TICK {
