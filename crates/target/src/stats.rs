@@ -24,7 +24,7 @@ pub struct QueueStats {
     pub errors: Counter,
     /// Commands currently outstanding.
     pub outstanding: Counter,
-    /// Sum of command service times in ns (for the mean).
+    /// Sum of command service times in ns (for the mean): receive reaped to response queued.
     pub latency_ns_sum: Counter,
     /// Input passes the PDU budget (`rx_budget_pdus`) cut short.
     pub rx_budget_stops: Counter,

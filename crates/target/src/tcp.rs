@@ -230,6 +230,10 @@ pub struct Connection {
     /// Received bytes wait for [`Connection::process_input`] (the PDU budget stopped the
     /// last pass, or the driver has not given this connection its turn yet).
     rx_pending: bool,
+    /// When the input waiting in `rx` was received (the reactor's clock when it reaped
+    /// the receive): a command's service time starts there, so it includes the turns
+    /// it waited for its queue's turn, not only its execution.
+    rx_ns: u64,
     /// PDUs the last input pass parsed: how deep the host drives this queue.
     rx_pass_pdus: u32,
     scratch: Vec<u8>,
@@ -312,6 +316,7 @@ impl Connection {
             rx_paused: false,
             mid_pdu: false,
             rx_pending: false,
+            rx_ns: 0,
             rx_pass_pdus: 0,
             scratch: Vec::with_capacity(256),
             binding: None,
@@ -537,6 +542,11 @@ impl Connection {
         let len = buf.len() + n;
         buf.set_len(len.min(buf.capacity()));
         self.traffic_ms = now_ns / 1_000_000;
+        // Input the PDU budget left waiting keeps its older time; a partial PDU's rest
+        // completes the command now.
+        if !self.rx_pending {
+            self.rx_ns = now_ns;
+        }
         self.rx = Some(buf);
         self.rx_pending = true;
     }
@@ -762,7 +772,7 @@ impl Connection {
         r.dw1 = 0;
         r.received = 0;
         r.after = After::Respond;
-        r.start_ns = ctx.now_ns;
+        r.start_ns = self.rx_ns.min(ctx.now_ns);
         r.c2h = false;
         r.xfer_len = 0;
         r.state = ReqState::InCapsule;

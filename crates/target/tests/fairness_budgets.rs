@@ -202,3 +202,46 @@ fn budgets_changed_at_run_time_apply_to_the_next_pass() {
     assert!(batches.len() >= 8, "16 responses of 4 KiB in batches of 8 KiB: {batches:?}");
     assert!(batches.iter().all(|&l| l <= cap + 4096 + 128), "batches bounded by the new size: {batches:?}");
 }
+
+/// `pass` with the reactor's clock at `now_ns`.
+fn pass_at(q: &mut Host, now_ns: u64) {
+    let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns };
+    q.conn.process_input(&mut ctx);
+}
+
+#[test]
+fn service_time_counts_the_turns_a_command_waited_behind_the_budget() {
+    // 40 RAM reads received together at t0 and parsed 16, 16 and 8 in three turns 1, 3
+    // and 6 ms later: each read's service time runs from its receipt, so it shows the
+    // turns it waited, though executing a RAM read takes no time on the turn's clock.
+    let opts = TargetOptions { rx_budget_pdus: 16, tx_batch_bytes: 0, ..TargetOptions::default() };
+    let (_admin, mut q) = io_queue(opts);
+    let input = reads(&mut q, 40, 512);
+    let (mut buf, range) = q.conn.take_recv_buf().expect("the connection wants input");
+    buf.as_full_mut()[range.start..range.start + input.len()].copy_from_slice(&input);
+    let t0 = q.target.now_ns();
+    q.conn.queue_input(buf, input.len(), t0);
+    let mut per_pass = Vec::new();
+    for ms in [1, 3, 6] {
+        pass_at(&mut q, t0 + ms * 1_000_000);
+        drain_sends(&mut q);
+        per_pass.push(completions(&mut q));
+    }
+    assert_eq!(per_pass, [16, 16, 8]);
+    let s = q.conn.info().stats.snapshot();
+    assert_eq!((s.reads, s.commands), (40, 41), "the queue's Connect is a command too");
+    // 16 x 1 ms + 16 x 3 ms + 8 x 6 ms = 112 ms over 41 commands (the Connect waited 0)
+    assert_eq!(s.latency_ns_mean, 112_000_000 / 41, "mean service time");
+
+    // A command received in the turn it is parsed in has no wait to show.
+    let input = reads(&mut q, 1, 512);
+    let (mut buf, range) = q.conn.take_recv_buf().expect("the connection wants input again");
+    buf.as_full_mut()[range.start..range.start + input.len()].copy_from_slice(&input);
+    let t1 = t0 + 10_000_000;
+    q.conn.queue_input(buf, input.len(), t1);
+    pass_at(&mut q, t1);
+    drain_sends(&mut q);
+    assert_eq!(completions(&mut q), 1);
+    let s = q.conn.info().stats.snapshot();
+    assert_eq!(s.latency_ns_mean, 112_000_000 / 42, "the 41st read added 0 ns to the sum");
+}
