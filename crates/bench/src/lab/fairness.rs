@@ -153,6 +153,10 @@ pub struct CaseResult {
     pub qd1_queue: QueueStatsSnapshot,
     /// See `qd1_queue`.
     pub flood_queue: QueueStatsSnapshot,
+    /// The target's mean service time of the QD1 queue's commands (receive reaped to
+    /// response queued), µs: alone, and with the flood. What the reactor adds, against
+    /// what the host and the wire add.
+    pub qd1_target_us: [f64; 2],
 }
 
 impl CaseResult {
@@ -204,10 +208,6 @@ pub fn run_case(name: &'static str, budgets: Budgets, runtime: Duration, flood_i
             .map_err(|e| err("context", e))?;
         let qd1 = ctx.open(&a, Nsid(1)).map_err(|e| err("open", e))?;
         let flood = ctx.open(&b, Nsid(1)).map_err(|e| err("open", e))?;
-        let mut jobs = Jobs { ctx, qd1, flood };
-        let (alone, _) = jobs.phase(runtime, 0);
-        let (qd1_stats, flood_stats) = jobs.phase(runtime, flood_iodepth);
-        drop(jobs);
         let queue = |c: &Controller| {
             server
                 .state
@@ -217,7 +217,14 @@ pub fn run_case(name: &'static str, budgets: Budgets, runtime: Duration, flood_i
                 .map(|q| q.stats)
                 .unwrap_or_default()
         };
+        let mut jobs = Jobs { ctx, qd1, flood };
+        let before = queue(&a);
+        let (alone, _) = jobs.phase(runtime, 0);
+        let between = queue(&a);
+        let (qd1_stats, flood_stats) = jobs.phase(runtime, flood_iodepth);
+        drop(jobs);
         let (qd1_queue, flood_queue) = (queue(&a), queue(&b));
+        let qd1_target_us = [service_us(&before, &between), service_us(&between, &qd1_queue)];
         a.delete();
         b.delete();
         Ok(CaseResult {
@@ -229,10 +236,25 @@ pub fn run_case(name: &'static str, budgets: Budgets, runtime: Duration, flood_i
             secs: runtime.as_secs_f64(),
             qd1_queue,
             flood_queue,
+            qd1_target_us,
         })
     })();
     server.shutdown();
     result
+}
+
+/// The mean service time in µs of the commands a queue completed between two snapshots
+/// (each snapshot's sum is its mean times its completed commands).
+fn service_us(from: &QueueStatsSnapshot, to: &QueueStatsSnapshot) -> f64 {
+    let done = |s: &QueueStatsSnapshot| s.commands.saturating_sub(s.outstanding);
+    let sum = |s: &QueueStatsSnapshot| s.latency_ns_mean.saturating_mul(done(s).max(1));
+    let n = done(to).saturating_sub(done(from));
+    if n == 0 {
+        return 0.0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let us = sum(to).saturating_sub(sum(from)) as f64 / n as f64 / 1e3;
+    us
 }
 
 struct Jobs {
@@ -379,6 +401,8 @@ fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
         "QD1 p50 flood",
         "QD1 p99 flood",
         "p99 flood / alone",
+        "QD1 target mean alone",
+        "QD1 target mean flood",
         "flood IOPS",
         "errors",
     ]);
@@ -391,6 +415,8 @@ fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
             Cell::num(c.qd1.p_us(0.5), "us"),
             Cell::num(c.qd1.p_us(0.99), "us"),
             Cell::num(c.ratio_p99(), ""),
+            Cell::num(c.qd1_target_us[0], "us"),
+            Cell::num(c.qd1_target_us[1], "us"),
             Cell::num(c.flood.ios as f64 / c.secs, "IOPS"),
             Cell::num(c.errors() as f64, ""),
         ]);
@@ -430,6 +456,7 @@ fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
                 "flood": job(&c.flood, c.secs),
                 "p99_ratio": c.ratio_p99(),
                 "target_qd1_queue": c.qd1_queue,
+                "qd1_target_mean_us": { "alone": c.qd1_target_us[0], "flood": c.qd1_target_us[1] },
                 "target_flood_queue": c.flood_queue,
             })
         })
@@ -458,6 +485,16 @@ pub fn total_errors(r: &LabResult) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_time_between_snapshots_is_the_mean_of_the_commands_in_between() {
+        let snap = |commands, latency_ns_mean| QueueStatsSnapshot { commands, latency_ns_mean, ..Default::default() };
+        // 10 commands at 100 ns, then 10 more at 310 ns: the second window's mean is 310 ns.
+        let (a, b) = (snap(10, 100), snap(20, 205));
+        assert!((service_us(&a, &b) - 0.31).abs() < 1e-9, "{}", service_us(&a, &b));
+        assert!((service_us(&snap(0, 0), &a) - 0.1).abs() < 1e-9);
+        assert_eq!(service_us(&b, &b), 0.0, "no command, no mean");
+    }
 
     #[test]
     fn the_cases_are_before_and_after() {
