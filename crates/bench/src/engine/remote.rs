@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use host::controller::{ConnectOptions, Controller};
 use host::stats::HostStats;
@@ -162,6 +162,16 @@ pub fn plan(file: &JobFile) -> BTreeMap<ControllerKey, ConnectPlan> {
         .collect()
 }
 
+/// Whether a first connect that failed with `kind`, `elapsed` after the first attempt,
+/// is tried again after `opts.reconnect_delay`: while `ctrl_loss_tmo` lasts (`None`:
+/// forever), and only for what a later attempt can fix (a socket error, a timeout, a
+/// connection closed in the handshake), not for a refusal (a status, bad options).
+fn retry_first_connect(kind: host::error::ErrorKind, elapsed: Duration, opts: &ConnectOptions) -> bool {
+    use host::error::ErrorKind as K;
+    matches!(kind, K::Io | K::Timeout | K::Protocol | K::Busy)
+        && opts.ctrl_loss_tmo.is_none_or(|tmo| elapsed + opts.reconnect_delay <= tmo)
+}
+
 /// The controllers of one run, connected on first use.
 #[derive(Default)]
 pub struct Controllers {
@@ -212,8 +222,27 @@ impl Controllers {
             return Ok(Arc::clone(c));
         }
         let opts = self.connect_options(&key)?;
-        let ctrl = Controller::connect(opts)
-            .map_err(|e| Error::new(ErrorKind::Engine, format!("connect to {} ({}): {e}", key.addr, key.subnqn)))?;
+        // A URI that asks for reconnects (reconnect_delay or ctrl_loss_tmo) gets them from
+        // the first connect on: a target restarting, or dropping connections, while the job
+        // starts is the same fault as one during the job. Without them a failed first
+        // connect fails the job at once, as `nvme connect` does.
+        let retry = key.reconnect_delay.is_some() || key.ctrl_loss_tmo.is_some();
+        let started = Instant::now();
+        let ctrl = loop {
+            match Controller::connect(opts.clone()) {
+                Ok(c) => break c,
+                Err(e) if retry && retry_first_connect(e.kind, started.elapsed(), &opts) => {
+                    tracing::warn!(addr = %key.addr, subnqn = %key.subnqn, "first connect failed, retrying in {:?}: {e}", opts.reconnect_delay);
+                    std::thread::sleep(opts.reconnect_delay);
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Engine,
+                        format!("connect to {} ({}): {e}", key.addr, key.subnqn),
+                    ));
+                }
+            }
+        };
         live.insert(key, Arc::clone(&ctrl));
         self.stats.controller_number(&ctrl);
         Ok(ctrl)
@@ -343,6 +372,25 @@ mod tests {
             assert!(c.connect_options(&key(bad)).is_err(), "{bad}");
         }
         assert_ne!(key("?reconnect_delay=1"), key(""), "different reconnect options: different controllers");
+    }
+
+    #[test]
+    fn a_first_connect_is_retried_for_faults_a_retry_can_fix_while_ctrl_loss_tmo_lasts() {
+        use host::error::ErrorKind as K;
+        let mut o = ConnectOptions::new("127.0.0.1:4420".parse().unwrap(), "nqn.x:a");
+        o.reconnect_delay = Duration::from_secs(1);
+        o.ctrl_loss_tmo = Some(Duration::from_secs(10));
+        let s = Duration::from_secs;
+        for k in [K::Io, K::Timeout, K::Protocol, K::Busy] {
+            assert!(retry_first_connect(k, s(0), &o), "{k:?}");
+            assert!(retry_first_connect(k, s(9), &o), "{k:?}: 9 s + 1 s is still within 10 s");
+            assert!(!retry_first_connect(k, Duration::from_millis(9_001), &o), "{k:?}: past ctrl_loss_tmo");
+        }
+        for k in [K::Status, K::Invalid, K::Gone] {
+            assert!(!retry_first_connect(k, s(0), &o), "{k:?}: a refusal is not retried");
+        }
+        o.ctrl_loss_tmo = None;
+        assert!(retry_first_connect(K::Io, s(86_400), &o), "ctrl_loss_tmo=-1: forever");
     }
 
     #[test]
