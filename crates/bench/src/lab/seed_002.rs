@@ -385,6 +385,23 @@ fn median_round(mut rounds: Vec<ConfigResult>) -> Option<ConfigResult> {
     Some(m)
 }
 
+/// Round by round, `b / a` (the rounds both have).
+fn paired_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).filter(|(x, _)| **x > 0.0).map(|(x, y)| y / x).collect()
+}
+
+/// The median (the mean of the middle two for an even count); `None` when empty.
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some(f64::midpoint(v[n / 2 - 1], v[n / 2])),
+    }
+}
+
 /// Errors, resets and failed queues over every configuration of a result.
 pub fn total_errors(r: &LabResult) -> u64 {
     let Some(Value::Array(configs)) = r.extra.get("configurations") else { return 0 };
@@ -510,6 +527,18 @@ fn build(args: &Seed002Args, configs: &[ConfigResult]) -> LabResult {
             one.phases[0].mibs,
             1.0,
         ));
+        // The goal compares each configuration's median round; the ratio within each round
+        // (its configurations ran back to back) says how much of that is the machine's drift.
+        let paired = paired_ratios(&one.rounds_mibs, &four.rounds_mibs);
+        if let Some(m) = median(&paired) {
+            let list: Vec<String> = paired.iter().map(|x| format!("{x:.3}")).collect();
+            r.note(format!(
+                "all steps 4 subsystems / 1 within each round: {} (median {m:.3}); rounds_ratio_4_1 in the JSON",
+                list.join(", ")
+            ));
+            r.extra.insert("rounds_ratio_4_1".into(), json!(paired));
+            r.extra.insert("rounds_ratio_4_1_median".into(), json!(m));
+        }
     }
     let groups: Vec<&str> = PHASES.iter().map(|(n, _)| *n).collect();
     let series = configs
@@ -536,6 +565,15 @@ pub fn lab(args: &Seed002Args) -> Result<LabResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_ratios_and_their_median() {
+        let r = paired_ratios(&[200.0, 250.0, 0.0, 190.0], &[210.0, 200.0, 5.0, 190.0]);
+        assert_eq!(r, [1.05, 0.8, 1.0], "a round without a baseline is skipped");
+        assert_eq!(median(&r), Some(1.0));
+        assert_eq!(median(&[1.2, 0.8, 1.0, 0.9]), Some(0.95), "even count: the middle two's mean");
+        assert_eq!(median(&[]), None);
+    }
 
     #[test]
     fn the_job_file_has_four_stonewalled_steps_over_every_subsystem() {
