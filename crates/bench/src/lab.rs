@@ -163,6 +163,19 @@ pub fn pin_hook() -> Arc<PinFn> {
     })
 }
 
+/// The median of the finite values of `v` (the mean of the middle two for an even
+/// count); `None` when there is none.
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[m]),
+        _ => Some(f64::midpoint(v[m - 1], v[m])),
+    }
+}
+
 /// Where the embedded target's reactor and the job threads run: the reactor on CPU 0
 /// and jobs on the others when there is more than one CPU; nothing pinned otherwise.
 pub fn default_cpus(online: usize) -> (Option<usize>, Vec<usize>) {

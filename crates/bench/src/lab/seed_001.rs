@@ -413,19 +413,9 @@ pub fn run(args: &Seed001Args, progress: &mut dyn std::io::Write) -> Result<LabR
     Ok(report(&samples, runtime, rounds, &desc, job_cpu))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
-}
-
 /// The median of `f` over the samples of one case.
 fn med(samples: &[Sample], path: Path, bs: u32, f: impl Fn(&Sample) -> f64) -> f64 {
-    median(samples.iter().filter(|s| s.path == path && s.bs == bs).map(f).collect())
+    super::median(samples.iter().filter(|s| s.path == path && s.bs == bs).map(f).collect()).unwrap_or(f64::NAN)
 }
 
 fn report(samples: &[Sample], runtime: Duration, rounds: u32, target: &str, job_cpu: Option<usize>) -> LabResult {

@@ -390,18 +390,6 @@ fn paired_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter().zip(b).filter(|(x, _)| **x > 0.0).map(|(x, y)| y / x).collect()
 }
 
-/// The median (the mean of the middle two for an even count); `None` when empty.
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some(f64::midpoint(v[n / 2 - 1], v[n / 2])),
-    }
-}
-
 /// Errors, resets and failed queues over every configuration of a result.
 pub fn total_errors(r: &LabResult) -> u64 {
     let Some(Value::Array(configs)) = r.extra.get("configurations") else { return 0 };
@@ -530,7 +518,7 @@ fn build(args: &Seed002Args, configs: &[ConfigResult]) -> LabResult {
         // The goal compares each configuration's median round; the ratio within each round
         // (its configurations ran back to back) says how much of that is the machine's drift.
         let paired = paired_ratios(&one.rounds_mibs, &four.rounds_mibs);
-        if let Some(m) = median(&paired) {
+        if let Some(m) = super::median(paired.clone()) {
             let list: Vec<String> = paired.iter().map(|x| format!("{x:.3}")).collect();
             r.note(format!(
                 "all steps 4 subsystems / 1 within each round: {} (median {m:.3}); rounds_ratio_4_1 in the JSON",
@@ -570,9 +558,9 @@ mod tests {
     fn paired_ratios_and_their_median() {
         let r = paired_ratios(&[200.0, 250.0, 0.0, 190.0], &[210.0, 200.0, 5.0, 190.0]);
         assert_eq!(r, [1.05, 0.8, 1.0], "a round without a baseline is skipped");
-        assert_eq!(median(&r), Some(1.0));
-        assert_eq!(median(&[1.2, 0.8, 1.0, 0.9]), Some(0.95), "even count: the middle two's mean");
-        assert_eq!(median(&[]), None);
+        assert_eq!(crate::lab::median(r), Some(1.0));
+        assert_eq!(crate::lab::median(vec![1.2, 0.8, 1.0, 0.9]), Some(0.95), "even count: the middle two's mean");
+        assert_eq!(crate::lab::median(Vec::new()), None);
     }
 
     #[test]
