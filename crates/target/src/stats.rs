@@ -82,6 +82,8 @@ pub struct QueueStatsSnapshot {
     pub outstanding: u64,
     /// Mean service time in ns.
     pub latency_ns_mean: u64,
+    /// Sum of service times in ns (differences of two snapshots give a window's mean).
+    pub latency_ns_sum: u64,
     /// Input passes the PDU budget cut short.
     pub rx_budget_stops: u64,
     /// Most PDUs one input pass parsed.
@@ -103,6 +105,7 @@ impl QueueStats {
             errors: self.errors.get(),
             outstanding: self.outstanding.get(),
             latency_ns_mean: self.latency_ns_sum.get() / done,
+            latency_ns_sum: self.latency_ns_sum.get(),
             rx_budget_stops: self.rx_budget_stops.get(),
             rx_pass_pdus_max: self.rx_pass_pdus_max.get(),
             ready_wait_turns_max: self.ready_wait_turns_max.get(),

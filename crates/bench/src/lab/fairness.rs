@@ -243,17 +243,15 @@ pub fn run_case(name: &'static str, budgets: Budgets, runtime: Duration, flood_i
     result
 }
 
-/// The mean service time in µs of the commands a queue completed between two snapshots
-/// (each snapshot's sum is its mean times its completed commands).
+/// The mean service time in µs of the commands a queue completed between two snapshots.
 fn service_us(from: &QueueStatsSnapshot, to: &QueueStatsSnapshot) -> f64 {
     let done = |s: &QueueStatsSnapshot| s.commands.saturating_sub(s.outstanding);
-    let sum = |s: &QueueStatsSnapshot| s.latency_ns_mean.saturating_mul(done(s).max(1));
     let n = done(to).saturating_sub(done(from));
     if n == 0 {
         return 0.0;
     }
     #[allow(clippy::cast_precision_loss)]
-    let us = sum(to).saturating_sub(sum(from)) as f64 / n as f64 / 1e3;
+    let us = to.latency_ns_sum.saturating_sub(from.latency_ns_sum) as f64 / n as f64 / 1e3;
     us
 }
 
@@ -488,9 +486,9 @@ mod tests {
 
     #[test]
     fn service_time_between_snapshots_is_the_mean_of_the_commands_in_between() {
-        let snap = |commands, latency_ns_mean| QueueStatsSnapshot { commands, latency_ns_mean, ..Default::default() };
+        let snap = |commands, latency_ns_sum| QueueStatsSnapshot { commands, latency_ns_sum, ..Default::default() };
         // 10 commands at 100 ns, then 10 more at 310 ns: the second window's mean is 310 ns.
-        let (a, b) = (snap(10, 100), snap(20, 205));
+        let (a, b) = (snap(10, 1_000), snap(20, 4_100));
         assert!((service_us(&a, &b) - 0.31).abs() < 1e-9, "{}", service_us(&a, &b));
         assert!((service_us(&snap(0, 0), &a) - 0.1).abs() < 1e-9);
         assert_eq!(service_us(&b, &b), 0.0, "no command, no mean");
