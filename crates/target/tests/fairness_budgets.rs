@@ -37,17 +37,27 @@ fn reads(q: &mut Host, n: usize, len: usize) -> Vec<u8> {
 
 /// Hands `bytes` to the connection as one receive would, without parsing them.
 fn receive(q: &mut Host, bytes: &[u8]) {
+    let now = q.target.now_ns();
+    receive_at(q, bytes, now);
+}
+
+/// [`receive`] reaped with the reactor's clock at `now_ns`.
+fn receive_at(q: &mut Host, bytes: &[u8], now_ns: u64) {
     let (mut buf, range) = q.conn.take_recv_buf().expect("the connection wants input");
     assert!(range.len() >= bytes.len(), "test input fits one receive");
     buf.as_full_mut()[range.start..range.start + bytes.len()].copy_from_slice(bytes);
-    let now = q.target.now_ns();
-    q.conn.queue_input(buf, bytes.len(), now);
+    q.conn.queue_input(buf, bytes.len(), now_ns);
 }
 
 /// One turn of the connection's input: a `process_input` pass.
 fn pass(q: &mut Host) {
     let now = q.target.now_ns();
-    let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns: now };
+    pass_at(q, now);
+}
+
+/// [`pass`] with the reactor's clock at `now_ns`.
+fn pass_at(q: &mut Host, now_ns: u64) {
+    let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns };
     q.conn.process_input(&mut ctx);
 }
 
@@ -203,12 +213,6 @@ fn budgets_changed_at_run_time_apply_to_the_next_pass() {
     assert!(batches.iter().all(|&l| l <= cap + 4096 + 128), "batches bounded by the new size: {batches:?}");
 }
 
-/// `pass` with the reactor's clock at `now_ns`.
-fn pass_at(q: &mut Host, now_ns: u64) {
-    let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns };
-    q.conn.process_input(&mut ctx);
-}
-
 #[test]
 fn service_time_counts_the_turns_a_command_waited_behind_the_budget() {
     // 40 RAM reads received together at t0 and parsed 16, 16 and 8 in three turns 1, 3
@@ -217,10 +221,8 @@ fn service_time_counts_the_turns_a_command_waited_behind_the_budget() {
     let opts = TargetOptions { rx_budget_pdus: 16, tx_batch_bytes: 0, ..TargetOptions::default() };
     let (_admin, mut q) = io_queue(opts);
     let input = reads(&mut q, 40, 512);
-    let (mut buf, range) = q.conn.take_recv_buf().expect("the connection wants input");
-    buf.as_full_mut()[range.start..range.start + input.len()].copy_from_slice(&input);
     let t0 = q.target.now_ns();
-    q.conn.queue_input(buf, input.len(), t0);
+    receive_at(&mut q, &input, t0);
     let mut per_pass = Vec::new();
     for ms in [1, 3, 6] {
         pass_at(&mut q, t0 + ms * 1_000_000);
@@ -235,10 +237,8 @@ fn service_time_counts_the_turns_a_command_waited_behind_the_budget() {
 
     // A command received in the turn it is parsed in has no wait to show.
     let input = reads(&mut q, 1, 512);
-    let (mut buf, range) = q.conn.take_recv_buf().expect("the connection wants input again");
-    buf.as_full_mut()[range.start..range.start + input.len()].copy_from_slice(&input);
     let t1 = t0 + 10_000_000;
-    q.conn.queue_input(buf, input.len(), t1);
+    receive_at(&mut q, &input, t1);
     pass_at(&mut q, t1);
     drain_sends(&mut q);
     assert_eq!(completions(&mut q), 1);
