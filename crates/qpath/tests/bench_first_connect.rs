@@ -3,21 +3,17 @@
 //! later one, and the job runs once the target comes up; without them it fails at once,
 //! as `nvme connect` does. (The soak's drops could land on a job's first connect.)
 
+mod run_bounded;
+
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 const NQN: &str = "nqn.2026-11.io.qpath:first-connect";
 const JOB_BYTES: u64 = 4 << 20;
-
-fn qpath() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_qpath"));
-    c.env("RUST_LOG", "warn");
-    c
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -34,7 +30,7 @@ impl Drop for Target {
 }
 
 fn start_target(config: &Path) -> Target {
-    let child = qpath()
+    let child = Command::new(env!("CARGO_BIN_EXE_qpath"))
         .args(["target", "--config"])
         .arg(config)
         .stdout(Stdio::null())
@@ -45,27 +41,15 @@ fn start_target(config: &Path) -> Target {
 }
 
 /// A sequential read of the whole job size through `uri`.
-fn bench(uri: &str) -> Child {
-    qpath()
-        .args(["bench", "--output-format=json", "--", "--name=first", "--ioengine=qpath", "--rw=read"])
-        .args(["--bs=4k", "--iodepth=4", &format!("--size={JOB_BYTES}"), &format!("--filename={uri}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn qpath bench")
-}
-
-/// Waits for `child` at most `limit`; kills it past that.
-fn wait_bounded(mut child: Child, limit: Duration) -> Output {
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            panic!("bench did not end within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+fn bench(uri: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_qpath"));
+    c.args(["bench", "--output-format=json", "--", "--name=first", "--ioengine=qpath", "--rw=read"]).args([
+        "--bs=4k",
+        "--iodepth=4",
+        &format!("--size={JOB_BYTES}"),
+        &format!("--filename={uri}"),
+    ]);
+    c
 }
 
 #[test]
@@ -86,20 +70,18 @@ fn a_job_whose_target_comes_up_late_connects_when_the_uri_asks_for_reconnects() 
 
     // Nothing listens: without reconnect options the job fails at once.
     let t0 = Instant::now();
-    let out = wait_bounded(bench(&plain), Duration::from_secs(30));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "no target, no reconnect options: the job fails\n{stderr}");
+    let (status, _, stderr) = run_bounded::run(bench(&plain), Duration::from_secs(30));
+    assert!(!status.success(), "no target, no reconnect options: the job fails\n{stderr}");
     assert!(stderr.contains("connect to"), "the error says which connect failed:\n{stderr}");
     let failed_after = t0.elapsed();
 
     // With them, the job waits for the target, which comes up 1.5 s later.
-    let job = bench(&format!("{plain}?reconnect_delay=1&ctrl_loss_tmo=30"));
+    let cmd = bench(&format!("{plain}?reconnect_delay=1&ctrl_loss_tmo=30"));
+    let job = std::thread::spawn(move || run_bounded::run(cmd, Duration::from_secs(60)));
     std::thread::sleep(Duration::from_millis(1500));
     let target = start_target(&config);
-    let out = wait_bounded(job, Duration::from_secs(60));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed\nstderr:\n{stderr}\nstdout:\n{stdout}");
+    let (status, stdout, stderr) = job.join().expect("the bench thread");
+    assert!(status.success(), "bench failed\nstderr:\n{stderr}\nstdout:\n{stdout}");
     let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("JSON: {e}\n{stdout}"));
     let job = &v["jobs"][0];
     assert_eq!(job["error"], 0, "{job}");
