@@ -273,3 +273,37 @@ fn tcp_congestion_control_on_both_sides() {
     assert!(e.to_string().contains("congestion control"), "{e}");
     server.shutdown();
 }
+
+/// The context reads the clock once per poll turn and once per submission: a completion's
+/// latency still runs from its own submission to the turn that reaped it, never from an
+/// earlier turn's clock (an I/O submitted after an idle gap), never shorter than the
+/// target's added delay, never longer than the caller saw.
+#[test]
+fn completion_latency_is_its_own_wait() {
+    const DELAY: Duration = Duration::from_millis(3);
+    let port = free_port();
+    let mut cfg = config(port);
+    cfg.subsystems[0].namespaces[0].qos.delay_us = u64::try_from(DELAY.as_micros()).unwrap();
+    let server = cfg.start().unwrap();
+    let ctrl = connect(port, false);
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+    for (i, gap) in [0u64, 30, 0, 50].into_iter().enumerate() {
+        // An idle gap with polls: the turns before the submission must not date it.
+        let idle = Instant::now();
+        while idle.elapsed() < Duration::from_millis(gap) {
+            ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(5)) }).unwrap();
+        }
+        let t0 = Instant::now();
+        ctx.submit(dev, Op::Read, 0, 4096, Some(IoBuf::new(4096)), i as u64).map_err(|(e, _)| e).unwrap();
+        let c = wait_done(&mut ctx, 1);
+        let wall = t0.elapsed();
+        assert!(c[0].status.is_success(), "read {i}: {}", c[0].status);
+        let lat = Duration::from_nanos(c[0].latency_ns);
+        assert!(lat >= DELAY, "read {i} after {gap} ms idle: latency {lat:?} below the target's {DELAY:?} delay");
+        assert!(lat <= wall, "read {i} after {gap} ms idle: latency {lat:?} above the {wall:?} the caller waited");
+    }
+    drop(ctx);
+    ctrl.delete();
+    server.shutdown();
+}
