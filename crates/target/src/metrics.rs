@@ -11,7 +11,7 @@
 //! | `qpath_target_queue_errors_total` | same | commands completed with an error status |
 //! | `qpath_target_queue_ios_total` | same + dir | completed I/O commands (read, write, trim, sync) |
 //! | `qpath_target_queue_bytes_total` | same + dir | bytes moved |
-//! | `qpath_target_queue_latency_seconds` | same + dir, quantile (0.5, 0.99, 0.999) | service time: the command's receive reaped to its response queued (waits for the queue's turn included; clock read once per connection per turn) |
+//! | `qpath_target_queue_latency_seconds` | same + dir, quantile (0.5, 0.99, 0.999) | service time: the command's receive reaped to its response queued (waits for the queue's turn included; the reactor reads the clock each time it works on a connection (a receive reaped, a pass of parsing), so the commands one pass answers share their end time) |
 //! | `qpath_target_port_ios_total` | port, dir | completed I/O commands through the port |
 //! | `qpath_target_port_connections` | port | connections now |
 //! | `qpath_target_namespace_ios_total` | subnqn, nsid, dir | completed reads/writes |
