@@ -3,21 +3,19 @@
 //! later one, and the job runs once the target comes up; without them it fails at once,
 //! as `nvme connect` does. (The soak's drops could land on a job's first connect.)
 
+mod loopback;
 mod run_bounded;
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use loopback::free_port;
+
 const NQN: &str = "nqn.2026-11.io.qpath:first-connect";
 const JOB_BYTES: u64 = 4 << 20;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// A target process, killed when dropped.
 struct Target(Child);

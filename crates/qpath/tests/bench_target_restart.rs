@@ -7,12 +7,15 @@
 //! The backing file lives in the page cache across the kill (a process crash, not a power
 //! loss), so what the dead target acknowledged is still there for the verify pass.
 
-use std::net::TcpListener;
+mod loopback;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use loopback::free_port;
 
 const NQN: &str = "nqn.2026-11.io.qpath:restart";
 /// The job writes this many 4 KiB blocks, then reads each back.
@@ -22,10 +25,6 @@ fn qpath() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_qpath"));
     c.env("RUST_LOG", "warn");
     c
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A target process; killed with SIGKILL when dropped if still running.

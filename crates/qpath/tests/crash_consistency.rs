@@ -21,7 +21,9 @@ use nvme::tcp::Header;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use rand::{Rng, SeedableRng};
 
+mod loopback;
 mod support;
+use loopback::free_port;
 use support::{NQN, Peer};
 
 const BLOCK: usize = 4096;
@@ -30,10 +32,6 @@ const PER_ROUND: u32 = 2048;
 const ROUNDS: u32 = 12;
 /// Commands in flight at once.
 const WINDOW: usize = 16;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn start_target(dir: &Path, port: u16) -> Child {
     let cfg = dir.join("target.toml");

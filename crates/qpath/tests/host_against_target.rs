@@ -4,6 +4,8 @@
 
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
+mod loopback;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,8 @@ use target::config::{Config, NamespaceConfig, PortConfig, SubsystemConfig};
 use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, Wait};
 
+use loopback::free_port;
+
 const NQN: &str = "nqn.2026-11.io.qpath:hosttest";
 
 fn config(port: u16) -> Config {
@@ -22,10 +26,6 @@ fn config(port: u16) -> Config {
     c.ports = vec![PortConfig::io(1, format!("127.0.0.1:{port}"))];
     c.subsystems = vec![SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "64M")])];
     c
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn wait_done(ctx: &mut Context, n: usize) -> Vec<Completion> {

@@ -24,15 +24,13 @@ use target::reactor::{PollMode, ReactorOptions};
 use target::server::Server;
 use uring::{IoBuf, Wait};
 
+mod loopback;
 mod support;
+use loopback::free_port;
 use support::{NQN, Peer, SLACK};
 
 /// The connect and PDU timeouts of the target under attack, ms.
 const TIMEOUT_MS: u64 = 400;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 struct Lab {
     server: Server,
