@@ -120,9 +120,26 @@ check_target_after() {
 }
 
 # ---- the guest ------------------------------------------------------------------------
-# boot_guest SCRIPT [vmlab.env.X=Y ...]: boots the guest in the background (BOOT_PID).
+# boot_guest SCRIPT [vmlab.env.X=Y ...]: boots the guest in the background (BOOT_PID) and
+# returns once its init has run (VMLAB-BOOTED). A guest kernel that panics before its init
+# runs (seen once with Linux 7.2 under TCG: an int3 oops in timekeeping 2 s into boot, no
+# NVMe code reached yet) is booted again, up to BOOT_RETRIES times, with its serial log
+# kept; a panic after init is the scenario's to judge and is never retried.
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-600}
+BOOT_RETRIES=${BOOT_RETRIES:-2}
 boot_guest() {
+  local try
+  for try in $(seq 0 "$BOOT_RETRIES"); do
+    start_guest "$@"
+    guest_init_ran && return 0
+    [ "$try" -lt "$BOOT_RETRIES" ] || break
+    mv "$SERIAL" "$SERIAL.panic-$try"
+    say "NOTE: the guest kernel panicked before its init ran (log kept: $SERIAL.panic-$try); not a qpath failure, booting again"
+  done
+  say "the guest kernel panicked before its init ran $((BOOT_RETRIES + 1)) times; the scenario goes on and will fail"
+}
+
+start_guest() {
   local script=$1; shift
   local append="vmlab.env.NQN=$QPATH_NQN vmlab.env.EXPECT_KVER=$(kver) $*"
   SERIAL=$D/serial.log
@@ -132,6 +149,22 @@ boot_guest() {
     --append "$append" --log "$SERIAL" > "$D/boot.out" 2>&1 < /dev/null &
   BOOT_PID=$!
   STARTED+=("$BOOT_PID")
+}
+
+# guest_init_ran: waits (at most 180 s) for the guest's init; fails only when the boot
+# ended without it and the serial log shows a kernel panic.
+guest_init_ran() {
+  local i
+  for i in $(seq 360); do
+    grep -aq VMLAB-BOOTED "$SERIAL" 2>/dev/null && return 0
+    if ! kill -0 "$BOOT_PID" 2>/dev/null; then
+      grep -aq VMLAB-BOOTED "$SERIAL" 2>/dev/null && return 0
+      ! grep -aq "Kernel panic" "$SERIAL" 2>/dev/null
+      return
+    fi
+    sleep 0.5
+  done
+  return 0
 }
 
 # serve_guest: until the guest powers off, answer each new "QPATH-ASK NAME" line of the
