@@ -187,8 +187,13 @@ impl Transaction<'_> {
     fn receive(&mut self) -> std::result::Result<Message, Fail> {
         let len = u32::try_from(MAX_MESSAGE_LEN).unwrap_or(4096);
         let left = self.left().map_err(Fail::Refused)?;
-        let (_, data) =
-            self.q.read_data(AuthCmd::dhchap(len).receive_sqe(Cid(0)), MAX_MESSAGE_LEN, left).map_err(Fail::Refused)?;
+        // The step goes with a transport error too: Linux nvmet, rejecting our response,
+        // may tear the controller down before its AUTH_Failure1 is sent, so the refusal
+        // arrives as "(Success1): connection closed by the controller".
+        let (_, data) = self
+            .q
+            .read_data(AuthCmd::dhchap(len).receive_sqe(Cid(0)), MAX_MESSAGE_LEN, left)
+            .map_err(|e| Fail::Refused(self.err(e.to_string())))?;
         match Message::decode(&data) {
             Ok(Message::Failure1(f)) => Err(Fail::Refused(self.err(format!(
                 "controller refused (AUTH_Failure1, reason {:#04x}, explanation {:#04x}: {})",
