@@ -422,13 +422,13 @@ impl std::fmt::Debug for Context {
 }
 
 const TICK: Duration = Duration::from_millis(10);
+/// A connection with more commands than this in flight is deep: served after the others.
+const SHALLOW_OUTSTANDING_MAX: usize = 4;
 
 /// Nanoseconds from `t` to `now`, 0 if `t` is later (a request issued after its turn's clock).
 fn nanos_since(t: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX)
 }
-/// A connection with more commands than this in flight is deep: served after the others.
-const SHALLOW_OUTSTANDING_MAX: usize = 4;
 
 /// A path of a multipath device as this context sees it.
 #[derive(Clone, Debug)]
@@ -1061,6 +1061,7 @@ impl Context {
 
     /// Sends a request that holds its tag (and budget) on connection `ckey` of queue `qkey`.
     fn issue(&mut self, rid: u32, ckey: usize, qkey: usize, dev: usize) {
+        let now = self.now();
         let r = &mut self.reqs[rid as usize];
         let cid = Cid(r.tag);
         let nsid = r.nsid;
@@ -1089,7 +1090,7 @@ impl Context {
             }
         };
         r.state = ReqState::Outstanding;
-        r.sent = Some(self.clock.unwrap_or_else(Instant::now));
+        r.sent = Some(now);
         let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         match conn.q.submit(cid.0, io) {
@@ -1575,9 +1576,10 @@ impl Context {
     }
 
     fn complete(&mut self, rid: u32, status: Status) {
+        let now = self.now();
         let r = &mut self.reqs[rid as usize];
         r.state = ReqState::Free;
-        let latency_ns = nanos_since(r.start, self.clock.unwrap_or_else(Instant::now));
+        let latency_ns = nanos_since(r.start, now);
         let buf = r.buf.take();
         let last = r.sent.map(|_| (r.path, r.qkey, r.nsid));
         self.rec.record(r.dev, last, r.op.direction(), r.len, latency_ns, status.is_success());
