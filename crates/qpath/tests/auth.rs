@@ -4,6 +4,8 @@
 //! a wrong key, a missing key, a host not on the list, a host that skips the
 //! transaction; discovery needs no authentication.
 
+mod loopback;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -18,6 +20,8 @@ use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, PortCon
 use target::reactor::{PollMode, ReactorOptions};
 use target::server::Server;
 use uring::{IoBuf, Wait};
+
+use loopback::free_port;
 
 const NQN: &str = "nqn.2026-11.io.qpath:authtest";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6d0e2b4c-1c1a-4c4e-9e55-4a7f0c0a0001";
@@ -36,7 +40,7 @@ fn keys(hash: HashId, bidi: bool) -> Keys {
 }
 
 fn start(k: &Keys, hash: HashId, group: DhGroup) -> (Server, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let mut c = Config::embedded_default();
     c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
     c.ports = vec![PortConfig::io(1, format!("127.0.0.1:{port}"))];

@@ -2,6 +2,8 @@
 //! connections) on one `qpath target` process, I/O on every queue without
 //! errors, and the target's memory per queue (printed; recorded in BENCHMARKS.md).
 
+mod loopback;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,6 +12,8 @@ use host::context::{Context, ContextOptions, DeviceId, Op};
 use host::controller::{ConnectOptions, Controller};
 use nvme::Nsid;
 use uring::{IoBuf, Wait};
+
+use loopback::free_port;
 
 const CONTROLLERS: usize = 250;
 const QUEUES: u16 = 4;
@@ -37,7 +41,7 @@ fn thousand_io_queues_on_one_target() {
     uring::raise_fd_limit(8192).unwrap();
     let dir = std::env::temp_dir().join(format!("qpath-many-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let cfg = dir.join("target.toml");
     std::fs::write(
         &cfg,
