@@ -68,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
     while !rest.is_empty() {
         let n = chunk.min(rest.len());
         let now = t.now_ns();
-        let mut ctx = ConnCtx { pool: &mut pool, file_io: &mut fio, token: 0, now_ns: now };
+        let mut ctx = ConnCtx { pool: &mut pool, file_io: &mut fio, token: 0, now_ns: now, offload: None };
         let taken = conn.feed(&rest[..n], &mut ctx);
         // Output not taken by the driver stays bounded: data buffers (capped per connection)
         // plus about one batch of PDU headers.
@@ -87,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
         }
         rest = &rest[taken..];
     }
-    let mut ctx = ConnCtx { pool: &mut pool, file_io: &mut fio, token: 0, now_ns: t.now_ns() };
+    let mut ctx = ConnCtx { pool: &mut pool, file_io: &mut fio, token: 0, now_ns: t.now_ns(), offload: None };
     conn.release(&mut ctx);
     // Every data buffer went back to the pool (a lost one would shrink the reactor's pool for good).
     assert_eq!(conn.buffer_bytes(), 0, "buffers held after release");

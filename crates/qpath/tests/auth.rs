@@ -2,7 +2,8 @@
 //! loopback TCP: unidirectional and bidirectional success for every hash with
 //! the null, ffdhe2048 and ffdhe3072 groups (ffdhe8192 once), and the refusals:
 //! a wrong key, a missing key, a host not on the list, a host that skips the
-//! transaction; discovery needs no authentication.
+//! transaction; discovery needs no authentication. The target's DH steps run on its
+//! authentication workers (two per queue).
 
 mod loopback;
 
@@ -83,6 +84,9 @@ fn connect_ok(hash: HashId, group: DhGroup, bidi: bool, io: bool) {
     assert_eq!(ctrl.io_queue_count(), 2);
     assert_eq!(ctrl.namespace(Nsid(1)).unwrap().size_bytes(), 16 << 20);
     eprintln!("{hash:?} {group:?} bidirectional={bidi}: admin + 2 I/O queues authenticated in {took:?}");
+    // Both DH steps of each of the 3 queues ran on the target's workers, not its reactor.
+    let offloaded = if group == DhGroup::Null { 0 } else { 2 * 3 };
+    assert_eq!(server.state.auth_workers.computed(), offloaded, "{group:?}");
     if io {
         let mut ctx = Context::new(ContextOptions::default()).unwrap();
         let dev = ctx.open(&ctrl, Nsid(1)).unwrap();

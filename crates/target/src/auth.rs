@@ -17,12 +17,20 @@
 //!
 //! The connection ([`crate::tcp`]) only routes the two commands here and asks
 //! [`QueueAuth::is_authenticated`] / [`QueueAuth::is_failed`].
+//!
+//! The two Diffie-Hellman steps (the controller's key pair at Negotiate, the shared
+//! secret at Reply) are a modular exponentiation each: 0.6 ms for ffdhe2048, 16 ms for
+//! ffdhe8192 on the machine of `BENCHMARKS.md`. [`QueueAuth::on_send`] hands them back
+//! as a [`DhWork`] instead of doing them, so the connection's driver can run them off
+//! its reactor (the target's [`crate::offload`] workers) while the reactor goes on
+//! serving the other queues; the command is answered when [`QueueAuth::on_computed`]
+//! takes the result. Until then the step timer does not run: the wait is ours.
 
 use std::sync::Arc;
 
 use nvme::auth::dhchap::{self, ResponseInput, Role};
 use nvme::auth::ffdhe::DhKeyPair;
-use nvme::auth::{AuthCmd, DhGroup, Failure, HashId, Message, Secret, Success1, failure};
+use nvme::auth::{AuthCmd, CryptoError, DhGroup, Failure, HashId, Message, Reply, Secret, Success1, failure};
 use nvme::opcode::fctype;
 use nvme::{Sqe, Status};
 
@@ -113,6 +121,82 @@ pub struct QueueAuth {
     /// S2 and C2 when the host asked the controller to authenticate.
     bidi: Option<(u32, Vec<u8>)>,
     rescode_exp: u8,
+    /// The Send whose Diffie-Hellman work is being computed (its command is not
+    /// answered until [`QueueAuth::on_computed`]).
+    computing: Option<Computing>,
+}
+
+/// The Diffie-Hellman work of one transaction step, handed to the caller of
+/// [`QueueAuth::on_send`] to run where it does not hold up other queues.
+pub enum DhWork {
+    /// The controller's key pair for a Negotiate.
+    Generate(DhGroup),
+    /// The shared secret with the host's public value from a Reply.
+    Shared {
+        /// The key pair made at Negotiate.
+        pair: DhKeyPair,
+        /// The host's public value.
+        peer: Vec<u8>,
+    },
+}
+
+/// What [`DhWork::run`] computed.
+pub enum DhDone {
+    /// A key pair (`None` only for the null group, never asked for).
+    Generated(Result<Option<DhKeyPair>, CryptoError>),
+    /// The shared secret, with the key pair it was made with.
+    Shared {
+        /// The key pair, handed back.
+        pair: DhKeyPair,
+        /// The secret.
+        secret: Result<Vec<u8>, CryptoError>,
+    },
+}
+
+impl DhWork {
+    /// Computes: one modular exponentiation in the group's prime (ms for the large groups).
+    pub fn run(self) -> DhDone {
+        match self {
+            DhWork::Generate(group) => DhDone::Generated(DhKeyPair::generate(group)),
+            DhWork::Shared { pair, peer } => {
+                let secret = pair.shared_secret(&peer);
+                DhDone::Shared { pair, secret }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for DhWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DhWork::Generate(g) => write!(f, "Generate({g:?})"),
+            DhWork::Shared { pair, .. } => write!(f, "Shared({:?})", pair.group()),
+        }
+    }
+}
+
+impl std::fmt::Debug for DhDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DhDone::Generated(r) => write!(f, "Generated(ok: {})", r.is_ok()),
+            DhDone::Shared { secret, .. } => write!(f, "Shared(ok: {})", secret.is_ok()),
+        }
+    }
+}
+
+/// What an Authentication Send needs next.
+#[derive(Debug)]
+pub enum SendOutcome {
+    /// Answer the command with this status now.
+    Status(Status),
+    /// Run this, then answer with what [`QueueAuth::on_computed`] returns.
+    Compute(DhWork),
+}
+
+/// The Send waiting for its Diffie-Hellman result.
+enum Computing {
+    Negotiate,
+    Reply(Box<Reply>),
 }
 
 impl std::fmt::Debug for QueueAuth {
@@ -143,6 +227,7 @@ pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_
         c1: Vec::new(),
         bidi: None,
         rescode_exp: 0,
+        computing: None,
     })
 }
 
@@ -181,8 +266,14 @@ impl QueueAuth {
 
     /// The queue is not authenticated and its transaction has waited for the
     /// host's next message longer than `limit_ms` (Linux `auth_expired_work`).
+    /// Never while the target computes a step: that wait is not the host's.
     pub fn expired(&self, now_ns: u64, limit_ms: u64) -> bool {
-        !self.authenticated && now_ns.saturating_sub(self.step_ns) / 1_000_000 > limit_ms
+        !self.authenticated && self.computing.is_none() && now_ns.saturating_sub(self.step_ns) / 1_000_000 > limit_ms
+    }
+
+    /// A Send's Diffie-Hellman work is being computed.
+    pub fn is_computing(&self) -> bool {
+        self.computing.is_some()
     }
 
     /// A transaction message arrived at `now_ns`: the step timer restarts.
@@ -203,37 +294,57 @@ impl QueueAuth {
         tracing::info!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, rescode_exp, state = ?self.state, "authentication failed");
         self.rescode_exp = rescode_exp;
         self.authenticated = false;
+        // A step still being computed is not waited for any more.
+        self.computing = None;
         self.set(AuthState::SendFailure1);
     }
 
     /// Authentication Send with its data: the command's status (protocol
-    /// failures are reported in the next Receive's AUTH_Failure1, not here).
-    pub fn on_send(&mut self, data: &[u8]) -> Status {
+    /// failures are reported in the next Receive's AUTH_Failure1, not here), or the
+    /// Diffie-Hellman work to run before it can be answered.
+    pub fn on_send(&mut self, data: &[u8]) -> SendOutcome {
         match self.state {
-            AuthState::Failed => return Status::AUTH_REQUIRED,
+            AuthState::Failed => return SendOutcome::Status(Status::AUTH_REQUIRED),
             // The transaction already failed: the host reads AUTH_Failure1 next, and a
             // Negotiate does not buy it another try on this queue (found by fuzzing).
-            AuthState::SendFailure1 => return Status::SUCCESS,
+            AuthState::SendFailure1 => return SendOutcome::Status(Status::SUCCESS),
             _ => {}
+        }
+        if self.computing.take().is_some() {
+            // A second Send before the first was answered: the host is out of step. The
+            // pending result is dropped when it comes.
+            self.fail(failure::INCORRECT_MESSAGE);
+            return SendOutcome::Status(Status::SUCCESS);
         }
         let msg = match Message::decode(data) {
             Ok(m) => m,
             Err(e) => {
                 self.fail(e.rescode_exp());
-                return Status::SUCCESS;
+                return SendOutcome::Status(Status::SUCCESS);
             }
         };
         match msg {
             Message::Negotiate(n) => {
                 self.tid = n.tid;
                 match self.negotiate(&n) {
-                    Ok(()) => self.set(AuthState::SendChallenge),
+                    Ok(DhGroup::Null) => self.set(AuthState::SendChallenge),
+                    Ok(group) => {
+                        self.computing = Some(Computing::Negotiate);
+                        return SendOutcome::Compute(DhWork::Generate(group));
+                    }
                     Err(exp) => self.fail(exp),
                 }
             }
             _ if msg.tid() != self.tid => self.fail(failure::INCORRECT_PAYLOAD),
-            Message::Reply(r) if self.state == AuthState::AwaitReply => match self.check_reply(&r) {
-                Ok(()) => self.set(AuthState::SendSuccess1),
+            Message::Reply(r) if self.state == AuthState::AwaitReply => match self.check_reply_dh(&r) {
+                Ok(Some(work)) => {
+                    self.computing = Some(Computing::Reply(Box::new(r)));
+                    return SendOutcome::Compute(work);
+                }
+                Ok(None) => match self.check_reply(&r) {
+                    Ok(()) => self.set(AuthState::SendSuccess1),
+                    Err(exp) => self.fail(exp),
+                },
                 Err(exp) => self.fail(exp),
             },
             Message::Success2(_) if self.state == AuthState::AwaitSuccess2 => {
@@ -249,10 +360,39 @@ impl QueueAuth {
             }
             _ => self.fail(failure::INCORRECT_MESSAGE),
         }
+        SendOutcome::Status(Status::SUCCESS)
+    }
+
+    /// The result of the [`DhWork`] a Send handed out: that Send's status. A result
+    /// nobody waits for any more (the transaction failed meanwhile) is dropped.
+    pub fn on_computed(&mut self, done: DhDone) -> Status {
+        match (self.computing.take(), done) {
+            (Some(Computing::Negotiate), DhDone::Generated(Ok(Some(pair)))) => {
+                self.dh = Some(pair);
+                self.set(AuthState::SendChallenge);
+            }
+            (Some(Computing::Negotiate), DhDone::Generated(_)) => self.fail(failure::FAILED),
+            (Some(Computing::Reply(r)), DhDone::Shared { pair, secret }) => {
+                self.dh = Some(pair);
+                match secret {
+                    Ok(k) => {
+                        self.session_key = Some(k);
+                        match self.check_reply(&r) {
+                            Ok(()) => self.set(AuthState::SendSuccess1),
+                            Err(exp) => self.fail(exp),
+                        }
+                    }
+                    Err(_) => self.fail(failure::DHGROUP_UNUSABLE),
+                }
+            }
+            (Some(_), _) => self.fail(failure::FAILED),
+            (None, _) => {}
+        }
         Status::SUCCESS
     }
 
-    fn negotiate(&mut self, n: &nvme::auth::Negotiate) -> Result<(), u8> {
+    /// Negotiates hash and group; the group whose key pair is to be made.
+    fn negotiate(&mut self, n: &nvme::auth::Negotiate) -> Result<DhGroup, u8> {
         if n.sc_c != 0 {
             // Secure channel concatenation (TLS from the transaction) is not offered.
             return Err(failure::CONCAT_MISMATCH);
@@ -274,25 +414,25 @@ impl QueueAuth {
         self.dh = None;
         self.session_key = None;
         self.bidi = None;
-        if group != DhGroup::Null {
-            self.dh = DhKeyPair::generate(group).map_err(|_| failure::FAILED)?;
-        }
-        Ok(())
+        Ok(group)
     }
 
-    fn check_reply(&mut self, r: &nvme::auth::Reply) -> Result<(), u8> {
-        let hl = self.hash.len();
-        if r.r1.len() != hl {
+    /// A Reply's shape against the negotiated group: the shared secret to compute, if any.
+    fn check_reply_dh(&mut self, r: &Reply) -> Result<Option<DhWork>, u8> {
+        if r.r1.len() != self.hash.len() {
             return Err(failure::HASH_UNUSABLE);
         }
-        match (&self.dh, r.dhv.is_empty()) {
-            (None, true) => {}
-            (None, false) => return Err(failure::INCORRECT_PAYLOAD),
-            (Some(_), true) => return Err(failure::DHGROUP_UNUSABLE),
-            (Some(dh), false) => {
-                self.session_key = Some(dh.shared_secret(&r.dhv).map_err(|_| failure::DHGROUP_UNUSABLE)?);
-            }
+        match (self.dh.take(), r.dhv.is_empty()) {
+            (None, true) => Ok(None),
+            (None, false) => Err(failure::INCORRECT_PAYLOAD),
+            (Some(_), true) => Err(failure::DHGROUP_UNUSABLE),
+            (Some(pair), false) => Ok(Some(DhWork::Shared { pair, peer: r.dhv.clone() })),
         }
+    }
+
+    /// Verifies R1 (with the session key, if the group made one) and takes C2.
+    fn check_reply(&mut self, r: &Reply) -> Result<(), u8> {
+        let hl = self.hash.len();
         let key = self.keys.host_key.transformed(&self.hostnqn);
         let ca = dhchap::challenge(self.hash, self.session_key.as_deref(), &self.c1);
         let expect = dhchap::response(
@@ -422,7 +562,7 @@ impl QueueAuth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nvme::auth::{Negotiate, Reply};
+    use nvme::auth::Negotiate;
 
     const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
     const SUB: &str = "nqn.2026-11.io.qpath:auth";
@@ -437,6 +577,14 @@ mod tests {
         Arc::new(k)
     }
 
+    /// A Send, with its Diffie-Hellman work (if any) run inline.
+    fn send(a: &mut QueueAuth, data: &[u8]) -> Status {
+        match a.on_send(data) {
+            SendOutcome::Status(s) => s,
+            SendOutcome::Compute(w) => a.on_computed(w.run()),
+        }
+    }
+
     fn read(a: &mut QueueAuth) -> Message {
         let mut out = vec![0u8; 4096];
         assert_eq!(a.on_receive(&mut out), Status::SUCCESS);
@@ -447,7 +595,7 @@ mod tests {
     fn run(group: DhGroup, bidi: bool, tamper: bool) -> (QueueAuth, Message) {
         let k = keys(group, bidi);
         let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, 0).unwrap();
-        assert_eq!(a.on_send(&Message::Negotiate(Negotiate::offer_all(9)).encode()), Status::SUCCESS);
+        assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(9)).encode()), Status::SUCCESS);
         let Message::Challenge(c) = read(&mut a) else { panic!("no challenge") };
         assert_eq!(c.hash_id, HashId::Sha384.id());
         assert_eq!(c.dh_group, group.id());
@@ -468,7 +616,7 @@ mod tests {
         let c2 = vec![0x5a; hash.len()];
         let reply =
             Reply { tid: 9, r1, c2: bidi.then(|| c2.clone()), seqnum: if bidi { 1234 } else { 0 }, dhv: dhv.clone() };
-        assert_eq!(a.on_send(&Message::Reply(reply).encode()), Status::SUCCESS);
+        assert_eq!(send(&mut a, &Message::Reply(reply).encode()), Status::SUCCESS);
         let m = read(&mut a);
         if let (Message::Success1(s), Some(ck)) = (&m, &k.ctrl_key) {
             let key = ck.transformed(SUB);
@@ -479,7 +627,7 @@ mod tests {
             );
             assert_eq!(s.r2.as_deref(), Some(&r2[..]));
             assert!(!a.is_authenticated(), "bidirectional: not before Success2");
-            assert_eq!(a.on_send(&Message::Success2(9).encode()), Status::SUCCESS);
+            assert_eq!(send(&mut a, &Message::Success2(9).encode()), Status::SUCCESS);
         }
         (a, m)
     }
@@ -507,12 +655,12 @@ mod tests {
         // A Receive before Negotiate: Failure1, then refused.
         assert!(matches!(read(&mut a), Message::Failure1(_)));
         assert!(a.is_failed());
-        assert_eq!(a.on_send(&Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::AUTH_REQUIRED);
+        assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::AUTH_REQUIRED);
 
         let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
-        assert_eq!(a.on_send(&[0xff; 20]), Status::SUCCESS);
+        assert_eq!(send(&mut a, &[0xff; 20]), Status::SUCCESS);
         // A Negotiate after the failure does not restart the transaction.
-        assert_eq!(a.on_send(&Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::SUCCESS);
+        assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::SUCCESS);
         assert_eq!(a.state(), AuthState::SendFailure1);
         let Message::Failure1(f) = read(&mut a) else { panic!() };
         assert_eq!(f.rescode_exp, failure::INCORRECT_MESSAGE);
@@ -522,7 +670,7 @@ mod tests {
         let mut a = on_connect(Some(keys(DhGroup::Ffdhe3072, false)), HOST, SUB, 0).unwrap();
         let mut n = Negotiate::offer_all(1);
         n.dh_groups = vec![0, 1];
-        a.on_send(&Message::Negotiate(n).encode());
+        send(&mut a, &Message::Negotiate(n).encode());
         let Message::Failure1(f) = read(&mut a) else { panic!() };
         assert_eq!(f.rescode_exp, failure::DHGROUP_UNUSABLE);
 
@@ -530,10 +678,10 @@ mod tests {
         let (_, m) = {
             let k = keys(DhGroup::Null, false);
             let mut a = on_connect(Some(k), HOST, SUB, 0).unwrap();
-            a.on_send(&Message::Negotiate(Negotiate::offer_all(2)).encode());
+            send(&mut a, &Message::Negotiate(Negotiate::offer_all(2)).encode());
             let Message::Challenge(_) = read(&mut a) else { panic!() };
             let reply = Reply { tid: 2, r1: vec![0; 48], c2: Some(vec![1; 48]), seqnum: 5, dhv: vec![] };
-            a.on_send(&Message::Reply(reply).encode());
+            send(&mut a, &Message::Reply(reply).encode());
             let m = read(&mut a);
             (a, m)
         };
@@ -547,6 +695,41 @@ mod tests {
         assert!(a.expired(5_000_000_001 + 1_000_000, 5_000));
         a.touch(4_000_000_000);
         assert!(!a.expired(8_000_000_000, 5_000), "each message restarts the step timer");
+    }
+
+    #[test]
+    fn dh_steps_are_handed_out_and_answered_when_computed() {
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, 0).unwrap();
+        let SendOutcome::Compute(work) = a.on_send(&Message::Negotiate(Negotiate::offer_all(4)).encode()) else {
+            panic!("a DH group's Negotiate needs a key pair made first");
+        };
+        assert!(matches!(work, DhWork::Generate(DhGroup::Ffdhe2048)), "{work:?}");
+        assert!(a.is_computing() && a.state() == AuthState::AwaitNegotiate);
+        assert!(!a.expired(3_600_000_000_000, 5_000), "the step timer waits for the host, not for us");
+        assert_eq!(a.on_computed(work.run()), Status::SUCCESS);
+        assert!(!a.is_computing() && a.state() == AuthState::SendChallenge);
+        assert!(a.expired(3_600_000_000_000, 5_000), "and runs again once the step is answered");
+        let Message::Challenge(c) = read(&mut a) else { panic!("no challenge") };
+        assert_eq!(c.dhv.len(), DhGroup::Ffdhe2048.value_len());
+
+        // A Receive while the key pair is computed: out of step, and the late result is dropped.
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, 0).unwrap();
+        let SendOutcome::Compute(work) = a.on_send(&Message::Negotiate(Negotiate::offer_all(4)).encode()) else {
+            panic!("no work");
+        };
+        assert!(matches!(read(&mut a), Message::Failure1(_)));
+        assert_eq!(a.on_computed(work.run()), Status::SUCCESS);
+        assert!(a.is_failed(), "{:?}", a.state());
+
+        // A host public value out of range fails the shared secret: DHGROUP_UNUSABLE.
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, 0).unwrap();
+        let _ = send(&mut a, &Message::Negotiate(Negotiate::offer_all(5)).encode());
+        let Message::Challenge(_) = read(&mut a) else { panic!("no challenge") };
+        let reply = Reply { tid: 5, r1: vec![0; 48], c2: None, seqnum: 0, dhv: vec![0; 256] };
+        let SendOutcome::Compute(work) = a.on_send(&Message::Reply(reply).encode()) else { panic!("no work") };
+        assert_eq!(a.on_computed(work.run()), Status::SUCCESS);
+        let Message::Failure1(f) = read(&mut a) else { panic!("no Failure1") };
+        assert_eq!(f.rescode_exp, failure::DHGROUP_UNUSABLE);
     }
 
     #[test]

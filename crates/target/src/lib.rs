@@ -53,6 +53,7 @@ pub mod io_cmd;
 pub mod limits;
 pub mod metrics;
 pub mod namespace;
+pub mod offload;
 pub mod pool;
 pub mod port;
 pub mod qos;

@@ -14,7 +14,7 @@
 //!       send done  -> conn.on_send_done
 //!       file done  -> conn.on_file_done
 //!     due timers (held completions), ticks every 10 ms (keep-alive, AEN, teardown)
-//!     mailbox: new connections, shutdown
+//!     mailbox: new connections, authentication workers' DH results, shutdown
 //!     ready lists, shallow then deep, round-robin: conn.process_input (≤ rx_budget_pdus
 //!       each), until tx_deadline_us; connections with input left wait for the next turn
 //!     touched connections, shallow first: take_send() -> ring.send, recv re-armed
@@ -110,6 +110,9 @@ pub enum ReactorMsg {
     Conn(Box<NewConn>),
     /// Close every connection and exit.
     Shutdown,
+    /// The Diffie-Hellman step a connection's request (token) handed to the
+    /// [`crate::offload`] workers is done.
+    AuthComputed(u64, Box<crate::auth::DhDone>),
 }
 
 impl std::fmt::Debug for ReactorMsg {
@@ -117,6 +120,7 @@ impl std::fmt::Debug for ReactorMsg {
         match self {
             ReactorMsg::Conn(c) => write!(f, "Conn(port {}, {:?})", c.port.id, c.peer),
             ReactorMsg::Shutdown => write!(f, "Shutdown"),
+            ReactorMsg::AuthComputed(t, d) => write!(f, "AuthComputed({t:#x}, {d:?})"),
         }
     }
 }
@@ -197,14 +201,35 @@ pub fn spawn(index: usize, target: Arc<TargetState>, opts: ReactorOptions) -> Re
                     return;
                 }
             };
-            let _ = tx.send(Ok(sender));
-            let mut r = Reactor::new(index, target, ring, mailbox, opts, busy);
+            let _ = tx.send(Ok(sender.clone()));
+            let mut r = Reactor::new(index, target, ring, (sender, mailbox), opts, busy);
             r.run();
         })
         .map_err(|e| Error::io("spawn reactor", e))?;
     let sender =
         rx.recv().map_err(|_| Error::new(crate::error::ErrorKind::Io, "reactor thread died at start-up"))??;
     Ok(ReactorHandle { sender, thread: Some(thread) })
+}
+
+/// Hands a connection's Diffie-Hellman step to the target's workers; the result comes
+/// back as [`ReactorMsg::AuthComputed`].
+struct ReactorOffload<'a> {
+    workers: &'a crate::offload::AuthWorkers,
+    reply: &'a MailboxSender<ReactorMsg>,
+}
+
+impl crate::offload::Offload for ReactorOffload<'_> {
+    fn submit(&self, work: crate::auth::DhWork, token: u64) -> Result<(), crate::auth::DhWork> {
+        let reply = self.reply.clone();
+        self.workers.submit(
+            work,
+            token,
+            Box::new(move |token, done| {
+                // A reactor that has stopped takes no more messages; its connections are gone.
+                let _ = reply.send(ReactorMsg::AuthComputed(token, Box::new(done)));
+            }),
+        )
+    }
 }
 
 struct RingFileIo<'a> {
@@ -236,6 +261,8 @@ struct Reactor {
     target: Arc<TargetState>,
     ring: Ring,
     mailbox: Mailbox<ReactorMsg>,
+    /// Its own mailbox, for the authentication workers' results.
+    to_self: MailboxSender<ReactorMsg>,
     opts: ReactorOptions,
     busy: bool,
     pool: BufPool,
@@ -267,7 +294,7 @@ impl Reactor {
         index: usize,
         target: Arc<TargetState>,
         ring: Ring,
-        mailbox: Mailbox<ReactorMsg>,
+        (to_self, mailbox): (MailboxSender<ReactorMsg>, Mailbox<ReactorMsg>),
         opts: ReactorOptions,
         busy: bool,
     ) -> Reactor {
@@ -278,6 +305,7 @@ impl Reactor {
             target,
             ring,
             mailbox,
+            to_self,
             opts,
             busy,
             pool,
@@ -383,7 +411,9 @@ impl Reactor {
         let Some(Some(e)) = self.conns.get_mut(key) else { return };
         let base = token(KIND_FILE, e.generation, key, 0);
         let mut io = RingFileIo { ring: &mut self.ring };
-        let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut io, token: base, now_ns: now };
+        let offload = ReactorOffload { workers: &self.target.auth_workers, reply: &self.to_self };
+        let mut ctx =
+            ConnCtx { pool: &mut self.pool, file_io: &mut io, token: base, now_ns: now, offload: Some(&offload) };
         f(e, &mut ctx);
     }
 
@@ -522,7 +552,8 @@ impl Reactor {
                 Err((err, msg)) => {
                     tracing::warn!("send submit failed: {err}");
                     let mut io = RingFileIo { ring: &mut self.ring };
-                    let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut io, token: 0, now_ns: 0 };
+                    let mut ctx =
+                        ConnCtx { pool: &mut self.pool, file_io: &mut io, token: 0, now_ns: 0, offload: None };
                     e.conn.on_send_done(msg, Err(std::io::Error::other(err.to_string())), &mut ctx);
                 }
             }
@@ -535,7 +566,8 @@ impl Reactor {
                 Err((err, buf)) => {
                     tracing::warn!("recv submit failed: {err}");
                     let mut io = RingFileIo { ring: &mut self.ring };
-                    let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut io, token: 0, now_ns: 0 };
+                    let mut ctx =
+                        ConnCtx { pool: &mut self.pool, file_io: &mut io, token: 0, now_ns: 0, offload: None };
                     e.conn.on_recv(buf, 0, &mut ctx);
                 }
             }
@@ -621,6 +653,17 @@ impl Reactor {
         match m {
             ReactorMsg::Conn(c) => self.add_conn(*c),
             ReactorMsg::Shutdown => self.stop = true,
+            ReactorMsg::AuthComputed(token, done) => {
+                let (_, gen_, key, slot) = untoken(token);
+                if !matches!(self.conns.get(key), Some(Some(e)) if e.generation & 0xfff == gen_) {
+                    // The connection is gone: nobody waits for the result.
+                    return;
+                }
+                self.with_conn(key, |e, ctx| e.conn.on_auth_computed(slot, *done, ctx));
+                if !self.touched.contains(&key) {
+                    self.touched.push(key);
+                }
+            }
         }
     }
 

@@ -245,6 +245,8 @@ pub struct TargetState {
     queues: Mutex<Vec<Weak<QueueInfo>>>,
     /// Each reactor's data buffers, published on its tick.
     buffers: Mutex<Vec<Arc<BufferStats>>>,
+    /// Where the reactors send the Diffie-Hellman steps of in-band authentication.
+    pub auth_workers: crate::offload::AuthWorkers,
 }
 
 /// One reactor's data buffer pool, as its reactor last published it (every 10 ms tick;
@@ -287,6 +289,7 @@ impl TargetState {
             epoch: Instant::now(),
             queues: Mutex::new(Vec::new()),
             buffers: Mutex::new(Vec::new()),
+            auth_workers: crate::offload::AuthWorkers::new(),
         }
     }
 

@@ -39,6 +39,7 @@ use crate::fabrics::{self, Binding};
 use crate::io_cmd::{self, IoKind};
 use crate::limits::HostTicket;
 use crate::namespace::NsMap;
+use crate::offload::Offload;
 use crate::pool::BufPool;
 use crate::port::Port;
 use crate::registry::{QueueInfo, TargetState};
@@ -53,6 +54,8 @@ pub struct ConnCtx<'a> {
     pub token: u64,
     /// Now, in ns since the target epoch.
     pub now_ns: u64,
+    /// Runs authentication's Diffie-Hellman steps off this thread; `None`: inline.
+    pub offload: Option<&'a dyn Offload>,
 }
 
 /// Lifecycle of a connection.
@@ -255,6 +258,8 @@ pub struct Connection {
     /// In-band authentication the host owes this queue (until it succeeds only
     /// Authentication Send/Receive are accepted).
     auth: Option<QueueAuth>,
+    /// The Authentication Send waiting for its Diffie-Hellman step (see [`crate::offload`]).
+    auth_computing: Option<u16>,
     sqflow_disabled: bool,
     entries: u16,
     sqhd: u16,
@@ -331,6 +336,7 @@ impl Connection {
             r2t_mark: 0,
             r2t_since_ns: now,
             auth: None,
+            auth_computing: None,
             sqflow_disabled: false,
             entries: 0,
             sqhd: 0,
@@ -1075,13 +1081,57 @@ impl Connection {
             r.status = a.on_receive(&mut out[..len]);
             r.buf = Some(out);
         } else {
-            r.status = a.on_send(buf.as_deref().map_or(&[][..], |d| &d[..len.min(d.len())]));
+            match a.on_send(buf.as_deref().map_or(&[][..], |d| &d[..len.min(d.len())])) {
+                auth::SendOutcome::Status(s) => r.status = s,
+                auth::SendOutcome::Compute(work) => {
+                    if let Some(b) = buf {
+                        self.buf_put(ctx, b);
+                    }
+                    let token = ctx.token | u64::from(slot);
+                    let work = match ctx.offload {
+                        Some(o) => match o.submit(work, token) {
+                            Ok(()) => {
+                                // Answered in on_auth_computed; the reactor serves other queues meanwhile.
+                                self.auth_computing = Some(slot);
+                                return;
+                            }
+                            Err(work) => work,
+                        },
+                        None => work,
+                    };
+                    let done = work.run();
+                    if let Some(a) = self.auth.as_mut() {
+                        self.reqs[usize::from(slot)].status = a.on_computed(done);
+                    }
+                    return self.auth_answered(slot, ctx);
+                }
+            }
             consumed = buf;
         }
-        let failed = a.is_failed();
         if let Some(b) = consumed {
             self.buf_put(ctx, b);
         }
+        self.auth_answered(slot, ctx);
+    }
+
+    /// The Diffie-Hellman step of the Authentication Send in `slot` is done (on a worker).
+    /// A result for a slot that no longer waits (the queue failed or closed) is dropped.
+    pub fn on_auth_computed(&mut self, slot: u16, done: auth::DhDone, ctx: &mut ConnCtx<'_>) {
+        if self.auth_computing != Some(slot) {
+            return;
+        }
+        self.auth_computing = None;
+        let Some(a) = self.auth.as_mut() else { return };
+        // The host's next step starts now.
+        a.touch(ctx.now_ns);
+        self.reqs[usize::from(slot)].status = a.on_computed(done);
+        self.auth_answered(slot, ctx);
+    }
+
+    /// Answers an authentication command; a failed transaction closes the queue once
+    /// its AUTH_Failure1 is out.
+    fn auth_answered(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let failed = self.auth.as_ref().is_some_and(QueueAuth::is_failed);
         self.respond(slot, ctx);
         if failed {
             self.close("in-band authentication failed");

@@ -2,7 +2,9 @@
 //! host (the in-process loopback): ATR in the Connect response, AUTH_REQUIRED
 //! before the transaction, the transaction itself over in-capsule Authentication
 //! Send and R2T-less Authentication Receive, Failure1 and a closed queue on a
-//! wrong response, and the fuzzer's seeds reaching the same state machine.
+//! wrong response, the Diffie-Hellman steps handed to the connection's driver (answered
+//! when their result comes back, the queue serving its other commands meanwhile), and the
+//! fuzzer's seeds reaching the same state machine.
 
 #![allow(clippy::cast_possible_truncation)] // the shared loopback harness (support/) casts test sizes
 
@@ -17,7 +19,7 @@ use nvme::tcp::Digests;
 use nvme::{Cntlid, Status};
 use qpath_target::auth::HostAuth;
 use qpath_target::registry::TargetState;
-use support::{HOSTNQN, Host, NQN, target};
+use support::{HOSTNQN, HeldOffload, Host, NQN, target};
 
 const KEY: &str = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
 
@@ -118,6 +120,57 @@ fn wrong_response_gets_failure1_and_closes() {
     assert_eq!((f.tid, f.rescode, f.rescode_exp), (1, 1, nvme::auth::failure::FAILED));
     assert!(h.closed(), "the queue is refused");
     assert_eq!(h.conn.close_reason(), Some("in-band authentication failed"));
+}
+
+/// Sends a command without waiting for its completion.
+fn send_only(h: &mut Host, m: &Message) -> nvme::Cid {
+    let b = m.encode();
+    let cid = h.cid();
+    let mut sqe = AuthCmd::dhchap(u32::try_from(b.len()).unwrap()).send_sqe(cid);
+    sqe.set_sgl(nvme::SglDescriptor::in_capsule(u32::try_from(b.len()).unwrap()));
+    h.command(&sqe, &b);
+    cid
+}
+
+#[test]
+fn dh_steps_go_to_the_driver_and_hold_only_their_own_command() {
+    let t = auth_target(DhGroup::Ffdhe2048);
+    let mut h = Host::new(&t, 1);
+    connect_admin(&mut h);
+    // The first transaction with the steps run inline (a driver without workers).
+    assert_eq!(send(&mut h, &Message::Negotiate(Negotiate::offer_all(1))), Status::SUCCESS);
+    let Message::Challenge(c) = receive(&mut h) else { panic!("no challenge") };
+    assert_eq!(send(&mut h, &Message::Reply(reply_to(&c, false).0)), Status::SUCCESS);
+    assert!(matches!(receive(&mut h), Message::Success1(_)));
+
+    // Re-authentication of the live queue through a driver that holds the steps.
+    h.offload = Some(HeldOffload::default());
+    let negotiate = send_only(&mut h, &Message::Negotiate(Negotiate::offer_all(2)));
+    assert_eq!(h.offload.as_ref().unwrap().jobs.borrow().len(), 1, "the key pair is the driver's to make");
+    assert!(h.recv().is_none(), "the Negotiate is not answered before its key pair exists");
+    // Meanwhile the queue serves its other commands.
+    assert_ne!(h.prop_get(prop::CAP, true), 0);
+    assert_eq!(h.finish_offloaded(), 1);
+    assert_eq!(h.completion(negotiate).0.status, Status::SUCCESS);
+    let Message::Challenge(c) = receive(&mut h) else { panic!("no challenge") };
+    assert_eq!((c.tid, c.dhv.len()), (2, DhGroup::Ffdhe2048.value_len()));
+    let reply = send_only(&mut h, &Message::Reply(reply_to(&c, false).0));
+    assert!(h.recv().is_none(), "the Reply is not answered before the shared secret exists");
+    assert_eq!(h.finish_offloaded(), 1);
+    assert_eq!(h.completion(reply).0.status, Status::SUCCESS);
+    assert!(matches!(receive(&mut h), Message::Success1(_)), "the offloaded secret verifies R1");
+    assert!(!h.closed());
+
+    // A Send while a step is computed: the host is out of step. Both commands are
+    // answered, the late result is dropped, and the host reads AUTH_Failure1.
+    let first = send_only(&mut h, &Message::Negotiate(Negotiate::offer_all(3)));
+    let second = send_only(&mut h, &Message::Negotiate(Negotiate::offer_all(3)));
+    assert_eq!(h.completion(second).0.status, Status::SUCCESS);
+    assert_eq!(h.finish_offloaded(), 1);
+    assert_eq!(h.completion(first).0.status, Status::SUCCESS);
+    let Message::Failure1(f) = receive(&mut h) else { panic!("no Failure1") };
+    assert_eq!(f.rescode_exp, nvme::auth::failure::INCORRECT_MESSAGE);
+    assert!(h.closed());
 }
 
 #[test]

@@ -57,7 +57,7 @@ fn pass(q: &mut Host) {
 
 /// [`pass`] with the reactor's clock at `now_ns`.
 fn pass_at(q: &mut Host, now_ns: u64) {
-    let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns };
+    let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns, offload: None };
     q.conn.process_input(&mut ctx);
 }
 
@@ -68,7 +68,7 @@ fn drain_sends(q: &mut Host) -> Vec<usize> {
         lens.push(msg.len());
         q.inbox.extend_from_slice(&msg.to_vec());
         let now = q.target.now_ns();
-        let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns: now };
+        let mut ctx = ConnCtx { pool: &mut q.pool, file_io: &mut q.fio, token: 0, now_ns: now, offload: None };
         q.conn.on_send_done(msg, Ok(()), &mut ctx);
     }
     lens

@@ -25,6 +25,35 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The CPUs the calling thread may run on (`sched_getaffinity`), ascending.
+pub fn current_affinity() -> io::Result<Vec<usize>> {
+    // SAFETY: `cpu_set_t` is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t owned by this frame, written by the kernel for
+    // at most its size; pid 0 means the calling thread.
+    cvt(unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) })?;
+    // SAFETY: every index is below CPU_SETSIZE, inside `set`.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect())
+}
+
+/// Lets the calling thread run on any of `cpus` (`sched_setaffinity`); e.g. a helper
+/// thread started by a pinned thread takes back the process's CPUs this way.
+pub fn set_current_affinity(cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: `cpu_set_t` is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("cpu {cpu} beyond CPU_SETSIZE")));
+        }
+        // SAFETY: `cpu < CPU_SETSIZE` (checked above), so the bit index is inside `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a valid, initialised cpu_set_t owned by this frame for the call;
+    // pid 0 means the calling thread. An empty set is refused by the kernel (EINVAL).
+    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) })?;
+    Ok(())
+}
+
 /// Moves the calling thread into the network namespace at `path` (`setns(2)` with
 /// `CLONE_NEWNET`, e.g. `/run/netns/NAME` as `ip netns add` makes it). Only this thread
 /// moves; threads it spawns afterwards start in the new namespace, and sockets it creates
@@ -261,6 +290,22 @@ mod tests {
         }
         let end = thread_cpu_time().expect("rusage");
         assert!(end.user + end.sys >= start.user + start.sys);
+    }
+
+    #[test]
+    fn affinity_round_trip() {
+        let all = current_affinity().expect("getaffinity");
+        assert!(!all.is_empty() && all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
+        std::thread::spawn(move || {
+            pin_current_thread(all[0]).expect("pin");
+            assert_eq!(current_affinity().expect("getaffinity"), vec![all[0]]);
+            set_current_affinity(&all).expect("widen again");
+            assert_eq!(current_affinity().expect("getaffinity"), all);
+            assert!(set_current_affinity(&[]).is_err(), "an empty set is refused");
+            assert!(set_current_affinity(&[1 << 20]).is_err());
+        })
+        .join()
+        .expect("affinity thread");
     }
 
     #[test]

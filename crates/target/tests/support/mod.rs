@@ -11,8 +11,10 @@ use nvme::tcp::{
     DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, Header, IcReq, PduInfo, Role, crc32c,
 };
 use nvme::{Cid, Cntlid, Cqe, Nsid, QueueId, SglDescriptor, Sqe, Status};
+use qpath_target::auth::DhWork;
 use qpath_target::backend::{Backend, SyncFileIo};
 use qpath_target::namespace::NamespaceSpec;
+use qpath_target::offload::Offload;
 use qpath_target::pool::BufPool;
 use qpath_target::port::PortKind;
 use qpath_target::registry::{TargetOptions, TargetState};
@@ -65,8 +67,24 @@ pub struct Pdu {
     pub data: Vec<u8>,
 }
 
+/// A driver that takes a connection's Diffie-Hellman steps and holds them until the
+/// test runs them ([`Host::finish_offloaded`]), as the reactor's workers would later.
+#[derive(Default)]
+pub struct HeldOffload {
+    pub jobs: std::cell::RefCell<Vec<(DhWork, u64)>>,
+}
+
+impl Offload for HeldOffload {
+    fn submit(&self, work: DhWork, token: u64) -> Result<(), DhWork> {
+        self.jobs.borrow_mut().push((work, token));
+        Ok(())
+    }
+}
+
 pub struct Host {
     pub target: Arc<TargetState>,
+    /// `None`: the connection runs its Diffie-Hellman steps inline.
+    pub offload: Option<HeldOffload>,
     pub conn: Connection,
     pub pool: BufPool,
     pub fio: SyncFileIo,
@@ -82,6 +100,7 @@ impl Host {
         let p = target.port(port).unwrap();
         Host {
             target: Arc::clone(target),
+            offload: None,
             conn: Connection::new(Arc::clone(target), p, None, 0),
             pool: BufPool::new(1 << 20, 64 << 20),
             fio: SyncFileIo::default(),
@@ -95,8 +114,22 @@ impl Host {
 
     fn ctx_run(&mut self, f: impl FnOnce(&mut Connection, &mut ConnCtx<'_>)) {
         let now = self.target.now_ns();
-        let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut self.fio, token: 0, now_ns: now };
+        let offload = self.offload.as_ref().map(|o| o as &dyn Offload);
+        let mut ctx = ConnCtx { pool: &mut self.pool, file_io: &mut self.fio, token: 0, now_ns: now, offload };
         f(&mut self.conn, &mut ctx);
+    }
+
+    /// Runs the Diffie-Hellman steps the held offload took and hands their results to
+    /// the connection (as the reactor does with its workers' replies); how many.
+    pub fn finish_offloaded(&mut self) -> usize {
+        let jobs: Vec<_> = self.offload.as_ref().map(|o| o.jobs.borrow_mut().drain(..).collect()).unwrap_or_default();
+        let n = jobs.len();
+        for (work, token) in jobs {
+            let done = work.run();
+            self.ctx_run(|c, ctx| c.on_auth_computed((token & 0xffff) as u16, done, ctx));
+        }
+        self.pump();
+        n
     }
 
     /// Runs the connection until it has nothing more to do: file completions,
