@@ -42,6 +42,10 @@ pub struct TargetArgs {
     /// to send what is ready (overrides the config; 0 = no deadline).
     #[arg(long = "tx-deadline-us", value_name = "US")]
     tx_deadline_us: Option<u64>,
+    /// Threads for in-band authentication's Diffie-Hellman steps (overrides the config;
+    /// 0 runs them on the reactors, stopping their other queues for each step).
+    #[arg(long = "auth-workers", value_name = "N")]
+    auth_workers: Option<usize>,
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 127.0.0.1:9420.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
@@ -79,6 +83,9 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(v) = a.tx_deadline_us {
         cfg.options.tx_deadline_us = v;
+    }
+    if let Some(v) = a.auth_workers {
+        cfg.options.auth_workers = v;
     }
     for (i, addr) in a.listen.iter().enumerate() {
         match cfg.ports.get_mut(i) {

@@ -7,6 +7,7 @@
 //! rx_budget_pdus = 16            # fairness per connection per reactor turn (0 = no limit)
 //! tx_batch_bytes = 65536
 //! tx_deadline_us = 50
+//! auth_workers = 4               # threads for DH-HMAC-CHAP's DH steps (0 = on the reactor)
 //! max_connections_per_port = 4096     # limits on what peers may hold (defaults shown,
 //! max_connections_per_host = 2048     #   see crate::limits; changeable at run time by
 //! max_connections_per_hostnqn = 2048  #   the set_limits RPC)
@@ -514,6 +515,8 @@ mod tests {
         let d = Config::parse("[options]\n").unwrap().options;
         assert_eq!((d.rx_budget_pdus, d.tx_batch_bytes, d.tx_deadline_us), (16, 64 * 1024, 50));
         assert!(Config::parse("[options]\ntx_deadline_us = -1\n").is_err(), "a negative deadline is refused");
+        assert_eq!(d.auth_workers, crate::offload::MAX_WORKERS);
+        assert_eq!(Config::parse("[options]\nauth_workers = 0\n").unwrap().options.auth_workers, 0);
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! ```
 //!
 //! The workers start on the first job (a target without DH groups never has them), at
-//! most one per CPU the target was started on, up to [`MAX_WORKERS`]; they run on the
+//! most one per CPU the target was started on, up to `auth_workers` ([`MAX_WORKERS`] by
+//! default; 0 keeps the steps on the reactor, the behaviour before); they run on the
 //! CPUs of the thread that made the target (reactors may be pinned; their helpers are
 //! not), and exit when the target is dropped.
 
@@ -26,7 +27,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use crate::auth::{DhDone, DhWork};
 
-/// Most worker threads.
+/// Default most worker threads (`auth_workers`).
 pub const MAX_WORKERS: usize = 4;
 
 /// Where a connection's driver sends DH work (the reactor; tests and the fuzzer drive
@@ -67,10 +68,11 @@ impl std::fmt::Debug for AuthWorkers {
 }
 
 impl AuthWorkers {
-    /// Workers that will run on the calling thread's CPUs; none start yet.
-    pub fn new() -> AuthWorkers {
+    /// At most `max` workers (0: none, [`AuthWorkers::submit`] hands every job back),
+    /// that will run on the calling thread's CPUs; none start yet.
+    pub fn new(max: usize) -> AuthWorkers {
         let cpus = uring::current_affinity().unwrap_or_default();
-        let workers = cpus.len().clamp(1, MAX_WORKERS);
+        let workers = cpus.len().max(1).min(max);
         AuthWorkers {
             tx: Mutex::new(None),
             cpus,
@@ -91,8 +93,11 @@ impl AuthWorkers {
     }
 
     /// Queues `work`; `reply` gets its result on a worker thread. Hands `work` back if
-    /// no worker can be started.
+    /// there are no workers or none can be started.
     pub fn submit(&self, work: DhWork, token: u64, reply: Reply) -> Result<(), DhWork> {
+        if self.workers == 0 {
+            return Err(work);
+        }
         let mut tx = self.tx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if tx.is_none() {
             *tx = self.start();
@@ -143,7 +148,7 @@ impl AuthWorkers {
 
 impl Default for AuthWorkers {
     fn default() -> Self {
-        AuthWorkers::new()
+        AuthWorkers::new(MAX_WORKERS)
     }
 }
 
@@ -154,7 +159,7 @@ mod tests {
 
     #[test]
     fn work_runs_on_a_worker_and_comes_back_with_its_token() {
-        let w = AuthWorkers::new();
+        let w = AuthWorkers::default();
         assert_eq!(w.submitted(), 0);
         let (tx, rx) = mpsc::channel();
         for token in [7u64, 8] {
@@ -175,5 +180,13 @@ mod tests {
         tokens.sort_unstable();
         assert_eq!(tokens, [7, 8]);
         assert_eq!((w.submitted(), w.computed()), (2, 2));
+    }
+
+    #[test]
+    fn zero_workers_hand_the_work_back() {
+        let w = AuthWorkers::new(0);
+        let back = w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 1, Box::new(|_, _| {}));
+        assert!(matches!(back, Err(DhWork::Generate(DhGroup::Ffdhe2048))));
+        assert_eq!(w.submitted(), 0);
     }
 }

@@ -110,6 +110,10 @@ pub struct TargetOptions {
     pub tx_deadline_us: u64,
     /// TCP congestion control of every port's connections (default: the system's).
     pub tcp_congestion: TcpCongestion,
+    /// Threads that run in-band authentication's Diffie-Hellman steps (up to one per CPU;
+    /// see [`crate::offload`]); 0 runs them on the reactor, which stops its other queues
+    /// for each (16 ms per ffdhe8192 step here).
+    pub auth_workers: usize,
 }
 
 impl Default for TargetOptions {
@@ -130,6 +134,7 @@ impl Default for TargetOptions {
             tx_batch_bytes: 64 * 1024,
             tx_deadline_us: 50,
             tcp_congestion: TcpCongestion::System,
+            auth_workers: crate::offload::MAX_WORKERS,
         }
     }
 }
@@ -289,7 +294,7 @@ impl TargetState {
             epoch: Instant::now(),
             queues: Mutex::new(Vec::new()),
             buffers: Mutex::new(Vec::new()),
-            auth_workers: crate::offload::AuthWorkers::new(),
+            auth_workers: crate::offload::AuthWorkers::new(opts.auth_workers),
         }
     }
 
