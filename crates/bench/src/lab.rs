@@ -14,6 +14,7 @@
 //!   disconnect, stop the target
 //! ```
 
+pub mod auth_stall;
 pub mod embedded;
 pub mod fairness;
 pub mod flaps;

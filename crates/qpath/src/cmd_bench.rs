@@ -19,6 +19,10 @@ enum LabCommand {
     /// Issue 6: QD1 4k reads next to a QD64 flood on the same target reactor, without
     /// fairness budgets and with the defaults (QD1 p99 with the flood / alone, goal <= 2x).
     Fairness(bench::lab::fairness::FairnessArgs),
+    /// QD1 4k reads on a target reactor while another host connects with DH-HMAC-CHAP
+    /// over ffdhe8192: the DH steps on the reactor (before) and on the target's workers.
+    #[command(name = "auth-stall")]
+    AuthStall(bench::lab::auth_stall::AuthStallArgs),
     /// Seed 003: WAL writes next to random-read hogs on one host-wide tag set of 170,
     /// without fairness, with each fairness policy, and with per-device tag sets.
     #[command(name = "seed-003")]
@@ -75,6 +79,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
             let errors = bench::lab::fairness::total_errors(&r);
             if errors > 0 {
                 return Err(format!("fairness: {errors} I/O errors").into());
+            }
+        }
+        LabCommand::AuthStall(s) => {
+            let r = bench::lab::auth_stall::lab(s)?;
+            let errors = bench::lab::auth_stall::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("auth-stall: {errors} failed reads or connects").into());
             }
         }
         LabCommand::Seed000(s) => {

@@ -16,11 +16,12 @@
 //!            └─ conn.on_auth_computed(slot, done) ─► response
 //! ```
 //!
-//! The workers start on the first job (a target without DH groups never has them), at
+//! The workers start on the first job (a target without DH groups never has them): at
 //! most one per CPU the target was started on, up to `auth_workers` ([`MAX_WORKERS`] by
-//! default; 0 keeps the steps on the reactor, the behaviour before); they run on the
-//! CPUs of the thread that made the target (reactors may be pinned; their helpers are
-//! not), and exit when the target is dropped.
+//! default; 0 keeps the steps on the reactor, the behaviour before), at nice
+//! [`WORKER_NICE`] (the data path first when cores are scarce), on the CPUs of the thread
+//! that made the target (reactors may be pinned; their helpers are not). They exit when
+//! the target is dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -29,6 +30,14 @@ use crate::auth::{DhDone, DhWork};
 
 /// Default most worker threads (`auth_workers`).
 pub const MAX_WORKERS: usize = 4;
+
+/// The workers' nice value. When every core is busy (busy-polling reactors and hosts)
+/// a worker's 16 ms step must take its CPU from one of them, in scheduler slices of
+/// milliseconds; at nice 10 (a tenth of a normal thread's weight) the data path keeps
+/// most of it and a connect takes longer instead. `qpath lab auth-stall`, block-waiting
+/// host (BENCHMARKS.md): reads over 1 ms 107 at nice 0, 33 at nice 10 (34 with the steps
+/// on the reactor, whose slowest read is 16-24 ms against 5 ms here).
+pub const WORKER_NICE: i32 = 10;
 
 /// Where a connection's driver sends DH work (the reactor; tests and the fuzzer drive
 /// connections without one, and the work runs inline).
@@ -128,6 +137,9 @@ impl AuthWorkers {
                 {
                     tracing::warn!("authentication worker keeps its creator's CPUs: {e}");
                 }
+                if let Err(e) = uring::set_current_thread_nice(WORKER_NICE) {
+                    tracing::warn!("authentication worker keeps its creator's priority: {e}");
+                }
                 loop {
                     // The lock is held only while waiting for the next job.
                     let job = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
@@ -166,13 +178,14 @@ mod tests {
             let tx = tx.clone();
             let reply: Reply = Box::new(move |t, done| {
                 let name = std::thread::current().name().map(str::to_string);
-                let _ = tx.send((t, done, name));
+                let _ = tx.send((t, done, name, thread_nice()));
             });
             assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, reply).is_ok());
         }
         let mut tokens = Vec::new();
         for _ in 0..2 {
-            let (t, done, name) = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
+            let (t, done, name, nice) = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
+            assert_eq!(nice, Some(i64::from(WORKER_NICE)), "the data path first");
             assert!(matches!(done, DhDone::Generated(Ok(Some(ref p))) if p.public().len() == 256), "{done:?}");
             assert!(name.as_deref().is_some_and(|n| n.starts_with("qpath-auth-")), "{name:?}");
             tokens.push(t);
@@ -180,6 +193,12 @@ mod tests {
         tokens.sort_unstable();
         assert_eq!(tokens, [7, 8]);
         assert_eq!((w.submitted(), w.computed()), (2, 2));
+    }
+
+    /// The calling thread's nice value (field 19 of /proc/thread-self/stat).
+    fn thread_nice() -> Option<i64> {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+        stat.rsplit_once(") ")?.1.split_whitespace().nth(16)?.parse().ok()
     }
 
     #[test]

@@ -54,6 +54,14 @@ pub fn set_current_affinity(cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the calling thread's nice value (`setpriority(PRIO_PROCESS, 0, nice)`: on Linux
+/// it applies to the calling thread only). Raising it needs no privilege.
+pub fn set_current_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: plain system call on the calling thread; no memory is passed.
+    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) })?;
+    Ok(())
+}
+
 /// Moves the calling thread into the network namespace at `path` (`setns(2)` with
 /// `CLONE_NEWNET`, e.g. `/run/netns/NAME` as `ip netns add` makes it). Only this thread
 /// moves; threads it spawns afterwards start in the new namespace, and sockets it creates
@@ -306,6 +314,23 @@ mod tests {
         })
         .join()
         .expect("affinity thread");
+    }
+
+    #[test]
+    fn nice_applies_to_the_calling_thread_only() {
+        let nice = || {
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
+            let fields = stat.rsplit_once(") ").expect("comm").1.to_string();
+            fields.split_whitespace().nth(16).expect("nice field").parse::<i32>().expect("number")
+        };
+        let before = nice();
+        std::thread::spawn(move || {
+            set_current_thread_nice(before + 5).expect("setpriority");
+            assert_eq!(nice(), before + 5);
+        })
+        .join()
+        .expect("nice thread");
+        assert_eq!(nice(), before, "the spawning thread keeps its own");
     }
 
     #[test]
