@@ -87,6 +87,9 @@ fn connect_ok(hash: HashId, group: DhGroup, bidi: bool, io: bool) {
     // Both DH steps of each of the 3 queues ran on the target's workers, not its reactor.
     let offloaded = if group == DhGroup::Null { 0 } else { 2 * 3 };
     assert_eq!(server.state.auth_workers.computed(), offloaded, "{group:?}");
+    let metrics = target::metrics::render(&server.state);
+    assert!(metrics.contains(&format!("\nqpath_target_auth_dh_steps_total {offloaded}\n")), "{metrics}");
+    assert!(metrics.contains("\nqpath_target_auth_dh_steps_pending 0\n"), "{metrics}");
     if io {
         let mut ctx = Context::new(ContextOptions::default()).unwrap();
         let dev = ctx.open(&ctrl, Nsid(1)).unwrap();

@@ -17,6 +17,8 @@
 //! | `qpath_target_namespace_ios_total` | subnqn, nsid, dir | completed reads/writes |
 //! | `qpath_target_namespace_bytes_total` | subnqn, nsid, dir | bytes moved |
 //! | `qpath_target_controllers` | subnqn | live controllers |
+//! | `qpath_target_auth_dh_steps_total` | - | DH-HMAC-CHAP Diffie-Hellman steps the authentication workers finished |
+//! | `qpath_target_auth_dh_steps_pending` | - | steps handed to the workers and not finished (queued or running) |
 //! | `qpath_target_reactor_buffer_bytes` | reactor, state (outstanding, cached) | data buffer bytes handed out / kept idle for reuse |
 //! | `qpath_target_reactor_buffer_allocations_total` | reactor | data buffers allocated |
 //! | `qpath_target_reactor_buffer_released_total` | reactor | returned buffers freed because the idle cache was full |
@@ -94,7 +96,9 @@ pub fn stats_json(state: &TargetState) -> Value {
             })
         })
         .collect();
-    json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors})
+    let w = &state.auth_workers;
+    let auth = json!({"dh_steps_submitted": w.submitted(), "dh_steps_computed": w.computed()});
+    json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors, "auth": auth})
 }
 
 fn esc(v: &str) -> String {
@@ -212,6 +216,11 @@ pub fn render(state: &TargetState) -> String {
     for s in state.subsystems() {
         let _ = writeln!(out, "qpath_target_controllers{{subnqn=\"{}\"}} {}", esc(&s.nqn), s.controllers().len());
     }
+    let (submitted, computed) = (state.auth_workers.submitted(), state.auth_workers.computed());
+    help(&mut out, "qpath_target_auth_dh_steps_total", "counter", "DH steps the authentication workers finished.");
+    let _ = writeln!(out, "qpath_target_auth_dh_steps_total {computed}");
+    help(&mut out, "qpath_target_auth_dh_steps_pending", "gauge", "DH steps queued or running on the workers.");
+    let _ = writeln!(out, "qpath_target_auth_dh_steps_pending {}", submitted.saturating_sub(computed));
     out
 }
 
