@@ -3,7 +3,8 @@
 //! the null, ffdhe2048 and ffdhe3072 groups (ffdhe8192 once), and the refusals:
 //! a wrong key, a missing key, a host not on the list, a host that skips the
 //! transaction; discovery needs no authentication. The target's DH steps run on its
-//! authentication workers (two per queue).
+//! authentication workers (two per queue), and a host that hangs up during one leaves
+//! nothing behind.
 
 mod loopback;
 
@@ -241,6 +242,68 @@ fn unauthenticated_queue_gets_auth_required() {
     for d in &done {
         assert_eq!(d.cqe.status, Status::AUTH_REQUIRED, "token {}", d.token);
     }
+    server.shutdown();
+}
+
+/// A host that sends its Negotiate and hangs up while the target's worker makes the
+/// ffdhe8192 key pair: the connection is freed without waiting for it, the late result
+/// is dropped, and the target goes on serving (the next host authenticates).
+#[test]
+fn a_queue_closed_during_its_dh_step_is_freed_and_its_result_dropped() {
+    let k = keys(HashId::Sha512, false);
+    let (server, port) = start(&k, HashId::Sha512, DhGroup::Ffdhe8192);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, NQN, HOST, [1; 16]);
+    cfg.disable_sqflow = false;
+    let mut q = HostQueue::new(cfg);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.state() != QueueState::Authenticating {
+        assert!(Instant::now() < deadline && q.state() != QueueState::Failed, "{:?}", q.error());
+        while let Some(m) = q.take_send() {
+            s.write_all(&m.to_vec()).unwrap();
+            q.on_send_done(m, Ok(()));
+        }
+        let (mut buf, r) = q.take_recv_buf().unwrap();
+        match s.read(&mut buf.as_full_mut()[r]) {
+            Ok(n) => q.on_recv(buf, n),
+            Err(_) => q.on_recv_none(buf),
+        }
+    }
+    // AUTH_Negotiate offering every group, in the capsule; then hang up at once.
+    let negotiate = nvme::auth::Message::Negotiate(nvme::auth::Negotiate::offer_all(1)).encode();
+    let len = u32::try_from(negotiate.len()).unwrap();
+    let mut buf = IoBuf::new(4096);
+    buf.set_len(negotiate.len());
+    buf.copy_from_slice(&negotiate);
+    let sqe = nvme::auth::AuthCmd::dhchap(len).send_sqe(Cid(0));
+    q.authenticated();
+    q.submit(0, Io { sqe, buf: Some(buf), len, dir: DataDir::ToController, token: 1 }).unwrap();
+    while let Some(m) = q.take_send() {
+        s.write_all(&m.to_vec()).unwrap();
+        q.on_send_done(m, Ok(()));
+    }
+    let workers = &server.state.auth_workers;
+    while workers.submitted() == 0 {
+        assert!(Instant::now() < deadline, "the Negotiate never reached the workers");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(s);
+    // The connection goes without waiting for its step (16 ms of work)...
+    while !server.state.queues().is_empty() {
+        assert!(Instant::now() < deadline, "the closed queue is still held: {:?}", server.state.queues().len());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("queue freed with {} of 1 step finished", workers.computed());
+    // ...whose result comes later, to nobody.
+    while workers.computed() < 1 {
+        assert!(Instant::now() < deadline, "the step never finished");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let c = Controller::connect(options(port, HOST, Some(&k.host), None)).unwrap();
+    assert_eq!(c.state(), CtrlState::Live);
+    assert_eq!(workers.computed(), 1 + 2 * 3, "the hung-up step, then admin + 2 I/O queues' two each");
+    c.delete();
     server.shutdown();
 }
 
