@@ -1088,22 +1088,17 @@ impl Connection {
                         self.buf_put(ctx, b);
                     }
                     let token = ctx.token | u64::from(slot);
+                    // Answered in on_auth_computed: later, the reactor serving other queues
+                    // meanwhile, or now when there is no driver to take the work.
+                    self.auth_computing = Some(slot);
                     let work = match ctx.offload {
                         Some(o) => match o.submit(work, token) {
-                            Ok(()) => {
-                                // Answered in on_auth_computed; the reactor serves other queues meanwhile.
-                                self.auth_computing = Some(slot);
-                                return;
-                            }
+                            Ok(()) => return,
                             Err(work) => work,
                         },
                         None => work,
                     };
-                    let done = work.run();
-                    if let Some(a) = self.auth.as_mut() {
-                        self.reqs[usize::from(slot)].status = a.on_computed(done);
-                    }
-                    return self.auth_answered(slot, ctx);
+                    return self.on_auth_computed(slot, work.run(), ctx);
                 }
             }
             consumed = buf;
