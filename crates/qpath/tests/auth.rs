@@ -199,45 +199,66 @@ fn refusals() {
     server.shutdown();
 }
 
+/// A raw admin queue of `HOST` on `port`, pumped by hand.
+struct RawQueue {
+    s: TcpStream,
+    q: HostQueue,
+}
+
+impl RawQueue {
+    /// Connects and runs ICReq and Connect until the target asks for authentication.
+    fn until_authenticating(port: u16, deadline: Instant) -> RawQueue {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, NQN, HOST, [1; 16]);
+        cfg.disable_sqflow = false;
+        let mut r = RawQueue { s, q: HostQueue::new(cfg) };
+        while r.q.state() != QueueState::Authenticating {
+            assert!(Instant::now() < deadline && r.q.state() != QueueState::Failed, "{:?}", r.q.error());
+            r.pump();
+        }
+        r
+    }
+
+    /// Writes what is queued.
+    fn flush(&mut self) {
+        while let Some(m) = self.q.take_send() {
+            self.s.write_all(&m.to_vec()).unwrap();
+            self.q.on_send_done(m, Ok(()));
+        }
+    }
+
+    /// Writes what is queued and reads once (50 ms at most).
+    fn pump(&mut self) {
+        self.flush();
+        let (mut buf, r) = self.q.take_recv_buf().unwrap();
+        match self.s.read(&mut buf.as_full_mut()[r]) {
+            Ok(n) => self.q.on_recv(buf, n),
+            Err(_) => self.q.on_recv_none(buf),
+        }
+    }
+}
+
 /// A host that skips the transaction: every other command gets AUTH_REQUIRED, and a
 /// Receive out of turn gets AUTH_Failure1 and the connection closed.
 #[test]
 fn unauthenticated_queue_gets_auth_required() {
     let k = keys(HashId::Sha256, false);
     let (server, port) = start(&k, HashId::Sha256, DhGroup::Null);
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, NQN, HOST, [1; 16]);
-    cfg.disable_sqflow = false;
-    let mut q = HostQueue::new(cfg);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let pump = |q: &mut HostQueue, s: &mut TcpStream| {
-        while let Some(m) = q.take_send() {
-            s.write_all(&m.to_vec()).unwrap();
-            q.on_send_done(m, Ok(()));
-        }
-        let (mut buf, r) = q.take_recv_buf().unwrap();
-        match s.read(&mut buf.as_full_mut()[r]) {
-            Ok(n) => q.on_recv(buf, n),
-            Err(_) => q.on_recv_none(buf),
-        }
-    };
-    while q.state() != QueueState::Authenticating {
-        assert!(Instant::now() < deadline && q.state() != QueueState::Failed, "{:?}", q.error());
-        pump(&mut q, &mut s);
-    }
+    let mut r = RawQueue::until_authenticating(port, deadline);
     // Pretend it authenticated and try an Identify and a Property Get.
-    q.authenticated();
+    r.q.authenticated();
     let identify = Sqe::identify(Cid(0), nvme::identify::cns::CONTROLLER, Nsid(0), 0, 0);
     let io = Io { sqe: identify, buf: Some(IoBuf::new(4096)), len: 4096, dir: DataDir::FromController, token: 1 };
-    q.submit(0, io).unwrap();
+    r.q.submit(0, io).unwrap();
     let prop = nvme::fabrics::PropertyCmd::get_sqe(Cid(0), nvme::fabrics::prop::CAP, true);
-    q.submit(1, Io { sqe: prop, buf: None, len: 0, dir: DataDir::None, token: 2 }).unwrap();
+    r.q.submit(1, Io { sqe: prop, buf: None, len: 0, dir: DataDir::None, token: 2 }).unwrap();
     let mut done = Vec::new();
     while done.len() < 2 {
         assert!(Instant::now() < deadline, "no completion");
-        pump(&mut q, &mut s);
-        done.append(q.completions());
+        r.pump();
+        done.append(r.q.completions());
     }
     for d in &done {
         assert_eq!(d.cqe.status, Status::AUTH_REQUIRED, "token {}", d.token);
@@ -252,24 +273,8 @@ fn unauthenticated_queue_gets_auth_required() {
 fn a_queue_closed_during_its_dh_step_is_freed_and_its_result_dropped() {
     let k = keys(HashId::Sha512, false);
     let (server, port) = start(&k, HashId::Sha512, DhGroup::Ffdhe8192);
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, NQN, HOST, [1; 16]);
-    cfg.disable_sqflow = false;
-    let mut q = HostQueue::new(cfg);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while q.state() != QueueState::Authenticating {
-        assert!(Instant::now() < deadline && q.state() != QueueState::Failed, "{:?}", q.error());
-        while let Some(m) = q.take_send() {
-            s.write_all(&m.to_vec()).unwrap();
-            q.on_send_done(m, Ok(()));
-        }
-        let (mut buf, r) = q.take_recv_buf().unwrap();
-        match s.read(&mut buf.as_full_mut()[r]) {
-            Ok(n) => q.on_recv(buf, n),
-            Err(_) => q.on_recv_none(buf),
-        }
-    }
+    let mut r = RawQueue::until_authenticating(port, deadline);
     // AUTH_Negotiate offering every group, in the capsule; then hang up at once.
     let negotiate = nvme::auth::Message::Negotiate(nvme::auth::Negotiate::offer_all(1)).encode();
     let len = u32::try_from(negotiate.len()).unwrap();
@@ -277,18 +282,15 @@ fn a_queue_closed_during_its_dh_step_is_freed_and_its_result_dropped() {
     buf.set_len(negotiate.len());
     buf.copy_from_slice(&negotiate);
     let sqe = nvme::auth::AuthCmd::dhchap(len).send_sqe(Cid(0));
-    q.authenticated();
-    q.submit(0, Io { sqe, buf: Some(buf), len, dir: DataDir::ToController, token: 1 }).unwrap();
-    while let Some(m) = q.take_send() {
-        s.write_all(&m.to_vec()).unwrap();
-        q.on_send_done(m, Ok(()));
-    }
+    r.q.authenticated();
+    r.q.submit(0, Io { sqe, buf: Some(buf), len, dir: DataDir::ToController, token: 1 }).unwrap();
+    r.flush();
     let workers = &server.state.auth_workers;
     while workers.submitted() == 0 {
         assert!(Instant::now() < deadline, "the Negotiate never reached the workers");
         std::thread::sleep(Duration::from_millis(1));
     }
-    drop(s);
+    drop(r);
     // The connection goes without waiting for its step (16 ms of work)...
     while !server.state.queues().is_empty() {
         assert!(Instant::now() < deadline, "the closed queue is still held: {:?}", server.state.queues().len());

@@ -31,12 +31,18 @@ fn auth_target(group: DhGroup) -> Arc<TargetState> {
     t
 }
 
-fn send(h: &mut Host, m: &Message) -> Status {
+/// Sends a command with `m` in its capsule, without waiting for its completion.
+fn send_only(h: &mut Host, m: &Message) -> nvme::Cid {
     let b = m.encode();
     let cid = h.cid();
     let mut sqe = AuthCmd::dhchap(u32::try_from(b.len()).unwrap()).send_sqe(cid);
     sqe.set_sgl(nvme::SglDescriptor::in_capsule(u32::try_from(b.len()).unwrap()));
     h.command(&sqe, &b);
+    cid
+}
+
+fn send(h: &mut Host, m: &Message) -> Status {
+    let cid = send_only(h, m);
     h.completion(cid).0.status
 }
 
@@ -120,16 +126,6 @@ fn wrong_response_gets_failure1_and_closes() {
     assert_eq!((f.tid, f.rescode, f.rescode_exp), (1, 1, nvme::auth::failure::FAILED));
     assert!(h.closed(), "the queue is refused");
     assert_eq!(h.conn.close_reason(), Some("in-band authentication failed"));
-}
-
-/// Sends a command without waiting for its completion.
-fn send_only(h: &mut Host, m: &Message) -> nvme::Cid {
-    let b = m.encode();
-    let cid = h.cid();
-    let mut sqe = AuthCmd::dhchap(u32::try_from(b.len()).unwrap()).send_sqe(cid);
-    sqe.set_sgl(nvme::SglDescriptor::in_capsule(u32::try_from(b.len()).unwrap()));
-    h.command(&sqe, &b);
-    cid
 }
 
 #[test]
