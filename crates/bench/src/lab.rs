@@ -183,6 +183,18 @@ pub fn default_cpus(online: usize) -> (Option<usize>, Vec<usize>) {
     if online > 1 { (Some(0), (1..online).collect()) } else { (None, Vec::new()) }
 }
 
+/// The embedded target's default reduced to one loopback port (ephemeral) and one
+/// reactor on `reactor_cpu`, polling as `poll`: the target of the labs that put every
+/// queue they measure on one reactor (fairness, seed-003, auth-stall).
+pub(crate) fn one_reactor_target(reactor_cpu: Option<usize>, poll: PollMode) -> target::config::Config {
+    let mut cfg = target::config::Config::embedded_default();
+    cfg.ports.truncate(1);
+    cfg.ports[0].addr = "127.0.0.1:0".into();
+    cfg.reactor =
+        target::reactor::ReactorOptions { reactors: 1, cpus: reactor_cpu.into_iter().collect(), poll, spin_us: 0 };
+    cfg
+}
+
 /// Jobs without `cpus_allowed` run on `cpus` (clone *i* on the *i*-th, round robin).
 /// Returns how many job threads were placed.
 pub fn place_jobs(file: &mut JobFile, cpus: &[usize]) -> usize {

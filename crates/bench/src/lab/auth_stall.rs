@@ -26,7 +26,7 @@ use nvme::Nsid;
 use nvme::auth::{DhGroup, HashId, Secret};
 use serde_json::{Value, json};
 use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, SubsystemConfig};
-use target::reactor::{PollMode, ReactorOptions};
+use target::reactor::PollMode;
 use uring::{IoBuf, Wait};
 
 use super::result::{Cell, LabOutputArgs, LabResult};
@@ -167,11 +167,7 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 fn target_config(auth_workers: usize, reactor_cpu: Option<usize>, key: &Secret, ctrl_key: &Secret) -> Config {
-    let mut cfg = Config::embedded_default();
-    cfg.ports.truncate(1);
-    cfg.ports[0].addr = "127.0.0.1:0".into();
-    cfg.reactor =
-        ReactorOptions { reactors: 1, cpus: reactor_cpu.into_iter().collect(), poll: PollMode::Busy, spin_us: 0 };
+    let mut cfg = super::one_reactor_target(reactor_cpu, PollMode::Busy);
     cfg.options.auth_workers = auth_workers;
     cfg.subsystems.push(SubsystemConfig {
         allow_any_host: false,

@@ -20,7 +20,7 @@ use host::controller::{ConnectOptions, Controller};
 use nvme::Nsid;
 use serde_json::{Value, json};
 use target::config::Config;
-use target::reactor::{PollMode, ReactorOptions};
+use target::reactor::PollMode;
 use target::registry::TargetOptions;
 use target::stats::QueueStatsSnapshot;
 use uring::{IoBuf, Wait};
@@ -172,13 +172,9 @@ impl CaseResult {
 }
 
 fn target_config(budgets: Budgets, reactor_cpu: Option<usize>) -> Config {
-    let mut cfg = Config::embedded_default();
-    cfg.ports.truncate(1);
-    cfg.ports[0].addr = "127.0.0.1:0".into();
     // Both queues on one reactor, busy-polling: the latency alone is the wire's, so what
     // the flood adds is the reactor's work for the other queue.
-    cfg.reactor =
-        ReactorOptions { reactors: 1, cpus: reactor_cpu.into_iter().collect(), poll: PollMode::Busy, spin_us: 0 };
+    let mut cfg = super::one_reactor_target(reactor_cpu, PollMode::Busy);
     budgets.apply(&mut cfg.options);
     cfg
 }

@@ -37,7 +37,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use target::config::{Config, NamespaceConfig, SizeValue};
 use target::qos::QosSettings;
-use target::reactor::{PollMode, ReactorOptions};
+use target::reactor::PollMode;
 use uring::{IoBuf, Wait};
 
 use super::result::{Cell, Goal, LabOutputArgs, LabResult};
@@ -403,11 +403,7 @@ struct CaseResult {
 }
 
 fn target_config(latency_us: u64, reactor_cpu: Option<usize>) -> Config {
-    let mut cfg = Config::embedded_default();
-    cfg.ports.truncate(1);
-    cfg.ports[0].addr = "127.0.0.1:0".into();
-    cfg.reactor =
-        ReactorOptions { reactors: 1, cpus: reactor_cpu.into_iter().collect(), poll: PollMode::Block, spin_us: 0 };
+    let mut cfg = super::one_reactor_target(reactor_cpu, PollMode::Block);
     let sub = &mut cfg.subsystems[0];
     sub.nqn = NQN.into();
     let template = sub.namespaces[0].clone();
