@@ -14,6 +14,7 @@
 //!   disconnect, stop the target
 //! ```
 
+pub mod auth_flood;
 pub mod auth_stall;
 pub mod embedded;
 pub mod fairness;
@@ -185,7 +186,7 @@ pub fn default_cpus(online: usize) -> (Option<usize>, Vec<usize>) {
 
 /// The embedded target's default reduced to one loopback port (ephemeral) and one
 /// reactor on `reactor_cpu`, polling as `poll`: the target of the labs that put every
-/// queue they measure on one reactor (fairness, seed-003, auth-stall).
+/// queue they measure on one reactor (fairness, seed-003, auth-stall, auth-flood).
 pub(crate) fn one_reactor_target(reactor_cpu: Option<usize>, poll: PollMode) -> target::config::Config {
     let mut cfg = target::config::Config::embedded_default();
     cfg.ports.truncate(1);

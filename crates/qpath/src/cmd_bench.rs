@@ -23,6 +23,10 @@ enum LabCommand {
     /// over ffdhe8192: the DH steps on the reactor (before) and on the target's workers.
     #[command(name = "auth-stall")]
     AuthStall(bench::lab::auth_stall::AuthStallArgs),
+    /// A host's DH-HMAC-CHAP connects (ffdhe8192) while another host floods the
+    /// target's DH workers with Negotiates it hangs up on.
+    #[command(name = "auth-flood")]
+    AuthFlood(bench::lab::auth_flood::AuthFloodArgs),
     /// Seed 003: WAL writes next to random-read hogs on one host-wide tag set of 170,
     /// without fairness, with each fairness policy, and with per-device tag sets.
     #[command(name = "seed-003")]
@@ -86,6 +90,13 @@ pub fn lab(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
             let errors = bench::lab::auth_stall::total_errors(&r);
             if errors > 0 {
                 return Err(format!("auth-stall: {errors} failed reads or connects").into());
+            }
+        }
+        LabCommand::AuthFlood(s) => {
+            let r = bench::lab::auth_flood::lab(s)?;
+            let errors = bench::lab::auth_flood::total_errors(&r);
+            if errors > 0 {
+                return Err(format!("auth-flood: {errors} failed connects").into());
             }
         }
         LabCommand::Seed000(s) => {
