@@ -91,6 +91,7 @@ fn connect_ok(hash: HashId, group: DhGroup, bidi: bool, io: bool) {
     let metrics = target::metrics::render(&server.state);
     assert!(metrics.contains(&format!("\nqpath_target_auth_dh_steps_total {offloaded}\n")), "{metrics}");
     assert!(metrics.contains("\nqpath_target_auth_dh_steps_pending 0\n"), "{metrics}");
+    assert!(metrics.contains("\nqpath_target_auth_dh_hosts_waiting 0\n"), "{metrics}");
     if io {
         let mut ctx = Context::new(ContextOptions::default()).unwrap();
         let dev = ctx.open(&ctrl, Nsid(1)).unwrap();

@@ -276,6 +276,11 @@ impl QueueAuth {
         self.computing.is_some()
     }
 
+    /// The host NQN the queue's Connect named.
+    pub fn hostnqn(&self) -> &str {
+        &self.hostnqn
+    }
+
     /// A transaction message arrived at `now_ns`: the step timer restarts.
     pub fn touch(&mut self, now_ns: u64) {
         self.step_ns = now_ns;

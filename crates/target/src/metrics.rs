@@ -19,6 +19,7 @@
 //! | `qpath_target_controllers` | subnqn | live controllers |
 //! | `qpath_target_auth_dh_steps_total` | - | DH-HMAC-CHAP Diffie-Hellman steps the authentication workers finished |
 //! | `qpath_target_auth_dh_steps_pending` | - | steps handed to the workers and not finished (queued or running) |
+//! | `qpath_target_auth_dh_hosts_waiting` | - | host NQNs with steps queued (the workers take one step per host in turn) |
 //! | `qpath_target_reactor_buffer_bytes` | reactor, state (outstanding, cached) | data buffer bytes handed out / kept idle for reuse |
 //! | `qpath_target_reactor_buffer_allocations_total` | reactor | data buffers allocated |
 //! | `qpath_target_reactor_buffer_released_total` | reactor | returned buffers freed because the idle cache was full |
@@ -97,7 +98,11 @@ pub fn stats_json(state: &TargetState) -> Value {
         })
         .collect();
     let w = &state.auth_workers;
-    let auth = json!({"dh_steps_submitted": w.submitted(), "dh_steps_computed": w.computed()});
+    let auth = json!({
+        "dh_steps_submitted": w.submitted(),
+        "dh_steps_computed": w.computed(),
+        "dh_hosts_waiting": w.hosts_waiting(),
+    });
     json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors, "auth": auth})
 }
 
@@ -221,6 +226,8 @@ pub fn render(state: &TargetState) -> String {
     let _ = writeln!(out, "qpath_target_auth_dh_steps_total {computed}");
     help(&mut out, "qpath_target_auth_dh_steps_pending", "gauge", "DH steps queued or running on the workers.");
     let _ = writeln!(out, "qpath_target_auth_dh_steps_pending {}", submitted.saturating_sub(computed));
+    help(&mut out, "qpath_target_auth_dh_hosts_waiting", "gauge", "Host NQNs with DH steps queued for the workers.");
+    let _ = writeln!(out, "qpath_target_auth_dh_hosts_waiting {}", state.auth_workers.hosts_waiting());
     out
 }
 

@@ -11,7 +11,7 @@
 //! is nothing next to the work.
 //!
 //! ```text
-//!   reactor: exec_auth ─ Offload::submit(work, token) ─► channel ─► qpath-auth-N: work.run()
+//!   reactor: exec_auth ─ Offload::submit(work, token, host) ─► turns by host ─► qpath-auth-N: work.run()
 //!   reactor: mailbox ◄──────────────── reply(token, done) ─────────────┘
 //!            └─ conn.on_auth_computed(slot, done) ─► response
 //! ```
@@ -21,10 +21,13 @@
 //! default; 0 keeps the steps on the reactor, the behaviour before), at nice
 //! [`WORKER_NICE`] (the data path first when cores are scarce), on the CPUs of the thread
 //! that made the target (reactors may be pinned; their helpers are not). They exit when
-//! the target is dropped.
+//! the target is dropped. Queued steps are taken one host NQN at a time in turn, so a
+//! host with hundreds of queues authenticating at once delays another host's connect by
+//! at most one step of its own (see `Turns`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::auth::{DhDone, DhWork};
 
@@ -42,9 +45,9 @@ pub const WORKER_NICE: i32 = 10;
 /// Where a connection's driver sends DH work (the reactor; tests and the fuzzer drive
 /// connections without one, and the work runs inline).
 pub trait Offload {
-    /// Starts `work` for the request behind `token`; hands `work` back if it cannot
-    /// (the caller runs it inline then).
-    fn submit(&self, work: DhWork, token: u64) -> Result<(), DhWork>;
+    /// Starts `work` for the request behind `token`, a step of host NQN `host`'s
+    /// transaction; hands `work` back if it cannot (the caller runs it inline then).
+    fn submit(&self, work: DhWork, token: u64, host: &str) -> Result<(), DhWork>;
 }
 
 /// Hands a finished job back to whoever submitted it.
@@ -56,14 +59,125 @@ struct Job {
     reply: Reply,
 }
 
+/// Queued jobs, taken one host at a time in turn.
+///
+/// Each queue has at most one step waiting, so the queue is as long as the queues
+/// authenticating at once; one host can make that hundreds (many controllers
+/// reconnecting together after a path flap, or a host restarting Negotiate on many
+/// connections, which costs it nothing and the target a step each). Taken in arrival
+/// order, every other host's connect would wait behind all of them (256 ffdhe8192 steps
+/// are 4 s of both cores here). Taken by host in turn, another host waits for at most one
+/// step of each host with work queued; the host NQN is the one the queue's Connect named
+/// (the secret that proves it is checked in this very transaction, so a host claiming
+/// another's NQN shares that one's turn, as with any per-host limit before the proof).
+struct Turns<T> {
+    /// Queued jobs by host NQN; a host with none has no entry.
+    by_host: HashMap<Box<str>, VecDeque<T>>,
+    /// The hosts with queued jobs, the next one to serve first.
+    order: VecDeque<Box<str>>,
+}
+
+impl<T> Default for Turns<T> {
+    fn default() -> Self {
+        Turns { by_host: HashMap::new(), order: VecDeque::new() }
+    }
+}
+
+impl<T> Turns<T> {
+    /// Queues `job` behind `host`'s others; a host with nothing queued takes the last turn.
+    fn push(&mut self, host: &str, job: T) {
+        if let Some(q) = self.by_host.get_mut(host) {
+            q.push_back(job);
+            return;
+        }
+        self.by_host.insert(host.into(), VecDeque::from([job]));
+        self.order.push_back(host.into());
+    }
+
+    /// The oldest job of the host whose turn it is; the host goes to the back of the turns
+    /// while it has more.
+    fn pop(&mut self) -> Option<T> {
+        while let Some(host) = self.order.pop_front() {
+            let Some(q) = self.by_host.get_mut(&host) else { continue };
+            let job = q.pop_front();
+            if q.is_empty() {
+                self.by_host.remove(&host);
+            } else {
+                self.order.push_back(host);
+            }
+            if job.is_some() {
+                return job;
+            }
+        }
+        None
+    }
+
+    fn hosts(&self) -> usize {
+        self.by_host.len()
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    turns: Turns<Job>,
+    /// Set when the target is dropped: the workers exit.
+    stop: bool,
+}
+
+/// What the workers and the target share.
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    /// Workers running; 0 before the first job (and if every one has died).
+    alive: AtomicUsize,
+    computed: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A worker: takes jobs in turn until the target is dropped.
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut q = self.lock();
+                loop {
+                    if q.stop {
+                        return;
+                    }
+                    if let Some(job) = q.turns.pop() {
+                        break job;
+                    }
+                    q = self.ready.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            let done = job.work.run();
+            self.computed.fetch_add(1, Ordering::Relaxed);
+            (job.reply)(job.token, done);
+        }
+    }
+}
+
+/// Counts a worker out however it ends (a panicking step included), so the next job
+/// starts new ones instead of waiting for none.
+struct Alive<'a>(&'a AtomicUsize);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The target's DH workers.
 pub struct AuthWorkers {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    shared: Arc<Shared>,
     /// The CPUs the workers may run on: the creating thread's.
     cpus: Vec<usize>,
     workers: usize,
     submitted: AtomicU64,
-    computed: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for AuthWorkers {
@@ -82,13 +196,7 @@ impl AuthWorkers {
     pub fn new(max: usize) -> AuthWorkers {
         let cpus = uring::current_affinity().unwrap_or_default();
         let workers = cpus.len().max(1).min(max);
-        AuthWorkers {
-            tx: Mutex::new(None),
-            cpus,
-            workers,
-            submitted: AtomicU64::new(0),
-            computed: Arc::new(AtomicU64::new(0)),
-        }
+        AuthWorkers { shared: Arc::default(), cpus, workers, submitted: AtomicU64::new(0) }
     }
 
     /// Jobs handed to the workers so far.
@@ -98,40 +206,40 @@ impl AuthWorkers {
 
     /// Jobs the workers finished so far.
     pub fn computed(&self) -> u64 {
-        self.computed.load(Ordering::Relaxed)
+        self.shared.computed.load(Ordering::Relaxed)
     }
 
-    /// Queues `work`; `reply` gets its result on a worker thread. Hands `work` back if
-    /// there are no workers or none can be started.
-    pub fn submit(&self, work: DhWork, token: u64, reply: Reply) -> Result<(), DhWork> {
+    /// Hosts with jobs queued (not counting the ones running).
+    pub fn hosts_waiting(&self) -> usize {
+        self.shared.lock().turns.hosts()
+    }
+
+    /// Queues `work`, a step of host NQN `host`'s transaction, behind the steps of the
+    /// hosts whose turn comes first; `reply` gets its result on a worker thread. Hands
+    /// `work` back if there are no workers or none can be started.
+    pub fn submit(&self, work: DhWork, token: u64, host: &str, reply: Reply) -> Result<(), DhWork> {
         if self.workers == 0 {
             return Err(work);
         }
-        let mut tx = self.tx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if tx.is_none() {
-            *tx = self.start();
+        let mut q = self.shared.lock();
+        if self.shared.alive.load(Ordering::Acquire) == 0 && self.start() == 0 {
+            return Err(work);
         }
-        let Some(sender) = tx.as_ref() else { return Err(work) };
-        match sender.send(Job { work, token, reply }) {
-            Ok(()) => {
-                self.submitted.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(mpsc::SendError(job)) => {
-                // Every worker is gone (only if they panicked): start afresh next time.
-                *tx = None;
-                Err(job.work)
-            }
-        }
+        q.turns.push(host, Job { work, token, reply });
+        drop(q);
+        self.shared.ready.notify_one();
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
-    fn start(&self) -> Option<mpsc::Sender<Job>> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+    /// Starts the workers (the queue's lock held, so only once); returns how many started.
+    fn start(&self) -> usize {
         let mut started = 0;
         for i in 0..self.workers {
-            let (rx, cpus, computed) = (Arc::clone(&rx), self.cpus.clone(), Arc::clone(&self.computed));
+            let (shared, cpus) = (Arc::clone(&self.shared), self.cpus.clone());
+            shared.alive.fetch_add(1, Ordering::AcqRel);
             let spawned = std::thread::Builder::new().name(format!("qpath-auth-{i}")).spawn(move || {
+                let _alive = Alive(&shared.alive);
                 if !cpus.is_empty()
                     && let Err(e) = uring::set_current_affinity(&cpus)
                 {
@@ -140,21 +248,24 @@ impl AuthWorkers {
                 if let Err(e) = uring::set_current_thread_nice(WORKER_NICE) {
                     tracing::warn!("authentication worker keeps its creator's priority: {e}");
                 }
-                loop {
-                    // The lock is held only while waiting for the next job.
-                    let job = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
-                    let Ok(job) = job else { return };
-                    let done = job.work.run();
-                    computed.fetch_add(1, Ordering::Relaxed);
-                    (job.reply)(job.token, done);
-                }
+                shared.work();
             });
             match spawned {
                 Ok(_) => started += 1,
-                Err(e) => tracing::warn!("cannot start authentication worker {i}: {e}"),
+                Err(e) => {
+                    self.shared.alive.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!("cannot start authentication worker {i}: {e}");
+                }
             }
         }
-        (started > 0).then_some(tx)
+        started
+    }
+}
+
+impl Drop for AuthWorkers {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.ready.notify_all();
     }
 }
 
@@ -168,6 +279,7 @@ impl Default for AuthWorkers {
 mod tests {
     use super::*;
     use nvme::auth::DhGroup;
+    use std::sync::mpsc;
 
     #[test]
     fn work_runs_on_a_worker_and_comes_back_with_its_token() {
@@ -180,7 +292,7 @@ mod tests {
                 let name = std::thread::current().name().map(str::to_string);
                 let _ = tx.send((t, done, name, thread_nice()));
             });
-            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, reply).is_ok());
+            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, "nqn.host", reply).is_ok());
         }
         let mut tokens = Vec::new();
         for _ in 0..2 {
@@ -204,8 +316,68 @@ mod tests {
     #[test]
     fn zero_workers_hand_the_work_back() {
         let w = AuthWorkers::new(0);
-        let back = w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 1, Box::new(|_, _| {}));
+        let back = w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 1, "nqn.host", Box::new(|_, _| {}));
         assert!(matches!(back, Err(DhWork::Generate(DhGroup::Ffdhe2048))));
         assert_eq!(w.submitted(), 0);
+    }
+
+    #[test]
+    fn turns_take_one_job_per_host_in_turn() {
+        let mut t = Turns::default();
+        assert_eq!(t.pop(), None::<u32>);
+        for j in 0..4 {
+            t.push("a", 10 + j);
+        }
+        t.push("b", 20);
+        t.push("b", 21);
+        assert_eq!(t.pop(), Some(10));
+        // A host that arrives now takes the last turn, after the hosts already waiting.
+        t.push("c", 30);
+        assert_eq!(t.hosts(), 3);
+        let rest: Vec<u32> = std::iter::from_fn(|| t.pop()).collect();
+        assert_eq!(rest, [20, 11, 30, 21, 12, 13]);
+        assert_eq!(t.hosts(), 0);
+        assert!(t.order.is_empty(), "no host keeps a turn without jobs");
+        // Once served out, a host starts afresh.
+        t.push("a", 14);
+        assert_eq!((t.pop(), t.pop()), (Some(14), None));
+    }
+
+    /// One host with many steps queued (many queues authenticating at once) makes
+    /// another host's step wait for one of its steps, not all of them.
+    #[test]
+    fn a_host_with_many_steps_waiting_delays_another_by_one() {
+        let w = AuthWorkers::new(1);
+        let (done_tx, done_rx) = mpsc::channel::<u64>();
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let submit = |host: &str, token: u64, gate: Option<mpsc::Receiver<()>>| {
+            let tx = done_tx.clone();
+            let reply: Reply = Box::new(move |t, _| {
+                // The gate's reply holds the only worker until every job below is queued.
+                if let Some(g) = gate {
+                    let _ = tx.send(t);
+                    let _ = g.recv_timeout(std::time::Duration::from_secs(30));
+                    return;
+                }
+                let _ = tx.send(t);
+            });
+            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, host, reply).is_ok());
+        };
+        let first = |rx: &mpsc::Receiver<u64>| rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
+        submit("nqn.gate", 0, Some(gate_rx));
+        assert_eq!(first(&done_rx), 0, "the worker holds the gate");
+        for token in 1..=6 {
+            submit("nqn.busy", token, None);
+        }
+        submit("nqn.other", 100, None);
+        submit("nqn.third", 200, None);
+        submit("nqn.other", 101, None);
+        assert_eq!(w.hosts_waiting(), 3, "busy, other and third wait");
+        gate_tx.send(()).unwrap();
+        let order: Vec<u64> = (0..9).map(|_| first(&done_rx)).collect();
+        // In arrival order the other two hosts would come after all of busy's steps.
+        assert_eq!(order, [1, 100, 200, 2, 101, 3, 4, 5, 6]);
+        assert_eq!((w.submitted(), w.computed()), (10, 10));
+        assert_eq!(w.hosts_waiting(), 0);
     }
 }

@@ -1092,7 +1092,7 @@ impl Connection {
                     // meanwhile, or now when there is no driver to take the work.
                     self.auth_computing = Some(slot);
                     let work = match ctx.offload {
-                        Some(o) => match o.submit(work, token) {
+                        Some(o) => match o.submit(work, token, self.auth.as_ref().map_or("", QueueAuth::hostnqn)) {
                             Ok(()) => return,
                             Err(work) => work,
                         },

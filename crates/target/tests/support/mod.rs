@@ -75,7 +75,7 @@ pub struct HeldOffload {
 }
 
 impl Offload for HeldOffload {
-    fn submit(&self, work: DhWork, token: u64) -> Result<(), DhWork> {
+    fn submit(&self, work: DhWork, token: u64, _host: &str) -> Result<(), DhWork> {
         self.jobs.borrow_mut().push((work, token));
         Ok(())
     }
