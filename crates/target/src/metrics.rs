@@ -18,7 +18,8 @@
 //! | `qpath_target_namespace_bytes_total` | subnqn, nsid, dir | bytes moved |
 //! | `qpath_target_controllers` | subnqn | live controllers |
 //! | `qpath_target_auth_dh_steps_total` | - | DH-HMAC-CHAP Diffie-Hellman steps the authentication workers finished |
-//! | `qpath_target_auth_dh_steps_pending` | - | steps handed to the workers and not finished (queued or running) |
+//! | `qpath_target_auth_dh_steps_abandoned_total` | - | steps skipped because their connection closed before a worker took them |
+//! | `qpath_target_auth_dh_steps_pending` | - | steps handed to the workers, neither finished nor abandoned (queued or running) |
 //! | `qpath_target_auth_dh_hosts_waiting` | - | host NQNs with steps queued (the workers take one step per host in turn) |
 //! | `qpath_target_reactor_buffer_bytes` | reactor, state (outstanding, cached) | data buffer bytes handed out / kept idle for reuse |
 //! | `qpath_target_reactor_buffer_allocations_total` | reactor | data buffers allocated |
@@ -101,6 +102,7 @@ pub fn stats_json(state: &TargetState) -> Value {
     let auth = json!({
         "dh_steps_submitted": w.submitted(),
         "dh_steps_computed": w.computed(),
+        "dh_steps_abandoned": w.abandoned(),
         "dh_hosts_waiting": w.hosts_waiting(),
     });
     json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors, "auth": auth})
@@ -221,13 +223,20 @@ pub fn render(state: &TargetState) -> String {
     for s in state.subsystems() {
         let _ = writeln!(out, "qpath_target_controllers{{subnqn=\"{}\"}} {}", esc(&s.nqn), s.controllers().len());
     }
-    let (submitted, computed) = (state.auth_workers.submitted(), state.auth_workers.computed());
+    let w = &state.auth_workers;
     help(&mut out, "qpath_target_auth_dh_steps_total", "counter", "DH steps the authentication workers finished.");
-    let _ = writeln!(out, "qpath_target_auth_dh_steps_total {computed}");
+    let _ = writeln!(out, "qpath_target_auth_dh_steps_total {}", w.computed());
+    help(
+        &mut out,
+        "qpath_target_auth_dh_steps_abandoned_total",
+        "counter",
+        "DH steps skipped because their connection closed first.",
+    );
+    let _ = writeln!(out, "qpath_target_auth_dh_steps_abandoned_total {}", w.abandoned());
     help(&mut out, "qpath_target_auth_dh_steps_pending", "gauge", "DH steps queued or running on the workers.");
-    let _ = writeln!(out, "qpath_target_auth_dh_steps_pending {}", submitted.saturating_sub(computed));
+    let _ = writeln!(out, "qpath_target_auth_dh_steps_pending {}", w.pending());
     help(&mut out, "qpath_target_auth_dh_hosts_waiting", "gauge", "Host NQNs with DH steps queued for the workers.");
-    let _ = writeln!(out, "qpath_target_auth_dh_hosts_waiting {}", state.auth_workers.hosts_waiting());
+    let _ = writeln!(out, "qpath_target_auth_dh_hosts_waiting {}", w.hosts_waiting());
     out
 }
 

@@ -26,7 +26,7 @@
 //! at most one step of its own (see `Turns`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::auth::{DhDone, DhWork};
@@ -46,8 +46,28 @@ pub const WORKER_NICE: i32 = 10;
 /// connections without one, and the work runs inline).
 pub trait Offload {
     /// Starts `work` for the request behind `token`, a step of host NQN `host`'s
-    /// transaction; hands `work` back if it cannot (the caller runs it inline then).
-    fn submit(&self, work: DhWork, token: u64, host: &str) -> Result<(), DhWork>;
+    /// transaction that `waiter` may abandon; hands `work` back if it cannot (the caller
+    /// runs it inline then).
+    fn submit(&self, work: DhWork, token: u64, host: &str, waiter: &Waiter) -> Result<(), DhWork>;
+}
+
+/// Whether a connection still waits for its steps. One that closes abandons them, and
+/// a step not started by then is skipped: a host that sends a Negotiate and hangs up
+/// costs the workers nothing once it has gone (without this, `qpath lab auth-flood`'s
+/// flood left the workers minutes of steps for connections long closed).
+#[derive(Debug, Clone, Default)]
+pub struct Waiter(Arc<AtomicBool>);
+
+impl Waiter {
+    /// Nobody waits any more.
+    pub fn abandon(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Waiter::abandon`] was called.
+    pub fn abandoned(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 /// Hands a finished job back to whoever submitted it.
@@ -56,6 +76,7 @@ pub type Reply = Box<dyn FnOnce(u64, DhDone) + Send>;
 struct Job {
     work: DhWork,
     token: u64,
+    waiter: Waiter,
     reply: Reply,
 }
 
@@ -132,6 +153,7 @@ struct Shared {
     /// Workers running; 0 before the first job (and if every one has died).
     alive: AtomicUsize,
     computed: AtomicU64,
+    abandoned: AtomicU64,
 }
 
 impl Shared {
@@ -154,6 +176,11 @@ impl Shared {
                     q = self.ready.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
             };
+            if job.waiter.abandoned() {
+                // The connection closed while the step waited: nobody reads the result.
+                self.abandoned.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let done = job.work.run();
             self.computed.fetch_add(1, Ordering::Relaxed);
             (job.reply)(job.token, done);
@@ -186,6 +213,7 @@ impl std::fmt::Debug for AuthWorkers {
             .field("workers", &self.workers)
             .field("submitted", &self.submitted())
             .field("computed", &self.computed())
+            .field("abandoned", &self.abandoned())
             .finish_non_exhaustive()
     }
 }
@@ -209,15 +237,26 @@ impl AuthWorkers {
         self.shared.computed.load(Ordering::Relaxed)
     }
 
+    /// Jobs skipped because their connection had closed before a worker took them.
+    pub fn abandoned(&self) -> u64 {
+        self.shared.abandoned.load(Ordering::Relaxed)
+    }
+
+    /// Jobs queued or running: submitted, neither computed nor abandoned yet.
+    pub fn pending(&self) -> u64 {
+        self.submitted().saturating_sub(self.computed() + self.abandoned())
+    }
+
     /// Hosts with jobs queued (not counting the ones running).
     pub fn hosts_waiting(&self) -> usize {
         self.shared.lock().turns.hosts()
     }
 
     /// Queues `work`, a step of host NQN `host`'s transaction, behind the steps of the
-    /// hosts whose turn comes first; `reply` gets its result on a worker thread. Hands
-    /// `work` back if there are no workers or none can be started.
-    pub fn submit(&self, work: DhWork, token: u64, host: &str, reply: Reply) -> Result<(), DhWork> {
+    /// hosts whose turn comes first; `reply` gets its result on a worker thread, unless
+    /// `waiter` is abandoned before a worker takes it (then it is dropped). Hands `work`
+    /// back if there are no workers or none can be started.
+    pub fn submit(&self, work: DhWork, token: u64, host: &str, waiter: Waiter, reply: Reply) -> Result<(), DhWork> {
         if self.workers == 0 {
             return Err(work);
         }
@@ -225,7 +264,7 @@ impl AuthWorkers {
         if self.shared.alive.load(Ordering::Acquire) == 0 && self.start() == 0 {
             return Err(work);
         }
-        q.turns.push(host, Job { work, token, reply });
+        q.turns.push(host, Job { work, token, waiter, reply });
         drop(q);
         self.shared.ready.notify_one();
         self.submitted.fetch_add(1, Ordering::Relaxed);
@@ -292,7 +331,9 @@ mod tests {
                 let name = std::thread::current().name().map(str::to_string);
                 let _ = tx.send((t, done, name, thread_nice()));
             });
-            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, "nqn.host", reply).is_ok());
+            assert!(
+                w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, "nqn.host", Waiter::default(), reply).is_ok()
+            );
         }
         let mut tokens = Vec::new();
         for _ in 0..2 {
@@ -316,7 +357,8 @@ mod tests {
     #[test]
     fn zero_workers_hand_the_work_back() {
         let w = AuthWorkers::new(0);
-        let back = w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 1, "nqn.host", Box::new(|_, _| {}));
+        let back =
+            w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 1, "nqn.host", Waiter::default(), Box::new(|_, _| {}));
         assert!(matches!(back, Err(DhWork::Generate(DhGroup::Ffdhe2048))));
         assert_eq!(w.submitted(), 0);
     }
@@ -361,7 +403,7 @@ mod tests {
                 }
                 let _ = tx.send(t);
             });
-            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, host, reply).is_ok());
+            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, host, Waiter::default(), reply).is_ok());
         };
         let first = |rx: &mpsc::Receiver<u64>| rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
         submit("nqn.gate", 0, Some(gate_rx));
@@ -379,5 +421,45 @@ mod tests {
         assert_eq!(order, [1, 100, 200, 2, 101, 3, 4, 5, 6]);
         assert_eq!((w.submitted(), w.computed()), (10, 10));
         assert_eq!(w.hosts_waiting(), 0);
+    }
+
+    /// Steps whose connection closed while they were queued are skipped, their replies
+    /// dropped; a step already running finishes.
+    #[test]
+    fn abandoned_steps_are_skipped() {
+        let w = AuthWorkers::new(1);
+        let (done_tx, done_rx) = mpsc::channel::<u64>();
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let gate_waiter = Waiter::default();
+        let tx = done_tx.clone();
+        let reply: Reply = Box::new(move |t, _| {
+            let _ = tx.send(t);
+            let _ = gate_rx.recv_timeout(std::time::Duration::from_secs(30));
+        });
+        assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 0, "h", gate_waiter.clone(), reply).is_ok());
+        let next = || done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
+        assert_eq!(next(), 0, "the worker holds the gate");
+        let waiters: Vec<Waiter> = (1..=4).map(|_| Waiter::default()).collect();
+        for (token, waiter) in (1u64..).zip(&waiters) {
+            let tx = done_tx.clone();
+            let reply: Reply = Box::new(move |t, _| {
+                let _ = tx.send(t);
+            });
+            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, "h", waiter.clone(), reply).is_ok());
+        }
+        // Abandoning the running step changes nothing; steps 1 and 3 are skipped.
+        gate_waiter.abandon();
+        waiters[0].abandon();
+        waiters[2].abandon();
+        assert_eq!(w.pending(), 4, "the gate's step is computed, its reply holds the worker");
+        gate_tx.send(()).unwrap();
+        assert_eq!((next(), next()), (2, 4));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while w.pending() > 0 {
+            assert!(std::time::Instant::now() < deadline, "{w:?}");
+            std::thread::yield_now();
+        }
+        assert_eq!((w.submitted(), w.computed(), w.abandoned()), (5, 3, 2));
+        assert!(done_rx.try_recv().is_err(), "no reply for an abandoned step");
     }
 }

@@ -219,12 +219,19 @@ struct ReactorOffload<'a> {
 }
 
 impl crate::offload::Offload for ReactorOffload<'_> {
-    fn submit(&self, work: crate::auth::DhWork, token: u64, host: &str) -> Result<(), crate::auth::DhWork> {
+    fn submit(
+        &self,
+        work: crate::auth::DhWork,
+        token: u64,
+        host: &str,
+        waiter: &crate::offload::Waiter,
+    ) -> Result<(), crate::auth::DhWork> {
         let reply = self.reply.clone();
         self.workers.submit(
             work,
             token,
             host,
+            waiter.clone(),
             Box::new(move |token, done| {
                 // A reactor that has stopped takes no more messages; its connections are gone.
                 let _ = reply.send(ReactorMsg::AuthComputed(token, Box::new(done)));

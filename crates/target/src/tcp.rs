@@ -260,6 +260,8 @@ pub struct Connection {
     auth: Option<QueueAuth>,
     /// The Authentication Send waiting for its Diffie-Hellman step (see [`crate::offload`]).
     auth_computing: Option<u16>,
+    /// Abandoned when the connection closes, so the workers skip a step still queued.
+    auth_waiter: Option<crate::offload::Waiter>,
     sqflow_disabled: bool,
     entries: u16,
     sqhd: u16,
@@ -337,6 +339,7 @@ impl Connection {
             r2t_since_ns: now,
             auth: None,
             auth_computing: None,
+            auth_waiter: None,
             sqflow_disabled: false,
             entries: 0,
             sqhd: 0,
@@ -406,6 +409,9 @@ impl Connection {
             return;
         }
         tracing::debug!(port = self.port.id, peer = ?self.peer, qid = ?self.qid(), "closing: {why}");
+        if let Some(w) = &self.auth_waiter {
+            w.abandon();
+        }
         self.close_reason = Some(why.to_string());
         self.set_state(ConnState::Closing);
         if !self.tx_pending() && !self.tx_inflight {
@@ -1092,7 +1098,12 @@ impl Connection {
                     // meanwhile, or now when there is no driver to take the work.
                     self.auth_computing = Some(slot);
                     let work = match ctx.offload {
-                        Some(o) => match o.submit(work, token, self.auth.as_ref().map_or("", QueueAuth::hostnqn)) {
+                        Some(o) => match o.submit(
+                            work,
+                            token,
+                            self.auth.as_ref().map_or("", QueueAuth::hostnqn),
+                            self.auth_waiter.get_or_insert_default(),
+                        ) {
                             Ok(()) => return,
                             Err(work) => work,
                         },
@@ -1821,6 +1832,9 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        if let Some(w) = &self.auth_waiter {
+            w.abandon();
+        }
         if let Some(b) = self.binding.take() {
             match b {
                 Binding::Admin(ctrl) => ctrl.delete("admin queue dropped"),

@@ -100,6 +100,8 @@ pub struct Phase {
     pub steps_submitted: u64,
     /// DH steps the workers finished during the phase.
     pub steps_computed: u64,
+    /// DH steps the workers skipped because their connection had closed.
+    pub steps_abandoned: u64,
     /// Seconds from the flood's end until the workers had nothing queued or running.
     pub drain_secs: Option<f64>,
 }
@@ -185,7 +187,7 @@ pub fn run(args: &AuthFloodArgs, progress: &mut dyn std::io::Write) -> Result<(P
             args.flooders, args.head_start
         );
         let mut flood = Phase::default();
-        let (s0, c0) = (workers.submitted(), workers.computed());
+        let (s0, c0, a0) = (workers.submitted(), workers.computed(), workers.abandoned());
         let stop = Arc::new(AtomicBool::new(false));
         let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let end = Instant::now() + Duration::from_secs_f64(args.flood_max);
@@ -215,13 +217,14 @@ pub fn run(args: &AuthFloodArgs, progress: &mut dyn std::io::Write) -> Result<(P
         (flood.flood_negotiates, flood.flood_failed) =
             (counts.0.load(Ordering::Relaxed), counts.1.load(Ordering::Relaxed));
         let stopped = Instant::now();
-        while workers.submitted() > workers.computed() && stopped.elapsed() < DRAIN_TIMEOUT {
+        while workers.pending() > 0 && stopped.elapsed() < DRAIN_TIMEOUT {
             std::thread::sleep(Duration::from_millis(5));
         }
-        if workers.submitted() <= workers.computed() {
+        if workers.pending() == 0 {
             flood.drain_secs = Some(stopped.elapsed().as_secs_f64());
         }
         (flood.steps_submitted, flood.steps_computed) = (workers.submitted() - s0, workers.computed() - c0);
+        flood.steps_abandoned = workers.abandoned() - a0;
         Ok((alone, flood))
     })();
     server.shutdown();
@@ -307,6 +310,7 @@ fn report(args: &AuthFloodArgs, alone: &Phase, flood: &Phase) -> LabResult {
         "flood Negotiates",
         "target DH steps submitted",
         "target DH steps computed",
+        "target DH steps abandoned",
         "drain after flood",
         "errors",
     ]);
@@ -320,6 +324,7 @@ fn report(args: &AuthFloodArgs, alone: &Phase, flood: &Phase) -> LabResult {
             Cell::num(p.flood_negotiates as f64, ""),
             Cell::num(p.steps_submitted as f64, ""),
             Cell::num(p.steps_computed as f64, ""),
+            Cell::num(p.steps_abandoned as f64, ""),
             if name == "alone" { Cell::text("-") } else { drain(p) },
             Cell::num(f64::from(p.failed), ""),
         ]);
@@ -344,6 +349,7 @@ fn report(args: &AuthFloodArgs, alone: &Phase, flood: &Phase) -> LabResult {
             "flood_cycles_failed": p.flood_failed,
             "target_dh_steps_submitted": p.steps_submitted,
             "target_dh_steps_computed": p.steps_computed,
+            "target_dh_steps_abandoned": p.steps_abandoned,
             "drain_secs": p.drain_secs,
         })
     };

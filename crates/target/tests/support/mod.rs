@@ -14,7 +14,7 @@ use nvme::{Cid, Cntlid, Cqe, Nsid, QueueId, SglDescriptor, Sqe, Status};
 use qpath_target::auth::DhWork;
 use qpath_target::backend::{Backend, SyncFileIo};
 use qpath_target::namespace::NamespaceSpec;
-use qpath_target::offload::Offload;
+use qpath_target::offload::{Offload, Waiter};
 use qpath_target::pool::BufPool;
 use qpath_target::port::PortKind;
 use qpath_target::registry::{TargetOptions, TargetState};
@@ -75,7 +75,7 @@ pub struct HeldOffload {
 }
 
 impl Offload for HeldOffload {
-    fn submit(&self, work: DhWork, token: u64, _host: &str) -> Result<(), DhWork> {
+    fn submit(&self, work: DhWork, token: u64, _host: &str, _waiter: &Waiter) -> Result<(), DhWork> {
         self.jobs.borrow_mut().push((work, token));
         Ok(())
     }
