@@ -6,10 +6,7 @@
 //! their abandoned steps they had minutes of work queued). How long the connects took is
 //! the lab's to report, not this test's.
 
-use std::process::Command;
 use std::time::Duration;
-
-use serde_json::Value;
 
 mod run_bounded;
 
@@ -18,25 +15,11 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 
 #[test]
 fn auth_flood_lab_connects_through_the_flood_and_drains() {
-    let dir = std::env::temp_dir().join(format!("qpath-lab-auth-flood-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let plot = dir.join("auth-flood.svg");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qpath"));
-    cmd.args(["lab", "auth-flood", "--connects", "1", "--queues", "1", "--head-start", "0.3", "--flood-max", "10"])
-        .args(["--json", "--plot"])
-        .arg(&plot);
-    let (status, stdout, stderr) = run_bounded::run(cmd, RUN_TIMEOUT);
-    assert!(status.success(), "qpath lab auth-flood failed:\n{stderr}");
-    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let args = ["--connects", "1", "--queues", "1", "--head-start", "0.3", "--flood-max", "10"];
+    let (v, svg) = run_bounded::run_lab("auth-flood", &args, RUN_TIMEOUT);
 
     assert_eq!(v["lab"], "auth-flood");
-    let columns = v["columns"].as_array().unwrap();
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    for r in rows {
-        assert_eq!(r.as_object().unwrap().len(), columns.len());
-        assert_eq!(r["errors"], 0.0, "{r}");
-    }
+    run_bounded::full_rows(&v, 2, &["errors"]);
     let (alone, flood) = (&v["alone"], &v["flood"]);
     for p in [alone, flood] {
         assert_eq!(p["connects_ok"], 1, "{p}");
@@ -55,7 +38,5 @@ fn auth_flood_lab_connects_through_the_flood_and_drains() {
     assert!(submitted >= 4 && submitted <= sent + 4, "{flood}");
     assert!(flood["drain_secs"].as_f64().is_some(), "the workers drained: {flood}");
     assert_eq!(computed + abandoned, submitted, "{flood}");
-    let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("flood"), "{svg}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

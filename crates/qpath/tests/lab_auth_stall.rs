@@ -3,10 +3,7 @@
 //! connect done and the steps counted where they ran, the SVG plot, and no failed read.
 //! How long the reads stalled is the lab's to report, not this test's.
 
-use std::process::Command;
 use std::time::Duration;
-
-use serde_json::Value;
 
 mod run_bounded;
 
@@ -16,24 +13,11 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 
 #[test]
 fn auth_stall_lab_counts_the_steps_where_they_ran() {
-    let dir = std::env::temp_dir().join(format!("qpath-lab-auth-stall-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let plot = dir.join("auth-stall.svg");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qpath"));
-    cmd.args(["lab", "auth-stall", "--runtime", "0.3", "--connects", "1", "--queues", "1", "--json", "--plot"])
-        .arg(&plot);
-    let (status, stdout, stderr) = run_bounded::run(cmd, RUN_TIMEOUT);
-    assert!(status.success(), "qpath lab auth-stall failed:\n{stderr}");
-    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let args = ["--runtime", "0.3", "--connects", "1", "--queues", "1"];
+    let (v, svg) = run_bounded::run_lab("auth-stall", &args, RUN_TIMEOUT);
 
     assert_eq!(v["lab"], "auth-stall");
-    let columns = v["columns"].as_array().unwrap();
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    for r in rows {
-        assert_eq!(r.as_object().unwrap().len(), columns.len());
-        assert_eq!(r["errors"], 0.0, "{r}");
-    }
+    run_bounded::full_rows(&v, 2, &["errors"]);
     let cases = v["cases"].as_array().unwrap();
     let workers: Vec<u64> = cases.iter().map(|c| c["auth_workers"].as_u64().unwrap()).collect();
     assert_eq!(workers, [0, 4], "before and after, in one run");
@@ -45,7 +29,5 @@ fn auth_stall_lab_counts_the_steps_where_they_ran() {
         let expect = if c["auth_workers"] == 0 { 0 } else { 4 };
         assert_eq!(c["target_dh_steps_offloaded"], expect, "{c}");
     }
-    let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("auth_workers 4"), "{svg}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -57,3 +57,18 @@ pub fn run_lab(name: &str, args: &[&str], timeout: Duration) -> (serde_json::Val
     std::fs::remove_dir_all(&dir).unwrap();
     (v, svg)
 }
+
+/// The lab's table rows: `n` of them, each with every column, and 0 in each of the
+/// `zero` columns (its error counts).
+pub fn full_rows<'a>(v: &'a serde_json::Value, n: usize, zero: &[&str]) -> &'a [serde_json::Value] {
+    let columns = v["columns"].as_array().unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), n, "{rows:?}");
+    for r in rows {
+        assert_eq!(r.as_object().unwrap().len(), columns.len(), "{r}");
+        for c in zero {
+            assert_eq!(r[*c], 0.0, "{c}: {r}");
+        }
+    }
+    rows
+}
