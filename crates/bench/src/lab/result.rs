@@ -368,13 +368,14 @@ fn finite(v: f64) -> Value {
     if v.is_finite() { json!(v) } else { Value::Null }
 }
 
-/// Three significant digits for large numbers, up to three decimals for small ones.
+/// Three significant digits for large numbers, up to three decimals for small ones;
+/// whole numbers (counts) without decimals.
 fn format_num(v: f64) -> String {
     if !v.is_finite() {
         return "-".to_string();
     }
     let a = v.abs();
-    if a >= 100.0 || a == 0.0 {
+    if a >= 100.0 || v.fract() == 0.0 {
         format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")
@@ -500,6 +501,13 @@ mod tests {
         r.goal(Goal::at_most("p99 loaded / alone", 3.0, 1.0, 2.0));
         r.bars("IOPS", &["one queue", "n queues"], vec![("4k".into(), vec![100_000.0, 125_000.0])]);
         r
+    }
+
+    #[test]
+    fn numbers_keep_three_digits_and_counts_none() {
+        let f: Vec<String> =
+            [3.0, 18.0, 0.0, 1.25, 12.34, 0.1234, 137.4, f64::NAN].into_iter().map(format_num).collect();
+        assert_eq!(f, ["3", "18", "0", "1.25", "12.3", "0.123", "137", "-"]);
     }
 
     #[test]
