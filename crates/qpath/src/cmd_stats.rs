@@ -134,6 +134,17 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    if let Some(a) = v["auth"].as_object() {
+        println!("\nauthentication (DH-HMAC-CHAP steps on the target's workers)");
+        let n = |k: &str| a.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (submitted, computed, abandoned) =
+            (n("dh_steps_submitted"), n("dh_steps_computed"), n("dh_steps_abandoned"));
+        println!(
+            "  {submitted} DH steps: {computed} computed, {abandoned} skipped (connection closed), {} pending; {} hosts waiting",
+            submitted.saturating_sub(computed + abandoned),
+            n("dh_hosts_waiting"),
+        );
+    }
     if let Some(nss) = v["namespaces"].as_array() {
         println!("\nnamespaces");
         for n in nss {

@@ -92,6 +92,10 @@ fn connect_ok(hash: HashId, group: DhGroup, bidi: bool, io: bool) {
     assert!(metrics.contains(&format!("\nqpath_target_auth_dh_steps_total {offloaded}\n")), "{metrics}");
     assert!(metrics.contains("\nqpath_target_auth_dh_steps_pending 0\n"), "{metrics}");
     assert!(metrics.contains("\nqpath_target_auth_dh_hosts_waiting 0\n"), "{metrics}");
+    let stats = target::metrics::stats_json(&server.state);
+    let auth = &stats["auth"];
+    assert_eq!((&auth["dh_steps_submitted"], &auth["dh_steps_computed"]), (&offloaded.into(), &offloaded.into()));
+    assert_eq!((&auth["dh_steps_abandoned"], &auth["dh_hosts_waiting"]), (&0.into(), &0.into()), "{auth}");
     if io {
         let mut ctx = Context::new(ContextOptions::default()).unwrap();
         let dev = ctx.open(&ctrl, Nsid(1)).unwrap();

@@ -204,6 +204,12 @@ fn metrics_follow_a_bench_run_and_end_at_its_io_count() {
         let allocated = format!("{} allocated", r["buffer_allocations"]);
         assert!(line.contains(&allocated), "{line}");
     }
+    // No host authenticated with this embedded target: no DH step anywhere.
+    assert_eq!(t["auth"]["dh_steps_submitted"], 0, "{t}");
+    assert!(
+        table.contains("  0 DH steps: 0 computed, 0 skipped (connection closed), 0 pending; 0 hosts waiting"),
+        "{table}"
+    );
 
     // Release the linger; the bench's own report has the same counts.
     target::rpc::client_call(&sock, "release", json!({})).unwrap();
