@@ -15,11 +15,12 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(240);
 
 #[test]
 fn auth_flood_lab_connects_through_the_flood_and_drains() {
-    let args = ["--connects", "1", "--queues", "1", "--head-start", "0.3", "--flood-max", "10"];
+    let args = ["--connects", "1", "--queues", "1", "--head-start", "0.3", "--flood-max", "10", "--flood-nice", "19"];
     let (v, svg) = run_bounded::run_lab("auth-flood", &args, RUN_TIMEOUT);
 
     assert_eq!(v["lab"], "auth-flood");
     run_bounded::full_rows(&v, 2, &["errors"]);
+    assert_eq!(v["flood_nice"], 19);
     let (alone, flood) = (&v["alone"], &v["flood"]);
     for p in [alone, flood] {
         assert_eq!(p["connects_ok"], 1, "{p}");

@@ -61,6 +61,10 @@ pub struct AuthFloodArgs {
     /// hanging up, again and again.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub flooders: u16,
+    /// Nice value of the flood's threads: 0 (the default) takes this machine's CPU like
+    /// any thread; 19 stands better for another machine, leaving the CPU to the target.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub flood_nice: i32,
     /// Seconds the flood runs before the measured host starts connecting.
     #[arg(long, default_value = "1", value_parser = super::seconds_up_to::<60>)]
     pub head_start: f64,
@@ -78,6 +82,7 @@ impl Default for AuthFloodArgs {
             connects: 3,
             queues: 2,
             flooders: 2,
+            flood_nice: 0,
             head_start: 1.0,
             flood_max: 30.0,
             output: LabOutputArgs::default(),
@@ -183,8 +188,8 @@ pub fn run(args: &AuthFloodArgs, progress: &mut dyn std::io::Write) -> Result<(P
 
         let _ = writeln!(
             progress,
-            "auth-flood: the same while {} threads of another host send Negotiates and hang up ({:.1} s head start)",
-            args.flooders, args.head_start
+            "auth-flood: the same while {} threads (nice {}) of another host send Negotiates and hang up ({:.1} s head start)",
+            args.flooders, args.flood_nice, args.head_start
         );
         let mut flood = Phase::default();
         let (s0, c0, a0) = (workers.submitted(), workers.computed(), workers.abandoned());
@@ -193,8 +198,13 @@ pub fn run(args: &AuthFloodArgs, progress: &mut dyn std::io::Write) -> Result<(P
         let end = Instant::now() + Duration::from_secs_f64(args.flood_max);
         let mut threads = Vec::new();
         for i in 0..args.flooders {
-            let (stop, counts) = (Arc::clone(&stop), Arc::clone(&counts));
+            let (stop, counts, nice) = (Arc::clone(&stop), Arc::clone(&counts), args.flood_nice);
             let t = std::thread::Builder::new().name(format!("auth-flood-{i}")).spawn(move || {
+                if nice != 0
+                    && let Err(e) = uring::set_current_thread_nice(nice)
+                {
+                    tracing::warn!("auth-flood: flood thread keeps its priority: {e}");
+                }
                 while !stop.load(Ordering::Acquire) && Instant::now() < end {
                     match negotiate_and_hang_up(addr) {
                         Ok(()) => counts.0.fetch_add(1, Ordering::Relaxed),
@@ -292,13 +302,14 @@ fn report(args: &AuthFloodArgs, alone: &Phase, flood: &Phase) -> LabResult {
     r.note(format!(
         "The measured host connects a controller of admin + {} I/O queues with DH-HMAC-CHAP (SHA-512, {}, \
          bidirectional) {} times, deleting it each time: 2 DH steps per queue on the target, as many on the host. \
-         Phase 'flood': {} threads of another host (allowed, keyed) open queues, send an AUTH_Negotiate and hang \
-         up, again and again, from {:.1} s before the measured connects until they end. The target: one reactor \
-         (adaptive), its DH workers ({} at most, one per CPU).",
+         Phase 'flood': {} threads (nice {}) of another host (allowed, keyed) open queues, send an AUTH_Negotiate \
+         and hang up, again and again, from {:.1} s before the measured connects until they end. The target: one \
+         reactor (adaptive), its DH workers ({} at most, one per CPU).",
         args.queues,
         GROUP.name(),
         args.connects,
         args.flooders,
+        args.flood_nice,
         args.head_start,
         target::offload::MAX_WORKERS,
     ));
@@ -356,6 +367,7 @@ fn report(args: &AuthFloodArgs, alone: &Phase, flood: &Phase) -> LabResult {
     r.extra.insert("alone".into(), phase(alone));
     r.extra.insert("flood".into(), phase(flood));
     r.extra.insert("flooders".into(), json!(args.flooders));
+    r.extra.insert("flood_nice".into(), json!(args.flood_nice));
     r.extra.insert("queues".into(), json!(args.queues));
     r
 }
