@@ -87,6 +87,17 @@ impl Step {
     }
 }
 
+/// The Authentication Send carrying `m` in its capsule; `None` if `m` is too large to
+/// describe.
+pub fn send_io(m: &Message) -> Option<Io> {
+    let data = m.encode();
+    let len = u32::try_from(data.len()).ok()?;
+    let mut buf = IoBuf::new(data.len().next_multiple_of(4096));
+    buf.set_len(data.len());
+    buf.copy_from_slice(&data);
+    Some(Io { sqe: AuthCmd::dhchap(len).send_sqe(Cid(0)), buf: Some(buf), len, dir: DataDir::ToController, token: 0 })
+}
+
 /// Runs the DH-HMAC-CHAP transaction on `q` (whose Connect asked for it) by `deadline`.
 pub fn authenticate(
     q: &mut SyncQueue,
@@ -164,18 +175,7 @@ impl Transaction<'_> {
     }
 
     fn send(&mut self, m: &Message) -> Result<()> {
-        let data = m.encode();
-        let len = u32::try_from(data.len()).map_err(|_| self.err("message too large".into()))?;
-        let mut buf = IoBuf::new(data.len().next_multiple_of(4096));
-        buf.set_len(data.len());
-        buf.copy_from_slice(&data);
-        let io = Io {
-            sqe: AuthCmd::dhchap(len).send_sqe(Cid(0)),
-            buf: Some(buf),
-            len,
-            dir: DataDir::ToController,
-            token: 0,
-        };
+        let io = send_io(m).ok_or_else(|| self.err("message too large".into()))?;
         let left = self.left()?;
         let d = self.q.execute(io, left)?;
         if !d.cqe.status.is_success() {

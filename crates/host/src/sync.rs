@@ -39,25 +39,11 @@ impl SyncQueue {
         SyncQueue::handshake(stream, cfg, timeout)
     }
 
-    /// Runs the handshake on an already connected socket.
+    /// Runs the handshake on an already connected socket, and the in-band
+    /// authentication when Connect asks for it.
     pub fn handshake(stream: TcpStream, cfg: QueueConfig, timeout: Duration) -> Result<SyncQueue> {
-        let entries = cfg.entries;
-        let qid = cfg.qid;
-        let mut q = SyncQueue {
-            stream,
-            queue: HostQueue::new(cfg),
-            free_tags: (0..entries).rev().collect(),
-            done: VecDeque::new(),
-            next_token: 1,
-        };
         let deadline = Instant::now() + timeout;
-        while !matches!(q.queue.state(), QueueState::Live | QueueState::Authenticating) {
-            if q.queue.state() == QueueState::Failed {
-                let why = q.queue.error().unwrap_or("failed").to_string();
-                return Err(Error::new(ErrorKind::Protocol, format!("queue {qid} bring-up: {why}")));
-            }
-            q.pump(deadline)?;
-        }
+        let mut q = SyncQueue::open(stream, cfg, deadline)?;
         if q.queue.state() == QueueState::Authenticating {
             // Connect asked for in-band authentication (ATR): the queue goes live only after it.
             let c = q.queue.config();
@@ -68,9 +54,43 @@ impl SyncQueue {
         Ok(q)
     }
 
+    /// ICReq/ICResp and Fabrics Connect on a connected socket within `timeout`, and no
+    /// more: a queue whose Connect asked for in-band authentication comes back
+    /// `Authenticating`, the transaction left to the caller (tests and labs that play a
+    /// host out of step with it).
+    pub fn until_connected(stream: TcpStream, cfg: QueueConfig, timeout: Duration) -> Result<SyncQueue> {
+        SyncQueue::open(stream, cfg, Instant::now() + timeout)
+    }
+
+    fn open(stream: TcpStream, cfg: QueueConfig, deadline: Instant) -> Result<SyncQueue> {
+        let entries = cfg.entries;
+        let qid = cfg.qid;
+        let mut q = SyncQueue {
+            stream,
+            queue: HostQueue::new(cfg),
+            free_tags: (0..entries).rev().collect(),
+            done: VecDeque::new(),
+            next_token: 1,
+        };
+        while !matches!(q.queue.state(), QueueState::Live | QueueState::Authenticating) {
+            if q.queue.state() == QueueState::Failed {
+                let why = q.queue.error().unwrap_or("failed").to_string();
+                return Err(Error::new(ErrorKind::Protocol, format!("queue {qid} bring-up: {why}")));
+            }
+            q.pump(deadline)?;
+        }
+        Ok(q)
+    }
+
     /// The queue state machine.
     pub fn queue(&self) -> &HostQueue {
         &self.queue
+    }
+
+    /// The queue state machine, to drive it past a step (tests of the target's
+    /// authentication pretend to have authenticated).
+    pub fn queue_mut(&mut self) -> &mut HostQueue {
+        &mut self.queue
     }
 
     /// Splits into the socket and the live queue (to hand to a context).

@@ -8,14 +8,14 @@
 
 mod loopback;
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use host::context::{Context, ContextOptions, Op};
 use host::controller::{ConnectOptions, Controller, CtrlState};
-use host::queue::{DataDir, HostQueue, Io, QueueConfig, QueueState};
+use host::queue::{DataDir, Io, QueueConfig, QueueState};
+use host::sync::SyncQueue;
 use nvme::auth::{DhGroup, HashId, Secret};
 use nvme::{Cid, Nsid, Sqe, Status};
 use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, PortConfig, SubsystemConfig};
@@ -204,58 +204,29 @@ fn refusals() {
     server.shutdown();
 }
 
-/// A raw admin queue of `HOST` on `port`, pumped by hand.
-struct RawQueue {
-    s: TcpStream,
-    q: HostQueue,
+/// A raw admin queue of `HOST` on `port`, connected up to the target's request to
+/// authenticate (by `deadline`), the transaction left to the test.
+fn until_authenticating(port: u16, deadline: Instant) -> SyncQueue {
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, NQN, HOST, [1; 16]);
+    cfg.disable_sqflow = false;
+    let q = SyncQueue::until_connected(s, cfg, deadline.saturating_duration_since(Instant::now())).unwrap();
+    assert_eq!(q.queue().state(), QueueState::Authenticating);
+    q
 }
 
-impl RawQueue {
-    /// Connects and runs ICReq and Connect until the target asks for authentication.
-    fn until_authenticating(port: u16, deadline: Instant) -> RawQueue {
-        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, NQN, HOST, [1; 16]);
-        cfg.disable_sqflow = false;
-        let mut r = RawQueue { s, q: HostQueue::new(cfg) };
-        while r.q.state() != QueueState::Authenticating {
-            assert!(Instant::now() < deadline && r.q.state() != QueueState::Failed, "{:?}", r.q.error());
-            r.pump();
-        }
-        r
+/// Polls `done` (every millisecond) until it holds; past `deadline` the test fails with `what()`.
+fn wait_until(deadline: Instant, done: impl Fn() -> bool, what: impl Fn() -> String) {
+    while !done() {
+        assert!(Instant::now() < deadline, "{}", what());
+        std::thread::sleep(Duration::from_millis(1));
     }
+}
 
-    /// Sends an AUTH_Negotiate offering every group, in the capsule.
-    fn negotiate(&mut self) {
-        let negotiate = nvme::auth::Message::Negotiate(nvme::auth::Negotiate::offer_all(1)).encode();
-        let len = u32::try_from(negotiate.len()).unwrap();
-        let mut buf = IoBuf::new(4096);
-        buf.set_len(negotiate.len());
-        buf.copy_from_slice(&negotiate);
-        let sqe = nvme::auth::AuthCmd::dhchap(len).send_sqe(Cid(0));
-        // The transaction's own commands go out before the queue is authenticated.
-        self.q.authenticated();
-        self.q.submit(0, Io { sqe, buf: Some(buf), len, dir: DataDir::ToController, token: 1 }).unwrap();
-        self.flush();
-    }
-
-    /// Writes what is queued.
-    fn flush(&mut self) {
-        while let Some(m) = self.q.take_send() {
-            self.s.write_all(&m.to_vec()).unwrap();
-            self.q.on_send_done(m, Ok(()));
-        }
-    }
-
-    /// Writes what is queued and reads once (50 ms at most).
-    fn pump(&mut self) {
-        self.flush();
-        let (mut buf, r) = self.q.take_recv_buf().unwrap();
-        match self.s.read(&mut buf.as_full_mut()[r]) {
-            Ok(n) => self.q.on_recv(buf, n),
-            Err(_) => self.q.on_recv_none(buf),
-        }
-    }
+/// Sends an AUTH_Negotiate offering every group, in the capsule, without waiting.
+fn negotiate(q: &mut SyncQueue) {
+    let m = nvme::auth::Message::Negotiate(nvme::auth::Negotiate::offer_all(1));
+    q.submit(host::auth::send_io(&m).unwrap()).unwrap();
 }
 
 /// A host that skips the transaction: every other command gets AUTH_REQUIRED, and a
@@ -265,20 +236,20 @@ fn unauthenticated_queue_gets_auth_required() {
     let k = keys(HashId::Sha256, false);
     let (server, port) = start(&k, HashId::Sha256, DhGroup::Null);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut r = RawQueue::until_authenticating(port, deadline);
+    let mut q = until_authenticating(port, deadline);
     // Pretend it authenticated and try an Identify and a Property Get.
-    r.q.authenticated();
+    q.queue_mut().authenticated();
     let identify = Sqe::identify(Cid(0), nvme::identify::cns::CONTROLLER, Nsid(0), 0, 0);
-    let io = Io { sqe: identify, buf: Some(IoBuf::new(4096)), len: 4096, dir: DataDir::FromController, token: 1 };
-    r.q.submit(0, io).unwrap();
+    let io = Io { sqe: identify, buf: Some(IoBuf::new(4096)), len: 4096, dir: DataDir::FromController, token: 0 };
+    let mut tokens = vec![q.submit(io).unwrap()];
     let prop = nvme::fabrics::PropertyCmd::get_sqe(Cid(0), nvme::fabrics::prop::CAP, true);
-    r.q.submit(1, Io { sqe: prop, buf: None, len: 0, dir: DataDir::None, token: 2 }).unwrap();
+    tokens.push(q.submit(Io { sqe: prop, buf: None, len: 0, dir: DataDir::None, token: 0 }).unwrap());
     let mut done = Vec::new();
     while done.len() < 2 {
-        assert!(Instant::now() < deadline, "no completion");
-        r.pump();
-        done.append(r.q.completions());
+        q.pump(deadline).expect("no completion");
+        done.extend(std::iter::from_fn(|| q.take_any()));
     }
+    assert_eq!(done.iter().map(|d| d.token).collect::<std::collections::BTreeSet<_>>(), tokens.into_iter().collect());
     for d in &done {
         assert_eq!(d.cqe.status, Status::AUTH_REQUIRED, "token {}", d.token);
     }
@@ -293,27 +264,19 @@ fn a_queue_closed_during_its_dh_step_is_freed_and_its_result_dropped() {
     let k = keys(HashId::Sha512, false);
     let (server, port) = start(&k, HashId::Sha512, DhGroup::Ffdhe8192);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut r = RawQueue::until_authenticating(port, deadline);
+    let mut r = until_authenticating(port, deadline);
     // Then hang up at once.
-    r.negotiate();
+    negotiate(&mut r);
     let workers = &server.state.auth_workers;
-    while workers.submitted() == 0 {
-        assert!(Instant::now() < deadline, "the Negotiate never reached the workers");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(deadline, || workers.submitted() > 0, || "the Negotiate never reached the workers".into());
     drop(r);
     // The connection goes without waiting for its step (16 ms of work)...
-    while !server.state.queues().is_empty() {
-        assert!(Instant::now() < deadline, "the closed queue is still held: {:?}", server.state.queues().len());
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let held = || server.state.queues().len();
+    wait_until(deadline, || held() == 0, || format!("the closed queue is still held: {}", held()));
     eprintln!("queue freed with {} of 1 step finished", workers.computed());
     // ...whose result, if a worker had started it, comes later, to nobody (a step not
     // started yet is skipped).
-    while workers.pending() > 0 {
-        assert!(Instant::now() < deadline, "the step never finished");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(deadline, || workers.pending() == 0, || "the step never finished".into());
     assert_eq!(workers.computed() + workers.abandoned(), 1, "{workers:?}");
     let before = workers.computed();
     let c = Controller::connect(options(port, HOST, Some(&k.host), None)).unwrap();
@@ -332,24 +295,16 @@ fn steps_of_closed_connections_are_abandoned() {
     let k = keys(HashId::Sha512, false);
     let (server, port) = start(&k, HashId::Sha512, DhGroup::Ffdhe8192);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut raws: Vec<RawQueue> = (0..N).map(|_| RawQueue::until_authenticating(port, deadline)).collect();
-    raws.iter_mut().for_each(RawQueue::negotiate);
+    let mut raws: Vec<SyncQueue> = (0..N).map(|_| until_authenticating(port, deadline)).collect();
+    raws.iter_mut().for_each(negotiate);
     let workers = &server.state.auth_workers;
-    while workers.submitted() < N {
-        assert!(Instant::now() < deadline, "{workers:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(deadline, || workers.submitted() >= N, || format!("{workers:?}"));
     drop(raws);
     // A connection abandons its step when it closes, before it leaves the registry.
-    while !server.state.queues().is_empty() {
-        assert!(Instant::now() < deadline, "closed queues still held: {}", server.state.queues().len());
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let held = || server.state.queues().len();
+    wait_until(deadline, || held() == 0, || format!("closed queues still held: {}", held()));
     let computed_at_close = workers.computed();
-    while workers.pending() > 0 {
-        assert!(Instant::now() < deadline, "{workers:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(deadline, || workers.pending() == 0, || format!("{workers:?}"));
     eprintln!("{N} Negotiates: {computed_at_close} steps done when the last queue closed, {workers:?}");
     let running = u64::try_from(target::offload::MAX_WORKERS).unwrap();
     assert!(workers.computed() <= computed_at_close + running, "only running steps finish: {workers:?}");

@@ -329,7 +329,7 @@ mod tests {
             let tx = tx.clone();
             let reply: Reply = Box::new(move |t, done| {
                 let name = std::thread::current().name().map(str::to_string);
-                let _ = tx.send((t, done, name, thread_nice()));
+                let _ = tx.send((t, done, name, uring::current_thread_nice().ok()));
             });
             assert!(
                 w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, "nqn.host", Waiter::default(), reply).is_ok()
@@ -338,7 +338,7 @@ mod tests {
         let mut tokens = Vec::new();
         for _ in 0..2 {
             let (t, done, name, nice) = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
-            assert_eq!(nice, Some(i64::from(WORKER_NICE)), "the data path first");
+            assert_eq!(nice, Some(WORKER_NICE), "the data path first");
             assert!(matches!(done, DhDone::Generated(Ok(Some(ref p))) if p.public().len() == 256), "{done:?}");
             assert!(name.as_deref().is_some_and(|n| n.starts_with("qpath-auth-")), "{name:?}");
             tokens.push(t);
@@ -346,12 +346,6 @@ mod tests {
         tokens.sort_unstable();
         assert_eq!(tokens, [7, 8]);
         assert_eq!((w.submitted(), w.computed()), (2, 2));
-    }
-
-    /// The calling thread's nice value (field 19 of /proc/thread-self/stat).
-    fn thread_nice() -> Option<i64> {
-        let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
-        stat.rsplit_once(") ")?.1.split_whitespace().nth(16)?.parse().ok()
     }
 
     #[test]
@@ -385,81 +379,94 @@ mod tests {
         assert_eq!((t.pop(), t.pop()), (Some(14), None));
     }
 
+    /// One worker, with every reply's token sent to a channel.
+    struct OneWorker {
+        w: AuthWorkers,
+        done_tx: mpsc::Sender<u64>,
+        done_rx: mpsc::Receiver<u64>,
+    }
+
+    impl OneWorker {
+        fn new() -> OneWorker {
+            let (done_tx, done_rx) = mpsc::channel();
+            OneWorker { w: AuthWorkers::new(1), done_tx, done_rx }
+        }
+
+        /// Queues a step of `host` whose reply sends `token`.
+        fn submit(&self, host: &str, token: u64, waiter: Waiter) {
+            let tx = self.done_tx.clone();
+            let reply: Reply = Box::new(move |t, _| {
+                let _ = tx.send(t);
+            });
+            assert!(self.w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, host, waiter, reply).is_ok());
+        }
+
+        /// Runs a step (token 0) whose reply then holds the worker until the returned
+        /// sender sends, so that the steps queued meanwhile wait; returns once it holds.
+        fn hold(&self, waiter: Waiter) -> mpsc::Sender<()> {
+            let (gate_tx, gate_rx) = mpsc::channel::<()>();
+            let tx = self.done_tx.clone();
+            let reply: Reply = Box::new(move |t, _| {
+                let _ = tx.send(t);
+                let _ = gate_rx.recv_timeout(std::time::Duration::from_secs(30));
+            });
+            assert!(self.w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 0, "nqn.gate", waiter, reply).is_ok());
+            assert_eq!(self.next(), 0, "the worker holds the gate");
+            gate_tx
+        }
+
+        /// The next reply's token.
+        fn next(&self) -> u64 {
+            self.done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result")
+        }
+    }
+
     /// One host with many steps queued (many queues authenticating at once) makes
     /// another host's step wait for one of its steps, not all of them.
     #[test]
     fn a_host_with_many_steps_waiting_delays_another_by_one() {
-        let w = AuthWorkers::new(1);
-        let (done_tx, done_rx) = mpsc::channel::<u64>();
-        let (gate_tx, gate_rx) = mpsc::channel::<()>();
-        let submit = |host: &str, token: u64, gate: Option<mpsc::Receiver<()>>| {
-            let tx = done_tx.clone();
-            let reply: Reply = Box::new(move |t, _| {
-                // The gate's reply holds the only worker until every job below is queued.
-                if let Some(g) = gate {
-                    let _ = tx.send(t);
-                    let _ = g.recv_timeout(std::time::Duration::from_secs(30));
-                    return;
-                }
-                let _ = tx.send(t);
-            });
-            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, host, Waiter::default(), reply).is_ok());
-        };
-        let first = |rx: &mpsc::Receiver<u64>| rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
-        submit("nqn.gate", 0, Some(gate_rx));
-        assert_eq!(first(&done_rx), 0, "the worker holds the gate");
+        let one = OneWorker::new();
+        let gate = one.hold(Waiter::default());
         for token in 1..=6 {
-            submit("nqn.busy", token, None);
+            one.submit("nqn.busy", token, Waiter::default());
         }
-        submit("nqn.other", 100, None);
-        submit("nqn.third", 200, None);
-        submit("nqn.other", 101, None);
-        assert_eq!(w.hosts_waiting(), 3, "busy, other and third wait");
-        gate_tx.send(()).unwrap();
-        let order: Vec<u64> = (0..9).map(|_| first(&done_rx)).collect();
+        one.submit("nqn.other", 100, Waiter::default());
+        one.submit("nqn.third", 200, Waiter::default());
+        one.submit("nqn.other", 101, Waiter::default());
+        assert_eq!(one.w.hosts_waiting(), 3, "busy, other and third wait");
+        gate.send(()).unwrap();
+        let order: Vec<u64> = (0..9).map(|_| one.next()).collect();
         // In arrival order the other two hosts would come after all of busy's steps.
         assert_eq!(order, [1, 100, 200, 2, 101, 3, 4, 5, 6]);
-        assert_eq!((w.submitted(), w.computed()), (10, 10));
-        assert_eq!(w.hosts_waiting(), 0);
+        assert_eq!((one.w.submitted(), one.w.computed()), (10, 10));
+        assert_eq!(one.w.hosts_waiting(), 0);
     }
 
     /// Steps whose connection closed while they were queued are skipped, their replies
     /// dropped; a step already running finishes.
     #[test]
     fn abandoned_steps_are_skipped() {
-        let w = AuthWorkers::new(1);
-        let (done_tx, done_rx) = mpsc::channel::<u64>();
-        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let one = OneWorker::new();
         let gate_waiter = Waiter::default();
-        let tx = done_tx.clone();
-        let reply: Reply = Box::new(move |t, _| {
-            let _ = tx.send(t);
-            let _ = gate_rx.recv_timeout(std::time::Duration::from_secs(30));
-        });
-        assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), 0, "h", gate_waiter.clone(), reply).is_ok());
-        let next = || done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a result");
-        assert_eq!(next(), 0, "the worker holds the gate");
+        let gate = one.hold(gate_waiter.clone());
         let waiters: Vec<Waiter> = (1..=4).map(|_| Waiter::default()).collect();
         for (token, waiter) in (1u64..).zip(&waiters) {
-            let tx = done_tx.clone();
-            let reply: Reply = Box::new(move |t, _| {
-                let _ = tx.send(t);
-            });
-            assert!(w.submit(DhWork::Generate(DhGroup::Ffdhe2048), token, "h", waiter.clone(), reply).is_ok());
+            one.submit("h", token, waiter.clone());
         }
         // Abandoning the running step changes nothing; steps 1 and 3 are skipped.
         gate_waiter.abandon();
         waiters[0].abandon();
         waiters[2].abandon();
+        let w = &one.w;
         assert_eq!(w.pending(), 4, "the gate's step is computed, its reply holds the worker");
-        gate_tx.send(()).unwrap();
-        assert_eq!((next(), next()), (2, 4));
+        gate.send(()).unwrap();
+        assert_eq!((one.next(), one.next()), (2, 4));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while w.pending() > 0 {
             assert!(std::time::Instant::now() < deadline, "{w:?}");
             std::thread::yield_now();
         }
         assert_eq!((w.submitted(), w.computed(), w.abandoned()), (5, 3, 2));
-        assert!(done_rx.try_recv().is_err(), "no reply for an abandoned step");
+        assert!(one.done_rx.try_recv().is_err(), "no reply for an abandoned step");
     }
 }

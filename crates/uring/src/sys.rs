@@ -62,6 +62,15 @@ pub fn set_current_thread_nice(nice: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread's nice value (field 19 of `/proc/thread-self/stat`).
+pub fn current_thread_nice() -> io::Result<i32> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat")?;
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/thread-self/stat");
+    // The command name (field 2) may hold spaces; the fields after it do not.
+    let (_, fields) = stat.rsplit_once(") ").ok_or_else(bad)?;
+    fields.split_whitespace().nth(16).and_then(|f| f.parse().ok()).ok_or_else(bad)
+}
+
 /// Moves the calling thread into the network namespace at `path` (`setns(2)` with
 /// `CLONE_NEWNET`, e.g. `/run/netns/NAME` as `ip netns add` makes it). Only this thread
 /// moves; threads it spawns afterwards start in the new namespace, and sockets it creates
@@ -318,11 +327,7 @@ mod tests {
 
     #[test]
     fn nice_applies_to_the_calling_thread_only() {
-        let nice = || {
-            let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
-            let fields = stat.rsplit_once(") ").expect("comm").1.to_string();
-            fields.split_whitespace().nth(16).expect("nice field").parse::<i32>().expect("number")
-        };
+        let nice = || current_thread_nice().expect("nice");
         let before = nice();
         std::thread::spawn(move || {
             set_current_thread_nice(before + 5).expect("setpriority");

@@ -18,20 +18,19 @@
 //! flood stops when the measured connects are done (or after `--flood-max`), and the lab
 //! reports how long the workers took to finish what was queued after that.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use host::controller::{ConnectOptions, Controller};
-use host::queue::{DataDir, HostQueue, Io, QueueConfig, QueueState};
+use host::queue::QueueConfig;
+use host::sync::SyncQueue;
+use nvme::Cntlid;
 use nvme::auth::{DhGroup, HashId, Secret};
-use nvme::{Cid, Cntlid};
 use serde_json::json;
 use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, SubsystemConfig};
 use target::reactor::PollMode;
-use uring::IoBuf;
 
 use super::result::{Cell, LabOutputArgs, LabResult};
 use crate::error::{Error, ErrorKind, Result};
@@ -45,7 +44,7 @@ const GROUP: DhGroup = DhGroup::Ffdhe8192;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long one connect of the measured host may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest one flood cycle may take (connect to Negotiate sent).
+/// Longest one flood cycle may take (connect to Connect answered).
 const CYCLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Arguments of `qpath lab auth-flood`.
@@ -244,49 +243,18 @@ pub fn run(args: &AuthFloodArgs, progress: &mut dyn std::io::Write) -> Result<(P
 /// One flood cycle: a queue up to the target's request to authenticate, an
 /// AUTH_Negotiate offering every group (the target picks ffdhe8192 and starts its key
 /// pair), and a hang-up.
-fn negotiate_and_hang_up(addr: SocketAddr) -> std::io::Result<()> {
-    let deadline = Instant::now() + CYCLE_TIMEOUT;
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_millis(50)))?;
-    s.set_nodelay(true)?;
+fn negotiate_and_hang_up(addr: SocketAddr) -> host::error::Result<()> {
+    let s = TcpStream::connect_timeout(&addr, CYCLE_TIMEOUT).map_err(|e| host::error::Error::io("connect", &e))?;
+    s.set_nodelay(true).map_err(|e| host::error::Error::io("TCP_NODELAY", &e))?;
     let mut cfg = QueueConfig::io(0, 32, Cntlid::DYNAMIC, NQN, FLOOD_HOST, [0x3c; 16]);
     cfg.disable_sqflow = false;
-    let mut q = HostQueue::new(cfg);
-    let flush = |q: &mut HostQueue, s: &mut TcpStream| -> std::io::Result<()> {
-        while let Some(m) = q.take_send() {
-            s.write_all(&m.to_vec())?;
-            q.on_send_done(m, Ok(()));
-        }
-        Ok(())
-    };
-    while q.state() != QueueState::Authenticating {
-        if q.state() == QueueState::Failed || Instant::now() > deadline {
-            return Err(std::io::Error::other(format!("queue not up: {:?}", q.error())));
-        }
-        flush(&mut q, &mut s)?;
-        let Some((mut buf, r)) = q.take_recv_buf() else {
-            return Err(std::io::Error::other("no receive buffer"));
-        };
-        match s.read(&mut buf.as_full_mut()[r]) {
-            Ok(0) => return Err(std::io::Error::other("the target closed the connection")),
-            Ok(n) => q.on_recv(buf, n),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                q.on_recv_none(buf)
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let negotiate = nvme::auth::Message::Negotiate(nvme::auth::Negotiate::offer_all(1)).encode();
-    let len = u32::try_from(negotiate.len()).map_err(std::io::Error::other)?;
-    let mut buf = IoBuf::new(4096);
-    buf.set_len(negotiate.len());
-    buf.copy_from_slice(&negotiate);
-    let sqe = nvme::auth::AuthCmd::dhchap(len).send_sqe(Cid(0));
-    // The transaction's own commands go out before the queue is authenticated.
-    q.authenticated();
-    q.submit(0, Io { sqe, buf: Some(buf), len, dir: DataDir::ToController, token: 1 })
-        .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
-    flush(&mut q, &mut s)
+    let mut q = SyncQueue::until_connected(s, cfg, CYCLE_TIMEOUT)?;
+    let negotiate = nvme::auth::Message::Negotiate(nvme::auth::Negotiate::offer_all(1));
+    let io = host::auth::send_io(&negotiate)
+        .ok_or_else(|| host::error::Error::new(host::error::ErrorKind::Invalid, "Negotiate too large"))?;
+    // Submitted and written; dropping the queue hangs up without waiting for the answer.
+    q.submit(io)?;
+    Ok(())
 }
 
 /// `qpath lab auth-flood`: runs, prints, and returns the result.
