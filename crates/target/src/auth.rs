@@ -5,7 +5,10 @@
 //! queue it connects, admin and I/O: Connect answers with ATR set in DW0 and,
 //! until the transaction succeeds, the queue takes only Authentication Send and
 //! Receive; any other command fails with AUTH_REQUIRED. A failed transaction
-//! hands the host an AUTH_Failure1 and the queue is closed.
+//! hands the host an AUTH_Failure1 and the queue is closed. Each Negotiate (the
+//! first, or a live queue's re-authentication) takes the host's keys as the
+//! subsystem holds them at that moment, so keys rotated with `set_host_auth`
+//! apply to the next re-authentication; removed keys refuse it.
 //!
 //! ```text
 //!  AwaitNegotiate ─Send(Negotiate)─► SendChallenge ─Recv─► AwaitReply ─Send(Reply ok)─► SendSuccess1
@@ -108,6 +111,9 @@ pub struct QueueAuth {
     /// The queue may carry commands (set on success; a failure clears it).
     authenticated: bool,
     keys: Arc<HostAuth>,
+    /// The host's keys were removed from the subsystem since the Connect: a new
+    /// transaction (re-authentication) has nothing to check the host against.
+    revoked: bool,
     hostnqn: String,
     subnqn: String,
     /// When the last transaction message arrived (the Connect, at first).
@@ -217,6 +223,7 @@ pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_
         authenticated: false,
         hash: keys.hash,
         keys,
+        revoked: false,
         hostnqn: hostnqn.to_string(),
         subnqn: subnqn.to_string(),
         step_ns: now_ns,
@@ -229,6 +236,11 @@ pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_
         rescode_exp: 0,
         computing: None,
     })
+}
+
+/// Whether an Authentication Send's data is an AUTH_Negotiate (a transaction starts).
+pub fn is_negotiate(data: &[u8]) -> bool {
+    data.len() >= 2 && data[0] == nvme::auth::auth_type::COMMON && data[1] == nvme::auth::msg_id::NEGOTIATE
 }
 
 /// Data lengths of an Authentication Send (host to controller) or Receive
@@ -279,6 +291,20 @@ impl QueueAuth {
     /// The host NQN the queue's Connect named.
     pub fn hostnqn(&self) -> &str {
         &self.hostnqn
+    }
+
+    /// The host's keys as its subsystem holds them now, given before a Negotiate (see
+    /// [`is_negotiate`]): a new transaction, and so a live queue's re-authentication, uses
+    /// rotated keys (Linux nvmet re-reads them at each Negotiate on the admin queue,
+    /// `nvmet_setup_auth`). `None`: the keys were removed, the transaction is refused.
+    pub fn rekey(&mut self, keys: Option<Arc<HostAuth>>) {
+        match keys {
+            Some(k) => {
+                self.keys = k;
+                self.revoked = false;
+            }
+            None => self.revoked = true,
+        }
     }
 
     /// A transaction message arrived at `now_ns`: the step timer restarts.
@@ -398,6 +424,9 @@ impl QueueAuth {
 
     /// Negotiates hash and group; the group whose key pair is to be made.
     fn negotiate(&mut self, n: &nvme::auth::Negotiate) -> Result<DhGroup, u8> {
+        if self.revoked {
+            return Err(failure::FAILED);
+        }
         if n.sc_c != 0 {
             // Secure channel concatenation (TLS from the transaction) is not offered.
             return Err(failure::CONCAT_MISMATCH);
@@ -600,8 +629,16 @@ mod tests {
     fn run(group: DhGroup, bidi: bool, tamper: bool) -> (QueueAuth, Message) {
         let k = keys(group, bidi);
         let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, 0).unwrap();
-        assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(9)).encode()), Status::SUCCESS);
-        let Message::Challenge(c) = read(&mut a) else { panic!("no challenge") };
+        let m = transact(&mut a, &k, tamper);
+        (a, m)
+    }
+
+    /// One transaction on `a`, the host side using `k`'s secrets and group; the
+    /// controller's last message (Success1 or Failure1).
+    fn transact(a: &mut QueueAuth, k: &HostAuth, tamper: bool) -> Message {
+        let (group, bidi) = (k.dhgroup, k.ctrl_key.is_some());
+        assert_eq!(send(a, &Message::Negotiate(Negotiate::offer_all(9)).encode()), Status::SUCCESS);
+        let Message::Challenge(c) = read(a) else { panic!("no challenge") };
         assert_eq!(c.hash_id, HashId::Sha384.id());
         assert_eq!(c.dh_group, group.id());
         let hash = HashId::Sha384;
@@ -621,8 +658,8 @@ mod tests {
         let c2 = vec![0x5a; hash.len()];
         let reply =
             Reply { tid: 9, r1, c2: bidi.then(|| c2.clone()), seqnum: if bidi { 1234 } else { 0 }, dhv: dhv.clone() };
-        assert_eq!(send(&mut a, &Message::Reply(reply).encode()), Status::SUCCESS);
-        let m = read(&mut a);
+        assert_eq!(send(a, &Message::Reply(reply).encode()), Status::SUCCESS);
+        let m = read(a);
         if let (Message::Success1(s), Some(ck)) = (&m, &k.ctrl_key) {
             let key = ck.transformed(SUB);
             let ca = dhchap::challenge(hash, ks.as_deref(), &c2);
@@ -631,10 +668,9 @@ mod tests {
                 &ResponseInput { hash, key: &key, challenge: &ca, seqnum: 1234, tid: 9, hostnqn: HOST, subnqn: SUB },
             );
             assert_eq!(s.r2.as_deref(), Some(&r2[..]));
-            assert!(!a.is_authenticated(), "bidirectional: not before Success2");
-            assert_eq!(send(&mut a, &Message::Success2(9).encode()), Status::SUCCESS);
+            assert_eq!(send(a, &Message::Success2(9).encode()), Status::SUCCESS);
         }
-        (a, m)
+        m
     }
 
     #[test]
@@ -645,6 +681,55 @@ mod tests {
             assert!(a.is_authenticated());
             assert_eq!(a.state(), AuthState::Done);
         }
+    }
+
+    #[test]
+    fn bidirectional_is_authenticated_only_after_success2() {
+        let k = keys(DhGroup::Null, true);
+        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, 0).unwrap();
+        assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(9)).encode()), Status::SUCCESS);
+        let Message::Challenge(c) = read(&mut a) else { panic!("no challenge") };
+        let hash = HashId::Sha384;
+        let key = k.host_key.transformed(HOST);
+        let ca = dhchap::challenge(hash, None, &c.c1);
+        let r1 = dhchap::response(
+            Role::Host,
+            &ResponseInput { hash, key: &key, challenge: &ca, seqnum: c.seqnum, tid: 9, hostnqn: HOST, subnqn: SUB },
+        );
+        let reply = Reply { tid: 9, r1, c2: Some(vec![0x5a; hash.len()]), seqnum: 1234, dhv: vec![] };
+        assert_eq!(send(&mut a, &Message::Reply(reply).encode()), Status::SUCCESS);
+        assert!(matches!(read(&mut a), Message::Success1(_)));
+        assert!(!a.is_authenticated(), "bidirectional: not before Success2");
+        assert_eq!(send(&mut a, &Message::Success2(9).encode()), Status::SUCCESS);
+        assert!(a.is_authenticated());
+    }
+
+    #[test]
+    fn a_negotiate_takes_the_keys_the_subsystem_holds_now() {
+        let old = keys(DhGroup::Null, false);
+        let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, 0).unwrap();
+        assert!(matches!(transact(&mut a, &old, false), Message::Success1(_)));
+        // The keys rotate (and the group with them): the live queue re-authenticates with the new ones.
+        let new = keys(DhGroup::Ffdhe2048, true);
+        a.rekey(Some(Arc::clone(&new)));
+        assert!(matches!(transact(&mut a, &new, false), Message::Success1(_)));
+        assert!(a.is_authenticated() && a.state() == AuthState::Done);
+        // The old host secret no longer passes.
+        let stale = HostAuth { host_key: old.host_key.clone(), ..(*new).clone() };
+        a.rekey(Some(Arc::clone(&new)));
+        let m = transact(&mut a, &stale, false);
+        assert_eq!(m, Message::Failure1(Failure { tid: 9, rescode: 1, rescode_exp: failure::FAILED }));
+        assert!(a.is_failed() && !a.is_authenticated());
+        // Keys removed since the Connect: the next transaction is refused at its Negotiate.
+        let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, 0).unwrap();
+        assert!(matches!(transact(&mut a, &old, false), Message::Success1(_)));
+        a.rekey(None);
+        assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(10)).encode()), Status::SUCCESS);
+        let Message::Failure1(f) = read(&mut a) else { panic!("a revoked host got past Negotiate") };
+        assert_eq!(f.rescode_exp, failure::FAILED);
+        assert!(a.is_failed() && !a.is_authenticated());
+        assert!(is_negotiate(&Message::Negotiate(Negotiate::offer_all(1)).encode()));
+        assert!(!is_negotiate(&Message::Success2(1).encode()) && !is_negotiate(&[0]));
     }
 
     #[test]

@@ -1087,7 +1087,13 @@ impl Connection {
             r.status = a.on_receive(&mut out[..len]);
             r.buf = Some(out);
         } else {
-            match a.on_send(buf.as_deref().map_or(&[][..], |d| &d[..len.min(d.len())])) {
+            let data = buf.as_deref().map_or(&[][..], |d| &d[..len.min(d.len())]);
+            if auth::is_negotiate(data)
+                && let Some(b) = &self.binding
+            {
+                a.rekey(b.controller().subsys.host_auth(a.hostnqn()));
+            }
+            match a.on_send(data) {
                 auth::SendOutcome::Status(s) => r.status = s,
                 auth::SendOutcome::Compute(work) => {
                     if let Some(b) = buf {
