@@ -1,7 +1,11 @@
 //! In-band authentication on the host: one DH-HMAC-CHAP transaction per queue
 //! whose Connect came back with ATR (NVMe 2.x §8.13; Linux `host/auth.c`
 //! `nvme_queue_auth_work`), run on the blocking bring-up path before the queue
-//! is handed to anyone.
+//! is handed to anyone, and again on a live queue when the controller
+//! re-authenticates ([`crate::controller::Controller::reauthenticate`]): the
+//! transaction runs on the caller's thread, its commands go through an
+//! [`Exchange`] (the bring-up [`SyncQueue`], or the context that owns the queue,
+//! which sends them beside its I/O under the queue's reserved tag).
 //!
 //! ```text
 //!   Auth Send    AUTH_Negotiate (SHA-256/384/512, null + ffdhe2048..8192)
@@ -24,8 +28,26 @@ use nvme::auth::{AuthCmd, DhGroup, Failure, HashId, MAX_MESSAGE_LEN, Message, Ne
 use uring::IoBuf;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::queue::{DataDir, Io};
+use crate::queue::{DataDir, Done, Io};
 use crate::sync::SyncQueue;
+
+/// Where a transaction's commands go, one at a time.
+pub trait Exchange {
+    /// The queue's id.
+    fn qid(&self) -> u16;
+    /// Sends `io` and waits up to `timeout` for its completion.
+    fn execute(&mut self, io: Io, timeout: Duration) -> Result<Done>;
+}
+
+impl Exchange for SyncQueue {
+    fn qid(&self) -> u16 {
+        self.queue().qid().0
+    }
+
+    fn execute(&mut self, io: Io, timeout: Duration) -> Result<Done> {
+        SyncQueue::execute(self, io, timeout)
+    }
+}
 
 /// The host's DH-HMAC-CHAP secrets (`nvme connect --dhchap-secret / --dhchap-ctrl-secret`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,15 +120,16 @@ pub fn send_io(m: &Message) -> Option<Io> {
     Some(Io { sqe: AuthCmd::dhchap(len).send_sqe(Cid(0)), buf: Some(buf), len, dir: DataDir::ToController, token: 0 })
 }
 
-/// Runs the DH-HMAC-CHAP transaction on `q` (whose Connect asked for it) by `deadline`.
+/// Runs the DH-HMAC-CHAP transaction on `q` (whose Connect asked for it, or a live
+/// queue re-authenticating) by `deadline`.
 pub fn authenticate(
-    q: &mut SyncQueue,
+    q: &mut dyn Exchange,
     keys: Option<&DhchapKeys>,
     hostnqn: &str,
     subnqn: &str,
     deadline: Instant,
 ) -> Result<()> {
-    let qid = q.queue().qid();
+    let qid = nvme::QueueId(q.qid());
     let Some(keys) = keys else {
         return Err(Error::new(
             ErrorKind::Protocol,
@@ -117,14 +140,16 @@ pub fn authenticate(
     };
     let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
     let mut t = Transaction { q, tid, deadline, step: Step::Negotiate, qid: qid.0 };
+    let start = Instant::now();
     match t.run(keys, hostnqn, subnqn) {
         Ok((hash, group)) => {
             let (hash, group, bidirectional) = (hash.linux_name(), group.name(), keys.ctrl.is_some());
             // Like Linux, the admin queue's outcome at info, the I/O queues' at debug.
+            let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
             if qid.is_admin() {
-                tracing::info!(qid = qid.0, hash, group, bidirectional, "authenticated (DH-HMAC-CHAP)");
+                tracing::info!(qid = qid.0, hash, group, bidirectional, us, "authenticated (DH-HMAC-CHAP)");
             } else {
-                tracing::debug!(qid = qid.0, hash, group, bidirectional, "authenticated (DH-HMAC-CHAP)");
+                tracing::debug!(qid = qid.0, hash, group, bidirectional, us, "authenticated (DH-HMAC-CHAP)");
             }
             Ok(())
         }
@@ -146,7 +171,7 @@ enum Fail {
 }
 
 struct Transaction<'a> {
-    q: &'a mut SyncQueue,
+    q: &'a mut dyn Exchange,
     tid: u16,
     deadline: Instant,
     step: Step,
@@ -190,11 +215,16 @@ impl Transaction<'_> {
         // The step goes with a transport error too: Linux nvmet, rejecting our response,
         // may tear the controller down before its AUTH_Failure1 is sent, so the refusal
         // arrives as "(Success1): connection closed by the controller".
-        let (_, data) = self
-            .q
-            .read_data(AuthCmd::dhchap(len).receive_sqe(Cid(0)), MAX_MESSAGE_LEN, left)
-            .map_err(|e| Fail::Refused(self.err(e.to_string())))?;
-        match Message::decode(&data) {
+        let buf = IoBuf::new(MAX_MESSAGE_LEN.next_multiple_of(4096));
+        let sqe = AuthCmd::dhchap(len).receive_sqe(Cid(0));
+        let io = Io { sqe, buf: Some(buf), len, dir: DataDir::FromController, token: 0 };
+        let d = self.q.execute(io, left).map_err(|e| Fail::Refused(self.err(e.to_string())))?;
+        if !d.cqe.status.is_success() {
+            let e = Error::status(format!("queue {} Authentication Receive", self.qid), d.cqe.status);
+            return Err(Fail::Refused(self.err(e.to_string())));
+        }
+        let data = d.buf.as_ref().map_or(&[][..], |b| &b.as_full()[..MAX_MESSAGE_LEN]);
+        match Message::decode(data) {
             Ok(Message::Failure1(f)) => Err(Fail::Refused(self.err(format!(
                 "controller refused (AUTH_Failure1, reason {:#04x}, explanation {:#04x}: {})",
                 f.rescode,

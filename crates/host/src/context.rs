@@ -36,6 +36,7 @@ use nvme::opcode::io as opc;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
 
+use crate::control::Control;
 use crate::controller::{Controller, QueueMsg};
 use crate::error::{Error, ErrorKind, Result};
 use crate::head::{Head, ReferenceSelector, class_of, path_id};
@@ -178,6 +179,8 @@ struct Conn {
     cancelled: bool,
     /// Detached from its queue entry (failed): freed once no op is in flight.
     dying: bool,
+    /// A re-authentication's command, sent beside the I/O under the reserved tag.
+    control: Control,
 }
 
 struct QEntry {
@@ -590,6 +593,7 @@ impl Context {
             send_inflight: false,
             cancelled: false,
             dying: false,
+            control: Control::default(),
         };
         let key = match self.free_conns.pop() {
             Some(k) => {
@@ -1417,8 +1421,15 @@ impl Context {
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         let qkey = conn.qkey;
         let dying = conn.dying;
+        let control_tag = conn.q.control_tag();
         let mut done = std::mem::take(conn.q.completions());
         for d in done.drain(..) {
+            if d.tag == control_tag {
+                if let Some(Some(conn)) = self.conns.get_mut(ckey) {
+                    conn.control.complete(d);
+                }
+                continue;
+            }
             let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
             if (rid as usize) < self.reqs.len() && self.reqs[rid as usize].state == ReqState::Outstanding {
                 if !dying {
@@ -1445,6 +1456,10 @@ impl Context {
                 let _ = self.ring.cancel_fd(conn.stream.as_raw_fd());
             }
             return;
+        }
+        if conn.control.is_waiting() {
+            // Before anything of the caller's takes the entry that just came free.
+            conn.control.retry(&mut conn.q);
         }
         self.arm_recv(ckey);
         if self.conns[ckey].as_ref().is_some_and(|c| c.q.has_pending_send()) {
@@ -1475,9 +1490,14 @@ impl Context {
         conn.dying = true;
         let why = conn.q.error().unwrap_or("queue failed").to_string();
         conn.q.abort_all(Status::HOST_PATH_ERROR);
+        conn.control.fail(&why);
+        let control_tag = conn.q.control_tag();
         let qkey = conn.qkey;
         let conn_generation = conn.ctrl_generation;
         let mut done = std::mem::take(conn.q.completions());
+        if let Some(i) = done.iter().position(|d| d.tag == control_tag) {
+            conn.control.complete(done.swap_remove(i));
+        }
         self.rec.on_failure(qkey);
         let qe = &mut self.queues[qkey];
         qe.conn = None;
@@ -1680,6 +1700,29 @@ impl Context {
                 }
                 tracing::debug!(index, generation, "queue (re)connected");
                 self.install(qkey, stream, queue, generation);
+            }
+            QueueMsg::Command { ctrl, index, generation, io, reply } => {
+                let conn = self
+                    .queues
+                    .iter()
+                    .find(|q| Arc::ptr_eq(&q.ctrl, &ctrl) && q.index == index)
+                    .and_then(|q| q.conn)
+                    .filter(|&k| {
+                        self.conns.get(k).and_then(Option::as_ref).is_some_and(|c| {
+                            !c.dying && c.ctrl_generation == generation && c.q.state() == QueueState::Live
+                        })
+                    });
+                let Some(ckey) = conn else {
+                    let _ = reply.send(Err(Error::new(
+                        ErrorKind::Gone,
+                        format!("queue {}: no live connection of that generation here", index + 1),
+                    )));
+                    return;
+                };
+                if let Some(Some(c)) = self.conns.get_mut(ckey) {
+                    c.control.offer(&mut c.q, io, reply);
+                }
+                self.touched.push(ckey);
             }
         }
     }

@@ -219,6 +219,8 @@ impl NsInfo {
 }
 
 /// Messages from a controller to a context that owns one of its queues.
+// One per (re)connect or control command, never per I/O: the queue moves by value.
+#[allow(clippy::large_enum_variant)]
 pub enum QueueMsg {
     /// A (re)connected I/O queue: `index` is the queue's position (qid − 1).
     Queue {
@@ -233,12 +235,29 @@ pub enum QueueMsg {
         /// The live queue.
         queue: HostQueue,
     },
+    /// A control command for I/O queue `index` of `ctrl` (a re-authentication's
+    /// Authentication Send or Receive): sent beside the queue's I/O under its reserved
+    /// tag, its completion (or why it could not be sent) goes back through `reply`.
+    Command {
+        /// The controller.
+        ctrl: Arc<Controller>,
+        /// Queue index (qid − 1).
+        index: u16,
+        /// The controller generation the command is meant for (an older or newer
+        /// connection of the queue refuses it).
+        generation: u64,
+        /// The command.
+        io: Io,
+        /// Where the completion goes (a channel of one: sending never blocks).
+        reply: SyncSender<Result<Done>>,
+    },
 }
 
 impl std::fmt::Debug for QueueMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             QueueMsg::Queue { index, generation, .. } => write!(f, "Queue(index {index}, gen {generation})"),
+            QueueMsg::Command { index, generation, .. } => write!(f, "Command(index {index}, gen {generation})"),
         }
     }
 }
@@ -263,8 +282,18 @@ struct Inner {
 }
 
 enum AdminReq {
-    Command { io: Io, reply: SyncSender<Result<Done>> },
-    Delete { reply: SyncSender<()> },
+    Command {
+        io: Io,
+        reply: SyncSender<Result<Done>>,
+    },
+    /// Re-authenticate the admin queue with the controller's current keys by `deadline`.
+    Authenticate {
+        deadline: Instant,
+        reply: SyncSender<Result<()>>,
+    },
+    Delete {
+        reply: SyncSender<()>,
+    },
 }
 
 /// An NVMe/TCP controller.
@@ -283,6 +312,11 @@ pub struct Controller {
     ana_refresh: AtomicBool,
     admin_tx: Mutex<Option<SyncSender<AdminReq>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// DH-HMAC-CHAP secrets: `opts`' at first, replaced by [`Controller::reauthenticate`]
+    /// (reconnects use the newest, as Linux after a write to `dhchap_secret`).
+    keys: Mutex<Option<crate::auth::DhchapKeys>>,
+    /// One re-authentication at a time.
+    reauth: Mutex<()>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -292,6 +326,50 @@ impl std::fmt::Debug for Controller {
             .field("subnqn", &self.opts.subnqn)
             .field("state", &self.state())
             .finish()
+    }
+}
+
+/// What [`Controller::reauthenticate`] did.
+#[derive(Clone, Debug)]
+pub struct Reauthenticated {
+    /// I/O queues re-authenticated (the admin queue was, or it is an error).
+    pub io_queues: usize,
+    /// I/O queues whose transaction failed: queue id and why.
+    pub failed: Vec<(u16, String)>,
+    /// From the start to the last queue's end.
+    pub took: Duration,
+}
+
+/// A live I/O queue that a context or a user queue pair owns, as an
+/// [`crate::auth::Exchange`]: each command goes to the owner's mailbox and its
+/// completion comes back on a channel.
+struct OwnedQueue {
+    owner: MailboxSender<QueueMsg>,
+    ctrl: Arc<Controller>,
+    index: u16,
+    generation: u64,
+}
+
+impl crate::auth::Exchange for OwnedQueue {
+    fn qid(&self) -> u16 {
+        self.index + 1
+    }
+
+    fn execute(&mut self, io: Io, timeout: Duration) -> Result<Done> {
+        let (tx, rx) = sync_channel(1);
+        let (index, generation) = (self.index, self.generation);
+        let msg = QueueMsg::Command { ctrl: Arc::clone(&self.ctrl), index, generation, io, reply: tx };
+        self.owner.send(msg).map_err(|_| Error::new(ErrorKind::Gone, "the queue's owner is gone"))?;
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!("queue {}: no answer in time (is the owning context polled?)", index + 1),
+            )),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(Error::new(ErrorKind::Gone, format!("queue {}: closed before the answer", index + 1)))
+            }
+        }
     }
 }
 
@@ -336,7 +414,8 @@ impl Controller {
         if !(2..=4096).contains(&opts.queue_size) {
             return Err(Error::new(ErrorKind::Invalid, "queue_size must be in 2..=4096"));
         }
-        let b = bring_up(&opts, None)?;
+        let keys = crate::auth::DhchapKeys::parse(opts.dhchap_secret.as_deref(), opts.dhchap_ctrl_secret.as_deref())?;
+        let b = bring_up(&opts, keys.as_ref(), None)?;
         let nq = b.io.len();
         let nuser = usize::from(opts.nr_user_queues).min(nq.saturating_sub(1));
         let ctrl = Arc::new(Controller {
@@ -362,6 +441,8 @@ impl Controller {
             ana_refresh: AtomicBool::new(false),
             admin_tx: Mutex::new(None),
             thread: Mutex::new(None),
+            keys: Mutex::new(keys),
+            reauth: Mutex::new(()),
             opts,
         });
         let (tx, rx) = sync_channel(16);
@@ -529,6 +610,110 @@ impl Controller {
         self.ana_refresh.store(true, Ordering::Release);
     }
 
+    /// The DH-HMAC-CHAP secrets new connections and re-authentications use.
+    pub fn keys(&self) -> Option<crate::auth::DhchapKeys> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Re-authenticates the live controller's queues with DH-HMAC-CHAP (NVMe 2.x
+    /// §8.13.4; Linux `nvme_ctrl_auth_work`, run when `dhchap_secret` is written):
+    /// the admin queue first (on the admin thread), then every I/O queue at once, each
+    /// beside its I/O. With `keys` the host's secrets change first (a key rotation: the
+    /// controller must hold the new ones; later reconnects use them too). A failure on
+    /// the admin queue is the error; failures of I/O queues are in the report (Linux
+    /// warns and goes on: the controller decides whether such a queue may stay).
+    ///
+    /// Blocks the caller for up to `timeout`, so it must not be the thread that polls a
+    /// context owning one of the queues: that queue's commands would wait for it.
+    pub fn reauthenticate(
+        self: &Arc<Self>,
+        keys: Option<crate::auth::DhchapKeys>,
+        timeout: Duration,
+    ) -> Result<Reauthenticated> {
+        let _one = self.reauth.lock().unwrap_or_else(|e| e.into_inner());
+        if self.state() != CtrlState::Live {
+            return Err(Error::new(ErrorKind::Invalid, format!("controller is {:?}, not live", self.state())));
+        }
+        if let Some(k) = keys {
+            *self.keys.lock().unwrap_or_else(|e| e.into_inner()) = Some(k);
+        }
+        if self.keys().is_none() {
+            return Err(Error::new(ErrorKind::Invalid, "no DH-HMAC-CHAP secret to authenticate with"));
+        }
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let generation = self.generation();
+        let tx = self.admin_tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let tx = tx.ok_or_else(|| Error::new(ErrorKind::Gone, "admin thread gone"))?;
+        let (rtx, rrx) = sync_channel(1);
+        tx.send(AdminReq::Authenticate { deadline, reply: rtx })
+            .map_err(|_| Error::new(ErrorKind::Gone, "admin thread gone"))?;
+        // The admin thread answers by the deadline or fails the transaction; the margin
+        // covers a keep-alive round it may be in.
+        rrx.recv_timeout(timeout + ADMIN_TIMEOUT)
+            .map_err(|_| Error::new(ErrorKind::Timeout, "admin queue re-authentication: no answer"))??;
+        let n = self.io_queue_count();
+        let (keys, hostnqn, subnqn) = (self.keys(), &self.opts.hostnqn, &self.opts.subnqn);
+        let io = run_parallel(n, false, &|i| {
+            let index = u16::try_from(i).unwrap_or(u16::MAX);
+            self.reauthenticate_io(index, generation, keys.as_ref(), hostnqn, subnqn, deadline)
+        });
+        let failed: Vec<(u16, String)> = io
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().err().map(|e| (u16::try_from(i + 1).unwrap_or(u16::MAX), e.to_string())))
+            .collect();
+        for (qid, e) in &failed {
+            tracing::warn!(traddr = %self.opts.traddr, qid, "re-authentication failed: {e}");
+        }
+        let took = start.elapsed();
+        tracing::info!(traddr = %self.opts.traddr, io_queues = n, failed = failed.len(), ms = took.as_millis(), "re-authenticated");
+        Ok(Reauthenticated { io_queues: n - failed.len(), failed, took })
+    }
+
+    /// One I/O queue's transaction: through its owner, or on the parked connection itself.
+    fn reauthenticate_io(
+        self: &Arc<Self>,
+        index: u16,
+        generation: u64,
+        keys: Option<&crate::auth::DhchapKeys>,
+        hostnqn: &str,
+        subnqn: &str,
+        deadline: Instant,
+    ) -> Result<()> {
+        let (owner, parked) = {
+            let mut g = self.lock();
+            let slot =
+                g.slots.get_mut(usize::from(index)).ok_or_else(|| Error::new(ErrorKind::Gone, "no such queue"))?;
+            (slot.owner.clone(), if slot.owner.is_none() { slot.parked.take() } else { None })
+        };
+        if let Some(owner) = owner {
+            let mut q = OwnedQueue { owner, ctrl: Arc::clone(self), index, generation };
+            return crate::auth::authenticate(&mut q, keys, hostnqn, subnqn, deadline);
+        }
+        let Some((stream, queue)) = parked else {
+            return Err(Error::new(ErrorKind::Gone, "the queue is not connected"));
+        };
+        // No context has claimed it: the transaction runs on the connection here, and the
+        // connection goes back where it belongs now (a context may have claimed it meanwhile).
+        let mut q = SyncQueue::from_parts(stream, queue);
+        let r = crate::auth::authenticate(&mut q, keys, hostnqn, subnqn, deadline);
+        if r.is_ok() && self.generation() == generation {
+            let (stream, queue) = q.into_parts();
+            let mut g = self.lock();
+            if let Some(slot) = g.slots.get_mut(usize::from(index)) {
+                match &slot.owner {
+                    Some(o) => {
+                        let msg = QueueMsg::Queue { ctrl: Arc::clone(self), index, generation, stream, queue };
+                        let _ = o.send(msg);
+                    }
+                    None => slot.parked = Some((stream, queue)),
+                }
+            }
+        }
+        r
+    }
+
     /// Runs an admin command on the admin thread (control plane; blocks the caller).
     pub fn admin_command(&self, io: Io) -> Result<Done> {
         let tx = self.admin_tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -592,8 +777,12 @@ fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> Q
 
 /// Brings up the admin queue and every I/O queue. `want_queues` keeps the
 /// queue count of an earlier connection across reconnects.
-fn bring_up(opts: &ConnectOptions, want_queues: Option<usize>) -> Result<Bringup> {
-    let dhchap = crate::auth::DhchapKeys::parse(opts.dhchap_secret.as_deref(), opts.dhchap_ctrl_secret.as_deref())?;
+fn bring_up(
+    opts: &ConnectOptions,
+    dhchap: Option<&crate::auth::DhchapKeys>,
+    want_queues: Option<usize>,
+) -> Result<Bringup> {
+    let dhchap = dhchap.cloned();
     let mut acfg = queue_cfg(opts, 0, 32, Cntlid::DYNAMIC);
     acfg.dhchap.clone_from(&dhchap);
     acfg.kato_ms = opts.kato_ms;
@@ -630,7 +819,7 @@ fn bring_up(opts: &ConnectOptions, want_queues: Option<usize>) -> Result<Bringup
         Ok(SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?.into_parts())
     };
     let io = if dhchap.is_some() {
-        connect_parallel(n, &connect_io)?
+        run_parallel(n, true, &connect_io).into_iter().collect::<Result<Vec<_>>>()?
     } else {
         (0..n).map(connect_io).collect::<Result<_>>()?
     };
@@ -647,47 +836,52 @@ fn bring_up(opts: &ConnectOptions, want_queues: Option<usize>) -> Result<Bringup
 /// Most I/O queues brought up at once (see [`connect_parallel`]).
 const PARALLEL_CONNECTS_MAX: usize = 8;
 
-/// Runs `connect(0..n)` on up to [`PARALLEL_CONNECTS_MAX`] threads (no more than CPUs),
-/// results in index order; the first error in index order wins and the other queues are
-/// dropped (closed). For queues that authenticate: each spends two Diffie-Hellman steps
-/// on each side (16 ms apiece for ffdhe8192 here), and one at a time a controller of
-/// 32 queues took seconds to connect and to reconnect. Plain queues connect one after
-/// another: a thread would cost more than their handshake.
-fn connect_parallel<T: Send>(n: usize, connect: &(dyn Fn(usize) -> Result<T> + Sync)) -> Result<Vec<T>> {
+/// Runs `f(0..n)` on up to [`PARALLEL_CONNECTS_MAX`] threads (no more than CPUs),
+/// results in index order. With `stop_on_error` no new index starts after a failure
+/// (those that did not run come back as errors after it, so the first error in index
+/// order is the failure's). For queues that authenticate: each spends two
+/// Diffie-Hellman steps on each side (16 ms apiece for ffdhe8192 here), and one at a
+/// time a controller of 32 queues took seconds to connect, reconnect and
+/// re-authenticate. Plain queues connect one after another: a thread would cost more
+/// than their handshake.
+fn run_parallel<T: Send>(n: usize, stop_on_error: bool, f: &(dyn Fn(usize) -> Result<T> + Sync)) -> Vec<Result<T>> {
     let threads = n.min(uring::online_cpus().max(1)).min(PARALLEL_CONNECTS_MAX);
-    if threads <= 1 {
-        return (0..n).map(connect).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
     let slots: Vec<Mutex<Option<Result<T>>>> = (0..n).map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= n {
-                        return;
-                    }
-                    let r = connect(i);
-                    let failed = r.is_err();
-                    *slots[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
-                    if failed {
-                        // No new queues after a failure; the ones under way finish.
-                        next.store(n, Ordering::Relaxed);
-                        return;
-                    }
-                }
-            });
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                return;
+            }
+            let r = f(i);
+            let failed = r.is_err();
+            *slots[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+            if failed && stop_on_error {
+                // No new indices after a failure; the ones under way finish.
+                next.store(n, Ordering::Relaxed);
+                return;
+            }
         }
-    });
-    let mut out = Vec::with_capacity(n);
-    for (i, slot) in slots.into_iter().enumerate() {
-        match slot.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
-            Some(r) => out.push(r?),
-            None => return Err(Error::new(ErrorKind::Protocol, format!("I/O queue {} not connected", i + 1))),
-        }
+    };
+    if threads <= 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(work);
+            }
+        });
     }
-    Ok(out)
+    slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            slot.into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or_else(|| Err(Error::new(ErrorKind::Protocol, format!("I/O queue {}: not started", i + 1))))
+        })
+        .collect()
 }
 
 fn scan_namespaces(admin: &mut SyncQueue, id: &IdentifyController) -> Result<Vec<NsInfo>> {
@@ -743,6 +937,20 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                 match rx.recv_timeout(Duration::from_millis(20)) {
                     Ok(AdminReq::Command { io, reply }) => {
                         let _ = reply.send(q.execute(io, ADMIN_TIMEOUT));
+                    }
+                    Ok(AdminReq::Authenticate { deadline, reply }) => {
+                        let r = if q.queue().was_authenticated() {
+                            let keys = ctrl.keys();
+                            let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
+                            crate::auth::authenticate(q, keys.as_ref(), hostnqn, subnqn, deadline)
+                        } else {
+                            // Linux re-authenticates only queues that authenticated at connect.
+                            Err(Error::new(
+                                ErrorKind::Invalid,
+                                "the controller did not ask for authentication at connect: nothing to renew",
+                            ))
+                        };
+                        let _ = reply.send(r);
                     }
                     Ok(AdminReq::Delete { reply }) => {
                         let _ = admin::shutdown(q);
@@ -839,7 +1047,8 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                     return;
                 }
                 let nq = ctrl.io_queue_count();
-                match bring_up(&ctrl.opts, Some(nq)) {
+                let keys = ctrl.keys();
+                match bring_up(&ctrl.opts, keys.as_ref(), Some(nq)) {
                     Ok(b) if b.io.len() == nq => {
                         let generation = ctrl.generation();
                         let mut g = ctrl.lock();
@@ -967,18 +1176,20 @@ mod tests {
     #[test]
     fn parallel_connects_keep_queue_order_and_report_the_first_failure() {
         let threads = Mutex::new(std::collections::HashSet::new());
-        let ok = connect_parallel(20, &|i| {
+        let ok = run_parallel(20, true, &|i| {
             threads.lock().unwrap().insert(std::thread::current().id());
             std::thread::sleep(Duration::from_millis(2));
             Ok(i * 10)
         })
+        .into_iter()
+        .collect::<Result<Vec<_>>>()
         .unwrap();
         assert_eq!(ok, (0..20).map(|i| i * 10).collect::<Vec<_>>(), "results in queue order");
         let used = threads.lock().unwrap().len();
         assert!(used <= uring::online_cpus().clamp(1, PARALLEL_CONNECTS_MAX), "{used} threads");
 
         let started = std::sync::atomic::AtomicUsize::new(0);
-        let e = connect_parallel(50, &|i| {
+        let e = run_parallel(50, true, &|i| {
             started.fetch_add(1, Ordering::Relaxed);
             if i == 3 || i == 7 {
                 return Err(Error::new(ErrorKind::Protocol, format!("queue {i} refused")));
@@ -987,8 +1198,20 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
             Ok(i)
         })
+        .into_iter()
+        .collect::<Result<Vec<_>>>()
         .unwrap_err();
         assert!(e.to_string().contains("queue 3 refused"), "the first failure in queue order: {e}");
         assert!(started.load(Ordering::Relaxed) < 50, "no new queue is started after a failure");
+
+        // Without stop_on_error every index runs (a re-authentication tries every queue).
+        let started = std::sync::atomic::AtomicUsize::new(0);
+        let all = run_parallel(30, false, &|i| {
+            started.fetch_add(1, Ordering::Relaxed);
+            if i % 10 == 3 { Err(Error::new(ErrorKind::Protocol, format!("queue {i} refused"))) } else { Ok(i) }
+        });
+        assert_eq!(started.load(Ordering::Relaxed), 30);
+        let failed: Vec<usize> = all.iter().enumerate().filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
+        assert_eq!(failed, [3, 13, 23]);
     }
 }

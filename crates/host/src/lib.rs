@@ -36,6 +36,7 @@
 pub mod admin;
 pub mod auth;
 pub mod context;
+mod control;
 pub mod controller;
 pub mod discovery;
 pub mod error;

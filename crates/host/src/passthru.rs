@@ -37,9 +37,10 @@ use std::sync::Arc;
 use nvme::{Cqe, Sqe};
 use uring::{IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
 
+use crate::control::Control;
 use crate::controller::{Controller, QueueMsg};
 use crate::error::{Error, ErrorKind, Result};
-use crate::queue::{DataDir, HostQueue, Io, QueueState};
+use crate::queue::{DataDir, HostQueue, Io, QueueState, SubmitError};
 
 /// A finished raw command.
 #[derive(Debug)]
@@ -67,6 +68,10 @@ pub struct QueuePair {
     send_inflight: bool,
     free: Vec<u16>,
     gen_: u64,
+    /// The controller generation of the connection (`conn`).
+    ctrl_gen: u64,
+    /// A re-authentication's command, beside the caller's.
+    control: Control,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -99,16 +104,20 @@ impl QueuePair {
             send_inflight: false,
             free: Vec::new(),
             gen_: 0,
+            ctrl_gen: 0,
+            control: Control::default(),
         };
-        if let Some((s, q, _)) = claimed {
-            qp.install(s, q);
+        if let Some((s, q, generation)) = claimed {
+            qp.install(s, q, generation);
         }
         Ok(qp)
     }
 
-    fn install(&mut self, s: TcpStream, q: HostQueue) {
+    fn install(&mut self, s: TcpStream, q: HostQueue, ctrl_gen: u64) {
         self.free = (0..q.entries()).rev().collect();
         self.gen_ += 1;
+        self.ctrl_gen = ctrl_gen;
+        self.control = Control::default();
         self.conn = Some((s, q));
         self.recv_inflight = false;
         self.send_inflight = false;
@@ -145,7 +154,9 @@ impl QueuePair {
             Ok(()) => Ok(()),
             Err((e, io)) => {
                 self.free.push(tag);
-                Err((Error::new(ErrorKind::Invalid, e.to_string()), io.buf))
+                // Full: a re-authentication's command holds one entry for now.
+                let kind = if e == SubmitError::Full { ErrorKind::Busy } else { ErrorKind::Invalid };
+                Err((Error::new(kind, e.to_string()), io.buf))
             }
         }
     }
@@ -218,14 +229,27 @@ impl QueuePair {
                 self.send_inflight = false;
                 q.on_send_done(m, res);
             }
+            let control_tag = q.control_tag();
             for d in q.completions().drain(..) {
+                if d.tag == control_tag {
+                    self.control.complete(d);
+                    continue;
+                }
                 self.free.push(d.tag);
                 out.push(PtCompletion { user_data: d.token, cqe: d.cqe, buf: d.buf });
+            }
+            if self.control.is_waiting() {
+                self.control.retry(q);
             }
             if q.state() == QueueState::Failed {
                 // Outstanding commands fail back to the caller: a user queue has no retries.
                 q.abort_all(nvme::Status::HOST_PATH_ERROR);
+                self.control.fail(q.error().unwrap_or("queue failed"));
                 for d in q.completions().drain(..) {
+                    if d.tag == control_tag {
+                        self.control.complete(d);
+                        continue;
+                    }
                     out.push(PtCompletion { user_data: d.token, cqe: d.cqe, buf: d.buf });
                 }
                 self.ctrl.report_io_failure("user queue failed");
@@ -236,8 +260,26 @@ impl QueuePair {
         }
         let mut msgs = Vec::new();
         self.mailbox.drain(|m| msgs.push(m));
-        for QueueMsg::Queue { stream, queue, .. } in msgs {
-            self.install(stream, queue);
+        for m in msgs {
+            match m {
+                QueueMsg::Queue { stream, queue, generation, .. } => self.install(stream, queue, generation),
+                QueueMsg::Command { ctrl, index, generation, io, reply } => match self.conn.as_mut() {
+                    Some((_, q))
+                        if Arc::ptr_eq(&ctrl, &self.ctrl)
+                            && index == self.index
+                            && generation == self.ctrl_gen
+                            && q.state() == QueueState::Live =>
+                    {
+                        self.control.offer(q, io, reply);
+                    }
+                    _ => {
+                        let _ = reply.send(Err(Error::new(
+                            ErrorKind::Gone,
+                            format!("user queue {}: no live connection of that generation", index + 1),
+                        )));
+                    }
+                },
+            }
         }
         self.arm_recv();
         self.flush();

@@ -179,6 +179,9 @@ pub enum SubmitError {
     /// The data length does not match the buffer.
     #[error("data length does not fit the buffer")]
     BadLength,
+    /// As many commands are outstanding as the submission queue has entries.
+    #[error("the submission queue is full")]
+    Full,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,6 +281,8 @@ pub struct HostQueue {
     error: Option<String>,
     /// Bytes of commands queued since the last send (for batching decisions).
     pending_cmds: usize,
+    /// The queue went live through an authentication transaction.
+    was_authenticated: bool,
 }
 
 impl std::fmt::Debug for HostQueue {
@@ -290,7 +295,9 @@ impl std::fmt::Debug for HostQueue {
     }
 }
 
-/// The internal command id of the Fabrics Connect (one past the caller's tags).
+/// The internal command id of the Fabrics Connect (one past the caller's tags), and
+/// of control commands on a live queue ([`HostQueue::submit_control`]): Linux keeps a
+/// reserved tag per queue for the same two (`NVMF_RESERVED_TAGS`).
 fn connect_tag(tag_space: u16) -> u16 {
     tag_space
 }
@@ -321,6 +328,7 @@ impl HostQueue {
             error: None,
             state: QueueState::AwaitIcResp,
             pending_cmds: 0,
+            was_authenticated: false,
             cfg,
         };
         let icreq = IcReq { pfv: 0, hpda: 0, digests: q.cfg.digests, maxr2t: 0 };
@@ -342,7 +350,14 @@ impl HostQueue {
     pub fn authenticated(&mut self) {
         if self.state == QueueState::Authenticating {
             self.state = self.state.transition(QueueState::Live);
+            self.was_authenticated = true;
         }
+    }
+
+    /// Whether the queue went live through an in-band authentication transaction
+    /// (only such queues re-authenticate, as on Linux).
+    pub fn was_authenticated(&self) -> bool {
+        self.was_authenticated
     }
 
     /// Queue id.
@@ -414,14 +429,44 @@ impl HostQueue {
 
     /// Queues a command under `tag` (0..entries). The caller's tag allocator
     /// guarantees the tag is free; a busy tag is refused.
-    pub fn submit(&mut self, tag: u16, mut io: Io) -> Result<(), (SubmitError, Io)> {
+    pub fn submit(&mut self, tag: u16, io: Io) -> Result<(), (SubmitError, Io)> {
+        if tag >= self.tag_space() {
+            return Err((SubmitError::BadTag(tag), io));
+        }
+        self.submit_at(tag, io)
+    }
+
+    /// Queues a control command of the queue's owner (a re-authentication's
+    /// Authentication Send or Receive) under the queue's reserved tag
+    /// ([`HostQueue::control_tag`]), beside the caller's commands. One at a time; refused
+    /// with [`SubmitError::Full`] while the submission queue is full (try again once a
+    /// command completes: a queue that holds a control command takes the caller's
+    /// commands only while one entry stays free for it).
+    pub fn submit_control(&mut self, io: Io) -> Result<(), (SubmitError, Io)> {
+        if self.state != QueueState::Live {
+            return Err((SubmitError::NotLive, io));
+        }
+        self.submit_at(self.control_tag(), io)
+    }
+
+    /// The tag of [`HostQueue::submit_control`]'s commands (their completions carry it).
+    pub fn control_tag(&self) -> u16 {
+        connect_tag(self.tag_space())
+    }
+
+    fn submit_at(&mut self, tag: u16, mut io: Io) -> Result<(), (SubmitError, Io)> {
         let auth_cmd = io.sqe.is_fabrics()
             && matches!(io.sqe.fctype(), nvme::opcode::fctype::AUTH_SEND | nvme::opcode::fctype::AUTH_RECEIVE);
         if !(self.state == QueueState::Live || (self.state == QueueState::Authenticating && auth_cmd)) {
             return Err((SubmitError::NotLive, io));
         }
-        if tag >= self.tag_space() || self.slots[usize::from(tag)].state != SlotState::Free {
+        if self.slots[usize::from(tag)].state != SlotState::Free {
             return Err((SubmitError::BadTag(tag), io));
+        }
+        // The SQ's size (Connect's SQSIZE + 1) bounds what is outstanding, the reserved tag's
+        // command included: the controller has no room for more.
+        if self.outstanding >= usize::from(self.cfg.entries) {
+            return Err((SubmitError::Full, io));
         }
         let len = io.len as usize;
         if io.dir != DataDir::None && io.buf.as_ref().is_none_or(|b| b.capacity() < len) {
@@ -774,7 +819,8 @@ impl HostQueue {
         }
         let space = self.tag_space();
         match self.slots.get_mut(usize::from(tag)) {
-            Some(s) if s.state == SlotState::Outstanding && tag < space => {
+            // The caller's tags, and the reserved one of a control command.
+            Some(s) if s.state == SlotState::Outstanding && tag <= space => {
                 s.cqe = Some(cqe);
                 if !s.buf_in_flight {
                     self.finish(tag);
@@ -900,7 +946,7 @@ impl HostQueue {
     /// handing back their buffers. Buffers still in a send batch come back
     /// when the driver returns the batch.
     pub fn abort_all(&mut self, status: Status) {
-        for tag in 0..self.tag_space() {
+        for tag in 0..=self.tag_space() {
             let s = &mut self.slots[usize::from(tag)];
             if s.state == SlotState::Outstanding {
                 s.cqe = Some(Cqe::with_status(Cid(tag), status));

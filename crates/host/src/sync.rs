@@ -93,6 +93,14 @@ impl SyncQueue {
         &mut self.queue
     }
 
+    /// A connected queue's socket and state machine (split by [`SyncQueue::into_parts`])
+    /// driven blocking again: a parked I/O queue's re-authentication. Nothing may be
+    /// outstanding on it.
+    pub fn from_parts(stream: TcpStream, queue: HostQueue) -> SyncQueue {
+        let entries = queue.entries();
+        SyncQueue { stream, queue, free_tags: (0..entries).rev().collect(), done: VecDeque::new(), next_token: 1 }
+    }
+
     /// Splits into the socket and the live queue (to hand to a context).
     pub fn into_parts(self) -> (TcpStream, HostQueue) {
         (self.stream, self.queue)

@@ -2,7 +2,8 @@
 //! loopback TCP: unidirectional and bidirectional success for every hash with
 //! the null, ffdhe2048 and ffdhe3072 groups (ffdhe8192 once), and the refusals:
 //! a wrong key, a missing key, a host not on the list, a host that skips the
-//! transaction; discovery needs no authentication. The target's DH steps run on its
+//! transaction; discovery needs no authentication; live queues re-authenticate
+//! beside their I/O after a key rotation. The target's DH steps run on its
 //! authentication workers (two per queue), and a host that hangs up during one leaves
 //! nothing behind.
 
@@ -343,4 +344,182 @@ fn rpc_sets_and_clears_keys() {
     if let Ok(s) = Arc::try_unwrap(server) {
         s.shutdown();
     }
+}
+
+/// The I/O of [`live_queues_reauthenticate_beside_their_io`]: 4 KiB writes and verified
+/// reads, 16 in flight over two queues of 8 entries (so full, and a control command
+/// must wait for an entry), until `stop`. Returns (I/Os done, I/Os done after
+/// `mark` was set, failures).
+fn verified_io(
+    ctrl: &Arc<Controller>,
+    stop: &std::sync::atomic::AtomicBool,
+    mark: &std::sync::atomic::AtomicBool,
+) -> (u64, u64, Vec<String>) {
+    use std::sync::atomic::Ordering::Acquire;
+    const BLOCKS: u64 = 64;
+    let pattern = |b: u64, buf: &mut [u8]| {
+        let b = b.to_le_bytes()[0];
+        buf.iter_mut().enumerate().for_each(|(i, x)| *x = b ^ i.to_le_bytes()[0]);
+    };
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let qkeys = ctx.attach_queues(ctrl, 2).unwrap();
+    let dev = ctx.open_spread(&qkeys, Nsid(1), host::context::QueueSpread::RoundRobin).unwrap();
+    // A user queue pair on the same thread: its re-authentication goes through its poll.
+    let mut qp = host::passthru::QueuePair::new(ctrl).unwrap();
+    let (mut raw, mut flushes, mut raw_inflight) = (Vec::new(), 0u64, 0u32);
+    let (mut done, mut after, mut failures) = (0u64, 0u64, Vec::new());
+    let mut next = 0u64;
+    let submit = |ctx: &mut Context, n: u64| {
+        let b = n % BLOCKS;
+        // The first pass writes every block; then reads (checked) and rewrites alternate.
+        let (op, mut buf) =
+            if n < BLOCKS || n % 2 == 1 { (Op::Write, IoBuf::new(4096)) } else { (Op::Read, IoBuf::new(4096)) };
+        buf.set_len(4096);
+        if op == Op::Write {
+            pattern(b, &mut buf);
+        }
+        ctx.submit(dev, op, b * 4096, 4096, Some(buf), (n << 1) | u64::from(op == Op::Read))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    };
+    for _ in 0..BLOCKS.min(16) {
+        submit(&mut ctx, next);
+        next += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut inflight = BLOCKS.min(16);
+    while inflight > 0 {
+        assert!(Instant::now() < deadline, "the I/O did not finish");
+        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(1)) }).unwrap();
+        qp.poll(&mut raw).unwrap();
+        for c in raw.drain(..) {
+            raw_inflight -= 1;
+            if !c.cqe.status.is_success() {
+                failures.push(format!("user queue flush {}: {}", c.user_data, c.cqe.status));
+            }
+        }
+        if raw_inflight == 0 && !stop.load(Acquire) {
+            let flush = Sqe::flush(Cid(0), Nsid(1));
+            qp.submit(flush, None, 0, DataDir::None, flushes).map_err(|(e, _)| e).unwrap();
+            (flushes, raw_inflight) = (flushes + 1, 1);
+        }
+        let finished: Vec<_> = ctx.completions().collect();
+        for c in finished {
+            inflight -= 1;
+            done += 1;
+            if mark.load(Acquire) {
+                after += 1;
+            }
+            let (n, read) = (c.token >> 1, c.token & 1 == 1);
+            if !c.status.is_success() {
+                failures.push(format!("I/O {n}: {}", c.status));
+            } else if read {
+                let mut want = vec![0u8; 4096];
+                pattern(n % BLOCKS, &mut want);
+                if c.buf.as_ref().is_none_or(|b| b[..4096] != want[..]) {
+                    failures.push(format!("read {n}: wrong data"));
+                }
+            }
+            // Reads start once the first pass has written every block.
+            if !stop.load(Acquire) && (next >= BLOCKS || done + inflight < BLOCKS) {
+                submit(&mut ctx, next);
+                next += 1;
+                inflight += 1;
+            }
+        }
+    }
+    while raw_inflight > 0 {
+        assert!(Instant::now() < deadline, "the user queue's flush did not finish");
+        raw_inflight -= u32::try_from(qp.poll(&mut raw).unwrap()).unwrap();
+    }
+    assert!(flushes > 0);
+    (done, after, failures)
+}
+
+/// A live controller re-authenticates (the keys rotated on both sides, the DH group
+/// with them) while its queues carry verified I/O: the admin queue, the two queues a
+/// context owns (their commands go through the context beside full queues), a user
+/// queue pair's (through its poll) and a parked one; nothing fails, nothing
+/// reconnects, and the target computed the DH steps of five more transactions. Then a rotation to keys the target does not hold
+/// is refused, the controller goes down, and comes back with those keys once the
+/// target has them (reconnects use the newest keys).
+#[test]
+fn live_queues_reauthenticate_beside_their_io() {
+    use std::sync::atomic::{AtomicBool, Ordering::Release};
+    let k = keys(HashId::Sha384, true);
+    let (server, port) = start(&k, HashId::Sha384, DhGroup::Ffdhe2048);
+    let server = Arc::new(server);
+    let mut o = options(port, HOST, Some(&k.host), k.ctrl.as_ref());
+    o.nr_io_queues = 3;
+    o.nr_user_queues = 1;
+    o.queue_size = 8;
+    o.reconnect_delay = Duration::from_millis(50);
+    let ctrl = Controller::connect(o).unwrap();
+    let steps = || server.state.auth_workers.computed();
+    assert_eq!(steps(), 2 * 5, "admin + 3 I/O queues + a user queue, two DH steps each");
+
+    let (stop, mark) = (AtomicBool::new(false), AtomicBool::new(false));
+    let rotate = |host: &Secret, ctrl_key: &Secret, group: &str| {
+        let p = serde_json::json!({"nqn": NQN, "host": HOST, "dhchap_key": host.to_string(),
+            "dhchap_ctrl_key": ctrl_key.to_string(), "hash": "hmac(sha384)", "dhgroup": group});
+        target::rpc::call(&server, "set_host_auth", &p).unwrap();
+    };
+    let fresh = keys(HashId::Sha384, true);
+    let fresh_ctrl = fresh.ctrl.clone().unwrap();
+    let new_keys = host::auth::DhchapKeys { host: fresh.host.clone(), ctrl: Some(fresh_ctrl.clone()) };
+    let (io, report) = std::thread::scope(|s| {
+        let io = s.spawn(|| verified_io(&ctrl, &stop, &mark));
+        std::thread::sleep(Duration::from_millis(300));
+        rotate(&fresh.host, &fresh_ctrl, "ffdhe3072");
+        let report = ctrl.reauthenticate(Some(new_keys.clone()), Duration::from_secs(20));
+        mark.store(true, Release);
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Release);
+        (io.join().unwrap(), report)
+    });
+    let report = report.unwrap();
+    let (done, after, failures) = io;
+    eprintln!(
+        "re-authenticated {} I/O queues in {:?} beside {done} I/Os ({after} after it)",
+        report.io_queues, report.took
+    );
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!((report.io_queues, report.failed.len()), (4, 0), "{:?}", report.failed);
+    assert!(after > 0, "I/O went on after the re-authentication");
+    assert_eq!(steps(), 2 * 10, "five more transactions, each with its two DH steps");
+    assert_eq!(ctrl.state(), CtrlState::Live);
+    assert_eq!(ctrl.info().reconnects, 0, "re-authentication is not a reconnect");
+    assert_eq!(ctrl.keys(), Some(new_keys));
+
+    // A rotation to keys the target does not hold: the admin queue's transaction is refused.
+    let wrong = keys(HashId::Sha384, true);
+    let wrong_keys = host::auth::DhchapKeys { host: wrong.host.clone(), ctrl: wrong.ctrl.clone() };
+    let e = ctrl.reauthenticate(Some(wrong_keys), Duration::from_secs(20)).unwrap_err();
+    assert!(e.to_string().contains("AUTH_Failure1"), "{e}");
+    // The target closed the admin queue; the controller resets, and reconnects only once
+    // the target holds the keys the host now has.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    wait_until(deadline, || ctrl.state() != CtrlState::Live, || "still live after a failed re-authentication".into());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_ne!(ctrl.state(), CtrlState::Live, "reconnected with keys the target does not hold");
+    rotate(&wrong.host, wrong.ctrl.as_ref().unwrap(), "ffdhe2048");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    wait_until(deadline, || ctrl.state() == CtrlState::Live, || format!("not back: {:?}", ctrl.info()));
+    assert!(ctrl.info().reconnects >= 1);
+    ctrl.delete();
+
+    // A controller that never asked this host to authenticate has nothing to renew.
+    let plain = Controller::connect(options(port, PLAIN_HOST, None, None)).unwrap();
+    let e = plain.reauthenticate(None, Duration::from_secs(5)).unwrap_err();
+    assert!(e.to_string().contains("no DH-HMAC-CHAP secret"), "{e}");
+    let e = plain.reauthenticate(Some(new_keys_for_plain()), Duration::from_secs(5)).unwrap_err();
+    assert!(e.to_string().contains("did not ask for authentication"), "{e}");
+    plain.delete();
+    if let Ok(s) = Arc::try_unwrap(server) {
+        s.shutdown();
+    }
+}
+
+fn new_keys_for_plain() -> host::auth::DhchapKeys {
+    host::auth::DhchapKeys { host: Secret::generate(Some(HashId::Sha256), 32).unwrap(), ctrl: None }
 }
