@@ -10,8 +10,9 @@
 #               short fio crc32c verify runs; a wrong host secret, a wrong controller secret and
 #               no secret must be refused.
 # linux-target  `qpath connect -S [-C]` authenticates to the guest's kernel target (nvmet,
-#               configfs hosts/<nqn>/dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup);
-#               wrong secrets must be refused.
+#               configfs hosts/<nqn>/dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup)
+#               and, once live, re-authenticates every queue (--reauthenticate); wrong
+#               secrets must be refused.
 # Cases: SHA-256/384/512 with null, ffdhe2048, 3072, 4096, 8192, uni- and bidirectional
 # (tests/vm-auth/guest/*.sh, CASES). The helpers (target start, guest boot, QPATH-ASK
 # answers, process cleanup) are tests/vm/lib.sh's, and the guest side uses tests/vm/guest/lib.sh.
@@ -25,7 +26,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -114,13 +115,19 @@ scenario_linux-target() {
     key=$(auth_field "$n" key); ckey=$(auth_field "$n" ckey)
     local args=(connect -a "$VMLAB_GUEST_IP" -s 4420 -n "$QPATH_NQN" -q "$host" -i 2 -S "$key")
     [ "$ckey" != none ] && args+=(-C "$ckey")
+    # Connected: every queue re-authenticates at once on the live controller (nvmet restarts
+    # the transaction at the Negotiate, re-reading the host's keys from configfs).
+    [ "$expect" = ok ] && args+=(--reauthenticate)
     out=$(ip netns exec "$VMLAB_NETNS" timeout 120 env RUST_LOG=info "$QPATH_BIN" "${args[@]}" 2>&1); rc=$?
     printf '%s\n' "$out" | tail -8 | sed 's/^/    /'
     case "$expect:$rc" in
       ok:0)
         if printf '%s' "$out" | grep -q 'nsid *1 '; then
           pass "case $n: qpath connect -S$([ "$ckey" != none ] && echo ' -C') to Linux nvmet: $(printf '%s' "$out" | grep -o 'hash="[^"]*" group="[^"]*" bidirectional=[a-z]*' | head -1 | tr -d '"'), namespace listed"
-        else fail "case $n: qpath connect rc=0 but no namespace listed"; return 1; fi ;;
+        else fail "case $n: qpath connect rc=0 but no namespace listed"; return 1; fi
+        if printf '%s' "$out" | grep -qE 're-authenticated admin \+ 2 I/O queues'; then
+          pass "case $n: $(printf '%s' "$out" | grep -oE 're-authenticated admin \+ 2 I/O queues in [0-9]+ ms') (live controller, Linux nvmet)"
+        else fail "case $n: the live controller did not re-authenticate"; return 1; fi ;;
       ok:*) fail "case $n: qpath connect failed (rc=$rc)"; return 1 ;;
       bad*:0) fail "case $n: qpath connect succeeded with a wrong secret ($expect)"; return 1 ;;
       bad*:*)

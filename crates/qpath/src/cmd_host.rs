@@ -115,6 +115,18 @@ pub struct ConnectArgs {
     /// Keep the connection this many seconds before disconnecting.
     #[arg(long, default_value_t = 0)]
     hold: u64,
+    /// Once connected, re-authenticate every queue of the live controller (DH-HMAC-CHAP,
+    /// as Linux does when its dhchap_secret is written); fails if any queue's
+    /// transaction fails.
+    #[arg(long)]
+    reauthenticate: bool,
+    /// With --reauthenticate: the host secret to re-authenticate with (a key rotation;
+    /// the controller must already hold it).
+    #[arg(long, requires = "reauthenticate")]
+    reauth_secret: Option<String>,
+    /// With --reauthenticate: the controller secret to re-authenticate with.
+    #[arg(long, requires = "reauth_secret")]
+    reauth_ctrl_secret: Option<String>,
 }
 
 /// `qpath list-subsys`.
@@ -173,6 +185,28 @@ pub fn connect(a: ConnectArgs) -> R {
     let (hostnqn, hostid) = a.transport.identity();
     let ctrl = Controller::connect(a.conn.options(addr, &a.nqn, &hostnqn, hostid))?;
     print_ctrl(&ctrl);
+    if a.reauthenticate {
+        let keys = host::auth::DhchapKeys::parse(a.reauth_secret.as_deref(), a.reauth_ctrl_secret.as_deref())?;
+        let r = ctrl.reauthenticate(keys, ctrl.opts.connect_timeout.max(Duration::from_secs(30)));
+        let r = match r {
+            Ok(r) if r.failed.is_empty() => r,
+            Ok(r) => {
+                ctrl.delete();
+                let failed: Vec<String> = r.failed.iter().map(|(qid, e)| format!("queue {qid}: {e}")).collect();
+                return Err(format!(
+                    "re-authentication failed on {} I/O queue(s): {}",
+                    failed.len(),
+                    failed.join("; ")
+                )
+                .into());
+            }
+            Err(e) => {
+                ctrl.delete();
+                return Err(format!("re-authentication of the admin queue failed: {e}").into());
+            }
+        };
+        println!("re-authenticated admin + {} I/O queues in {} ms", r.io_queues, r.took.as_millis());
+    }
     if a.hold > 0 {
         std::thread::sleep(Duration::from_secs(a.hold));
         print_ctrl(&ctrl);

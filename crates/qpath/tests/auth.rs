@@ -523,3 +523,32 @@ fn live_queues_reauthenticate_beside_their_io() {
 fn new_keys_for_plain() -> host::auth::DhchapKeys {
     host::auth::DhchapKeys { host: Secret::generate(Some(HashId::Sha256), 32).unwrap(), ctrl: None }
 }
+
+/// `qpath connect --reauthenticate [--reauth-secret ...]`: the command line's way to it.
+#[test]
+fn connect_reauthenticate_on_the_command_line() {
+    let k = keys(HashId::Sha256, true);
+    let (server, port) = start(&k, HashId::Sha256, DhGroup::Ffdhe2048);
+    let run = |extra: &[&str]| {
+        let (host, ctrl) = (k.host.to_string(), k.ctrl.as_ref().unwrap().to_string());
+        let port = port.to_string();
+        let mut args = vec!["connect", "-a", "127.0.0.1", "-s", &port, "-n", NQN, "-q", HOST, "-i", "2"];
+        args.extend(["-S", &host, "-C", &ctrl, "--reauthenticate"]);
+        args.extend(extra);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qpath")).args(&args).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (ok, out) = run(&[]);
+    assert!(ok && out.contains("re-authenticated admin + 2 I/O queues in "), "{out}");
+    let before = server.state.auth_workers.computed();
+    assert_eq!(before, 2 * 2 * 3, "connect and re-authentication: two DH steps per queue each");
+    // A secret the target does not hold: the admin queue is refused, the command fails.
+    let other = Secret::generate(Some(HashId::Sha256), 32).unwrap().to_string();
+    let (ok, out) = run(&["--reauth-secret", &other]);
+    assert!(
+        !ok && out.contains("re-authentication of the admin queue failed") && out.contains("AUTH_Failure1"),
+        "{out}"
+    );
+    server.shutdown();
+}
