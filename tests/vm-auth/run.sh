@@ -8,7 +8,11 @@
 #               target (`qpath rpc set_host_auth`), `nvme connect --dhchap-secret
 #               [--dhchap-ctrl-secret]` must succeed (kernel logs the hash and DH group) and a
 #               short fio crc32c verify runs; a wrong host secret, a wrong controller secret and
-#               no secret must be refused.
+#               no secret must be refused. On one case the guest rotates the host secret of the
+#               live controller (auth-rotate-N: the target gets the new one first) under fio:
+#               Linux re-authenticates every queue, this script checks the target saw one
+#               accepted transaction per queue on the same controller (reauth-check-N); then a
+#               rotation to a secret the target lacks must be refused (reauth-refused-N).
 # linux-target  `qpath connect -S [-C]` authenticates to the guest's kernel target (nvmet,
 #               configfs hosts/<nqn>/dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup)
 #               and, once live, re-authenticates every queue (--reauthenticate); wrong
@@ -82,10 +86,15 @@ auth_field() {   # auth_field CASE FIELD: one field of that line
   grep -ao "QPATH-AUTH case=$1 .*" "$SERIAL" | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p" | tr -d '\r'
 }
 
+reauth_field() {  # reauth_field CASE FIELD: one field of the guest's "QPATH-REAUTH case=CASE ..." line
+  grep -ao "QPATH-REAUTH case=$1 .*" "$SERIAL" | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p" | tr -d '\r'
+}
+log_since() { tail -n +"$(($1 + 1))" "$D/target.log"; }   # the target log after its line $1
+log_lines() { wc -l < "$D/target.log"; }
+
 scenario_linux-host() {
-  on_ask() {
-    local n=${1#auth-keys-} host hash group key ckey args
-    [ "$n" != "$1" ] || { fail "unexpected request from the guest: $1"; return 1; }
+  set_keys() {     # set_keys CASE: rpc set_host_auth with the keys of the guest's QPATH-AUTH line
+    local n=$1 host hash group key ckey args
     host=$(auth_field "$n" host); hash=$(auth_field "$n" hash); group=$(auth_field "$n" dhgroup)
     key=$(auth_field "$n" key); ckey=$(auth_field "$n" ckey)
     args=(nqn="$QPATH_NQN" host="$host" dhchap_key="$key" hash="$hash" dhgroup="$group")
@@ -95,6 +104,68 @@ scenario_linux-host() {
     else
       fail "case $n: rpc set_host_auth failed"; return 1
     fi
+  }
+  # reauth_check CASE: after the guest's rotation, the target answered one re-authentication
+  # per queue (cntlid and queue count from the guest) on the controller it already had, and
+  # refused nothing. The "accepted" line is the target's debug line of a bidirectional
+  # transaction's Success2; waits at most 20 s for the I/O queues' transactions.
+  reauth_check() {
+    local n=$1 cntlid queues got=0 i bad ctl
+    cntlid=$(reauth_field "$n" cntlid); queues=$(reauth_field "$n" queues)
+    for i in $(seq 20); do
+      got=$(log_since "$REAUTH_MARK" | grep -c "host accepted the controller's response" || true)
+      [ "$got" -ge "${queues:-1}" ] && break
+      sleep 1
+    done
+    bad=$(log_since "$REAUTH_MARK" | grep -E "authentication failed|response mismatch|controller deleted|closing:" | head -5)
+    ctl=$(rpc list_controllers | python3 -c '
+import json, sys
+for c in json.load(sys.stdin):
+    if c.get("subnqn") == sys.argv[1] and str(c.get("cntlid")) == sys.argv[2]:
+        print("%s io_queues=%d" % (c.get("state"), len(c.get("io_queues", []))))' "$QPATH_NQN" "$cntlid" 2>&1)
+    say "case $n re-authentication: $got accepted transaction(s) for $queues queue(s); cntlid $cntlid: ${ctl:-not listed}"
+    log_since "$REAUTH_MARK" | grep -E "auth|deleted|closing" | tail -8 | sed 's/^/    /'
+    local rc=0
+    if [ "$got" -ge "${queues:-1}" ] && [ "${queues:-0}" -ge 2 ]; then
+      pass "case $n: target: $got re-authentication transaction(s) accepted (Success2) for the $queues queues"
+    else fail "case $n: target: $got accepted re-authentication transaction(s), want one per queue (${queues:-?})"; rc=1; fi
+    if [ -z "$bad" ]; then pass "case $n: target: no refusal, no closed queue, no deleted controller during the rotation"
+    else fail "case $n: target logged during the rotation: $bad"; rc=1; fi
+    if [ -n "$ctl" ] && [ "${ctl##*io_queues=}" = $((queues - 1)) ]; then
+      pass "case $n: target: controller cntlid $cntlid still there with its $((queues - 1)) I/O queues ($ctl)"
+    else fail "case $n: target: controller cntlid $cntlid: ${ctl:-not listed} (want $((queues - 1)) I/O queues)"; rc=1; fi
+    return $rc
+  }
+  # reauth_refused CASE: after the guest's rotation to a secret the target lacks, the target
+  # found the host's response wrong and deleted that controller (waits at most 15 s).
+  reauth_refused() {
+    local n=$1 cntlid i ok=0
+    cntlid=$(reauth_field "wrong-$n" cntlid)
+    for i in $(seq 15); do
+      if log_since "$REAUTH_MARK" | grep -q "host response mismatch" \
+         && log_since "$REAUTH_MARK" | grep -q "controller deleted: .*in-band authentication failed cntlid=$cntlid "; then
+        ok=1; break
+      fi
+      sleep 1
+    done
+    log_since "$REAUTH_MARK" | grep -E "mismatch|authentication failed|deleted" | head -6 | sed 's/^/    /'
+    if [ $ok = 1 ]; then pass "case $n: target: wrong secret at re-authentication: response mismatch, AUTH_Failure1, controller $cntlid deleted"
+    else fail "case $n: target did not log the refusal of the re-authentication and the deletion of cntlid $cntlid"; return 1; fi
+  }
+  on_ask() {
+    case "$1" in
+      auth-keys-*) set_keys "${1#auth-keys-}" ;;
+      auth-rotate-*)
+        REAUTH_MARK=$(log_lines)
+        set_keys "rotate-${1#auth-rotate-}" ;;
+      reauth-check-*)
+        local rc=0
+        reauth_check "${1#reauth-check-}" || rc=1
+        REAUTH_MARK=$(log_lines)
+        return $rc ;;
+      reauth-refused-*) reauth_refused "${1#reauth-refused-}" ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
   }
   start_target || return 0
   boot_guest "$HERE/guest/linux-host.sh"

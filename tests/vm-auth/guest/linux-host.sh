@@ -3,16 +3,23 @@
 # For each case the guest makes fresh secrets with `nvme gen-dhchap-key`, prints them
 # ("QPATH-AUTH ..."), asks the host to give them to the target (QPATH-ASK auth-keys-N:
 # `qpath rpc set_host_auth`), then `nvme connect --dhchap-secret [--dhchap-ctrl-secret]`
-# must succeed and the kernel must log the negotiated hash and group; one case runs fio
-# with crc32c verify. Then the refusals: a wrong host secret and a wrong controller secret
-# must both fail to connect.
+# must succeed and the kernel must log the negotiated hash and group. On one case
+# (ROTATE_CASE) the host secret is rotated on the live controller while fio runs with crc32c
+# verify: the target is given the new secret (QPATH-ASK auth-rotate-N), the guest writes it
+# to /sys/class/nvme/<ctrl>/dhchap_secret, and Linux re-authenticates the admin queue and
+# every I/O queue; the controller must stay live, unreset, and fio must verify. Then the
+# same controller is rotated to a secret the target was NOT given: the re-authentication
+# must fail and the controller must not stay live with I/O served. Then the refusals: a
+# wrong host secret and a wrong controller secret must both fail to connect.
 # Settings (vmlab.env.*): NQN, ADDR, PORT1 (tests/vm/guest/lib.sh), HOSTNQN, FIO_RUNTIME (5),
-#   CASES ("hmac:dhgroup:hash:bidi ..."; hmac is gen-dhchap-key -m, hash the target's preference)
+#   CASES ("hmac:dhgroup:hash:bidi ..."; hmac is gen-dhchap-key -m, hash the target's preference),
+#   ROTATE_CASE (2; the number of a bidirectional case, whose target log evidence the host checks)
 . /vmlab/qpath-lib.sh
 HOSTNQN=${HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:9a1b6c0e-5d2f-4e43-8f1a-0c7d3e2b4a01}
 HOSTID=${HOSTID:-9a1b6c0e-5d2f-4e43-8f1a-0c7d3e2b4a01}
 FIO_RUNTIME=${FIO_RUNTIME:-5}
 CASES=${CASES:-"1:null:sha256:0 1:ffdhe2048:sha256:1 2:ffdhe3072:sha384:1 3:ffdhe4096:sha512:0 3:ffdhe8192:sha512:1"}
+ROTATE_CASE=${ROTATE_CASE:-2}
 
 modprobe nvme-tcp
 step "nvme-cli $(nvme version 2>&1 | head -1); kernel $(uname -r)"
@@ -26,6 +33,111 @@ conn() {  # conn [nvme connect options]: connect PORT1 as HOSTNQN; prints nvme-c
 }
 one_ctrl_live() { _c=$(ctrls) && [ "$(echo $_c | count)" = 1 ] && [ "$(ctrl_state $_c)" = live ]; }
 no_ctrls() { ! ls /sys/class/nvme/ 2>/dev/null | grep -q .; }
+kmsg_has() { dmesg | grep -q "$1"; }   # kmsg_has TEXT: the kernel logged TEXT since the last dmesg -c
+# What Linux logs when a controller is reset or reconnected (core.c, tcp.c, fabrics.c):
+RESET_RE='error recovery|[Rr]econnect|resetting|Removing ctrl|Removing controller|Failed reconnect|I/O tag .* timeout|Property Set error'
+
+# rotate CASE HMAC HASH GROUP CKEY: on the one live controller, with fio verify running,
+# hand the target a new host secret (auth-rotate-CASE), write it to dhchap_secret; Linux
+# re-authenticates every queue of the live controller (host/auth.c nvme_ctrl_auth_work) and
+# logs only for qid 0 ("re-authenticating controller", "qid 0: authenticated with hash ...",
+# "qid 0: controller authenticated"; an I/O queue logs only a failure), so the host checks
+# the target's side (reauth-check-CASE): one accepted transaction per queue, same cntlid.
+rotate() {
+  _n=$1; _m=$2; _hash=$3; _group=$4; _ckey=$5
+  RC=$(ctrls); _cid=$(cat /sys/class/nvme/$RC/cntlid); _q=$(cat /sys/class/nvme/$RC/queue_count)
+  step "case $_n: rotate the host secret of live $RC (cntlid $_cid, $_q queues) while fio verify runs"
+  _new=$(gen "$_m" "$HOSTNQN")
+  case "$_new" in DHHC-1:0$_m:*) ;; *) fail "case $_n: rotation: gen-dhchap-key printed '$_new'"; return 1 ;; esac
+  echo "QPATH-AUTH case=rotate-$_n host=$HOSTNQN hash=$_hash dhgroup=$_group key=$_new ckey=$_ckey"
+  if ask_host "auth-rotate-$_n"; then pass "case $_n: rotation: the target holds the new host secret"
+  else fail "case $_n: rotation: the host did not give the target the new secret"; return 1; fi
+  _rt=$((FIO_RUNTIME + 5))
+  step "fio reauth-randrw (background, ${_rt} s): randrw 4k crc32c verify on $DEV"
+  timeout -k 10 $((_rt + 120)) fio --name=reauth-randrw --filename="$DEV" --rw=randrw --bs=4k \
+    --ioengine=libaio --direct=1 --iodepth=8 --size=32m --runtime="$_rt" --time_based \
+    --verify=crc32c --verify_backlog=256 --group_reporting > /tmp/fio-reauth-randrw.log 2>&1 &
+  _fio=$!
+  sleep 2
+  dmesg -c > /dev/null
+  if printf '%s' "$_new" > /sys/class/nvme/$RC/dhchap_secret; then
+    pass "case $_n: rotation: new secret written to /sys/class/nvme/$RC/dhchap_secret"
+  else fail "case $_n: rotation: writing dhchap_secret failed"; fi
+  _want="qid 0: authenticated with hash hmac($_hash) dhgroup $_group"
+  _done="$_want"; [ "$_ckey" != none ] && _done="qid 0: controller authenticated"
+  if wait_until 30 kmsg_has "$_done"; then pass "case $_n: rotation: kernel: re-authenticated ('$_done')"
+  else fail "case $_n: rotation: kernel did not log '$_done' within 30 s"; fi
+  if kill -0 $_fio 2>/dev/null; then pass "case $_n: rotation: re-authentication ended while fio was still running"
+  else fail "case $_n: rotation: fio had already ended, the re-authentication was not under I/O"; fi
+  echo "QPATH-REAUTH case=$_n cntlid=$_cid queues=$_q"
+  if ask_host "reauth-check-$_n"; then pass "case $_n: rotation: the target saw one accepted transaction per queue on cntlid $_cid"
+  else fail "case $_n: rotation: the target's side of the re-authentication does not hold (see the host's lines)"; fi
+  wait $_fio; _rc=$?
+  cat /tmp/fio-reauth-randrw.log
+  fio_verdict reauth-randrw $_rc
+  _log=$(dmesg | grep -i nvme); echo "$_log"
+  for _w in "re-authenticating controller" "$_want" "$_done"; do
+    echo "$_log" | grep -q "$_w" && pass "case $_n: rotation: kernel: $_w" || fail "case $_n: rotation: kernel did not log '$_w'"
+  done
+  if echo "$_log" | grep -qiE 'authentication failed|auth.*error'; then fail "case $_n: rotation: kernel logged an authentication failure"
+  else pass "case $_n: rotation: no 'authentication failed' in the kernel log"; fi
+  if echo "$_log" | grep -qE "$RESET_RE"; then fail "case $_n: rotation: the kernel reset or reconnected the controller"
+  else pass "case $_n: rotation: no reset, error recovery or reconnect in the kernel log"; fi
+  if [ "$(ctrls)" = "$RC" ] && [ "$(ctrl_state $RC)" = live ] && [ "$(cat /sys/class/nvme/$RC/cntlid)" = "$_cid" ]; then
+    pass "case $_n: rotation: $RC still live with cntlid $_cid (not reconnected)"
+  else fail "case $_n: rotation: controllers [$(ctrls | tr '\n' ' ')] state $(ctrl_state $RC) cntlid $(cat /sys/class/nvme/$RC/cntlid 2>/dev/null)"; fi
+  [ "$(cat /sys/class/nvme/$RC/dhchap_secret)" = "$_new" ] && pass "case $_n: rotation: dhchap_secret reads back the new secret" \
+    || fail "case $_n: rotation: dhchap_secret reads '$(cat /sys/class/nvme/$RC/dhchap_secret)'"
+  show_ctrls
+}
+
+# rotate_wrong CASE HMAC: rotate RC's host secret to one the target was never given. Linux
+# warns "qid 0: authentication failed"; our target answers AUTH_Failure1 and closes the
+# admin queue, so the controller is torn down and its reconnect fails with the same key.
+# It must not be left live with I/O served; disconnect-all must then clean up in time.
+rotate_wrong() {
+  _n=$1; _cid=$(cat /sys/class/nvme/$RC/cntlid)
+  step "case $_n: rotate the host secret of $RC (cntlid $_cid) to one the target was not given"
+  _bad=$(gen "$2" "$HOSTNQN")
+  dmesg -c > /dev/null
+  printf '%s' "$_bad" > /sys/class/nvme/$RC/dhchap_secret || fail "case $_n: wrong key: writing dhchap_secret failed"
+  if wait_until 30 kmsg_has "qid 0: authentication failed"; then
+    pass "case $_n: wrong key: kernel: $(dmesg | grep -m1 'qid 0: authentication failed' | sed 's/^\[[^]]*\] //')"
+  else fail "case $_n: wrong key: kernel did not log 'qid 0: authentication failed' within 30 s"; fi
+  not_live() { [ "$(ctrl_state $RC)" != live ]; }
+  if wait_until 30 not_live; then pass "case $_n: wrong key: $RC left live (state now: $(ctrl_state $RC || echo gone))"
+  else fail "case $_n: wrong key: $RC still live 30 s after the failed re-authentication"; fi
+  echo "QPATH-REAUTH case=wrong-$_n cntlid=$_cid"
+  if ask_host "reauth-refused-$_n"; then pass "case $_n: wrong key: the target refused the reply and closed the controller"
+  else fail "case $_n: wrong key: the target's side of the refusal does not hold (see the host's lines)"; fi
+  # A read now must not be served: it fails (no controller) or waits (controller not live).
+  timeout -k 5 40 fio --name=wrongkey-read --filename="$DEV" --rw=read --bs=4k --size=64k \
+    --direct=1 --ioengine=psync > /tmp/fio-wrongkey-read.log 2>&1 &
+  _fio=$!
+  # The default reconnect_delay is 10 s: watch past one reconnect attempt.
+  _states=; _live=0
+  for _s in $(seq 15); do
+    _st=$(ctrl_state $RC); _st=${_st:-gone}
+    case " $_states " in *" $_st "*) ;; *) _states="$_states $_st" ;; esac
+    [ "$_st" = live ] && _live=1
+    sleep 1
+  done
+  if [ $_live = 0 ]; then pass "case $_n: wrong key: $RC not live again within 15 s (states seen:$_states)"
+  else fail "case $_n: wrong key: $RC came back live with a secret the target does not hold (states seen:$_states)"; fi
+  if kill -0 $_fio 2>/dev/null; then pass "case $_n: wrong key: a 4k read of $DEV is not served (still waiting after 15 s)"
+  else
+    wait $_fio; _rc=$?
+    if [ $_rc != 0 ]; then pass "case $_n: wrong key: a 4k read of $DEV failed (fio rc=$_rc)"
+    else fail "case $_n: wrong key: a 4k read of $DEV was served"; cat /tmp/fio-wrongkey-read.log; fi
+  fi
+  dmesg | grep -i nvme
+  show_ctrls
+  disconnect_all_check
+  if wait_until 30 sh -c "! kill -0 $_fio 2>/dev/null"; then
+    wait $_fio; pass "case $_n: wrong key: the pending read ended after disconnect-all (fio rc=$?)"
+  else fail "case $_n: wrong key: the read still hangs 30 s after disconnect-all"; kill -9 $_fio 2>/dev/null; fi
+  sed 's/^/    /' /tmp/fio-wrongkey-read.log | grep -E 'err=|error|fio:' | head -5
+}
 
 i=0
 for c in $CASES; do
@@ -64,10 +176,10 @@ for c in $CASES; do
   q=$(cat /sys/class/nvme/$(ctrls)/queue_count 2>/dev/null)
   [ "${q:-0}" -ge 2 ] && pass "case $i: $q queues (admin + I/O, each authenticated)" || fail "case $i: queue_count ${q:-?}"
   DEV=/dev/$(heads | head -1)
-  if [ "$i" = 2 ] && [ -b "$DEV" ]; then
-    fio_check "auth-randrw" $((FIO_RUNTIME + 120)) --filename="$DEV" --rw=randrw --bs=4k --ioengine=libaio \
-      --direct=1 --iodepth=8 --size=32m --runtime="$FIO_RUNTIME" --time_based --verify=crc32c \
-      --verify_backlog=256 --group_reporting
+  if [ "$i" = "$ROTATE_CASE" ]; then
+    if [ -b "$DEV" ] && one_ctrl_live; then
+      rotate "$i" "$m" "$hash" "$group" "$CKEY" && rotate_wrong "$i" "$m"
+    else fail "case $i: no live controller with a block device to rotate the key on"; fi
   fi
   disconnect_all_check
 done
