@@ -152,6 +152,7 @@ for c in json.load(sys.stdin):
     if [ $ok = 1 ]; then pass "case $n: target: wrong secret at re-authentication: response mismatch, AUTH_Failure1, controller $cntlid deleted"
     else fail "case $n: target did not log the refusal of the re-authentication and the deletion of cntlid $cntlid"; return 1; fi
   }
+  REAUTH_MARK=0    # target log line count at the last rotation step
   on_ask() {
     case "$1" in
       auth-keys-*) set_keys "${1#auth-keys-}" ;;

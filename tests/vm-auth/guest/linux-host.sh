@@ -44,50 +44,50 @@ RESET_RE='error recovery|[Rr]econnect|resetting|Removing ctrl|Removing controlle
 # "qid 0: controller authenticated"; an I/O queue logs only a failure), so the host checks
 # the target's side (reauth-check-CASE): one accepted transaction per queue, same cntlid.
 rotate() {
-  _n=$1; _m=$2; _hash=$3; _group=$4; _ckey=$5
-  RC=$(ctrls); _cid=$(cat /sys/class/nvme/$RC/cntlid); _q=$(cat /sys/class/nvme/$RC/queue_count)
-  step "case $_n: rotate the host secret of live $RC (cntlid $_cid, $_q queues) while fio verify runs"
-  _new=$(gen "$_m" "$HOSTNQN")
-  case "$_new" in DHHC-1:0$_m:*) ;; *) fail "case $_n: rotation: gen-dhchap-key printed '$_new'"; return 1 ;; esac
-  echo "QPATH-AUTH case=rotate-$_n host=$HOSTNQN hash=$_hash dhgroup=$_group key=$_new ckey=$_ckey"
-  if ask_host "auth-rotate-$_n"; then pass "case $_n: rotation: the target holds the new host secret"
-  else fail "case $_n: rotation: the host did not give the target the new secret"; return 1; fi
-  _rt=$((FIO_RUNTIME + 5))
-  step "fio reauth-randrw (background, ${_rt} s): randrw 4k crc32c verify on $DEV"
-  timeout -k 10 $((_rt + 120)) fio --name=reauth-randrw --filename="$DEV" --rw=randrw --bs=4k \
-    --ioengine=libaio --direct=1 --iodepth=8 --size=32m --runtime="$_rt" --time_based \
+  r_n=$1; r_m=$2; r_hash=$3; r_group=$4; r_ckey=$5
+  RC=$(ctrls); r_cid=$(cat /sys/class/nvme/$RC/cntlid); r_q=$(cat /sys/class/nvme/$RC/queue_count)
+  step "case $r_n: rotate the host secret of live $RC (cntlid $r_cid, $r_q queues) while fio verify runs"
+  r_new=$(gen "$r_m" "$HOSTNQN")
+  case "$r_new" in DHHC-1:0$r_m:*) ;; *) fail "case $r_n: rotation: gen-dhchap-key printed '$r_new'"; return 1 ;; esac
+  echo "QPATH-AUTH case=rotate-$r_n host=$HOSTNQN hash=$r_hash dhgroup=$r_group key=$r_new ckey=$r_ckey"
+  if ask_host "auth-rotate-$r_n"; then pass "case $r_n: rotation: the target holds the new host secret"
+  else fail "case $r_n: rotation: the host did not give the target the new secret"; return 1; fi
+  r_rt=$((FIO_RUNTIME + 5))
+  step "fio reauth-randrw (background, ${r_rt} s): randrw 4k crc32c verify on $DEV"
+  timeout -k 10 $((r_rt + 120)) fio --name=reauth-randrw --filename="$DEV" --rw=randrw --bs=4k \
+    --ioengine=libaio --direct=1 --iodepth=8 --size=32m --runtime="$r_rt" --time_based \
     --verify=crc32c --verify_backlog=256 --group_reporting > /tmp/fio-reauth-randrw.log 2>&1 &
-  _fio=$!
+  r_fio=$!
   sleep 2
   dmesg -c > /dev/null
-  if printf '%s' "$_new" > /sys/class/nvme/$RC/dhchap_secret; then
-    pass "case $_n: rotation: new secret written to /sys/class/nvme/$RC/dhchap_secret"
-  else fail "case $_n: rotation: writing dhchap_secret failed"; fi
-  _want="qid 0: authenticated with hash hmac($_hash) dhgroup $_group"
-  _done="$_want"; [ "$_ckey" != none ] && _done="qid 0: controller authenticated"
-  if wait_until 30 kmsg_has "$_done"; then pass "case $_n: rotation: kernel: re-authenticated ('$_done')"
-  else fail "case $_n: rotation: kernel did not log '$_done' within 30 s"; fi
-  if kill -0 $_fio 2>/dev/null; then pass "case $_n: rotation: re-authentication ended while fio was still running"
-  else fail "case $_n: rotation: fio had already ended, the re-authentication was not under I/O"; fi
-  echo "QPATH-REAUTH case=$_n cntlid=$_cid queues=$_q"
-  if ask_host "reauth-check-$_n"; then pass "case $_n: rotation: the target saw one accepted transaction per queue on cntlid $_cid"
-  else fail "case $_n: rotation: the target's side of the re-authentication does not hold (see the host's lines)"; fi
-  wait $_fio; _rc=$?
+  if printf '%s' "$r_new" > /sys/class/nvme/$RC/dhchap_secret; then
+    pass "case $r_n: rotation: new secret written to /sys/class/nvme/$RC/dhchap_secret"
+  else fail "case $r_n: rotation: writing dhchap_secret failed"; fi
+  r_want="qid 0: authenticated with hash hmac($r_hash) dhgroup $r_group"
+  r_done="$r_want"; [ "$r_ckey" != none ] && r_done="qid 0: controller authenticated"
+  if wait_until 30 kmsg_has "$r_done"; then pass "case $r_n: rotation: kernel: re-authenticated ('$r_done')"
+  else fail "case $r_n: rotation: kernel did not log '$r_done' within 30 s"; fi
+  if kill -0 $r_fio 2>/dev/null; then pass "case $r_n: rotation: re-authentication ended while fio was still running"
+  else fail "case $r_n: rotation: fio had already ended, the re-authentication was not under I/O"; fi
+  echo "QPATH-REAUTH case=$r_n cntlid=$r_cid queues=$r_q"
+  if ask_host "reauth-check-$r_n"; then pass "case $r_n: rotation: the target saw one accepted transaction per queue on cntlid $r_cid"
+  else fail "case $r_n: rotation: the target's side of the re-authentication does not hold (see the host's lines)"; fi
+  wait $r_fio; r_rc=$?
   cat /tmp/fio-reauth-randrw.log
-  fio_verdict reauth-randrw $_rc
-  _log=$(dmesg | grep -i nvme); echo "$_log"
-  for _w in "re-authenticating controller" "$_want" "$_done"; do
-    echo "$_log" | grep -q "$_w" && pass "case $_n: rotation: kernel: $_w" || fail "case $_n: rotation: kernel did not log '$_w'"
+  fio_verdict reauth-randrw $r_rc
+  r_log=$(dmesg | grep -i nvme); echo "$r_log"
+  for r_w in "re-authenticating controller" "$r_want" "$r_done"; do
+    echo "$r_log" | grep -q "$r_w" && pass "case $r_n: rotation: kernel: $r_w" || fail "case $r_n: rotation: kernel did not log '$r_w'"
   done
-  if echo "$_log" | grep -qiE 'authentication failed|auth.*error'; then fail "case $_n: rotation: kernel logged an authentication failure"
-  else pass "case $_n: rotation: no 'authentication failed' in the kernel log"; fi
-  if echo "$_log" | grep -qE "$RESET_RE"; then fail "case $_n: rotation: the kernel reset or reconnected the controller"
-  else pass "case $_n: rotation: no reset, error recovery or reconnect in the kernel log"; fi
-  if [ "$(ctrls)" = "$RC" ] && [ "$(ctrl_state $RC)" = live ] && [ "$(cat /sys/class/nvme/$RC/cntlid)" = "$_cid" ]; then
-    pass "case $_n: rotation: $RC still live with cntlid $_cid (not reconnected)"
-  else fail "case $_n: rotation: controllers [$(ctrls | tr '\n' ' ')] state $(ctrl_state $RC) cntlid $(cat /sys/class/nvme/$RC/cntlid 2>/dev/null)"; fi
-  [ "$(cat /sys/class/nvme/$RC/dhchap_secret)" = "$_new" ] && pass "case $_n: rotation: dhchap_secret reads back the new secret" \
-    || fail "case $_n: rotation: dhchap_secret reads '$(cat /sys/class/nvme/$RC/dhchap_secret)'"
+  if echo "$r_log" | grep -qiE 'authentication failed|auth.*error'; then fail "case $r_n: rotation: kernel logged an authentication failure"
+  else pass "case $r_n: rotation: no 'authentication failed' in the kernel log"; fi
+  if echo "$r_log" | grep -qE "$RESET_RE"; then fail "case $r_n: rotation: the kernel reset or reconnected the controller"
+  else pass "case $r_n: rotation: no reset, error recovery or reconnect in the kernel log"; fi
+  if [ "$(ctrls)" = "$RC" ] && [ "$(ctrl_state $RC)" = live ] && [ "$(cat /sys/class/nvme/$RC/cntlid)" = "$r_cid" ]; then
+    pass "case $r_n: rotation: $RC still live with cntlid $r_cid (not reconnected)"
+  else fail "case $r_n: rotation: controllers [$(ctrls | tr '\n' ' ')] state $(ctrl_state $RC) cntlid $(cat /sys/class/nvme/$RC/cntlid 2>/dev/null)"; fi
+  [ "$(cat /sys/class/nvme/$RC/dhchap_secret)" = "$r_new" ] && pass "case $r_n: rotation: dhchap_secret reads back the new secret" \
+    || fail "case $r_n: rotation: dhchap_secret reads '$(cat /sys/class/nvme/$RC/dhchap_secret)'"
   show_ctrls
 }
 
@@ -96,47 +96,51 @@ rotate() {
 # admin queue, so the controller is torn down and its reconnect fails with the same key.
 # It must not be left live with I/O served; disconnect-all must then clean up in time.
 rotate_wrong() {
-  _n=$1; _cid=$(cat /sys/class/nvme/$RC/cntlid)
-  step "case $_n: rotate the host secret of $RC (cntlid $_cid) to one the target was not given"
-  _bad=$(gen "$2" "$HOSTNQN")
+  r_n=$1; r_cid=$(cat /sys/class/nvme/$RC/cntlid)
+  step "case $r_n: rotate the host secret of $RC (cntlid $r_cid) to one the target was not given"
+  r_bad=$(gen "$2" "$HOSTNQN")
   dmesg -c > /dev/null
-  printf '%s' "$_bad" > /sys/class/nvme/$RC/dhchap_secret || fail "case $_n: wrong key: writing dhchap_secret failed"
+  printf '%s' "$r_bad" > /sys/class/nvme/$RC/dhchap_secret || fail "case $r_n: wrong key: writing dhchap_secret failed"
   if wait_until 30 kmsg_has "qid 0: authentication failed"; then
-    pass "case $_n: wrong key: kernel: $(dmesg | grep -m1 'qid 0: authentication failed' | sed 's/^\[[^]]*\] //')"
-  else fail "case $_n: wrong key: kernel did not log 'qid 0: authentication failed' within 30 s"; fi
+    pass "case $r_n: wrong key: kernel: $(dmesg | grep -m1 'qid 0: authentication failed' | sed 's/^\[[^]]*\] //')"
+  else fail "case $r_n: wrong key: kernel did not log 'qid 0: authentication failed' within 30 s"; fi
   not_live() { [ "$(ctrl_state $RC)" != live ]; }
-  if wait_until 30 not_live; then pass "case $_n: wrong key: $RC left live (state now: $(ctrl_state $RC || echo gone))"
-  else fail "case $_n: wrong key: $RC still live 30 s after the failed re-authentication"; fi
-  echo "QPATH-REAUTH case=wrong-$_n cntlid=$_cid"
-  if ask_host "reauth-refused-$_n"; then pass "case $_n: wrong key: the target refused the reply and closed the controller"
-  else fail "case $_n: wrong key: the target's side of the refusal does not hold (see the host's lines)"; fi
+  if wait_until 30 not_live; then pass "case $r_n: wrong key: $RC left live (state now: $(ctrl_state $RC || echo gone))"
+  else fail "case $r_n: wrong key: $RC still live 30 s after the failed re-authentication"; fi
+  echo "QPATH-REAUTH case=wrong-$r_n cntlid=$r_cid"
+  if ask_host "reauth-refused-$r_n"; then pass "case $r_n: wrong key: the target refused the reply and closed the controller"
+  else fail "case $r_n: wrong key: the target's side of the refusal does not hold (see the host's lines)"; fi
   # A read now must not be served: it fails (no controller) or waits (controller not live).
   timeout -k 5 40 fio --name=wrongkey-read --filename="$DEV" --rw=read --bs=4k --size=64k \
     --direct=1 --ioengine=psync > /tmp/fio-wrongkey-read.log 2>&1 &
-  _fio=$!
+  r_fio=$!
   # The default reconnect_delay is 10 s: watch past one reconnect attempt.
-  _states=; _live=0
-  for _s in $(seq 15); do
-    _st=$(ctrl_state $RC); _st=${_st:-gone}
-    case " $_states " in *" $_st "*) ;; *) _states="$_states $_st" ;; esac
-    [ "$_st" = live ] && _live=1
+  r_states=; r_live=0
+  for r_s in $(seq 15); do
+    r_st=$(ctrl_state $RC); r_st=${r_st:-gone}
+    case " $r_states " in *" $r_st "*) ;; *) r_states="$r_states $r_st" ;; esac
+    [ "$r_st" = live ] && r_live=1
     sleep 1
   done
-  if [ $_live = 0 ]; then pass "case $_n: wrong key: $RC not live again within 15 s (states seen:$_states)"
-  else fail "case $_n: wrong key: $RC came back live with a secret the target does not hold (states seen:$_states)"; fi
-  if kill -0 $_fio 2>/dev/null; then pass "case $_n: wrong key: a 4k read of $DEV is not served (still waiting after 15 s)"
+  if [ $r_live = 0 ]; then pass "case $r_n: wrong key: $RC not live again within 15 s (states seen:$r_states)"
+  else fail "case $r_n: wrong key: $RC came back live with a secret the target does not hold (states seen:$r_states)"; fi
+  r_pending=0
+  if kill -0 $r_fio 2>/dev/null; then
+    r_pending=1; pass "case $r_n: wrong key: a 4k read of $DEV is not served (still waiting after 15 s)"
   else
-    wait $_fio; _rc=$?
-    if [ $_rc != 0 ]; then pass "case $_n: wrong key: a 4k read of $DEV failed (fio rc=$_rc)"
-    else fail "case $_n: wrong key: a 4k read of $DEV was served"; cat /tmp/fio-wrongkey-read.log; fi
+    wait $r_fio; r_rc=$?
+    if [ $r_rc != 0 ]; then pass "case $r_n: wrong key: a 4k read of $DEV was not served: it failed (fio rc=$r_rc)"
+    else fail "case $r_n: wrong key: a 4k read of $DEV was served"; cat /tmp/fio-wrongkey-read.log; fi
   fi
+  grep -E 'err=|error' /tmp/fio-wrongkey-read.log | head -3 | sed 's/^/    /'
   dmesg | grep -i nvme
   show_ctrls
   disconnect_all_check
-  if wait_until 30 sh -c "! kill -0 $_fio 2>/dev/null"; then
-    wait $_fio; pass "case $_n: wrong key: the pending read ended after disconnect-all (fio rc=$?)"
-  else fail "case $_n: wrong key: the read still hangs 30 s after disconnect-all"; kill -9 $_fio 2>/dev/null; fi
-  sed 's/^/    /' /tmp/fio-wrongkey-read.log | grep -E 'err=|error|fio:' | head -5
+  if [ $r_pending = 1 ]; then
+    if wait_until 30 sh -c "! kill -0 $r_fio 2>/dev/null"; then
+      wait $r_fio; pass "case $r_n: wrong key: the pending read ended after disconnect-all (fio rc=$?)"
+    else fail "case $r_n: wrong key: the read still hangs 30 s after disconnect-all"; kill -9 $r_fio 2>/dev/null; fi
+  fi
 }
 
 i=0
