@@ -9,16 +9,20 @@ use qpath_host::queue::{DataDir, HostQueue, Io, QueueConfig, QueueState, SubmitE
 
 const ENTRIES: u16 = 8;
 
-fn live() -> HostQueue {
-    let cfg = QueueConfig::io(
+/// A new I/O queue of `ENTRIES` entries (its ICReq queued, nothing answered).
+fn fresh() -> HostQueue {
+    HostQueue::new(QueueConfig::io(
         1,
         ENTRIES,
         Cntlid(1),
         "nqn.2026-11.io.qpath:ctl",
         "nqn.2014-08.org.nvmexpress:uuid:c",
         [0; 16],
-    );
-    let mut q = HostQueue::new(cfg);
+    ))
+}
+
+fn live() -> HostQueue {
+    let mut q = fresh();
     flush(&mut q);
     q.feed(&IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 65536 }.encode());
     let connect = q.tag_space();
@@ -85,14 +89,6 @@ fn the_control_command_waits_for_an_entry_and_then_holds_it() {
 
 #[test]
 fn control_commands_need_a_live_queue() {
-    let cfg = QueueConfig::io(
-        1,
-        ENTRIES,
-        Cntlid(1),
-        "nqn.2026-11.io.qpath:ctl",
-        "nqn.2014-08.org.nvmexpress:uuid:c",
-        [0; 16],
-    );
-    let mut q = HostQueue::new(cfg);
+    let mut q = fresh();
     assert_eq!(q.submit_control(cmd(1)).unwrap_err().0, SubmitError::NotLive);
 }
