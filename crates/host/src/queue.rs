@@ -430,10 +430,7 @@ impl HostQueue {
     /// Queues a command under `tag` (0..entries). The caller's tag allocator
     /// guarantees the tag is free; a busy tag is refused.
     pub fn submit(&mut self, tag: u16, io: Io) -> Result<(), (SubmitError, Io)> {
-        if tag >= self.tag_space() {
-            return Err((SubmitError::BadTag(tag), io));
-        }
-        self.submit_at(tag, io)
+        self.submit_at(tag, io, false)
     }
 
     /// Queues a control command of the queue's owner (a re-authentication's
@@ -446,7 +443,7 @@ impl HostQueue {
         if self.state != QueueState::Live {
             return Err((SubmitError::NotLive, io));
         }
-        self.submit_at(self.control_tag(), io)
+        self.submit_at(self.control_tag(), io, true)
     }
 
     /// The tag of [`HostQueue::submit_control`]'s commands (their completions carry it).
@@ -454,13 +451,15 @@ impl HostQueue {
         connect_tag(self.tag_space())
     }
 
-    fn submit_at(&mut self, tag: u16, mut io: Io) -> Result<(), (SubmitError, Io)> {
+    /// `control`: `tag` is the reserved one, past the caller's.
+    #[inline(always)]
+    fn submit_at(&mut self, tag: u16, mut io: Io, control: bool) -> Result<(), (SubmitError, Io)> {
         let auth_cmd = io.sqe.is_fabrics()
             && matches!(io.sqe.fctype(), nvme::opcode::fctype::AUTH_SEND | nvme::opcode::fctype::AUTH_RECEIVE);
         if !(self.state == QueueState::Live || (self.state == QueueState::Authenticating && auth_cmd)) {
             return Err((SubmitError::NotLive, io));
         }
-        if self.slots[usize::from(tag)].state != SlotState::Free {
+        if (tag >= self.tag_space() && !control) || self.slots[usize::from(tag)].state != SlotState::Free {
             return Err((SubmitError::BadTag(tag), io));
         }
         // The SQ's size (Connect's SQSIZE + 1) bounds what is outstanding, the reserved tag's
