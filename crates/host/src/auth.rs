@@ -120,14 +120,60 @@ pub fn send_io(m: &Message) -> Option<Io> {
     Some(Io { sqe: AuthCmd::dhchap(len).send_sqe(Cid(0)), buf: Some(buf), len, dir: DataDir::ToController, token: 0 })
 }
 
-/// Runs the DH-HMAC-CHAP transaction on `q` (whose Connect asked for it, or a live
-/// queue re-authenticating) by `deadline`.
+/// Nice value of a re-authentication's Diffie-Hellman work (16 ms per step for
+/// ffdhe8192): background work next to the contexts' I/O, as the target's workers'
+/// (`target::offload::WORKER_NICE`). `qpath lab auth-stall --reauth` (BENCHMARKS.md):
+/// QD1 reads over 1 ms 98-121 with the admin queue's steps at nice 0, 53-78 at 10.
+pub const REAUTH_NICE: i32 = 10;
+
+/// Runs the DH-HMAC-CHAP transaction on `q` (whose Connect asked for it) by `deadline`.
 pub fn authenticate(
     q: &mut dyn Exchange,
     keys: Option<&DhchapKeys>,
     hostnqn: &str,
     subnqn: &str,
     deadline: Instant,
+) -> Result<()> {
+    transaction(q, keys, hostnqn, subnqn, deadline, None)
+}
+
+/// Runs a live queue's re-authentication on `q` by `deadline`; its Diffie-Hellman
+/// work runs at [`REAUTH_NICE`] (on a thread of its own if the caller runs at another
+/// priority: the caller's priority does not change).
+pub fn reauthenticate(
+    q: &mut dyn Exchange,
+    keys: Option<&DhchapKeys>,
+    hostnqn: &str,
+    subnqn: &str,
+    deadline: Instant,
+) -> Result<()> {
+    transaction(q, keys, hostnqn, subnqn, deadline, Some(REAUTH_NICE))
+}
+
+/// Runs `f` (a transaction's DH work) at `nice`: inline when the thread already runs at
+/// it (or `nice` is `None`), else on a scoped thread of that priority.
+fn at_nice<T: Send>(nice: Option<i32>, f: impl FnOnce() -> T + Send) -> T {
+    match nice {
+        Some(n) if uring::current_thread_nice().ok() != Some(n) => std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                if let Err(e) = uring::set_current_thread_nice(n) {
+                    tracing::debug!("re-authentication's DH work keeps its priority: {e}");
+                }
+                f()
+            });
+            t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        }),
+        _ => f(),
+    }
+}
+
+fn transaction(
+    q: &mut dyn Exchange,
+    keys: Option<&DhchapKeys>,
+    hostnqn: &str,
+    subnqn: &str,
+    deadline: Instant,
+    dh_nice: Option<i32>,
 ) -> Result<()> {
     let qid = nvme::QueueId(q.qid());
     let Some(keys) = keys else {
@@ -139,7 +185,7 @@ pub fn authenticate(
         ));
     };
     let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-    let mut t = Transaction { q, tid, deadline, step: Step::Negotiate, qid: qid.0 };
+    let mut t = Transaction { q, tid, deadline, step: Step::Negotiate, qid: qid.0, dh_nice };
     let start = Instant::now();
     match t.run(keys, hostnqn, subnqn) {
         Ok((hash, group)) => {
@@ -176,6 +222,8 @@ struct Transaction<'a> {
     deadline: Instant,
     step: Step,
     qid: u16,
+    /// Where the DH work runs ([`at_nice`]).
+    dh_nice: Option<i32>,
 }
 
 impl Transaction<'_> {
@@ -255,14 +303,15 @@ impl Transaction<'_> {
             }
             (_, true) => return Err(self.local(failure::DHGROUP_UNUSABLE, "no DH value")),
             (g, false) => {
-                let mine = DhKeyPair::generate(g)
-                    .ok()
-                    .flatten()
-                    .ok_or_else(|| self.local(failure::FAILED, "no DH key pair"))?;
-                let ks = mine
-                    .shared_secret(&c.dhv)
-                    .map_err(|_| self.local(failure::DHGROUP_UNUSABLE, "invalid DH public value"))?;
-                (mine.public().to_vec(), Some(ks))
+                // Both modular exponentiations: the key pair and the shared secret.
+                let dhv = &c.dhv;
+                let (public, ks) = at_nice(self.dh_nice, || match DhKeyPair::generate(g).ok().flatten() {
+                    None => (None, None),
+                    Some(mine) => (Some(mine.public().to_vec()), mine.shared_secret(dhv).ok()),
+                });
+                let public = public.ok_or_else(|| self.local(failure::FAILED, "no DH key pair"))?;
+                let ks = ks.ok_or_else(|| self.local(failure::DHGROUP_UNUSABLE, "invalid DH public value"))?;
+                (public, Some(ks))
             }
         };
         let host_key = keys.host.transformed(hostnqn);
@@ -361,5 +410,22 @@ mod tests {
     fn steps() {
         assert_eq!(Step::Negotiate.transition(Step::Challenge), Step::Challenge);
         assert_eq!(Step::Success1.transition(Step::Success2), Step::Success2);
+    }
+
+    #[test]
+    fn a_reauthentications_dh_work_runs_in_the_background_and_leaves_the_caller_as_it_was() {
+        let caller = (std::thread::current().id(), uring::current_thread_nice().unwrap());
+        let seen = at_nice(Some(REAUTH_NICE), || (std::thread::current().id(), uring::current_thread_nice().unwrap()));
+        assert_eq!(seen.1, REAUTH_NICE);
+        assert_ne!(seen.0, caller.0, "on a thread of its own");
+        assert_eq!(uring::current_thread_nice().unwrap(), caller.1, "the caller keeps its priority");
+        assert_eq!(at_nice(None, || std::thread::current().id()), caller.0, "bring-up: inline");
+        // A thread already at that priority (a re-authenticating I/O queue's) runs it inline.
+        std::thread::spawn(|| {
+            uring::set_current_thread_nice(REAUTH_NICE).unwrap();
+            assert_eq!(at_nice(Some(REAUTH_NICE), || std::thread::current().id()), std::thread::current().id());
+        })
+        .join()
+        .unwrap();
     }
 }

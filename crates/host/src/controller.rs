@@ -654,7 +654,7 @@ impl Controller {
             .map_err(|_| Error::new(ErrorKind::Timeout, "admin queue re-authentication: no answer"))??;
         let n = self.io_queue_count();
         let (keys, hostnqn, subnqn) = (self.keys(), &self.opts.hostnqn, &self.opts.subnqn);
-        let io = run_parallel(n, false, &|i| {
+        let io = run_parallel(n, false, Some(crate::auth::REAUTH_NICE), &|i| {
             let index = u16::try_from(i).unwrap_or(u16::MAX);
             self.reauthenticate_io(index, generation, keys.as_ref(), hostnqn, subnqn, deadline)
         });
@@ -689,7 +689,7 @@ impl Controller {
         };
         if let Some(owner) = owner {
             let mut q = OwnedQueue { owner, ctrl: Arc::clone(self), index, generation };
-            return crate::auth::authenticate(&mut q, keys, hostnqn, subnqn, deadline);
+            return crate::auth::reauthenticate(&mut q, keys, hostnqn, subnqn, deadline);
         }
         let Some((stream, queue)) = parked else {
             return Err(Error::new(ErrorKind::Gone, "the queue is not connected"));
@@ -697,7 +697,7 @@ impl Controller {
         // No context has claimed it: the transaction runs on the connection here, and the
         // connection goes back where it belongs now (a context may have claimed it meanwhile).
         let mut q = SyncQueue::from_parts(stream, queue);
-        let r = crate::auth::authenticate(&mut q, keys, hostnqn, subnqn, deadline);
+        let r = crate::auth::reauthenticate(&mut q, keys, hostnqn, subnqn, deadline);
         if r.is_ok() && self.generation() == generation {
             let (stream, queue) = q.into_parts();
             let mut g = self.lock();
@@ -819,7 +819,7 @@ fn bring_up(
         Ok(SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?.into_parts())
     };
     let io = if dhchap.is_some() {
-        run_parallel(n, true, &connect_io).into_iter().collect::<Result<Vec<_>>>()?
+        run_parallel(n, true, None, &connect_io).into_iter().collect::<Result<Vec<_>>>()?
     } else {
         (0..n).map(connect_io).collect::<Result<_>>()?
     };
@@ -833,7 +833,7 @@ fn bring_up(
     Ok(Bringup { admin, cntlid, id, namespaces, io })
 }
 
-/// Most I/O queues brought up at once (see [`connect_parallel`]).
+/// Most I/O queues brought up at once (see [`run_parallel`]).
 const PARALLEL_CONNECTS_MAX: usize = 8;
 
 /// Runs `f(0..n)` on up to [`PARALLEL_CONNECTS_MAX`] threads (no more than CPUs),
@@ -844,7 +844,12 @@ const PARALLEL_CONNECTS_MAX: usize = 8;
 /// time a controller of 32 queues took seconds to connect, reconnect and
 /// re-authenticate. Plain queues connect one after another: a thread would cost more
 /// than their handshake.
-fn run_parallel<T: Send>(n: usize, stop_on_error: bool, f: &(dyn Fn(usize) -> Result<T> + Sync)) -> Vec<Result<T>> {
+fn run_parallel<T: Send>(
+    n: usize,
+    stop_on_error: bool,
+    nice: Option<i32>,
+    f: &(dyn Fn(usize) -> Result<T> + Sync),
+) -> Vec<Result<T>> {
     let threads = n.min(uring::online_cpus().max(1)).min(PARALLEL_CONNECTS_MAX);
     let slots: Vec<Mutex<Option<Result<T>>>> = (0..n).map(|_| Mutex::new(None)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -864,12 +869,19 @@ fn run_parallel<T: Send>(n: usize, stop_on_error: bool, f: &(dyn Fn(usize) -> Re
             }
         }
     };
-    if threads <= 1 {
+    if threads <= 1 && nice.is_none() {
         work();
     } else {
         std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(work);
+            for _ in 0..threads.max(1) {
+                s.spawn(|| {
+                    if let Some(n) = nice
+                        && let Err(e) = uring::set_current_thread_nice(n)
+                    {
+                        tracing::debug!("parallel queue work keeps its priority: {e}");
+                    }
+                    work();
+                });
             }
         });
     }
@@ -942,7 +954,7 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                         let r = if q.queue().was_authenticated() {
                             let keys = ctrl.keys();
                             let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
-                            crate::auth::authenticate(q, keys.as_ref(), hostnqn, subnqn, deadline)
+                            crate::auth::reauthenticate(q, keys.as_ref(), hostnqn, subnqn, deadline)
                         } else {
                             // Linux re-authenticates only queues that authenticated at connect.
                             Err(Error::new(
@@ -1176,7 +1188,7 @@ mod tests {
     #[test]
     fn parallel_connects_keep_queue_order_and_report_the_first_failure() {
         let threads = Mutex::new(std::collections::HashSet::new());
-        let ok = run_parallel(20, true, &|i| {
+        let ok = run_parallel(20, true, None, &|i| {
             threads.lock().unwrap().insert(std::thread::current().id());
             std::thread::sleep(Duration::from_millis(2));
             Ok(i * 10)
@@ -1189,7 +1201,7 @@ mod tests {
         assert!(used <= uring::online_cpus().clamp(1, PARALLEL_CONNECTS_MAX), "{used} threads");
 
         let started = std::sync::atomic::AtomicUsize::new(0);
-        let e = run_parallel(50, true, &|i| {
+        let e = run_parallel(50, true, None, &|i| {
             started.fetch_add(1, Ordering::Relaxed);
             if i == 3 || i == 7 {
                 return Err(Error::new(ErrorKind::Protocol, format!("queue {i} refused")));
@@ -1206,12 +1218,20 @@ mod tests {
 
         // Without stop_on_error every index runs (a re-authentication tries every queue).
         let started = std::sync::atomic::AtomicUsize::new(0);
-        let all = run_parallel(30, false, &|i| {
+        let all = run_parallel(30, false, None, &|i| {
             started.fetch_add(1, Ordering::Relaxed);
             if i % 10 == 3 { Err(Error::new(ErrorKind::Protocol, format!("queue {i} refused"))) } else { Ok(i) }
         });
         assert_eq!(started.load(Ordering::Relaxed), 30);
         let failed: Vec<usize> = all.iter().enumerate().filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
         assert_eq!(failed, [3, 13, 23]);
+
+        // With a nice value the work runs on threads of that priority, never the caller's.
+        let caller = std::thread::current().id();
+        let seen = run_parallel(4, false, Some(crate::auth::REAUTH_NICE), &|_| {
+            Ok((std::thread::current().id() != caller, uring::current_thread_nice().ok()))
+        });
+        assert!(seen.iter().all(|r| matches!(r, Ok((true, Some(crate::auth::REAUTH_NICE))))), "{seen:?}");
+        assert_ne!(uring::current_thread_nice().ok(), Some(crate::auth::REAUTH_NICE), "the caller keeps its priority");
     }
 }

@@ -31,3 +31,21 @@ fn auth_stall_lab_counts_the_steps_where_they_ran() {
     }
     assert!(svg.starts_with("<svg") && svg.contains("auth_workers 4"), "{svg}");
 }
+
+/// `--reauth`: the QD1 controller itself authenticates (admin + 1 I/O queue) and
+/// re-authenticates twice while its reads go on: every transaction done, the steps
+/// counted where they ran (connect and re-authentications), no failed read.
+#[test]
+fn auth_stall_lab_reauthenticates_the_reading_controller() {
+    let args = ["--runtime", "0.3", "--connects", "2", "--queues", "1", "--reauth"];
+    let (v, _) = run_bounded::run_lab("auth-stall", &args, RUN_TIMEOUT);
+    run_bounded::full_rows(&v, 2, &["errors"]);
+    for c in v["cases"].as_array().unwrap() {
+        assert_eq!((&c["mode"], &c["connects_ok"]), (&"reauth".into(), &2.into()), "{c}");
+        assert!(c["qd1_during_connects"]["ios"].as_u64().unwrap() > 0, "{c}");
+        assert_eq!((&c["qd1_alone"]["errors"], &c["qd1_during_connects"]["errors"]), (&0.into(), &0.into()), "{c}");
+        // Two queues, two steps each, at the connect and at each of the two re-authentications.
+        let expect = if c["auth_workers"] == 0 { 0 } else { 2 * 2 * 3 };
+        assert_eq!(c["target_dh_steps_offloaded"], expect, "{c}");
+    }
+}

@@ -14,6 +14,12 @@
 //! each here). Each case: a fresh target, QD1 alone for `--runtime`, then QD1 while
 //! `--connects` connects of B run back to back. The connector's own DH steps (the
 //! host's) run on whichever core the scheduler gives them in both cases.
+//!
+//! `--reauth`: no B; A itself authenticates (admin + `--queues` I/O queues, the QD1
+//! reads on the first), and during the second phase re-authenticates all its queues
+//! `--connects` times in a row (`Controller::reauthenticate`, at nice 0: it is this
+//! host's own work). The QD1 queue's transaction goes through its context beside the
+//! reads; the host's DH steps run on the re-authenticating thread, never on the context.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,6 +67,11 @@ pub struct AuthStallArgs {
     /// thread's time comes from one of them, and the nice-19 connector crawls).
     #[arg(long = "host-wait", default_value = "block", value_parser = parse_host_wait)]
     pub host_wait: HostWait,
+    /// The QD1 controller itself authenticates and, during the second phase,
+    /// re-authenticates its live queues `--connects` times (instead of another host
+    /// connecting).
+    #[arg(long)]
+    pub reauth: bool,
     /// Text/JSON and plot output.
     #[command(flatten)]
     pub output: LabOutputArgs,
@@ -73,6 +84,7 @@ impl Default for AuthStallArgs {
             connects: 4,
             queues: 2,
             host_wait: HostWait::Busy,
+            reauth: false,
             output: LabOutputArgs::default(),
         }
     }
@@ -191,9 +203,23 @@ pub fn run_case(auth_workers: usize, args: &AuthStallArgs) -> Result<CaseResult>
     let server = target_config(auth_workers, reactor_cpu, &key, &ctrl_key).start().map_err(|e| err("target", e))?;
     let result = (|| {
         let addr = server.local_addr(1).ok_or_else(|| err("target", "no port 1"))?;
-        let mut o = ConnectOptions::new(addr, target::config::DEFAULT_NQN);
-        o.nr_io_queues = 1;
-        let a = Controller::connect(o).map_err(|e| err("connect", e))?;
+        let keyed = |nqn: &str| {
+            let mut o = ConnectOptions::new(addr, nqn);
+            o.hostnqn = AUTH_HOST.into();
+            o.nr_io_queues = args.queues;
+            o.connect_timeout = Duration::from_secs(60);
+            o.dhchap_secret = Some(key.to_string());
+            o.dhchap_ctrl_secret = Some(ctrl_key.to_string());
+            o
+        };
+        let a = if args.reauth {
+            keyed(AUTH_NQN)
+        } else {
+            let mut o = ConnectOptions::new(addr, target::config::DEFAULT_NQN);
+            o.nr_io_queues = 1;
+            o
+        };
+        let a = Controller::connect(a).map_err(|e| err("connect", e))?;
         let mut ctx = Context::new(ContextOptions { cpu: job_cpus.first().copied(), ..ContextOptions::default() })
             .map_err(|e| err("context", e))?;
         let dev = ctx.open(&a, Nsid(1)).map_err(|e| err("open", e))?;
@@ -202,31 +228,36 @@ pub fn run_case(auth_workers: usize, args: &AuthStallArgs) -> Result<CaseResult>
 
         let done = Arc::new(AtomicBool::new(false));
         let connector = {
-            let (done, connects, queues) = (Arc::clone(&done), args.connects, args.queues);
-            let (key, ctrl_key) = (key.to_string(), ctrl_key.to_string());
+            let (done, connects, reauth, a) = (Arc::clone(&done), args.connects, args.reauth, Arc::clone(&a));
+            let b = keyed(AUTH_NQN);
             std::thread::Builder::new()
                 .name("auth-stall-connect".into())
                 .spawn(move || {
                     // The connecting host stands for another machine: its own DH steps take
-                    // what CPU this one's reactor and QD1 host leave.
-                    if let Err(e) = uring::set_current_thread_nice(CONNECTOR_NICE) {
+                    // what CPU this one's reactor and QD1 host leave. A's re-authentication
+                    // is this host's own work, at its priority.
+                    if !reauth && let Err(e) = uring::set_current_thread_nice(CONNECTOR_NICE) {
                         tracing::warn!("auth-stall: connector keeps its priority: {e}");
                     }
                     let mut times = Vec::new();
                     for _ in 0..connects {
-                        let mut o = ConnectOptions::new(addr, AUTH_NQN);
-                        o.hostnqn = AUTH_HOST.into();
-                        o.nr_io_queues = queues;
-                        o.connect_timeout = Duration::from_secs(60);
-                        o.dhchap_secret = Some(key.clone());
-                        o.dhchap_ctrl_secret = Some(ctrl_key.clone());
                         let t0 = Instant::now();
-                        match Controller::connect(o) {
-                            Ok(c) => {
-                                times.push(t0.elapsed());
-                                c.delete();
-                            }
-                            Err(e) => tracing::warn!("auth-stall: connect failed: {e}"),
+                        let r = if reauth {
+                            a.reauthenticate(None, Duration::from_secs(60)).and_then(|r| match r.failed.first() {
+                                None => Ok(()),
+                                Some((qid, e)) => {
+                                    Err(host::Error::new(host::ErrorKind::Protocol, format!("I/O queue {qid}: {e}")))
+                                }
+                            })
+                        } else {
+                            Controller::connect(b.clone()).map(|c| c.delete())
+                        };
+                        match r {
+                            Ok(()) => times.push(t0.elapsed()),
+                            Err(e) => tracing::warn!(
+                                "auth-stall: {} failed: {e}",
+                                if reauth { "re-authentication" } else { "connect" }
+                            ),
                         }
                     }
                     done.store(true, Ordering::Release);
@@ -291,9 +322,10 @@ fn qd1(ctx: &mut Context, dev: DeviceId, runtime: Duration, stop: Option<&Atomic
 pub fn run(args: &AuthStallArgs, progress: &mut dyn std::io::Write) -> Result<LabResult> {
     let mut results = Vec::new();
     for workers in [0, target::offload::MAX_WORKERS] {
+        let what = if args.reauth { "re-authentications of A's" } else { "connects of" };
         let _ = writeln!(
             progress,
-            "auth-stall: auth_workers {workers}: {:.1} s QD1 alone, then {} connects of admin + {} I/O queues",
+            "auth-stall: auth_workers {workers}: {:.1} s QD1 alone, then {} {what} admin + {} I/O queues",
             args.runtime, args.connects, args.queues
         );
         results.push(run_case(workers, args)?);
@@ -302,10 +334,32 @@ pub fn run(args: &AuthStallArgs, progress: &mut dyn std::io::Write) -> Result<La
 }
 
 fn report(args: &AuthStallArgs, results: &[CaseResult]) -> LabResult {
-    let mut r = LabResult::new("auth-stall", "a QD1 queue while another host authenticates on the same reactor");
+    let title = if args.reauth {
+        "a QD1 queue while its own controller re-authenticates"
+    } else {
+        "a QD1 queue while another host authenticates on the same reactor"
+    };
+    let mut r = LabResult::new("auth-stall", title);
     let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
     let cpu = |c: Option<usize>| c.map_or_else(|| "unpinned".into(), |c| c.to_string());
-    r.note(format!(
+    if args.reauth {
+        r.note(format!(
+            "4k reads at QD1 of block 0 on the first I/O queue of controller A (admin + {} I/O queues, DH-HMAC-CHAP \
+             SHA-512, {}, bidirectional; host context on CPU {}, waiting: {}), the target's one reactor busy-polling \
+             on CPU {}. During the second phase A re-authenticates all its queues {} times in a row (admin queue, then \
+             the I/O queues at once; the read queue's transaction through its context): 2 DH steps per queue on the \
+             target, as many on the host's re-authenticating thread. auth_workers 0 runs the target's steps on the \
+             reactor; {} on the target's workers (the default).",
+            args.queues,
+            GROUP.name(),
+            cpu(job_cpus.first().copied()),
+            args.host_wait.name(),
+            cpu(reactor_cpu),
+            args.connects,
+            target::offload::MAX_WORKERS,
+        ));
+    } else {
+        r.note(format!(
         "4k reads at QD1 of block 0 on controller A's I/O queue (host context on CPU {}, waiting: {}), the \
          target's one reactor busy-polling on CPU {}. During the second phase another host connects a controller of admin + {} I/O queues \
          with DH-HMAC-CHAP (SHA-512, {}, bidirectional) {} times in a row, deleting it each time: 2 DH steps per \
@@ -319,6 +373,7 @@ fn report(args: &AuthStallArgs, results: &[CaseResult]) -> LabResult {
         args.connects,
         target::offload::MAX_WORKERS,
     ));
+    }
     r.columns(&[
         "auth_workers",
         "QD1 p50 alone",
@@ -328,7 +383,7 @@ fn report(args: &AuthStallArgs, results: &[CaseResult]) -> LabResult {
         "QD1 p99.9 during",
         "QD1 max during",
         "reads > 1 ms",
-        "connect mean",
+        if args.reauth { "re-authentication mean" } else { "connect mean" },
         "target DH steps offloaded",
         "errors",
     ]);
@@ -350,7 +405,11 @@ fn report(args: &AuthStallArgs, results: &[CaseResult]) -> LabResult {
     let groups: Vec<String> = results.iter().map(|c| format!("auth_workers {}", c.auth_workers)).collect();
     let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
     r.bars(
-        "QD1 read latency while a host authenticates, us",
+        if args.reauth {
+            "QD1 read latency while its controller re-authenticates, us"
+        } else {
+            "QD1 read latency while a host authenticates, us"
+        },
         &groups,
         vec![
             ("p99.9".into(), results.iter().map(|c| c.during.p_us(0.999)).collect()),
@@ -369,6 +428,7 @@ fn report(args: &AuthStallArgs, results: &[CaseResult]) -> LabResult {
             json!({
                 "auth_workers": c.auth_workers,
                 "host_wait": args.host_wait.name(),
+                "mode": if args.reauth { "reauth" } else { "connect" },
                 "qd1_alone": phase(&c.alone),
                 "qd1_during_connects": phase(&c.during),
                 "connects": args.connects,

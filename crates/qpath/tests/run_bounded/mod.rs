@@ -45,7 +45,10 @@ pub fn run(mut cmd: Command, timeout: Duration) -> (ExitStatus, String, String) 
 
 /// Runs `qpath lab <args>` with a plot into a fresh directory; returns the JSON and the SVG.
 pub fn run_lab(name: &str, args: &[&str], timeout: Duration) -> (serde_json::Value, String) {
-    let dir = std::env::temp_dir().join(format!("qpath-lab-{name}-{}", std::process::id()));
+    // One directory per call: tests of one lab run in parallel in one process.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("qpath-lab-{name}-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plot = dir.join(format!("{name}.svg"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_qpath"));
