@@ -279,6 +279,8 @@ struct Inner {
     failed_at: Option<Instant>,
     last_error: Option<String>,
     reconnects: u64,
+    reauths: u64,
+    reauth_failures: u64,
 }
 
 enum AdminReq {
@@ -394,6 +396,10 @@ pub struct ControllerInfo {
     pub io_queues: usize,
     /// Reconnects so far.
     pub reconnects: u64,
+    /// Re-authentications in which every queue's transaction succeeded.
+    pub reauths: u64,
+    /// Re-authentications in which the admin queue's or an I/O queue's failed.
+    pub reauth_failures: u64,
     /// Last error.
     pub last_error: Option<String>,
 }
@@ -433,6 +439,8 @@ impl Controller {
                 failed_at: None,
                 last_error: None,
                 reconnects: 0,
+                reauths: 0,
+                reauth_failures: 0,
             }),
             generation: AtomicU64::new(1),
             change_count: AtomicU64::new(1),
@@ -544,6 +552,8 @@ impl Controller {
             firmware: g.id.fr.clone(),
             io_queues: g.slots.len(),
             reconnects: g.reconnects,
+            reauths: g.reauths,
+            reauth_failures: g.reauth_failures,
             last_error: g.last_error.clone(),
         }
     }
@@ -650,8 +660,16 @@ impl Controller {
             .map_err(|_| Error::new(ErrorKind::Gone, "admin thread gone"))?;
         // The admin thread answers by the deadline or fails the transaction; the margin
         // covers a keep-alive round it may be in.
-        rrx.recv_timeout(timeout + ADMIN_TIMEOUT)
-            .map_err(|_| Error::new(ErrorKind::Timeout, "admin queue re-authentication: no answer"))??;
+        let admin = rrx
+            .recv_timeout(timeout + ADMIN_TIMEOUT)
+            .map_err(|_| Error::new(ErrorKind::Timeout, "admin queue re-authentication: no answer"))
+            .and_then(|r| r);
+        if let Err(e) = admin {
+            let mut g = self.lock();
+            g.reauth_failures += 1;
+            g.last_error = Some(format!("re-authentication: {e}"));
+            return Err(e);
+        }
         let n = self.io_queue_count();
         let (keys, hostnqn, subnqn) = (self.keys(), &self.opts.hostnqn, &self.opts.subnqn);
         let io = run_parallel(n, false, Some(crate::auth::REAUTH_NICE), &|i| {
@@ -667,6 +685,14 @@ impl Controller {
             tracing::warn!(traddr = %self.opts.traddr, qid, "re-authentication failed: {e}");
         }
         let took = start.elapsed();
+        {
+            let mut g = self.lock();
+            if failed.is_empty() {
+                g.reauths += 1;
+            } else {
+                g.reauth_failures += 1;
+            }
+        }
         tracing::info!(traddr = %self.opts.traddr, io_queues = n, failed = failed.len(), ms = took.as_millis(), "re-authenticated");
         Ok(Reauthenticated { io_queues: n - failed.len(), failed, took })
     }

@@ -27,6 +27,7 @@
 //! | `qpath_host_controller_info` | ctrl, traddr, subnqn, cntlid, state | always 1 |
 //! | `qpath_host_controller_live` | ctrl, traddr, subnqn | 1 when live |
 //! | `qpath_host_controller_reconnects_total` | same | association resets that reconnected |
+//! | `qpath_host_controller_reauths_total` | same + result (`ok`, `failed`) | re-authentications of the live controller (`failed`: a queue's transaction failed) |
 //! | `qpath_host_controller_ios_total` | same + dir | I/Os over its queues |
 //! | `qpath_host_controller_errors_total` | same | errors over its queues |
 //! | `qpath_host_path_ios_total` | subnqn, nsid, ctrl, traddr, dir | I/Os whose last try was this path |
@@ -127,6 +128,7 @@ pub fn snapshot_json(s: &HostSnapshot) -> Value {
                     "ctrl": c.ctrl, "traddr": c.traddr.to_string(), "subnqn": c.subnqn, "cntlid": c.cntlid,
                     "state": format!("{:?}", c.state).to_lowercase(), "present": c.present,
                     "reconnects": c.reconnects, "io_queues": c.io_queues, "queues_used": c.queues_used,
+                    "reauths": c.reauths, "reauth_failures": c.reauth_failures,
                     "outstanding": c.outstanding, "failures": c.totals.failures, "last_error": c.last_error,
                 }),
                 io_counts(&c.totals.stats),
@@ -275,6 +277,16 @@ pub fn render_snapshot(s: &HostSnapshot) -> String {
     for (c, l) in s.controllers.iter().zip(&clabels) {
         let _ = writeln!(out, "qpath_host_controller_reconnects_total{{{l}}} {}", c.reconnects);
     }
+    help(
+        &mut out,
+        "qpath_host_controller_reauths_total",
+        "counter",
+        "Re-authentications of the live controller, by result (failed: a queue's transaction failed).",
+    );
+    for (c, l) in s.controllers.iter().zip(&clabels) {
+        let _ = writeln!(out, "qpath_host_controller_reauths_total{{{l},result=\"ok\"}} {}", c.reauths);
+        let _ = writeln!(out, "qpath_host_controller_reauths_total{{{l},result=\"failed\"}} {}", c.reauth_failures);
+    }
     help(&mut out, "qpath_host_controller_ios_total", "counter", "I/Os completed over the controller's queues.");
     for (c, l) in s.controllers.iter().zip(&clabels) {
         per_dir(&mut out, "qpath_host_controller_ios_total", l, &c.totals.stats, false);
@@ -367,6 +379,8 @@ mod tests {
                 state: crate::controller::CtrlState::Live,
                 present: true,
                 reconnects: 0,
+                reauths: 2,
+                reauth_failures: 1,
                 io_queues: 2,
                 queues_used: 1,
                 outstanding: 2,
@@ -403,6 +417,7 @@ mod tests {
         assert!(q["latency"]["read"]["p99_us"].as_f64().unwrap() > 19.0);
         assert!(q["latency"].get("trim").is_none(), "idle directions are left out");
         assert_eq!(v["controllers"][0]["state"], "live");
+        assert_eq!((&v["controllers"][0]["reauths"], &v["controllers"][0]["reauth_failures"]), (&2.into(), &1.into()));
         assert_eq!(v["namespaces"][0]["counters"]["errors"], 2, "no-path failures count as errors");
         assert_eq!(v["totals"]["io_errors"], 2);
     }
@@ -431,5 +446,9 @@ mod tests {
         ));
         assert!(text.contains("qpath_host_namespace_errors_total{subnqn=\"nqn.x:\\\"q\\\"\",nsid=\"1\"} 2"));
         assert!(text.contains("qpath_host_queue_latency_seconds{") && text.contains("quantile=\"0.99\""));
+        let reauths =
+            "qpath_host_controller_reauths_total{ctrl=\"0\",traddr=\"127.0.0.1:4420\",subnqn=\"nqn.x:\\\"q\\\"\"";
+        assert!(text.contains(&format!("{reauths},result=\"ok\"}} 2")), "{text}");
+        assert!(text.contains(&format!("{reauths},result=\"failed\"}} 1")), "{text}");
     }
 }

@@ -118,6 +118,8 @@ struct CtrlSeen {
     cntlid: u16,
     state: CtrlState,
     reconnects: u64,
+    reauths: u64,
+    reauth_failures: u64,
     io_queues: usize,
     last_error: Option<String>,
 }
@@ -139,6 +141,8 @@ impl CtrlEntry {
                 cntlid: i.cntlid.0,
                 state: i.state,
                 reconnects: i.reconnects,
+                reauths: i.reauths,
+                reauth_failures: i.reauth_failures,
                 io_queues: i.io_queues,
                 last_error: i.last_error,
             };
@@ -216,7 +220,15 @@ impl HostStats {
             ctrl: Arc::downgrade(ctrl),
             traddr: ctrl.opts.traddr,
             subnqn: ctrl.opts.subnqn.clone(),
-            seen: CtrlSeen { cntlid: 0, state: CtrlState::New, reconnects: 0, io_queues: 0, last_error: None },
+            seen: CtrlSeen {
+                cntlid: 0,
+                state: CtrlState::New,
+                reconnects: 0,
+                reauths: 0,
+                reauth_failures: 0,
+                io_queues: 0,
+                last_error: None,
+            },
         };
         e.refresh();
         g.controllers.push(e);
@@ -339,6 +351,8 @@ impl HostStats {
                     state: c.seen.state,
                     present: c.ctrl.strong_count() > 0,
                     reconnects: c.seen.reconnects,
+                    reauths: c.seen.reauths,
+                    reauth_failures: c.seen.reauth_failures,
                     io_queues: c.seen.io_queues,
                     queues_used: nq,
                     outstanding,
@@ -438,6 +452,10 @@ pub struct ControllerSnapshot {
     pub present: bool,
     /// Reconnects (each one a reset of the association).
     pub reconnects: u64,
+    /// Re-authentications in which every queue succeeded.
+    pub reauths: u64,
+    /// Re-authentications in which a queue failed.
+    pub reauth_failures: u64,
     /// I/O queues the controller has.
     pub io_queues: usize,
     /// Queues some context has used.

@@ -79,13 +79,15 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("\ncontrollers");
         for c in ctrls {
             println!(
-                "  ctrl {:>3}: {} {} cntlid {} {}, {} reconnects, {}/{} queues used, {} I/Os, {} errors, {} queue failures",
+                "  ctrl {:>3}: {} {} cntlid {} {}, {} reconnects, {} re-authentications ({} failed), {}/{} queues used, {} I/Os, {} errors, {} queue failures",
                 c["ctrl"],
                 c["traddr"].as_str().unwrap_or(""),
                 c["subnqn"].as_str().unwrap_or(""),
                 c["cntlid"],
                 c["state"].as_str().unwrap_or("?"),
                 c["reconnects"],
+                c["reauths"].as_u64().unwrap_or(0) + c["reauth_failures"].as_u64().unwrap_or(0),
+                c["reauth_failures"],
                 c["queues_used"],
                 c["io_queues"],
                 c["ios"],

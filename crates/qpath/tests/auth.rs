@@ -489,6 +489,7 @@ fn live_queues_reauthenticate_beside_their_io() {
     assert_eq!(steps(), 2 * 10, "five more transactions, each with its two DH steps");
     assert_eq!(ctrl.state(), CtrlState::Live);
     assert_eq!(ctrl.info().reconnects, 0, "re-authentication is not a reconnect");
+    assert_eq!((ctrl.info().reauths, ctrl.info().reauth_failures), (1, 0));
     assert_eq!(ctrl.keys(), Some(new_keys));
 
     // A rotation to keys the target does not hold: the admin queue's transaction is refused.
@@ -496,6 +497,7 @@ fn live_queues_reauthenticate_beside_their_io() {
     let wrong_keys = host::auth::DhchapKeys { host: wrong.host.clone(), ctrl: wrong.ctrl.clone() };
     let e = ctrl.reauthenticate(Some(wrong_keys), Duration::from_secs(20)).unwrap_err();
     assert!(e.to_string().contains("AUTH_Failure1"), "{e}");
+    assert_eq!((ctrl.info().reauths, ctrl.info().reauth_failures), (1, 1));
     // The target closed the admin queue; the controller resets, and reconnects only once
     // the target holds the keys the host now has.
     let deadline = Instant::now() + Duration::from_secs(10);
