@@ -8,7 +8,8 @@
 //! ```text
 //!  job threads: Context ──publish every 100 ms──► HostStats ─┐
 //!  embedded target reactors ──10 ms tick──────► TargetState ─┤
-//!                                                            ├─► RPC: stats, target_stats, bench_status, release
+//!                                                            ├─► RPC: stats, target_stats, bench_status, release,
+//!                                                            │        reauthenticate
 //!                                                            └─► GET /metrics: qpath_host_*, qpath_target_*, qpath_bench_running
 //! ```
 //!
@@ -78,8 +79,44 @@ pub fn render(src: &Sources, running: bool) -> String {
     out
 }
 
-fn call(src: &Sources, state: &RunState, method: &str) -> std::result::Result<Value, TargetError> {
+/// RPC `reauthenticate {ctrl?, dhchap_secret?, dhchap_ctrl_secret?, timeout_s?}`: re-authenticates
+/// the run's live controllers (or controller number `ctrl`), with new secrets if given
+/// ([`host::controller::Controller::reauthenticate`]), on the RPC thread: never a job's.
+fn reauthenticate(src: &Sources, params: &Value) -> std::result::Result<Value, TargetError> {
+    let invalid = |m: String| TargetError::new(TargetErrorKind::Config, m);
+    let text = |k: &str| params.get(k).and_then(Value::as_str);
+    let keys = host::auth::DhchapKeys::parse(text("dhchap_secret"), text("dhchap_ctrl_secret"))
+        .map_err(|e| invalid(e.to_string()))?;
+    let timeout =
+        Duration::from_secs_f64(params.get("timeout_s").and_then(Value::as_f64).unwrap_or(30.0).clamp(0.1, 600.0));
+    let want = params.get("ctrl").and_then(Value::as_u64);
+    let ctrls: Vec<_> =
+        src.host.live_controllers().into_iter().filter(|(n, _)| want.is_none_or(|w| u64::from(*n) == w)).collect();
+    if ctrls.is_empty() {
+        return Err(TargetError::new(TargetErrorKind::NotFound, "no such live controller in this run"));
+    }
+    let out: Vec<Value> = ctrls
+        .iter()
+        .map(|(n, c)| {
+            let id = json!({"ctrl": n, "traddr": c.opts.traddr.to_string(), "subnqn": c.opts.subnqn});
+            let r = match c.reauthenticate(keys.clone(), timeout) {
+                Ok(r) => json!({
+                    "ok": r.failed.is_empty(), "io_queues": r.io_queues, "ms": r.took.as_secs_f64() * 1e3,
+                    "failed": r.failed.iter().map(|(q, e)| json!({"qid": q, "error": e})).collect::<Vec<_>>(),
+                }),
+                Err(e) => json!({"ok": false, "error": e.to_string()}),
+            };
+            let (Value::Object(mut a), Value::Object(b)) = (id, r) else { unreachable!("two JSON objects") };
+            a.extend(b);
+            Value::Object(a)
+        })
+        .collect();
+    Ok(Value::Array(out))
+}
+
+fn call(src: &Sources, state: &RunState, method: &str, params: &Value) -> std::result::Result<Value, TargetError> {
     match method {
+        "reauthenticate" => reauthenticate(src, params),
         "stats" => Ok(host::metrics::stats_json(&src.host)),
         "target_stats" => match &src.target {
             Some(t) => Ok(target::metrics::stats_json(t)),
@@ -104,7 +141,7 @@ impl Endpoints {
         let rpc = match rpc {
             Some(path) => {
                 let (s, st) = (src.clone(), Arc::clone(&state));
-                let handler = Arc::new(move |m: &str, _: &Value| call(&s, &st, m));
+                let handler = Arc::new(move |m: &str, p: &Value| call(&s, &st, m, p));
                 Some(RpcServer::start_with(path, handler).map_err(|e| fail("RPC socket", e))?)
             }
             None => None,
@@ -152,12 +189,53 @@ mod tests {
     fn rpc_methods_and_metrics_text() {
         let src = Sources { host: HostStats::new(), target: None };
         let st = RunState { running: AtomicBool::new(true), ..RunState::default() };
-        assert_eq!(call(&src, &st, "stats").unwrap()["side"], "host");
-        assert_eq!(call(&src, &st, "bench_status").unwrap()["running"], true);
-        assert_eq!(call(&src, &st, "target_stats").unwrap_err().kind, TargetErrorKind::NotFound);
-        assert!(call(&src, &st, "nope").is_err());
+        assert_eq!(call(&src, &st, "stats", &json!({})).unwrap()["side"], "host");
+        assert_eq!(call(&src, &st, "bench_status", &json!({})).unwrap()["running"], true);
+        assert_eq!(call(&src, &st, "target_stats", &json!({})).unwrap_err().kind, TargetErrorKind::NotFound);
+        assert!(call(&src, &st, "nope", &json!({})).is_err());
         assert!(render(&src, true).ends_with("qpath_bench_running 1\n"));
         assert!(render(&src, false).contains("qpath_host_contexts 0"));
+    }
+
+    #[test]
+    fn reauthenticate_renews_the_runs_controllers() {
+        use nvme::auth::{DhGroup, HashId, Secret};
+        use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, PortConfig, SubsystemConfig};
+        const NQN: &str = "nqn.2026-11.io.qpath:observe-auth";
+        const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0b5e7a1c-2d3f-4a5b-8c6d-7e8f9a0b1c2d";
+        let key = Secret::generate(Some(HashId::Sha256), 32).unwrap();
+        let mut c = Config::embedded_default();
+        c.ports = vec![PortConfig::io(1, "127.0.0.1:0".to_string())];
+        c.subsystems = vec![SubsystemConfig {
+            allow_any_host: false,
+            hosts: vec![HostEntry::Auth(HostAuthConfig {
+                nqn: HOST.into(),
+                dhchap_key: Some(key.to_string()),
+                dhchap_ctrl_key: None,
+                hash: None,
+                dhgroup: Some(DhGroup::Ffdhe2048.name().into()),
+            })],
+            ..SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "1M")])
+        }];
+        let server = c.start().unwrap();
+        let mut o = host::controller::ConnectOptions::new(server.local_addr(1).unwrap(), NQN);
+        (o.hostnqn, o.nr_io_queues, o.dhchap_secret) = (HOST.into(), 2, Some(key.to_string()));
+        let ctrl = host::controller::Controller::connect(o).unwrap();
+        let src = Sources { host: HostStats::new(), target: None };
+        let st = RunState::default();
+        assert_eq!(call(&src, &st, "reauthenticate", &json!({})).unwrap_err().kind, TargetErrorKind::NotFound);
+        let n = src.host.controller_number(&ctrl);
+        let v = call(&src, &st, "reauthenticate", &json!({})).unwrap();
+        assert_eq!((&v[0]["ctrl"], &v[0]["ok"], &v[0]["io_queues"]), (&n.into(), &true.into(), &2.into()), "{v}");
+        // A secret the target does not hold: refused on the admin queue, said so.
+        let other = Secret::generate(Some(HashId::Sha256), 32).unwrap().to_string();
+        let v = call(&src, &st, "reauthenticate", &json!({"ctrl": n, "dhchap_secret": other})).unwrap();
+        assert!(v[0]["ok"] == false && v[0]["error"].as_str().unwrap().contains("AUTH_Failure1"), "{v}");
+        assert_eq!((ctrl.info().reauths, ctrl.info().reauth_failures), (1, 1));
+        let bad = call(&src, &st, "reauthenticate", &json!({"dhchap_secret": "DHHC-1:00:nope:"}));
+        assert_eq!(bad.unwrap_err().kind, TargetErrorKind::Config);
+        ctrl.delete();
+        server.shutdown();
     }
 
     #[test]

@@ -207,6 +207,11 @@ impl HostStats {
         Self::ctrl_id(&mut g, ctrl)
     }
 
+    /// The controllers registered here that still exist, with their numbers.
+    pub fn live_controllers(&self) -> Vec<(u32, Arc<Controller>)> {
+        lock(&self.inner).controllers.iter().filter_map(|e| Some((e.id, e.ctrl.upgrade()?))).collect()
+    }
+
     fn ctrl_id(g: &mut Registry, ctrl: &Arc<Controller>) -> u32 {
         let ptr = Arc::as_ptr(ctrl);
         // A dead Weak may share the address of a new controller: only live ones match.
