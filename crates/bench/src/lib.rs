@@ -292,7 +292,8 @@ pub fn run_file_compared(
             names.push(registry.resolve(j)?.factory.name().to_string());
         }
         let pairs: Vec<(&JobSpec, &str)> = file.jobs.iter().zip(names.iter().map(String::as_str)).collect();
-        out.write_all(report::text::job_headers(&pairs, &version).as_bytes()).map_err(write_err)?;
+        let headers = report::text::job_headers(&pairs, &version);
+        out.write_all(target::redact_secrets(&headers).as_bytes()).map_err(write_err)?;
         out.flush().map_err(write_err)?;
     }
     let result = run::run_jobs(file, registry, opts, &mut stderr)?;
@@ -301,7 +302,10 @@ pub fn run_file_compared(
             let _ = writeln!(
                 stderr,
                 "qpath bench: job {}[{}]: error {}: {}",
-                j.spec.name, j.spec.place.clone, e.errno, e.message
+                j.spec.name,
+                j.spec.place.clone,
+                e.errno,
+                target::redact_secrets(&e.message)
             );
         }
     }
@@ -309,11 +313,13 @@ pub fn run_file_compared(
     rep.baselines.clone_from(&cmp.references);
     rep.physical = cmp.physical;
     rep.target.clone_from(&cmp.target);
+    // The reports show each job's filename: a remote URI's secrets are left out.
     if formats.json || formats.json_plus {
-        out.write_all(report::json::render(&rep, formats.json_plus).as_bytes()).map_err(write_err)?;
+        let json = report::json::render(&rep, formats.json_plus);
+        out.write_all(target::redact_secrets(&json).as_bytes()).map_err(write_err)?;
     }
     if formats.normal {
-        out.write_all(report::text::render(&rep).as_bytes()).map_err(write_err)?;
+        out.write_all(target::redact_secrets(&report::text::render(&rep)).as_bytes()).map_err(write_err)?;
     }
     out.flush().map_err(write_err)?;
     Ok(Outcome { failed: result.failed(), report: rep })

@@ -12,7 +12,9 @@
 //!   `reconnect_delay=SECS` and `ctrl_loss_tmo=SECS|-1` set the controller's reconnect
 //!   behaviour as `nvme connect -c/-l` do (defaults 10 and 600, as Linux);
 //!   `tcp_congestion=NAME` the connections' TCP congestion control (`cubic`, `bbr`, ...;
-//!   default the system's); other keys are kept in [`RemoteTarget::extra`] for the engine.
+//!   default the system's); `dhchap_secret=DHHC-1:..` and `dhchap_ctrl_secret=DHHC-1:..`
+//!   DH-HMAC-CHAP as `nvme connect --dhchap-secret/--dhchap-ctrl-secret`; other keys
+//!   are kept in [`RemoteTarget::extra`] for the engine.
 //!
 //! Multipath: a URI may name several transport addresses of the same subsystem, comma
 //! separated, as multi-host database URIs do:
@@ -408,9 +410,45 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// `s` with the values of `dhchap_secret=` and `dhchap_ctrl_secret=` (a remote URI's
+/// DH-HMAC-CHAP secrets) replaced by `<redacted>`: what a report or a log line may show
+/// of a job's filename.
+pub fn redact_secrets(s: &str) -> std::borrow::Cow<'_, str> {
+    const KEYS: [&str; 2] = ["dhchap_secret=", "dhchap_ctrl_secret="];
+    if !KEYS.iter().any(|k| s.contains(k)) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some((at, key)) = KEYS.iter().filter_map(|k| rest.find(k).map(|i| (i, *k))).min() {
+        out.push_str(&rest[..at + key.len()]);
+        out.push_str("<redacted>");
+        rest = &rest[at + key.len()..];
+        let end = rest.find(|c: char| c == '&' || c == '"' || c == ',' || c.is_whitespace()).unwrap_or(rest.len());
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_redacted_wherever_a_filename_is_shown() {
+        let uri = "nvme+tcp://h/nqn.x:a/1?dhchap_secret=DHHC-1:01:ab/c+d==:&hdgst=1&dhchap_ctrl_secret=DHHC-1:03:xy:";
+        assert_eq!(
+            redact_secrets(uri),
+            "nvme+tcp://h/nqn.x:a/1?dhchap_secret=<redacted>&hdgst=1&dhchap_ctrl_secret=<redacted>"
+        );
+        let json = format!("{{\"filename\" : \"{uri}\", \"x\": 1}}");
+        let r = redact_secrets(&json);
+        assert!(!r.contains("DHHC") && r.ends_with("dhchap_ctrl_secret=<redacted>\", \"x\": 1}"), "{r}");
+        let spdk = "trtype=TCP traddr=h dhchap_secret=DHHC-1:00:q: ns=1";
+        assert_eq!(redact_secrets(spdk), "trtype=TCP traddr=h dhchap_secret=<redacted> ns=1");
+        assert!(matches!(redact_secrets("nvme+tcp://h/n/1"), std::borrow::Cow::Borrowed(_)));
+    }
 
     #[test]
     fn spdk_form_with_escaped_colons() {

@@ -55,6 +55,20 @@ pub struct ControllerKey {
     pub ctrl_loss_tmo: Option<String>,
     /// `tcp_congestion=NAME` from the URI: the connections' TCP congestion control.
     pub tcp_congestion: Option<String>,
+    /// `dhchap_secret=DHHC-1:..` from the URI (`nvme connect --dhchap-secret`).
+    pub dhchap_secret: Option<Secret>,
+    /// `dhchap_ctrl_secret=DHHC-1:..` from the URI (`--dhchap-ctrl-secret`).
+    pub dhchap_ctrl_secret: Option<Secret>,
+}
+
+/// A DH-HMAC-CHAP secret from a URI: compared as written, never printed.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 impl ControllerKey {
@@ -75,6 +89,8 @@ impl ControllerKey {
             reconnect_delay: uri_option(remote, "reconnect_delay"),
             ctrl_loss_tmo: uri_option(remote, "ctrl_loss_tmo"),
             tcp_congestion: uri_option(remote, "tcp_congestion"),
+            dhchap_secret: uri_option(remote, "dhchap_secret").map(Secret),
+            dhchap_ctrl_secret: uri_option(remote, "dhchap_ctrl_secret").map(Secret),
         }
     }
 }
@@ -269,6 +285,8 @@ impl Controllers {
             o.ctrl_loss_tmo = parse_secs("ctrl_loss_tmo", v, true)?;
         }
         o.tcp_congestion = key.tcp_congestion.clone().or_else(|| self.tcp_congestion.clone());
+        o.dhchap_secret = key.dhchap_secret.as_ref().map(|s| s.0.clone());
+        o.dhchap_ctrl_secret = key.dhchap_ctrl_secret.as_ref().map(|s| s.0.clone());
         o.nr_io_queues = plan.nr_io_queues;
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
@@ -328,6 +346,8 @@ mod tests {
             reconnect_delay: None,
             ctrl_loss_tmo: None,
             tcp_congestion: None,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");
@@ -337,6 +357,21 @@ mod tests {
         assert_eq!(p[&d].queue_size, QUEUE_SIZE_MIN);
         assert!(p[&d].nr_io_queues >= 1);
         assert!(p.contains_key(&ControllerKey { hdgst: true, ..k }));
+    }
+
+    #[test]
+    fn uri_secrets_reach_the_connect_and_never_a_log() {
+        let secret = "DHHC-1:01:ZmFrZS1zZWNy+XQtb2Yt/GhpcnR5LXR3by1ieXRlcyEhIQ==:";
+        let f = JobFile::parse(
+            &format!("[a]\nsize=1m\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/1?dhchap_secret={secret}\n"),
+            "t",
+        )
+        .unwrap();
+        let p = plan(&f);
+        let k = p.keys().next().unwrap();
+        assert_eq!(k.dhchap_secret.as_ref().map(|s| s.0.as_str()), Some(secret), "the whole secret: '+', '/', '='");
+        assert!(k.dhchap_ctrl_secret.is_none());
+        assert!(!format!("{k:?}").contains("ZmFrZS"), "{k:?}");
     }
 
     #[test]
