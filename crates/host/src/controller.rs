@@ -721,10 +721,13 @@ impl Controller {
             return Err(Error::new(ErrorKind::Gone, "the queue is not connected"));
         };
         // No context has claimed it: the transaction runs on the connection here, and the
-        // connection goes back where it belongs now (a context may have claimed it meanwhile).
+        // connection goes back where it belongs now (a context may have claimed it
+        // meanwhile), whatever the outcome: a controller that closes it on a failure
+        // fails it for its next owner, one that keeps it (failure is soft state for
+        // Linux) keeps it usable. Only a connection of an older association is dropped.
         let mut q = SyncQueue::from_parts(stream, queue);
         let r = crate::auth::reauthenticate(&mut q, keys, hostnqn, subnqn, deadline);
-        if r.is_ok() && self.generation() == generation {
+        if self.generation() == generation {
             let (stream, queue) = q.into_parts();
             let mut g = self.lock();
             if let Some(slot) = g.slots.get_mut(usize::from(index)) {
