@@ -126,28 +126,29 @@ pub fn send_io(m: &Message) -> Option<Io> {
 /// QD1 reads over 1 ms 98-121 with the admin queue's steps at nice 0, 53-78 at 10.
 pub const REAUTH_NICE: i32 = 10;
 
-/// Runs the DH-HMAC-CHAP transaction on `q` (whose Connect asked for it) by `deadline`.
+/// Why a transaction runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Occasion {
+    /// A queue's Connect asked for it: the caller waits for the queue, the DH work runs
+    /// at the caller's priority.
+    BringUp,
+    /// A live queue re-authenticates beside its I/O: the DH work runs at
+    /// [`REAUTH_NICE`] (on a thread of its own if the caller runs at another priority;
+    /// the caller's priority does not change).
+    Reauthentication,
+}
+
+/// Runs the DH-HMAC-CHAP transaction on `q` by `deadline`.
 pub fn authenticate(
     q: &mut dyn Exchange,
     keys: Option<&DhchapKeys>,
     hostnqn: &str,
     subnqn: &str,
     deadline: Instant,
+    occasion: Occasion,
 ) -> Result<()> {
-    transaction(q, keys, hostnqn, subnqn, deadline, None)
-}
-
-/// Runs a live queue's re-authentication on `q` by `deadline`; its Diffie-Hellman
-/// work runs at [`REAUTH_NICE`] (on a thread of its own if the caller runs at another
-/// priority: the caller's priority does not change).
-pub fn reauthenticate(
-    q: &mut dyn Exchange,
-    keys: Option<&DhchapKeys>,
-    hostnqn: &str,
-    subnqn: &str,
-    deadline: Instant,
-) -> Result<()> {
-    transaction(q, keys, hostnqn, subnqn, deadline, Some(REAUTH_NICE))
+    let dh_nice = (occasion == Occasion::Reauthentication).then_some(REAUTH_NICE);
+    transaction(q, keys, hostnqn, subnqn, deadline, dh_nice)
 }
 
 /// Runs `f` (a transaction's DH work) at `nice`: inline when the thread already runs at

@@ -693,7 +693,8 @@ impl Controller {
                 g.reauth_failures += 1;
             }
         }
-        tracing::info!(traddr = %self.opts.traddr, io_queues = n, failed = failed.len(), ms = took.as_millis(), "re-authenticated");
+        let (ms, nfailed) = (took.as_millis(), failed.len());
+        tracing::info!(traddr = %self.opts.traddr, io_queues = n, failed = nfailed, ms, "re-authenticated");
         Ok(Reauthenticated { io_queues: n - failed.len(), failed, took })
     }
 
@@ -715,7 +716,14 @@ impl Controller {
         };
         if let Some(owner) = owner {
             let mut q = OwnedQueue { owner, ctrl: Arc::clone(self), index, generation };
-            return crate::auth::reauthenticate(&mut q, keys, hostnqn, subnqn, deadline);
+            return crate::auth::authenticate(
+                &mut q,
+                keys,
+                hostnqn,
+                subnqn,
+                deadline,
+                crate::auth::Occasion::Reauthentication,
+            );
         }
         let Some((stream, queue)) = parked else {
             return Err(Error::new(ErrorKind::Gone, "the queue is not connected"));
@@ -726,7 +734,8 @@ impl Controller {
         // fails it for its next owner, one that keeps it (failure is soft state for
         // Linux) keeps it usable. Only a connection of an older association is dropped.
         let mut q = SyncQueue::from_parts(stream, queue);
-        let r = crate::auth::reauthenticate(&mut q, keys, hostnqn, subnqn, deadline);
+        let r =
+            crate::auth::authenticate(&mut q, keys, hostnqn, subnqn, deadline, crate::auth::Occasion::Reauthentication);
         if self.generation() == generation {
             let (stream, queue) = q.into_parts();
             let mut g = self.lock();
@@ -983,7 +992,14 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                         let r = if q.queue().was_authenticated() {
                             let keys = ctrl.keys();
                             let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
-                            crate::auth::reauthenticate(q, keys.as_ref(), hostnqn, subnqn, deadline)
+                            crate::auth::authenticate(
+                                q,
+                                keys.as_ref(),
+                                hostnqn,
+                                subnqn,
+                                deadline,
+                                crate::auth::Occasion::Reauthentication,
+                            )
                         } else {
                             // Linux re-authenticates only queues that authenticated at connect.
                             Err(Error::new(

@@ -48,7 +48,14 @@ impl SyncQueue {
             // Connect asked for in-band authentication (ATR): the queue goes live only after it.
             let c = q.queue.config();
             let (keys, hostnqn, subnqn) = (c.dhchap.clone(), c.hostnqn.clone(), c.subnqn.clone());
-            crate::auth::authenticate(&mut q, keys.as_ref(), &hostnqn, &subnqn, deadline)?;
+            crate::auth::authenticate(
+                &mut q,
+                keys.as_ref(),
+                &hostnqn,
+                &subnqn,
+                deadline,
+                crate::auth::Occasion::BringUp,
+            )?;
             q.queue.authenticated();
         }
         Ok(q)
