@@ -137,7 +137,7 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if let Some(a) = v["auth"].as_object() {
-        println!("\nauthentication (DH-HMAC-CHAP steps on the target's workers)");
+        println!("\nauthentication (DH-HMAC-CHAP)");
         let n = |k: &str| a.get(k).and_then(Value::as_u64).unwrap_or(0);
         let (submitted, computed, abandoned) =
             (n("dh_steps_submitted"), n("dh_steps_computed"), n("dh_steps_abandoned"));
@@ -145,6 +145,13 @@ pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
             "  {submitted} DH steps: {computed} computed, {abandoned} skipped (connection closed), {} pending; {} hosts waiting",
             submitted.saturating_sub(computed + abandoned),
             n("dh_hosts_waiting"),
+        );
+        println!(
+            "  transactions: {} accepted ({} re-authentications), {} refused ({} re-authentications)",
+            n("transactions_accepted"),
+            n("reauthentications_accepted"),
+            n("transactions_refused"),
+            n("reauthentications_refused"),
         );
     }
     if let Some(nss) = v["namespaces"].as_array() {

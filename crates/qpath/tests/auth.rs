@@ -97,6 +97,11 @@ fn connect_ok(hash: HashId, group: DhGroup, bidi: bool, io: bool) {
     let auth = &stats["auth"];
     assert_eq!((&auth["dh_steps_submitted"], &auth["dh_steps_computed"]), (&offloaded.into(), &offloaded.into()));
     assert_eq!((&auth["dh_steps_abandoned"], &auth["dh_hosts_waiting"]), (&0.into(), &0.into()), "{auth}");
+    assert_eq!((&auth["transactions_accepted"], &auth["transactions_refused"]), (&3.into(), &0.into()), "{auth}");
+    assert!(
+        metrics.contains("\nqpath_target_auth_transactions_total{result=\"accepted\",renewal=\"false\"} 3\n"),
+        "{metrics}"
+    );
     if io {
         let mut ctx = Context::new(ContextOptions::default()).unwrap();
         let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
@@ -490,6 +495,8 @@ fn live_queues_reauthenticate_beside_their_io() {
     assert_eq!(ctrl.state(), CtrlState::Live);
     assert_eq!(ctrl.info().reconnects, 0, "re-authentication is not a reconnect");
     assert_eq!((ctrl.info().reauths, ctrl.info().reauth_failures), (1, 0));
+    let auth = |k: &str| target::metrics::stats_json(&server.state)["auth"][k].as_u64().unwrap();
+    assert_eq!((auth("transactions_accepted"), auth("reauthentications_accepted")), (10, 5), "5 queues, twice");
     assert_eq!(ctrl.keys(), Some(new_keys));
 
     // A rotation to keys the target does not hold: the admin queue's transaction is refused.
@@ -498,6 +505,9 @@ fn live_queues_reauthenticate_beside_their_io() {
     let e = ctrl.reauthenticate(Some(wrong_keys), Duration::from_secs(20)).unwrap_err();
     assert!(e.to_string().contains("AUTH_Failure1"), "{e}");
     assert_eq!((ctrl.info().reauths, ctrl.info().reauth_failures), (1, 1));
+    // The admin queue's (the controller's reconnects with the same keys may be refused by now too).
+    assert_eq!(auth("reauthentications_refused"), 1);
+    assert!(auth("transactions_refused") >= 1);
     // The target closed the admin queue; the controller resets, and reconnects only once
     // the target holds the keys the host now has.
     let deadline = Instant::now() + Duration::from_secs(10);

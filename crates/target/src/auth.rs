@@ -105,6 +105,50 @@ impl AuthState {
     }
 }
 
+/// How a transaction ended, for the target's counters ([`QueueAuth::take_outcome`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The host proved its key (and took the controller's, when it asked).
+    Accepted {
+        /// A live queue's re-authentication, not its first transaction.
+        renewal: bool,
+    },
+    /// Refused by either side (AUTH_Failure1 on its way, or the host's AUTH_Failure2).
+    Refused {
+        /// A live queue's re-authentication, not its first transaction.
+        renewal: bool,
+    },
+}
+
+/// Transactions the target ended, over every queue (control plane: once per
+/// transaction, never per I/O).
+#[derive(Debug, Default)]
+pub struct AuthCounters {
+    /// Transactions in which the host proved its key.
+    pub accepted: std::sync::atomic::AtomicU64,
+    /// Of those, re-authentications of live queues.
+    pub renewed: std::sync::atomic::AtomicU64,
+    /// Transactions refused by either side.
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Of those, re-authentications of live queues.
+    pub renewals_refused: std::sync::atomic::AtomicU64,
+}
+
+impl AuthCounters {
+    /// Counts one ended transaction.
+    pub fn record(&self, o: Outcome) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (all, renewals, renewal) = match o {
+            Outcome::Accepted { renewal } => (&self.accepted, &self.renewed, renewal),
+            Outcome::Refused { renewal } => (&self.refused, &self.renewals_refused, renewal),
+        };
+        all.fetch_add(1, Relaxed);
+        if renewal {
+            renewals.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// One queue's authentication.
 pub struct QueueAuth {
     state: AuthState,
@@ -130,6 +174,10 @@ pub struct QueueAuth {
     /// The Send whose Diffie-Hellman work is being computed (its command is not
     /// answered until [`QueueAuth::on_computed`]).
     computing: Option<Computing>,
+    /// The transaction under way re-authenticates a live queue.
+    renewal: bool,
+    /// How the last transaction ended, until taken.
+    outcome: Option<Outcome>,
 }
 
 /// The Diffie-Hellman work of one transaction step, handed to the caller of
@@ -235,6 +283,8 @@ pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_
         bidi: None,
         rescode_exp: 0,
         computing: None,
+        renewal: false,
+        outcome: None,
     })
 }
 
@@ -312,11 +362,23 @@ impl QueueAuth {
         self.step_ns = now_ns;
     }
 
+    /// How the last transaction ended, once (the connection counts it).
+    pub fn take_outcome(&mut self) -> Option<Outcome> {
+        self.outcome.take()
+    }
+
     fn set(&mut self, to: AuthState) {
         let from = self.state;
         self.state = from.transition(to);
         if self.state == AuthState::Failed {
             self.authenticated = false;
+        }
+        let ended = |s: AuthState| matches!(s, AuthState::SendFailure1 | AuthState::Failed);
+        let renewal = self.renewal;
+        if ended(self.state) && !ended(from) {
+            self.outcome = Some(Outcome::Refused { renewal });
+        } else if self.state == AuthState::Done && from != AuthState::Done {
+            self.outcome = Some(Outcome::Accepted { renewal });
         }
         tracing::trace!(hostnqn = %self.hostnqn, ?from, to = ?self.state, "authentication state");
     }
@@ -357,6 +419,7 @@ impl QueueAuth {
         match msg {
             Message::Negotiate(n) => {
                 self.tid = n.tid;
+                self.renewal = self.authenticated;
                 match self.negotiate(&n) {
                     Ok(DhGroup::Null) => self.set(AuthState::SendChallenge),
                     Ok(group) => {
@@ -709,17 +772,32 @@ mod tests {
         let old = keys(DhGroup::Null, false);
         let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, 0).unwrap();
         assert!(matches!(transact(&mut a, &old, false), Message::Success1(_)));
+        assert_eq!(a.take_outcome(), Some(Outcome::Accepted { renewal: false }));
+        assert_eq!(a.take_outcome(), None, "counted once");
         // The keys rotate (and the group with them): the live queue re-authenticates with the new ones.
         let new = keys(DhGroup::Ffdhe2048, true);
         a.rekey(Some(Arc::clone(&new)));
         assert!(matches!(transact(&mut a, &new, false), Message::Success1(_)));
         assert!(a.is_authenticated() && a.state() == AuthState::Done);
+        assert_eq!(a.take_outcome(), Some(Outcome::Accepted { renewal: true }));
         // The old host secret no longer passes.
         let stale = HostAuth { host_key: old.host_key.clone(), ..(*new).clone() };
         a.rekey(Some(Arc::clone(&new)));
         let m = transact(&mut a, &stale, false);
         assert_eq!(m, Message::Failure1(Failure { tid: 9, rescode: 1, rescode_exp: failure::FAILED }));
         assert!(a.is_failed() && !a.is_authenticated());
+        assert_eq!(a.take_outcome(), Some(Outcome::Refused { renewal: true }), "refused once, not again at Failed");
+        let counters = AuthCounters::default();
+        for o in [
+            Outcome::Accepted { renewal: false },
+            Outcome::Accepted { renewal: true },
+            Outcome::Refused { renewal: true },
+        ] {
+            counters.record(o);
+        }
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!([load(&counters.accepted), load(&counters.renewed)], [2, 1]);
+        assert_eq!([load(&counters.refused), load(&counters.renewals_refused)], [1, 1]);
         // Keys removed since the Connect: the next transaction is refused at its Negotiate.
         let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, 0).unwrap();
         assert!(matches!(transact(&mut a, &old, false), Message::Success1(_)));

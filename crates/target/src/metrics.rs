@@ -19,6 +19,7 @@
 //! | `qpath_target_controllers` | subnqn | live controllers |
 //! | `qpath_target_auth_dh_steps_total` | - | DH-HMAC-CHAP Diffie-Hellman steps the authentication workers finished |
 //! | `qpath_target_auth_dh_steps_abandoned_total` | - | steps skipped because their connection closed before a worker took them |
+//! | `qpath_target_auth_transactions_total` | result (`accepted`, `refused`), renewal (`true`: a live queue's re-authentication) | DH-HMAC-CHAP transactions ended |
 //! | `qpath_target_auth_dh_steps_pending` | - | steps handed to the workers, neither finished nor abandoned (queued or running) |
 //! | `qpath_target_auth_dh_hosts_waiting` | - | host NQNs with steps queued (the workers take one step per host in turn) |
 //! | `qpath_target_reactor_buffer_bytes` | reactor, state (outstanding, cached) | data buffer bytes handed out / kept idle for reuse |
@@ -99,11 +100,16 @@ pub fn stats_json(state: &TargetState) -> Value {
         })
         .collect();
     let w = &state.auth_workers;
+    let o = &state.auth_outcomes;
     let auth = json!({
         "dh_steps_submitted": w.submitted(),
         "dh_steps_computed": w.computed(),
         "dh_steps_abandoned": w.abandoned(),
         "dh_hosts_waiting": w.hosts_waiting(),
+        "transactions_accepted": load(&o.accepted),
+        "reauthentications_accepted": load(&o.renewed),
+        "transactions_refused": load(&o.refused),
+        "reauthentications_refused": load(&o.renewals_refused),
     });
     json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors, "auth": auth})
 }
@@ -233,6 +239,24 @@ pub fn render(state: &TargetState) -> String {
         "DH steps skipped because their connection closed first.",
     );
     let _ = writeln!(out, "qpath_target_auth_dh_steps_abandoned_total {}", w.abandoned());
+    let o = &state.auth_outcomes;
+    help(
+        &mut out,
+        "qpath_target_auth_transactions_total",
+        "counter",
+        "DH-HMAC-CHAP transactions ended, by result and whether they re-authenticated a live queue.",
+    );
+    for (result, all, renewals) in [("accepted", &o.accepted, &o.renewed), ("refused", &o.refused, &o.renewals_refused)]
+    {
+        let (all, renewals) = (all.load(Ordering::Relaxed), renewals.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "qpath_target_auth_transactions_total{{result=\"{result}\",renewal=\"false\"}} {}",
+            all.saturating_sub(renewals)
+        );
+        let _ =
+            writeln!(out, "qpath_target_auth_transactions_total{{result=\"{result}\",renewal=\"true\"}} {renewals}");
+    }
     help(&mut out, "qpath_target_auth_dh_steps_pending", "gauge", "DH steps queued or running on the workers.");
     let _ = writeln!(out, "qpath_target_auth_dh_steps_pending {}", w.pending());
     help(&mut out, "qpath_target_auth_dh_hosts_waiting", "gauge", "Host NQNs with DH steps queued for the workers.");

@@ -252,6 +252,8 @@ pub struct TargetState {
     buffers: Mutex<Vec<Arc<BufferStats>>>,
     /// Where the reactors send the Diffie-Hellman steps of in-band authentication.
     pub auth_workers: crate::offload::AuthWorkers,
+    /// How in-band authentication transactions ended.
+    pub auth_outcomes: crate::auth::AuthCounters,
 }
 
 /// One reactor's data buffer pool, as its reactor last published it (every 10 ms tick;
@@ -295,6 +297,7 @@ impl TargetState {
             queues: Mutex::new(Vec::new()),
             buffers: Mutex::new(Vec::new()),
             auth_workers: crate::offload::AuthWorkers::new(opts.auth_workers),
+            auth_outcomes: crate::auth::AuthCounters::default(),
         }
     }
 

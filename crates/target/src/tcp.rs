@@ -1143,6 +1143,9 @@ impl Connection {
     /// Answers an authentication command; a failed transaction closes the queue once
     /// its AUTH_Failure1 is out.
     fn auth_answered(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        if let Some(o) = self.auth.as_mut().and_then(QueueAuth::take_outcome) {
+            self.target.auth_outcomes.record(o);
+        }
         let failed = self.auth.as_ref().is_some_and(QueueAuth::is_failed);
         self.respond(slot, ctx);
         if failed {
@@ -1734,6 +1737,7 @@ impl Connection {
             let kato = u64::from(self.binding.as_ref().map_or(0, |b| b.controller().kato_ms()));
             let limit_ms = if kato == 0 { 120_000 } else { kato.max(self.target.limits.connect_timeout_ms()) };
             if a.expired(ctx.now_ns, limit_ms) {
+                self.target.auth_outcomes.record(auth::Outcome::Refused { renewal: false });
                 self.close("authentication transaction step timed out");
                 return;
             }
