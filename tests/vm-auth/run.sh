@@ -129,6 +129,11 @@ for c in json.load(sys.stdin):
     if [ "$got" -ge "${queues:-1}" ] && [ "${queues:-0}" -ge 2 ]; then
       pass "case $n: target: $got re-authentication transaction(s) accepted (Success2) for the $queues queues"
     else fail "case $n: target: $got accepted re-authentication transaction(s), want one per queue (${queues:-?})"; rc=1; fi
+    local renewals
+    renewals=$(( $(renewed || echo 0) - RENEWED_MARK ))
+    if [ "$renewals" = "${queues:-x}" ]; then
+      pass "case $n: target stats: reauthentications_accepted +$renewals (one per queue)"
+    else fail "case $n: target stats: reauthentications_accepted +$renewals, want +${queues:-?}"; rc=1; fi
     if [ -z "$bad" ]; then pass "case $n: target: no refusal, no closed queue, no deleted controller during the rotation"
     else fail "case $n: target logged during the rotation: $bad"; rc=1; fi
     if [ -n "$ctl" ] && [ "${ctl##*io_queues=}" = $((queues - 1)) ]; then
@@ -153,11 +158,16 @@ for c in json.load(sys.stdin):
     else fail "case $n: target did not log the refusal of the re-authentication and the deletion of cntlid $cntlid"; return 1; fi
   }
   REAUTH_MARK=0    # target log line count at the last rotation step
+  RENEWED_MARK=0   # the target's re-authentications accepted then (`qpath rpc stats`)
+  renewed() {      # re-authentications the target accepted so far
+    rpc stats | python3 -c 'import json, sys; print(json.load(sys.stdin)["auth"]["reauthentications_accepted"])'
+  }
   on_ask() {
     case "$1" in
       auth-keys-*) set_keys "${1#auth-keys-}" ;;
       auth-rotate-*)
         REAUTH_MARK=$(log_lines)
+        RENEWED_MARK=$(renewed || echo 0)
         set_keys "rotate-${1#auth-rotate-}" ;;
       reauth-check-*)
         local rc=0
