@@ -16,7 +16,12 @@
 # linux-target  `qpath connect -S [-C]` authenticates to the guest's kernel target (nvmet,
 #               configfs hosts/<nqn>/dhchap_key, dhchap_ctrl_key, dhchap_hash, dhchap_dhgroup)
 #               and, once live, re-authenticates every queue (--reauthenticate); wrong
-#               secrets must be refused.
+#               secrets must be refused. Last, a background `qpath bench` job (crc32c verify)
+#               rotates its live controller to the new secrets the guest gave nvmet
+#               (rotate-start-N, rotate-N: reauthenticate over the bench's RPC socket, I/O
+#               before and after), then to a secret nvmet lacks (rotate-bad-N: AUTH_Failure1,
+#               nvmet tears the controller down), and the job must end with the dead
+#               controller's host path error and no verify failure (rotate-stop-N).
 # Cases: SHA-256/384/512 with null, ffdhe2048, 3072, 4096, 8192, uni- and bidirectional
 # (tests/vm-auth/guest/*.sh, CASES). The helpers (target start, guest boot, QPATH-ASK
 # answers, process cleanup) are tests/vm/lib.sh's, and the guest side uses tests/vm/guest/lib.sh.
@@ -190,7 +195,168 @@ for c in json.load(sys.stdin):
 
 scenario_linux-target() {
   QPATH_NQN=nqn.2024-01.io.vmlab:auth
+  # ---- key rotation under I/O (the guest's last case) ----------------------------------
+  # A background `qpath bench` job (randrw 4k, crc32c verify) holds a live controller
+  # authenticated with K1/C1; its RPC socket re-authenticates that controller with the K2/C2
+  # the guest gave nvmet (rotate-N), then with a K4 nvmet lacks (rotate-bad-N): nvmet answers
+  # AUTH_Failure1 and tears the controller down, the host's reconnects (K4) are refused
+  # alike, and after ctrl_loss_tmo (3 s in the URI) the controller is dead and the job ends
+  # with an I/O error, never a verify error (rotate-stop-N).
+  BENCH_SOCK=$D/host.sock BENCH_PID= BENCH_RUNTIME=40
+  bench_ctl() {    # "state=.. cntlid=.. ..." of the bench's controller, from its RPC socket
+    timeout 10 "$QPATH_BIN" rpc --socket "$BENCH_SOCK" stats 2>/dev/null | python3 -c '
+import json, sys
+for c in json.load(sys.stdin).get("controllers", []):
+    if c.get("subnqn") == sys.argv[1]:
+        print(" ".join("%s=%s" % (k, c.get(k)) for k in ("state", "cntlid", "io_queues", "reads", "writes", "errors",
+                                                          "reauths", "reauth_failures", "reconnects")))
+        break' "$QPATH_NQN" 2>/dev/null
+  }
+  kv() { printf '%s\n' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }   # kv "a=1 b=2" b -> 2
+  bench_reauth() { # bench_reauth KEY CKEY: the reauthenticate RPC's answer
+    timeout 60 "$QPATH_BIN" rpc --socket "$BENCH_SOCK" reauthenticate dhchap_secret="$1" dhchap_ctrl_secret="$2" 2>&1
+  }
+  rotate_start() {
+    local n=$1 host key ckey uri i ctl=
+    host=$(auth_field "$n" host); key=$(auth_field "$n" key); ckey=$(auth_field "$n" ckey)
+    enc() { printf '%s' "$1" | sed 's|%|%25|g; s|/|%2F|g; s|+|%2B|g; s|=|%3D|g'; }
+    uri="nvme+tcp://$VMLAB_GUEST_IP:4420/$QPATH_NQN/1?hostnqn=$host&dhchap_secret=$(enc "$key")&dhchap_ctrl_secret=$(enc "$ckey")&reconnect_delay=1&ctrl_loss_tmo=3"
+    rm -f "$BENCH_SOCK"
+    setsid timeout -k 5 $((BENCH_RUNTIME + 90)) ip netns exec "$VMLAB_NETNS" env RUST_LOG=info "$QPATH_BIN" bench \
+      --output-format=json --rpc-socket "$BENCH_SOCK" -- --name=rot --ioengine=qpath --rw=randrw --bs=4k \
+      --iodepth=8 --size=16M --time_based --runtime="$BENCH_RUNTIME" --verify=crc32c --filename="$uri" \
+      > "$D/bench.json" 2> "$D/bench.log" < /dev/null &
+    BENCH_PID=$!
+    STARTED+=("$BENCH_PID")
+    for i in $(seq 120); do
+      ctl=$(bench_ctl)
+      [ "$(kv "$ctl" state)" = live ] && break
+      kill -0 "$BENCH_PID" 2>/dev/null || break
+      sleep 0.5
+    done
+    say "case $n: bench (pid $BENCH_PID): ${ctl:-no controller}"
+    if [ "$(kv "$ctl" state)" = live ]; then
+      pass "case $n: qpath bench job (randrw 4k iodepth 8, crc32c verify, K1/C1 in its URI) has a live controller on Linux nvmet (cntlid $(kv "$ctl" cntlid), $(kv "$ctl" io_queues) I/O queues)"
+    else
+      fail "case $n: the bench's controller is not live within 60 s (${ctl:-stats did not answer})"
+      tail -5 "$D/bench.log" | sed 's/^/    /'; return 1
+    fi
+  }
+  rotate_good() {
+    local n=$1 key ckey before out rc right after verdict rc2=0
+    key=$(auth_field "rotate-$n" key); ckey=$(auth_field "rotate-$n" ckey)
+    sleep 2                                 # I/O before the rotation
+    before=$(bench_ctl)
+    out=$(bench_reauth "$key" "$ckey"); rc=$?
+    right=$(bench_ctl)
+    sleep 3                                 # I/O after it
+    after=$(bench_ctl)
+    echo "    reauthenticate (K2/C2): rc=$rc $out"
+    printf '    before: %s\n    right after: %s\n    3 s later: %s\n' "$before" "$right" "$after"
+    verdict=$(printf '%s' "$out" | python3 -c '
+import json, sys
+try:
+    v = json.load(sys.stdin)
+except ValueError:
+    print("not JSON"); sys.exit(1)
+if not (isinstance(v, list) and len(v) == 1):
+    print("want one controller, got %d" % len(v) if isinstance(v, list) else "not an array"); sys.exit(1)
+e = v[0]
+if e.get("ok") is True and e.get("failed") == [] and e.get("io_queues", 0) >= 1:
+    print("ok, admin + %d I/O queues re-authenticated in %.0f ms" % (e["io_queues"], e.get("ms", -1)))
+else:
+    print("ok=%s failed=%s io_queues=%s error=%s" % (e.get("ok"), e.get("failed"), e.get("io_queues"), e.get("error"))); sys.exit(1)') || rc=1
+    if [ "$rc" = 0 ]; then pass "case $n: rpc reauthenticate with new secrets K2/C2 on the live controller under I/O: $verdict"
+    else fail "case $n: rpc reauthenticate with K2/C2: $verdict"; rc2=1; fi
+    if [ "$(kv "$before" reads)" -gt 0 ] 2>/dev/null && [ "$(kv "$before" writes)" -gt 0 ]; then
+      pass "case $n: I/O before the rotation ($(kv "$before" reads) reads, $(kv "$before" writes) writes)"
+    else fail "case $n: no I/O before the rotation ($before)"; rc2=1; fi
+    if [ "$(kv "$after" reads)" -gt "$(kv "$right" reads)" ] 2>/dev/null && [ "$(kv "$after" writes)" -gt "$(kv "$right" writes)" ]; then
+      pass "case $n: I/O after the rotation ($(($(kv "$after" reads) - $(kv "$right" reads))) reads, $(($(kv "$after" writes) - $(kv "$right" writes))) writes in 3 s)"
+    else fail "case $n: no I/O after the rotation (right after: $right; 3 s later: $after)"; rc2=1; fi
+    if [ "$(kv "$after" state)" = live ] && [ "$(kv "$after" cntlid)" = "$(kv "$before" cntlid)" ] && [ "$(kv "$after" errors)" = 0 ] \
+       && [ "$(kv "$after" reauths)" = 1 ] && [ "$(kv "$after" reauth_failures)" = 0 ] && [ "$(kv "$after" reconnects)" = 0 ]; then
+      pass "case $n: controller still live, same cntlid $(kv "$after" cntlid), 1 re-authentication, no I/O error, no reconnect"
+    else fail "case $n: controller after the rotation: $after (want live, cntlid $(kv "$before" cntlid), errors=0 reauths=1 reauth_failures=0 reconnects=0)"; rc2=1; fi
+    return $rc2
+  }
+  rotate_bad() {
+    local n=$1 key ckey out verdict i ctl=
+    key=$(auth_field "bad-$n" key); ckey=$(auth_field "bad-$n" ckey)
+    out=$(bench_reauth "$key" "$ckey")
+    echo "    reauthenticate (K4, nvmet has K3): $out"
+    # nvmet refuses the Reply (host response mismatch) with AUTH_Failure1, explanation 0x01
+    # (failed), and tears the controller down in the same step, so the connection may close
+    # before the AUTH_Failure1 arrives: either way the admin queue's Success1 step fails.
+    verdict=$(printf '%s' "$out" | python3 -c '
+import json, re, sys
+try:
+    v = json.load(sys.stdin)
+except ValueError:
+    print("not JSON"); sys.exit(1)
+if not (isinstance(v, list) and len(v) == 1):
+    print("want one controller"); sys.exit(1)
+e = v[0]
+err = e.get("error") or ""
+m = re.search(r"queue 0 authentication \(Success1\): (controller refused \(AUTH_Failure1, reason 0x01, explanation 0x01[^)]*\)|connection closed by the controller)", err)
+if e.get("ok") is False and m:
+    print(m.group(0)); sys.exit(0)
+print("ok=%s error=%s" % (e.get("ok"), err)); sys.exit(1)')
+    if [ $? = 0 ]; then pass "case $n: rpc reauthenticate with a key nvmet lacks: ok false, $verdict"
+    else fail "case $n: rpc reauthenticate with a key nvmet lacks: $verdict"; return 1; fi
+    for i in $(seq 20); do
+      ctl=$(bench_ctl)
+      [ -n "$ctl" ] && [ "$(kv "$ctl" state)" != live ] && break
+      sleep 0.5
+    done
+    echo "    controller after the refusal: ${ctl:-stats did not answer}"
+    if [ "$(kv "$ctl" reauth_failures)" = 1 ] && [ "$(kv "$ctl" state)" != live ]; then
+      pass "case $n: the controller left live (state $(kv "$ctl" state)), 1 failed re-authentication"
+    else fail "case $n: controller after the refused re-authentication: ${ctl:-stats did not answer}"; return 1; fi
+  }
+  rotate_stop() {
+    local n=$1 i rc verdict
+    [ -n "$BENCH_PID" ] || { fail "case $n: no bench job was started"; return 1; }
+    for i in $(seq 60); do kill -0 "$BENCH_PID" 2>/dev/null || break; sleep 1; done
+    if kill -0 "$BENCH_PID" 2>/dev/null; then
+      fail "case $n: the bench job still runs 60 s after the refusal; stopping it (pid $BENCH_PID)"
+      stop_group "$BENCH_PID"; BENCH_PID=; return 1
+    fi
+    rc=0; wait "$BENCH_PID" || rc=$?
+    BENCH_PID=
+    grep -vE '^ *$' "$D/bench.log" | tail -6 | sed 's/^/    bench: /'
+    # The job: I/O both ways, reads verified, no verify failure; it ends with the I/O error
+    # of the dead controller (ctrl_loss_tmo after the refused re-authentication): errno 5,
+    # NVMe status Host Pathing Error (sct 0x3, sc 0x70), not a verify error (84).
+    verdict=$(python3 - "$D/bench.json" "$rc" <<'EOF'
+import json, sys
+try:
+    out = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print("no JSON report (bench rc %s): %s" % (sys.argv[2], e)); sys.exit(1)
+j, q = out["jobs"][0], out["qpath"]["jobs"][0]
+v = q.get("verify", {})
+r, w = j["read"]["total_ios"], j["write"]["total_ios"]
+print("bench rc %s, job error %s (%s), %d reads, %d writes, verify checked %s failures %s" % (
+    sys.argv[2], j["error"], q.get("error_message", ""), r, w, v.get("checked"), v.get("failures")))
+ok = (r > 0 and w > 0 and v.get("checked", 0) > 0 and v.get("failures") == 0 and j["error"] == 5
+      and "failed: NVMe status sct=0x3 sc=0x70" in q.get("error_message", ""))
+sys.exit(0 if ok else 1)
+EOF
+)
+    if [ $? = 0 ]; then pass "case $n: job ended after the refusal with a host path error (dead controller), no verify failure: $verdict"
+    else fail "case $n: job: $verdict"; return 1; fi
+    if grep -q 'DHHC-1:[0-9][0-9]:[A-Za-z0-9]' "$D/bench.json" "$D/bench.log"; then
+      fail "case $n: a secret is printed in the bench's report or log"; return 1
+    fi
+  }
   on_ask() {
+    case "$1" in
+      rotate-start-*) rotate_start "${1#rotate-start-}"; return ;;
+      rotate-bad-*) rotate_bad "${1#rotate-bad-}"; return ;;
+      rotate-stop-*) rotate_stop "${1#rotate-stop-}"; return ;;
+      rotate-*) rotate_good "${1#rotate-}"; return ;;
+    esac
     local n=${1#connect-} host expect key ckey out rc
     [ "$n" != "$1" ] || { fail "unexpected request from the guest: $1"; return 1; }
     host=$(auth_field "$n" host); expect=$(auth_field "$n" expect)
