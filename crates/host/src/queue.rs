@@ -283,6 +283,9 @@ pub struct HostQueue {
     pending_cmds: usize,
     /// The queue went live through an authentication transaction.
     was_authenticated: bool,
+    /// A control command holds the reserved tag (the Connect, which also uses it, is
+    /// not one: it is not counted as outstanding and never completes to the caller).
+    control_inflight: bool,
 }
 
 impl std::fmt::Debug for HostQueue {
@@ -329,6 +332,7 @@ impl HostQueue {
             state: QueueState::AwaitIcResp,
             pending_cmds: 0,
             was_authenticated: false,
+            control_inflight: false,
             cfg,
         };
         let icreq = IcReq { pfv: 0, hpda: 0, digests: q.cfg.digests, maxr2t: 0 };
@@ -499,6 +503,7 @@ impl HostQueue {
         s.sqe = io.sqe;
         self.outstanding += 1;
         self.pending_cmds += 1;
+        self.control_inflight |= control;
         Ok(())
     }
 
@@ -818,8 +823,8 @@ impl HostQueue {
         }
         let space = self.tag_space();
         match self.slots.get_mut(usize::from(tag)) {
-            // The caller's tags, and the reserved one of a control command.
-            Some(s) if s.state == SlotState::Outstanding && tag <= space => {
+            // The caller's tags, and the reserved one while a control command holds it.
+            Some(s) if s.state == SlotState::Outstanding && (tag < space || self.control_inflight) => {
                 s.cqe = Some(cqe);
                 if !s.buf_in_flight {
                     self.finish(tag);
@@ -922,6 +927,9 @@ impl HostQueue {
     }
 
     fn finish(&mut self, tag: u16) {
+        if tag == self.tag_space() {
+            self.control_inflight = false;
+        }
         let s = &mut self.slots[usize::from(tag)];
         let Some(mut cqe) = s.cqe.take() else { return };
         cqe.cid = Cid(tag);
@@ -945,7 +953,10 @@ impl HostQueue {
     /// handing back their buffers. Buffers still in a send batch come back
     /// when the driver returns the batch.
     pub fn abort_all(&mut self, status: Status) {
-        for tag in 0..=self.tag_space() {
+        // The reserved tag only while a control command holds it: an unanswered Connect
+        // there is not a command of the caller's (found by fuzzing).
+        let end = self.tag_space() + u16::from(self.control_inflight);
+        for tag in 0..end {
             let s = &mut self.slots[usize::from(tag)];
             if s.state == SlotState::Outstanding {
                 s.cqe = Some(Cqe::with_status(Cid(tag), status));

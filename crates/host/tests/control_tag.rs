@@ -92,3 +92,26 @@ fn control_commands_need_a_live_queue() {
     let mut q = fresh();
     assert_eq!(q.submit_control(cmd(1)).unwrap_err().0, SubmitError::NotLive);
 }
+
+/// The Connect shares the reserved tag but is no command of the caller's: a queue that
+/// fails before its Connect is answered aborts nothing (found by fuzzing: the abort
+/// counted the Connect out of an empty outstanding count), and a response for the
+/// reserved tag when no control command holds it is a protocol error, not a completion.
+#[test]
+fn the_connect_on_the_reserved_tag_is_never_a_completion() {
+    let mut q = fresh();
+    flush(&mut q);
+    q.feed(&IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 65536 }.encode());
+    flush(&mut q);
+    assert_eq!(q.state(), QueueState::AwaitConnect);
+    q.set_failed("test");
+    q.abort_all(Status::HOST_PATH_ERROR);
+    assert!(q.completions().is_empty());
+    assert_eq!(q.outstanding(), 0);
+
+    let mut q = live();
+    let ctl = q.control_tag();
+    respond(&mut q, ctl, Status::SUCCESS);
+    assert!(q.completions().is_empty());
+    assert_eq!(q.state(), QueueState::Failed, "a response for a tag nobody holds");
+}
