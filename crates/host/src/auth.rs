@@ -421,7 +421,7 @@ mod tests {
         assert_ne!(seen.0, caller.0, "on a thread of its own");
         assert_eq!(uring::current_thread_nice().unwrap(), caller.1, "the caller keeps its priority");
         assert_eq!(at_nice(None, || std::thread::current().id()), caller.0, "bring-up: inline");
-        // A thread already at that priority (a re-authenticating I/O queue's) runs it inline.
+        // A thread already at that priority runs it inline.
         std::thread::spawn(|| {
             uring::set_current_thread_nice(REAUTH_NICE).unwrap();
             assert_eq!(at_nice(Some(REAUTH_NICE), || std::thread::current().id()), std::thread::current().id());

@@ -672,7 +672,8 @@ impl Controller {
         }
         let n = self.io_queue_count();
         let (keys, hostnqn, subnqn) = (self.keys(), &self.opts.hostnqn, &self.opts.subnqn);
-        let io = run_parallel(n, false, Some(crate::auth::REAUTH_NICE), &|i| {
+        // Each transaction's DH work runs at auth::REAUTH_NICE (Occasion::Reauthentication).
+        let io = run_parallel(n, false, &|i| {
             let index = u16::try_from(i).unwrap_or(u16::MAX);
             self.reauthenticate_io(index, generation, keys.as_ref(), hostnqn, subnqn, deadline)
         });
@@ -857,7 +858,7 @@ fn bring_up(
         Ok(SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?.into_parts())
     };
     let io = if dhchap.is_some() {
-        run_parallel(n, true, None, &connect_io).into_iter().collect::<Result<Vec<_>>>()?
+        run_parallel(n, true, &connect_io).into_iter().collect::<Result<Vec<_>>>()?
     } else {
         (0..n).map(connect_io).collect::<Result<_>>()?
     };
@@ -882,12 +883,7 @@ const PARALLEL_CONNECTS_MAX: usize = 8;
 /// time a controller of 32 queues took seconds to connect, reconnect and
 /// re-authenticate. Plain queues connect one after another: a thread would cost more
 /// than their handshake.
-fn run_parallel<T: Send>(
-    n: usize,
-    stop_on_error: bool,
-    nice: Option<i32>,
-    f: &(dyn Fn(usize) -> Result<T> + Sync),
-) -> Vec<Result<T>> {
+fn run_parallel<T: Send>(n: usize, stop_on_error: bool, f: &(dyn Fn(usize) -> Result<T> + Sync)) -> Vec<Result<T>> {
     let threads = n.min(uring::online_cpus().max(1)).min(PARALLEL_CONNECTS_MAX);
     let slots: Vec<Mutex<Option<Result<T>>>> = (0..n).map(|_| Mutex::new(None)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -907,19 +903,12 @@ fn run_parallel<T: Send>(
             }
         }
     };
-    if threads <= 1 && nice.is_none() {
+    if threads <= 1 {
         work();
     } else {
         std::thread::scope(|s| {
-            for _ in 0..threads.max(1) {
-                s.spawn(|| {
-                    if let Some(n) = nice
-                        && let Err(e) = uring::set_current_thread_nice(n)
-                    {
-                        tracing::debug!("parallel queue work keeps its priority: {e}");
-                    }
-                    work();
-                });
+            for _ in 0..threads {
+                s.spawn(work);
             }
         });
     }
@@ -1233,7 +1222,7 @@ mod tests {
     #[test]
     fn parallel_connects_keep_queue_order_and_report_the_first_failure() {
         let threads = Mutex::new(std::collections::HashSet::new());
-        let ok = run_parallel(20, true, None, &|i| {
+        let ok = run_parallel(20, true, &|i| {
             threads.lock().unwrap().insert(std::thread::current().id());
             std::thread::sleep(Duration::from_millis(2));
             Ok(i * 10)
@@ -1246,7 +1235,7 @@ mod tests {
         assert!(used <= uring::online_cpus().clamp(1, PARALLEL_CONNECTS_MAX), "{used} threads");
 
         let started = std::sync::atomic::AtomicUsize::new(0);
-        let e = run_parallel(50, true, None, &|i| {
+        let e = run_parallel(50, true, &|i| {
             started.fetch_add(1, Ordering::Relaxed);
             if i == 3 || i == 7 {
                 return Err(Error::new(ErrorKind::Protocol, format!("queue {i} refused")));
@@ -1263,20 +1252,12 @@ mod tests {
 
         // Without stop_on_error every index runs (a re-authentication tries every queue).
         let started = std::sync::atomic::AtomicUsize::new(0);
-        let all = run_parallel(30, false, None, &|i| {
+        let all = run_parallel(30, false, &|i| {
             started.fetch_add(1, Ordering::Relaxed);
             if i % 10 == 3 { Err(Error::new(ErrorKind::Protocol, format!("queue {i} refused"))) } else { Ok(i) }
         });
         assert_eq!(started.load(Ordering::Relaxed), 30);
         let failed: Vec<usize> = all.iter().enumerate().filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
         assert_eq!(failed, [3, 13, 23]);
-
-        // With a nice value the work runs on threads of that priority, never the caller's.
-        let caller = std::thread::current().id();
-        let seen = run_parallel(4, false, Some(crate::auth::REAUTH_NICE), &|_| {
-            Ok((std::thread::current().id() != caller, uring::current_thread_nice().ok()))
-        });
-        assert!(seen.iter().all(|r| matches!(r, Ok((true, Some(crate::auth::REAUTH_NICE))))), "{seen:?}");
-        assert_ne!(uring::current_thread_nice().ok(), Some(crate::auth::REAUTH_NICE), "the caller keeps its priority");
     }
 }
