@@ -10,6 +10,7 @@ use nvme::identify::{
 use nvme::log::{AnaLog, DiscoveryLog, lid};
 use nvme::{Cid, Nsid, Sqe};
 
+use crate::auth::Exchange as _;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::SyncQueue;
 

@@ -31,12 +31,25 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::queue::{DataDir, Done, Io};
 use crate::sync::SyncQueue;
 
-/// Where a transaction's commands go, one at a time.
+/// Where a transaction's commands (and the bring-up's admin commands) go, one at a time.
 pub trait Exchange {
     /// The queue's id.
     fn qid(&self) -> u16;
     /// Sends `io` and waits up to `timeout` for its completion.
     fn execute(&mut self, io: Io, timeout: Duration) -> Result<Done>;
+
+    /// Executes a command that returns `len` bytes; fails on an error status.
+    fn read_data(&mut self, sqe: nvme::Sqe, len: usize, timeout: Duration) -> Result<(nvme::Cqe, Vec<u8>)> {
+        let buf = IoBuf::new(len.max(1).next_multiple_of(4096));
+        let len32 = u32::try_from(len).map_err(|_| Error::new(ErrorKind::Invalid, "transfer too large"))?;
+        let d =
+            self.execute(Io { sqe, buf: Some(buf), len: len32, dir: DataDir::FromController, token: 0 }, timeout)?;
+        if !d.cqe.status.is_success() {
+            return Err(Error::status(format!("opcode {:#04x}", sqe.opcode()), d.cqe.status));
+        }
+        let data = d.buf.map(|b| b.as_full()[..len].to_vec()).unwrap_or_default();
+        Ok((d.cqe, data))
+    }
 }
 
 impl Exchange for SyncQueue {
@@ -264,16 +277,11 @@ impl Transaction<'_> {
         // The step goes with a transport error too: Linux nvmet, rejecting our response,
         // may tear the controller down before its AUTH_Failure1 is sent, so the refusal
         // arrives as "(Success1): connection closed by the controller".
-        let buf = IoBuf::new(MAX_MESSAGE_LEN.next_multiple_of(4096));
-        let sqe = AuthCmd::dhchap(len).receive_sqe(Cid(0));
-        let io = Io { sqe, buf: Some(buf), len, dir: DataDir::FromController, token: 0 };
-        let d = self.q.execute(io, left).map_err(|e| Fail::Refused(self.err(e.to_string())))?;
-        if !d.cqe.status.is_success() {
-            let e = Error::status(format!("queue {} Authentication Receive", self.qid), d.cqe.status);
-            return Err(Fail::Refused(self.err(e.to_string())));
-        }
-        let data = d.buf.as_ref().map_or(&[][..], |b| &b.as_full()[..MAX_MESSAGE_LEN]);
-        match Message::decode(data) {
+        let (_, data) = self
+            .q
+            .read_data(AuthCmd::dhchap(len).receive_sqe(Cid(0)), MAX_MESSAGE_LEN, left)
+            .map_err(|e| Fail::Refused(self.err(e.to_string())))?;
+        match Message::decode(&data) {
             Ok(Message::Failure1(f)) => Err(Fail::Refused(self.err(format!(
                 "controller refused (AUTH_Failure1, reason {:#04x}, explanation {:#04x}: {})",
                 f.rescode,

@@ -8,8 +8,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use uring::IoBuf;
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
 
@@ -203,19 +201,6 @@ impl SyncQueue {
             return Err(Error::status(format!("opcode {:#04x}", sqe.opcode()), d.cqe.status));
         }
         Ok(d.cqe)
-    }
-
-    /// Executes a command that returns `len` bytes; fails on an error status.
-    pub fn read_data(&mut self, sqe: nvme::Sqe, len: usize, timeout: Duration) -> Result<(nvme::Cqe, Vec<u8>)> {
-        let buf = IoBuf::new(len.max(1).next_multiple_of(4096));
-        let len32 = u32::try_from(len).map_err(|_| Error::new(ErrorKind::Invalid, "transfer too large"))?;
-        let d =
-            self.execute(Io { sqe, buf: Some(buf), len: len32, dir: DataDir::FromController, token: 0 }, timeout)?;
-        if !d.cqe.status.is_success() {
-            return Err(Error::status(format!("opcode {:#04x}", sqe.opcode()), d.cqe.status));
-        }
-        let data = d.buf.map(|b| b.as_full()[..len].to_vec()).unwrap_or_default();
-        Ok((d.cqe, data))
     }
 
     /// Sets the socket's read timeout for [`SyncQueue::pump`]-driven loops.
