@@ -216,6 +216,19 @@ for c in json.load(sys.stdin).get("controllers", []):
   bench_reauth() { # bench_reauth KEY CKEY: the reauthenticate RPC's answer
     timeout 60 "$QPATH_BIN" rpc --socket "$BENCH_SOCK" reauthenticate dhchap_secret="$1" dhchap_ctrl_secret="$2" 2>&1
   }
+  # reauth_verdict CHECK: the reauthenticate answer on stdin must be a JSON array of one
+  # controller, bound to `e` for CHECK (Python: prints the verdict, exits 0 or 1).
+  reauth_verdict() {
+    python3 -c 'import json, re, sys
+try:
+    v = json.load(sys.stdin)
+except ValueError:
+    print("not JSON"); sys.exit(1)
+if not (isinstance(v, list) and len(v) == 1):
+    print("want one controller, got %d" % len(v) if isinstance(v, list) else "not an array"); sys.exit(1)
+e = v[0]
+'"$1"
+  }
   rotate_start() {
     local n=$1 host key ckey uri i ctl=
     host=$(auth_field "$n" host); key=$(auth_field "$n" key); ckey=$(auth_field "$n" ckey)
@@ -253,15 +266,7 @@ for c in json.load(sys.stdin).get("controllers", []):
     after=$(bench_ctl)
     echo "    reauthenticate (K2/C2): rc=$rc $out"
     printf '    before: %s\n    right after: %s\n    3 s later: %s\n' "$before" "$right" "$after"
-    verdict=$(printf '%s' "$out" | python3 -c '
-import json, sys
-try:
-    v = json.load(sys.stdin)
-except ValueError:
-    print("not JSON"); sys.exit(1)
-if not (isinstance(v, list) and len(v) == 1):
-    print("want one controller, got %d" % len(v) if isinstance(v, list) else "not an array"); sys.exit(1)
-e = v[0]
+    verdict=$(printf '%s' "$out" | reauth_verdict '
 if e.get("ok") is True and e.get("failed") == [] and e.get("io_queues", 0) >= 1:
     print("ok, admin + %d I/O queues re-authenticated in %.0f ms" % (e["io_queues"], e.get("ms", -1)))
 else:
@@ -288,15 +293,7 @@ else:
     # nvmet refuses the Reply (host response mismatch) with AUTH_Failure1, explanation 0x01
     # (failed), and tears the controller down in the same step, so the connection may close
     # before the AUTH_Failure1 arrives: either way the admin queue's Success1 step fails.
-    verdict=$(printf '%s' "$out" | python3 -c '
-import json, re, sys
-try:
-    v = json.load(sys.stdin)
-except ValueError:
-    print("not JSON"); sys.exit(1)
-if not (isinstance(v, list) and len(v) == 1):
-    print("want one controller"); sys.exit(1)
-e = v[0]
+    verdict=$(printf '%s' "$out" | reauth_verdict '
 err = e.get("error") or ""
 m = re.search(r"queue 0 authentication \(Success1\): (controller refused \(AUTH_Failure1, reason 0x01, explanation 0x01[^)]*\)|connection closed by the controller)", err)
 if e.get("ok") is False and m:
