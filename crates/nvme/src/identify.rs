@@ -84,6 +84,8 @@ pub mod oncs {
     pub const WRITE_ZEROES: u16 = 1 << 3;
     /// Save/Select in Set/Get Features.
     pub const SAVE_SELECT: u16 = 1 << 4;
+    /// Reservations.
+    pub const RESERVATIONS: u16 = 1 << 5;
 }
 
 /// LPA (Log Page Attributes) bits.
@@ -361,6 +363,9 @@ pub struct IdentifyNamespace {
     pub flbas: u8,
     /// Multi-path I/O and namespace sharing capabilities.
     pub nmic: u8,
+    /// Reservation capabilities (bits 1-6: the six reservation types; bit 7: Ignore
+    /// Existing Key as in NVMe 1.3 and later; bit 0: Persist Through Power Loss).
+    pub rescap: u8,
     /// Deallocate logical block features (bits 2:0 = 001b: deallocated blocks read as zeros).
     pub dlfeat: u8,
     /// Namespace atomic write unit power fail.
@@ -395,6 +400,7 @@ impl IdentifyNamespace {
         put_u8(b_, 25, self.nlbaf);
         put_u8(b_, 26, self.flbas);
         put_u8(b_, 30, self.nmic);
+        put_u8(b_, 31, self.rescap);
         put_u8(b_, 33, self.dlfeat);
         put_u16(b_, 36, self.nawupf);
         put_u16(b_, 46, self.noiob);
@@ -436,6 +442,7 @@ impl IdentifyNamespace {
             nlbaf: get_u8(b, 25),
             flbas: get_u8(b, 26),
             nmic: get_u8(b, 30),
+            rescap: get_u8(b, 31),
             dlfeat: get_u8(b, 33),
             nawupf: get_u16(b, 36),
             noiob: get_u16(b, 46),

@@ -38,6 +38,14 @@ pub mod io {
     pub const DATASET_MANAGEMENT: u8 = 0x09;
     /// Verify.
     pub const VERIFY: u8 = 0x0c;
+    /// Reservation Register.
+    pub const RESV_REGISTER: u8 = 0x0d;
+    /// Reservation Report.
+    pub const RESV_REPORT: u8 = 0x0e;
+    /// Reservation Acquire.
+    pub const RESV_ACQUIRE: u8 = 0x11;
+    /// Reservation Release.
+    pub const RESV_RELEASE: u8 = 0x15;
 }
 
 /// Fabrics command types (SQE byte 4 when the opcode is 0x7F).

@@ -100,6 +100,9 @@ statuses! {
     SGL_DESCRIPTOR_TYPE_INVALID = (Generic, 0x11, true);
     /// SGL Offset Invalid.
     SGL_OFFSET_INVALID = (Generic, 0x16, true);
+    /// Host Identifier Inconsistent Format (a Reservation Report without the extended
+    /// structure from a host with a 128-bit Host Identifier).
+    HOST_ID_INCONSISTENT = (Generic, 0x18, true);
     /// Keep Alive Timer Expired.
     KEEP_ALIVE_EXPIRED = (Generic, 0x19, false);
     /// Keep Alive Timeout Invalid.
@@ -116,6 +119,8 @@ statuses! {
     CAPACITY_EXCEEDED = (Generic, 0x81, true);
     /// Namespace Not Ready.
     NS_NOT_READY = (Generic, 0x82, false);
+    /// Reservation Conflict.
+    RESERVATION_CONFLICT = (Generic, 0x83, true);
     /// Invalid Queue Identifier.
     INVALID_QID = (CommandSpecific, 0x01, true);
     /// Invalid Queue Size.
