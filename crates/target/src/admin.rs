@@ -208,7 +208,7 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         cqes: (4 << 4) | 4,
         maxcmd: s.limits.max_queue_entries,
         nn: if disc { 0 } else { MAX_NSID },
-        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES },
+        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS },
         fuses: 0,
         fna: 0,
         vwc: u8::from(vwc),

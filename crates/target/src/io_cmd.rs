@@ -45,6 +45,26 @@ pub enum IoKind {
         /// Attribute Deallocate.
         deallocate: bool,
     },
+    /// A reservation command ([`crate::reservation`]).
+    Reservation {
+        /// Which one.
+        op: ResvOp,
+        /// Its data bytes: host-to-controller keys, or the report's length.
+        len: u32,
+    },
+}
+
+/// The reservation commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResvOp {
+    /// Reservation Register (16 bytes of keys in).
+    Register,
+    /// Reservation Acquire (16 bytes of keys in).
+    Acquire,
+    /// Reservation Release (8 bytes: the current key).
+    Release,
+    /// Reservation Report (NUMD dwords out).
+    Report,
 }
 
 impl IoKind {
@@ -53,6 +73,7 @@ impl IoKind {
         match self {
             IoKind::Write { len, .. } => *len,
             IoKind::Dsm { nr, .. } => nr * 16,
+            IoKind::Reservation { op, len } if *op != ResvOp::Report => *len,
             _ => 0,
         }
     }
@@ -61,6 +82,7 @@ impl IoKind {
     pub fn c2h_len(&self) -> u32 {
         match self {
             IoKind::Read { len, .. } => *len,
+            IoKind::Reservation { op: ResvOp::Report, len } => *len,
             _ => 0,
         }
     }
@@ -113,6 +135,16 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
                 return Err(Status::NS_WRITE_PROTECTED);
             }
             Ok(IoKind::Dsm { nr: (sqe.cdw(10) & 0xff) + 1, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
+        }
+        io::RESV_REGISTER => Ok(IoKind::Reservation { op: ResvOp::Register, len: 16 }),
+        io::RESV_ACQUIRE => Ok(IoKind::Reservation { op: ResvOp::Acquire, len: 16 }),
+        io::RESV_RELEASE => Ok(IoKind::Reservation { op: ResvOp::Release, len: 8 }),
+        io::RESV_REPORT => {
+            let len = crate::reservation::Reservations::report_len(sqe.cdw(10));
+            match u32::try_from(len) {
+                Ok(len) if len <= max_transfer => Ok(IoKind::Reservation { op: ResvOp::Report, len }),
+                _ => Err(Status::INVALID_FIELD),
+            }
         }
         _ => Err(Status::INVALID_OPCODE),
     }

@@ -59,6 +59,7 @@ pub mod port;
 pub mod qos;
 pub mod reactor;
 pub mod registry;
+pub mod reservation;
 pub mod rpc;
 pub mod server;
 pub mod stats;

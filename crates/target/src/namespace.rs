@@ -8,6 +8,7 @@ use nvme::{AnaGrpId, Nsid};
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind};
 use crate::qos::Qos;
+use crate::reservation::Reservations;
 
 /// The highest NSID a subsystem may hold (bounds the O(1) lookup table).
 pub const MAX_NSID: u32 = 1024;
@@ -35,6 +36,8 @@ pub struct Namespace {
     pub readonly: bool,
     /// Provisioned limits and added latency (a provisioned device, seed 003).
     pub qos: Qos,
+    /// Registrations and the reservation on this namespace.
+    pub resv: Reservations,
 }
 
 /// Parameters of a new namespace.
@@ -93,6 +96,7 @@ impl Namespace {
             uuid: spec.uuid.unwrap_or(derived_uuid),
             readonly: spec.readonly,
             qos: Qos::default(),
+            resv: Reservations::default(),
         })
     }
 
@@ -120,6 +124,7 @@ impl Namespace {
             nlbaf: 0,
             flbas: 0,
             nmic: NMIC_SHARED,
+            rescap: crate::reservation::RESCAP,
             dlfeat: 0x09,
             nawupf: 0,
             noiob: 0,

@@ -36,13 +36,14 @@ use crate::admin::{self, Outcome};
 use crate::auth::{self, QueueAuth};
 use crate::backend::{Backend, FileIo, FileOp, falloc};
 use crate::fabrics::{self, Binding};
-use crate::io_cmd::{self, IoKind};
+use crate::io_cmd::{self, IoKind, ResvOp};
 use crate::limits::HostTicket;
 use crate::namespace::NsMap;
 use crate::offload::Offload;
 use crate::pool::BufPool;
 use crate::port::Port;
 use crate::registry::{QueueInfo, TargetState};
+use crate::reservation::{self, AccessCache};
 
 /// What a connection needs from its driver while it handles input.
 pub struct ConnCtx<'a> {
@@ -267,6 +268,8 @@ pub struct Connection {
     sqhd: u16,
     ns: Arc<NsMap>,
     ns_gen: u64,
+    /// This queue's last reservation verdict ([`reservation::Reservations::check`]).
+    resv_cache: AccessCache,
     retired_ns: Vec<Arc<NsMap>>,
     reqs: Vec<Req>,
     free: Vec<u16>,
@@ -345,6 +348,7 @@ impl Connection {
             sqhd: 0,
             ns: Arc::new(NsMap::default()),
             ns_gen: 0,
+            resv_cache: AccessCache::default(),
             retired_ns: Vec::new(),
             reqs: Vec::new(),
             free: Vec::new(),
@@ -867,12 +871,17 @@ impl Connection {
             }
             Binding::Io(..) => {
                 self.refresh_ns();
+                let ns = self.ns.get(sqe.nsid());
                 let kind = io_cmd::plan(
                     &sqe,
-                    self.ns.get(sqe.nsid()).map(|n| &**n),
+                    ns.map(|n| &**n),
                     &self.port,
                     u32::try_from(self.target.opts.max_transfer()).unwrap_or(u32::MAX),
                 )?;
+                if let Some(ns) = ns {
+                    let group = reservation::group(sqe.opcode());
+                    ns.resv.check(sqe.nsid().0, &ctrl.hostid, group, &mut self.resv_cache)?;
+                }
                 Ok((ReqKind::Io(kind), kind.h2c_len(), kind.c2h_len()))
             }
         }
@@ -1340,6 +1349,43 @@ impl Connection {
                     return self.submit_file(slot, FileOp::Fallocate { file: f.file(), mode, offset, len }, token, ctx);
                 }
             },
+            IoKind::Reservation { op, len } => {
+                let Some(hostid) = self.binding.as_ref().map(|b| b.controller().hostid) else {
+                    self.reqs[usize::from(slot)].status = Status::COMMAND_SEQUENCE_ERROR;
+                    return self.respond(slot, ctx);
+                };
+                let sqe = self.reqs[usize::from(slot)].sqe;
+                if op == ResvOp::Report {
+                    if self.reqs[usize::from(slot)].buf.is_none() {
+                        match self.buf_get(ctx, len as usize) {
+                            Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
+                            None => {
+                                self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
+                                self.waiting.push_back(slot);
+                                return;
+                            }
+                        }
+                    }
+                    let r = &mut self.reqs[usize::from(slot)];
+                    if let Some(b) = r.buf.as_mut() {
+                        let out = &mut b[..len as usize];
+                        out.fill(0);
+                        r.status = ns.resv.report(sqe.cdw(11), out);
+                    }
+                } else {
+                    let data = self.reqs[usize::from(slot)].buf.take();
+                    let keys = data.as_deref().unwrap_or(&[]);
+                    let status = match op {
+                        ResvOp::Register => ns.resv.register(&hostid, sqe.cdw(10), keys),
+                        ResvOp::Acquire => ns.resv.acquire(&hostid, sqe.cdw(10), keys),
+                        _ => ns.resv.release(&hostid, sqe.cdw(10), keys),
+                    };
+                    if let Some(b) = data {
+                        self.buf_put(ctx, b);
+                    }
+                    self.reqs[usize::from(slot)].status = status;
+                }
+            }
             IoKind::Dsm { deallocate, .. } => {
                 let data = self.reqs[usize::from(slot)].buf.take();
                 let ranges = io_cmd::dsm_ranges(data.as_deref().unwrap_or(&[]), &ns);
@@ -1573,13 +1619,16 @@ impl Connection {
         }
         let latency = ctx.now_ns.saturating_sub(r.start_ns);
         stats.latency_ns_sum.add(latency);
-        if let ReqKind::Io(io) = r.kind {
+        // Reservation commands move no namespace data: counted as commands, not as I/O.
+        if let ReqKind::Io(io) = r.kind
+            && !matches!(io, IoKind::Reservation { .. })
+        {
             let (dir, bytes) = match io {
                 IoKind::Read { len, .. } => (blk::Direction::Read, u64::from(len)),
                 IoKind::Write { len, .. } => (blk::Direction::Write, u64::from(len)),
                 IoKind::WriteZeroes { len, .. } => (blk::Direction::Write, len),
                 IoKind::Dsm { .. } => (blk::Direction::Trim, 0),
-                IoKind::Flush => (blk::Direction::Sync, 0),
+                IoKind::Flush | IoKind::Reservation { .. } => (blk::Direction::Sync, 0),
             };
             let ok = status.is_success();
             let outcome = if ok { blk::Outcome::Success } else { blk::Outcome::Error };

@@ -1,0 +1,599 @@
+//! Namespace reservations (NVMe Base 2.x §8.19, NVM Command Set 1.x §3.2.4): the
+//! Reservation Register, Acquire, Release and Report commands, and the access each
+//! reservation type leaves to other hosts.
+//!
+//! Hosts are told apart by their Host Identifier (the Connect's HOSTID): every
+//! controller of one host shares its registration, as in Linux nvmet (`pr.c`), whose
+//! choices this follows where the specification leaves room (IEKEY refused on Acquire
+//! and Release, Flush counted with the writes, the extended report only).
+//!
+//! ```text
+//!   I/O path, per command (read or write group):
+//!     word = resv.word (one atomic load)   no holder -> allowed (no lock)
+//!     word == connection's cached word     -> the cached verdict (no lock)
+//!     otherwise                            -> lock, verdict for this host, cache it
+//!   Register / Acquire / Release: lock, change, word = (epoch + 1) << 8 | holder's type
+//! ```
+//!
+//! Not done: Persist Through Power Loss (reservations live as long as the namespace;
+//! CPTPL "set" is refused), reservation notifications (log page 80h and its
+//! asynchronous events), and Preempt and Abort aborts nothing (it preempts: a
+//! command of the preempted host already executing completes).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nvme::Status;
+use nvme::opcode::io;
+
+/// Write Exclusive.
+pub const WRITE_EXCLUSIVE: u8 = 1;
+/// Exclusive Access.
+pub const EXCLUSIVE_ACCESS: u8 = 2;
+/// Write Exclusive - Registrants Only.
+pub const WRITE_EXCLUSIVE_REG_ONLY: u8 = 3;
+/// Exclusive Access - Registrants Only.
+pub const EXCLUSIVE_ACCESS_REG_ONLY: u8 = 4;
+/// Write Exclusive - All Registrants.
+pub const WRITE_EXCLUSIVE_ALL_REGS: u8 = 5;
+/// Exclusive Access - All Registrants.
+pub const EXCLUSIVE_ACCESS_ALL_REGS: u8 = 6;
+
+/// Identify Namespace RESCAP: the six types and Ignore Existing Key as in NVMe 1.3 and
+/// later; no Persist Through Power Loss.
+pub const RESCAP: u8 = 0xfe;
+
+/// The Reservation Report header (extended data structure).
+pub const REPORT_HEADER: usize = 64;
+/// One Registered Controller extended data structure.
+pub const REPORT_ENTRY: usize = 64;
+/// CNTLID reported for registrants: qpath's controllers are dynamic, one registration
+/// stands for every controller of its host (0xffff, as nvmet reports).
+const CNTLID_DYNAMIC: u16 = 0xffff;
+
+/// What a command does to the namespace, for the access check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// Reads the namespace's data.
+    Read,
+    /// Changes the namespace's data (Flush counted here, as in nvmet).
+    Write,
+    /// Not checked (the reservation commands check their own keys).
+    Other,
+}
+
+/// The access group of an I/O opcode.
+pub fn group(opcode: u8) -> Group {
+    match opcode {
+        io::READ | io::COMPARE | io::VERIFY => Group::Read,
+        io::WRITE | io::WRITE_ZEROES | io::DATASET_MANAGEMENT | io::FLUSH | io::WRITE_UNCORRECTABLE => Group::Write,
+        _ => Group::Other,
+    }
+}
+
+/// Whether a host may run a command of `group` under a reservation of type `rtype`
+/// (0 = none), given whether it holds the reservation and whether it is registered.
+fn allowed(rtype: u8, holder: bool, registrant: bool, group: Group) -> bool {
+    if group == Group::Other || rtype == 0 || holder {
+        return true;
+    }
+    match rtype {
+        WRITE_EXCLUSIVE => group != Group::Write,
+        EXCLUSIVE_ACCESS => false,
+        WRITE_EXCLUSIVE_REG_ONLY | WRITE_EXCLUSIVE_ALL_REGS => group != Group::Write || registrant,
+        EXCLUSIVE_ACCESS_REG_ONLY | EXCLUSIVE_ACCESS_ALL_REGS => registrant,
+        _ => true,
+    }
+}
+
+fn all_registrants(rtype: u8) -> bool {
+    matches!(rtype, WRITE_EXCLUSIVE_ALL_REGS | EXCLUSIVE_ACCESS_ALL_REGS)
+}
+
+/// A connection's last verdict, so a host working under a reservation that does not
+/// change takes no lock per command.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AccessCache {
+    nsid: u32,
+    word: u64,
+    read: bool,
+    write: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Registrant {
+    hostid: [u8; 16],
+    rkey: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// In registration order (an All Registrants reservation reports every one as holder).
+    registrants: Vec<Registrant>,
+    /// The holder's Host Identifier (for the All Registrants types: any registrant holds
+    /// it; this is the one that acquired it, or the next when it left).
+    holder: Option<[u8; 16]>,
+    rtype: u8,
+    /// The report's GEN: bumped by a successful Register, a preempt and a Clear.
+    generation: u32,
+    /// Bumped by every change, published in `word`.
+    epoch: u64,
+}
+
+impl Inner {
+    fn find(&self, hostid: &[u8; 16]) -> Option<usize> {
+        self.registrants.iter().position(|r| &r.hostid == hostid)
+    }
+
+    fn is_holder(&self, hostid: &[u8; 16]) -> bool {
+        match self.holder {
+            None => false,
+            Some(_) if all_registrants(self.rtype) => self.find(hostid).is_some(),
+            Some(h) => &h == hostid,
+        }
+    }
+
+    fn verdict(&self, hostid: &[u8; 16], group: Group) -> bool {
+        let rtype = if self.holder.is_some() { self.rtype } else { 0 };
+        allowed(rtype, self.is_holder(hostid), self.find(hostid).is_some(), group)
+    }
+
+    /// Removes registrant `i`; a holder that leaves ends its reservation unless the
+    /// type is All Registrants and registrants remain.
+    fn unregister_at(&mut self, i: usize) {
+        let gone = self.registrants.remove(i);
+        if self.holder == Some(gone.hostid) {
+            self.holder = match self.registrants.first() {
+                Some(next) if all_registrants(self.rtype) => Some(next.hostid),
+                _ => None,
+            };
+        }
+    }
+
+    /// Unregisters every host holding `rkey` but `keep`; false when none held it.
+    fn unregister_key(&mut self, rkey: u64, keep: Option<&[u8; 16]>) -> bool {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.registrants.len() {
+            let r = self.registrants[i];
+            if r.rkey == rkey && keep != Some(&r.hostid) {
+                self.unregister_at(i);
+                any = true;
+            } else {
+                i += 1;
+            }
+        }
+        any
+    }
+}
+
+/// One namespace's reservation state.
+#[derive(Debug)]
+pub struct Reservations {
+    /// `epoch << 8 | type`, the type 0 while nobody holds a reservation: all the I/O
+    /// path reads when the namespace is not reserved.
+    word: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+/// Each namespace's epochs start in a range of their own, so a connection's cached word
+/// can never match a namespace that replaced the one it was taken from under the same NSID.
+static EPOCH_BASE: AtomicU64 = AtomicU64::new(0);
+
+impl Default for Reservations {
+    fn default() -> Self {
+        let epoch = EPOCH_BASE.fetch_add(1 << 24, Ordering::Relaxed);
+        Reservations { word: AtomicU64::new(epoch << 8), inner: Mutex::new(Inner { epoch, ..Inner::default() }) }
+    }
+}
+
+fn key_at(data: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?))
+}
+
+impl Reservations {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes a change to the I/O path.
+    fn publish(&self, g: &mut Inner) {
+        g.epoch += 1;
+        let rtype = if g.holder.is_some() { g.rtype } else { 0 };
+        self.word.store(g.epoch << 8 | u64::from(rtype), Ordering::Release);
+    }
+
+    /// Checks a command of `group` from host `hostid` on namespace `nsid` (the cache is
+    /// the connection's).
+    #[inline]
+    pub fn check(&self, nsid: u32, hostid: &[u8; 16], group: Group, cache: &mut AccessCache) -> Result<(), Status> {
+        if group == Group::Other {
+            return Ok(());
+        }
+        let word = self.word.load(Ordering::Acquire);
+        if word & 0xff == 0 {
+            return Ok(());
+        }
+        if cache.nsid != nsid || cache.word != word {
+            let g = self.lock();
+            *cache = AccessCache {
+                nsid,
+                word: self.word.load(Ordering::Acquire),
+                read: g.verdict(hostid, Group::Read),
+                write: g.verdict(hostid, Group::Write),
+            };
+        }
+        let ok = if group == Group::Read { cache.read } else { cache.write };
+        if ok { Ok(()) } else { Err(Status::RESERVATION_CONFLICT) }
+    }
+
+    /// Reservation Register (CDW10: RREGA 2:0, IEKEY 3, CPTPL 31:30; data: CRKEY, NRKEY).
+    pub fn register(&self, hostid: &[u8; 16], cdw10: u32, data: &[u8]) -> Status {
+        let (Some(crkey), Some(nrkey)) = (key_at(data, 0), key_at(data, 8)) else {
+            return Status::DATA_SGL_LENGTH_INVALID;
+        };
+        let iekey = cdw10 & (1 << 3) != 0;
+        if cdw10 >> 30 == 0b11 {
+            // Persist Through Power Loss is not supported (RESCAP bit 0 clear).
+            return Status::INVALID_FIELD;
+        }
+        let mut g = self.lock();
+        let me = g.find(hostid);
+        let status = match (cdw10 & 7, me) {
+            (0, Some(i)) if g.registrants[i].rkey == nrkey => Status::SUCCESS,
+            (0, Some(_)) => Status::RESERVATION_CONFLICT,
+            (0, None) => {
+                g.registrants.push(Registrant { hostid: *hostid, rkey: nrkey });
+                Status::SUCCESS
+            }
+            (1, Some(i)) if iekey || g.registrants[i].rkey == crkey => {
+                g.unregister_at(i);
+                Status::SUCCESS
+            }
+            (2, Some(i)) if iekey || g.registrants[i].rkey == crkey => {
+                g.registrants[i].rkey = nrkey;
+                Status::SUCCESS
+            }
+            (1 | 2, _) => Status::RESERVATION_CONFLICT,
+            _ => Status::INVALID_FIELD,
+        };
+        if status.is_success() {
+            g.generation = g.generation.wrapping_add(1);
+            self.publish(&mut g);
+        }
+        status
+    }
+
+    /// Reservation Acquire (CDW10: RACQA 2:0, IEKEY 3, RTYPE 15:8; data: CRKEY, PRKEY).
+    pub fn acquire(&self, hostid: &[u8; 16], cdw10: u32, data: &[u8]) -> Status {
+        let (Some(crkey), Some(prkey)) = (key_at(data, 0), key_at(data, 8)) else {
+            return Status::DATA_SGL_LENGTH_INVALID;
+        };
+        let rtype = ((cdw10 >> 8) & 0xff) as u8;
+        if cdw10 & (1 << 3) != 0 || !(WRITE_EXCLUSIVE..=EXCLUSIVE_ACCESS_ALL_REGS).contains(&rtype) {
+            return Status::INVALID_FIELD;
+        }
+        let mut g = self.lock();
+        match g.find(hostid) {
+            Some(i) if g.registrants[i].rkey == crkey => {}
+            _ => return Status::RESERVATION_CONFLICT,
+        }
+        let status = match cdw10 & 7 {
+            0 => match g.holder {
+                None => {
+                    g.holder = Some(*hostid);
+                    g.rtype = rtype;
+                    Status::SUCCESS
+                }
+                Some(_) if g.is_holder(hostid) && g.rtype == rtype => Status::SUCCESS,
+                Some(_) => Status::RESERVATION_CONFLICT,
+            },
+            1 | 2 => {
+                let s = Self::preempt(&mut g, hostid, rtype, prkey);
+                if s.is_success() {
+                    g.generation = g.generation.wrapping_add(1);
+                }
+                s
+            }
+            _ => Status::INVALID_FIELD,
+        };
+        if status.is_success() {
+            self.publish(&mut g);
+        }
+        status
+    }
+
+    fn preempt(g: &mut Inner, hostid: &[u8; 16], rtype: u8, prkey: u64) -> Status {
+        let conflict_if_none = |any: bool| if any { Status::SUCCESS } else { Status::RESERVATION_CONFLICT };
+        let Some(holder) = g.holder else {
+            // No reservation: preempting only unregisters the hosts holding PRKEY.
+            return conflict_if_none(g.unregister_key(prkey, None));
+        };
+        if all_registrants(g.rtype) {
+            if prkey == 0 {
+                // Every other registrant goes; the preempting host holds the new reservation.
+                g.registrants.retain(|r| &r.hostid == hostid);
+                g.holder = Some(*hostid);
+                g.rtype = rtype;
+                return Status::SUCCESS;
+            }
+            return conflict_if_none(g.unregister_key(prkey, None));
+        }
+        if &holder == hostid {
+            g.rtype = rtype;
+            return Status::SUCCESS;
+        }
+        let holder_key = g.find(&holder).map(|i| g.registrants[i].rkey);
+        if holder_key == Some(prkey) {
+            g.holder = Some(*hostid);
+            g.rtype = rtype;
+            g.unregister_key(prkey, Some(hostid));
+            return Status::SUCCESS;
+        }
+        if prkey == 0 {
+            return Status::INVALID_FIELD;
+        }
+        conflict_if_none(g.unregister_key(prkey, None))
+    }
+
+    /// Reservation Release (CDW10: RRELA 2:0, IEKEY 3, RTYPE 15:8; data: CRKEY).
+    pub fn release(&self, hostid: &[u8; 16], cdw10: u32, data: &[u8]) -> Status {
+        let Some(crkey) = key_at(data, 0) else {
+            return Status::DATA_SGL_LENGTH_INVALID;
+        };
+        if cdw10 & (1 << 3) != 0 {
+            return Status::INVALID_FIELD;
+        }
+        let rtype = ((cdw10 >> 8) & 0xff) as u8;
+        let mut g = self.lock();
+        match g.find(hostid) {
+            Some(i) if g.registrants[i].rkey == crkey => {}
+            _ => return Status::RESERVATION_CONFLICT,
+        }
+        let status = match cdw10 & 7 {
+            // Releasing what one does not hold does nothing, successfully.
+            0 if !g.is_holder(hostid) => Status::SUCCESS,
+            0 if g.rtype != rtype => Status::INVALID_FIELD,
+            0 => {
+                g.holder = None;
+                g.rtype = 0;
+                Status::SUCCESS
+            }
+            1 => {
+                g.holder = None;
+                g.rtype = 0;
+                g.registrants.clear();
+                g.generation = g.generation.wrapping_add(1);
+                Status::SUCCESS
+            }
+            _ => Status::INVALID_FIELD,
+        };
+        if status.is_success() {
+            self.publish(&mut g);
+        }
+        status
+    }
+
+    /// The Reservation Report's data length: CDW10 is NUMD, 0's based dwords.
+    pub fn report_len(cdw10: u32) -> u64 {
+        4 * (u64::from(cdw10) + 1)
+    }
+
+    /// Reservation Report (CDW10 NUMD, CDW11 bit 0 EDS) into `out` (zeroed by the caller,
+    /// [`Self::report_len`] bytes): the header, then one 64-byte entry per registrant that fits.
+    pub fn report(&self, cdw11: u32, out: &mut [u8]) -> Status {
+        if cdw11 & 1 == 0 {
+            // Host Identifiers here are 128-bit: only the extended structure carries them.
+            return Status::HOST_ID_INCONSISTENT;
+        }
+        if out.len() < REPORT_HEADER {
+            return Status::INVALID_FIELD;
+        }
+        let g = self.lock();
+        let rtype = if g.holder.is_some() { g.rtype } else { 0 };
+        out[0..4].copy_from_slice(&g.generation.to_le_bytes());
+        out[4] = rtype;
+        let n = u16::try_from(g.registrants.len()).unwrap_or(u16::MAX);
+        out[5..7].copy_from_slice(&n.to_le_bytes());
+        // PTPLS (byte 9) stays 0: reservations do not persist through power loss.
+        for (r, e) in g.registrants.iter().zip(out[REPORT_HEADER..].chunks_exact_mut(REPORT_ENTRY)) {
+            e[0..2].copy_from_slice(&CNTLID_DYNAMIC.to_le_bytes());
+            e[2] = u8::from(g.is_holder(&r.hostid));
+            e[8..16].copy_from_slice(&r.rkey.to_le_bytes());
+            e[16..32].copy_from_slice(&r.hostid);
+        }
+        Status::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: [u8; 16] = [0xa; 16];
+    const B: [u8; 16] = [0xb; 16];
+    const C: [u8; 16] = [0xc; 16];
+
+    fn keys(k1: u64, k2: u64) -> [u8; 16] {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&k1.to_le_bytes());
+        d[8..].copy_from_slice(&k2.to_le_bytes());
+        d
+    }
+
+    fn register(r: &Reservations, h: &[u8; 16], nrkey: u64) -> Status {
+        r.register(h, 0, &keys(0, nrkey))
+    }
+
+    fn acquire(r: &Reservations, h: &[u8; 16], crkey: u64, rtype: u8) -> Status {
+        r.acquire(h, u32::from(rtype) << 8, &keys(crkey, 0))
+    }
+
+    fn preempt(r: &Reservations, h: &[u8; 16], crkey: u64, prkey: u64, rtype: u8) -> Status {
+        r.acquire(h, u32::from(rtype) << 8 | 1, &keys(crkey, prkey))
+    }
+
+    fn can(r: &Reservations, h: &[u8; 16], g: Group) -> bool {
+        r.check(1, h, g, &mut AccessCache::default()).is_ok()
+    }
+
+    #[test]
+    fn every_type_leaves_other_hosts_the_access_the_specification_gives() {
+        // (type, registrant's read, registrant's write, stranger's read, stranger's write)
+        let table = [
+            (WRITE_EXCLUSIVE, true, false, true, false),
+            (EXCLUSIVE_ACCESS, false, false, false, false),
+            (WRITE_EXCLUSIVE_REG_ONLY, true, true, true, false),
+            (EXCLUSIVE_ACCESS_REG_ONLY, true, true, false, false),
+            (WRITE_EXCLUSIVE_ALL_REGS, true, true, true, false),
+            (EXCLUSIVE_ACCESS_ALL_REGS, true, true, false, false),
+        ];
+        for (rtype, rr, rw, sr, sw) in table {
+            let r = Reservations::default();
+            assert!(register(&r, &A, 1).is_success());
+            assert!(register(&r, &B, 2).is_success());
+            assert!(acquire(&r, &A, 1, rtype).is_success(), "type {rtype}");
+            assert!(can(&r, &A, Group::Read) && can(&r, &A, Group::Write), "the holder, type {rtype}");
+            assert_eq!((can(&r, &B, Group::Read), can(&r, &B, Group::Write)), (rr, rw), "registrant, type {rtype}");
+            assert_eq!((can(&r, &C, Group::Read), can(&r, &C, Group::Write)), (sr, sw), "stranger, type {rtype}");
+            assert!(can(&r, &C, Group::Other), "reservation commands are never blocked");
+            if !sw {
+                let denied = r.check(1, &C, Group::Write, &mut AccessCache::default());
+                assert_eq!(denied, Err(Status::RESERVATION_CONFLICT));
+            }
+        }
+    }
+
+    #[test]
+    fn register_unregister_and_replace_check_the_current_key() {
+        let r = Reservations::default();
+        assert!(register(&r, &A, 7).is_success());
+        assert!(register(&r, &A, 7).is_success(), "the same key again is no change");
+        assert_eq!(register(&r, &A, 8), Status::RESERVATION_CONFLICT, "another key needs Replace");
+        assert_eq!(r.register(&A, 2, &keys(9, 8)), Status::RESERVATION_CONFLICT, "wrong current key");
+        assert!(r.register(&A, 2, &keys(7, 8)).is_success());
+        assert!(r.register(&A, 2 | 1 << 3, &keys(0, 9)).is_success(), "IEKEY skips the check");
+        assert_eq!(r.register(&B, 1, &keys(0, 0)), Status::RESERVATION_CONFLICT, "B never registered");
+        assert!(r.register(&A, 1, &keys(9, 0)).is_success());
+        assert_eq!(r.register(&A, 5, &keys(0, 1)), Status::INVALID_FIELD, "no such action");
+        assert_eq!(r.register(&A, 3 << 30, &keys(0, 1)), Status::INVALID_FIELD, "no persistence through power loss");
+        assert_eq!(r.register(&A, 0, &[0u8; 8]), Status::DATA_SGL_LENGTH_INVALID);
+    }
+
+    #[test]
+    fn acquire_and_release_follow_the_holder_and_its_type() {
+        let r = Reservations::default();
+        assert_eq!(acquire(&r, &A, 1, WRITE_EXCLUSIVE), Status::RESERVATION_CONFLICT, "not registered");
+        register(&r, &A, 1);
+        register(&r, &B, 2);
+        assert_eq!(acquire(&r, &A, 2, WRITE_EXCLUSIVE), Status::RESERVATION_CONFLICT, "wrong key");
+        assert_eq!(acquire(&r, &A, 1, 7), Status::INVALID_FIELD, "no type 7");
+        assert_eq!(r.acquire(&A, 1 << 8 | 1 << 3, &keys(1, 0)), Status::INVALID_FIELD, "IEKEY refused");
+        assert!(acquire(&r, &A, 1, WRITE_EXCLUSIVE).is_success());
+        assert!(acquire(&r, &A, 1, WRITE_EXCLUSIVE).is_success(), "again, same type");
+        assert_eq!(acquire(&r, &A, 1, EXCLUSIVE_ACCESS), Status::RESERVATION_CONFLICT, "another type needs a preempt");
+        assert_eq!(acquire(&r, &B, 2, WRITE_EXCLUSIVE), Status::RESERVATION_CONFLICT, "A holds it");
+        assert!(r.release(&B, 1 << 8, &keys(2, 0)).is_success(), "B releasing what it does not hold: no-op");
+        assert!(!can(&r, &B, Group::Write));
+        assert_eq!(r.release(&A, u32::from(EXCLUSIVE_ACCESS) << 8, &keys(1, 0)), Status::INVALID_FIELD);
+        assert!(r.release(&A, 1 << 8, &keys(1, 0)).is_success());
+        assert!(can(&r, &C, Group::Write), "released");
+        assert!(acquire(&r, &B, 2, EXCLUSIVE_ACCESS).is_success());
+        assert!(!can(&r, &A, Group::Read));
+        assert!(r.release(&A, 1, &keys(1, 0)).is_success(), "Clear");
+        assert!(can(&r, &A, Group::Read) && can(&r, &C, Group::Write));
+        assert_eq!(acquire(&r, &B, 2, WRITE_EXCLUSIVE), Status::RESERVATION_CONFLICT, "Clear unregistered B too");
+    }
+
+    #[test]
+    fn preempt_takes_the_reservation_and_unregisters_the_preempted() {
+        let r = Reservations::default();
+        register(&r, &A, 1);
+        register(&r, &B, 2);
+        register(&r, &C, 1);
+        acquire(&r, &A, 1, WRITE_EXCLUSIVE);
+        // B preempts A's key: A and C (same key) are gone, B holds a new type.
+        assert!(preempt(&r, &B, 2, 1, EXCLUSIVE_ACCESS).is_success());
+        assert!(!can(&r, &A, Group::Read) && !can(&r, &C, Group::Read));
+        assert_eq!(acquire(&r, &A, 1, WRITE_EXCLUSIVE), Status::RESERVATION_CONFLICT, "A is unregistered");
+        // The holder preempting itself changes the type.
+        assert!(preempt(&r, &B, 2, 2, WRITE_EXCLUSIVE).is_success());
+        assert!(can(&r, &A, Group::Read) && !can(&r, &A, Group::Write));
+        // A key nobody holds.
+        register(&r, &A, 5);
+        assert_eq!(preempt(&r, &A, 5, 99, WRITE_EXCLUSIVE), Status::RESERVATION_CONFLICT);
+        assert_eq!(preempt(&r, &A, 5, 0, WRITE_EXCLUSIVE), Status::INVALID_FIELD, "PRKEY 0 outside All Registrants");
+        // Without a reservation a preempt only unregisters.
+        r.release(&B, 1 << 8, &keys(2, 0));
+        assert!(preempt(&r, &A, 5, 2, WRITE_EXCLUSIVE).is_success());
+        assert!(can(&r, &C, Group::Write), "still no reservation");
+        assert_eq!(acquire(&r, &B, 2, WRITE_EXCLUSIVE), Status::RESERVATION_CONFLICT, "B was unregistered");
+    }
+
+    #[test]
+    fn an_all_registrants_reservation_outlives_the_registrant_that_took_it() {
+        let r = Reservations::default();
+        register(&r, &A, 1);
+        register(&r, &B, 2);
+        acquire(&r, &A, 1, WRITE_EXCLUSIVE_ALL_REGS);
+        assert!(acquire(&r, &B, 2, WRITE_EXCLUSIVE_ALL_REGS).is_success(), "every registrant holds it");
+        assert!(r.register(&A, 1, &keys(1, 0)).is_success(), "A leaves");
+        assert!(!can(&r, &A, Group::Write) && can(&r, &B, Group::Write), "B still holds it");
+        assert!(r.register(&B, 1, &keys(2, 0)).is_success(), "the last registrant leaves");
+        assert!(can(&r, &A, Group::Write), "no reservation is left");
+        // Preempt with PRKEY 0 under All Registrants: the others go.
+        register(&r, &A, 1);
+        register(&r, &B, 2);
+        acquire(&r, &A, 1, EXCLUSIVE_ACCESS_ALL_REGS);
+        assert!(preempt(&r, &B, 2, 0, WRITE_EXCLUSIVE).is_success());
+        assert!(can(&r, &A, Group::Read) && !can(&r, &A, Group::Write), "A unregistered, B holds Write Exclusive");
+        // A holder that unregisters from a non-All-Registrants reservation ends it.
+        assert!(r.register(&B, 1, &keys(2, 0)).is_success());
+        assert!(can(&r, &A, Group::Write));
+    }
+
+    #[test]
+    fn the_report_lists_every_registrant_and_the_holder() {
+        let r = Reservations::default();
+        register(&r, &A, 0x1111);
+        register(&r, &B, 0x2222);
+        acquire(&r, &B, 0x2222, WRITE_EXCLUSIVE_REG_ONLY);
+        let mut out = vec![0u8; usize::try_from(Reservations::report_len(63)).unwrap()];
+        assert_eq!(out.len(), 256);
+        assert_eq!(r.report(0, &mut out), Status::HOST_ID_INCONSISTENT, "the 64-bit structure");
+        assert!(r.report(1, &mut out).is_success());
+        assert_eq!(u32::from_le_bytes(out[0..4].try_into().unwrap()), 2, "two registrations");
+        assert_eq!(out[4], WRITE_EXCLUSIVE_REG_ONLY);
+        assert_eq!(u16::from_le_bytes([out[5], out[6]]), 2);
+        let e = |i: usize| &out[REPORT_HEADER + i * REPORT_ENTRY..][..REPORT_ENTRY];
+        assert_eq!((e(0)[2], &e(0)[16..32], u64::from_le_bytes(e(0)[8..16].try_into().unwrap())), (0, &A[..], 0x1111));
+        assert_eq!((e(1)[2], &e(1)[16..32], u64::from_le_bytes(e(1)[8..16].try_into().unwrap())), (1, &B[..], 0x2222));
+        assert_eq!(u16::from_le_bytes([e(0)[0], e(0)[1]]), 0xffff);
+        // A short buffer gets the count of all registrants and the entries that fit.
+        let mut short = vec![0u8; REPORT_HEADER + REPORT_ENTRY];
+        assert!(r.report(1, &mut short).is_success());
+        assert_eq!(u16::from_le_bytes([short[5], short[6]]), 2);
+        assert_eq!(&short[REPORT_HEADER + 16..REPORT_HEADER + 32], &A[..]);
+        assert_eq!(r.report(1, &mut [0u8; 32]), Status::INVALID_FIELD);
+    }
+
+    #[test]
+    fn a_cached_verdict_is_dropped_when_the_reservation_changes() {
+        let r = Reservations::default();
+        let mut cache = AccessCache::default();
+        register(&r, &A, 1);
+        acquire(&r, &A, 1, WRITE_EXCLUSIVE);
+        assert_eq!(r.check(1, &B, Group::Write, &mut cache), Err(Status::RESERVATION_CONFLICT));
+        assert!(r.check(1, &B, Group::Read, &mut cache).is_ok(), "same word: from the cache");
+        register(&r, &B, 2);
+        preempt(&r, &B, 2, 1, WRITE_EXCLUSIVE);
+        assert!(r.check(1, &B, Group::Write, &mut cache).is_ok(), "B holds it now");
+        // Another namespace with the same word value must not reuse the verdict.
+        let other = Reservations::default();
+        register(&other, &A, 1);
+        acquire(&other, &A, 1, EXCLUSIVE_ACCESS);
+        let mut shared = AccessCache::default();
+        assert!(r.check(1, &B, Group::Read, &mut shared).is_ok());
+        assert_eq!(other.check(2, &B, Group::Read, &mut shared), Err(Status::RESERVATION_CONFLICT));
+    }
+}
