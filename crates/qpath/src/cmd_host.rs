@@ -23,10 +23,18 @@ pub struct Transport {
     /// Host NQN (default: /etc/nvme/hostnqn, else derived from the machine id).
     #[arg(short = 'q', long)]
     hostnqn: Option<String>,
+    /// Host Identifier, a UUID (default: /etc/nvme/hostid, else derived from the machine id).
+    /// Reservations tell hosts apart by it.
+    #[arg(short = 'I', long, value_parser = parse_hostid)]
+    hostid: Option<[u8; 16]>,
+}
+
+fn parse_hostid(s: &str) -> Result<[u8; 16], String> {
+    host::controller::parse_uuid(s).ok_or_else(|| format!("{s:?}: not a UUID"))
 }
 
 impl Transport {
-    fn addr(&self, default_port: u16) -> Result<SocketAddr, String> {
+    pub(crate) fn addr(&self, default_port: u16) -> Result<SocketAddr, String> {
         let port = self.trsvcid.unwrap_or(default_port);
         (self.traddr.as_str(), port)
             .to_socket_addrs()
@@ -35,9 +43,9 @@ impl Transport {
             .ok_or_else(|| format!("{} resolves to nothing", self.traddr))
     }
 
-    fn identity(&self) -> (String, [u8; 16]) {
+    pub(crate) fn identity(&self) -> (String, [u8; 16]) {
         let (nqn, id) = default_host_identity();
-        (self.hostnqn.clone().unwrap_or(nqn), id)
+        (self.hostnqn.clone().unwrap_or(nqn), self.hostid.unwrap_or(id))
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod cmd_bench;
 mod cmd_host;
+mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
@@ -31,6 +32,9 @@ enum Command {
     Connect(cmd_host::ConnectArgs),
     /// Discover, connect to every subsystem found and show controllers and paths.
     ListSubsys(cmd_host::ListSubsysArgs),
+    /// Namespace reservations: register, acquire, release, report (nvme-cli's resv-*),
+    /// and a one-block read or write to see what a reservation leaves this host.
+    Resv(cmd_resv::ResvArgs),
     /// Run a fio job file (an embedded target when jobs have no filename), with the
     /// physical baseline and ratios.
     Bench(bench::lab::LabBenchArgs),
@@ -55,6 +59,7 @@ fn main() {
         Command::Discover(a) => cmd_host::discover(a),
         Command::Connect(a) => cmd_host::connect(a),
         Command::ListSubsys(a) => cmd_host::list_subsys(a),
+        Command::Resv(a) => cmd_resv::run(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         Command::Lab(a) => cmd_bench::lab(&a),
     };

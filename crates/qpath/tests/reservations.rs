@@ -195,3 +195,43 @@ fn hosts_register_acquire_preempt_and_release_across_paths() {
     }
     server.shutdown();
 }
+
+/// `qpath resv` as a script uses it: one process per command, each its own controller,
+/// the host told apart by `--hostid`; a refused command exits non-zero.
+#[test]
+fn the_command_line_registers_acquires_reports_and_is_refused() {
+    let (server, addrs) = loopback::target(1, "16M");
+    let port = addrs[0].port().to_string();
+    let resv = |hostid: &str, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qpath"))
+            .args(["resv", "-a", "127.0.0.1", "-s", &port, "-n", NQN, "--hostid", hostid])
+            .args(args)
+            .output()
+            .expect("run qpath resv");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let a = "a1a1a1a1-a1a1-a1a1-a1a1-a1a1a1a1a1a1";
+    let b = "b2b2b2b2-b2b2-b2b2-b2b2-b2b2b2b2b2b2";
+    assert!(resv(a, &["register", "--nrkey", "0xaaaa"]).0);
+    assert!(resv(a, &["acquire", "--crkey", "0xaaaa", "--rtype", "1"]).0);
+    let (ok, text) = resv(b, &["write", "--slba", "3"]);
+    assert!(!ok, "host B's write under A's Write Exclusive: {text}");
+    assert!(text.contains("RESERVATION_CONFLICT"), "{text}");
+    let (ok, text) = resv(b, &["read", "--slba", "3"]);
+    assert!(ok, "reads stay open under Write Exclusive: {text}");
+    let (ok, text) = resv(b, &["--json", "report"]);
+    assert!(ok, "{text}");
+    let report: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).expect("JSON");
+    assert_eq!(report["rtype"], 1);
+    assert_eq!(report["regctl"], 1);
+    assert_eq!(report["regctlext"][0]["rkey"], 0xaaaa);
+    assert_eq!(report["regctlext"][0]["rcsts"], 1);
+    assert_eq!(report["regctlext"][0]["hostid"], a.replace('-', ""));
+    let (ok, text) = resv(b, &["release", "--crkey", "1", "--rtype", "1"]);
+    assert!(!ok && text.contains("RESERVATION_CONFLICT"), "B is not registered: {text}");
+    assert!(resv(a, &["release", "--crkey", "0xaaaa", "--rtype", "1"]).0);
+    let (ok, text) = resv(b, &["write", "--slba", "3"]);
+    assert!(ok, "released: {text}");
+    server.shutdown();
+}

@@ -1,0 +1,262 @@
+//! `qpath resv`: nvme-cli's `resv-register`, `resv-acquire`, `resv-release` and
+//! `resv-report` for a user-space host, plus a one-block read or write that shows what
+//! the reservation leaves this host. Each call connects (a user queue pair, outside the
+//! block core), sends one command, prints its status and disconnects; the exit status
+//! is non-zero when the command failed, so scripts can test for a Reservation Conflict.
+
+use std::time::{Duration, Instant};
+
+use host::controller::{ConnectOptions, Controller};
+use host::passthru::{PtCompletion, QueuePair};
+use host::queue::DataDir;
+use nvme::opcode::io;
+use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
+use uring::IoBuf;
+
+use crate::cmd_host::Transport;
+
+/// How long one command may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// The report's size (nvme-cli asks for 4 KiB too): a 64-byte header and 63 registrants.
+const REPORT_BYTES: u32 = 4096;
+
+fn parse_key(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// `qpath resv`.
+#[derive(clap::Args, Debug)]
+pub struct ResvArgs {
+    #[command(flatten)]
+    transport: Transport,
+    /// Subsystem NQN.
+    #[arg(short = 'n', long)]
+    nqn: String,
+    /// Namespace ID.
+    #[arg(long = "namespace-id", default_value_t = 1)]
+    nsid: u32,
+    /// Print JSON (the report, or the command's status).
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Action {
+    /// Reservation Register: register a key (rrega 0), unregister (1) or replace it (2).
+    Register {
+        /// Current reservation key.
+        #[arg(short = 'c', long, default_value = "0", value_parser = parse_key)]
+        crkey: u64,
+        /// New reservation key.
+        #[arg(short = 'k', long, default_value = "0", value_parser = parse_key)]
+        nrkey: u64,
+        /// Action: 0 register, 1 unregister, 2 replace.
+        #[arg(short = 'r', long, default_value_t = 0)]
+        rrega: u8,
+        /// Ignore the current key (unregister, replace).
+        #[arg(short = 'i', long)]
+        iekey: bool,
+    },
+    /// Reservation Acquire: acquire (racqa 0), preempt (1), preempt and abort (2).
+    Acquire {
+        /// Current reservation key.
+        #[arg(short = 'c', long, default_value = "0", value_parser = parse_key)]
+        crkey: u64,
+        /// Key to preempt.
+        #[arg(short = 'p', long, default_value = "0", value_parser = parse_key)]
+        prkey: u64,
+        /// Type: 1 write exclusive, 2 exclusive access, 3/4 the same for registrants only,
+        /// 5/6 for all registrants.
+        #[arg(short = 't', long)]
+        rtype: u8,
+        /// Action: 0 acquire, 1 preempt, 2 preempt and abort.
+        #[arg(short = 'a', long, default_value_t = 0)]
+        racqa: u8,
+    },
+    /// Reservation Release: release (rrela 0) or clear every registration (1).
+    Release {
+        /// Current reservation key.
+        #[arg(short = 'c', long, default_value = "0", value_parser = parse_key)]
+        crkey: u64,
+        /// Type of the reservation released.
+        #[arg(short = 't', long, default_value_t = 0)]
+        rtype: u8,
+        /// Action: 0 release, 1 clear.
+        #[arg(short = 'a', long, default_value_t = 0)]
+        rrela: u8,
+    },
+    /// Reservation Report (extended: 128-bit Host Identifiers).
+    Report,
+    /// Read one block: whether the reservation lets this host read.
+    Read {
+        /// Block address.
+        #[arg(long, default_value_t = 0)]
+        slba: u64,
+    },
+    /// Write one block of zeros: whether the reservation lets this host write.
+    Write {
+        /// Block address.
+        #[arg(long, default_value_t = 0)]
+        slba: u64,
+    },
+}
+
+type R = Result<(), Box<dyn std::error::Error>>;
+
+struct Queue {
+    ctrl: std::sync::Arc<Controller>,
+    qp: Option<QueuePair>,
+}
+
+impl Queue {
+    fn run(&mut self, sqe: Sqe, buf: Option<IoBuf>, len: u32, dir: DataDir) -> Result<(Status, Option<IoBuf>), String> {
+        let qp = self.qp.as_mut().ok_or("no queue pair")?;
+        qp.submit(sqe, buf, len, dir, 1).map_err(|(e, _)| e.to_string())?;
+        let mut out: Vec<PtCompletion> = Vec::new();
+        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        while out.is_empty() {
+            if Instant::now() > deadline {
+                return Err(format!("no completion within {} s", COMMAND_TIMEOUT.as_secs()));
+            }
+            qp.poll(&mut out).map_err(|e| e.to_string())?;
+        }
+        let c = out.pop().ok_or("no completion")?;
+        Ok((c.cqe.status, c.buf))
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        drop(self.qp.take());
+        self.ctrl.delete();
+    }
+}
+
+fn keys(k1: u64, k2: Option<u64>) -> (IoBuf, u32) {
+    let len = if k2.is_some() { 16 } else { 8 };
+    let mut b = IoBuf::new(4096);
+    b.set_len(len);
+    b[..8].copy_from_slice(&k1.to_le_bytes());
+    if let Some(k2) = k2 {
+        b[8..16].copy_from_slice(&k2.to_le_bytes());
+    }
+    (b, u32::try_from(len).unwrap_or(16))
+}
+
+pub fn run(a: ResvArgs) -> R {
+    let addr = a.transport.addr(nvme::tcp::IO_PORT)?;
+    let (hostnqn, hostid) = a.transport.identity();
+    let mut o = ConnectOptions::new(addr, &a.nqn);
+    o.hostnqn = hostnqn;
+    o.hostid = hostid;
+    o.nr_io_queues = 1;
+    o.nr_user_queues = 1;
+    o.ctrl_loss_tmo = Some(Duration::ZERO);
+    let ctrl = Controller::connect(o)?;
+    let nsid = Nsid(a.nsid);
+    let block_size = ctrl.namespaces().iter().find(|n| n.nsid == nsid).map(|n| n.block_size());
+    let qp = QueuePair::new(&ctrl)?;
+    let mut q = Queue { ctrl, qp: Some(qp) };
+    let sqe = |opcode: u8, cdw10: u32| {
+        let mut s = Sqe::new(opcode);
+        s.set_nsid(nsid);
+        s.set_cdw(10, cdw10);
+        s
+    };
+    let (name, status, data) = match a.action {
+        Action::Register { crkey, nrkey, rrega, iekey } => {
+            let (b, len) = keys(crkey, Some(nrkey));
+            let cdw10 = u32::from(rrega & 7) | u32::from(iekey) << 3;
+            let (s, _) = q.run(sqe(io::RESV_REGISTER, cdw10), Some(b), len, DataDir::ToController)?;
+            ("resv-register", s, None)
+        }
+        Action::Acquire { crkey, prkey, rtype, racqa } => {
+            let (b, len) = keys(crkey, Some(prkey));
+            let cdw10 = u32::from(racqa & 7) | u32::from(rtype) << 8;
+            let (s, _) = q.run(sqe(io::RESV_ACQUIRE, cdw10), Some(b), len, DataDir::ToController)?;
+            ("resv-acquire", s, None)
+        }
+        Action::Release { crkey, rtype, rrela } => {
+            let (b, len) = keys(crkey, None);
+            let cdw10 = u32::from(rrela & 7) | u32::from(rtype) << 8;
+            let (s, _) = q.run(sqe(io::RESV_RELEASE, cdw10), Some(b), len, DataDir::ToController)?;
+            ("resv-release", s, None)
+        }
+        Action::Report => {
+            let mut s = sqe(io::RESV_REPORT, REPORT_BYTES / 4 - 1);
+            s.set_cdw(11, 1);
+            let (st, buf) = q.run(s, Some(IoBuf::new(REPORT_BYTES as usize)), REPORT_BYTES, DataDir::FromController)?;
+            ("resv-report", st, buf)
+        }
+        Action::Read { slba } | Action::Write { slba } => {
+            let write = matches!(a.action, Action::Write { .. });
+            let bs = block_size.ok_or_else(|| format!("namespace {} not found", a.nsid))?;
+            let opcode = if write { io::WRITE } else { io::READ };
+            let s = Sqe::rw(opcode, Cid(0), nsid, slba, 0, SglDescriptor::transport(bs));
+            let mut b = IoBuf::new(usize::try_from(bs)?.next_multiple_of(4096));
+            b.set_len(usize::try_from(bs)?);
+            b.fill(0);
+            let dir = if write { DataDir::ToController } else { DataDir::FromController };
+            let (st, _) = q.run(s, Some(b), bs, dir)?;
+            (if write { "write" } else { "read" }, st, None)
+        }
+    };
+    drop(q);
+    if let (true, Some(buf)) = (status.is_success(), data) {
+        print_report(&buf, a.json);
+    } else if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "command": name, "status": status.to_string(), "success": status.is_success() })
+        );
+    } else {
+        println!("{name}: {status}");
+    }
+    if status.is_success() { Ok(()) } else { Err(format!("{name}: {status}").into()) }
+}
+
+fn print_report(b: &[u8], json: bool) {
+    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let generation = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let (rtype, regctl, ptpls) = (b[4], usize::from(u16_at(5)), b[9]);
+    let shown = regctl.min((b.len() - 64) / 64);
+    let regs: Vec<(u16, u8, u64, String)> = (0..shown)
+        .map(|i| {
+            let e = &b[64 + i * 64..][..64];
+            let rkey = u64::from_le_bytes(e[8..16].try_into().unwrap_or([0; 8]));
+            let hostid = e[16..32].iter().map(|x| format!("{x:02x}")).collect::<String>();
+            (u16::from_le_bytes([e[0], e[1]]), e[2], rkey, hostid)
+        })
+        .collect();
+    if json {
+        let regctlext: Vec<serde_json::Value> = regs
+            .iter()
+            .map(|(cntlid, rcsts, rkey, hostid)| {
+                serde_json::json!({ "cntlid": cntlid, "rcsts": rcsts, "rkey": rkey, "hostid": hostid })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "gen": generation, "rtype": rtype, "regctl": regctl, "ptpls": ptpls, "regctlext": regctlext,
+        });
+        println!("{v}");
+        return;
+    }
+    println!("NVMe Reservation status:\n");
+    println!("gen       : {generation}");
+    println!("rtype     : {rtype}");
+    println!("regctl    : {regctl}");
+    println!("ptpls     : {ptpls}");
+    for (i, (cntlid, rcsts, rkey, hostid)) in regs.iter().enumerate() {
+        println!("regctlext[{i}] :");
+        println!("  cntlid     : {cntlid:x}");
+        println!("  rcsts      : {rcsts:x}");
+        println!("  rkey       : {rkey:#x}");
+        println!("  hostid     : {hostid}");
+    }
+}
