@@ -45,6 +45,7 @@ pub mod metrics;
 pub mod mpath;
 pub mod passthru;
 pub mod queue;
+pub mod reservation;
 pub mod stats;
 pub mod sync;
 

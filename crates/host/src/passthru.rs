@@ -72,6 +72,8 @@ pub struct QueuePair {
     ctrl_gen: u64,
     /// A re-authentication's command, beside the caller's.
     control: Control,
+    /// Completions reaped by [`QueuePair::execute`] for other commands.
+    stash: Vec<PtCompletion>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -106,6 +108,7 @@ impl QueuePair {
             gen_: 0,
             ctrl_gen: 0,
             control: Control::default(),
+            stash: Vec::new(),
         };
         if let Some((s, q, generation)) = claimed {
             qp.install(s, q, generation);
@@ -190,8 +193,43 @@ impl QueuePair {
         }
     }
 
+    /// Submits one command and polls until it completes, within `timeout`: `nvme
+    /// io-passthru`'s shape, for control commands between I/O (reservations, ...).
+    /// Completions of other commands reaped meanwhile are kept for the next [`Self::poll`].
+    pub fn execute(
+        &mut self,
+        sqe: Sqe,
+        buf: Option<IoBuf>,
+        len: u32,
+        dir: DataDir,
+        timeout: std::time::Duration,
+    ) -> Result<PtCompletion> {
+        const TOKEN: u64 = u64::MAX;
+        self.submit(sqe, buf, len, dir, TOKEN).map_err(|(e, _)| e)?;
+        let deadline = std::time::Instant::now() + timeout;
+        let mut out = Vec::new();
+        loop {
+            self.poll_queue(&mut out)?;
+            if let Some(i) = out.iter().position(|c| c.user_data == TOKEN) {
+                let done = out.swap_remove(i);
+                self.stash.append(&mut out);
+                return Ok(done);
+            }
+            if std::time::Instant::now() > deadline {
+                self.stash.append(&mut out);
+                return Err(Error::new(ErrorKind::Timeout, format!("no completion within {timeout:?}")));
+            }
+        }
+    }
+
     /// Sends, reaps (never sleeps) and appends finished commands to `out`.
     pub fn poll(&mut self, out: &mut Vec<PtCompletion>) -> Result<usize> {
+        let stashed = self.stash.len();
+        out.append(&mut self.stash);
+        Ok(stashed + self.poll_queue(out)?)
+    }
+
+    fn poll_queue(&mut self, out: &mut Vec<PtCompletion>) -> Result<usize> {
         self.flush();
         let before = out.len();
         let gen_ = self.gen_;

@@ -53,6 +53,7 @@ pub mod ids;
 pub mod log;
 pub mod nqn;
 pub mod opcode;
+pub mod reservation;
 pub mod sgl;
 pub mod sqe;
 pub mod status;

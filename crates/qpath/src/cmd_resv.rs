@@ -4,11 +4,12 @@
 //! block core), sends one command, prints its status and disconnects; the exit status
 //! is non-zero when the command failed, so scripts can test for a Reservation Conflict.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use host::controller::{ConnectOptions, Controller};
-use host::passthru::{PtCompletion, QueuePair};
+use host::passthru::QueuePair;
 use host::queue::DataDir;
+use host::reservation::{self, ReservationStatus};
 use nvme::opcode::io;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::IoBuf;
@@ -109,25 +110,21 @@ enum Action {
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
+/// The controller and its user queue pair, disconnected when dropped.
 struct Queue {
     ctrl: std::sync::Arc<Controller>,
     qp: Option<QueuePair>,
 }
 
 impl Queue {
-    fn run(&mut self, sqe: Sqe, buf: Option<IoBuf>, len: u32, dir: DataDir) -> Result<(Status, Option<IoBuf>), String> {
+    fn run(&mut self, sqe: Sqe, buf: IoBuf, len: u32, dir: DataDir) -> Result<(Status, Option<IoBuf>), String> {
         let qp = self.qp.as_mut().ok_or("no queue pair")?;
-        qp.submit(sqe, buf, len, dir, 1).map_err(|(e, _)| e.to_string())?;
-        let mut out: Vec<PtCompletion> = Vec::new();
-        let deadline = Instant::now() + COMMAND_TIMEOUT;
-        while out.is_empty() {
-            if Instant::now() > deadline {
-                return Err(format!("no completion within {} s", COMMAND_TIMEOUT.as_secs()));
-            }
-            qp.poll(&mut out).map_err(|e| e.to_string())?;
-        }
-        let c = out.pop().ok_or("no completion")?;
-        Ok((c.cqe.status, c.buf))
+        let done = qp.execute(sqe, Some(buf), len, dir, COMMAND_TIMEOUT).map_err(|e| e.to_string())?;
+        Ok((done.cqe.status, done.buf))
+    }
+
+    fn command(&mut self, c: reservation::Command) -> Result<(Status, Option<IoBuf>), String> {
+        self.run(c.sqe, c.data, c.len, c.dir)
     }
 }
 
@@ -136,17 +133,6 @@ impl Drop for Queue {
         drop(self.qp.take());
         self.ctrl.delete();
     }
-}
-
-fn keys(k1: u64, k2: Option<u64>) -> (IoBuf, u32) {
-    let len = if k2.is_some() { 16 } else { 8 };
-    let mut b = IoBuf::new(4096);
-    b.set_len(len);
-    b[..8].copy_from_slice(&k1.to_le_bytes());
-    if let Some(k2) = k2 {
-        b[8..16].copy_from_slice(&k2.to_le_bytes());
-    }
-    (b, u32::try_from(len).unwrap_or(16))
 }
 
 pub fn run(a: ResvArgs) -> R {
@@ -163,36 +149,22 @@ pub fn run(a: ResvArgs) -> R {
     let block_size = ctrl.namespaces().iter().find(|n| n.nsid == nsid).map(|n| n.block_size());
     let qp = QueuePair::new(&ctrl)?;
     let mut q = Queue { ctrl, qp: Some(qp) };
-    let sqe = |opcode: u8, cdw10: u32| {
-        let mut s = Sqe::new(opcode);
-        s.set_nsid(nsid);
-        s.set_cdw(10, cdw10);
-        s
-    };
     let (name, status, data) = match a.action {
         Action::Register { crkey, nrkey, rrega, iekey } => {
-            let (b, len) = keys(crkey, Some(nrkey));
-            let cdw10 = u32::from(rrega & 7) | u32::from(iekey) << 3;
-            let (s, _) = q.run(sqe(io::RESV_REGISTER, cdw10), Some(b), len, DataDir::ToController)?;
+            let (s, _) = q.command(reservation::register(nsid, rrega, crkey, nrkey, iekey))?;
             ("resv-register", s, None)
         }
         Action::Acquire { crkey, prkey, rtype, racqa } => {
-            let (b, len) = keys(crkey, Some(prkey));
-            let cdw10 = u32::from(racqa & 7) | u32::from(rtype) << 8;
-            let (s, _) = q.run(sqe(io::RESV_ACQUIRE, cdw10), Some(b), len, DataDir::ToController)?;
+            let (s, _) = q.command(reservation::acquire(nsid, racqa, rtype, crkey, prkey))?;
             ("resv-acquire", s, None)
         }
         Action::Release { crkey, rtype, rrela } => {
-            let (b, len) = keys(crkey, None);
-            let cdw10 = u32::from(rrela & 7) | u32::from(rtype) << 8;
-            let (s, _) = q.run(sqe(io::RESV_RELEASE, cdw10), Some(b), len, DataDir::ToController)?;
+            let (s, _) = q.command(reservation::release(nsid, rrela, rtype, crkey))?;
             ("resv-release", s, None)
         }
         Action::Report => {
-            let mut s = sqe(io::RESV_REPORT, REPORT_BYTES / 4 - 1);
-            s.set_cdw(11, 1);
-            let (st, buf) = q.run(s, Some(IoBuf::new(REPORT_BYTES as usize)), REPORT_BYTES, DataDir::FromController)?;
-            ("resv-report", st, buf)
+            let (s, buf) = q.command(reservation::report(nsid, REPORT_BYTES))?;
+            ("resv-report", s, buf)
         }
         Action::Read { slba } | Action::Write { slba } => {
             let write = matches!(a.action, Action::Write { .. });
@@ -203,7 +175,7 @@ pub fn run(a: ResvArgs) -> R {
             b.set_len(usize::try_from(bs)?);
             b.fill(0);
             let dir = if write { DataDir::ToController } else { DataDir::FromController };
-            let (st, _) = q.run(s, Some(b), bs, dir)?;
+            let (st, _) = q.run(s, b, bs, dir)?;
             (if write { "write" } else { "read" }, st, None)
         }
     };
@@ -222,41 +194,38 @@ pub fn run(a: ResvArgs) -> R {
 }
 
 fn print_report(b: &[u8], json: bool) {
-    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-    let generation = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    let (rtype, regctl, ptpls) = (b[4], usize::from(u16_at(5)), b[9]);
-    let shown = regctl.min((b.len() - 64) / 64);
-    let regs: Vec<(u16, u8, u64, String)> = (0..shown)
-        .map(|i| {
-            let e = &b[64 + i * 64..][..64];
-            let rkey = u64::from_le_bytes(e[8..16].try_into().unwrap_or([0; 8]));
-            let hostid = e[16..32].iter().map(|x| format!("{x:02x}")).collect::<String>();
-            (u16::from_le_bytes([e[0], e[1]]), e[2], rkey, hostid)
-        })
-        .collect();
+    let Some(r) = ReservationStatus::parse(b) else {
+        println!("resv-report: {} bytes, shorter than the report's header", b.len());
+        return;
+    };
+    let hex = |id: &[u8; 16]| id.iter().map(|x| format!("{x:02x}")).collect::<String>();
     if json {
-        let regctlext: Vec<serde_json::Value> = regs
+        let regctlext: Vec<serde_json::Value> = r
+            .registrants
             .iter()
-            .map(|(cntlid, rcsts, rkey, hostid)| {
-                serde_json::json!({ "cntlid": cntlid, "rcsts": rcsts, "rkey": rkey, "hostid": hostid })
+            .map(|e| {
+                serde_json::json!({
+                    "cntlid": e.cntlid, "rcsts": u8::from(e.holds), "rkey": e.rkey, "hostid": hex(&e.hostid),
+                })
             })
             .collect();
         let v = serde_json::json!({
-            "gen": generation, "rtype": rtype, "regctl": regctl, "ptpls": ptpls, "regctlext": regctlext,
+            "gen": r.generation, "rtype": r.rtype, "regctl": r.regctl, "ptpls": u8::from(r.ptpls),
+            "regctlext": regctlext,
         });
         println!("{v}");
         return;
     }
     println!("NVMe Reservation status:\n");
-    println!("gen       : {generation}");
-    println!("rtype     : {rtype}");
-    println!("regctl    : {regctl}");
-    println!("ptpls     : {ptpls}");
-    for (i, (cntlid, rcsts, rkey, hostid)) in regs.iter().enumerate() {
+    println!("gen       : {}", r.generation);
+    println!("rtype     : {}", r.rtype);
+    println!("regctl    : {}", r.regctl);
+    println!("ptpls     : {}", u8::from(r.ptpls));
+    for (i, e) in r.registrants.iter().enumerate() {
         println!("regctlext[{i}] :");
-        println!("  cntlid     : {cntlid:x}");
-        println!("  rcsts      : {rcsts:x}");
-        println!("  rkey       : {rkey:#x}");
-        println!("  hostid     : {hostid}");
+        println!("  cntlid     : {:x}", e.cntlid);
+        println!("  rcsts      : {:x}", u8::from(e.holds));
+        println!("  rkey       : {:#x}", e.rkey);
+        println!("  hostid     : {}", hex(&e.hostid));
     }
 }

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use host::context::{Context, ContextOptions, Op};
 use host::controller::{ConnectOptions, Controller};
-use host::passthru::{PtCompletion, QueuePair};
+use host::passthru::QueuePair;
 use host::queue::DataDir;
+use host::reservation::{self, EXCLUSIVE_ACCESS, ReservationStatus, WRITE_EXCLUSIVE, WRITE_EXCLUSIVE_REG_ONLY};
 use nvme::opcode::io;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::{IoBuf, Wait};
@@ -19,9 +20,6 @@ use uring::{IoBuf, Wait};
 const NQN: &str = "nqn.2026-11.io.qpath:default";
 const HOST_A: [u8; 16] = [0xa1; 16];
 const HOST_B: [u8; 16] = [0xb2; 16];
-const WRITE_EXCLUSIVE: u32 = 1;
-const EXCLUSIVE_ACCESS: u32 = 2;
-const WRITE_EXCLUSIVE_REG_ONLY: u32 = 3;
 
 /// A registrant as the extended report lists it: Host Identifier, key, holds the reservation.
 type Registrant = ([u8; 16], u64, bool);
@@ -43,62 +41,31 @@ impl Host {
         Host { ctrl, qp }
     }
 
-    /// One raw command on the user queue pair, its status and data back.
-    fn command(&mut self, sqe: Sqe, data: Option<IoBuf>, len: u32, dir: DataDir) -> (Status, Option<IoBuf>) {
-        self.qp.submit(sqe, data, len, dir, 7).map_err(|(e, _)| e).expect("submit");
-        let mut out: Vec<PtCompletion> = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while out.is_empty() {
-            assert!(Instant::now() < deadline, "no completion");
-            self.qp.poll(&mut out).expect("poll");
-        }
-        let c = out.pop().expect("one completion");
-        (c.cqe.status, c.buf)
+    /// One command on the user queue pair, its status and data back.
+    fn command(&mut self, c: reservation::Command) -> (Status, Option<IoBuf>) {
+        let done = self.qp.execute(c.sqe, Some(c.data), c.len, c.dir, Duration::from_secs(10)).expect("completion");
+        (done.cqe.status, done.buf)
     }
 
-    fn keys(&mut self, opcode: u8, cdw10: u32, k1: u64, k2: Option<u64>) -> Status {
-        let len = if k2.is_some() { 16 } else { 8 };
-        let mut b = IoBuf::new(4096);
-        b.set_len(len);
-        b[..8].copy_from_slice(&k1.to_le_bytes());
-        if let Some(k2) = k2 {
-            b[8..16].copy_from_slice(&k2.to_le_bytes());
-        }
-        let mut sqe = Sqe::new(opcode);
-        sqe.set_nsid(Nsid(1));
-        sqe.set_cdw(10, cdw10);
-        self.command(sqe, Some(b), u32::try_from(len).unwrap(), DataDir::ToController).0
+    fn register(&mut self, crkey: u64, nrkey: u64, rrega: u8) -> Status {
+        self.command(reservation::register(Nsid(1), rrega, crkey, nrkey, false)).0
     }
 
-    fn register(&mut self, crkey: u64, nrkey: u64, rrega: u32) -> Status {
-        self.keys(io::RESV_REGISTER, rrega, crkey, Some(nrkey))
+    fn acquire(&mut self, crkey: u64, prkey: u64, rtype: u8, racqa: u8) -> Status {
+        self.command(reservation::acquire(Nsid(1), racqa, rtype, crkey, prkey)).0
     }
 
-    fn acquire(&mut self, crkey: u64, prkey: u64, rtype: u32, racqa: u32) -> Status {
-        self.keys(io::RESV_ACQUIRE, rtype << 8 | racqa, crkey, Some(prkey))
-    }
-
-    fn release(&mut self, crkey: u64, rtype: u32, rrela: u32) -> Status {
-        self.keys(io::RESV_RELEASE, rtype << 8 | rrela, crkey, None)
+    fn release(&mut self, crkey: u64, rtype: u8, rrela: u8) -> Status {
+        self.command(reservation::release(Nsid(1), rrela, rtype, crkey)).0
     }
 
     /// (GEN, RTYPE, [(hostid, rkey, holds)]) from the extended report.
     fn report(&mut self) -> (u32, u8, Vec<Registrant>) {
-        let mut sqe = Sqe::new(io::RESV_REPORT);
-        sqe.set_nsid(Nsid(1));
-        sqe.set_cdw(10, 1024 / 4 - 1);
-        sqe.set_cdw(11, 1);
-        let (s, buf) = self.command(sqe, Some(IoBuf::new(4096)), 1024, DataDir::FromController);
+        let (s, buf) = self.command(reservation::report(Nsid(1), 1024));
         assert!(s.is_success(), "report: {s}");
-        let b = buf.expect("report data");
-        let n = usize::from(u16::from_le_bytes([b[5], b[6]]));
-        let regs = (0..n)
-            .map(|i| {
-                let e = &b[64 + i * 64..][..64];
-                (e[16..32].try_into().unwrap(), u64::from_le_bytes(e[8..16].try_into().unwrap()), e[2] & 1 == 1)
-            })
-            .collect();
-        (u32::from_le_bytes(b[0..4].try_into().unwrap()), b[4], regs)
+        let r = ReservationStatus::parse(buf.as_deref().expect("report data")).expect("a whole header");
+        assert_eq!(usize::from(r.regctl), r.registrants.len(), "every registrant fits in 1 KiB");
+        (r.generation, r.rtype, r.registrants.iter().map(|e| (e.hostid, e.rkey, e.holds)).collect())
     }
 
     fn rw(&mut self, opcode: u8, lba: u64) -> Status {
@@ -106,7 +73,8 @@ impl Host {
         let mut b = IoBuf::new(4096);
         b.set_len(512);
         let dir = if opcode == io::WRITE { DataDir::ToController } else { DataDir::FromController };
-        self.command(sqe, Some(b), 512, dir).0
+        let done = self.qp.execute(sqe, Some(b), 512, dir, Duration::from_secs(10)).expect("completion");
+        done.cqe.status
     }
 }
 
@@ -183,11 +151,9 @@ fn hosts_register_acquire_preempt_and_release_across_paths() {
     assert_eq!((rtype, regs.len()), (0, 0));
 
     // The 64-bit report format cannot carry 128-bit Host Identifiers.
-    let mut sqe = Sqe::new(io::RESV_REPORT);
-    sqe.set_nsid(Nsid(1));
-    sqe.set_cdw(10, 1024 / 4 - 1);
-    let (s, _) = a.command(sqe, Some(IoBuf::new(4096)), 1024, DataDir::FromController);
-    assert_eq!(s, Status::HOST_ID_INCONSISTENT);
+    let mut c = reservation::report(Nsid(1), 1024);
+    c.sqe.set_cdw(11, 0);
+    assert_eq!(a.command(c).0, Status::HOST_ID_INCONSISTENT);
 
     drop((a.qp, a2.qp, b.qp));
     for c in [a.ctrl, a2.ctrl, b.ctrl] {

@@ -26,27 +26,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use nvme::Status;
 use nvme::opcode::io;
 
-/// Write Exclusive.
-pub const WRITE_EXCLUSIVE: u8 = 1;
-/// Exclusive Access.
-pub const EXCLUSIVE_ACCESS: u8 = 2;
-/// Write Exclusive - Registrants Only.
-pub const WRITE_EXCLUSIVE_REG_ONLY: u8 = 3;
-/// Exclusive Access - Registrants Only.
-pub const EXCLUSIVE_ACCESS_REG_ONLY: u8 = 4;
-/// Write Exclusive - All Registrants.
-pub const WRITE_EXCLUSIVE_ALL_REGS: u8 = 5;
-/// Exclusive Access - All Registrants.
-pub const EXCLUSIVE_ACCESS_ALL_REGS: u8 = 6;
+pub use nvme::reservation::{
+    EXCLUSIVE_ACCESS, EXCLUSIVE_ACCESS_ALL_REGS, EXCLUSIVE_ACCESS_REG_ONLY, REPORT_ENTRY, REPORT_HEADER,
+    WRITE_EXCLUSIVE, WRITE_EXCLUSIVE_ALL_REGS, WRITE_EXCLUSIVE_REG_ONLY,
+};
 
 /// Identify Namespace RESCAP: the six types and Ignore Existing Key as in NVMe 1.3 and
 /// later; no Persist Through Power Loss.
 pub const RESCAP: u8 = 0xfe;
 
-/// The Reservation Report header (extended data structure).
-pub const REPORT_HEADER: usize = 64;
-/// One Registered Controller extended data structure.
-pub const REPORT_ENTRY: usize = 64;
 /// CNTLID reported for registrants: qpath's controllers are dynamic, one registration
 /// stands for every controller of its host (0xffff, as nvmet reports).
 const CNTLID_DYNAMIC: u16 = 0xffff;

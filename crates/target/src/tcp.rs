@@ -1258,6 +1258,25 @@ impl Connection {
         }
     }
 
+    /// Gives the request a buffer for its controller-to-host data, unless it has one; with
+    /// the pool empty it waits for [`Connection::pump`] and this returns false.
+    fn has_c2h_buf(&mut self, slot: u16, len: usize, ctx: &mut ConnCtx<'_>) -> bool {
+        if self.reqs[usize::from(slot)].buf.is_some() {
+            return true;
+        }
+        match self.buf_get(ctx, len) {
+            Some(b) => {
+                self.reqs[usize::from(slot)].buf = Some(b);
+                true
+            }
+            None => {
+                self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
+                self.waiting.push_back(slot);
+                false
+            }
+        }
+    }
+
     fn exec_io(&mut self, slot: u16, io: IoKind, ctx: &mut ConnCtx<'_>) {
         let nsid = self.reqs[usize::from(slot)].sqe.nsid();
         let Some(ns) = self.ns.get(nsid).cloned() else {
@@ -1281,15 +1300,8 @@ impl Connection {
                 self.reqs[usize::from(slot)].ram_src = Some(crate::us(offset));
             }
             IoKind::Read { offset, len } => {
-                if self.reqs[usize::from(slot)].buf.is_none() {
-                    match self.buf_get(ctx, len as usize) {
-                        Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
-                        None => {
-                            self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
-                            self.waiting.push_back(slot);
-                            return;
-                        }
-                    }
+                if !self.has_c2h_buf(slot, len as usize, ctx) {
+                    return;
                 }
                 let r = &mut self.reqs[usize::from(slot)];
                 match &ns.backend {
@@ -1356,15 +1368,8 @@ impl Connection {
                 };
                 let sqe = self.reqs[usize::from(slot)].sqe;
                 if op == ResvOp::Report {
-                    if self.reqs[usize::from(slot)].buf.is_none() {
-                        match self.buf_get(ctx, len as usize) {
-                            Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
-                            None => {
-                                self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
-                                self.waiting.push_back(slot);
-                                return;
-                            }
-                        }
+                    if !self.has_c2h_buf(slot, len as usize, ctx) {
+                        return;
                     }
                     let r = &mut self.reqs[usize::from(slot)];
                     if let Some(b) = r.buf.as_mut() {
