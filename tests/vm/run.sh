@@ -12,6 +12,10 @@
 #   durability  file backend; kill -9 + restart of the target; the guest reconnects and verifies
 #   qdpolicy    port 1 delayed by QD_DELAY_US (2000); iopolicy queue-depth must send most I/O to
 #               port 2, round-robin splits it evenly (per-path sysfs counts; 7.2 only)
+#   resv        namespace reservations: the guest (nvme-cli) registers and takes Write Exclusive;
+#               `qpath resv` here, another Host Identifier, gets Reservation Conflict on writes
+#               and reads fine, preempts it with Exclusive Access (the guest's reads now fail),
+#               clears it (the guest reads and writes again)
 #   nvmet       our host against the guest kernel's nvmet-tcp: qpath discover, connect, bench
 #               with verify=crc32c on both ports and with digests (issue 3 acceptance 1)
 #   flaps       issue 4 acceptance 3c: `qpath lab flaps --mode nvmet`, our host's 4k randwrite +
@@ -36,7 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
     --capture) CAPTURE=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -44,17 +48,17 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|qdpolicy|nvmet|flaps) ;;
+  interop|ana|durability|qdpolicy|nvmet|flaps|resv) ;;
   all)
     rc=0
     for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
-      "sid qdpolicy" \
+      "sid qdpolicy" "bookworm resv" "sid resv" \
       "bookworm nvmet" "sid nvmet" "sid flaps"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -120,6 +124,70 @@ scenario_ana() {
   }
   start_target || return 0
   boot_guest "$VM_DIR/guest/ana.sh" "vmlab.env.ANA_FIO_RUNTIME=${ANA_FIO_RUNTIME:-45}"
+  serve_guest
+  check_guest
+  check_target_after
+}
+
+# Namespace reservations between two hosts: the guest (nvme-cli resv-*, guest/resv.sh) and
+# `qpath resv` here with another Host Identifier (RESV_HOSTID), each call one connection.
+RESV_HOSTID=51515151-5151-5151-5151-515151515151
+scenario_resv() {
+  resv_host() {    # qpath resv ARGS... as the second host; its output on stdout
+    ip netns exec "$VMLAB_NETNS" timeout 60 "$QPATH_BIN" resv -a "$VMLAB_HOST_IP" -s 4420 \
+      -n "$QPATH_NQN" --hostid "$RESV_HOSTID" "$@" 2>&1
+  }
+  resv_ok() {      # WHAT ARGS...: the call must succeed
+    local what=$1 out rc; shift
+    out=$(resv_host "$@"); rc=$?
+    printf '%s\n' "$out" | sed 's/^/  qpath resv: /'
+    if [ $rc = 0 ]; then pass "qpath resv $*: $what"; else fail "qpath resv $*: exit $rc ($what)"; return 1; fi
+  }
+  resv_report() {  # WHAT RTYPE HOLDER_HOSTID32 HOLDER_RKEY: --json report; the holder entry matches
+    local out rc
+    out=$(resv_host --json report); rc=$?
+    printf '%s\n' "$out" | sed 's/^/  qpath resv --json report: /'
+    if [ $rc = 0 ] && printf '%s' "$out" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+rtype, hostid, rkey = int(sys.argv[1]), sys.argv[2], int(sys.argv[3], 0)
+held = [e for e in r["regctlext"] if e["rcsts"] & 1]
+ok = r["rtype"] == rtype and len(held) == 1 and held[0]["hostid"] == hostid and held[0]["rkey"] == rkey
+sys.exit(0 if ok else 1)' "$2" "$3" "$4"; then
+      pass "qpath resv --json report ($1): rtype $2, the holder is $3 with key $4"
+    else
+      fail "qpath resv --json report ($1): exit $rc; want rtype $2 and one holder entry (rcsts 1) hostid $3 rkey $4"
+      return 1
+    fi
+  }
+  on_ask() {
+    local out rc bad=0 guest me=${RESV_HOSTID//-/}
+    case "$1" in
+      resv-foreign-*)    # the guest holds Write Exclusive with key 0xabc1
+        guest=${1#resv-foreign-}
+        out=$(resv_host write --slba 8); rc=$?
+        printf '%s\n' "$out" | sed 's/^/  qpath resv write: /'
+        if [ $rc != 0 ] && printf '%s' "$out" | grep -q RESERVATION_CONFLICT; then
+          pass "qpath resv write (host $me) under the guest's Write Exclusive: refused, RESERVATION_CONFLICT"
+        else
+          fail "qpath resv write (host $me) under the guest's Write Exclusive: exit $rc, want RESERVATION_CONFLICT"; bad=1
+        fi
+        resv_ok "a read under Write Exclusive is allowed" read --slba 8 || bad=1
+        resv_report "guest holds" 1 "$guest" 0xabc1 || bad=1
+        return $bad ;;
+      resv-preempt)
+        resv_ok "register the host's key" register --nrkey 0x5151 --rrega 0 || bad=1
+        resv_ok "preempt the guest's key, taking Exclusive Access" \
+          acquire --crkey 0x5151 --prkey 0xabc1 --rtype 2 --racqa 1 || bad=1
+        resv_report "after the preempt" 2 "$me" 0x5151 || bad=1
+        return $bad ;;
+      resv-clear)
+        resv_ok "clear every registration and the reservation" release --crkey 0x5151 --rrela 1 ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+  }
+  start_target || return 0
+  boot_guest "$VM_DIR/guest/resv.sh"
   serve_guest
   check_guest
   check_target_after
