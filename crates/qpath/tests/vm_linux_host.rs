@@ -79,6 +79,23 @@ fn vm_queue_depth_avoids_delayed_port_linux_7_2_needs_root_and_qemu() {
     run_scenario("sid", &[], "qdpolicy");
 }
 
+/// Namespace reservations between two hosts on Linux 6.1: the guest registers and takes
+/// Write Exclusive with nvme-cli; `qpath resv` with another Host Identifier gets Reservation
+/// Conflict on writes and reads fine, preempts it with Exclusive Access (the guest's reads now
+/// fail with EBADE, no failover), and clears it (the guest reads and writes again).
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_reservations_linux_6_1_needs_root_and_qemu() {
+    run_scenario("bookworm", &[], "resv");
+}
+
+/// Namespace reservations between two hosts on Linux 7.2.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_reservations_linux_7_2_needs_root_and_qemu() {
+    run_scenario("sid", &[], "resv");
+}
+
 /// Issue #3 acceptance 1: our host (`qpath discover`, `connect`, `bench` with
 /// verify=crc32c on both ports and with digests) against Linux 6.1's nvmet-tcp.
 #[test]
