@@ -196,7 +196,17 @@ fn the_command_line_registers_acquires_reports_and_is_refused() {
     assert_eq!(report["regctlext"][0]["hostid"], a.replace('-', ""));
     let (ok, text) = resv(b, &["release", "--crkey", "1", "--rtype", "1"]);
     assert!(!ok && text.contains("RESERVATION_CONFLICT"), "B is not registered: {text}");
-    assert!(resv(a, &["release", "--crkey", "0xaaaa", "--rtype", "1"]).0);
+    // The operator's view and way out: the RPC reports the holder and clears it.
+    let nsid = serde_json::json!({"nqn": NQN, "nsid": 1});
+    let r = target::rpc::call(&server, "get_reservation", &nsid).expect("get_reservation");
+    assert_eq!(r["rtype"], 1);
+    assert_eq!(r["registrants"][0]["hostid"], a.replace('-', ""));
+    assert_eq!(r["registrants"][0]["holds"], true);
+    let r = target::rpc::call(&server, "clear_reservation", &nsid).expect("clear_reservation");
+    assert_eq!(r["cleared_registrations"], 1);
+    assert_eq!(target::rpc::call(&server, "get_reservation", &nsid).unwrap()["rtype"], 0);
+    let (ok, text) = resv(a, &["release", "--crkey", "0xaaaa", "--rtype", "1"]);
+    assert!(!ok && text.contains("RESERVATION_CONFLICT"), "A's registration went with the clear: {text}");
     let (ok, text) = resv(b, &["write", "--slba", "3"]);
     assert!(ok, "released: {text}");
     server.shutdown();

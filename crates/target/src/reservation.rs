@@ -155,6 +155,28 @@ impl Inner {
     }
 }
 
+/// A namespace's reservation state for operators.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    /// The report's GEN.
+    pub generation: u32,
+    /// The reservation's type, 0 when none is held.
+    pub rtype: u8,
+    /// In registration order.
+    pub registrants: Vec<SnapshotRegistrant>,
+}
+
+/// One registrant of a [`Snapshot`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotRegistrant {
+    /// Host Identifier, 32 hex digits.
+    pub hostid: String,
+    /// Its key.
+    pub rkey: u64,
+    /// Holds the reservation.
+    pub holds: bool,
+}
+
 /// One namespace's reservation state.
 #[derive(Debug)]
 pub struct Reservations {
@@ -360,6 +382,35 @@ impl Reservations {
             self.publish(&mut g);
         }
         status
+    }
+
+    /// The state as an operator sees it (RPC `get_reservation`).
+    pub fn snapshot(&self) -> Snapshot {
+        let g = self.lock();
+        let hex = |id: &[u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        Snapshot {
+            generation: g.generation,
+            rtype: if g.holder.is_some() { g.rtype } else { 0 },
+            registrants: g
+                .registrants
+                .iter()
+                .map(|r| SnapshotRegistrant { hostid: hex(&r.hostid), rkey: r.rkey, holds: g.is_holder(&r.hostid) })
+                .collect(),
+        }
+    }
+
+    /// Drops every registration and the reservation, as a Release with Clear would
+    /// (RPC `clear_reservation`: the administrator's way out when the host holding a
+    /// reservation is gone for good). Returns how many registrations there were.
+    pub fn clear(&self) -> usize {
+        let mut g = self.lock();
+        let n = g.registrants.len();
+        g.registrants.clear();
+        g.holder = None;
+        g.rtype = 0;
+        g.generation = g.generation.wrapping_add(1);
+        self.publish(&mut g);
+        n
     }
 
     /// The Reservation Report's data length: CDW10 is NUMD, 0's based dwords.

@@ -16,6 +16,8 @@
 //! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, hash?, dhgroup?}` (no key: clear) | |
 //! | `set_ana_state` | `{port, group, state}` | `{changed}` |
 //! | `set_qos` | `{nqn, nsid, iops, bytes_per_sec, delay_us}` | |
+//! | `get_reservation` | `{nqn, nsid}` | `{generation, rtype, registrants: [{hostid, rkey, holds}]}` |
+//! | `clear_reservation` | `{nqn, nsid}` (drops every registration and the reservation) | `{cleared_registrations}` |
 //! | `add_port` | `{id, addr, kind}` | `{addr}` |
 //! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
 //! | `get_limits` | | limits in force, connections refused by reason, timeouts |
@@ -270,6 +272,19 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             };
             ns.qos.set(q);
             json!(q)
+        }
+        "get_reservation" | "clear_reservation" => {
+            let s = sub(p)?;
+            let nsid: u32 = param(p, "nsid")?;
+            let (map, _) = s.namespaces();
+            let ns = map.get(Nsid(nsid)).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no NSID {nsid}")))?;
+            if method == "clear_reservation" {
+                let n = ns.resv.clear();
+                tracing::warn!(nqn = %s.nqn, nsid, registrations = n, "reservation cleared by the operator");
+                json!({"cleared_registrations": n})
+            } else {
+                json!(ns.resv.snapshot())
+            }
         }
         "add_port" => {
             let kind: PortKind = opt(p, "kind")?.unwrap_or(PortKind::Io);
