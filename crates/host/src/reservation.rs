@@ -41,6 +41,17 @@ pub struct Command {
     pub dir: DataDir,
 }
 
+impl Command {
+    /// A Register's CPTPL (CDW10 31:30): 0 no change, 2 persistence through power loss off,
+    /// 3 on (the namespace must be PTPL capable: Identify Namespace RESCAP bit 0).
+    #[must_use]
+    pub fn cptpl(mut self, cptpl: u8) -> Command {
+        let cdw10 = self.sqe.cdw(10) & !(0b11 << 30);
+        self.sqe.set_cdw(10, cdw10 | u32::from(cptpl & 0b11) << 30);
+        self
+    }
+}
+
 fn with_keys(opcode: u8, nsid: Nsid, cdw10: u32, keys: &[u64]) -> Command {
     let len = keys.len() * 8;
     let mut data = IoBuf::new(4096);
@@ -151,6 +162,7 @@ mod tests {
 
     #[test]
     fn commands_carry_their_fields_and_keys() {
+        assert_eq!(register(Nsid(1), REGISTER, 0, 1, false).cptpl(3).sqe.cdw(10), 3 << 30);
         let c = register(Nsid(3), REPLACE, 0x1122, 0x3344, true);
         assert_eq!((c.sqe.opcode(), c.sqe.nsid(), c.sqe.cdw(10), c.len), (0x0d, Nsid(3), 2 | 1 << 3, 16));
         assert_eq!(&c.data[..16], &[0x22, 0x11, 0, 0, 0, 0, 0, 0, 0x44, 0x33, 0, 0, 0, 0, 0, 0]);

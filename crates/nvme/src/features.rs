@@ -28,6 +28,8 @@ pub mod fid {
     pub const HOST_BEHAVIOR: u8 = 0x16;
     /// Host Identifier.
     pub const HOST_ID: u8 = 0x81;
+    /// Reservation Persistence (namespace: PTPL, bit 0).
+    pub const RESV_PERSISTENCE: u8 = 0x83;
 }
 
 /// Number of Queues value (CDW11 and DW0): NSQR/NSQA in bits 15:0 and

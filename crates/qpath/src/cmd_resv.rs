@@ -63,6 +63,9 @@ enum Action {
         /// Ignore the current key (unregister, replace).
         #[arg(short = 'i', long)]
         iekey: bool,
+        /// Persist through power loss: 0 no change, 2 off, 3 on (a namespace with a ptpl_file).
+        #[arg(short = 'p', long, default_value_t = 0)]
+        cptpl: u8,
     },
     /// Reservation Acquire: acquire (racqa 0), preempt (1), preempt and abort (2).
     Acquire {
@@ -150,8 +153,8 @@ pub fn run(a: ResvArgs) -> R {
     let qp = QueuePair::new(&ctrl)?;
     let mut q = Queue { ctrl, qp: Some(qp) };
     let (name, status, data) = match a.action {
-        Action::Register { crkey, nrkey, rrega, iekey } => {
-            let (s, _) = q.command(reservation::register(nsid, rrega, crkey, nrkey, iekey))?;
+        Action::Register { crkey, nrkey, rrega, iekey, cptpl } => {
+            let (s, _) = q.command(reservation::register(nsid, rrega, crkey, nrkey, iekey).cptpl(cptpl))?;
             ("resv-register", s, None)
         }
         Action::Acquire { crkey, prkey, rtype, racqa } => {

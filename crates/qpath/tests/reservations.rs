@@ -211,3 +211,72 @@ fn the_command_line_registers_acquires_reports_and_is_refused() {
     assert!(ok, "released: {text}");
     server.shutdown();
 }
+
+/// Persist Through Power Loss: a file-backed namespace with a `ptpl_file`, a host that
+/// turns it on while registering, then the target stops and a new one starts from the
+/// same configuration: the reservation and the registrations are back before any I/O,
+/// so another host is still fenced and the holder still writes.
+#[test]
+fn a_reservation_persists_through_a_target_restart() {
+    use target::config::{Config, NamespaceConfig, SizeValue};
+    use target::reactor::{PollMode, ReactorOptions};
+
+    let dir = std::env::temp_dir().join(format!("qpath-ptpl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = Config::embedded_default();
+    cfg.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
+    for p in &mut cfg.ports {
+        p.addr = "127.0.0.1:0".into();
+    }
+    cfg.subsystems[0].namespaces = vec![NamespaceConfig {
+        backend: "file".into(),
+        path: Some(dir.join("ns1.img")),
+        size: Some(SizeValue::Text("16M".into())),
+        ptpl_file: Some(dir.join("ns1.resv")),
+        ..NamespaceConfig::ram(1, "16M")
+    }];
+    let start = |cfg: &Config| {
+        let server = cfg.clone().start().expect("the target starts");
+        let addr = server.state.ports()[0].addr;
+        (server, addr)
+    };
+
+    let (server, addr) = start(&cfg);
+    let mut a = Host::connect(addr, HOST_A);
+    let c = reservation::register(Nsid(1), reservation::REGISTER, 0, 0xaaaa, false).cptpl(3);
+    assert!(a.command(c).0.is_success(), "PTPL on with the registration");
+    assert!(a.acquire(0xaaaa, 0, WRITE_EXCLUSIVE, 0).is_success());
+    let (_, rtype, regs) = a.report();
+    assert_eq!((rtype, regs), (1, vec![(HOST_A, 0xaaaa, true)]));
+    drop(a.qp);
+    a.ctrl.delete();
+    server.shutdown();
+
+    let (server, addr) = start(&cfg);
+    let mut b = Host::connect(addr, HOST_B);
+    assert_eq!(b.rw(io::WRITE, 8), Status::RESERVATION_CONFLICT, "still fenced after the restart");
+    assert!(b.rw(io::READ, 8).is_success());
+    let (s, buf) = b.command(reservation::report(Nsid(1), 1024));
+    assert!(s.is_success());
+    let r = ReservationStatus::parse(buf.as_deref().unwrap()).unwrap();
+    assert!(r.ptpls, "the report says the state persists");
+    assert_eq!((r.rtype, r.holder().map(|h| (h.hostid, h.rkey))), (1, Some((HOST_A, 0xaaaa))));
+    let mut a = Host::connect(addr, HOST_A);
+    assert!(a.rw(io::WRITE, 8).is_success(), "the holder writes after the restart");
+    // Turning it off: the next restart starts with no reservation.
+    let c = reservation::register(Nsid(1), reservation::REGISTER, 0, 0xaaaa, false).cptpl(2);
+    assert!(a.command(c).0.is_success());
+    for h in [a, b] {
+        drop(h.qp);
+        h.ctrl.delete();
+    }
+    server.shutdown();
+    let (server, addr) = start(&cfg);
+    let mut b = Host::connect(addr, HOST_B);
+    assert!(b.rw(io::WRITE, 8).is_success(), "PTPL was off: nothing came back");
+    drop(b.qp);
+    b.ctrl.delete();
+    server.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

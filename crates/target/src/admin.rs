@@ -61,7 +61,7 @@ pub fn execute(
     match sqe.opcode() {
         admin::IDENTIFY => identify(target, ctrl, ns, sqe, out),
         admin::GET_LOG_PAGE => get_log_page(target, ctrl, ns, sqe, out),
-        admin::SET_FEATURES => set_features(ctrl, sqe, now_ms),
+        admin::SET_FEATURES => set_features(ctrl, ns, sqe, now_ms),
         admin::GET_FEATURES => get_features(ctrl, ns, sqe),
         admin::ASYNC_EVENT_REQUEST => {
             if outstanding_aers >= MAX_AERS {
@@ -300,7 +300,7 @@ pub fn ana_log(ctrl: &Controller, ns: &NsMap, _groups_only: bool) -> AnaLog {
     AnaLog { chgcnt, groups }
 }
 
-fn set_features(ctrl: &Controller, sqe: &Sqe, now_ms: u64) -> Outcome {
+fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcome {
     let cdw10 = sqe.cdw(10);
     let cdw11 = sqe.cdw(11);
     if cdw10 & (1 << 31) != 0 {
@@ -332,6 +332,13 @@ fn set_features(ctrl: &Controller, sqe: &Sqe, now_ms: u64) -> Outcome {
         }
         // Fabrics hosts identify themselves at Connect (nvmet answers the same).
         fid::HOST_ID => Outcome::err(Status::COMMAND_SEQUENCE_ERROR),
+        fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
+            Some(n) => match n.resv.set_ptpl(cdw11 & 1 == 1) {
+                s if s.is_success() => Outcome::ok(cdw11 & 1),
+                s => Outcome::err(s),
+            },
+            None => Outcome::err(Status::INVALID_NS),
+        },
         fid::VOLATILE_WC | fid::ARBITRATION | fid::POWER_MGMT | fid::TEMP_THRESHOLD | fid::ERROR_RECOVERY => {
             Outcome::err(Status::FEATURE_NOT_CHANGEABLE)
         }
@@ -345,7 +352,7 @@ fn get_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe) -> Outcome {
     let sel = (cdw10 >> 8) & 7;
     if sel == 3 {
         // Supported capabilities: bit 2 changeable.
-        let changeable = matches!(f, fid::NUM_QUEUES | fid::KATO | fid::ASYNC_EVENT);
+        let changeable = matches!(f, fid::NUM_QUEUES | fid::KATO | fid::ASYNC_EVENT | fid::RESV_PERSISTENCE);
         return Outcome::ok(if changeable { 1 << 2 } else { 0 });
     }
     match f {
@@ -363,6 +370,10 @@ fn get_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe) -> Outcome {
         }
         // Composite temperature threshold: 70 °C in kelvins.
         fid::TEMP_THRESHOLD if !ctrl.is_discovery() => Outcome::ok(343),
+        fid::RESV_PERSISTENCE if !ctrl.is_discovery() => match ns.get(sqe.nsid()) {
+            Some(n) => Outcome::ok(u32::from(n.resv.ptpl())),
+            None => Outcome::err(Status::INVALID_NS),
+        },
         _ => Outcome::err(Status::INVALID_FIELD),
     }
 }

@@ -42,6 +42,8 @@
 //! path = "/var/lib/qpath/vol1.img"
 //! size = "10G"
 //! ana_group = 1
+//! ptpl_file = "/var/lib/qpath/vol1.resv"   # reservations persist through restarts once a
+//!                                          #   host asks (CPTPL); see crate::reservation
 //! [[subsystem.namespace]]
 //! backend = "ram"
 //! size = "1G"
@@ -259,6 +261,7 @@ impl NamespaceConfig {
             qos: QosSettings::default(),
             prefault: false,
             huge_pages: false,
+            ptpl_file: None,
         }
     }
 }
@@ -285,6 +288,12 @@ pub struct NamespaceConfig {
     /// Read-only.
     #[serde(default)]
     pub readonly: bool,
+    /// Where this namespace's reservations persist through power loss, once a host asks
+    /// for it (Register with CPTPL, Set Features 83h): a JSON file rewritten durably at
+    /// every change and read back at start (SPDK's `ptpl_file`). Without it reservations
+    /// live as long as the target process.
+    #[serde(default)]
+    pub ptpl_file: Option<PathBuf>,
     /// UUID (default: derived from the subsystem NQN and NSID).
     pub uuid: Option<String>,
     /// Provisioned limits.
@@ -473,6 +482,7 @@ pub fn add_namespace(sub: &Subsystem, n: &NamespaceConfig) -> Result<nvme::Nsid,
         anagrpid: n.ana_group,
         uuid,
         readonly: n.readonly,
+        ptpl_file: n.ptpl_file.clone(),
     })?;
     let (map, _) = sub.namespaces();
     if let Some(ns) = map.get(nsid) {

@@ -182,6 +182,7 @@ mod tests {
             anagrpid: 1,
             uuid: None,
             readonly: false,
+            ptpl_file: None,
         };
         Namespace::new("nqn.t", Nsid(1), spec).unwrap()
     }

@@ -36,7 +36,8 @@
 //!     .unwrap();
 //! let nsid = s
 //!     .add_namespace(NamespaceSpec { nsid: 0, backend: Backend::ram(1 << 20).unwrap(), size: None,
-//!         block_size: 512, anagrpid: 1, uuid: None, readonly: false })
+//!         block_size: 512, anagrpid: 1, uuid: None, readonly: false,
+//!         ptpl_file: None })
 //!     .unwrap();
 //! assert_eq!(nsid.0, 1);
 //! assert_eq!(target.discovery_log("nqn.any", &target.port(1).unwrap()).entries.len(), 2);

@@ -57,6 +57,8 @@ pub struct NamespaceSpec {
     pub uuid: Option<[u8; 16]>,
     /// Read-only.
     pub readonly: bool,
+    /// Where reservations persist through power loss (PTPL capable); none: they do not.
+    pub ptpl_file: Option<std::path::PathBuf>,
 }
 
 impl Namespace {
@@ -96,7 +98,10 @@ impl Namespace {
             uuid: spec.uuid.unwrap_or(derived_uuid),
             readonly: spec.readonly,
             qos: Qos::default(),
-            resv: Reservations::default(),
+            resv: match &spec.ptpl_file {
+                Some(path) => Reservations::persistent(path)?,
+                None => Reservations::default(),
+            },
         })
     }
 
@@ -124,7 +129,7 @@ impl Namespace {
             nlbaf: 0,
             flbas: 0,
             nmic: NMIC_SHARED,
-            rescap: crate::reservation::RESCAP,
+            rescap: crate::reservation::RESCAP | u8::from(self.resv.ptpl_capable()),
             dlfeat: 0x09,
             nawupf: 0,
             noiob: 0,
@@ -236,6 +241,7 @@ mod tests {
             anagrpid: 1,
             uuid: None,
             readonly: false,
+            ptpl_file: None,
         }
     }
 

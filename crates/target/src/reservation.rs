@@ -15,16 +15,27 @@
 //!   Register / Acquire / Release: lock, change, word = (epoch + 1) << 8 | holder's type
 //! ```
 //!
-//! Not done: Persist Through Power Loss (reservations live as long as the namespace;
-//! CPTPL "set" is refused), reservation notifications (log page 80h and its
-//! asynchronous events), and Preempt and Abort aborts nothing (it preempts: a
-//! command of the preempted host already executing completes).
+//! Persist Through Power Loss (RESCAP bit 0) where the namespace has a `ptpl_file`: once a
+//! host turns it on (Register with CPTPL 11b, or Set Features 83h), every change is written
+//! there (a new file, fsync, rename, fsync of the directory) before the command completes,
+//! and a target that restarts, or was killed, reads it back before the namespace takes I/O.
+//! A change that cannot be written is undone and fails with Internal Error. The write runs
+//! on the reactor: reservation commands are rare control commands, and a fenced cluster
+//! needs the state durable before the host hears "done".
+//!
+//! Not done: reservation notifications (log page 80h and its asynchronous events), and
+//! Preempt and Abort aborts nothing (it preempts: a command of the preempted host already
+//! executing completes).
 
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nvme::Status;
 use nvme::opcode::io;
+
+use crate::error::{Error, ErrorKind};
 
 pub use nvme::reservation::{
     EXCLUSIVE_ACCESS, EXCLUSIVE_ACCESS_ALL_REGS, EXCLUSIVE_ACCESS_REG_ONLY, REPORT_ENTRY, REPORT_HEADER,
@@ -32,7 +43,7 @@ pub use nvme::reservation::{
 };
 
 /// Identify Namespace RESCAP: the six types and Ignore Existing Key as in NVMe 1.3 and
-/// later; no Persist Through Power Loss.
+/// later; bit 0 (Persist Through Power Loss) is added for namespaces with a `ptpl_file`.
 pub const RESCAP: u8 = 0xfe;
 
 /// CNTLID reported for registrants: qpath's controllers are dynamic, one registration
@@ -94,7 +105,7 @@ struct Registrant {
     rkey: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Inner {
     /// In registration order (an All Registrants reservation reports every one as holder).
     registrants: Vec<Registrant>,
@@ -106,6 +117,8 @@ struct Inner {
     generation: u32,
     /// Bumped by every change, published in `word`.
     epoch: u64,
+    /// PTPL: the state survives power loss (written to the file at every change).
+    ptpl: bool,
 }
 
 impl Inner {
@@ -184,6 +197,55 @@ pub struct Reservations {
     /// path reads when the namespace is not reserved.
     word: AtomicU64,
     inner: Mutex<Inner>,
+    /// Where the state persists when PTPL is on (none: not PTPL capable).
+    file: Option<PathBuf>,
+}
+
+/// The persisted state (`ptpl_file`, JSON).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Saved {
+    ptpl: bool,
+    generation: u32,
+    rtype: u8,
+    /// Host Identifier of the holder, 32 hex digits.
+    holder: Option<String>,
+    registrants: Vec<SavedRegistrant>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SavedRegistrant {
+    hostid: String,
+    rkey: u64,
+}
+
+fn hex(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<[u8; 16]> {
+    if s.len() != 32 || !s.is_ascii() {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).ok()?;
+    }
+    Some(id)
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new one: a new
+/// file beside it, fsync, rename over it, fsync of the directory.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Each namespace's epochs start in a range of their own, so a connection's cached word
@@ -192,8 +254,7 @@ static EPOCH_BASE: AtomicU64 = AtomicU64::new(0);
 
 impl Default for Reservations {
     fn default() -> Self {
-        let epoch = EPOCH_BASE.fetch_add(1 << 24, Ordering::Relaxed);
-        Reservations { word: AtomicU64::new(epoch << 8), inner: Mutex::new(Inner { epoch, ..Inner::default() }) }
+        Reservations::with(Inner::default(), None)
     }
 }
 
@@ -202,6 +263,96 @@ fn key_at(data: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Reservations {
+    fn with(mut inner: Inner, file: Option<PathBuf>) -> Reservations {
+        inner.epoch = EPOCH_BASE.fetch_add(1 << 24, Ordering::Relaxed);
+        let r = Reservations { word: AtomicU64::new(0), inner: Mutex::new(Inner::default()), file };
+        r.publish(&mut inner);
+        *r.lock() = inner;
+        r
+    }
+
+    /// PTPL capable reservations kept in `path`: the state saved there, if PTPL was on
+    /// when it was written, is the state now. A file that cannot be read is an error (a
+    /// namespace must not come up unreserved that a cluster had fenced).
+    pub fn persistent(path: &Path) -> Result<Reservations, Error> {
+        let err = |what: String| Error::new(ErrorKind::Config, format!("ptpl_file {}: {what}", path.display()));
+        let saved = match std::fs::read(path) {
+            Ok(b) => serde_json::from_slice::<Saved>(&b).map_err(|e| err(e.to_string()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Saved::default(),
+            Err(e) => return Err(err(e.to_string())),
+        };
+        let mut inner = Inner::default();
+        if saved.ptpl {
+            for r in &saved.registrants {
+                let hostid = unhex(&r.hostid).ok_or_else(|| err(format!("host id {:?}", r.hostid)))?;
+                inner.registrants.push(Registrant { hostid, rkey: r.rkey });
+            }
+            inner.holder = match &saved.holder {
+                Some(h) => Some(unhex(h).ok_or_else(|| err(format!("holder {h:?}")))?),
+                None => None,
+            };
+            if !(0..=EXCLUSIVE_ACCESS_ALL_REGS).contains(&saved.rtype) {
+                return Err(err(format!("reservation type {}", saved.rtype)));
+            }
+            inner.rtype = saved.rtype;
+            inner.generation = saved.generation;
+            inner.ptpl = true;
+        }
+        Ok(Reservations::with(inner, Some(path.to_path_buf())))
+    }
+
+    /// Whether the state can persist through power loss (Identify Namespace RESCAP bit 0).
+    pub fn ptpl_capable(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Whether it does now (the report's PTPLS, Get Features 83h).
+    pub fn ptpl(&self) -> bool {
+        self.lock().ptpl
+    }
+
+    /// Set Features 83h: persistence on or off.
+    pub fn set_ptpl(&self, on: bool) -> Status {
+        if on && self.file.is_none() {
+            return Status::INVALID_FIELD;
+        }
+        let mut g = self.lock();
+        let before = g.clone();
+        g.ptpl = on;
+        self.commit(&mut g, &before)
+    }
+
+    /// Makes a change final: written to the file if PTPL is (or was) on, then published
+    /// to the I/O path; a change the file did not take is undone.
+    fn commit(&self, g: &mut Inner, before: &Inner) -> Status {
+        if let Some(path) = &self.file
+            && (g.ptpl || before.ptpl)
+        {
+            let saved = Saved {
+                ptpl: g.ptpl,
+                generation: g.generation,
+                rtype: if g.holder.is_some() { g.rtype } else { 0 },
+                holder: g.holder.as_ref().map(hex),
+                registrants: g
+                    .registrants
+                    .iter()
+                    .map(|r| SavedRegistrant { hostid: hex(&r.hostid), rkey: r.rkey })
+                    .collect(),
+            };
+            let written =
+                serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other).and_then(|b| write_durably(path, &b));
+            if let Err(e) = written {
+                tracing::error!(file = %path.display(), error = %e, "reservation change not persisted: undone");
+                let epoch = g.epoch;
+                *g = before.clone();
+                g.epoch = epoch;
+                return Status::INTERNAL;
+            }
+        }
+        self.publish(g);
+        Status::SUCCESS
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -243,11 +394,15 @@ impl Reservations {
             return Status::DATA_SGL_LENGTH_INVALID;
         };
         let iekey = cdw10 & (1 << 3) != 0;
-        if cdw10 >> 30 == 0b11 {
-            // Persist Through Power Loss is not supported (RESCAP bit 0 clear).
-            return Status::INVALID_FIELD;
-        }
+        // CPTPL: 00b no change, 10b persistence off, 11b on (PTPL capable only).
+        let ptpl = match cdw10 >> 30 {
+            0b00 => None,
+            0b10 => Some(false),
+            0b11 if self.file.is_some() => Some(true),
+            _ => return Status::INVALID_FIELD,
+        };
         let mut g = self.lock();
+        let before = g.clone();
         let me = g.find(hostid);
         let status = match (cdw10 & 7, me) {
             (0, Some(i)) if g.registrants[i].rkey == nrkey => Status::SUCCESS,
@@ -267,11 +422,14 @@ impl Reservations {
             (1 | 2, _) => Status::RESERVATION_CONFLICT,
             _ => Status::INVALID_FIELD,
         };
-        if status.is_success() {
-            g.generation = g.generation.wrapping_add(1);
-            self.publish(&mut g);
+        if !status.is_success() {
+            return status;
         }
-        status
+        g.generation = g.generation.wrapping_add(1);
+        if let Some(on) = ptpl {
+            g.ptpl = on;
+        }
+        self.commit(&mut g, &before)
     }
 
     /// Reservation Acquire (CDW10: RACQA 2:0, IEKEY 3, RTYPE 15:8; data: CRKEY, PRKEY).
@@ -284,6 +442,7 @@ impl Reservations {
             return Status::INVALID_FIELD;
         }
         let mut g = self.lock();
+        let before = g.clone();
         match g.find(hostid) {
             Some(i) if g.registrants[i].rkey == crkey => {}
             _ => return Status::RESERVATION_CONFLICT,
@@ -307,10 +466,10 @@ impl Reservations {
             }
             _ => Status::INVALID_FIELD,
         };
-        if status.is_success() {
-            self.publish(&mut g);
+        if !status.is_success() {
+            return status;
         }
-        status
+        self.commit(&mut g, &before)
     }
 
     fn preempt(g: &mut Inner, hostid: &[u8; 16], rtype: u8, prkey: u64) -> Status {
@@ -356,6 +515,7 @@ impl Reservations {
         }
         let rtype = ((cdw10 >> 8) & 0xff) as u8;
         let mut g = self.lock();
+        let before = g.clone();
         match g.find(hostid) {
             Some(i) if g.registrants[i].rkey == crkey => {}
             _ => return Status::RESERVATION_CONFLICT,
@@ -378,16 +538,15 @@ impl Reservations {
             }
             _ => Status::INVALID_FIELD,
         };
-        if status.is_success() {
-            self.publish(&mut g);
+        if !status.is_success() {
+            return status;
         }
-        status
+        self.commit(&mut g, &before)
     }
 
     /// The state as an operator sees it (RPC `get_reservation`).
     pub fn snapshot(&self) -> Snapshot {
         let g = self.lock();
-        let hex = |id: &[u8; 16]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
         Snapshot {
             generation: g.generation,
             rtype: if g.holder.is_some() { g.rtype } else { 0 },
@@ -402,15 +561,18 @@ impl Reservations {
     /// Drops every registration and the reservation, as a Release with Clear would
     /// (RPC `clear_reservation`: the administrator's way out when the host holding a
     /// reservation is gone for good). Returns how many registrations there were.
-    pub fn clear(&self) -> usize {
+    pub fn clear(&self) -> Result<usize, Status> {
         let mut g = self.lock();
+        let before = g.clone();
         let n = g.registrants.len();
         g.registrants.clear();
         g.holder = None;
         g.rtype = 0;
         g.generation = g.generation.wrapping_add(1);
-        self.publish(&mut g);
-        n
+        match self.commit(&mut g, &before) {
+            s if s.is_success() => Ok(n),
+            s => Err(s),
+        }
     }
 
     /// The Reservation Report's data length: CDW10 is NUMD, 0's based dwords.
@@ -434,7 +596,7 @@ impl Reservations {
         out[4] = rtype;
         let n = u16::try_from(g.registrants.len()).unwrap_or(u16::MAX);
         out[5..7].copy_from_slice(&n.to_le_bytes());
-        // PTPLS (byte 9) stays 0: reservations do not persist through power loss.
+        out[9] = u8::from(g.ptpl);
         for (r, e) in g.registrants.iter().zip(out[REPORT_HEADER..].chunks_exact_mut(REPORT_ENTRY)) {
             e[0..2].copy_from_slice(&CNTLID_DYNAMIC.to_le_bytes());
             e[2] = u8::from(g.is_holder(&r.hostid));
@@ -614,6 +776,73 @@ mod tests {
         assert_eq!(u16::from_le_bytes([short[5], short[6]]), 2);
         assert_eq!(&short[REPORT_HEADER + 16..REPORT_HEADER + 32], &A[..]);
         assert_eq!(r.report(1, &mut [0u8; 32]), Status::INVALID_FIELD);
+    }
+
+    /// A directory of this test's own under the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("qpath-resv-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    const CPTPL_ON: u32 = 0b11 << 30;
+    const CPTPL_OFF: u32 = 0b10 << 30;
+
+    #[test]
+    fn persistence_through_power_loss_survives_a_restart_once_a_host_turns_it_on() {
+        let dir = scratch("ptpl");
+        let path = dir.join("ns1.resv");
+        assert_eq!(Reservations::default().register(&A, CPTPL_ON, &keys(0, 1)), Status::INVALID_FIELD, "not capable");
+        let r = Reservations::persistent(&path).unwrap();
+        assert!(r.ptpl_capable() && !r.ptpl());
+        assert_eq!(r.register(&A, 0b01 << 30, &keys(0, 1)), Status::INVALID_FIELD, "CPTPL 01b is reserved");
+        assert!(register(&r, &B, 2).is_success());
+        assert!(!path.exists(), "nothing is written while PTPL is off");
+        assert!(r.register(&A, CPTPL_ON, &keys(0, 1)).is_success());
+        assert!(acquire(&r, &A, 1, WRITE_EXCLUSIVE).is_success());
+        assert!(r.ptpl() && path.exists());
+        let mut out = [0u8; 256];
+        assert!(r.report(1, &mut out).is_success());
+        assert_eq!(out[9], 1, "PTPLS");
+        // The target restarts: the state comes back as it was.
+        drop(r);
+        let r = Reservations::persistent(&path).unwrap();
+        assert!(r.ptpl());
+        let mut again = [0u8; 256];
+        assert!(r.report(1, &mut again).is_success());
+        assert_eq!(out, again, "the same report after the restart");
+        assert!(!can(&r, &C, Group::Write) && can(&r, &A, Group::Write));
+        // Turned off: a restart starts from nothing.
+        assert!(r.register(&B, CPTPL_OFF, &keys(0, 2)).is_success(), "B registers its key again, PTPL off");
+        drop(r);
+        let r = Reservations::persistent(&path).unwrap();
+        assert!(!r.ptpl() && can(&r, &C, Group::Write));
+        assert!(r.set_ptpl(true).is_success() && r.ptpl());
+        assert_eq!(Reservations::default().set_ptpl(true), Status::INVALID_FIELD);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_change_that_cannot_be_persisted_is_undone_and_a_bad_file_refused() {
+        let dir = scratch("undone");
+        let path = dir.join("gone").join("ns1.resv");
+        std::fs::create_dir(dir.join("gone")).unwrap();
+        let r = Reservations::persistent(&path).unwrap();
+        assert!(r.register(&A, CPTPL_ON, &keys(0, 1)).is_success());
+        std::fs::remove_dir_all(dir.join("gone")).unwrap();
+        assert_eq!(acquire(&r, &A, 1, EXCLUSIVE_ACCESS), Status::INTERNAL, "the file cannot be written");
+        assert!(can(&r, &C, Group::Read), "so the reservation was not taken");
+        assert_eq!(r.snapshot().rtype, 0);
+        std::fs::write(dir.join("bad.resv"), b"{ not json").unwrap();
+        assert!(Reservations::persistent(&dir.join("bad.resv")).is_err());
+        std::fs::write(
+            dir.join("type.resv"),
+            br#"{"ptpl":true,"generation":1,"rtype":9,"holder":null,"registrants":[]}"#,
+        )
+        .unwrap();
+        assert!(Reservations::persistent(&dir.join("type.resv")).is_err(), "no reservation type 9");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

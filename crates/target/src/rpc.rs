@@ -279,7 +279,9 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             let (map, _) = s.namespaces();
             let ns = map.get(Nsid(nsid)).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no NSID {nsid}")))?;
             if method == "clear_reservation" {
-                let n = ns.resv.clear();
+                let n = ns.resv.clear().map_err(|s| {
+                    Error::new(ErrorKind::Io, format!("the cleared state could not be persisted ({s})"))
+                })?;
                 tracing::warn!(nqn = %s.nqn, nsid, registrations = n, "reservation cleared by the operator");
                 json!({"cleared_registrations": n})
             } else {

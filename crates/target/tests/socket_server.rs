@@ -126,6 +126,7 @@ fn io_over_sockets_on_several_reactors() {
             anagrpid: 1,
             uuid: None,
             readonly: false,
+            ptpl_file: None,
         })
         .unwrap();
         t

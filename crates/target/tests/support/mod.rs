@@ -55,6 +55,7 @@ pub fn target_with(opts: TargetOptions) -> Arc<TargetState> {
         anagrpid: 1,
         uuid: None,
         readonly: false,
+        ptpl_file: None,
     })
     .unwrap();
     t
