@@ -424,10 +424,16 @@ mod tests {
     #[test]
     fn a_reauthentications_dh_work_runs_in_the_background_and_leaves_the_caller_as_it_was() {
         let caller = (std::thread::current().id(), uring::current_thread_nice().unwrap());
-        let seen = at_nice(Some(REAUTH_NICE), || (std::thread::current().id(), uring::current_thread_nice().unwrap()));
-        assert_eq!(seen.1, REAUTH_NICE);
-        assert_ne!(seen.0, caller.0, "on a thread of its own");
-        assert_eq!(uring::current_thread_nice().unwrap(), caller.1, "the caller keeps its priority");
+        if caller.1 < REAUTH_NICE {
+            let seen =
+                at_nice(Some(REAUTH_NICE), || (std::thread::current().id(), uring::current_thread_nice().unwrap()));
+            assert_eq!(seen.1, REAUTH_NICE);
+            assert_ne!(seen.0, caller.0, "on a thread of its own");
+            assert_eq!(uring::current_thread_nice().unwrap(), caller.1, "the caller keeps its priority");
+        } else {
+            // Run under `nice` (10 by default): the background part needs a caller above it.
+            println!("the test runs at nice {}: only the inline cases are checked", caller.1);
+        }
         assert_eq!(at_nice(None, || std::thread::current().id()), caller.0, "bring-up: inline");
         // A thread already at that priority runs it inline.
         std::thread::spawn(|| {
