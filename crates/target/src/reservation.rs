@@ -197,8 +197,9 @@ pub struct Reservations {
     /// path reads when the namespace is not reserved.
     word: AtomicU64,
     inner: Mutex<Inner>,
-    /// Where the state persists when PTPL is on (none: not PTPL capable).
-    file: Option<PathBuf>,
+    /// Where the state persists when PTPL is on (none: not PTPL capable, or the namespace
+    /// was removed), with this namespace's claim on the file.
+    file: Mutex<Option<(PathBuf, Claim)>>,
 }
 
 /// The persisted state (`ptpl_file`, JSON).
@@ -248,6 +249,19 @@ fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// The `ptpl_file`s of this process's namespaces (canonical), each used by one namespace.
+static PTPL_FILES: Mutex<std::collections::BTreeSet<PathBuf>> = Mutex::new(std::collections::BTreeSet::new());
+
+/// A claim on a `ptpl_file`, given back when dropped.
+#[derive(Debug)]
+struct Claim(PathBuf);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        PTPL_FILES.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.0);
+    }
+}
+
 /// Each namespace's epochs start in a range of their own, so a connection's cached word
 /// can never match a namespace that replaced the one it was taken from under the same NSID.
 static EPOCH_BASE: AtomicU64 = AtomicU64::new(0);
@@ -263,9 +277,9 @@ fn key_at(data: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Reservations {
-    fn with(mut inner: Inner, file: Option<PathBuf>) -> Reservations {
+    fn with(mut inner: Inner, file: Option<(PathBuf, Claim)>) -> Reservations {
         inner.epoch = EPOCH_BASE.fetch_add(1 << 24, Ordering::Relaxed);
-        let r = Reservations { word: AtomicU64::new(0), inner: Mutex::new(Inner::default()), file };
+        let r = Reservations { word: AtomicU64::new(0), inner: Mutex::new(Inner::default()), file: Mutex::new(file) };
         r.publish(&mut inner);
         *r.lock() = inner;
         r
@@ -276,6 +290,14 @@ impl Reservations {
     /// namespace must not come up unreserved that a cluster had fenced).
     pub fn persistent(path: &Path) -> Result<Reservations, Error> {
         let err = |what: String| Error::new(ErrorKind::Config, format!("ptpl_file {}: {what}", path.display()));
+        // Two namespaces writing one file would each overwrite the other's state.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let key =
+            std::fs::canonicalize(dir).map_err(|e| err(e.to_string()))?.join(path.file_name().unwrap_or_default());
+        if !PTPL_FILES.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+            return Err(err("already used by another namespace".into()));
+        }
+        let claimed = Claim(key);
         let saved = match std::fs::read(path) {
             Ok(b) => serde_json::from_slice::<Saved>(&b).map_err(|e| err(e.to_string()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Saved::default(),
@@ -298,12 +320,24 @@ impl Reservations {
             inner.generation = saved.generation;
             inner.ptpl = true;
         }
-        Ok(Reservations::with(inner, Some(path.to_path_buf())))
+        Ok(Reservations::with(inner, Some((path.to_path_buf(), claimed))))
+    }
+
+    fn file(&self) -> std::sync::MutexGuard<'_, Option<(PathBuf, Claim)>> {
+        self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The namespace left its subsystem: stop writing its file and give it back, so a
+    /// namespace added in its place may take it (a connection may hold the removed one a
+    /// little longer; it must not write over its successor's state).
+    pub fn detach(&self) {
+        let _g = self.lock();
+        self.file().take();
     }
 
     /// Whether the state can persist through power loss (Identify Namespace RESCAP bit 0).
     pub fn ptpl_capable(&self) -> bool {
-        self.file.is_some()
+        self.file().is_some()
     }
 
     /// Whether it does now (the report's PTPLS, Get Features 83h).
@@ -313,7 +347,7 @@ impl Reservations {
 
     /// Set Features 83h: persistence on or off.
     pub fn set_ptpl(&self, on: bool) -> Status {
-        if on && self.file.is_none() {
+        if on && !self.ptpl_capable() {
             return Status::INVALID_FIELD;
         }
         let mut g = self.lock();
@@ -325,7 +359,8 @@ impl Reservations {
     /// Makes a change final: written to the file if PTPL is (or was) on, then published
     /// to the I/O path; a change the file did not take is undone.
     fn commit(&self, g: &mut Inner, before: &Inner) -> Status {
-        if let Some(path) = &self.file
+        let file = self.file();
+        if let Some((path, _)) = &*file
             && (g.ptpl || before.ptpl)
         {
             let saved = Saved {
@@ -398,7 +433,7 @@ impl Reservations {
         let ptpl = match cdw10 >> 30 {
             0b00 => None,
             0b10 => Some(false),
-            0b11 if self.file.is_some() => Some(true),
+            0b11 if self.ptpl_capable() => Some(true),
             _ => return Status::INVALID_FIELD,
         };
         let mut g = self.lock();
@@ -834,6 +869,20 @@ mod tests {
         assert_eq!(acquire(&r, &A, 1, EXCLUSIVE_ACCESS), Status::INTERNAL, "the file cannot be written");
         assert!(can(&r, &C, Group::Read), "so the reservation was not taken");
         assert_eq!(r.snapshot().rtype, 0);
+        let twice = dir.join("twice.resv");
+        let first = Reservations::persistent(&twice).unwrap();
+        assert!(Reservations::persistent(&dir.join(".").join("twice.resv")).is_err(), "one file, one namespace");
+        drop(first);
+        let second = Reservations::persistent(&twice).unwrap();
+        assert!(second.register(&A, CPTPL_ON, &keys(0, 1)).is_success(), "free again once that namespace is gone");
+        // A namespace removed from its subsystem gives its file to the one added in its place
+        // and never writes it again.
+        second.detach();
+        let third = Reservations::persistent(&twice).unwrap();
+        assert!(third.ptpl(), "the state the removed namespace left");
+        assert_eq!(second.register(&B, 0, &keys(0, 2)), Status::SUCCESS);
+        drop(third);
+        assert!(!Reservations::persistent(&twice).unwrap().snapshot().registrants.iter().any(|r| r.rkey == 2));
         std::fs::write(dir.join("bad.resv"), b"{ not json").unwrap();
         assert!(Reservations::persistent(&dir.join("bad.resv")).is_err());
         std::fs::write(

@@ -225,6 +225,9 @@ impl Subsystem {
             if m.get(nsid).is_none() {
                 return Err(Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)));
             }
+            if let Some(ns) = m.get(nsid) {
+                ns.resv.detach();
+            }
             *m = Arc::new(m.without(nsid));
             self.ns_gen.fetch_add(1, Ordering::Release);
         }
