@@ -15,7 +15,10 @@
 #   resv        namespace reservations: the guest (nvme-cli) registers and takes Write Exclusive;
 #               `qpath resv` here, another Host Identifier, gets Reservation Conflict on writes
 #               and reads fine, preempts it with Exclusive Access (the guest's reads now fail),
-#               clears it (the guest reads and writes again)
+#               clears it (the guest reads and writes again); then, on a file namespace with a
+#               ptpl_file, the guest registers with CPTPL on and takes Write Exclusive, the target
+#               is killed (-9) and restarted: the reservation is back (report, ptpls 1, the
+#               other host still refused), the guest writes, releases and unregisters
 #   nvmet       our host against the guest kernel's nvmet-tcp: qpath discover, connect, bench
 #               with verify=crc32c on both ports and with digests (issue 3 acceptance 1)
 #   flaps       issue 4 acceptance 3c: `qpath lab flaps --mode nvmet`, our host's 4k randwrite +
@@ -40,7 +43,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
     --capture) CAPTURE=1 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -131,8 +134,31 @@ scenario_ana() {
 
 # Namespace reservations between two hosts: the guest (nvme-cli resv-*, guest/resv.sh) and
 # `qpath resv` here with another Host Identifier (RESV_HOSTID), each call one connection.
+# The namespace is a file with a ptpl_file, so the reservation the guest takes with CPTPL on
+# must survive a kill -9 and restart of the target (QPATH-ASK resv-restart-HOSTID).
 RESV_HOSTID=51515151-5151-5151-5151-515151515151
 scenario_resv() {
+  local img=$D/resv-ns1.img
+  RESV_PTPL=$D/resv-ns1.ptpl
+  cat > "$D/resv.toml" <<EOF
+# written by tests/vm/run.sh resv
+[[port]]
+id = 1
+addr = "$VMLAB_HOST_IP:4420"
+[[port]]
+id = 2
+addr = "$VMLAB_HOST_IP:4421"
+[[subsystem]]
+nqn = "$QPATH_NQN"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "$img"
+size = "256M"
+ana_group = 1
+ptpl_file = "$RESV_PTPL"
+EOF
   resv_host() {    # qpath resv ARGS... as the second host; its output on stdout
     ip netns exec "$VMLAB_NETNS" timeout 60 "$QPATH_BIN" resv -a "$VMLAB_HOST_IP" -s 4420 \
       -n "$QPATH_NQN" --hostid "$RESV_HOSTID" "$@" 2>&1
@@ -160,21 +186,71 @@ sys.exit(0 if ok else 1)' "$2" "$3" "$4"; then
       return 1
     fi
   }
+  resv_foreign() { # WHEN GUEST_HOSTID32 GUEST_RKEY: the guest holds Write Exclusive with that key
+    local out rc bad=0 me=${RESV_HOSTID//-/}
+    out=$(resv_host write --slba 8); rc=$?
+    printf '%s\n' "$out" | sed 's/^/  qpath resv write: /'
+    if [ $rc != 0 ] && printf '%s' "$out" | grep -q RESERVATION_CONFLICT; then
+      pass "qpath resv write (host $me) under the guest's Write Exclusive ($1): refused, RESERVATION_CONFLICT"
+    else
+      fail "qpath resv write (host $me) under the guest's Write Exclusive ($1): exit $rc, want RESERVATION_CONFLICT"; bad=1
+    fi
+    resv_ok "a read under Write Exclusive is allowed ($1)" read --slba 8 || bad=1
+    resv_report "guest holds, $1" 1 "$2" "$3" || bad=1
+    return $bad
+  }
+  ptpl_file_check() {  # WHAT RTYPE HOLDER_HOSTID32|none RKEY|none: what $RESV_PTPL holds
+    local out
+    out=$(cat "$RESV_PTPL" 2>&1)
+    printf '%s\n' "$out" | sed 's/^/  ptpl_file: /'
+    if printf '%s' "$out" | python3 -c '
+import json, sys
+f = json.loads(sys.stdin.read())
+rtype, holder, rkey = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if holder == "none":
+    ok = f["ptpl"] and f["rtype"] == 0 and f["holder"] is None and f["registrants"] == []
+else:
+    ok = (f["ptpl"] and f["rtype"] == rtype and f["holder"] == holder
+          and f["registrants"] == [{"hostid": holder, "rkey": int(rkey, 0)}])
+sys.exit(0 if ok else 1)' "$2" "$3" "$4"; then
+      pass "ptpl_file $RESV_PTPL ($1): ptpl on, rtype $2, holder $3, key $4"
+    else
+      fail "ptpl_file $RESV_PTPL ($1): want ptpl on, rtype $2, holder $3 as the only registrant with key $4"
+      return 1
+    fi
+  }
+  resv_restart() {     # GUEST_HOSTID32: kill -9 the target, check the file, start it again
+    local old=$TARGET_QPATH_PID wrapper=$TARGET_PID i out bad=0
+    kill -KILL "$old"
+    for i in $(seq 100); do kill -0 "$wrapper" 2>/dev/null || break; sleep 0.1; done
+    wait "$wrapper" 2>/dev/null || true
+    if kill -0 "$old" 2>/dev/null; then fail "qpath target pid $old survived kill -9"; return 1; fi
+    pass "qpath target pid $old killed with SIGKILL"
+    ptpl_file_check "at the crash" 1 "$1" 0xabc2 || bad=1
+    start_target --config "$D/resv.toml" || return 1
+    pass "qpath target restarted with the same config (pid $TARGET_QPATH_PID)"
+    out=$(rpc get_reservation nqn="$QPATH_NQN" nsid=1 2>&1)
+    echo "  rpc get_reservation after the restart: $out"
+    if printf '%s' "$out" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+ok = r["rtype"] == 1 and r["registrants"] == [{"hostid": sys.argv[1], "rkey": 0xabc2, "holds": True}]
+sys.exit(0 if ok else 1)' "$1"; then
+      pass "rpc get_reservation after the restart: rtype 1, the guest ($1) holds with key 0xabc2"
+    else
+      fail "rpc get_reservation after the restart: want rtype 1 and the guest ($1) holding with key 0xabc2"; bad=1
+    fi
+    return $bad
+  }
   on_ask() {
-    local out rc bad=0 guest me=${RESV_HOSTID//-/}
+    local bad=0 me=${RESV_HOSTID//-/}
     case "$1" in
+      resv-restart-*)
+        resv_restart "${1#resv-restart-}" ;;
+      resv-foreign-after-restart-*)   # the guest holds Write Exclusive with key 0xabc2 (PTPL)
+        resv_foreign "after the restart" "${1#resv-foreign-after-restart-}" 0xabc2 ;;
       resv-foreign-*)    # the guest holds Write Exclusive with key 0xabc1
-        guest=${1#resv-foreign-}
-        out=$(resv_host write --slba 8); rc=$?
-        printf '%s\n' "$out" | sed 's/^/  qpath resv write: /'
-        if [ $rc != 0 ] && printf '%s' "$out" | grep -q RESERVATION_CONFLICT; then
-          pass "qpath resv write (host $me) under the guest's Write Exclusive: refused, RESERVATION_CONFLICT"
-        else
-          fail "qpath resv write (host $me) under the guest's Write Exclusive: exit $rc, want RESERVATION_CONFLICT"; bad=1
-        fi
-        resv_ok "a read under Write Exclusive is allowed" read --slba 8 || bad=1
-        resv_report "guest holds" 1 "$guest" 0xabc1 || bad=1
-        return $bad ;;
+        resv_foreign "before the preempt" "${1#resv-foreign-}" 0xabc1 ;;
       resv-preempt)
         resv_ok "register the host's key" register --nrkey 0x5151 --rrega 0 || bad=1
         resv_ok "preempt the guest's key, taking Exclusive Access" \
@@ -186,11 +262,14 @@ sys.exit(0 if ok else 1)' "$2" "$3" "$4"; then
       *) fail "unexpected request from the guest: $1"; return 1 ;;
     esac
   }
-  start_target || return 0
+  start_target --config "$D/resv.toml" || return 0
   boot_guest "$VM_DIR/guest/resv.sh"
   serve_guest
   check_guest
   check_target_after
+  # the guest's release and unregister were written through as well
+  ptpl_file_check "after the guest released and unregistered" 0 none none
+  rm -f "$img"
 }
 
 scenario_durability() {

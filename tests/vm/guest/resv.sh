@@ -5,10 +5,16 @@
 # writes refused with Reservation Conflict and its reads allowed (QPATH-ASK resv-foreign-HOSTID),
 # preempts the guest's key taking Exclusive Access (QPATH-ASK resv-preempt): the guest's reads
 # must now fail and its registration be gone; the host clears everything (QPATH-ASK resv-clear)
-# and the guest reads and writes again.
+# and the guest reads and writes again. The namespace is a file with a ptpl_file (run.sh), so it
+# is PTPL capable (rescap 0xff): the guest registers key 0xabc2 with CPTPL on and takes Write
+# Exclusive again (report: ptpls 1), the host kill -9s and restarts the target
+# (QPATH-ASK resv-restart-HOSTID); once both paths are live again the reservation must be as it
+# was (the guest writes; the host's write is refused: QPATH-ASK resv-foreign-after-restart-HOSTID)
+# and the guest releases and unregisters.
 # Settings (vmlab.env.*): NQN ADDR PORT1 PORT2 (lib.sh)
 . /vmlab/qpath-lib.sh
 GUEST_KEY=abc1          # hex, as nvme-cli prints it
+PTPL_KEY=abc2           # the guest's key for the persistent (CPTPL) registration
 HOST_KEY=5151           # the host's key (run.sh scenario_resv)
 OFF=65536               # the guest's test block (byte offset)
 
@@ -71,8 +77,9 @@ else fail "id-ctrl: rc=$_rc oncs '$ONCS' (want bit 5 set)"; fi
 timeout 30 nvme id-ns "$DEV" > /tmp/out 2>&1; _rc=$?
 RESCAP=$(field rescap)
 echo "id-ns rc=$_rc rescap=$RESCAP"
-if [ $_rc = 0 ] && isnum "$RESCAP" && [ $((RESCAP)) = $((0xfe)) ]; then pass "id-ns: rescap $RESCAP"
-else fail "id-ns: rc=$_rc rescap '$RESCAP' (want 0xfe)"; fi
+# 0xff: the six types, Ignore Existing Key, and bit 0 (Persist Through Power Loss: a ptpl_file)
+if [ $_rc = 0 ] && isnum "$RESCAP" && [ $((RESCAP)) = $((0xff)) ]; then pass "id-ns: rescap $RESCAP (PTPL capable)"
+else fail "id-ns: rc=$_rc rescap '$RESCAP' (want 0xff)"; fi
 
 step "register key 0x$GUEST_KEY, acquire Write Exclusive"
 timeout 30 nvme resv-register "$DEV" --nrkey=0x$GUEST_KEY --rrega=0; _rc=$?
@@ -135,6 +142,71 @@ io_ok write "after the clear"
 report "after the clear"
 [ "$(field rtype)" = 0 ] && pass "report: rtype 0" || fail "report: rtype '$(field rtype)' (want 0)"
 [ "$(field regctl)" = 0 ] && pass "report: regctl 0" || fail "report: regctl '$(field regctl)' (want 0)"
+
+# holds_ptpl WHEN: the report in /tmp/out shows Write Exclusive held by the guest with key
+# $PTPL_KEY as the only registrant, and PTPL on
+holds_ptpl() {
+  E=$(entries)
+  echo "entries (rcsts rkey hostid): $E"
+  [ "$(field rtype)" = 1 ] && pass "report ($1): rtype 1 (Write Exclusive)" || fail "report ($1): rtype '$(field rtype)' (want 1)"
+  [ "$(field ptpls)" = 1 ] && pass "report ($1): ptpls 1" || fail "report ($1): ptpls '$(field ptpls)' (want 1)"
+  [ "$(field regctl)" = 1 ] && pass "report ($1): regctl 1" || fail "report ($1): regctl '$(field regctl)' (want 1)"
+  set -- "$1" $E
+  if [ $# = 4 ] && [ "$2" = 1 ] && [ "$3" = "$PTPL_KEY" ] && is_guest "$4"; then
+    pass "report ($1): the one entry holds (rcsts 1), key $3, the guest's hostid"
+  else
+    fail "report ($1): want one entry 'rcsts 1 key $PTPL_KEY hostid $HID', got '$(echo $E)'"
+  fi
+}
+
+step "persist through power loss: register key 0x$PTPL_KEY with CPTPL on, acquire Write Exclusive"
+timeout 30 nvme resv-register "$DEV" --nrkey=0x$PTPL_KEY --rrega=0 --cptpl=3; _rc=$?
+[ $_rc = 0 ] && pass "resv-register --nrkey=0x$PTPL_KEY --rrega=0 --cptpl=3: rc=0" || fail "resv-register --cptpl=3: rc=$_rc"
+timeout 30 nvme resv-acquire "$DEV" --crkey=0x$PTPL_KEY --rtype=1 --racqa=0; _rc=$?
+[ $_rc = 0 ] && pass "resv-acquire --crkey=0x$PTPL_KEY --rtype=1 --racqa=0: rc=0" || fail "resv-acquire: rc=$_rc"
+report "held with PTPL on"
+holds_ptpl "before the restart"
+# Get Features 83h (Reservation Persistence) is namespace-specific: bit 0 is PTPL
+_out=$(timeout 30 nvme get-feature "$DEV" -f 0x83 -n 1 2>&1); _rc=$?
+echo "$_out"
+_val=$(echo "$_out" | sed -n 's/.*[Cc]urrent value: *\(0x[0-9a-fA-F]*\).*/\1/p' | head -1)
+if [ $_rc = 0 ] && isnum "$_val" && [ $((_val & 1)) = 1 ]; then pass "get-feature -f 0x83 -n 1: value $_val (PTPL on)"
+else fail "get-feature -f 0x83 -n 1: rc=$_rc value '$_val' (want bit 0 set)"; fi
+
+step "the host kills (-9) and restarts the target"
+HEAD=$DEV
+t0=$(uptime_s)
+ask_host "resv-restart-$HID" 180 && pass "host: target killed (-9) and restarted; the ptpl_file named the guest as holder" \
+  || fail "host: the restart or its checks failed (see the host's lines)"
+st=$(for c in $(ctrls); do printf '%s=%s ' "$c" "$(ctrl_state $c)"; done)
+if all_live; then fail "restart: controllers still all live right after the restart ($st)"
+else pass "restart: the kernel host noticed the crash ($st)"; fi
+if wait_until 90 all_live; then
+  pass "restart: both controllers live again $(( $(uptime_s) - t0 ))s after the request"
+else
+  fail "restart: controllers not live 90 s after the restart"
+fi
+show_ctrls
+dmesg | grep -iE 'nvme' | tail -12
+DEV=/dev/$(heads | head -1)
+[ "$DEV" = "$HEAD" ] && [ -b "$DEV" ] && pass "restart: same multipath head $HEAD after the reconnect" \
+  || fail "restart: head was $HEAD, now $DEV"
+
+report "after the restart"
+holds_ptpl "after the restart"
+io_ok write "the guest still holds Write Exclusive after the restart"
+ask_host "resv-foreign-after-restart-$HID" && pass "host: after the restart its write is still refused, its read allowed, the report names the guest" \
+  || fail "host: its checks against the guest's reservation after the restart failed (see the host's lines)"
+
+step "release and unregister"
+timeout 30 nvme resv-release "$DEV" --crkey=0x$PTPL_KEY --rtype=1 --rrela=0; _rc=$?
+[ $_rc = 0 ] && pass "resv-release --crkey=0x$PTPL_KEY --rtype=1 --rrela=0: rc=0" || fail "resv-release: rc=$_rc"
+timeout 30 nvme resv-register "$DEV" --crkey=0x$PTPL_KEY --rrega=1; _rc=$?
+[ $_rc = 0 ] && pass "resv-register --crkey=0x$PTPL_KEY --rrega=1 (unregister): rc=0" || fail "resv-register --rrega=1: rc=$_rc"
+report "after release and unregister"
+[ "$(field rtype)" = 0 ] && pass "report: rtype 0" || fail "report: rtype '$(field rtype)' (want 0)"
+[ "$(field regctl)" = 0 ] && pass "report: regctl 0" || fail "report: regctl '$(field regctl)' (want 0)"
+io_ok write "after the release"
 
 show_ctrls
 disconnect_all_check
