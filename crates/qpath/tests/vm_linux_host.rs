@@ -82,7 +82,9 @@ fn vm_queue_depth_avoids_delayed_port_linux_7_2_needs_root_and_qemu() {
 /// Namespace reservations between two hosts on Linux 6.1: the guest registers and takes
 /// Write Exclusive with nvme-cli; `qpath resv` with another Host Identifier gets Reservation
 /// Conflict on writes and reads fine, preempts it with Exclusive Access (the guest's reads now
-/// fail with EBADE, no failover), and clears it (the guest reads and writes again).
+/// fail with EBADE, no failover), and clears it (the guest reads and writes again). Then the
+/// guest takes Write Exclusive with CPTPL on (a file namespace with a ptpl_file), the target
+/// is killed (-9) and restarted, and after Linux reconnects the reservation is as it was.
 #[test]
 #[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
 fn vm_reservations_linux_6_1_needs_root_and_qemu() {
