@@ -50,6 +50,7 @@ fn target() -> Arc<TargetState> {
             anagrpid: 1,
             uuid: None,
             readonly: false,
+            ptpl_file: None,
         })
         .unwrap();
         t
