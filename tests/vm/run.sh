@@ -101,6 +101,34 @@ say "scenario $SCENARIO, KERNEL=$KERNEL ($(kver)), qpath $QPATH_BIN, logs in $D"
 "$VMLAB_DIR/netns.sh" up > /dev/null
 
 # ---- scenarios --------------------------------------------------------------------------
+# file_target_toml OUT IMG [LINE...]: a target config serving $QPATH_NQN on both ports with
+# one 256 MiB file namespace at IMG; each LINE is added to the namespace's table.
+file_target_toml() {
+  local out=$1 img=$2
+  shift 2
+  {
+    cat <<EOF
+# written by tests/vm/run.sh $SCENARIO
+[[port]]
+id = 1
+addr = "$VMLAB_HOST_IP:4420"
+[[port]]
+id = 2
+addr = "$VMLAB_HOST_IP:4421"
+[[subsystem]]
+nqn = "$QPATH_NQN"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "$img"
+size = "256M"
+ana_group = 1
+EOF
+    [ $# = 0 ] || printf '%s\n' "$@"
+  } > "$out"
+}
+
 scenario_interop() {   # [extra vmlab.env.* for the guest]
   start_target || return 0
   boot_guest "$VM_DIR/guest/interop.sh" "vmlab.env.RANDRW_RUNTIME=${RANDRW_RUNTIME:-30}" \
@@ -140,25 +168,7 @@ RESV_HOSTID=51515151-5151-5151-5151-515151515151
 scenario_resv() {
   local img=$D/resv-ns1.img
   RESV_PTPL=$D/resv-ns1.ptpl
-  cat > "$D/resv.toml" <<EOF
-# written by tests/vm/run.sh resv
-[[port]]
-id = 1
-addr = "$VMLAB_HOST_IP:4420"
-[[port]]
-id = 2
-addr = "$VMLAB_HOST_IP:4421"
-[[subsystem]]
-nqn = "$QPATH_NQN"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "file"
-path = "$img"
-size = "256M"
-ana_group = 1
-ptpl_file = "$RESV_PTPL"
-EOF
+  file_target_toml "$D/resv.toml" "$img" "ptpl_file = \"$RESV_PTPL\""
   resv_host() {    # qpath resv ARGS... as the second host; its output on stdout
     ip netns exec "$VMLAB_NETNS" timeout 60 "$QPATH_BIN" resv -a "$VMLAB_HOST_IP" -s 4420 \
       -n "$QPATH_NQN" --hostid "$RESV_HOSTID" "$@" 2>&1
@@ -275,24 +285,7 @@ sys.exit(0 if ok else 1)' "$1"; then
 scenario_durability() {
   QPATH_NQN=nqn.2026-11.io.qpath:durable
   local img=$D/ns1.img dur_mb=64
-  cat > "$D/durable.toml" <<EOF
-# written by tests/vm/run.sh durability
-[[port]]
-id = 1
-addr = "$VMLAB_HOST_IP:4420"
-[[port]]
-id = 2
-addr = "$VMLAB_HOST_IP:4421"
-[[subsystem]]
-nqn = "$QPATH_NQN"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "file"
-path = "$img"
-size = "256M"
-ana_group = 1
-EOF
+  file_target_toml "$D/durable.toml" "$img"
   on_ask() {
     [ "$1" = restart-target ] || { fail "unexpected request from the guest: $1"; return 1; }
     local old=$TARGET_QPATH_PID wrapper=$TARGET_PID i

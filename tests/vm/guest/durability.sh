@@ -25,19 +25,8 @@ ask_host restart-target 180 && pass "durability: host killed (-9) and restarted 
   || fail "durability: host did not restart the target"
 # The kernel host must have seen the connections drop (else the read-back below could not
 # tell a restarted target from the old one); it reconnects every reconnect_delay (10 s).
-st=$(for c in $(ctrls); do printf '%s=%s ' "$c" "$(ctrl_state $c)"; done)
-if all_live; then fail "durability: controllers still all live right after the restart ($st)"
-else pass "durability: the kernel host noticed the crash ($st)"; fi
-if wait_until 90 all_live; then
-  pass "durability: both controllers live again $(( $(uptime_s) - t0 ))s after the request"
-else
-  fail "durability: controllers not live 90 s after the restart"
-fi
-show_ctrls
-dmesg | grep -iE 'nvme' | tail -12
-cur=/dev/$(heads | head -1)
-[ "$cur" = "$HEAD" ] && [ -b "$cur" ] && pass "durability: same multipath head $HEAD after the reconnect" \
-  || fail "durability: head was $HEAD, now $cur"
+after_restart durability "$t0"
+cur=$DEV
 
 fio_check dur-verify 300 $job --verify_only --verify_state_load=0
 after=$(timeout 120 dd if="$cur" bs=1M count="$DUR_MB" iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)

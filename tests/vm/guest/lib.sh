@@ -82,6 +82,26 @@ all_live() {             # both controllers of $NQN exist and are live
   [ "$(echo $_c | count)" = 2 ] || return 1
   for _x in $_c; do [ "$(ctrl_state $_x)" = live ] || return 1; done
 }
+
+# after_restart WHAT T0: the kernel host noticed that the target was killed (not every
+# controller live), both controllers are live again within 90 s of T0 (guest uptime), under
+# the same multipath head $HEAD; sets DEV to the head.
+after_restart() {
+  _what=$1; _t0=$2
+  _st=$(for c in $(ctrls); do printf '%s=%s ' "$c" "$(ctrl_state $c)"; done)
+  if all_live; then fail "$_what: controllers still all live right after the restart ($_st)"
+  else pass "$_what: the kernel host noticed the crash ($_st)"; fi
+  if wait_until 90 all_live; then
+    pass "$_what: both controllers live again $(( $(uptime_s) - _t0 ))s after the request"
+  else
+    fail "$_what: controllers not live 90 s after the restart"
+  fi
+  show_ctrls
+  dmesg | grep -iE 'nvme' | tail -12
+  DEV=/dev/$(heads | head -1)
+  [ "$DEV" = "$HEAD" ] && [ -b "$DEV" ] && pass "$_what: same multipath head $HEAD after the reconnect" \
+    || fail "$_what: head was $HEAD, now $DEV"
+}
 multipath_ready() {      # 2 live controllers, 1 head with a block device
   all_live || return 1
   _h=$(heads) || return 1

@@ -178,19 +178,7 @@ HEAD=$DEV
 t0=$(uptime_s)
 ask_host "resv-restart-$HID" 180 && pass "host: target killed (-9) and restarted; the ptpl_file named the guest as holder" \
   || fail "host: the restart or its checks failed (see the host's lines)"
-st=$(for c in $(ctrls); do printf '%s=%s ' "$c" "$(ctrl_state $c)"; done)
-if all_live; then fail "restart: controllers still all live right after the restart ($st)"
-else pass "restart: the kernel host noticed the crash ($st)"; fi
-if wait_until 90 all_live; then
-  pass "restart: both controllers live again $(( $(uptime_s) - t0 ))s after the request"
-else
-  fail "restart: controllers not live 90 s after the restart"
-fi
-show_ctrls
-dmesg | grep -iE 'nvme' | tail -12
-DEV=/dev/$(heads | head -1)
-[ "$DEV" = "$HEAD" ] && [ -b "$DEV" ] && pass "restart: same multipath head $HEAD after the reconnect" \
-  || fail "restart: head was $HEAD, now $DEV"
+after_restart restart "$t0"
 
 report "after the restart"
 holds_ptpl "after the restart"
