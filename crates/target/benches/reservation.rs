@@ -12,6 +12,9 @@
 //!   namespace do; the figure is the slower thread's time per check. Both threads only
 //!   read the shared word, so the cache line is not bounced.
 //!
+//! - `reservation_persisted/replace`: one change with persistence through power loss on
+//!   (the `ptpl_file` rewritten with two fsyncs, under the target directory's filesystem).
+//!
 //! Run: `cargo bench -p qpath-target --bench reservation`
 
 #![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
@@ -101,6 +104,24 @@ fn bench(c: &mut Criterion) {
     let held = Arc::new(reserved());
     g.bench_function("2_threads/reserved_cached", |b| b.iter_custom(|iters| two_threads(&held, iters)));
     g.finish();
+
+    // A change with persistence through power loss on: the state file written and fsynced
+    // (twice: the file, then its directory) before the command completes, on the reactor.
+    let mut g = c.benchmark_group("reservation_persisted");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reservation-bench");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let persisted = Reservations::persistent(&dir.join("ns1.resv")).expect("PTPL capable");
+    assert!(persisted.register(&HOLDER, 0b11 << 30, &keys(0, 1)).is_success(), "PTPL on");
+    let mut key = 1u64;
+    g.bench_function("replace", |b| {
+        b.iter(|| {
+            assert!(persisted.register(&HOLDER, 2, &keys(key, key ^ 1)).is_success());
+            key ^= 1;
+        });
+    });
+    g.finish();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 criterion_group! {
