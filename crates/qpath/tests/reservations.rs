@@ -127,6 +127,16 @@ fn hosts_register_acquire_preempt_and_release_across_paths() {
     };
     assert_eq!(done.status, Status::RESERVATION_CONFLICT);
     drop(ctx);
+    // Three writes of host B refused so far, in the statistics and /metrics.
+    let stats = target::metrics::stats_json(&server.state);
+    let r = &stats["reservations"][0];
+    assert_eq!((r["nsid"].as_u64(), r["rtype"].as_u64(), r["registrants"].as_u64()), (Some(1), Some(1), Some(2)));
+    assert_eq!(r["conflicts"], 3, "{r}");
+    let text = target::metrics::render(&server.state);
+    assert!(
+        text.contains(&format!("qpath_target_namespace_reservation_conflicts_total{{subnqn=\"{NQN}\",nsid=\"1\"}} 3"))
+    );
+    assert!(text.contains(&format!("qpath_target_namespace_reservation_type{{subnqn=\"{NQN}\",nsid=\"1\"}} 1")));
 
     // Registrants Only: B, registered, writes again.
     assert!(a.acquire(0xaaaa, 0xaaaa, WRITE_EXCLUSIVE_REG_ONLY, 1).is_success(), "the holder changes its type");

@@ -16,6 +16,9 @@
 //! | `qpath_target_port_connections` | port | connections now |
 //! | `qpath_target_namespace_ios_total` | subnqn, nsid, dir | completed reads/writes |
 //! | `qpath_target_namespace_bytes_total` | subnqn, nsid, dir | bytes moved |
+//! | `qpath_target_namespace_reservation_type` | subnqn, nsid | type of the reservation held, 0 none (gauge) |
+//! | `qpath_target_namespace_reservation_registrants` | subnqn, nsid | hosts registered (gauge) |
+//! | `qpath_target_namespace_reservation_conflicts_total` | subnqn, nsid | commands refused with Reservation Conflict |
 //! | `qpath_target_controllers` | subnqn | live controllers |
 //! | `qpath_target_auth_dh_steps_total` | - | DH-HMAC-CHAP Diffie-Hellman steps the authentication workers finished |
 //! | `qpath_target_auth_dh_steps_abandoned_total` | - | steps skipped because their connection closed before a worker took them |
@@ -111,7 +114,26 @@ pub fn stats_json(state: &TargetState) -> Value {
         "transactions_refused": load(&o.refused),
         "reauthentications_refused": load(&o.renewals_refused),
     });
-    json!({"side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors, "auth": auth})
+    let reservations: Vec<Value> = state
+        .subsystems()
+        .iter()
+        .flat_map(|s| {
+            let (map, _) = s.namespaces();
+            map.iter()
+                .map(|n| {
+                    let r = n.resv.snapshot();
+                    json!({
+                        "subnqn": s.nqn, "nsid": n.nsid.0, "rtype": r.rtype, "registrants": r.registrants.len(),
+                        "ptpl": n.resv.ptpl(), "conflicts": n.resv.conflicts(),
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    json!({
+        "side": "target", "queues": queues, "ports": ports, "namespaces": namespaces, "reactors": reactors, "auth": auth,
+        "reservations": reservations,
+    })
 }
 
 fn esc(v: &str) -> String {
@@ -196,6 +218,20 @@ pub fn render(state: &TargetState) -> String {
         let _ = writeln!(out, "qpath_target_namespace_ios_total{{{l},dir=\"write\"}} {}", c["writes"]);
         let _ = writeln!(out, "qpath_target_namespace_bytes_total{{{l},dir=\"read\"}} {}", c["read_bytes"]);
         let _ = writeln!(out, "qpath_target_namespace_bytes_total{{{l},dir=\"write\"}} {}", c["write_bytes"]);
+    }
+    help(&mut out, "qpath_target_namespace_reservation_type", "gauge", "Type of the reservation held (0: none).");
+    help(&mut out, "qpath_target_namespace_reservation_registrants", "gauge", "Hosts registered on the namespace.");
+    help(
+        &mut out,
+        "qpath_target_namespace_reservation_conflicts_total",
+        "counter",
+        "Commands refused with Reservation Conflict.",
+    );
+    for r in js["reservations"].as_array().into_iter().flatten() {
+        let l = format!("subnqn=\"{}\",nsid=\"{}\"", esc(r["subnqn"].as_str().unwrap_or("")), r["nsid"]);
+        let _ = writeln!(out, "qpath_target_namespace_reservation_type{{{l}}} {}", r["rtype"]);
+        let _ = writeln!(out, "qpath_target_namespace_reservation_registrants{{{l}}} {}", r["registrants"]);
+        let _ = writeln!(out, "qpath_target_namespace_reservation_conflicts_total{{{l}}} {}", r["conflicts"]);
     }
     help(&mut out, "qpath_target_reactor_buffer_bytes", "gauge", "Data buffer bytes handed out or kept idle.");
     help(&mut out, "qpath_target_reactor_buffer_allocations_total", "counter", "Data buffers allocated.");

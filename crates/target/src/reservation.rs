@@ -200,6 +200,8 @@ pub struct Reservations {
     /// Where the state persists when PTPL is on (none: not PTPL capable, or the namespace
     /// was removed), with this namespace's claim on the file.
     file: Mutex<Option<(PathBuf, Claim)>>,
+    /// Commands refused with Reservation Conflict (counted on that path only).
+    conflicts: AtomicU64,
 }
 
 /// The persisted state (`ptpl_file`, JSON).
@@ -279,7 +281,12 @@ fn key_at(data: &[u8], at: usize) -> Option<u64> {
 impl Reservations {
     fn with(mut inner: Inner, file: Option<(PathBuf, Claim)>) -> Reservations {
         inner.epoch = EPOCH_BASE.fetch_add(1 << 24, Ordering::Relaxed);
-        let r = Reservations { word: AtomicU64::new(0), inner: Mutex::new(Inner::default()), file: Mutex::new(file) };
+        let r = Reservations {
+            word: AtomicU64::new(0),
+            inner: Mutex::new(Inner::default()),
+            file: Mutex::new(file),
+            conflicts: AtomicU64::new(0),
+        };
         r.publish(&mut inner);
         *r.lock() = inner;
         r
@@ -420,7 +427,16 @@ impl Reservations {
             };
         }
         let ok = if group == Group::Read { cache.read } else { cache.write };
-        if ok { Ok(()) } else { Err(Status::RESERVATION_CONFLICT) }
+        if ok {
+            return Ok(());
+        }
+        self.conflicts.fetch_add(1, Ordering::Relaxed);
+        Err(Status::RESERVATION_CONFLICT)
+    }
+
+    /// Commands refused with Reservation Conflict so far.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts.load(Ordering::Relaxed)
     }
 
     /// Reservation Register (CDW10: RREGA 2:0, IEKEY 3, CPTPL 31:30; data: CRKEY, NRKEY).
