@@ -110,29 +110,15 @@ impl ConnectOptions {
     }
 }
 
-/// A Host Identifier written as a UUID (`/etc/nvme/hostid`, nvme-cli's `--hostid`): 32 hex
-/// digits, dashes and other separators ignored.
-pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s.chars().filter(char::is_ascii_hexdigit).collect();
-    if hex.len() != 32 || s.chars().any(|c| !c.is_ascii_hexdigit() && c != '-') {
-        return None;
-    }
-    let mut u = [0u8; 16];
-    for (i, b) in u.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).ok()?;
-    }
-    Some(u)
-}
-
 /// The host identity: `/etc/nvme/hostnqn` and `/etc/nvme/hostid` when present (as nvme-cli),
 /// else one derived from the machine id, else a fixed qpath one.
 pub fn default_host_identity() -> (String, [u8; 16]) {
     let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     if let Some(nqn) = read("/etc/nvme/hostnqn") {
-        let id = read("/etc/nvme/hostid").and_then(|s| parse_uuid(&s)).unwrap_or([0x51; 16]);
+        let id = read("/etc/nvme/hostid").and_then(|s| nvme::nqn::parse_uuid(&s)).unwrap_or([0x51; 16]);
         return (nqn, id);
     }
-    let mut id = read("/etc/machine-id").and_then(|s| parse_uuid(&s)).unwrap_or(*b"qpath-host-0001\0");
+    let mut id = read("/etc/machine-id").and_then(|s| nvme::nqn::parse_uuid(&s)).unwrap_or(*b"qpath-host-0001\0");
     id[6] = (id[6] & 0x0f) | 0x40;
     id[8] = (id[8] & 0x3f) | 0x80;
     (nvme::nqn::uuid_hostnqn(&id), id)

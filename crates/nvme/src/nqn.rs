@@ -46,19 +46,44 @@ pub fn uuid_hostnqn(uuid: &[u8; 16]) -> String {
 
 /// Formats 16 bytes as an RFC 4122 UUID string.
 pub fn format_uuid(u: &[u8; 16]) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
+    let h = hex(u);
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// Bytes as lowercase hex digits, two per byte, no separators (Host Identifiers, NGUIDs).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// 16 bytes from a UUID or Host Identifier as written (`/etc/nvme/hostid`, nvme-cli's
+/// `--hostid`, a config's `uuid`, `/etc/machine-id`): exactly 32 hex digits, dashes
+/// anywhere between them ignored, nothing else.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let digits: Vec<u8> = s.bytes().filter(|&c| c != b'-').collect();
+    if digits.len() != 32 || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let mut u = [0u8; 16];
+    for (b, pair) in u.iter_mut().zip(digits.chunks_exact(2)) {
+        *b = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(u)
 }
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn uuids_parse_as_written_and_format_back() {
+        let u = parse_uuid("1d9ccba0-3fba-49e8-9488-aa5d5caa7927").unwrap();
+        assert_eq!(format_uuid(&u), "1d9ccba0-3fba-49e8-9488-aa5d5caa7927");
+        assert_eq!(parse_uuid("1D9CCBA03FBA49E89488AA5D5CAA7927"), Some(u), "machine-id style, upper case");
+        assert_eq!(hex(&u), "1d9ccba03fba49e89488aa5d5caa7927");
+        assert_eq!(parse_uuid("1d9ccba0-3fba-49e8-9488-aa5d5caa792"), None, "31 digits");
+        assert_eq!(parse_uuid("1d9ccba0 3fba-49e8-9488-aa5d5caa7927"), None, "a space");
+        assert_eq!(parse_uuid("+d9ccba03fba49e89488aa5d5caa7927"), None, "a sign");
+    }
+
     use super::*;
 
     #[test]

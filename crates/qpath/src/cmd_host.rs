@@ -30,7 +30,7 @@ pub struct Transport {
 }
 
 fn parse_hostid(s: &str) -> Result<[u8; 16], String> {
-    host::controller::parse_uuid(s).ok_or_else(|| format!("{s:?}: not a UUID"))
+    nvme::nqn::parse_uuid(s).ok_or_else(|| format!("{s:?}: not a UUID"))
 }
 
 impl Transport {
@@ -183,7 +183,7 @@ fn print_ctrl(c: &Controller) {
             ns.block_size(),
             ns.anagrpid.0,
             ns.ana_state.linux_name(),
-            ns.nguid.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            nvme::nqn::hex(&ns.nguid)
         );
     }
 }

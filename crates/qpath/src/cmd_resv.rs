@@ -10,6 +10,7 @@ use host::controller::{ConnectOptions, Controller};
 use host::passthru::QueuePair;
 use host::queue::DataDir;
 use host::reservation::{self, ReservationStatus};
+use nvme::nqn::hex;
 use nvme::opcode::io;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::IoBuf;
@@ -201,7 +202,6 @@ fn print_report(b: &[u8], json: bool) {
         println!("resv-report: {} bytes, shorter than the report's header", b.len());
         return;
     };
-    let hex = |id: &[u8; 16]| id.iter().map(|x| format!("{x:02x}")).collect::<String>();
     if json {
         let regctlext: Vec<serde_json::Value> = r
             .registrants

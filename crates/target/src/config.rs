@@ -492,16 +492,7 @@ pub fn add_namespace(sub: &Subsystem, n: &NamespaceConfig) -> Result<nvme::Nsid,
 }
 
 fn parse_uuid(s: &str) -> Result<[u8; 16], Error> {
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
-        return Err(Error::new(ErrorKind::Config, format!("UUID {s:?}")));
-    }
-    let mut out = [0u8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16)
-            .map_err(|_| Error::new(ErrorKind::Config, format!("UUID {s:?}")))?;
-    }
-    Ok(out)
+    nvme::nqn::parse_uuid(s).ok_or_else(|| Error::new(ErrorKind::Config, format!("UUID {s:?}")))
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nvme::Status;
+use nvme::nqn::{hex, parse_uuid};
 use nvme::opcode::io;
 
 use crate::error::{Error, ErrorKind};
@@ -221,21 +222,6 @@ struct SavedRegistrant {
     rkey: u64,
 }
 
-fn hex(id: &[u8; 16]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<[u8; 16]> {
-    if s.len() != 32 || !s.is_ascii() {
-        return None;
-    }
-    let mut id = [0u8; 16];
-    for (i, b) in id.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).ok()?;
-    }
-    Some(id)
-}
-
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one: a new
 /// file beside it, fsync, rename over it, fsync of the directory.
 fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -313,11 +299,11 @@ impl Reservations {
         let mut inner = Inner::default();
         if saved.ptpl {
             for r in &saved.registrants {
-                let hostid = unhex(&r.hostid).ok_or_else(|| err(format!("host id {:?}", r.hostid)))?;
+                let hostid = parse_uuid(&r.hostid).ok_or_else(|| err(format!("host id {:?}", r.hostid)))?;
                 inner.registrants.push(Registrant { hostid, rkey: r.rkey });
             }
             inner.holder = match &saved.holder {
-                Some(h) => Some(unhex(h).ok_or_else(|| err(format!("holder {h:?}")))?),
+                Some(h) => Some(parse_uuid(h).ok_or_else(|| err(format!("holder {h:?}")))?),
                 None => None,
             };
             if !(0..=EXCLUSIVE_ACCESS_ALL_REGS).contains(&saved.rtype) {
@@ -374,7 +360,7 @@ impl Reservations {
                 ptpl: g.ptpl,
                 generation: g.generation,
                 rtype: if g.holder.is_some() { g.rtype } else { 0 },
-                holder: g.holder.as_ref().map(hex),
+                holder: g.holder.as_ref().map(|h| hex(h)),
                 registrants: g
                     .registrants
                     .iter()
