@@ -152,6 +152,14 @@ impl Inner {
         }
     }
 
+    /// A Release with Clear: no reservation, no registrant, a new generation.
+    fn clear(&mut self) {
+        self.registrants.clear();
+        self.holder = None;
+        self.rtype = 0;
+        self.generation = self.generation.wrapping_add(1);
+    }
+
     /// Unregisters every host holding `rkey` but `keep`; false when none held it.
     fn unregister_key(&mut self, rkey: u64, keep: Option<&[u8; 16]>) -> bool {
         let mut any = false;
@@ -269,12 +277,11 @@ impl Reservations {
         inner.epoch = EPOCH_BASE.fetch_add(1 << 24, Ordering::Relaxed);
         let r = Reservations {
             word: AtomicU64::new(0),
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(inner),
             file: Mutex::new(file),
             conflicts: AtomicU64::new(0),
         };
-        r.publish(&mut inner);
-        *r.lock() = inner;
+        r.publish(&mut r.lock());
         r
     }
 
@@ -567,10 +574,7 @@ impl Reservations {
                 Status::SUCCESS
             }
             1 => {
-                g.holder = None;
-                g.rtype = 0;
-                g.registrants.clear();
-                g.generation = g.generation.wrapping_add(1);
+                g.clear();
                 Status::SUCCESS
             }
             _ => Status::INVALID_FIELD,
@@ -602,10 +606,7 @@ impl Reservations {
         let mut g = self.lock();
         let before = g.clone();
         let n = g.registrants.len();
-        g.registrants.clear();
-        g.holder = None;
-        g.rtype = 0;
-        g.generation = g.generation.wrapping_add(1);
+        g.clear();
         match self.commit(&mut g, &before) {
             s if s.is_success() => Ok(n),
             s => Err(s),
