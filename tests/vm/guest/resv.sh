@@ -20,6 +20,11 @@ OFF=65536               # the guest's test block (byte offset)
 
 # field NAME: the value of a "NAME : VALUE" line of /tmp/out
 field() { awk -v k="$1" '$1 == k && $2 == ":" { print $3; exit }' /tmp/out; }
+# field_is WHEN NAME WANT: a PASS or FAIL line for the report's field NAME against WANT
+field_is() {
+  _v=$(field "$2")
+  [ "$_v" = "$3" ] && pass "report ($1): $2 $3" || fail "report ($1): $2 '$_v' (want $3)"
+}
 isnum() { echo "$1" | grep -qE '^(0x[0-9a-fA-F]+|[0-9]+)$'; }   # before any $((...)) of it
 # entries: one "rcsts rkey hostid" line per regctlext[] entry of a resv-report --eds in /tmp/out
 entries() {
@@ -89,8 +94,8 @@ timeout 30 nvme resv-acquire "$DEV" --crkey=0x$GUEST_KEY --rtype=1 --racqa=0; _r
 report "held by the guest"
 E=$(entries)
 echo "entries (rcsts rkey hostid): $E"
-[ "$(field rtype)" = 1 ] && pass "report: rtype 1 (Write Exclusive)" || fail "report: rtype '$(field rtype)' (want 1)"
-[ "$(field regctl)" = 1 ] && pass "report: regctl 1" || fail "report: regctl '$(field regctl)' (want 1)"
+field_is "held by the guest" rtype 1
+field_is "held by the guest" regctl 1
 set -- $E
 if [ $# = 3 ] && [ "$1" = 1 ] && [ "$2" = "$GUEST_KEY" ] && is_guest "$3"; then
   pass "report: the one entry holds (rcsts 1), key $2, the guest's hostid"
@@ -126,8 +131,8 @@ fi
 report "after the preempt"
 E=$(entries)
 echo "entries (rcsts rkey hostid): $E"
-[ "$(field rtype)" = 2 ] && pass "report: rtype 2 (Exclusive Access)" || fail "report: rtype '$(field rtype)' (want 2)"
-[ "$(field regctl)" = 1 ] && pass "report: regctl 1 (the host)" || fail "report: regctl '$(field regctl)' (want 1)"
+field_is "after the preempt" rtype 2
+field_is "after the preempt" regctl 1
 set -- $E
 if [ $# = 3 ] && [ "$1" = 1 ] && [ "$2" = "$HOST_KEY" ] && ! is_guest "$3"; then
   pass "report: the guest is no longer registered; the holder is host $3 with key $2"
@@ -140,17 +145,17 @@ ask_host resv-clear && pass "host: release --rrela 1 (clear)" || fail "host: cle
 io_ok read "after the clear"
 io_ok write "after the clear"
 report "after the clear"
-[ "$(field rtype)" = 0 ] && pass "report: rtype 0" || fail "report: rtype '$(field rtype)' (want 0)"
-[ "$(field regctl)" = 0 ] && pass "report: regctl 0" || fail "report: regctl '$(field regctl)' (want 0)"
+field_is "after the clear" rtype 0
+field_is "after the clear" regctl 0
 
 # holds_ptpl WHEN: the report in /tmp/out shows Write Exclusive held by the guest with key
 # $PTPL_KEY as the only registrant, and PTPL on
 holds_ptpl() {
   E=$(entries)
   echo "entries (rcsts rkey hostid): $E"
-  [ "$(field rtype)" = 1 ] && pass "report ($1): rtype 1 (Write Exclusive)" || fail "report ($1): rtype '$(field rtype)' (want 1)"
-  [ "$(field ptpls)" = 1 ] && pass "report ($1): ptpls 1" || fail "report ($1): ptpls '$(field ptpls)' (want 1)"
-  [ "$(field regctl)" = 1 ] && pass "report ($1): regctl 1" || fail "report ($1): regctl '$(field regctl)' (want 1)"
+  field_is "$1" rtype 1
+  field_is "$1" ptpls 1
+  field_is "$1" regctl 1
   set -- "$1" $E
   if [ $# = 4 ] && [ "$2" = 1 ] && [ "$3" = "$PTPL_KEY" ] && is_guest "$4"; then
     pass "report ($1): the one entry holds (rcsts 1), key $3, the guest's hostid"
@@ -192,8 +197,8 @@ timeout 30 nvme resv-release "$DEV" --crkey=0x$PTPL_KEY --rtype=1 --rrela=0; _rc
 timeout 30 nvme resv-register "$DEV" --crkey=0x$PTPL_KEY --rrega=1; _rc=$?
 [ $_rc = 0 ] && pass "resv-register --crkey=0x$PTPL_KEY --rrega=1 (unregister): rc=0" || fail "resv-register --rrega=1: rc=$_rc"
 report "after release and unregister"
-[ "$(field rtype)" = 0 ] && pass "report: rtype 0" || fail "report: rtype '$(field rtype)' (want 0)"
-[ "$(field regctl)" = 0 ] && pass "report: regctl 0" || fail "report: regctl '$(field regctl)' (want 0)"
+field_is "after release and unregister" rtype 0
+field_is "after release and unregister" regctl 0
 io_ok write "after the release"
 
 show_ctrls
