@@ -78,6 +78,19 @@ impl IoKind {
         }
     }
 
+    /// How the I/O statistics count the command: its direction and the namespace bytes it
+    /// moves. Reservation commands move none: counted as commands, not as I/O.
+    pub fn stats_direction(&self) -> Option<(blk::Direction, u64)> {
+        match *self {
+            IoKind::Read { len, .. } => Some((blk::Direction::Read, u64::from(len))),
+            IoKind::Write { len, .. } => Some((blk::Direction::Write, u64::from(len))),
+            IoKind::WriteZeroes { len, .. } => Some((blk::Direction::Write, len)),
+            IoKind::Dsm { .. } => Some((blk::Direction::Trim, 0)),
+            IoKind::Flush => Some((blk::Direction::Sync, 0)),
+            IoKind::Reservation { .. } => None,
+        }
+    }
+
     /// Controller-to-host data bytes.
     pub fn c2h_len(&self) -> u32 {
         match self {

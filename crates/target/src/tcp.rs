@@ -1624,17 +1624,9 @@ impl Connection {
         }
         let latency = ctx.now_ns.saturating_sub(r.start_ns);
         stats.latency_ns_sum.add(latency);
-        // Reservation commands move no namespace data: counted as commands, not as I/O.
         if let ReqKind::Io(io) = r.kind
-            && !matches!(io, IoKind::Reservation { .. })
+            && let Some((dir, bytes)) = io.stats_direction()
         {
-            let (dir, bytes) = match io {
-                IoKind::Read { len, .. } => (blk::Direction::Read, u64::from(len)),
-                IoKind::Write { len, .. } => (blk::Direction::Write, u64::from(len)),
-                IoKind::WriteZeroes { len, .. } => (blk::Direction::Write, len),
-                IoKind::Dsm { .. } => (blk::Direction::Trim, 0),
-                IoKind::Flush | IoKind::Reservation { .. } => (blk::Direction::Sync, 0),
-            };
             let ok = status.is_success();
             let outcome = if ok { blk::Outcome::Success } else { blk::Outcome::Error };
             self.local_stats.record(dir, bytes, latency, outcome);
