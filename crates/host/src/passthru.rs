@@ -196,6 +196,7 @@ impl QueuePair {
     /// Submits one command and polls until it completes, within `timeout`: `nvme
     /// io-passthru`'s shape, for control commands between I/O (reservations, ...).
     /// Completions of other commands reaped meanwhile are kept for the next [`Self::poll`].
+    /// The command goes with `user_data` `u64::MAX`: other commands must not use it.
     pub fn execute(
         &mut self,
         sqe: Sqe,

@@ -230,6 +230,11 @@ struct SavedRegistrant {
     rkey: u64,
 }
 
+/// The directory `path` is in (`.` for a bare file name).
+fn dir_of(path: &Path) -> &Path {
+    path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one: a new
 /// file beside it, fsync, rename over it, fsync of the directory.
 fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -241,8 +246,7 @@ fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()?;
     drop(f);
     std::fs::rename(&tmp, path)?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::File::open(dir)?.sync_all()
+    std::fs::File::open(dir_of(path))?.sync_all()
 }
 
 /// The `ptpl_file`s of this process's namespaces (canonical), each used by one namespace.
@@ -291,9 +295,9 @@ impl Reservations {
     pub fn persistent(path: &Path) -> Result<Reservations, Error> {
         let err = |what: String| Error::new(ErrorKind::Config, format!("ptpl_file {}: {what}", path.display()));
         // Two namespaces writing one file would each overwrite the other's state.
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let key =
-            std::fs::canonicalize(dir).map_err(|e| err(e.to_string()))?.join(path.file_name().unwrap_or_default());
+        let key = std::fs::canonicalize(dir_of(path))
+            .map_err(|e| err(e.to_string()))?
+            .join(path.file_name().unwrap_or_default());
         if !PTPL_FILES.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
             return Err(err("already used by another namespace".into()));
         }
