@@ -39,8 +39,10 @@
 //! ]
 //! [[subsystem.namespace]]
 //! backend = "file"               # null | ram | file
-//! path = "/var/lib/qpath/vol1.img"
-//! size = "10G"
+//! path = "/var/lib/qpath/vol1.img"   # a regular file or a block device (see "File namespaces")
+//! size = "10G"                   # file: optional; without it the file's or device's own size
+//! grow = false                   # file: true lets size grow a smaller existing regular file
+//! readonly = false               # true: opened O_RDONLY; readonly namespaces may share a file
 //! ana_group = 1
 //! ptpl_file = "/var/lib/qpath/vol1.resv"   # reservations persist through restarts once a
 //!                                          #   host asks (CPTPL); see crate::reservation
@@ -54,6 +56,25 @@
 //! group = 1
 //! state = "non-optimized"
 //! ```
+//!
+//! # File namespaces
+//!
+//! qpath never changes the size of an existing file or device on its own (as Linux nvmet
+//! and SPDK's aio/uring bdevs, it takes the size it finds):
+//!
+//! | the file | no `size` | `size` = its size | `size` larger | `size` smaller |
+//! | --- | --- | --- | --- | --- |
+//! | regular file | its size | used | refused; grown with `grow = true` | refused |
+//! | block device | its size | used | refused (cannot grow) | refused |
+//! | missing | refused | - | created (`O_CREAT \| O_EXCL`, mode 0600) | - |
+//!
+//! A file is held by one namespace at a time, in this process or any other: a whole-file
+//! OFD lock (`fcntl(F_OFD_SETLK)`; shared for `readonly` namespaces, which may share a
+//! file), and for a block device opened read-write the kernel's exclusive claim (`O_EXCL`:
+//! refused while it is mounted). The error names the holder. The lock goes when the
+//! namespace is removed and its last command is done. If a start fails (a namespace
+//! refused, a port that cannot bind), the files it created are removed; files it did not
+//! create are never touched. See `docs/robustness.md`, "Data safety".
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
