@@ -20,6 +20,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use uring::{FileLock, IoBuf, LockHolder, RegionOptions, SharedRegion};
 
@@ -368,7 +369,13 @@ fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
 
 /// Who in this process holds `key` in a way that conflicts with `access`.
 fn held_by(key: FileKey, access: Access) -> Option<String> {
-    held().iter().find(|h| h.key == key && (h.access == Access::ReadWrite || access == Access::ReadWrite)).map(|h| {
+    conflict(&held(), key, access)
+}
+
+/// The holder in `table` of `key` that conflicts with `access`: readers share, a writer
+/// shares with nobody.
+fn conflict(table: &[Held], key: FileKey, access: Access) -> Option<String> {
+    table.iter().find(|h| h.key == key && (h.access == Access::ReadWrite || access == Access::ReadWrite)).map(|h| {
         if h.retired { format!("{} (removed; open until its last command is done)", h.owner) } else { h.owner.clone() }
     })
 }
@@ -392,6 +399,13 @@ struct Claim {
     id: u64,
 }
 
+/// How long a lock held by no live process is waited for: a process killed a moment ago
+/// keeps its files until the kernel has finished the I/O it left in flight (its io_uring
+/// is torn down asynchronously), so a target restarted at once after `kill -9` finds its
+/// file still locked by nobody it can name.
+const LOCK_WAIT_MAX: Duration = Duration::from_secs(10);
+const LOCK_WAIT_STEP: Duration = Duration::from_millis(20);
+
 impl Claim {
     /// Takes the lock on `file` and records it, refusing when another namespace (of this
     /// process or another) holds it.
@@ -401,21 +415,39 @@ impl Claim {
             Access::ReadWrite => FileLock::Exclusive,
             Access::ReadOnly => FileLock::Shared,
         };
-        // Checked and recorded under the table's mutex, so two namespaces of this process
-        // racing for one file cannot both pass the check.
-        let mut table = held();
-        if let Some(h) =
-            table.iter().find(|h| h.key == key && (h.access == Access::ReadWrite || req.access == Access::ReadWrite))
-        {
-            let owner = h.owner.clone();
-            drop(table);
-            return Err(in_use_here(req, &owner));
-        }
-        match uring::try_lock_file(file.as_raw_fd(), lock) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+        let deadline = Instant::now() + LOCK_WAIT_MAX;
+        let mut waited = false;
+        loop {
+            // Checked and recorded under the table's mutex, so two namespaces of this
+            // process racing for one file cannot both pass the check.
+            let mut table = held();
+            if let Some(owner) = conflict(&table, key, req.access) {
                 drop(table);
-                let who = lock_holder(file, lock, meta);
+                return Err(in_use_here(req, &owner));
+            }
+            match uring::try_lock_file(file.as_raw_fd(), lock) {
+                Ok(()) => {
+                    let id = NEXT_CLAIM.fetch_add(1, Ordering::Relaxed);
+                    table.push(Held { id, key, owner: req.owner.to_string(), access: req.access, retired: false });
+                    return Ok(Claim { id });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => drop(table),
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Backend,
+                        format!(
+                            "{}: cannot lock {} ({e}); qpath exports only a file it can lock, so that no \
+                             other program or target writes it at the same time",
+                            req.owner,
+                            req.path.display()
+                        ),
+                    ));
+                }
+            }
+            // A live holder is named at once; a lock nobody holds any more goes soon.
+            let holder = if waited { None } else { lock_holder(file, lock, meta) };
+            if holder.is_some() || Instant::now() >= deadline {
+                let who = holder.unwrap_or_else(|| "another process".into());
                 return Err(Error::new(
                     ErrorKind::Backend,
                     format!(
@@ -426,21 +458,12 @@ impl Claim {
                     ),
                 ));
             }
-            Err(e) => {
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "{}: cannot lock {} ({e}); qpath exports only a file it can lock, so that no \
-                         other program or target writes it at the same time",
-                        req.owner,
-                        req.path.display()
-                    ),
-                ));
+            if !waited {
+                tracing::info!(file = %req.path.display(), owner = req.owner, "locked by no process left: waiting for the kernel to let it go (a process that just died leaves its I/O to finish)");
+                waited = true;
             }
+            std::thread::sleep(LOCK_WAIT_STEP);
         }
-        let id = NEXT_CLAIM.fetch_add(1, Ordering::Relaxed);
-        table.push(Held { id, key, owner: req.owner.to_string(), access: req.access, retired: false });
-        Ok(Claim { id })
     }
 
     fn retire(&self) {
@@ -458,19 +481,17 @@ impl Drop for Claim {
 
 /// Names the process holding a lock on `file` that conflicts with `lock`: the kernel gives
 /// the pid of a POSIX lock; an open-file-description lock (qpath's, QEMU's) has none, so
-/// `/proc/*/fdinfo` (which lists each fd's locks) is searched for it.
-fn lock_holder(file: &File, lock: FileLock, meta: &std::fs::Metadata) -> String {
+/// `/proc/*/fdinfo` (which lists each fd's locks) is searched for it. `None`: no process
+/// this user can see holds it.
+fn lock_holder(file: &File, lock: FileLock, meta: &std::fs::Metadata) -> Option<String> {
     let pid = match uring::file_lock_holder(file.as_raw_fd(), lock) {
         Ok(Some(LockHolder::Process(pid))) => Some(pid),
         _ => ofd_lock_holder(meta.dev(), meta.ino()),
-    };
-    match pid {
-        Some(pid) => match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-            Ok(comm) => format!("process {pid} ({})", comm.trim()),
-            Err(_) => format!("process {pid}"),
-        },
-        None => "another process".into(),
-    }
+    }?;
+    Some(match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+        Ok(comm) => format!("process {pid} ({})", comm.trim()),
+        Err(_) => format!("process {pid}"),
+    })
 }
 
 /// Bounds on the /proc walk (an error path only, but a host may run many processes).

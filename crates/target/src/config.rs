@@ -545,6 +545,12 @@ fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) 
         0 => sub.namespaces().0.first_free().ok_or_else(|| Error::new(ErrorKind::Config, "no free NSID"))?,
         id => nvme::Nsid(id),
     };
+    if nsid.0 > crate::namespace::MAX_NSID {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("NSID {nsid} out of range 1..={}", crate::namespace::MAX_NSID),
+        ));
+    }
     if sub.namespaces().0.get(nsid).is_some() {
         return Err(Error::new(ErrorKind::Exists, format!("{}: NSID {nsid} exists", sub.nqn)));
     }
