@@ -9,7 +9,8 @@
 //! - [`Backend::File`] is a file or block device driven through the
 //!   reactor's io_uring, opened with `O_DIRECT` where the file system accepts
 //!   it (buffered otherwise). Flush is `fdatasync`: it makes every completed
-//!   write durable.
+//!   write durable. It never resizes a file unless told to, and holds a lock on
+//!   it for as long as it lives, so one file backs one namespace ([`FileRequest`]).
 //!
 //! The null and RAM backends complete inline; the file backend hands an
 //! [`FileOp`] to the reactor and completes later.
