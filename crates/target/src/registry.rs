@@ -360,6 +360,9 @@ impl TargetState {
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no subsystem {nqn}")))?;
         let s = subs.remove(i);
         drop(subs);
+        for ns in s.namespaces().0.iter() {
+            ns.backend.retire();
+        }
         for c in s.controllers() {
             c.fail("subsystem removed");
         }

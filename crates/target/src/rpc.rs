@@ -7,9 +7,9 @@
 //! | --- | --- | --- |
 //! | `get_target` | | ports, subsystems, reactors |
 //! | `list_subsystems` | | subsystems with namespaces and hosts |
-//! | `add_subsystem` | a `[[subsystem]]` table as JSON | `{nqn}` |
+//! | `add_subsystem` | a `[[subsystem]]` table as JSON (all or nothing: a namespace that fails adds no subsystem) | `{nqn}` |
 //! | `remove_subsystem` | `{nqn}` | |
-//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}` | `{nsid}` |
+//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}`, e.g. `backend=file path=IMG`, with `size`, `grow=true`, `readonly=true` as in the config (an existing file is never shrunk, grown only with `grow=true`, and locked while served; a file the call created is removed if it fails) | `{nsid}` |
 //! | `remove_namespace` | `{nqn, nsid}` | |
 //! | `add_host` / `remove_host` | `{nqn, host}` (a removed host's controllers fail at once) | `{controllers_failed}` |
 //! | `set_allow_any_host` | `{nqn, allow}` (false: controllers of hosts not listed fail) | `{controllers_failed}` |

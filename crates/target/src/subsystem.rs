@@ -227,6 +227,7 @@ impl Subsystem {
             }
             if let Some(ns) = m.get(nsid) {
                 ns.resv.detach();
+                ns.backend.retire();
             }
             *m = Arc::new(m.without(nsid));
             self.ns_gen.fetch_add(1, Ordering::Release);

@@ -153,6 +153,82 @@ pub fn set_nonblocking(fd: RawFd, nonblocking: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets or clears `O_DIRECT` on an open file (`F_SETFL`): I/O then bypasses the page cache.
+/// A file system that cannot do direct I/O refuses with `EINVAL`, as `open(O_DIRECT)` would.
+pub fn set_direct_io(fd: RawFd, direct: bool) -> io::Result<()> {
+    // SAFETY: fcntl(F_GETFL) reads the flags of `fd`; an invalid fd gives EBADF.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if direct { flags | libc::O_DIRECT } else { flags & !libc::O_DIRECT };
+    // SAFETY: as above, F_SETFL with an integer argument.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+/// A whole-file lock on an open file description (`F_OFD_SETLK`, Linux 3.15+): it belongs
+/// to the open file, not to a process or thread, so a second `open` of the same file in the
+/// same process conflicts like another process would, and the lock goes when the last fd
+/// of that open file is closed (or the process dies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileLock {
+    /// A read lock: others may hold read locks at the same time, nobody a write lock.
+    Shared,
+    /// A write lock: nobody else may hold any lock on the file.
+    Exclusive,
+}
+
+/// Who holds a lock that conflicts with one asked for ([`file_lock_holder`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockHolder {
+    /// A classic POSIX record lock of this process id.
+    Process(u32),
+    /// An open-file-description lock: it belongs to an open file, not a process, so the
+    /// kernel gives no pid (it reports -1, in `/proc/locks` too); `/proc/PID/fdinfo/FD`
+    /// lists such locks under the fd that holds them.
+    OpenFile,
+}
+
+fn whole_file(lock: FileLock) -> libc::flock {
+    let l_type = match lock {
+        FileLock::Shared => libc::F_RDLCK,
+        FileLock::Exclusive => libc::F_WRLCK,
+    };
+    // SAFETY: `flock` is plain integers; all-zero is a valid value: offset 0 and length 0
+    // (the whole file, however long it grows) and l_pid 0, as F_OFD_* require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::c_short::try_from(l_type).expect("lock types fit a short");
+    fl.l_whence = libc::c_short::try_from(libc::SEEK_SET).expect("SEEK_SET fits a short");
+    fl
+}
+
+/// Takes `lock` on the whole file open as `fd`, without waiting. A conflicting lock held
+/// through another open file (this process's or another's) gives an error of kind
+/// `WouldBlock`. The fd must be open for reading (shared) or for writing (exclusive).
+pub fn try_lock_file(fd: RawFd, lock: FileLock) -> io::Result<()> {
+    let fl = whole_file(lock);
+    // SAFETY: `fl` is a valid flock owned by this frame, read by the kernel for the call.
+    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &raw const fl) };
+    match cvt(rc) {
+        // POSIX allows either errno for "somebody else holds it".
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => Err(io::Error::from(io::ErrorKind::WouldBlock)),
+        r => r.map(drop),
+    }
+}
+
+/// Who holds a lock on `fd`'s file that conflicts with `lock` (`F_OFD_GETLK`); `None` when
+/// nobody does.
+pub fn file_lock_holder(fd: RawFd, lock: FileLock) -> io::Result<Option<LockHolder>> {
+    let mut fl = whole_file(lock);
+    // SAFETY: `fl` is a valid flock owned by this frame, read and written by the kernel.
+    cvt(unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &raw mut fl) })?;
+    if i32::from(fl.l_type) == libc::F_UNLCK {
+        return Ok(None);
+    }
+    Ok(Some(match u32::try_from(fl.l_pid) {
+        Ok(pid) if pid > 0 => LockHolder::Process(pid),
+        _ => LockHolder::OpenFile,
+    }))
+}
+
 fn set_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int, value: i32) -> io::Result<()> {
     let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("4 fits socklen_t");
     // SAFETY: `value` lives in this frame for the call and `len` is its size.
@@ -284,6 +360,24 @@ impl AsRawFd for EventFd {
 mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn ofd_locks_conflict_between_open_files_of_one_process() {
+        let path = std::env::temp_dir().join(format!("uring-ofd-{}", std::process::id()));
+        let open = || std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+        let (a, b) = (open().unwrap(), open().unwrap());
+        try_lock_file(a.as_raw_fd(), FileLock::Exclusive).unwrap();
+        let e = try_lock_file(b.as_raw_fd(), FileLock::Shared).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "a second open file conflicts: {e}");
+        assert_eq!(file_lock_holder(b.as_raw_fd(), FileLock::Shared).unwrap(), Some(LockHolder::OpenFile));
+        drop(a);
+        assert_eq!(file_lock_holder(b.as_raw_fd(), FileLock::Exclusive).unwrap(), None, "closing releases it");
+        try_lock_file(b.as_raw_fd(), FileLock::Shared).unwrap();
+        let c = open().unwrap();
+        try_lock_file(c.as_raw_fd(), FileLock::Shared).unwrap();
+        assert!(try_lock_file(c.as_raw_fd(), FileLock::Exclusive).is_err(), "b's read lock stays");
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn eventfd_counts_and_resets() {
