@@ -6,8 +6,7 @@
 
 use nvme::features::{NumQueues, fid};
 use nvme::identify::{
-    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, oaes,
-    oncs, sgls,
+    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, oaes, sgls,
 };
 use nvme::log::{AnaGroupDesc, AnaLog, GetLogPage, SmartLog, encode_changed_ns_list, lid, slice_page};
 use nvme::opcode::admin;
@@ -167,13 +166,7 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
     let s = &ctrl.subsys;
     let disc = ctrl.is_discovery();
     let o = &target.opts;
-    let (ns_count, vwc) = if disc {
-        (0, false)
-    } else {
-        let (m, _) = s.namespaces();
-        (m.len(), m.iter().any(|n| n.backend.volatile_cache()))
-    };
-    let _ = ns_count;
+    let vwc = !disc && volatile_cache(&s.namespaces().0);
     IdentifyController {
         vid: 0,
         ssvid: 0,
@@ -195,7 +188,13 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         acl: 3,
         aerl: u8::try_from(MAX_AERS - 1).unwrap_or(0),
         frmw: 0x03,
-        lpa: lpa::SMART_PER_NS | lpa::EXTENDED_DATA,
+        // Discovery controllers serve LID 70h with offsets (nvmet's discovery `id->lpa`);
+        // I/O controllers every page in `supported::LOG_PAGES`, SMART per namespace too.
+        lpa: if disc {
+            lpa::EXTENDED_DATA
+        } else {
+            lpa::SMART_PER_NS | lpa::CMD_EFFECTS | lpa::EXTENDED_DATA | lpa::LOG_PAGE_SUPPORT
+        },
         elpe: u8::try_from(ERROR_LOG_ENTRIES - 1).unwrap_or(0),
         kas: KAS,
         anatt: if disc { 0 } else { 10 },
@@ -208,7 +207,7 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         cqes: (4 << 4) | 4,
         maxcmd: s.limits.max_queue_entries,
         nn: if disc { 0 } else { MAX_NSID },
-        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS },
+        oncs: if disc { 0 } else { crate::supported::oncs() },
         fuses: 0,
         fna: 0,
         vwc: u8::from(vwc),
@@ -225,6 +224,11 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         ofcs: 0,
     }
     .encode()
+}
+
+/// Identify Controller VWC: some namespace's backend has a volatile write cache.
+fn volatile_cache(ns: &NsMap) -> bool {
+    ns.iter().any(|n| n.backend.volatile_cache())
 }
 
 fn get_log_page(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, out: &mut [u8]) -> Outcome {
@@ -260,6 +264,17 @@ fn get_log_page(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, 
                 .encode()
                 .to_vec()
             }
+            lid::SUPPORTED => crate::supported::supported_log_pages().to_vec(),
+            lid::CMD_EFFECTS => match crate::supported::command_effects(g.csi) {
+                Some(page) => page.encode(),
+                // nvmet: a command set it does not implement is an invalid page.
+                None => return Outcome::err(Status::INVALID_LOG_PAGE),
+            },
+            lid::FEATURE_EFFECTS => crate::supported::feature_effects(volatile_cache(ns)).to_vec(),
+            // No NVMe-MI commands: every entry clear (SPDK answers the same, for LPA bit 5).
+            lid::MI_EFFECTS => vec![0u8; nvme::log::CMD_EFFECTS_SIZE],
+            // One slot, read-only, no image: all zero, as nvmet ("still claim to fully
+            // implement this mandatory log page").
             lid::FW_SLOT => vec![0u8; 512],
             lid::CHANGED_NS => {
                 let list = ctrl.take_changed_ns();
@@ -362,9 +377,7 @@ fn get_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe) -> Outcome {
         }
         fid::KATO => Outcome::ok(ctrl.kato_ms()),
         fid::ASYNC_EVENT => Outcome::ok(ctrl.aen_enabled()),
-        fid::VOLATILE_WC if !ctrl.is_discovery() => {
-            Outcome::ok(u32::from(ns.iter().any(|n| n.backend.volatile_cache())))
-        }
+        fid::VOLATILE_WC if !ctrl.is_discovery() => Outcome::ok(u32::from(volatile_cache(ns))),
         fid::ARBITRATION | fid::POWER_MGMT | fid::ERROR_RECOVERY | fid::WRITE_ATOMIC if !ctrl.is_discovery() => {
             Outcome::ok(0)
         }

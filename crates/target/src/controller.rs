@@ -465,6 +465,7 @@ impl Controller {
             param_error_location: 0xffff,
             lba,
             nsid,
+            trtype: 0,
         };
         if g.error_log.len() == ERROR_LOG_ENTRIES {
             g.error_log.pop_back();
