@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nvme::fabrics::{Cap, Cc, csts, version};
 use nvme::features::AsyncEvent;
-use nvme::log::ErrorLogEntry;
-use nvme::{Cntlid, Nsid, QueueId, Status};
+use nvme::log::{ErrorLogEntry, trtype};
+use nvme::opcode::io;
+use nvme::{Cntlid, Nsid, QueueId, Sqe, Status};
 
 use crate::port::Port;
 use crate::subsystem::{SubsysKind, Subsystem};
@@ -453,19 +454,24 @@ impl Controller {
         if overflow { None } else { Some(list) }
     }
 
-    /// Records a failed command in the error log.
-    pub fn log_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, lba: u64) {
+    /// Records command `sqe`, which failed with `status` on queue `sqid`, in the error log
+    /// (NVMe Base 2.0 §5.16.1.2). Every failed command gets an entry, as every one nvmet
+    /// gives an error location does; the completion's More bit is left clear (a host
+    /// learns of entries from the SMART page's count, which Linux hosts read anyway).
+    pub fn log_error(&self, sqid: u16, sqe: &Sqe, status: Status) {
+        let admin = sqid == 0;
         let mut g = self.lock();
         g.error_count += 1;
         let e = ErrorLogEntry {
             error_count: g.error_count,
             sqid,
-            cid,
+            cid: sqe.cid().0,
             status: status.to_wire(),
-            param_error_location: 0xffff,
-            lba,
-            nsid,
-            trtype: 0,
+            param_error_location: error_location(admin, sqe.opcode(), status),
+            lba: if !admin && has_lba(sqe.opcode()) { sqe.slba() } else { 0 },
+            nsid: sqe.nsid().0,
+            // A data digest error is the transport's; the rest are the command's.
+            trtype: if status == Status::TRANSIENT_TRANSPORT_ERROR { trtype::TCP } else { 0 },
         };
         if g.error_log.len() == ERROR_LOG_ENTRIES {
             g.error_log.pop_back();
@@ -498,6 +504,33 @@ impl Controller {
                 .filter_map(|(i, _)| u16::try_from(i).ok())
                 .collect(),
         }
+    }
+}
+
+/// Whether an I/O opcode carries a starting LBA in CDW10-11 (the error log's LBA field).
+fn has_lba(opcode: u8) -> bool {
+    matches!(opcode, io::READ | io::WRITE | io::WRITE_ZEROES | io::COMPARE | io::VERIFY | io::WRITE_UNCORRECTABLE)
+}
+
+/// The Parameter Error Location of a failed command: the SQE byte (and bit) the status
+/// is about, where one field is (as nvmet's `req->error_loc`), else "not applicable".
+fn error_location(admin: bool, opcode: u8, status: Status) -> u16 {
+    // SQE layout: opcode byte 0, NSID 4-7, DPTR 24-39 (SGL: address 24, length 32,
+    // identifier 39), CDW10 at 40.
+    let at = |byte, bit| nvme::log::error_location(byte, bit);
+    match status {
+        Status::INVALID_OPCODE | Status::RESERVATION_CONFLICT => at(0, 0),
+        Status::INVALID_NS => at(4, 0),
+        Status::SGL_OFFSET_INVALID => at(24, 0),
+        Status::DATA_SGL_LENGTH_INVALID => at(32, 0),
+        Status::SGL_DESCRIPTOR_TYPE_INVALID => at(39, 0),
+        Status::LBA_OUT_OF_RANGE | Status::CAPACITY_EXCEEDED if !admin && has_lba(opcode) => at(40, 0),
+        Status::INVALID_LOG_PAGE | Status::FEATURE_NOT_CHANGEABLE | Status::FEATURE_NOT_NS_SPECIFIC if admin => {
+            at(40, 0)
+        }
+        // Set Features CDW10 bit 31: SV.
+        Status::FEATURE_NOT_SAVEABLE if admin => at(43, 7),
+        _ => nvme::log::NO_ERROR_LOCATION,
     }
 }
 
@@ -559,6 +592,33 @@ mod tests {
         c.add_event(AsyncEvent::ANA_CHANGE);
         assert_eq!(c.take_event(), Some(AsyncEvent::ANA_CHANGE));
         assert!(c.set_aen_enabled(1).is_err());
+    }
+
+    #[test]
+    fn error_log_entries_locate_the_field_and_keep_the_newest() {
+        use nvme::{Cid, SglDescriptor};
+        let c = ctrl();
+        let read = Sqe::rw(io::READ, Cid(7), Nsid(1), 5000, 7, SglDescriptor::transport(4096));
+        c.log_error(2, &read, Status::LBA_OUT_OF_RANGE);
+        let mut gl = Sqe::get_log_page(Cid(8), Nsid::BROADCAST, 0x42, 0, false, 512, 0);
+        c.log_error(0, &gl, Status::INVALID_LOG_PAGE);
+        gl.set_cid(Cid(9));
+        c.log_error(1, &gl, Status::TRANSIENT_TRANSPORT_ERROR);
+        let (entries, count) = c.error_log();
+        assert_eq!(count, 3);
+        let (newest, lba_err) = (entries[0], entries[2]);
+        assert_eq!((lba_err.error_count, lba_err.sqid, lba_err.cid, lba_err.nsid), (1, 2, 7, 1));
+        assert_eq!((lba_err.lba, lba_err.param_error_location), (5000, 40));
+        assert_eq!(Status::from_wire(lba_err.status), Status::LBA_OUT_OF_RANGE);
+        assert_eq!(lba_err.status & 1, 0, "phase tag");
+        assert_eq!((entries[1].lba, entries[1].param_error_location), (0, 40), "admin: no LBA, LID field");
+        assert_eq!((newest.error_count, newest.trtype, newest.param_error_location), (3, trtype::TCP, 0xffff));
+        for _ in 0..ERROR_LOG_ENTRIES {
+            c.log_error(1, &read, Status::INTERNAL);
+        }
+        let (entries, count) = c.error_log();
+        assert_eq!((entries.len(), count), (ERROR_LOG_ENTRIES, 3 + ERROR_LOG_ENTRIES as u64));
+        assert_eq!(entries[0].error_count, count, "newest first");
     }
 
     #[test]

@@ -1618,8 +1618,7 @@ impl Connection {
         if !status.is_success() {
             stats.errors.add(1);
             if let Some(b) = &self.binding {
-                let (nsid, lba) = (r.sqe.nsid().0, r.sqe.slba());
-                b.controller().log_error(qid.0, cid.0, status, nsid, lba);
+                b.controller().log_error(qid.0, &r.sqe, status);
             }
         }
         let latency = ctx.now_ns.saturating_sub(r.start_ns);
