@@ -236,6 +236,15 @@ fn get_log_page(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, 
     if !g.offset.is_multiple_of(4) {
         return Outcome::err(Status::INVALID_FIELD);
     }
+    // Pages that reading clears: an offset past them fails before anything is taken.
+    let consumed_len = match g.lid {
+        lid::CHANGED_NS => Some(4096),
+        lid::RESERVATION => Some(nvme::log::RESV_NOTIFICATION_SIZE as u64),
+        _ => None,
+    };
+    if !ctrl.is_discovery() && consumed_len.is_some_and(|len| g.offset > len) {
+        return Outcome::err(Status::INVALID_FIELD);
+    }
     let page: Vec<u8> = if ctrl.is_discovery() {
         if g.lid != lid::DISCOVERY {
             return Outcome::err(Status::INVALID_FIELD);
@@ -273,6 +282,9 @@ fn get_log_page(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, 
                 encode_changed_ns_list(list.as_deref().unwrap_or(&[Nsid(0); 1025])).to_vec()
             }
             lid::ANA => ana_log(ctrl, ns, g.lsp & nvme::log::ANA_LSP_RGO != 0).encode(g.lsp & 1 != 0),
+            // Each read takes the oldest notification off the queue, whatever RAE says (RAE
+            // only decides whether the event is reported again).
+            lid::RESERVATION => ctrl.take_reservation_log().encode().to_vec(),
             _ => return Outcome::err(Status::INVALID_LOG_PAGE),
         }
     };
@@ -381,6 +393,21 @@ fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcom
         }
         // Fabrics hosts identify themselves at Connect (nvmet answers the same).
         fid::HOST_ID => Outcome::err(Status::COMMAND_SEQUENCE_ERROR),
+        // NSID FFFFFFFFh: every namespace attached now (nvmet, SPDK).
+        fid::RESV_MASK => {
+            let nsid = sqe.nsid();
+            let nsids: Vec<Nsid> = if nsid == Nsid::BROADCAST {
+                ns.iter().map(|n| n.nsid).collect()
+            } else if ns.get(nsid).is_some() {
+                vec![nsid]
+            } else {
+                return Outcome::err(Status::INVALID_NS);
+            };
+            match ctrl.set_resv_mask(nsids, cdw11) {
+                Ok(()) => Outcome::ok(cdw11),
+                Err(s) => Outcome::err(s),
+            }
+        }
         fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
             Some(n) => match n.resv.set_ptpl(cdw11 & 1 == 1) {
                 s if s.is_success() => Outcome::ok(cdw11 & 1),
@@ -401,7 +428,8 @@ fn get_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe) -> Outcome {
     let sel = (cdw10 >> 8) & 7;
     if sel == 3 {
         // Supported capabilities: bit 2 changeable.
-        let changeable = matches!(f, fid::NUM_QUEUES | fid::KATO | fid::ASYNC_EVENT | fid::RESV_PERSISTENCE);
+        let changeable =
+            matches!(f, fid::NUM_QUEUES | fid::KATO | fid::ASYNC_EVENT | fid::RESV_PERSISTENCE | fid::RESV_MASK);
         return Outcome::ok(if changeable { 1 << 2 } else { 0 });
     }
     match f {
@@ -419,6 +447,10 @@ fn get_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe) -> Outcome {
         fid::TEMP_THRESHOLD if !ctrl.is_discovery() => Outcome::ok(343),
         fid::RESV_PERSISTENCE if !ctrl.is_discovery() => match ns.get(sqe.nsid()) {
             Some(n) => Outcome::ok(u32::from(n.resv.ptpl())),
+            None => Outcome::err(Status::INVALID_NS),
+        },
+        fid::RESV_MASK if !ctrl.is_discovery() => match ns.get(sqe.nsid()) {
+            Some(n) => Outcome::ok(ctrl.resv_mask(n.nsid)),
             None => Outcome::err(Status::INVALID_NS),
         },
         _ => Outcome::err(Status::INVALID_FIELD),

@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nvme::fabrics::{Cap, Cc, csts, version};
 use nvme::features::AsyncEvent;
-use nvme::log::{ErrorLogEntry, trtype};
+use nvme::log::{ErrorLogEntry, ResvNotification, resv_notice, trtype};
 use nvme::opcode::io;
 use nvme::{Cntlid, Nsid, QueueId, Sqe, Status};
 
 use crate::port::Port;
+use crate::reservation::Notice;
 use crate::subsystem::{SubsysKind, Subsystem};
 
 /// Controller lifecycle (NVMe 2.0 §3.5).
@@ -68,7 +69,30 @@ pub const KAS: u16 = 10;
 pub const CAP_TO: u8 = 15;
 
 /// AEN configuration bits this target can generate (NS attribute, ANA, discovery log change).
+/// Reservation Log Page Available has no bit: the Reservation Notification Mask (FID 82h)
+/// filters it per namespace, and OAES has no bit to announce it either.
 pub const AEN_SUPPORTED: u32 = (1 << 8) | (1 << 11) | (1 << 31);
+/// Reservation Notification log pages a controller keeps unread; further notifications
+/// are lost (and counted, so the Log Page Count shows the gap), as nvmet's 64-entry queue.
+pub const RESV_LOG_ENTRIES: usize = 64;
+/// The Reservation Notification Mask bits (FID 82h): 1 << each notification type.
+pub const RESV_MASK_BITS: u32 = (1 << resv_notice::REGISTRATION_PREEMPTED)
+    | (1 << resv_notice::RESERVATION_RELEASED)
+    | (1 << resv_notice::RESERVATION_PREEMPTED);
+
+/// One bit per log page identifier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LidSet([u64; 4]);
+
+impl LidSet {
+    fn has(&self, lid: u8) -> bool {
+        self.0[usize::from(lid >> 6)] & (1 << (lid & 63)) != 0
+    }
+    fn set(&mut self, lid: u8, on: bool) {
+        let (w, b) = (usize::from(lid >> 6), 1u64 << (lid & 63));
+        if on { self.0[w] |= b } else { self.0[w] &= !b }
+    }
+}
 
 struct Inner {
     state: CtrlState,
@@ -76,7 +100,16 @@ struct Inner {
     aen_enabled: u32,
     events: VecDeque<AsyncEvent>,
     /// Log pages whose event was reported and not yet read: further events of that kind wait.
-    masked_logs: u32,
+    masked_logs: LidSet,
+    /// Reservation Notification log pages not read yet, oldest first (at most
+    /// [`RESV_LOG_ENTRIES`]; `available` is filled in when one is read).
+    resv_log: VecDeque<ResvNotification>,
+    /// The Log Page Count given to the last notification, stored or lost.
+    resv_count: u64,
+    /// Notifications lost since the last one stored (the queue was full).
+    resv_lost: u64,
+    /// Reservation Notification Mask per NSID (only non-zero masks; at most one per NSID).
+    resv_masks: std::collections::BTreeMap<u32, u32>,
     changed_ns: Vec<Nsid>,
     changed_ns_overflow: bool,
     num_io_queues: u16,
@@ -163,7 +196,11 @@ impl Controller {
                 cc: Cc(0),
                 aen_enabled: 0,
                 events: VecDeque::new(),
-                masked_logs: 0,
+                masked_logs: LidSet::default(),
+                resv_log: VecDeque::new(),
+                resv_count: 0,
+                resv_lost: 0,
+                resv_masks: std::collections::BTreeMap::new(),
                 changed_ns: Vec::new(),
                 changed_ns_overflow: false,
                 num_io_queues: max_q,
@@ -301,6 +338,10 @@ impl Controller {
                     g.queues.iter_mut().for_each(|q| *q = false);
                     g.aen_enabled = 0;
                     g.events.clear();
+                    g.masked_logs = LidSet::default();
+                    // The Log Page Count starts at 0 after a controller reset.
+                    g.resv_log.clear();
+                    (g.resv_count, g.resv_lost) = (0, 0);
                 }
                 g.state = s;
                 g.cc = new;
@@ -394,9 +435,8 @@ impl Controller {
     /// is not waiting to be read.
     pub fn add_event(&self, ev: AsyncEvent) {
         let mut g = self.lock();
-        let enabled = ev.config_bit().is_some_and(|b| g.aen_enabled & b != 0);
-        let bit = 1u32 << (ev.log_page & 31);
-        if !enabled || g.masked_logs & bit != 0 || g.events.contains(&ev) {
+        let enabled = ev.always_reported() || ev.config_bit().is_some_and(|b| g.aen_enabled & b != 0);
+        if !enabled || g.masked_logs.has(ev.log_page) || g.events.contains(&ev) {
             return;
         }
         g.events.push_back(ev);
@@ -412,7 +452,7 @@ impl Controller {
         let mut g = self.lock();
         let ev = g.events.pop_front();
         if let Some(e) = ev {
-            g.masked_logs |= 1u32 << (e.log_page & 31);
+            g.masked_logs.set(e.log_page, true);
         }
         if g.events.is_empty() {
             self.aen_pending.store(false, Ordering::Release);
@@ -428,7 +468,79 @@ impl Controller {
 
     /// A log page was read with RAE clear: its event kind may be reported again.
     pub fn log_read(&self, lid: u8) {
-        self.lock().masked_logs &= !(1u32 << (lid & 31));
+        self.lock().masked_logs.set(lid, false);
+    }
+
+    /// A reservation notification for this controller's host about namespace `nsid`
+    /// ([`resv_notice`] type): unless the host masked that type for the namespace (FID
+    /// 82h), a Reservation Notification log page is queued and Reservation Log Page
+    /// Available is raised (NVMe Base 2.0 §8.19; nvmet `nvmet_pr_add_resv_log`).
+    pub fn reservation_notice(&self, nsid: Nsid, notice: u8) {
+        {
+            let mut g = self.lock();
+            let mask = g.resv_masks.get(&nsid.0).copied().unwrap_or(0);
+            if mask & (1 << (notice & 31)) != 0 {
+                return;
+            }
+            // 64-bit, wraps to 1: 0 marks an empty page.
+            g.resv_count = g.resv_count.checked_add(1).unwrap_or(1);
+            if g.resv_log.len() < RESV_LOG_ENTRIES {
+                let count = g.resv_count;
+                g.resv_log.push_back(ResvNotification { count, notice, available: 0, nsid });
+                // The count of the page just stored shows the ones lost before it.
+                g.resv_lost = 0;
+            } else {
+                g.resv_lost += 1;
+                tracing::debug!(cntlid = self.cntlid.0, nsid = nsid.0, "reservation notification lost: log full");
+            }
+        }
+        self.add_event(AsyncEvent::RESERVATION_LOG);
+    }
+
+    /// Get Log Page 80h: takes the oldest notification (an empty page when none waits),
+    /// with the number still waiting after it. When it is the last and notifications were
+    /// lost after it, its count is that of the last lost one, so the host sees the gap now
+    /// rather than at the next notification (as nvmet reports its lost count).
+    pub fn take_reservation_log(&self) -> ResvNotification {
+        let mut g = self.lock();
+        let Some(mut page) = g.resv_log.pop_front() else {
+            return ResvNotification::default();
+        };
+        page.available = u8::try_from(g.resv_log.len()).unwrap_or(u8::MAX);
+        if g.resv_log.is_empty() && g.resv_lost > 0 {
+            page.count = g.resv_count;
+            g.resv_lost = 0;
+        }
+        page
+    }
+
+    /// Reservation notifications waiting to be read.
+    pub fn reservation_log_len(&self) -> usize {
+        self.lock().resv_log.len()
+    }
+
+    /// The Reservation Notification Mask of namespace `nsid` (FID 82h).
+    pub fn resv_mask(&self, nsid: Nsid) -> u32 {
+        self.lock().resv_masks.get(&nsid.0).copied().unwrap_or(0)
+    }
+
+    /// Sets the Reservation Notification Mask of the namespaces `nsids`: kept per
+    /// controller, as Set Features is the host's choice for itself (nvmet and SPDK keep one
+    /// mask per namespace for every controller: one host masking a type silences it for
+    /// all). Refuses bits other than [`RESV_MASK_BITS`].
+    pub fn set_resv_mask(&self, nsids: impl IntoIterator<Item = Nsid>, mask: u32) -> Result<(), Status> {
+        if mask & !RESV_MASK_BITS != 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        let mut g = self.lock();
+        for n in nsids {
+            if mask == 0 {
+                g.resv_masks.remove(&n.0);
+            } else {
+                g.resv_masks.insert(n.0, mask);
+            }
+        }
+        Ok(())
     }
 
     /// A namespace was added, removed or changed.
@@ -503,6 +615,20 @@ impl Controller {
                 .filter(|(_, c)| **c)
                 .filter_map(|(i, _)| u16::try_from(i).ok())
                 .collect(),
+        }
+    }
+}
+
+/// Hands the notices of a reservation change on namespace `nsid` of `subsys` to every
+/// controller of each host named (a host with several controllers, one per path, hears on
+/// each, as in nvmet).
+pub fn notify_reservation(subsys: &Subsystem, nsid: Nsid, notices: &[Notice]) {
+    if notices.is_empty() {
+        return;
+    }
+    for c in subsys.controllers() {
+        for n in notices.iter().filter(|n| n.hostid == c.hostid) {
+            c.reservation_notice(nsid, n.notice);
         }
     }
 }
@@ -619,6 +745,55 @@ mod tests {
         let (entries, count) = c.error_log();
         assert_eq!((entries.len(), count), (ERROR_LOG_ENTRIES, 3 + ERROR_LOG_ENTRIES as u64));
         assert_eq!(entries[0].error_count, count, "newest first");
+    }
+
+    #[test]
+    fn reservation_notifications_queue_mask_count_and_report_losses() {
+        use nvme::log::resv_notice::*;
+        let c = ctrl();
+        assert_eq!(c.take_reservation_log(), ResvNotification::default(), "empty page");
+        c.reservation_notice(Nsid(1), REGISTRATION_PREEMPTED);
+        c.reservation_notice(Nsid(2), RESERVATION_RELEASED);
+        // The event is raised without any Asynchronous Event Configuration bit, once.
+        assert_eq!(c.take_event(), Some(AsyncEvent::RESERVATION_LOG));
+        c.reservation_notice(Nsid(1), RESERVATION_PREEMPTED);
+        assert_eq!(c.take_event(), None, "masked until LID 80h is read");
+        let p = c.take_reservation_log();
+        assert_eq!((p.count, p.notice, p.available, p.nsid), (1, REGISTRATION_PREEMPTED, 2, Nsid(1)));
+        let p = c.take_reservation_log();
+        assert_eq!((p.count, p.notice, p.available, p.nsid), (2, RESERVATION_RELEASED, 1, Nsid(2)));
+        c.log_read(nvme::log::lid::RESERVATION);
+        // The mask is per namespace: namespace 1's releases are masked, namespace 2's not.
+        assert_eq!(c.set_resv_mask([Nsid(1)], 1 << 4), Err(Status::INVALID_FIELD));
+        c.set_resv_mask([Nsid(1)], 1 << RESERVATION_RELEASED).unwrap();
+        assert_eq!((c.resv_mask(Nsid(1)), c.resv_mask(Nsid(2))), (1 << RESERVATION_RELEASED, 0));
+        c.reservation_notice(Nsid(1), RESERVATION_RELEASED);
+        c.reservation_notice(Nsid(2), RESERVATION_RELEASED);
+        assert_eq!(c.take_event(), Some(AsyncEvent::RESERVATION_LOG));
+        assert_eq!(c.take_reservation_log().count, 3);
+        assert_eq!(c.take_reservation_log().count, 4, "namespace 2's; namespace 1's was masked");
+        assert_eq!(c.take_reservation_log(), ResvNotification::default());
+        // A full queue loses notifications; the last page read shows how many.
+        for _ in 0..RESV_LOG_ENTRIES + 3 {
+            c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        }
+        assert_eq!(c.reservation_log_len(), RESV_LOG_ENTRIES);
+        let first = c.take_reservation_log();
+        assert_eq!((first.count, usize::from(first.available)), (5, RESV_LOG_ENTRIES - 1));
+        let mut last = first;
+        while c.reservation_log_len() > 0 {
+            last = c.take_reservation_log();
+        }
+        assert_eq!(last.count, 4 + RESV_LOG_ENTRIES as u64 + 3, "the 3 lost ones are counted");
+        c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        assert_eq!(c.take_reservation_log().count, last.count + 1, "no gap after it");
+        // A controller reset starts the count again.
+        c.set_cc(Cc::enable_value().0).unwrap();
+        c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        c.set_cc(0).unwrap();
+        assert_eq!(c.take_reservation_log(), ResvNotification::default());
+        c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        assert_eq!(c.take_reservation_log().count, 1);
     }
 
     #[test]

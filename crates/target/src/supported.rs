@@ -157,6 +157,7 @@ pub const LOG_PAGES: &[LogPage] = &[
     LogPage { lid: lid::ANA, name: "Asymmetric Namespace Access" },
     LogPage { lid: lid::FEATURE_EFFECTS, name: "Feature Identifiers Supported and Effects" },
     LogPage { lid: lid::MI_EFFECTS, name: "NVMe-MI Commands Supported and Effects" },
+    LogPage { lid: lid::RESERVATION, name: "Reservation Notification" },
 ];
 
 /// The Supported Log Pages page (LID 00h).

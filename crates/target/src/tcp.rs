@@ -1395,6 +1395,10 @@ impl Connection {
                         ResvOp::Acquire => ns.resv.acquire(&hostid, sqe.cdw(10), keys),
                         _ => ns.resv.release(&hostid, sqe.cdw(10), keys),
                     };
+                    if let Some(b) = &self.binding {
+                        // Other hosts the change took something from hear of it (LID 80h).
+                        crate::controller::notify_reservation(&b.controller().subsys, ns.nsid, &ns.resv.take_notices());
+                    }
                     if let Some(b) = data {
                         self.buf_put(ctx, b);
                     }

@@ -10,8 +10,8 @@ mod support;
 use nvme::features::fid;
 use nvme::identify::{IdentifyController, cns, lpa, oncs};
 use nvme::log::{
-    AnaLog, CMD_EFFECTS_SIZE, CommandEffects, ErrorLogEntry, ID_TABLE_SIZE, SmartLog, cmd_effects, decode_id_table,
-    fid_effects, lid, lid_support,
+    AnaLog, CMD_EFFECTS_SIZE, CommandEffects, ErrorLogEntry, ID_TABLE_SIZE, ResvNotification, SmartLog, cmd_effects,
+    decode_id_table, fid_effects, lid, lid_support,
 };
 use nvme::opcode::{admin, io};
 use nvme::tcp::Digests;
@@ -117,6 +117,7 @@ fn every_advertised_log_page_reads_back_after_io() {
             lid::ANA,
             lid::FEATURE_EFFECTS,
             lid::MI_EFFECTS,
+            lid::RESERVATION,
         ]
     );
     for l in lids {
@@ -163,6 +164,8 @@ fn every_advertised_log_page_reads_back_after_io() {
                 }
             }
             lid::ANA => assert_eq!(AnaLog::decode(&data).unwrap().groups[0].nsids, [Nsid(1), Nsid(2)]),
+            // No reservation changed: an empty page (reservation_notifications.rs fills it).
+            lid::RESERVATION => assert_eq!(ResvNotification::decode(&data), ResvNotification::default()),
             lid::FEATURE_EFFECTS => {
                 let f = decode_id_table(&data);
                 assert_eq!(f[usize::from(fid::NUM_QUEUES)], fid_effects::FSUPP | fid_effects::CSCPE);
