@@ -4,7 +4,7 @@
 //! Each handler fills the command's data buffer (already sized to the
 //! transfer length the SGL asked for) and returns the completion fields.
 
-use nvme::features::{NumQueues, fid};
+use nvme::features::{NumQueues, fid, sel};
 use nvme::identify::{
     ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, oaes, sgls,
 };
@@ -37,11 +37,19 @@ impl Outcome {
 
 /// The data transfer an admin command needs: `Some(len)` controller-to-host
 /// bytes, or `None` for commands without data. Lengths come from the command
-/// itself (Identify 4 KiB, Get Log Page NUMD) so the SGL can be checked against them.
+/// itself (Identify 4 KiB, Get Log Page NUMD, Get Features Host Identifier 16 bytes) so the
+/// SGL can be checked against them.
 pub fn c2h_len(sqe: &Sqe) -> Option<u64> {
     match sqe.opcode() {
         admin::IDENTIFY => Some(IDENTIFY_SIZE as u64),
         admin::GET_LOG_PAGE => Some(GetLogPage::from_sqe(sqe).len),
+        // Host Identifier returns the 16-byte Host ID (not with Select 11b: capabilities only).
+        admin::GET_FEATURES
+            if (sqe.cdw(10) & 0xff) as u8 == fid::HOST_ID
+                && ((sqe.cdw(10) >> 8) & 7) as u8 != sel::SUPPORTED_CAPABILITIES =>
+        {
+            Some(16)
+        }
         _ => None,
     }
 }
@@ -61,7 +69,7 @@ pub fn execute(
         admin::IDENTIFY => identify(target, ctrl, ns, sqe, out),
         admin::GET_LOG_PAGE => get_log_page(target, ctrl, ns, sqe, out),
         admin::SET_FEATURES => set_features(ctrl, ns, sqe, now_ms),
-        admin::GET_FEATURES => get_features(ctrl, ns, sqe),
+        admin::GET_FEATURES => get_features(target, ctrl, ns, sqe, out),
         admin::ASYNC_EVENT_REQUEST => {
             if outstanding_aers >= MAX_AERS {
                 Outcome::err(Status::AER_LIMIT_EXCEEDED)
@@ -361,15 +369,20 @@ pub fn ana_log(ctrl: &Controller, ns: &NsMap, _groups_only: bool) -> AnaLog {
     AnaLog { chgcnt, groups }
 }
 
+/// Set Features (NVMe Base 2.0 §5.27) of the features in [`crate::supported::FEATURES`]:
+/// the changeable ones change; the others fail with Feature Not Changeable, and Host
+/// Identifier with Command Sequence Error (a Fabrics host gives it at Connect; nvmet
+/// answers the same). Nothing is saveable (SV: Feature Identifier Not Saveable). As in
+/// nvmet, a controller-scoped feature does not look at the NSID.
 fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcome {
     let cdw10 = sqe.cdw(10);
     let cdw11 = sqe.cdw(11);
+    let f = (cdw10 & 0xff) as u8;
+    if crate::supported::feature_of(f, ctrl.is_discovery(), volatile_cache(ns)).is_none() {
+        return Outcome::err(Status::INVALID_FIELD);
+    }
     if cdw10 & (1 << 31) != 0 {
         return Outcome::err(Status::FEATURE_NOT_SAVEABLE);
-    }
-    let f = (cdw10 & 0xff) as u8;
-    if ctrl.is_discovery() && !matches!(f, fid::KATO | fid::ASYNC_EVENT) {
-        return Outcome::err(Status::INVALID_FIELD);
     }
     match f {
         fid::NUM_QUEUES => {
@@ -391,7 +404,6 @@ fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcom
                 Err(s) => Outcome::err(s),
             }
         }
-        // Fabrics hosts identify themselves at Connect (nvmet answers the same).
         fid::HOST_ID => Outcome::err(Status::COMMAND_SEQUENCE_ERROR),
         // NSID FFFFFFFFh: every namespace attached now (nvmet, SPDK).
         fid::RESV_MASK => {
@@ -415,44 +427,93 @@ fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcom
             },
             None => Outcome::err(Status::INVALID_NS),
         },
-        fid::VOLATILE_WC | fid::ARBITRATION | fid::POWER_MGMT | fid::TEMP_THRESHOLD | fid::ERROR_RECOVERY => {
-            Outcome::err(Status::FEATURE_NOT_CHANGEABLE)
-        }
-        _ => Outcome::err(Status::INVALID_FIELD),
+        _ => Outcome::err(Status::FEATURE_NOT_CHANGEABLE),
     }
 }
 
-fn get_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe) -> Outcome {
+/// Get Features (NVMe Base 2.0 §5.15) of the features in [`crate::supported::FEATURES`]:
+/// the value now (Select 11b: the supported capabilities; ONCS bit 4 is clear, so the
+/// other Select values read the current value). `out` is the command's data (Host
+/// Identifier only: [`c2h_len`] sized it). nvmet answers none of Power Management,
+/// Temperature Threshold, Error Recovery and Write Atomicity Normal; the values here are
+/// what this target does: one power state, no sensor, no error recovery time limit, no
+/// atomic write guarantee beyond one block.
+fn get_features(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, out: &mut [u8]) -> Outcome {
     let cdw10 = sqe.cdw(10);
+    let cdw11 = sqe.cdw(11);
     let f = (cdw10 & 0xff) as u8;
-    let sel = (cdw10 >> 8) & 7;
-    if sel == 3 {
-        // Supported capabilities: bit 2 changeable.
-        let changeable =
-            matches!(f, fid::NUM_QUEUES | fid::KATO | fid::ASYNC_EVENT | fid::RESV_PERSISTENCE | fid::RESV_MASK);
-        return Outcome::ok(if changeable { 1 << 2 } else { 0 });
+    let Some(feature) = crate::supported::feature_of(f, ctrl.is_discovery(), volatile_cache(ns)) else {
+        return Outcome::err(Status::INVALID_FIELD);
+    };
+    if ((cdw10 >> 8) & 7) as u8 == sel::SUPPORTED_CAPABILITIES {
+        return Outcome::ok(feature.capabilities());
     }
     match f {
-        fid::NUM_QUEUES if !ctrl.is_discovery() => {
+        fid::ARBITRATION => Outcome::ok(arbitration_burst(target.limits.rx_budget_pdus())),
+        // Power state 0 (the only one, NPSS 0); no workload hint.
+        fid::POWER_MGMT => Outcome::ok(0),
+        fid::TEMP_THRESHOLD => {
+            // TMPSEL 0h: the composite temperature (no other sensor); THSEL 00b over, 01b under.
+            let (tmpsel, thsel) = ((cdw11 >> 16) & 0xf, (cdw11 >> 20) & 3);
+            match (tmpsel, thsel) {
+                // 70 °C over (the recommended warning threshold, as SPDK's WCTEMP), 0 K under.
+                (0, 0) => Outcome::ok(343),
+                (0, 1) => Outcome::ok(0),
+                _ => Outcome::err(Status::INVALID_FIELD),
+            }
+        }
+        // No time limited error recovery; deallocated blocks are not errors (DULBE 0).
+        fid::ERROR_RECOVERY | fid::WRITE_ATOMIC => Outcome::ok(0),
+        fid::VOLATILE_WC => Outcome::ok(1),
+        fid::NUM_QUEUES => {
             let n = u32::from(ctrl.num_io_queues());
             Outcome::ok(NumQueues { nsq: n, ncq: n }.to_dw())
         }
         fid::KATO => Outcome::ok(ctrl.kato_ms()),
         fid::ASYNC_EVENT => Outcome::ok(ctrl.aen_enabled()),
-        fid::VOLATILE_WC if !ctrl.is_discovery() => Outcome::ok(u32::from(volatile_cache(ns))),
-        fid::ARBITRATION | fid::POWER_MGMT | fid::ERROR_RECOVERY | fid::WRITE_ATOMIC if !ctrl.is_discovery() => {
+        fid::HOST_ID => {
+            // EXHID (CDW11 bit 0): the 128-bit Host Identifier a Fabrics host connected with.
+            if cdw11 & 1 == 0 || out.len() < 16 {
+                return Outcome::err(Status::INVALID_FIELD);
+            }
+            out.fill(0);
+            out[..16].copy_from_slice(&ctrl.hostid);
             Outcome::ok(0)
         }
-        // Composite temperature threshold: 70 °C in kelvins.
-        fid::TEMP_THRESHOLD if !ctrl.is_discovery() => Outcome::ok(343),
-        fid::RESV_PERSISTENCE if !ctrl.is_discovery() => match ns.get(sqe.nsid()) {
-            Some(n) => Outcome::ok(u32::from(n.resv.ptpl())),
-            None => Outcome::err(Status::INVALID_NS),
-        },
-        fid::RESV_MASK if !ctrl.is_discovery() => match ns.get(sqe.nsid()) {
+        fid::RESV_MASK => match ns.get(sqe.nsid()) {
             Some(n) => Outcome::ok(ctrl.resv_mask(n.nsid)),
             None => Outcome::err(Status::INVALID_NS),
         },
-        _ => Outcome::err(Status::INVALID_FIELD),
+        fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
+            Some(n) => Outcome::ok(u32::from(n.resv.ptpl())),
+            None => Outcome::err(Status::INVALID_NS),
+        },
+        _ => unreachable!("feature {f:#04x} is in supported::FEATURES without a Get Features answer"),
+    }
+}
+
+/// The Arbitration feature's Arbitration Burst (bits 2:0, a power of two; 111b no limit):
+/// a connection's commands are parsed at most `rx_budget_pdus` PDUs per reactor turn (0: no
+/// limit); weighted round robin is not offered (CAP.AMS 0), so the weights read 0.
+fn arbitration_burst(rx_budget_pdus: u32) -> u32 {
+    match rx_budget_pdus {
+        0 | 65.. => 7,
+        b => b.next_power_of_two().trailing_zeros(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arbitration_burst_is_the_pdu_budget_rounded_up_to_a_power_of_two() {
+        // 2^AB is the most commands one queue gets per turn: at least the budget.
+        assert_eq!(arbitration_burst(1), 0);
+        assert_eq!(arbitration_burst(16), 4);
+        assert_eq!(arbitration_burst(20), 5);
+        assert_eq!(arbitration_burst(64), 6);
+        assert_eq!(arbitration_burst(65), 7, "more than 64: only \"no limit\" covers it");
+        assert_eq!(arbitration_burst(0), 7, "no budget: no limit");
     }
 }

@@ -357,6 +357,64 @@ mod tests {
     }
 
     #[test]
+    fn every_feature_in_the_table_answers_get_and_set_as_its_row_says_and_no_other() {
+        let t = TargetState::new(TargetOptions::default());
+        let s = Arc::new(
+            Subsystem::new("nqn.t", SubsysKind::Nvm, "1", "m", HostAccess::default(), SubsysLimits::default()).unwrap(),
+        );
+        s.add_namespace(NamespaceSpec {
+            nsid: 1,
+            backend: Backend::ram(1 << 20).unwrap(),
+            size: None,
+            block_size: 512,
+            anagrpid: 1,
+            uuid: None,
+            readonly: false,
+            ptpl_file: None,
+        })
+        .unwrap();
+        let p = Arc::new(Port::new(1, "127.0.0.1:4420".parse().unwrap(), PortKind::Io));
+        let c = Controller::new(nvme::Cntlid(1), Arc::clone(&s), p, "nqn.h".into(), [7; 16], 5000, 0);
+        let (map, _) = s.namespaces();
+        let mut out = vec![0u8; 16];
+        for f in 0..=255u8 {
+            let row = feature_of(f, false, false);
+            let mut get = Sqe::get_features(Cid(1), f);
+            get.set_nsid(Nsid(1));
+            get.set_cdw(11, 1); // EXHID, for the Host Identifier
+            let got = execute(&t, &c, &map, &get, &mut out, 0, 0);
+            let Outcome::Complete(status, _, _) = got else { panic!("FID {f:#04x}: {got:?}") };
+            assert_eq!(status.is_success(), row.is_some(), "FID {f:#04x}: Get Features answers iff it is in FEATURES");
+            if f == fid::HOST_ID {
+                assert_eq!(out, [7; 16], "the Host Identifier of the Connect");
+            }
+            get.set_cdw(10, u32::from(f) | u32::from(nvme::features::sel::SUPPORTED_CAPABILITIES) << 8);
+            let caps = execute(&t, &c, &map, &get, &mut out, 0, 0);
+            match row {
+                Some(r) => assert_eq!(caps, Outcome::Complete(Status::SUCCESS, r.capabilities(), 0), "FID {f:#04x}"),
+                None => assert_eq!(caps, Outcome::Complete(Status::INVALID_FIELD, 0, 0), "FID {f:#04x}"),
+            }
+            let mut set = Sqe::set_features(Cid(2), f, 0);
+            set.set_nsid(Nsid(1));
+            let Outcome::Complete(status, _, _) = execute(&t, &c, &map, &set, &mut out, 0, 0) else { unreachable!() };
+            let expected = match row {
+                None => Some(Status::INVALID_FIELD),
+                Some(r) if r.fid == fid::HOST_ID => Some(Status::COMMAND_SEQUENCE_ERROR),
+                Some(r) if !r.changeable => Some(Status::FEATURE_NOT_CHANGEABLE),
+                Some(_) => None,
+            };
+            match expected {
+                Some(e) => assert_eq!(status, e, "Set Features FID {f:#04x}"),
+                None => assert!(status.is_success(), "Set Features FID {f:#04x}: changeable, got {status}"),
+            }
+            set.set_cdw(10, u32::from(f) | 1 << 31);
+            let Outcome::Complete(status, _, _) = execute(&t, &c, &map, &set, &mut out, 0, 0) else { unreachable!() };
+            let expected = if row.is_some() { Status::FEATURE_NOT_SAVEABLE } else { Status::INVALID_FIELD };
+            assert_eq!(status, expected, "Save of FID {f:#04x}");
+        }
+    }
+
+    #[test]
     fn effects_page_lists_the_table_with_csupp_and_a_scope() {
         let e = command_effects(0).unwrap();
         for c in COMMANDS {
