@@ -504,7 +504,55 @@ fn arbitration_burst(rx_budget_pdus: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::backend::Backend;
+    use crate::namespace::NamespaceSpec;
+    use crate::port::{Port, PortKind};
+    use crate::registry::TargetOptions;
+    use crate::stats::NsCounters;
+    use crate::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
+
+    #[test]
+    fn smart_reads_a_namespace_or_sums_them_and_rounds_data_units_once() {
+        let t = TargetState::new(TargetOptions::default());
+        let s = Arc::new(
+            Subsystem::new("nqn.t", SubsysKind::Nvm, "1", "m", HostAccess::default(), SubsysLimits::default()).unwrap(),
+        );
+        for nsid in [1, 2] {
+            let spec = NamespaceSpec {
+                nsid,
+                backend: Backend::Null,
+                size: Some(1 << 20),
+                block_size: 512,
+                anagrpid: 1,
+                uuid: None,
+                readonly: false,
+                ptpl_file: None,
+            };
+            s.add_namespace(spec).unwrap();
+        }
+        let (map, _) = s.namespaces();
+        // 600 units read on each namespace: one data unit each, two over the sum (1200).
+        for n in map.iter() {
+            n.counters.add(&NsCounters {
+                host_read_commands: 3,
+                data_read_bytes: 600 * 512,
+                media_errors: u64::from(n.nsid.0),
+                ..Default::default()
+            });
+        }
+        let p = Arc::new(Port::new(1, "127.0.0.1:4420".parse().unwrap(), PortKind::Io));
+        let c = Controller::new(nvme::Cntlid(1), Arc::clone(&s), p, "nqn.h".into(), [0; 16], 5000, 0);
+        let one = smart_log(&t, &c, &map, Nsid(2)).unwrap();
+        assert_eq!((one.host_reads, one.data_units_read, one.media_errors), (3, 1, 2));
+        let all = smart_log(&t, &c, &map, Nsid::BROADCAST).unwrap();
+        assert_eq!((all.host_reads, all.data_units_read, all.media_errors), (6, 2, 3));
+        assert_eq!(smart_log(&t, &c, &map, Nsid(0)).unwrap(), all);
+        assert_eq!(smart_log(&t, &c, &map, Nsid(3)), Err(Status::INVALID_NS));
+        assert_eq!(all.power_on_hours, 0, "the target started just now");
+    }
 
     #[test]
     fn arbitration_burst_is_the_pdu_budget_rounded_up_to_a_power_of_two() {

@@ -220,3 +220,42 @@ fn a_failed_admin_command_is_logged_with_its_field() {
     assert_eq!(Status::from_wire(e.status), Status::INVALID_LOG_PAGE);
     assert_eq!(smart(&mut h, Nsid::BROADCAST).num_err_log_entries, 1);
 }
+
+#[test]
+fn a_backend_read_failure_is_a_media_error() {
+    // A file-backed namespace whose file shrinks under the target: reading past the new end
+    // is a short read, which fails with Unrecovered Read Error (a media status).
+    let dir = std::env::temp_dir().join(format!("qpath-logs-media-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ns.img");
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    let t = target();
+    let file = qpath_target::backend::FileBackend::open(&path, None, false).unwrap();
+    t.subsystem(NQN)
+        .unwrap()
+        .add_namespace(NamespaceSpec {
+            nsid: 3,
+            backend: Backend::File(file),
+            size: None,
+            block_size: 512,
+            anagrpid: 1,
+            uuid: None,
+            readonly: false,
+            ptpl_file: None,
+        })
+        .unwrap();
+    let mut h = Host::new(&t, 1);
+    let cntlid = h.admin_up(Digests::default());
+    let mut q = Host::io_up(&t, 1, cntlid, 1, Digests::default());
+    assert_eq!(q.read(3, 1024, 4096).0.status, Status::SUCCESS);
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
+    let (c, _) = q.read(3, 1024, 4096);
+    assert_eq!(c.status.sct, nvme::Sct::Media, "{}", c.status);
+    q.tick();
+    let ns3 = smart(&mut h, Nsid(3));
+    assert_eq!((ns3.media_errors, ns3.host_reads), (1, 1), "the failed read is an error, not a host read");
+    assert_eq!(smart(&mut h, Nsid(1)).media_errors, 0);
+    assert_eq!(smart(&mut h, Nsid::BROADCAST).media_errors, 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
