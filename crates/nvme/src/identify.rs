@@ -90,12 +90,23 @@ pub mod oncs {
 
 /// LPA (Log Page Attributes) bits.
 pub mod lpa {
-    /// SMART log per namespace.
+    /// SMART / Health log per namespace (an NSID other than 0h and FFFFFFFFh reads that
+    /// namespace's counters).
     pub const SMART_PER_NS: u8 = 1 << 0;
-    /// Commands Supported and Effects log page.
+    /// Commands Supported and Effects log page (LID 05h).
     pub const CMD_EFFECTS: u8 = 1 << 1;
     /// Extended data for Get Log Page (NUMDU, LPOL/LPOU).
     pub const EXTENDED_DATA: u8 = 1 << 2;
+    /// Telemetry Host-Initiated and Controller-Initiated log pages.
+    pub const TELEMETRY: u8 = 1 << 3;
+    /// Persistent Event log page.
+    pub const PERSISTENT_EVENT: u8 = 1 << 4;
+    /// Log Page Support (NVMe Base 2.0 §5.17.2.1, Identify Controller LPA bit 5): the Supported Log Pages page
+    /// (LID 00h), the Command Scope of each entry of the Commands Supported and Effects
+    /// page, the Feature Identifiers Supported and Effects page (LID 12h) and the NVMe-MI
+    /// Commands Supported and Effects page (LID 13h) — all four, one bit (libnvme
+    /// `NVME_CTRL_LPA_LI0_LI5_LI12_LI13`).
+    pub const LOG_PAGE_SUPPORT: u8 = 1 << 5;
 }
 
 /// Identify Controller (CNS 01h), the fields qpath uses.

@@ -65,6 +65,7 @@ pub mod rpc;
 pub mod server;
 pub mod stats;
 pub mod subsystem;
+pub mod supported;
 pub mod tcp;
 
 pub use error::{Error, ErrorKind, Result};

@@ -38,6 +38,9 @@ pub struct Namespace {
     pub qos: Qos,
     /// Registrations and the reservation on this namespace.
     pub resv: Reservations,
+    /// I/O counters since the namespace was added (monotonic; the SMART log, metrics and
+    /// the stats RPC read them). Shared so a namespace rebuilt in place keeps its counts.
+    pub counters: Arc<crate::stats::NsTotals>,
 }
 
 /// Parameters of a new namespace.
@@ -102,6 +105,7 @@ impl Namespace {
                 Some(path) => Reservations::persistent(path)?,
                 None => Reservations::default(),
             },
+            counters: Arc::default(),
         })
     }
 

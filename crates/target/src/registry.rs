@@ -158,10 +158,17 @@ pub struct QueueInfo {
     /// Counters.
     pub stats: QueueStats,
     binding: Mutex<Option<(String, Cntlid, u16)>>,
-    /// Latency histograms, merged in by the owner on its tick.
-    published: Mutex<blk::QueueStats>,
-    /// Per-namespace counters, merged in by the owner on its tick.
-    ns: Mutex<Vec<crate::stats::NsCounters>>,
+    /// Latency histograms and the exact latency sums of their I/Os, merged in by the owner
+    /// on its tick.
+    published: Mutex<Published>,
+}
+
+/// What a queue's owner has published: its histograms since the queue started, and the
+/// sum of the latencies they hold by direction ([`blk::Direction::ALL`] order, ns).
+#[derive(Debug, Default)]
+struct Published {
+    stats: blk::QueueStats,
+    latency_ns_sum: [u64; 4],
 }
 
 /// A queue as `list_queues` reports it.
@@ -184,28 +191,27 @@ pub struct QueueReport {
 }
 
 impl QueueInfo {
-    /// Merges the owner's latest statistics (and resets them).
-    pub fn publish(&self, local: &mut blk::QueueStats, ns: &mut [crate::stats::NsCounters]) {
-        self.published.lock().unwrap_or_else(|e| e.into_inner()).merge(local);
-        local.reset();
-        let mut g = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-        for n in ns.iter_mut() {
-            match g.iter_mut().find(|x| x.nsid == n.nsid) {
-                Some(x) => x.add(n),
-                None => g.push(*n),
-            }
-            *n = crate::stats::NsCounters { nsid: n.nsid, ..Default::default() };
+    /// Merges the owner's latest statistics and the latency sums of their successful I/Os
+    /// (and resets both).
+    pub fn publish(&self, local: &mut blk::QueueStats, latency_ns_sum: &mut [u64; 4]) {
+        let mut g = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        g.stats.merge(local);
+        for (t, v) in g.latency_ns_sum.iter_mut().zip(latency_ns_sum.iter_mut()) {
+            *t = t.wrapping_add(std::mem::take(v));
         }
+        local.reset();
     }
 
     /// A copy of the published histograms.
     pub fn latency(&self) -> blk::QueueStats {
-        self.published.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.published.lock().unwrap_or_else(|e| e.into_inner()).stats.clone()
     }
 
-    /// The published per-namespace counters.
-    pub fn namespaces(&self) -> Vec<crate::stats::NsCounters> {
-        self.ns.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// A copy of the published histograms with the exact latency sum (ns) of the I/Os in
+    /// each direction's histogram ([`blk::Direction::ALL`] order).
+    pub fn latency_with_sums(&self) -> (blk::QueueStats, [u64; 4]) {
+        let g = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        (g.stats.clone(), g.latency_ns_sum)
     }
 
     /// The queue's binding: (subsystem NQN, controller id, queue id).
@@ -250,6 +256,9 @@ pub struct TargetState {
     queues: Mutex<Vec<Weak<QueueInfo>>>,
     /// Each reactor's data buffers, published on its tick.
     buffers: Mutex<Vec<Arc<BufferStats>>>,
+    /// Each port's monotonic I/O totals, by port id (kept when the port goes, so a port
+    /// added again under its id continues its counts).
+    port_totals: Mutex<std::collections::BTreeMap<u16, Arc<crate::stats::PortTotals>>>,
     /// Where the reactors send the Diffie-Hellman steps of in-band authentication.
     pub auth_workers: crate::offload::AuthWorkers,
     /// How in-band authentication transactions ended.
@@ -296,6 +305,7 @@ impl TargetState {
             epoch: Instant::now(),
             queues: Mutex::new(Vec::new()),
             buffers: Mutex::new(Vec::new()),
+            port_totals: Mutex::new(std::collections::BTreeMap::new()),
             auth_workers: crate::offload::AuthWorkers::new(opts.auth_workers),
             auth_outcomes: crate::auth::AuthCounters::default(),
         }
@@ -483,8 +493,7 @@ impl TargetState {
             reactor,
             stats: QueueStats::default(),
             binding: Mutex::new(None),
-            published: Mutex::new(blk::QueueStats::new()),
-            ns: Mutex::new(Vec::new()),
+            published: Mutex::new(Published::default()),
         });
         let mut list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         if list.len() > 64 && list.len().is_power_of_two() {
@@ -499,6 +508,18 @@ impl TargetState {
         let b = Arc::new(BufferStats { reactor, ..BufferStats::default() });
         self.buffers.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::clone(&b));
         b
+    }
+
+    /// Port `id`'s totals, made at its first connection (control plane: once per connection).
+    pub fn port_totals(&self, id: u16) -> Arc<crate::stats::PortTotals> {
+        let mut g = self.port_totals.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(g.entry(id).or_default())
+    }
+
+    /// Every port's totals that a connection has made, by port id.
+    pub fn all_port_totals(&self) -> Vec<(u16, crate::stats::PortCounters)> {
+        let g = self.port_totals.lock().unwrap_or_else(|e| e.into_inner());
+        g.iter().map(|(id, t)| (*id, t.snapshot())).collect()
     }
 
     /// Every reactor's buffer statistics.

@@ -283,6 +283,8 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                     Error::new(ErrorKind::Io, format!("the cleared state could not be persisted ({s})"))
                 })?;
                 tracing::warn!(nqn = %s.nqn, nsid, registrations = n, "reservation cleared by the operator");
+                // The registrants' hosts hear that their reservation was preempted.
+                crate::controller::notify_reservation(&s, Nsid(nsid), &ns.resv.take_notices());
                 json!({"cleared_registrations": n})
             } else {
                 json!(ns.resv.snapshot())

@@ -29,7 +29,7 @@ use nvme::tcp::{
     DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Header, IcResp, PduInfo, R2t,
     Role, crc32c, crc32c_append,
 };
-use nvme::{Cqe, QueueId, SglKind, Sqe, Status};
+use nvme::{Cqe, Nsid, QueueId, SglKind, Sqe, Status};
 use uring::{IoBuf, SendMsg};
 
 use crate::admin::{self, Outcome};
@@ -282,9 +282,14 @@ pub struct Connection {
     /// Last time input arrived (ms), and the value last reported to the controller.
     traffic_ms: u64,
     traffic_reported_ms: u64,
-    /// Latency histograms and counters since the last publish (owner thread only).
+    /// Latency histograms and counters since the last publish (owner thread only), with
+    /// the latency sum of the successful I/Os by direction, for the summaries' `_sum`.
     local_stats: blk::QueueStats,
+    latency_ns_sum: [u64; 4],
+    /// Per-namespace deltas since the last publish, added to the namespaces' totals then.
     ns_local: Vec<crate::stats::NsCounters>,
+    /// The port's monotonic totals, added to on each publish.
+    port_totals: Arc<crate::stats::PortTotals>,
     stats_dirty: bool,
     close_reason: Option<String>,
 }
@@ -304,6 +309,7 @@ impl Connection {
     /// A connection accepted on `port` from `peer`, served by reactor `reactor`.
     pub fn new(target: Arc<TargetState>, port: Arc<Port>, peer: Option<SocketAddr>, reactor: usize) -> Connection {
         let info = target.register_queue(port.id, peer, reactor);
+        let port_totals = target.port_totals(port.id);
         let rx = IoBuf::new(target.opts.rx_buffer_size.max(8192).next_multiple_of(4096));
         let now = target.now_ns();
         let drop_generation = port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
@@ -361,7 +367,9 @@ impl Connection {
             traffic_ms: 0,
             traffic_reported_ms: 0,
             local_stats: blk::QueueStats::new(),
+            latency_ns_sum: [0; 4],
             ns_local: Vec::new(),
+            port_totals,
             stats_dirty: false,
             close_reason: None,
         };
@@ -1032,18 +1040,20 @@ impl Connection {
     // -------------------------------------------------------------- execution
 
     fn refresh_ns(&mut self) {
-        if let Some(b) = &self.binding {
-            let subsys = &b.controller().subsys;
-            if subsys.ns_generation() != self.ns_gen {
-                let (m, g) = subsys.namespaces();
-                let old = std::mem::replace(&mut self.ns, m);
-                if self.file_ops > 0 {
-                    // Keep namespaces alive while file operations on them are in flight.
-                    self.retired_ns.push(old);
-                }
-                self.ns_gen = g;
-            }
+        let Some(b) = &self.binding else { return };
+        if b.controller().subsys.ns_generation() == self.ns_gen {
+            return;
         }
+        // Deltas counted against the old map go to its namespaces first.
+        self.publish_ns_counters();
+        let Some(b) = &self.binding else { return };
+        let (m, g) = b.controller().subsys.namespaces();
+        let old = std::mem::replace(&mut self.ns, m);
+        if self.file_ops > 0 {
+            // Keep namespaces alive while file operations on them are in flight.
+            self.retired_ns.push(old);
+        }
+        self.ns_gen = g;
     }
 
     fn execute(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
@@ -1385,6 +1395,10 @@ impl Connection {
                         ResvOp::Acquire => ns.resv.acquire(&hostid, sqe.cdw(10), keys),
                         _ => ns.resv.release(&hostid, sqe.cdw(10), keys),
                     };
+                    if let Some(b) = &self.binding {
+                        // Other hosts the change took something from hear of it (LID 80h).
+                        crate::controller::notify_reservation(&b.controller().subsys, ns.nsid, &ns.resv.take_notices());
+                    }
                     if let Some(b) = data {
                         self.buf_put(ctx, b);
                     }
@@ -1618,8 +1632,7 @@ impl Connection {
         if !status.is_success() {
             stats.errors.add(1);
             if let Some(b) = &self.binding {
-                let (nsid, lba) = (r.sqe.nsid().0, r.sqe.slba());
-                b.controller().log_error(qid.0, cid.0, status, nsid, lba);
+                b.controller().log_error(qid.0, &r.sqe, status);
             }
         }
         let latency = ctx.now_ns.saturating_sub(r.start_ns);
@@ -1627,40 +1640,86 @@ impl Connection {
         if let ReqKind::Io(io) = r.kind
             && let Some((dir, bytes)) = io.stats_direction()
         {
-            let ok = status.is_success();
-            let outcome = if ok { blk::Outcome::Success } else { blk::Outcome::Error };
-            self.local_stats.record(dir, bytes, latency, outcome);
-            let nsid = r.sqe.nsid().0;
-            let i = match self.ns_local.iter().position(|n| n.nsid == nsid) {
-                Some(i) => i,
-                None => {
-                    self.ns_local.push(crate::stats::NsCounters { nsid, ..Default::default() });
-                    self.ns_local.len() - 1
-                }
-            };
-            let n = &mut self.ns_local[i];
-            match (dir, ok) {
-                (_, false) => n.errors += 1,
-                (blk::Direction::Read, true) => {
-                    n.reads += 1;
-                    n.read_bytes += bytes;
-                }
-                (blk::Direction::Write, true) => {
-                    n.writes += 1;
-                    n.write_bytes += bytes;
-                }
-                _ => {}
-            }
-            self.stats_dirty = true;
+            let (opcode, nsid) = (r.sqe.opcode(), r.sqe.nsid().0);
+            self.count_io(dir, bytes, latency, status, opcode, nsid);
         }
         self.release_slot(slot, ctx);
     }
 
-    /// Publishes the latency histograms and per-namespace counters gathered
-    /// since the last call, for RPC and metrics readers (on the tick, never per I/O).
+    /// Counts a completed I/O command in the queue's histograms and its namespace's deltas
+    /// (owned memory, plain adds; published on the tick).
+    fn count_io(&mut self, dir: blk::Direction, bytes: u64, latency: u64, status: Status, opcode: u8, nsid: u32) {
+        let ok = status.is_success();
+        let outcome = if ok { blk::Outcome::Success } else { blk::Outcome::Error };
+        self.local_stats.record(dir, bytes, latency, outcome);
+        let i = match self.ns_local.iter().position(|n| n.nsid == nsid) {
+            Some(i) => i,
+            None => {
+                self.ns_local.push(crate::stats::NsCounters { nsid, ..Default::default() });
+                self.ns_local.len() - 1
+            }
+        };
+        let n = &mut self.ns_local[i];
+        if !ok {
+            n.errors += 1;
+            // SMART Media and Data Integrity Errors: the backend failed the I/O.
+            if status.sct == nvme::Sct::Media {
+                n.media_errors += 1;
+            }
+            self.stats_dirty = true;
+            return;
+        }
+        let d = match dir {
+            blk::Direction::Read => {
+                n.reads += 1;
+                n.read_bytes += bytes;
+                0
+            }
+            blk::Direction::Write => {
+                n.writes += 1;
+                n.write_bytes += bytes;
+                1
+            }
+            blk::Direction::Trim => 2,
+            blk::Direction::Sync => 3,
+        };
+        self.latency_ns_sum[d] += latency;
+        match crate::supported::SMART_BY_OPCODE[usize::from(opcode)] {
+            crate::supported::Smart::Read => {
+                n.host_read_commands += 1;
+                n.data_read_bytes += bytes;
+            }
+            crate::supported::Smart::Write => {
+                n.host_write_commands += 1;
+                n.data_written_bytes += bytes;
+            }
+            crate::supported::Smart::None => {}
+        }
+        self.stats_dirty = true;
+    }
+
+    /// Publishes what was counted since the last call (on the tick and when the queue
+    /// closes, never per I/O): the latency histograms for RPC and metrics readers, and the
+    /// deltas of the namespaces' and the port's monotonic totals.
     fn publish_stats(&mut self) {
         if std::mem::take(&mut self.stats_dirty) {
-            self.info.publish(&mut self.local_stats, &mut self.ns_local);
+            self.publish_ns_counters();
+            self.port_totals.add(&self.local_stats);
+            self.info.publish(&mut self.local_stats, &mut self.latency_ns_sum);
+        }
+    }
+
+    /// Adds the per-namespace deltas to the totals of the namespaces in the map they were
+    /// counted against (a namespace removed since takes its deltas with it).
+    fn publish_ns_counters(&mut self) {
+        for n in &mut self.ns_local {
+            if n.is_zero() {
+                continue;
+            }
+            if let Some(ns) = self.ns.get(Nsid(n.nsid)) {
+                ns.counters.add(n);
+            }
+            *n = crate::stats::NsCounters { nsid: n.nsid, ..Default::default() };
         }
     }
 
@@ -1888,6 +1947,9 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        // A connection dropped without `release` (the reactor stopping) still hands over
+        // what it counted.
+        self.publish_stats();
         if let Some(w) = &self.auth_waiter {
             w.abandon();
         }

@@ -94,6 +94,8 @@ pub struct Host {
     pub inbox: Vec<u8>,
     pub next_cid: u16,
     pub cntlid: Cntlid,
+    /// The Host Identifier this host's Connects carry.
+    pub hostid: [u8; 16],
 }
 
 impl Host {
@@ -110,7 +112,16 @@ impl Host {
             inbox: Vec::new(),
             next_cid: 1,
             cntlid: Cntlid(0),
+            hostid: [1; 16],
         }
+    }
+
+    /// Closes the connection and releases it, as the reactor does when the peer goes away.
+    pub fn disconnect(&mut self) {
+        self.ctx_run(|c, ctx| {
+            c.close("the test host disconnected");
+            c.release(ctx);
+        });
     }
 
     fn ctx_run(&mut self, f: impl FnOnce(&mut Connection, &mut ConnCtx<'_>)) {
@@ -286,7 +297,7 @@ impl Host {
         let sqe =
             ConnectCmd { recfmt: 0, qid: QueueId(qid), sqsize, cattr: 0, kato_ms: if qid == 0 { 5000 } else { 0 } }
                 .to_sqe(cid);
-        let data = ConnectData { hostid: [1; 16], cntlid, subnqn: subnqn.into(), hostnqn: hostnqn.into() }.encode();
+        let data = ConnectData { hostid: self.hostid, cntlid, subnqn: subnqn.into(), hostnqn: hostnqn.into() }.encode();
         self.command(&sqe, &data);
         self.completion(cid).0
     }
