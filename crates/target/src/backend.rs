@@ -217,9 +217,18 @@ impl Zeroing {
         let (punch, why) = match file.metadata() {
             Ok(m) if m.file_type().is_block_device() => bdev_punch_zeroes(&m),
             Ok(m) => {
-                // Beyond the end, with KEEP_SIZE: no byte and no size changes.
+                // Beyond the end, with KEEP_SIZE: no byte, no block and no size changes. The
+                // file systems still stamp the inode modified (ext4, tmpfs): the access and
+                // modification times are put back (the change time cannot be).
                 let mode = falloc::PUNCH_HOLE | falloc::KEEP_SIZE;
-                match uring::fallocate(file.as_raw_fd(), mode, m.len(), PROBE_LEN) {
+                let punched = uring::fallocate(file.as_raw_fd(), mode, m.len(), PROBE_LEN);
+                if let (Ok(accessed), Ok(modified)) = (m.accessed(), m.modified()) {
+                    let times = std::fs::FileTimes::new().set_accessed(accessed).set_modified(modified);
+                    if let Err(e) = file.set_times(times) {
+                        tracing::debug!(path = %path.display(), "cannot restore the file's times after the probe: {e}");
+                    }
+                }
+                match punched {
                     Ok(()) => (true, "the file system punches holes".to_string()),
                     Err(e) => (false, format!("the file system does not punch holes ({e})")),
                 }

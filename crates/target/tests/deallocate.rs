@@ -216,6 +216,37 @@ fn regular_file_in_a_temp_directory() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Opening a file probes whether it punches holes without changing it: same bytes, size,
+/// allocated blocks and modification time (on the temp directory's file system and tmpfs).
+#[test]
+fn opening_probes_without_changing_the_file() {
+    use std::os::unix::fs::MetadataExt;
+    for under in [std::env::temp_dir(), PathBuf::from("/dev/shm")] {
+        if !under.is_dir() {
+            println!("SKIP: no {}", under.display());
+            continue;
+        }
+        let dir = temp_dir("probe", &under);
+        let path = dir.join("user.img");
+        let data = pattern(NS_BYTES, 42);
+        std::fs::write(&path, &data).unwrap();
+        let past = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_times(std::fs::FileTimes::new().set_modified(past).set_accessed(past)).unwrap();
+        drop(f);
+        let before = std::fs::metadata(&path).unwrap();
+        let b = FileBackend::open(&path, Some(NS_BYTES as u64), false).unwrap();
+        assert!(b.zeroing.punch(), "{}: this file system punches holes", under.display());
+        drop(b);
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), data, "{}: bytes unchanged", under.display());
+        assert_eq!(after.len(), before.len());
+        assert_eq!(after.blocks(), before.blocks(), "{}: allocation unchanged", under.display());
+        assert_eq!(after.modified().unwrap(), past, "{}: modification time unchanged", under.display());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// tmpfs punches holes but refuses ZERO_RANGE: Write Zeroes without DEAC writes zeros.
 #[test]
 fn file_on_tmpfs_without_zero_range() {
