@@ -40,10 +40,12 @@ pub enum IoKind {
         /// Force Unit Access: durable before completion.
         fua: bool,
     },
-    /// Dataset Management with `nr` 16-byte ranges in the data.
+    /// Dataset Management with `nr` 16-byte ranges at the start of `len` bytes of data.
     Dsm {
         /// Number of ranges.
         nr: u32,
+        /// Data bytes the SGL carries: `nr` x 16 up to [`DSM_DATA_MAX`] (see [`plan`]).
+        len: u32,
         /// Attribute Deallocate.
         deallocate: bool,
     },
@@ -74,7 +76,7 @@ impl IoKind {
     pub fn h2c_len(&self) -> u32 {
         match self {
             IoKind::Write { len, .. } => *len,
-            IoKind::Dsm { nr, .. } => nr * 16,
+            IoKind::Dsm { len, .. } => *len,
             IoKind::Reservation { op, len } if *op != ResvOp::Report => *len,
             _ => 0,
         }
@@ -151,7 +153,17 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
             }
             // NVM Command Set 1.0 §3.2.3: NR (CDW10 bits 7:0) is 0's based; of the attributes
             // (CDW11) only Deallocate (bit 2) asks for anything, IDR and IDW are hints.
-            Ok(IoKind::Dsm { nr: (sqe.cdw(10) & 0xff) + 1, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
+            let nr = (sqe.cdw(10) & 0xff) + 1;
+            // The data holds NR ranges, but Linux always sends room for 256 (4096 bytes:
+            // `nvme_setup_discard` allocates NVME_DSM_MAX_RANGES ranges because some devices
+            // read that much whatever NR says). As Linux nvmet (`nvmet_check_data_len_lte`)
+            // and SPDK do, an SGL of NR x 16 up to 4096 bytes is taken and its first NR x 16
+            // bytes read; a shorter or a longer one is refused.
+            let len = sqe.sgl().length;
+            if (len as usize) < nr as usize * DSM_RANGE_BYTES || len > DSM_DATA_MAX {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            Ok(IoKind::Dsm { nr, len, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
         }
         io::RESV_REGISTER => Ok(IoKind::Reservation { op: ResvOp::Register, len: 16 }),
         io::RESV_ACQUIRE => Ok(IoKind::Reservation { op: ResvOp::Acquire, len: 16 }),
@@ -175,6 +187,10 @@ pub const DSM_RANGE_BYTES: usize = 16;
 /// Most ranges in one Dataset Management command: NR is 8 bits, 0's based.
 pub const DSM_RANGES_MAX: u32 = 256;
 
+/// Most Dataset Management data bytes taken: room for the most ranges.
+pub const DSM_DATA_MAX: u32 = 4096;
+const _: () = assert!(DSM_DATA_MAX as usize == DSM_RANGES_MAX as usize * DSM_RANGE_BYTES);
+
 /// Range `i` of Dataset Management data as (starting LBA, blocks); `None` past the data.
 /// Reads the host's buffer in place (the I/O path allocates nothing).
 pub fn dsm_range(data: &[u8], i: usize) -> Option<(u64, u32)> {
@@ -190,13 +206,13 @@ pub fn dsm_bytes(data: &[u8], i: usize, ns: &Namespace) -> Option<(u64, u64)> {
     Some((slba << ns.block_shift, u64::from(nlb) << ns.block_shift))
 }
 
-/// Checks Dataset Management data before any range is executed: it holds exactly `nr`
-/// ranges (the SGL length was checked against NR x 16 when the command arrived), and every
-/// range that names blocks lies inside namespace `ns`. One bad range fails the command
+/// Checks Dataset Management data before any range is executed: it holds `nr` ranges (the
+/// SGL length was checked when the command arrived; bytes after them are not read), and
+/// every range that names blocks lies inside namespace `ns`. One bad range fails the command
 /// with LBA Out of Range and nothing is changed (NVM Command Set 1.0 §3.2.3). A range of
 /// length 0 names no block: it is neither checked nor executed.
 pub fn dsm_check(data: &[u8], nr: u32, ns: &Namespace) -> Result<(), Status> {
-    if nr == 0 || nr > DSM_RANGES_MAX || data.len() != nr as usize * DSM_RANGE_BYTES {
+    if nr == 0 || nr > DSM_RANGES_MAX || data.len() < nr as usize * DSM_RANGE_BYTES {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
     for i in 0..nr as usize {
@@ -291,9 +307,11 @@ mod tests {
         // A range of length 0 names no block, wherever it starts.
         range(&mut d, 2, u64::MAX, 0);
         assert_eq!(dsm_check(&d, 3, &n), Ok(()));
-        // Data of another length than NR x 16.
+        // Less data than NR x 16; more is fine (only NR ranges are read: the third range,
+        // out of the namespace, is not looked at with NR = 2).
         assert_eq!(dsm_check(&d[..32], 3, &n), Err(Status::DATA_SGL_LENGTH_INVALID));
-        assert_eq!(dsm_check(&d, 2, &n), Err(Status::DATA_SGL_LENGTH_INVALID));
+        range(&mut d, 2, 5000, 1);
+        assert_eq!(dsm_check(&d, 2, &n), Ok(()));
         assert_eq!(dsm_check(&[], 0, &n), Err(Status::DATA_SGL_LENGTH_INVALID));
     }
 
@@ -302,10 +320,18 @@ mod tests {
         let n = ns();
         let p = port();
         let mut s = Sqe::dsm_deallocate(Cid(1), Nsid(1), 256, SglDescriptor::transport(4096));
-        assert_eq!(plan(&s, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 256, deallocate: true }));
-        assert_eq!(IoKind::Dsm { nr: 256, deallocate: true }.h2c_len(), 4096);
+        assert_eq!(plan(&s, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 256, len: 4096, deallocate: true }));
+        assert_eq!(IoKind::Dsm { nr: 256, len: 4096, deallocate: true }.h2c_len(), 4096);
         s.set_cdw(11, 0b011); // IDR | IDW: hints only
-        assert_eq!(plan(&s, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 256, deallocate: false }));
+        assert_eq!(plan(&s, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 256, len: 4096, deallocate: false }));
+        // Linux: one range in a 4096-byte buffer.
+        let one = Sqe::dsm_deallocate(Cid(1), Nsid(1), 1, SglDescriptor::in_capsule(4096));
+        assert_eq!(plan(&one, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 1, len: 4096, deallocate: true }));
+        // Less than NR x 16, or more than 256 ranges' room.
+        let short = Sqe::dsm_deallocate(Cid(1), Nsid(1), 3, SglDescriptor::in_capsule(32));
+        assert_eq!(plan(&short, Some(&n), &p, 1 << 20), Err(Status::DATA_SGL_LENGTH_INVALID));
+        let long = Sqe::dsm_deallocate(Cid(1), Nsid(1), 3, SglDescriptor::transport(4112));
+        assert_eq!(plan(&long, Some(&n), &p, 1 << 20), Err(Status::DATA_SGL_LENGTH_INVALID));
         let mut w = Sqe::write_zeroes(Cid(1), Nsid(1), 8, 16, true);
         w.set_fua(true);
         assert_eq!(

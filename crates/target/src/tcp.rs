@@ -1405,7 +1405,7 @@ impl Connection {
                     self.reqs[usize::from(slot)].status = status;
                 }
             }
-            IoKind::Dsm { nr, deallocate } => {
+            IoKind::Dsm { nr, deallocate, .. } => {
                 let r = &mut self.reqs[usize::from(slot)];
                 let data = r.buf.as_deref().unwrap_or(&[]);
                 match io_cmd::dsm_check(data, nr, &ns) {

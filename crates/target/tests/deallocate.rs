@@ -2,8 +2,8 @@
 //! the in-process loopback transport (the file operations run on the real file or block
 //! device with the real `fallocate`): every range of a multi-range Deallocate reads back as
 //! zeros where DLFEAT promises it and nothing else changes; a bad range anywhere fails the
-//! command before any range is touched; NR x 16 must be the data length; 256 ranges in one
-//! command; Write Zeroes with and without DEAC; DLFEAT per backend. A regular file in a temp
+//! command before any range is touched; the data must hold NR x 16 bytes and at most room
+//! for 256 ranges (Linux always sends 4096 bytes); 256 ranges in one command; Write Zeroes with and without DEAC; DLFEAT per backend. A regular file in a temp
 //! directory (ext4 or whatever it is), one on tmpfs (punches holes but has no ZERO_RANGE),
 //! and, as root, loop block devices (one that can deallocate, one whose discard is off).
 
@@ -159,13 +159,32 @@ fn deallocate_and_zeroes(a: &mut Host, q: &mut Host, nsid: u32, what: &str) {
     assert_eq!(deallocate(q, nsid, &bad), Status::LBA_OUT_OF_RANGE, "{what}");
     assert_image(q, nsid, &image, &format!("{what}: after a refused deallocate"));
 
-    // NR says 3 ranges, the data carries 2: refused, nothing changes.
+    // NR says 3 ranges, the data carries 2: refused (Data SGL Length Invalid), nothing changes.
     let data = ranges(&[(400, 8), (500, 8)]);
     let cid = q.cid();
     let sqe = Sqe::dsm_deallocate(cid, Nsid(nsid), 3, SglDescriptor::in_capsule(data.len() as u32));
     q.command(&sqe, &data);
     assert_eq!(q.completion(cid).0.status, Status::DATA_SGL_LENGTH_INVALID, "{what}");
     assert_image(q, nsid, &image, &format!("{what}: after a data length mismatch"));
+
+    // As Linux sends it (`nvme_setup_discard`): NR ranges in a buffer with room for 256.
+    // The bytes after NR ranges are not read (here: ranges out of the namespace).
+    let mut data = ranges(&[(600, 8), (700, 16)]);
+    data.extend(ranges(&vec![(u64::MAX - 1, 9); 254]));
+    assert_eq!(data.len(), 4096);
+    let cid = q.cid();
+    q.command(&Sqe::dsm_deallocate(cid, Nsid(nsid), 2, SglDescriptor::in_capsule(4096)), &data);
+    assert_eq!(q.completion(cid).0.status, Status::SUCCESS, "{what}: 2 ranges in 4096 bytes");
+    zero_blocks(&mut image, 600, 8);
+    zero_blocks(&mut image, 700, 16);
+    assert_image(q, nsid, &image, &format!("{what}: after a deallocate with room for 256 ranges"));
+    // More than room for 256 ranges: refused.
+    let mut long = ranges(&[(800, 8)]);
+    long.resize(4112, 0);
+    let cid = q.cid();
+    let sqe = Sqe::dsm_deallocate(cid, Nsid(nsid), 1, SglDescriptor::transport(4112));
+    assert_eq!(command_with_data(q, &sqe, &long).status, Status::DATA_SGL_LENGTH_INVALID, "{what}");
+    assert_image(q, nsid, &image, &format!("{what}: after a deallocate with too much data"));
 
     // The most ranges one command carries: 256.
     let many: Vec<(u64, u32)> = (0..256).map(|i| (i * 8 + 2, 3)).collect();
