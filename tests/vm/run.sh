@@ -9,7 +9,10 @@
 #               + crc32c verify (RANDRW_RUNTIME s) and a 128k sequential write + verify; again
 #               with header and data digests (DIGEST_RUNTIME s); disconnect-all; target alive
 #   ana         ANA flip to inaccessible and back under fio, iopolicy queue-depth (7.2 only)
-#   durability  file backend; kill -9 + restart of the target; the guest reconnects and verifies
+#   durability  file backend; the guest writes, deallocates ranges (blkdiscard, a 3-range nvme dsm)
+#               and zeroes others (nvme write-zeroes with and without DEAC), flushes; kill -9 +
+#               restart of the target; the guest reconnects and verifies data and zeros; here:
+#               the file's size, its md5s, and the deallocated ranges are holes
 #   qdpolicy    port 1 delayed by QD_DELAY_US (2000); iopolicy queue-depth must send most I/O to
 #               port 2, round-robin splits it evenly (per-path sysfs counts; 7.2 only)
 #   resv        namespace reservations: the guest (nvme-cli) registers and takes Write Exclusive;
@@ -310,6 +313,40 @@ scenario_durability() {
     pass "backing file's first $dur_mb MiB have the md5 the guest read ($file_md5)"
   else
     fail "backing file md5 $file_md5, guest read ${guest_md5:-nothing}"
+  fi
+  # The zone the guest deallocated and zeroed ranges of (durability.sh: ZONE_MB after DUR_MB).
+  local zone_mb=16 size
+  guest_md5=$(grep -ao 'md5 of the zone after the restart: [0-9a-f]*' "$SERIAL" | tail -1 | awk '{print $NF}')
+  file_md5=$(dd if="$img" bs=1M skip=$dur_mb count=$zone_mb 2>/dev/null | md5sum | cut -d' ' -f1)
+  if [ -n "$guest_md5" ] && [ "$guest_md5" = "$file_md5" ]; then
+    pass "backing file's zone ($zone_mb MiB at $dur_mb MiB) has the md5 the guest read ($file_md5)"
+  else
+    fail "backing file zone md5 $file_md5, guest read ${guest_md5:-nothing}"
+  fi
+  size=$(stat -c %s "$img")
+  [ "$size" = $((256 << 20)) ] && pass "backing file still 256 MiB after kill -9, deallocations and zeroes" \
+    || fail "backing file is $size bytes, was 256 MiB"
+  # Deallocated ranges gave their space back: holes in the file (blkdiscard x2, nvme dsm x3,
+  # write-zeroes --deac), as offset:length from the zone's start.
+  if python3 - "$img" $((dur_mb << 20)) 1048576:262144 3145728:1048576 5242880:65536 7344128:131072 \
+      9437184:524288 13631488:65536 <<'PY'
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+zone, bad = int(sys.argv[2]), []
+for r in sys.argv[3:]:
+    off, ln = (int(x) for x in r.split(':'))
+    off += zone
+    try:
+        nxt = os.lseek(fd, off, os.SEEK_DATA)
+    except OSError:
+        nxt = os.fstat(fd).st_size  # ENXIO: no data after off
+    if os.lseek(fd, off, os.SEEK_HOLE) != off or nxt < off + ln:
+        bad.append(r)
+print("ranges that are not holes:", bad or "none")
+sys.exit(1 if bad else 0)
+PY
+  then pass "backing file: every deallocated range is a hole (its space was returned)"
+  else fail "backing file: a deallocated range still holds data blocks"
   fi
   rm -f "$img"
 }

@@ -12,6 +12,10 @@
 //!   write durable. It never resizes a file unless told to, and holds a lock on
 //!   it for as long as it lives, so one file backs one namespace ([`FileRequest`]).
 //!
+//! Deallocation and zeroes ([`Zeroing`]): null reads zeros and RAM zero-fills, so both
+//! report deallocated blocks as reading zeros (DLFEAT 001b). A file or block device does
+//! only where `fallocate(PUNCH_HOLE)` guarantees it, which is probed at open.
+//!
 //! The null and RAM backends complete inline; the file backend hands an
 //! [`FileOp`] to the reactor and completes later.
 
@@ -19,7 +23,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -97,6 +101,8 @@ pub struct FileBackend {
     pub size: u64,
     /// Read-write or read-only.
     pub access: Access,
+    /// What deallocation and zeroing can use on it.
+    pub zeroing: Zeroing,
 }
 
 impl FileBackend {
@@ -247,7 +253,8 @@ fn settle(req: &FileRequest<'_>, file: File, kind: Kind, created: bool) -> Resul
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
         Err(e) => return Err(io_err(req, e)),
     };
-    Ok(FileBackend { file, claim, path: req.path.to_path_buf(), direct, size, access: req.access })
+    let zeroing = Zeroing::probe(&file, req.path);
+    Ok(FileBackend { file, claim, path: req.path.to_path_buf(), direct, size, access: req.access, zeroing })
 }
 
 /// The size the namespace gets; grows a regular file when (and only when) asked to.
@@ -665,6 +672,141 @@ impl Backend {
     pub fn needs_alignment(&self) -> bool {
         matches!(self, Backend::File(f) if f.direct)
     }
+
+    /// Identify Namespace DLFEAT (NVM Command Set 1.0 §4.1.5.1, Figure 97): bits 2:0 = 001b
+    /// "a deallocated logical block reads as all zeros", bit 3 "Write Zeroes supports the
+    /// Deallocate bit". Null reads zeros and RAM zero-fills, so both are 09h; a file or block
+    /// device only where deallocating punches a hole that reads back as zeros, else 00h
+    /// (deallocated blocks read as anything: Deallocate is then a no-op, see [`Zeroing`]).
+    pub fn dlfeat(&self) -> u8 {
+        const READS_ZEROS: u8 = 0b001;
+        const WZ_DEALLOCATE: u8 = 1 << 3;
+        match self {
+            Backend::Null | Backend::Ram(_) => READS_ZEROS | WZ_DEALLOCATE,
+            Backend::File(f) if f.zeroing.punch() => READS_ZEROS | WZ_DEALLOCATE,
+            Backend::File(_) => 0,
+        }
+    }
+}
+
+/// How a file or block device deallocates and zeroes, decided at open and only ever
+/// narrowed afterwards (when the kernel answers `EOPNOTSUPP` to a mode it took before).
+///
+/// - Deallocate (Dataset Management, Write Zeroes with DEAC) is
+///   `fallocate(PUNCH_HOLE | KEEP_SIZE)`, used only where [`punch`](Self::punch) says it
+///   reads back as zeros; elsewhere Dataset Management's Deallocate is a no-op (it is
+///   advisory) and DLFEAT says nothing is promised.
+///   - Regular file: a punched hole reads as zeros (`fallocate(2)`); whether the file
+///     system punches at all is probed at open by punching one block beyond the end of
+///     the file with KEEP_SIZE, which changes no byte and no size (`EOPNOTSUPP` where
+///     unsupported).
+///   - Block device: the kernel turns the punch into a Write Zeroes that may unmap and
+///     fails it, never writing zeros itself, where the device has no Write Zeroes (Linux
+///     `block/fops.c`, `blkdev_fallocate`: `BLKDEV_ZERO_NOFALLBACK`). So it reads back as
+///     zeros whenever it succeeds. It is used only when the queue limits in sysfs say the
+///     device writes zeroes *and* can deallocate (`write_zeroes_unmap_max_bytes`, or
+///     `discard_max_bytes` on kernels without it): a device that can only write zeros
+///     would write every deallocated block. A plain discard (`BLKDISCARD`) is never used:
+///     it guarantees nothing about what reads return.
+/// - Write Zeroes without DEAC keeps the blocks allocated: `fallocate(ZERO_RANGE |
+///   KEEP_SIZE)` (a block device falls back to writing zeros in the kernel); where the
+///   file system has no ZERO_RANGE (tmpfs), the connection writes a zeroed buffer in
+///   bounded chunks instead. With DEAC it punches where that reads as zeros, and zeroes as
+///   without DEAC elsewhere.
+///
+/// Linux nvmet differs (`drivers/nvme/target/io-cmd-file.c`, `io-cmd-bdev.c`,
+/// `admin-cmd.c`): it reports DLFEAT 00h, deallocates range by range and stops at the first
+/// range out of the namespace after punching the ones before it, and its Write Zeroes is
+/// ZERO_RANGE only (no fallback: it fails on tmpfs) or `blkdev_issue_zeroout`. SPDK
+/// (`lib/nvmf/ctrlr_bdev.c`) unmaps every range through its bdev layer, counting the
+/// completions per request as we do, without checking the ranges first. We check every
+/// range before touching any, and promise zeros where the backend keeps the promise so
+/// that Linux hosts use Write Zeroes with DEAC (`nvme_update_ns_info_block`).
+#[derive(Debug)]
+pub struct Zeroing {
+    punch: AtomicBool,
+    zero_range: AtomicBool,
+}
+
+/// One block: the length of the probe punched beyond the end of a regular file.
+const PROBE_LEN: u64 = 4096;
+
+impl Zeroing {
+    /// Decides what `file` (opened read-write from `path`) supports, without changing it.
+    pub fn probe(file: &File, path: &Path) -> Zeroing {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileTypeExt;
+        let (punch, why) = match file.metadata() {
+            Ok(m) if m.file_type().is_block_device() => bdev_punch_zeroes(&m),
+            Ok(m) => {
+                // Beyond the end, with KEEP_SIZE: no byte, no block and no size changes. The
+                // file systems still stamp the inode modified (ext4, tmpfs): the access and
+                // modification times are put back (the change time cannot be).
+                let mode = falloc::PUNCH_HOLE | falloc::KEEP_SIZE;
+                let punched = uring::fallocate(file.as_raw_fd(), mode, m.len(), PROBE_LEN);
+                if let (Ok(accessed), Ok(modified)) = (m.accessed(), m.modified()) {
+                    let times = std::fs::FileTimes::new().set_accessed(accessed).set_modified(modified);
+                    if let Err(e) = file.set_times(times) {
+                        tracing::debug!(path = %path.display(), "cannot restore the file's times after the probe: {e}");
+                    }
+                }
+                match punched {
+                    Ok(()) => (true, "the file system punches holes".to_string()),
+                    Err(e) => (false, format!("the file system does not punch holes ({e})")),
+                }
+            }
+            Err(e) => (false, format!("cannot stat it ({e})")),
+        };
+        if punch {
+            tracing::info!(path = %path.display(), "{why}: deallocated blocks read as zeros (DLFEAT 001b)");
+        } else {
+            tracing::info!(
+                path = %path.display(),
+                "{why}: Dataset Management deallocation is a no-op and DLFEAT promises nothing"
+            );
+        }
+        Zeroing { punch: AtomicBool::new(punch), zero_range: AtomicBool::new(true) }
+    }
+
+    /// Whether deallocation punches holes that read back as zeros.
+    pub fn punch(&self) -> bool {
+        self.punch.load(Ordering::Relaxed)
+    }
+
+    /// Whether `fallocate(ZERO_RANGE)` is worth trying (not refused yet).
+    pub fn zero_range(&self) -> bool {
+        self.zero_range.load(Ordering::Relaxed)
+    }
+
+    /// The kernel refused `mode` with `EOPNOTSUPP` (a device whose Write Zeroes was
+    /// disabled after an error, a file system that lost a feature): stop using it. DLFEAT
+    /// answers 00h from then on if it was the punch.
+    pub fn refused(&self, mode: i32, path: &Path) {
+        if mode & falloc::PUNCH_HOLE != 0 && self.punch.swap(false, Ordering::Relaxed) {
+            tracing::warn!(path = %path.display(), "punching holes is no longer supported: deallocation is a no-op from now on");
+        }
+        if mode & falloc::ZERO_RANGE != 0 && self.zero_range.swap(false, Ordering::Relaxed) {
+            tracing::info!(path = %path.display(), "no fallocate(ZERO_RANGE) here: Write Zeroes writes zeros");
+        }
+    }
+}
+
+/// Whether a punch on the block device of `meta` deallocates and reads back as zeros, from
+/// its queue limits (`/sys/dev/block/MAJ:MIN/queue`, or the whole disk's for a partition).
+fn bdev_punch_zeroes(meta: &std::fs::Metadata) -> (bool, String) {
+    use std::os::unix::fs::MetadataExt;
+    let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    let dev = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let queue = if dev.join("queue").is_dir() { dev.join("queue") } else { dev.join("../queue") };
+    let limit = |name: &str| -> Option<u64> { std::fs::read_to_string(queue.join(name)).ok()?.trim().parse().ok() };
+    let (Some(write_zeroes), Some(discard)) = (limit("write_zeroes_max_bytes"), limit("discard_max_bytes")) else {
+        return (false, format!("the queue limits of block device {major}:{minor} cannot be read"));
+    };
+    // Linux 6.17+: whether Write Zeroes may unmap; older kernels: whether it can discard.
+    let unmaps = limit("write_zeroes_unmap_max_bytes").is_some_and(|n| n > 0) || discard > 0;
+    let why =
+        format!("block device {major}:{minor}: write_zeroes_max_bytes {write_zeroes}, discard_max_bytes {discard}");
+    (write_zeroes > 0 && unmaps, why)
 }
 
 /// fallocate modes used for Write Zeroes and Deallocate.
@@ -755,16 +897,11 @@ impl FileIo for SyncFileIo {
                 self.done.push((token, r, Some(buf)));
             }
             FileOp::Sync { file } => self.done.push((token, file.sync_data().map(|()| 0), None)),
-            FileOp::Fallocate { file, len, offset, .. } => {
-                // Portable fallback: write zeros.
-                let zeros = [0u8; 4096];
-                let mut r = Ok(0);
-                let mut done = 0u64;
-                while done < len && r.is_ok() {
-                    let n = (len - done).min(zeros.len() as u64);
-                    r = file.write_all_at(&zeros[..usize::try_from(n).unwrap_or(0)], offset + done).map(|()| 0);
-                    done += n;
-                }
+            FileOp::Fallocate { file, mode, offset, len } => {
+                // The real system call: its refusals (EOPNOTSUPP on tmpfs' ZERO_RANGE, ...)
+                // reach the connection, which falls back as it does over the ring.
+                use std::os::fd::AsRawFd;
+                let r = uring::fallocate(file.as_raw_fd(), mode, offset, len).map(|()| 0);
                 self.done.push((token, r, None));
             }
         }

@@ -48,6 +48,7 @@ pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod controller;
+pub mod dealloc;
 pub mod error;
 pub mod fabrics;
 pub mod io_cmd;

@@ -128,13 +128,13 @@ impl Namespace {
             nsze: self.nblocks,
             ncap: self.nblocks,
             nuse: if accessible { self.nblocks } else { 0 },
-            // Thin provisioning off; deallocated blocks read as zeros (DLFEAT 001b, bit 3: WZ dealloc).
+            // Thin provisioning off. DLFEAT: what the backend guarantees ([`Backend::dlfeat`]).
             nsfeat: 0,
             nlbaf: 0,
             flbas: 0,
             nmic: NMIC_SHARED,
             rescap: crate::reservation::RESCAP | u8::from(self.resv.ptpl_capable()),
-            dlfeat: 0x09,
+            dlfeat: self.backend.dlfeat(),
             nawupf: 0,
             noiob: 0,
             npwg: 0,

@@ -34,7 +34,8 @@ use uring::{IoBuf, SendMsg};
 
 use crate::admin::{self, Outcome};
 use crate::auth::{self, QueueAuth};
-use crate::backend::{Backend, FileIo, FileOp, falloc};
+use crate::backend::{Backend, FileIo, FileOp};
+use crate::dealloc::{Batch, Method, Step};
 use crate::fabrics::{self, Binding};
 use crate::io_cmd::{self, IoKind, ResvOp};
 use crate::limits::HostTicket;
@@ -145,6 +146,8 @@ struct Req {
     after: After,
     /// Bytes the file operation in flight must move (0 for sync and fallocate).
     op_len: usize,
+    /// The file operations of a Deallocate or Write Zeroes on a file backend.
+    batch: Batch,
     /// A RAM read sent straight from the namespace's region at this byte offset
     /// (no buffer, no copy in user space).
     ram_src: Option<usize>,
@@ -166,6 +169,7 @@ impl Req {
             start_ns: 0,
             after: After::Respond,
             op_len: 0,
+            batch: Batch::default(),
             ram_src: None,
         }
     }
@@ -189,6 +193,10 @@ enum Rx {
     Data { sink: Sink, remaining: usize, ddgst: bool, crc: u32 },
     Digest { sink: Sink, crc: u32 },
 }
+
+/// Most bytes of one write of zeros (Write Zeroes where the file system has no ZERO_RANGE);
+/// also bounded by the largest transfer, so the buffer comes from the pool.
+const ZERO_CHUNK_BYTES_MAX: usize = 128 * 1024;
 
 /// Most segments in one send batch: a full batch is queued and a new one started, so a
 /// batch never exceeds what one `sendmsg` takes (`UIO_MAXIOV`), whatever the queue depth.
@@ -796,6 +804,7 @@ impl Connection {
         r.dw1 = 0;
         r.received = 0;
         r.after = After::Respond;
+        r.batch = Batch::default();
         r.start_ns = self.rx_ns.min(ctx.now_ns);
         r.c2h = false;
         r.xfer_len = 0;
@@ -1025,7 +1034,10 @@ impl Connection {
             if r.state != ReqState::AwaitBuffer {
                 continue;
             }
-            if r.c2h {
+            if r.batch.is_active() {
+                // Write Zeroes writing zeros waits for its zeroed buffer.
+                self.batch_pump(slot, ctx);
+            } else if r.c2h {
                 self.execute(slot, ctx);
             } else {
                 self.start_r2t(slot, ctx);
@@ -1358,7 +1370,7 @@ impl Connection {
                     return self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
                 }
             }
-            IoKind::WriteZeroes { offset, len, deallocate } => match &ns.backend {
+            IoKind::WriteZeroes { offset, len, deallocate, fua } => match &ns.backend {
                 Backend::Null => {}
                 Backend::Ram(region) => {
                     let end = crate::us(offset.saturating_add(len));
@@ -1367,8 +1379,10 @@ impl Connection {
                     }
                 }
                 Backend::File(f) => {
-                    let mode = falloc::KEEP_SIZE | if deallocate { falloc::PUNCH_HOLE } else { falloc::ZERO_RANGE };
-                    return self.submit_file(slot, FileOp::Fallocate { file: f.file(), mode, offset, len }, token, ctx);
+                    let r = &mut self.reqs[usize::from(slot)];
+                    r.after = if fua { After::Sync } else { After::Respond };
+                    r.batch = Batch::zeroes(Method::for_write_zeroes(f, deallocate), offset, len);
+                    return self.batch_pump(slot, ctx);
                 }
             },
             IoKind::Reservation { op, len } => {
@@ -1405,36 +1419,36 @@ impl Connection {
                     self.reqs[usize::from(slot)].status = status;
                 }
             }
-            IoKind::Dsm { deallocate, .. } => {
-                let data = self.reqs[usize::from(slot)].buf.take();
-                let ranges = io_cmd::dsm_ranges(data.as_deref().unwrap_or(&[]), &ns);
-                if let Some(b) = data {
-                    self.buf_put(ctx, b);
-                }
-                match ranges {
-                    Err(s) => self.reqs[usize::from(slot)].status = s,
-                    Ok(ranges) if deallocate => match &ns.backend {
+            IoKind::Dsm { nr, deallocate, .. } => {
+                let r = &mut self.reqs[usize::from(slot)];
+                let data = r.buf.as_deref().unwrap_or(&[]);
+                match io_cmd::dsm_check(data, nr, &ns) {
+                    Err(s) => r.status = s,
+                    Ok(()) if deallocate => match &ns.backend {
                         Backend::Null => {}
                         Backend::Ram(region) => {
-                            for (o, l) in ranges {
-                                let _ = region.fill_zero(crate::us(o)..crate::us(o + l));
+                            for i in 0..nr as usize {
+                                if let Some((o, l)) = io_cmd::dsm_bytes(data, i, &ns)
+                                    && region.fill_zero(crate::us(o)..crate::us(o + l)).is_err()
+                                {
+                                    r.status = Status::INTERNAL;
+                                }
                             }
                         }
-                        // Deallocation is advisory: punch the first range asynchronously,
-                        // the rest synchronously is not needed for correctness.
-                        Backend::File(f) => {
-                            if let Some(&(offset, len)) = ranges.first() {
-                                let mode = falloc::KEEP_SIZE | falloc::PUNCH_HOLE;
-                                return self.submit_file(
-                                    slot,
-                                    FileOp::Fallocate { file: f.file(), mode, offset, len },
-                                    token,
-                                    ctx,
-                                );
-                            }
+                        // The data stays with the request until the last range is punched.
+                        Backend::File(f) if f.zeroing.punch() => {
+                            r.batch = Batch::deallocate(nr);
+                            return self.batch_pump(slot, ctx);
                         }
+                        // A punch would not read back as zeros here (DLFEAT 00h): Deallocate
+                        // is advisory, and left undone.
+                        Backend::File(_) => {}
                     },
-                    Ok(_) => {}
+                    // Only the hints (IDR, IDW): nothing to do.
+                    Ok(()) => {}
+                }
+                if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
+                    self.buf_put(ctx, b);
                 }
             }
         }
@@ -1491,10 +1505,20 @@ impl Connection {
             Ok(n) if n < r.op_len => Err(std::io::Error::other(format!("short transfer: {n} of {} bytes", r.op_len))),
             other => other,
         };
+        if r.batch.is_active() {
+            return self.on_batch_op_done(slot, &result, ctx);
+        }
         if let Err(e) = &result {
             tracing::warn!(slot, "backend I/O failed: {e}");
             r.status = if r.c2h { Status::UNRECOVERED_READ_ERROR } else { Status::WRITE_FAULT };
         }
+        self.file_ops_done(slot, ctx);
+    }
+
+    /// The request's file operations are over (status set): a FUA sync if asked, then the
+    /// response (or the slot's release on a closing connection).
+    fn file_ops_done(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let r = &mut self.reqs[usize::from(slot)];
         if r.after == After::Sync && r.status.is_success() {
             r.after = After::Respond;
             let nsid = r.sqe.nsid();
@@ -1514,6 +1538,102 @@ impl Connection {
             Some(ns) => self.finish_io(slot, &ns, ctx),
             None => self.respond(slot, ctx),
         }
+    }
+
+    /// An operation of the request's [`Batch`] finished: record it (the first error decides
+    /// the status), then submit more or finish.
+    fn on_batch_op_done(&mut self, slot: u16, result: &std::io::Result<usize>, ctx: &mut ConnCtx<'_>) {
+        let nsid = self.reqs[usize::from(slot)].sqe.nsid();
+        let ns = self.ns.get(nsid).cloned();
+        let r = &mut self.reqs[usize::from(slot)];
+        let outcome = match ns.as_deref().map(|n| &n.backend) {
+            Some(Backend::File(f)) => r.batch.on_done(result, f),
+            _ => {
+                // The namespace went away meanwhile: start nothing more on it.
+                r.batch.stop();
+                Err(std::io::Error::other("the namespace was removed"))
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(slot, nsid = nsid.0, "deallocate or write zeroes failed: {e}");
+            if r.status.is_success() {
+                r.status = Status::WRITE_FAULT;
+            }
+        }
+        self.batch_pump(slot, ctx);
+    }
+
+    /// Submits the next operations of the request's [`Batch`] (at most the batch's window
+    /// in flight); when none is in flight and none is left, finishes the command.
+    fn batch_pump(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let nsid = self.reqs[usize::from(slot)].sqe.nsid();
+        let ns = self.ns.get(nsid).cloned();
+        let closing = matches!(self.state, ConnState::Closing | ConnState::Closed);
+        let chunk = self.target.opts.max_transfer().min(ZERO_CHUNK_BYTES_MAX);
+        let token = ctx.token | u64::from(slot);
+        loop {
+            let r = &mut self.reqs[usize::from(slot)];
+            let (Some(ns), false) = (ns.as_deref(), closing) else {
+                r.batch.stop();
+                break;
+            };
+            let Backend::File(f) = &ns.backend else {
+                r.batch.stop();
+                break;
+            };
+            let Some(step) = r.batch.next_step(r.buf.as_deref().unwrap_or(&[]), ns, chunk) else { break };
+            let (op, op_len) = match step {
+                Step::Fallocate { mode, offset, len } => (FileOp::Fallocate { file: f.file(), mode, offset, len }, 0),
+                Step::Write { offset, len } => {
+                    let buf = match r.buf.take() {
+                        Some(b) => b,
+                        None => match self.buf_get(ctx, chunk) {
+                            Some(mut b) => {
+                                // Pool buffers hold earlier data: zero it once, write it many times.
+                                b.fill(0);
+                                b
+                            }
+                            None => {
+                                let r = &mut self.reqs[usize::from(slot)];
+                                r.batch.unsubmit(step);
+                                if r.batch.in_flight() == 0 {
+                                    r.state = ReqState::AwaitBuffer;
+                                    self.waiting.push_back(slot);
+                                }
+                                return;
+                            }
+                        },
+                    };
+                    (FileOp::Write { file: f.file(), buf, len, offset }, len)
+                }
+            };
+            self.reqs[usize::from(slot)].op_len = op_len;
+            match ctx.file_io.submit(op, token) {
+                Ok(()) => self.file_ops += 1,
+                Err((e, buf)) => {
+                    let r = &mut self.reqs[usize::from(slot)];
+                    if buf.is_some() {
+                        r.buf = buf;
+                    }
+                    r.batch.unsubmit(step);
+                    if r.batch.in_flight() > 0 {
+                        // Tried again when one of the command's operations completes.
+                        break;
+                    }
+                    tracing::warn!("file op submit failed: {e}");
+                    r.batch.stop();
+                    r.status = Status::INTERNAL;
+                    break;
+                }
+            }
+        }
+        let r = &mut self.reqs[usize::from(slot)];
+        if !r.batch.is_done() {
+            r.state = ReqState::Executing;
+            return;
+        }
+        r.batch = Batch::default();
+        self.file_ops_done(slot, ctx);
     }
 
     /// Applies provisioned limits and injected delay, then responds (now or at the due time).

@@ -356,6 +356,18 @@ impl AsRawFd for EventFd {
     }
 }
 
+/// `fallocate(fd, mode, offset, len)`, synchronously (`mode` as in `fallocate(2)`:
+/// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`, `FALLOC_FL_ZERO_RANGE`, ...). For start-up
+/// probes and synchronous executors; the I/O path queues [`Ring::fallocate`](crate::Ring::fallocate).
+pub fn fallocate(fd: RawFd, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    let too_big = || io::Error::new(io::ErrorKind::InvalidInput, "fallocate offset or length beyond i64");
+    let offset = libc::off64_t::try_from(offset).map_err(|_| too_big())?;
+    let len = libc::off64_t::try_from(len).map_err(|_| too_big())?;
+    // SAFETY: plain system call on `fd`; no memory is passed. An invalid fd gives EBADF.
+    cvt(unsafe { libc::fallocate64(fd, mode, offset, len) })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
