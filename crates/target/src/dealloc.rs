@@ -274,7 +274,15 @@ mod tests {
     }
 
     fn backend(dir: &std::path::Path) -> FileBackend {
-        FileBackend::open(&dir.join("f.img"), Some(1 << 20), true).unwrap()
+        let path = dir.join("f.img");
+        let req = crate::backend::FileRequest {
+            path: &path,
+            size: Some(1 << 20),
+            grow: false,
+            access: crate::backend::Access::ReadWrite,
+            owner: "namespace 1",
+        };
+        FileBackend::open(&req).unwrap().0
     }
 
     fn eopnotsupp() -> io::Result<usize> {

@@ -45,7 +45,7 @@ fn add_ns(t: &Arc<TargetState>, nsid: u32, backend: Backend) {
 }
 
 fn file_backend(path: &Path) -> Backend {
-    Backend::File(FileBackend::open(path, Some(NS_BYTES as u64), true).unwrap())
+    Backend::File(open_file(path, Some(NS_BYTES as u64)))
 }
 
 /// An admin and an I/O queue of the test target.
@@ -254,7 +254,7 @@ fn opening_probes_without_changing_the_file() {
         f.set_times(std::fs::FileTimes::new().set_modified(past).set_accessed(past)).unwrap();
         drop(f);
         let before = std::fs::metadata(&path).unwrap();
-        let b = FileBackend::open(&path, Some(NS_BYTES as u64), false).unwrap();
+        let b = open_file(&path, Some(NS_BYTES as u64));
         assert!(b.zeroing.punch(), "{}: this file system punches holes", under.display());
         drop(b);
         let after = std::fs::metadata(&path).unwrap();
@@ -338,8 +338,8 @@ fn loop_block_devices_needs_root() {
     // The second device can write zeroes but not deallocate: nothing is promised there.
     std::fs::write(no_discard.queue_limit("discard_max_bytes"), "0").unwrap();
     let t = target();
-    add_ns(&t, 2, Backend::File(FileBackend::open(&able.dev, None, false).unwrap()));
-    add_ns(&t, 3, Backend::File(FileBackend::open(&no_discard.dev, None, false).unwrap()));
+    add_ns(&t, 2, Backend::File(open_file(&able.dev, None)));
+    add_ns(&t, 3, Backend::File(open_file(&no_discard.dev, None)));
     let (mut a, mut q) = queues(&t);
     deallocate_and_zeroes(&mut a, &mut q, 2, "loop device");
 
@@ -389,4 +389,16 @@ fn reads_and_writes_still_work_around_a_deallocate() {
     assert_eq!(q.read(2, 64, 8192).1, data);
     let _ = io::READ;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Opens (or creates, with a size) a file or device for a namespace.
+fn open_file(path: &std::path::Path, size: Option<u64>) -> FileBackend {
+    let req = qpath_target::backend::FileRequest {
+        path,
+        size,
+        grow: false,
+        access: qpath_target::backend::Access::ReadWrite,
+        owner: "a test namespace",
+    };
+    FileBackend::open(&req).unwrap().0
 }
