@@ -1697,6 +1697,9 @@ impl Connection {
         let r = &mut self.reqs[usize::from(slot)];
         let cid = r.sqe.cid();
         let status = r.status;
+        // A failure on a queue of a controller goes into its Error Information log (below):
+        // the completion says so with the More bit, as nvmet does.
+        let more = !status.is_success() && self.binding.is_some();
         let mut resp_needed = true;
         if status.is_success() && r.c2h && r.xfer_len > 0 && (r.buf.is_some() || ram.is_some()) {
             let len = r.xfer_len as usize;
@@ -1732,7 +1735,7 @@ impl Connection {
         }
         let r = &mut self.reqs[usize::from(slot)];
         if resp_needed {
-            let cqe = Cqe { dw0: r.dw0, dw1: r.dw1, sqhd: self.sqhd, sqid: qid, cid, status };
+            let cqe = Cqe { dw0: r.dw0, dw1: r.dw1, sqhd: self.sqhd, sqid: qid, cid, status, more };
             self.scratch.clear();
             self.enc.capsule_resp(&mut self.scratch, &cqe);
             self.tx.push_bytes(&self.scratch);

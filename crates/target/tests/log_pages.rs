@@ -97,7 +97,9 @@ fn every_advertised_log_page_reads_back_after_io() {
     assert_eq!(q.completion(cid).0.status, Status::SUCCESS);
     let bad_cid = q.cid();
     q.command(&Sqe::rw(io::READ, bad_cid, Nsid(1), 2047, 2, SglDescriptor::transport(1024)), &[]);
-    assert_eq!(q.completion(bad_cid).0.status, Status::LBA_OUT_OF_RANGE);
+    let (bad, _) = q.completion(bad_cid);
+    assert_eq!(bad.status, Status::LBA_OUT_OF_RANGE);
+    assert!(bad.more, "the completion says an Error Information entry describes it (More)");
     // The queue publishes its counters on its tick.
     q.tick();
 
@@ -231,7 +233,9 @@ fn a_backend_read_failure_is_a_media_error() {
     let path = dir.join("ns.img");
     std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
     let t = target();
-    let file = qpath_target::backend::FileBackend::open(&path, None, false).unwrap();
+    use qpath_target::backend::{Access, FileBackend, FileRequest};
+    let req = FileRequest { path: &path, size: None, grow: false, access: Access::ReadWrite, owner: "namespace 3" };
+    let (file, _) = FileBackend::open(&req).unwrap();
     t.subsystem(NQN)
         .unwrap()
         .add_namespace(NamespaceSpec {
