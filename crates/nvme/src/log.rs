@@ -260,24 +260,28 @@ pub struct AnaLog {
 
 /// LSP bit 0 of the ANA log: Return Groups Only.
 pub const ANA_LSP_RGO: u8 = 1;
+/// Bytes of the ANA log's header.
+pub const ANA_LOG_HEADER_SIZE: usize = 16;
+/// Bytes of one ANA group descriptor, before its NSIDs.
+pub const ANA_GROUP_DESC_SIZE: usize = 32;
 
 impl AnaLog {
     /// Encodes the page (NSID lists dropped when `groups_only`).
     pub fn encode(&self, groups_only: bool) -> Vec<u8> {
-        let mut out = vec![0u8; 16];
+        let mut out = vec![0u8; ANA_LOG_HEADER_SIZE];
         put_u64(&mut out, 0, self.chgcnt);
         put_u16(&mut out, 8, u16::try_from(self.groups.len()).unwrap_or(u16::MAX));
         for g in &self.groups {
             let n = if groups_only { 0 } else { g.nsids.len() };
             let base = out.len();
-            out.resize(base + 32 + n * 4, 0);
+            out.resize(base + ANA_GROUP_DESC_SIZE + n * 4, 0);
             put_u32(&mut out, base, g.grpid.0);
             put_u32(&mut out, base + 4, u32::try_from(n).unwrap_or(u32::MAX));
             put_u64(&mut out, base + 8, g.chgcnt);
             put_u8(&mut out, base + 16, g.state as u8);
             if !groups_only {
                 for (i, ns) in g.nsids.iter().enumerate() {
-                    put_u32(&mut out, base + 32 + i * 4, ns.0);
+                    put_u32(&mut out, base + ANA_GROUP_DESC_SIZE + i * 4, ns.0);
                 }
             }
         }

@@ -289,7 +289,16 @@ fn get_log_page(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, 
                 let list = ctrl.take_changed_ns();
                 encode_changed_ns_list(list.as_deref().unwrap_or(&[Nsid(0); 1025])).to_vec()
             }
-            lid::ANA => ana_log(ctrl, ns, g.lsp & nvme::log::ANA_LSP_RGO != 0).encode(g.lsp & 1 != 0),
+            lid::ANA => {
+                let groups_only = g.lsp & nvme::log::ANA_LSP_RGO != 0;
+                let mut page = ana_log(ctrl, ns, groups_only).encode(groups_only);
+                // The page's length varies; a host sizes its read by the most it can hold
+                // (NANAGRPID group descriptors and NN NSIDs, from Identify) and reads that
+                // in pieces (libnvme: 4 KiB each), so an offset past today's groups is still
+                // inside the page: it reads zeros, as from nvmet (NVMe Base 2.0 §5.16.1.12).
+                page.resize(page.len().max(ana_log_max_len(groups_only)), 0);
+                page
+            }
             // Each read takes the oldest notification off the queue, whatever RAE says (RAE
             // only decides whether the event is reported again).
             lid::RESERVATION => ctrl.take_reservation_log().encode().to_vec(),
@@ -346,6 +355,13 @@ pub fn smart_log(target: &TargetState, ctrl: &Controller, ns: &NsMap, nsid: Nsid
         media_errors: c.media_errors,
         num_err_log_entries: errors,
     })
+}
+
+/// The most bytes the ANA log can take (Identify Controller NANAGRPID and NN): header,
+/// one descriptor per group and, unless only groups are asked for, every NSID.
+fn ana_log_max_len(groups_only: bool) -> usize {
+    let nsids = if groups_only { 0 } else { MAX_NSID as usize };
+    nvme::log::ANA_LOG_HEADER_SIZE + ANA_GROUPS as usize * nvme::log::ANA_GROUP_DESC_SIZE + nsids * 4
 }
 
 /// The ANA log as seen through `ctrl`'s port: every group that has a

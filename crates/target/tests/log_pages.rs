@@ -263,3 +263,27 @@ fn a_backend_read_failure_is_a_media_error() {
     assert_eq!(smart(&mut h, Nsid::BROADCAST).media_errors, 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// libnvme reads the ANA log in 4 KiB pieces up to the most it can hold (from Identify's
+/// NANAGRPID and NN): a piece past today's groups reads zeros instead of failing, so
+/// `nvme ana-log` works (it failed with Invalid Field in Command).
+#[test]
+fn the_ana_log_reads_in_pieces_up_to_its_largest_size() {
+    let t = target();
+    let mut h = Host::new(&t, 1);
+    h.admin_up(Digests::default());
+    let cid = h.cid();
+    let (c, first) = h.admin(Sqe::get_log_page(cid, Nsid::BROADCAST, lid::ANA, 0, true, 4096, 0));
+    assert_eq!(c.status, Status::SUCCESS);
+    let log = nvme::log::AnaLog::decode(&first).unwrap();
+    assert_eq!(log.groups.len(), 1);
+    assert_eq!(log.groups[0].nsids, [Nsid(1)]);
+    // 16 + 32 groups x 32 + 1024 NSIDs x 4 = 5136 bytes at most: the second piece.
+    let cid = h.cid();
+    let (c, rest) = h.admin(Sqe::get_log_page(cid, Nsid::BROADCAST, lid::ANA, 0, true, 1040, 4096));
+    assert_eq!(c.status, Status::SUCCESS, "an offset inside the largest page");
+    assert!(rest.iter().all(|&b| b == 0));
+    let cid = h.cid();
+    let (c, _) = h.admin(Sqe::get_log_page(cid, Nsid::BROADCAST, lid::ANA, 0, true, 4, 5140));
+    assert_eq!(c.status, Status::INVALID_FIELD, "past the largest page");
+}
