@@ -167,13 +167,8 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
     let s = &ctrl.subsys;
     let disc = ctrl.is_discovery();
     let o = &target.opts;
-    let (ns_count, vwc) = if disc {
-        (0, false)
-    } else {
-        let (m, _) = s.namespaces();
-        (m.len(), m.iter().any(|n| n.backend.volatile_cache()))
-    };
-    let _ = ns_count;
+    // VWC describes the namespaces this controller's host sees.
+    let vwc = !disc && ctrl.namespaces().iter().any(|n| n.backend.volatile_cache());
     IdentifyController {
         vid: 0,
         ssvid: 0,

@@ -113,9 +113,11 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
         AnaState::Change => return Err(Status::ANA_TRANSITION),
     }
     let op = sqe.opcode();
+    // The capacity may change under I/O (resize): read it once for this command.
+    let nblocks = ns.nblocks();
     let range = |slba: u64, nlb: u64| -> Result<(u64, u64), Status> {
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
+            Some(end) if end <= nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
             _ => Err(Status::LBA_OUT_OF_RANGE),
         }
     };
@@ -166,12 +168,13 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
 /// Decodes DSM ranges (16 bytes each: attributes, length in blocks, starting LBA)
 /// into byte ranges, checking each against the namespace.
 pub fn dsm_ranges(data: &[u8], ns: &Namespace) -> Result<Vec<(u64, u64)>, Status> {
+    let nblocks = ns.nblocks();
     data.chunks_exact(16)
         .map(|r| {
             let nlb = u64::from(u32::from_le_bytes([r[4], r[5], r[6], r[7]]));
             let slba = u64::from_le_bytes([r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]]);
             match slba.checked_add(nlb) {
-                Some(end) if end <= ns.nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
+                Some(end) if end <= nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
                 _ => Err(Status::LBA_OUT_OF_RANGE),
             }
         })

@@ -399,12 +399,10 @@ impl TargetState {
         }
         tracing::info!(port = port_id, group = group.0, state = state.linux_name(), "ANA state changed");
         for s in self.subsystems() {
-            let (ns, _) = s.namespaces();
-            if !ns.iter().any(|n| n.anagrpid == group) {
-                continue;
-            }
             for c in s.controllers() {
-                if c.port.id == port_id {
+                // Only controllers whose host sees a namespace of the group: the others'
+                // ANA logs do not change.
+                if c.port.id == port_id && c.namespaces().iter().any(|n| n.anagrpid == group) {
                     c.add_event(AsyncEvent::ANA_CHANGE);
                 }
             }

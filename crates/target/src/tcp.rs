@@ -1033,9 +1033,10 @@ impl Connection {
 
     fn refresh_ns(&mut self) {
         if let Some(b) = &self.binding {
-            let subsys = &b.controller().subsys;
-            if subsys.ns_generation() != self.ns_gen {
-                let (m, g) = subsys.namespaces();
+            let ctrl = b.controller();
+            if ctrl.subsys.ns_generation() != self.ns_gen {
+                // The namespaces this controller's host sees (visibility is per host).
+                let (m, g) = ctrl.subsys.namespaces_of(ctrl);
                 let old = std::mem::replace(&mut self.ns, m);
                 if self.file_ops > 0 {
                     // Keep namespaces alive while file operations on them are in flight.
@@ -1189,7 +1190,7 @@ impl Connection {
                     let icd = self.target.opts.in_capsule_data_size as usize;
                     self.dec.config.max_in_capsule = icd;
                 }
-                let (m, g) = ctrl.subsys.namespaces();
+                let (m, g) = ctrl.subsys.namespaces_of(&ctrl);
                 self.ns = m;
                 self.ns_gen = g;
                 self.binding = Some(c.binding);
