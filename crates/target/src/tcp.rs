@@ -1801,6 +1801,12 @@ impl Connection {
             self.set_state(ConnState::Closed);
             return;
         }
+        if self.port.is_removed() {
+            // The operator removed the port: like a link that went away.
+            self.close("port removed");
+            self.set_state(ConnState::Closed);
+            return;
+        }
         let Some(b) = &self.binding else { return };
         let ctrl = Arc::clone(b.controller());
         if self.traffic_ms > self.traffic_reported_ms {
