@@ -47,13 +47,32 @@
 //! [[subsystem.namespace]]
 //! backend = "ram"
 //! size = "1G"
+//! max_size = "8G"                # ram: resize_namespace grows it up to this (default: the
+//!                                #   machine's memory; address space only, no memory, is
+//!                                #   reserved for it at start)
 //! prefault = true                # ram: fault every page in at start (no first-touch faults)
 //! huge_pages = true              # ram: transparent huge pages (MADV_HUGEPAGE, best effort)
+//! [[subsystem.namespace]]
+//! backend = "null"
+//! size = "1T"
+//! visible = "listed"             # only the hosts in `hosts` see it (default "all": every
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]   # host the subsystem lets in);
+//!                                #   the RPCs ns_add_host / ns_remove_host change the list
 //! [[ana]]
 //! port = 2
 //! group = 1
 //! state = "non-optimized"
+//! [[referral]]                   # in every port's discovery log: another discovery
+//! address = "10.0.0.2"           #   service, which hosts (nvme discover, qpath discover)
+//! port = 8009                    #   follow; port defaults to 8009 and subnqn to the
+//! subnqn = "nqn.2014-08.org.nvmexpress.discovery"   # discovery NQN (another NQN: an NVM
+//!                                #   subsystem at that address)
 //! ```
+//!
+//! A namespace's size can change while hosts use it (RPC `resize_namespace`; see
+//! [`crate::namespace`]); a file namespace's file is resized then, and only then. The
+//! RPC does not rewrite this file: a file namespace keeps its new size across a restart
+//! when its `size` is left out (it takes the file's) or set to the new size.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -65,7 +84,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::HostAuth;
 use crate::backend::{Backend, FileBackend};
 use crate::error::{Error, ErrorKind};
-use crate::namespace::NamespaceSpec;
+use crate::namespace::{NamespaceSpec, Visibility};
 use crate::port::PortKind;
 use crate::qos::QosSettings;
 use crate::reactor::ReactorOptions;
@@ -99,6 +118,36 @@ pub struct Config {
     /// ANA states other than optimized.
     #[serde(default)]
     pub ana: Vec<AnaConfig>,
+    /// Referrals listed in the discovery log.
+    #[serde(default, rename = "referral")]
+    pub referrals: Vec<ReferralConfig>,
+}
+
+/// A referral to another discovery service (or an NVM subsystem elsewhere).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferralConfig {
+    /// IP address (no host names: the discovery log carries an address and its family).
+    pub address: String,
+    /// TCP port (default 8009, the discovery port).
+    #[serde(default = "default_referral_port")]
+    pub port: u16,
+    /// NQN to connect to there (default: the discovery NQN).
+    pub subnqn: Option<String>,
+}
+
+fn default_referral_port() -> u16 {
+    crate::registry::DISCOVERY_TRSVCID
+}
+
+impl ReferralConfig {
+    /// The checked referral.
+    pub fn to_referral(&self) -> Result<crate::registry::Referral, Error> {
+        let address = self.address.trim().parse().map_err(|e| {
+            Error::new(ErrorKind::Config, format!("referral address {:?}: {e} (an IPv4 or IPv6 address)", self.address))
+        })?;
+        crate::registry::Referral::new(address, self.port, self.subnqn.as_deref())
+    }
 }
 
 /// RPC socket.
@@ -262,8 +311,34 @@ impl NamespaceConfig {
             prefault: false,
             huge_pages: false,
             ptpl_file: None,
+            max_size: None,
+            visible: VisibleTo::All,
+            hosts: vec![],
         }
     }
+
+    /// Which hosts see it: `visible` with `hosts`, checked.
+    pub fn visibility(&self) -> Result<Visibility, Error> {
+        match self.visible {
+            VisibleTo::All if !self.hosts.is_empty() => Err(Error::new(
+                ErrorKind::Config,
+                "a namespace's hosts list who sees it with visible = \"listed\" (it is \"all\")",
+            )),
+            VisibleTo::All => Ok(Visibility::All),
+            VisibleTo::Listed => Visibility::listed(self.hosts.iter().cloned()),
+        }
+    }
+}
+
+/// Which hosts see a namespace, as the configuration says it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VisibleTo {
+    /// Every host the subsystem lets in.
+    #[default]
+    All,
+    /// Only the namespace's `hosts` (and those `ns_add_host` adds).
+    Listed,
 }
 
 /// A namespace.
@@ -308,6 +383,17 @@ pub struct NamespaceConfig {
     /// TLB misses when I/O spreads over a large namespace.
     #[serde(default)]
     pub huge_pages: bool,
+    /// RAM backend: the largest size `resize_namespace` may grow it to (default: the
+    /// machine's physical memory). Its address space is reserved at creation; memory is
+    /// used only as the namespace grows.
+    #[serde(default)]
+    pub max_size: Option<SizeValue>,
+    /// Which hosts see it: `all` (default) or `listed` (only `hosts`).
+    #[serde(default)]
+    pub visible: VisibleTo,
+    /// With `visible = "listed"`: the host NQNs that see it (at most 1024).
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 fn default_block_size() -> u32 {
@@ -394,6 +480,7 @@ impl Config {
             ports: vec![PortConfig::io(1, "127.0.0.1:4420"), PortConfig::io(2, "127.0.0.1:4421")],
             subsystems: vec![SubsystemConfig::open(DEFAULT_NQN, vec![NamespaceConfig::ram(1, "1G")])],
             ana: vec![],
+            referrals: vec![],
         }
     }
 
@@ -411,6 +498,9 @@ impl Config {
         let state = Arc::new(TargetState::new(self.options));
         for s in &self.subsystems {
             add_subsystem(&state, s)?;
+        }
+        for r in &self.referrals {
+            state.add_referral(r.to_referral()?)?;
         }
         Ok(state)
     }
@@ -461,11 +551,21 @@ pub fn add_subsystem(state: &TargetState, s: &SubsystemConfig) -> Result<Arc<Sub
 /// Adds a configured namespace (also used by RPC).
 pub fn add_namespace(sub: &Subsystem, n: &NamespaceConfig) -> Result<nvme::Nsid, Error> {
     let size = n.size.as_ref().map(SizeValue::bytes).transpose()?;
+    // Checked before a backend is opened (a file may be created or sized then).
+    let visibility = n.visibility()?;
+    let max_size = n.max_size.as_ref().map(SizeValue::bytes).transpose()?;
+    if max_size.is_some() && n.backend != "ram" {
+        return Err(Error::new(ErrorKind::Config, "max_size is for ram namespaces"));
+    }
     let backend = match n.backend.as_str() {
         "null" => Backend::Null,
         "ram" => {
             let size = size.ok_or_else(|| Error::new(ErrorKind::Config, "a ram namespace needs a size"))?;
-            Backend::ram_with(size, RegionOptions { populate: n.prefault, huge_pages: n.huge_pages })?
+            let options = RegionOptions { populate: n.prefault, huge_pages: n.huge_pages };
+            match max_size {
+                Some(max) => Backend::ram_growable(size, max, options)?,
+                None => Backend::ram_with(size, options)?,
+            }
         }
         "file" => {
             let path = n.path.as_ref().ok_or_else(|| Error::new(ErrorKind::Config, "a file namespace needs a path"))?;
@@ -474,16 +574,19 @@ pub fn add_namespace(sub: &Subsystem, n: &NamespaceConfig) -> Result<nvme::Nsid,
         other => return Err(Error::new(ErrorKind::Config, format!("backend {other:?}: null, ram or file"))),
     };
     let uuid = n.uuid.as_deref().map(parse_uuid).transpose()?;
-    let nsid = sub.add_namespace(NamespaceSpec {
-        nsid: n.nsid,
-        backend,
-        size,
-        block_size: n.block_size,
-        anagrpid: n.ana_group,
-        uuid,
-        readonly: n.readonly,
-        ptpl_file: n.ptpl_file.clone(),
-    })?;
+    let nsid = sub.add_namespace_with(
+        NamespaceSpec {
+            nsid: n.nsid,
+            backend,
+            size,
+            block_size: n.block_size,
+            anagrpid: n.ana_group,
+            uuid,
+            readonly: n.readonly,
+            ptpl_file: n.ptpl_file.clone(),
+        },
+        visibility,
+    )?;
     let (map, _) = sub.namespaces();
     if let Some(ns) = map.get(nsid) {
         ns.qos.set(n.qos);
