@@ -400,3 +400,43 @@ fn a_controller_made_later_starts_with_its_hosts_view() {
     a2.admin_up(Digests::default());
     assert_eq!(active_nsids(&mut a2), vec![Nsid(1), Nsid(3)]);
 }
+
+#[test]
+fn ana_changes_reach_only_hosts_that_see_a_namespace_of_the_group() {
+    let t = target();
+    let s = subsystem(&t);
+    s.add_namespace_with(
+        NamespaceSpec {
+            nsid: 2,
+            backend: Backend::Null,
+            size: Some(1 << 20),
+            block_size: 512,
+            anagrpid: 2,
+            uuid: None,
+            readonly: false,
+            ptpl_file: None,
+        },
+        Visibility::listed([HOSTNQN.to_string()]).unwrap(),
+    )
+    .unwrap();
+    s.set_access(qpath_target::subsystem::HostAccess {
+        allow_any: false,
+        hosts: vec![HOSTNQN.to_string(), HOST_B.to_string()],
+    });
+    let ana_aer = |hostnqn: &str| {
+        let mut h = Host::new(&t, 1);
+        h.admin_up_as(hostnqn, Digests::default());
+        let cid = h.cid();
+        assert_eq!(h.admin(Sqe::set_features(cid, fid::ASYNC_EVENT, 1 << 11)).0.status, Status::SUCCESS);
+        let aer = h.cid();
+        h.command(&Sqe::async_event_request(aer), &[]);
+        (h, aer)
+    };
+    let (mut a, aer_a) = ana_aer(HOSTNQN);
+    let (mut b, _) = ana_aer(HOST_B);
+    t.set_ana_state(1, nvme::AnaGrpId(2), nvme::AnaState::Inaccessible).unwrap();
+    a.tick();
+    assert_eq!(a.completion(aer_a).0.dw0, AsyncEvent::ANA_CHANGE.to_dw0());
+    b.tick();
+    assert!(b.recv().is_none(), "B sees no namespace of group 2: its ANA log did not change");
+}

@@ -717,7 +717,10 @@ mod tests {
             // Let the reader copy at the new end before the next step (bounded wait).
             let seen = copied.load(Ordering::Relaxed);
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-            while copied.load(Ordering::Relaxed) < seen + 2 && std::time::Instant::now() < deadline {
+            while copied.load(Ordering::Relaxed) < seen + 2
+                && std::time::Instant::now() < deadline
+                && !reader.is_finished()
+            {
                 std::thread::yield_now();
             }
         }
