@@ -5,7 +5,7 @@
 //!
 //! The I/O path reads the capacity once per command ([`Namespace::nblocks`]: one relaxed
 //! load of an atomic that only the control plane writes) and checks the command's range
-//! against it; nothing else on the I/O path depends on it. [`Namespace::resize`] orders
+//! against it; nothing else on the I/O path depends on it. A resize (`Namespace::resize`) orders
 //! the change so that no command can address storage that is not there:
 //!
 //! * growing makes the storage bigger first (a RAM region maps more pages, a file is
@@ -228,7 +228,7 @@ impl Namespace {
     /// the controllers. A file is resized here only because an operator asked for exactly
     /// this: growing extends it when it is shorter than `size`, shrinking truncates it when
     /// its end lay in the cut-off range. Block devices keep the device's size.
-    pub fn resize(&self, size: u64) -> Result<u64, Error> {
+    pub(crate) fn resize(&self, size: u64) -> Result<u64, Error> {
         let bs = u64::from(self.block_size());
         if size == 0 {
             return Err(Error::new(ErrorKind::Config, "a namespace cannot be resized to 0 bytes"));

@@ -244,7 +244,7 @@ impl Subsystem {
     }
 
     /// Changes namespace `nsid`'s capacity to `size` bytes while hosts may do I/O to it
-    /// ([`Namespace::resize`] says what is refused); returns (previous, new) size. Every
+    /// (`Namespace::resize` says what is refused); returns (previous, new) size. Every
     /// controller that sees it gets a namespace-attribute-changed event with the NSID in
     /// its Changed Namespace List, as nvmet's `revalidate_size` does (configfs.c), so hosts
     /// read the new size without reconnecting.
