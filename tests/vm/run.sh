@@ -22,6 +22,9 @@
 #               ptpl_file, the guest registers with CPTPL on and takes Write Exclusive, the target
 #               is killed (-9) and restarted: the reservation is back (report, ptpls 1, the
 #               other host still refused), the guest writes, releases and unregisters
+#   resize      the namespace grows by RPC while the guest is connected (both ports, one head):
+#               the new size shows in sysfs and nvme id-ns within RESIZE_WAIT s (30) without a
+#               reconnect; writes and reads past the old end, fio verify there, old end intact
 #   nvmet       our host against the guest kernel's nvmet-tcp: qpath discover, connect, bench
 #               with verify=crc32c on both ports and with digests (issue 3 acceptance 1)
 #   flaps       issue 4 acceptance 3c: `qpath lab flaps --mode nvmet`, our host's 4k randwrite +
@@ -34,7 +37,8 @@
 #   every PDU type of a read/write workload (tests/vm/pcap-check.sh).
 # Environment: KERNEL (bookworm = 6.1, sid = 7.2), QPATH_BIN (default: cargo build --release),
 #   VMLAB_DIR (default ../shared/vmlab from the repo root), VMLAB_WORK, RANDRW_RUNTIME (30),
-#   DIGEST_RUNTIME (30), ANA_FIO_RUNTIME (45), QPATH_VM_RUST_LOG (debug), QPATH_VM_KEEP_PCAP=1
+#   DIGEST_RUNTIME (30), ANA_FIO_RUNTIME (45), RESIZE_WAIT (30), QPATH_VM_RUST_LOG (debug),
+#   QPATH_VM_KEEP_PCAP=1
 # Exit status: 0 passed, 1 failed, 77 cannot run here (a "SKIP: reason" line says why).
 # Logs: $VMLAB_WORK/qpath-vm-SCENARIO-KERNEL.XXXXXX/{serial.log,target.log,boot.out,...}
 set -euo pipefail
@@ -46,7 +50,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
     --capture) CAPTURE=1 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -54,17 +58,17 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|qdpolicy|nvmet|flaps|resv) ;;
+  interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize) ;;
   all)
     rc=0
     for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
-      "sid qdpolicy" "bookworm resv" "sid resv" \
+      "sid qdpolicy" "bookworm resv" "sid resv" "bookworm resize" "sid resize" \
       "bookworm nvmet" "sid nvmet" "sid flaps"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -283,6 +287,33 @@ sys.exit(0 if ok else 1)' "$1"; then
   # the guest's release and unregister were written through as well
   ptpl_file_check "after the guest released and unregistered" 0 none none
   rm -f "$img"
+}
+
+# A namespace resized while the kernel host is connected: the embedded default's 1 GiB RAM
+# namespace grows to 1.5 GiB when the guest asks (QPATH-ASK resize-grow).
+RESIZE_OLD=$((1 << 30)) RESIZE_NEW=$((3 << 29))
+scenario_resize() {
+  on_ask() {
+    [ "$1" = resize-grow ] || { fail "unexpected request from the guest: $1"; return 1; }
+    local out
+    if out=$(rpc resize_namespace nqn="$QPATH_NQN" nsid=1 size=$RESIZE_NEW 2>&1); then
+      pass "rpc resize_namespace nqn=$QPATH_NQN nsid=1 size=$RESIZE_NEW: $out"
+    else
+      fail "rpc resize_namespace nqn=$QPATH_NQN nsid=1 size=$RESIZE_NEW: $out"; return 1
+    fi
+    echo "list_subsystems after the resize:"
+    rpc list_subsystems | python3 -c '
+import json, sys
+for s in json.load(sys.stdin):
+    for n in s["namespaces"]:
+        print("  %s nsid %s: %s bytes" % (s["nqn"], n["nsid"], n["size"]))' || echo "  (list_subsystems failed)"
+  }
+  start_target || return 0
+  boot_guest "$VM_DIR/guest/resize.sh" "vmlab.env.OLD_BYTES=$RESIZE_OLD" "vmlab.env.NEW_BYTES=$RESIZE_NEW" \
+    "vmlab.env.RESIZE_WAIT=${RESIZE_WAIT:-30}"
+  serve_guest
+  check_guest
+  check_target_after
 }
 
 scenario_durability() {

@@ -369,6 +369,16 @@ pub mod subtype {
     pub const CURRENT_DISCOVERY: u8 = 3;
 }
 
+/// Discovery log page entry flags (EFLAGS; NVMe Base 2.0, Discovery Log Page Entry).
+pub mod eflags {
+    /// Duplicate Returned Information: connecting to this entry's discovery controller
+    /// returns the same information as the controller that reported it.
+    pub const DUPRETINFO: u16 = 1 << 0;
+    /// Explicit Persistent Connection Support for Discovery: the discovery controller keeps
+    /// a connection alive (Keep Alive) and reports log changes (Asynchronous Event Request).
+    pub const EPCSD: u16 = 1 << 1;
+}
+
 /// Size of the discovery log header and of each entry.
 pub const DISCOVERY_RECORD_SIZE: usize = 1024;
 

@@ -174,7 +174,8 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
     let s = &ctrl.subsys;
     let disc = ctrl.is_discovery();
     let o = &target.opts;
-    let vwc = !disc && volatile_cache(&s.namespaces().0);
+    // VWC describes the namespaces this controller's host sees.
+    let vwc = !disc && volatile_cache(&ctrl.namespaces());
     IdentifyController {
         vid: 0,
         ssvid: 0,

@@ -633,17 +633,32 @@ impl Drop for NewFiles {
 }
 
 impl Backend {
-    /// A RAM backend of `size` bytes.
+    /// A RAM backend of `size` bytes that may grow up to the machine's memory.
     pub fn ram(size: u64) -> Result<Backend, Error> {
         Backend::ram_with(size, RegionOptions::default())
     }
 
-    /// A RAM backend of `size` bytes mapped with `options` (e.g. pre-faulted).
+    /// A RAM backend of `size` bytes mapped with `options` (e.g. pre-faulted), that may grow
+    /// up to the machine's memory ([`default_ram_max_size`]).
     pub fn ram_with(size: u64, options: RegionOptions) -> Result<Backend, Error> {
-        let len = usize::try_from(size).map_err(|_| Error::new(ErrorKind::Config, "RAM namespace too large"))?;
-        SharedRegion::with_options(len, options)
+        Backend::ram_growable(size, default_ram_max_size(size), options)
+    }
+
+    /// A RAM backend of `size` bytes that a resize may grow up to `max_size` bytes: the
+    /// address space is reserved now, memory is used as it grows ([`uring::SharedRegion`]).
+    pub fn ram_growable(size: u64, max_size: u64, options: RegionOptions) -> Result<Backend, Error> {
+        if max_size < size {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("max_size {max_size} is smaller than the RAM namespace's size {size}"),
+            ));
+        }
+        let too_large = || Error::new(ErrorKind::Config, "RAM namespace too large");
+        let len = usize::try_from(size).map_err(|_| too_large())?;
+        let max_len = usize::try_from(max_size).map_err(|_| too_large())?;
+        SharedRegion::growable(len, max_len, options)
             .map(|r| Backend::Ram(Arc::new(r)))
-            .map_err(|e| Error::new(ErrorKind::Backend, format!("RAM region of {size} bytes: {e}")))
+            .map_err(|e| Error::new(ErrorKind::Backend, format!("RAM region of {size} bytes (up to {max_size}): {e}")))
     }
 
     /// The backend's capacity in bytes (`None` for null, which takes its size from config).
@@ -807,6 +822,13 @@ fn bdev_punch_zeroes(meta: &std::fs::Metadata) -> (bool, String) {
     let why =
         format!("block device {major}:{minor}: write_zeroes_max_bytes {write_zeroes}, discard_max_bytes {discard}");
     (write_zeroes > 0 && unmaps, why)
+}
+
+/// How far a RAM namespace of `size` bytes may grow unless its `max_size` says otherwise:
+/// the machine's physical memory (a RAM namespace larger than that could not be backed),
+/// and never less than `size`. Only address space is reserved for it, no memory.
+pub fn default_ram_max_size(size: u64) -> u64 {
+    uring::physical_memory().unwrap_or(size).max(size)
 }
 
 /// fallocate modes used for Write Zeroes and Deallocate.

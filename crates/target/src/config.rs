@@ -49,12 +49,26 @@
 //! [[subsystem.namespace]]
 //! backend = "ram"
 //! size = "1G"
+//! max_size = "8G"                # ram: resize_namespace grows it up to this (default: the
+//!                                #   machine's memory; address space only, no memory, is
+//!                                #   reserved for it at start)
 //! prefault = true                # ram: fault every page in at start (no first-touch faults)
 //! huge_pages = true              # ram: transparent huge pages (MADV_HUGEPAGE, best effort)
+//! [[subsystem.namespace]]
+//! backend = "null"
+//! size = "1T"
+//! visible = "listed"             # only the hosts in `hosts` see it (default "all": every
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]   # host the subsystem lets in);
+//!                                #   the RPCs ns_add_host / ns_remove_host change the list
 //! [[ana]]
 //! port = 2
 //! group = 1
 //! state = "non-optimized"
+//! [[referral]]                   # in every port's discovery log: another discovery
+//! address = "10.0.0.2"           #   service, which hosts (nvme discover, qpath discover)
+//! port = 8009                    #   follow; port defaults to 8009 and subnqn to the
+//! subnqn = "nqn.2014-08.org.nvmexpress.discovery"   # discovery NQN (another NQN: an NVM
+//!                                #   subsystem at that address)
 //! ```
 //!
 //! # File namespaces
@@ -75,6 +89,12 @@
 //! namespace is removed and its last command is done. If a start fails (a namespace
 //! refused, a port that cannot bind), the files it created are removed; files it did not
 //! create are never touched. See `docs/robustness.md`, "Data safety".
+//!
+//! A namespace's size can change while hosts use it (RPC `resize_namespace`; see
+//! [`crate::namespace`]); a file namespace's file is resized then, and only then. The
+//! RPC does not rewrite this file: after a file namespace grew, a `size` still naming the
+//! old size is refused at the next start (smaller than the file); leave `size` out (the
+//! file's is used) or set the new one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -86,7 +106,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::HostAuth;
 use crate::backend::{Access, Backend, FileBackend, FileRequest, NewFiles};
 use crate::error::{Error, ErrorKind};
-use crate::namespace::NamespaceSpec;
+use crate::namespace::{NamespaceSpec, Visibility};
 use crate::port::PortKind;
 use crate::qos::QosSettings;
 use crate::reactor::ReactorOptions;
@@ -120,6 +140,36 @@ pub struct Config {
     /// ANA states other than optimized.
     #[serde(default)]
     pub ana: Vec<AnaConfig>,
+    /// Referrals listed in the discovery log.
+    #[serde(default, rename = "referral")]
+    pub referrals: Vec<ReferralConfig>,
+}
+
+/// A referral to another discovery service (or an NVM subsystem elsewhere).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferralConfig {
+    /// IP address (no host names: the discovery log carries an address and its family).
+    pub address: String,
+    /// TCP port (default 8009, the discovery port).
+    #[serde(default = "default_referral_port")]
+    pub port: u16,
+    /// NQN to connect to there (default: the discovery NQN).
+    pub subnqn: Option<String>,
+}
+
+fn default_referral_port() -> u16 {
+    crate::registry::DISCOVERY_TRSVCID
+}
+
+impl ReferralConfig {
+    /// The checked referral.
+    pub fn to_referral(&self) -> Result<crate::registry::Referral, Error> {
+        let address = self.address.trim().parse().map_err(|e| {
+            Error::new(ErrorKind::Config, format!("referral address {:?}: {e} (an IPv4 or IPv6 address)", self.address))
+        })?;
+        crate::registry::Referral::new(address, self.port, self.subnqn.as_deref())
+    }
 }
 
 /// RPC socket.
@@ -284,8 +334,34 @@ impl NamespaceConfig {
             huge_pages: false,
             ptpl_file: None,
             grow: false,
+            max_size: None,
+            visible: VisibleTo::All,
+            hosts: vec![],
         }
     }
+
+    /// Which hosts see it: `visible` with `hosts`, checked.
+    pub fn visibility(&self) -> Result<Visibility, Error> {
+        match self.visible {
+            VisibleTo::All if !self.hosts.is_empty() => Err(Error::new(
+                ErrorKind::Config,
+                "a namespace's hosts list who sees it with visible = \"listed\" (it is \"all\")",
+            )),
+            VisibleTo::All => Ok(Visibility::All),
+            VisibleTo::Listed => Visibility::listed(self.hosts.iter().cloned()),
+        }
+    }
+}
+
+/// Which hosts see a namespace, as the configuration says it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VisibleTo {
+    /// Every host the subsystem lets in.
+    #[default]
+    All,
+    /// Only the namespace's `hosts` (and those `ns_add_host` adds).
+    Listed,
 }
 
 /// A namespace.
@@ -337,6 +413,17 @@ pub struct NamespaceConfig {
     /// TLB misses when I/O spreads over a large namespace.
     #[serde(default)]
     pub huge_pages: bool,
+    /// RAM backend: the largest size `resize_namespace` may grow it to (default: the
+    /// machine's physical memory). Its address space is reserved at creation; memory is
+    /// used only as the namespace grows.
+    #[serde(default)]
+    pub max_size: Option<SizeValue>,
+    /// Which hosts see it: `all` (default) or `listed` (only `hosts`).
+    #[serde(default)]
+    pub visible: VisibleTo,
+    /// With `visible = "listed"`: the host NQNs that see it (at most 1024).
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 fn default_block_size() -> u32 {
@@ -423,6 +510,7 @@ impl Config {
             ports: vec![PortConfig::io(1, "127.0.0.1:4420"), PortConfig::io(2, "127.0.0.1:4421")],
             subsystems: vec![SubsystemConfig::open(DEFAULT_NQN, vec![NamespaceConfig::ram(1, "1G")])],
             ana: vec![],
+            referrals: vec![],
         }
     }
 
@@ -448,6 +536,9 @@ impl Config {
         let state = Arc::new(TargetState::new(self.options));
         for s in &self.subsystems {
             add_subsystem_into(&state, s, new)?;
+        }
+        for r in &self.referrals {
+            state.add_referral(r.to_referral()?)?;
         }
         Ok(state)
     }
@@ -559,12 +650,22 @@ fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) 
     if n.grow && n.backend != "file" {
         return Err(Error::new(ErrorKind::Config, format!("{owner}: grow applies to file namespaces only")));
     }
+    // Checked before a backend is opened (a file may be created or sized then).
+    let visibility = n.visibility()?;
+    let max_size = n.max_size.as_ref().map(SizeValue::bytes).transpose()?;
+    if max_size.is_some() && n.backend != "ram" {
+        return Err(Error::new(ErrorKind::Config, format!("{owner}: max_size is for ram namespaces")));
+    }
     let backend = match n.backend.as_str() {
         "null" => Backend::Null,
         "ram" => {
             let size =
                 size.ok_or_else(|| Error::new(ErrorKind::Config, format!("{owner}: a ram namespace needs a size")))?;
-            Backend::ram_with(size, RegionOptions { populate: n.prefault, huge_pages: n.huge_pages })?
+            let options = RegionOptions { populate: n.prefault, huge_pages: n.huge_pages };
+            match max_size {
+                Some(max) => Backend::ram_growable(size, max, options)?,
+                None => Backend::ram_with(size, options)?,
+            }
         }
         "file" => {
             let path = n
@@ -581,16 +682,19 @@ fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) 
         other => return Err(Error::new(ErrorKind::Config, format!("{owner}: backend {other:?}: null, ram or file"))),
     };
     let uuid = n.uuid.as_deref().map(parse_uuid).transpose()?;
-    let nsid = sub.add_namespace(NamespaceSpec {
-        nsid: nsid.0,
-        backend,
-        size,
-        block_size: n.block_size,
-        anagrpid: n.ana_group,
-        uuid,
-        readonly: n.readonly,
-        ptpl_file: n.ptpl_file.clone(),
-    })?;
+    let nsid = sub.add_namespace_with(
+        NamespaceSpec {
+            nsid: nsid.0,
+            backend,
+            size,
+            block_size: n.block_size,
+            anagrpid: n.ana_group,
+            uuid,
+            readonly: n.readonly,
+            ptpl_file: n.ptpl_file.clone(),
+        },
+        visibility,
+    )?;
     let (map, _) = sub.namespaces();
     if let Some(ns) = map.get(nsid) {
         ns.qos.set(n.qos);

@@ -15,6 +15,7 @@ use nvme::log::{ErrorLogEntry, ResvNotification, resv_notice, trtype};
 use nvme::opcode::io;
 use nvme::{Cntlid, Nsid, QueueId, Sqe, Status};
 
+use crate::namespace::NsMap;
 use crate::port::Port;
 use crate::reservation::Notice;
 use crate::subsystem::{SubsysKind, Subsystem};
@@ -139,6 +140,9 @@ pub struct Controller {
     aen_pending: AtomicBool,
     /// Bumped when CC.EN goes to 0: I/O queues bound to an older value close.
     io_generation: AtomicU64,
+    /// The namespaces this controller's host sees (set by the subsystem, which also bumps
+    /// its namespace generation so that queues re-read it).
+    ns_view: Mutex<Arc<NsMap>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -213,6 +217,7 @@ impl Controller {
             last_traffic_ms: AtomicU64::new(now_ms),
             aen_pending: AtomicBool::new(false),
             io_generation: AtomicU64::new(0),
+            ns_view: Mutex::new(Arc::new(NsMap::default())),
         }
     }
 
@@ -541,6 +546,18 @@ impl Controller {
             }
         }
         Ok(())
+    }
+
+    /// The namespaces this controller's host sees. Queues cache it and re-read it when the
+    /// subsystem's namespace generation moves (see [`Subsystem::namespaces_of`]).
+    pub fn namespaces(&self) -> Arc<NsMap> {
+        Arc::clone(&self.ns_view.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Replaces the namespaces its host sees; returns the previous map (the subsystem
+    /// compares them to tell the host what changed).
+    pub(crate) fn set_namespaces(&self, view: Arc<NsMap>) -> Arc<NsMap> {
+        std::mem::replace(&mut *self.ns_view.lock().unwrap_or_else(std::sync::PoisonError::into_inner), view)
     }
 
     /// A namespace was added, removed or changed.

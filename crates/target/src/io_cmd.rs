@@ -117,9 +117,11 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
         AnaState::Change => return Err(Status::ANA_TRANSITION),
     }
     let op = sqe.opcode();
+    // The capacity may change under I/O (resize): read it once for this command.
+    let nblocks = ns.nblocks();
     let range = |slba: u64, nlb: u64| -> Result<(u64, u64), Status> {
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
+            Some(end) if end <= nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
             _ => Err(Status::LBA_OUT_OF_RANGE),
         }
     };
@@ -215,13 +217,14 @@ pub fn dsm_check(data: &[u8], nr: u32, ns: &Namespace) -> Result<(), Status> {
     if nr == 0 || nr > DSM_RANGES_MAX || data.len() < nr as usize * DSM_RANGE_BYTES {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
+    let nblocks = ns.nblocks();
     for i in 0..nr as usize {
         let Some((slba, nlb)) = dsm_range(data, i) else { return Err(Status::DATA_SGL_LENGTH_INVALID) };
         if nlb == 0 {
             continue;
         }
         match slba.checked_add(u64::from(nlb)) {
-            Some(end) if end <= ns.nblocks => {}
+            Some(end) if end <= nblocks => {}
             _ => return Err(Status::LBA_OUT_OF_RANGE),
         }
     }

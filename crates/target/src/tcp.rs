@@ -1059,7 +1059,9 @@ impl Connection {
         // Deltas counted against the old map go to its namespaces first.
         self.publish_ns_counters();
         let Some(b) = &self.binding else { return };
-        let (m, g) = b.controller().subsys.namespaces();
+        let ctrl = b.controller();
+        // The namespaces this controller's host sees (visibility is per host).
+        let (m, g) = ctrl.subsys.namespaces_of(ctrl);
         let old = std::mem::replace(&mut self.ns, m);
         if self.file_ops > 0 {
             // Keep namespaces alive while file operations on them are in flight.
@@ -1211,7 +1213,7 @@ impl Connection {
                     let icd = self.target.opts.in_capsule_data_size as usize;
                     self.dec.config.max_in_capsule = icd;
                 }
-                let (m, g) = ctrl.subsys.namespaces();
+                let (m, g) = ctrl.subsys.namespaces_of(&ctrl);
                 self.ns = m;
                 self.ns_gen = g;
                 self.binding = Some(c.binding);
@@ -1979,6 +1981,12 @@ impl Connection {
         if dropgen != self.drop_generation {
             self.drop_generation = dropgen;
             self.close("dropped by fault injection");
+            self.set_state(ConnState::Closed);
+            return;
+        }
+        if self.port.is_removed() {
+            // The operator removed the port: like a link that went away.
+            self.close("port removed");
             self.set_state(ConnState::Closed);
             return;
         }

@@ -2,7 +2,7 @@
 //! raw fds, and an eventfd wrapper. Thin, checked wrappers over libc.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Converts a libc `-1`-on-error return into `io::Result`.
@@ -117,6 +117,31 @@ pub fn online_cpus() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// Bytes of physical memory (`sysconf(_SC_PHYS_PAGES)` times the page size), if known.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(pages).ok()?.checked_mul(u64::try_from(page).ok()?)
+}
+
+/// The first offset at or after `offset` where the file holds data (`lseek(SEEK_DATA)`),
+/// or `None` when only a hole follows up to its end (`ENXIO`). File systems without hole
+/// tracking report everything before the end as data. Moves the file's position, which
+/// positioned reads and writes do not use.
+pub fn seek_data(fd: BorrowedFd<'_>, offset: u64) -> io::Result<Option<u64>> {
+    let off = libc::off_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset beyond off_t"))?;
+    // SAFETY: `fd` is borrowed, so it is open for the call; lseek touches no memory of ours.
+    let r = unsafe { libc::lseek(fd.as_raw_fd(), off, libc::SEEK_DATA) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(e) };
+    }
+    Ok(u64::try_from(r).ok())
 }
 
 /// CPU time the calling thread has used, split by where it ran.
@@ -389,6 +414,24 @@ mod tests {
         try_lock_file(c.as_raw_fd(), FileLock::Shared).unwrap();
         assert!(try_lock_file(c.as_raw_fd(), FileLock::Exclusive).is_err(), "b's read lock stays");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn seek_data_finds_written_blocks_and_not_holes() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
+        let path = std::env::temp_dir().join(format!("qpath-seek-data-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(8 << 20).unwrap();
+        f.write_all_at(b"data", 5 << 20).unwrap();
+        let first = seek_data(f.as_fd(), 0).unwrap();
+        let after = seek_data(f.as_fd(), 6 << 20).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // A file system that tracks holes finds the block at 5 MiB; one that does not
+        // reports data right away. Past the last data there is none on either.
+        assert!(first.is_some_and(|o| o == 0 || (o <= 5 << 20 && o > 4 << 20)), "{first:?}");
+        assert!(after.is_none() || after == Some(6 << 20), "{after:?}");
+        assert!(physical_memory().is_some_and(|m| m > 0));
     }
 
     #[test]

@@ -185,6 +185,12 @@ impl Host {
         true
     }
 
+    /// What the driver does once a connection has closed: releases its binding (an admin
+    /// queue's controller is deleted) and buffers.
+    pub fn release(&mut self) {
+        self.ctx_run(|c, ctx| c.release(ctx));
+    }
+
     pub fn tick(&mut self) {
         self.ctx_run(|c, ctx| c.tick(ctx));
         self.pump();
@@ -312,8 +318,13 @@ impl Host {
 
     /// ICReq, admin Connect, CC.EN=1 and wait for RDY: returns the cntlid.
     pub fn admin_up(&mut self, digests: Digests) -> Cntlid {
+        self.admin_up_as(HOSTNQN, digests)
+    }
+
+    /// [`Host::admin_up`] with another host NQN.
+    pub fn admin_up_as(&mut self, hostnqn: &str, digests: Digests) -> Cntlid {
         self.icreq(digests);
-        let c = self.connect(0, Cntlid::DYNAMIC, NQN, HOSTNQN, 31);
+        let c = self.connect(0, Cntlid::DYNAMIC, NQN, hostnqn, 31);
         assert_eq!(c.status, Status::SUCCESS, "admin connect");
         let cntlid = Cntlid((c.dw0 & 0xffff) as u16);
         let cid = self.cid();
@@ -326,9 +337,21 @@ impl Host {
 
     /// An I/O queue connection for an enabled controller.
     pub fn io_up(target: &Arc<TargetState>, port: u16, cntlid: Cntlid, qid: u16, digests: Digests) -> Host {
+        Host::io_up_as(target, port, cntlid, qid, HOSTNQN, digests)
+    }
+
+    /// [`Host::io_up`] for a controller of another host NQN.
+    pub fn io_up_as(
+        target: &Arc<TargetState>,
+        port: u16,
+        cntlid: Cntlid,
+        qid: u16,
+        hostnqn: &str,
+        digests: Digests,
+    ) -> Host {
         let mut h = Host::new(target, port);
         h.icreq(digests);
-        let c = h.connect(qid, cntlid, NQN, HOSTNQN, 127);
+        let c = h.connect(qid, cntlid, NQN, hostnqn, 127);
         assert_eq!(c.status, Status::SUCCESS, "I/O connect");
         h.cntlid = cntlid;
         h
