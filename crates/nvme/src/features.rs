@@ -33,6 +33,8 @@ pub mod fid {
     pub const RESV_MASK: u8 = 0x82;
     /// Reservation Persistence (namespace: PTPL, bit 0).
     pub const RESV_PERSISTENCE: u8 = 0x83;
+    /// Namespace Write Protection Config (namespace specific; NVMe Base 2.0 §5.27.1.28).
+    pub const WRITE_PROTECT: u8 = 0x84;
 }
 
 /// Get Features Select field (CDW10 bits 10:8).
@@ -205,4 +207,17 @@ mod tests {
         assert!(AsyncEvent::RESERVATION_LOG.always_reported() && AsyncEvent::RESERVATION_LOG.config_bit().is_none());
         assert!(!AsyncEvent::ANA_CHANGE.always_reported());
     }
+}
+
+/// The namespace write protection states of Set/Get Features 84h, CDW11 bits 2:0 (NVMe
+/// Base 2.0 §8.12, Figure "Namespace Write Protection Config").
+pub mod write_protect {
+    /// No Write Protect: writes allowed.
+    pub const NONE: u32 = 0;
+    /// Write Protect: writes refused until a host sets No Write Protect.
+    pub const PROTECT: u32 = 1;
+    /// Write Protect Until Power Cycle: no Set Features lifts it.
+    pub const UNTIL_POWER_CYCLE: u32 = 2;
+    /// Permanent Write Protect (not offered by qpath).
+    pub const PERMANENT: u32 = 3;
 }

@@ -88,6 +88,16 @@ pub mod oncs {
     pub const RESERVATIONS: u16 = 1 << 5;
 }
 
+/// NWPC (Namespace Write Protection Capabilities) bits, Identify Controller byte 531.
+pub mod nwpc {
+    /// The No Write Protect and Write Protect states (Set Features 84h).
+    pub const WRITE_PROTECT: u8 = 1 << 0;
+    /// The Write Protect Until Power Cycle state.
+    pub const UNTIL_POWER_CYCLE: u8 = 1 << 1;
+    /// The Permanent Write Protect state.
+    pub const PERMANENT: u8 = 1 << 2;
+}
+
 /// LPA (Log Page Attributes) bits.
 pub mod lpa {
     /// SMART / Health log per namespace (an NSID other than 0h and FFFFFFFFh reads that
@@ -186,6 +196,8 @@ pub struct IdentifyController {
     pub awun: u16,
     /// Atomic write unit power fail.
     pub awupf: u16,
+    /// Namespace Write Protection Capabilities ([`nwpc`]).
+    pub nwpc: u8,
     /// SGL support.
     pub sgls: u32,
     /// Maximum number of allowed namespaces.
@@ -262,6 +274,7 @@ impl IdentifyController {
         put_u8(b_, 525, self.vwc);
         put_u16(b_, 526, self.awun);
         put_u16(b_, 528, self.awupf);
+        put_u8(b_, 531, self.nwpc);
         put_u32(b_, 536, self.sgls);
         put_u32(b_, 540, self.mnan);
         put_str(b_, 768, 256, self.subnqn.as_bytes(), 0);
@@ -320,6 +333,7 @@ impl IdentifyController {
             vwc: get_u8(b, 525),
             awun: get_u16(b, 526),
             awupf: get_u16(b, 528),
+            nwpc: get_u8(b, 531),
             sgls: get_u32(b, 536),
             mnan: get_u32(b, 540),
             subnqn: get_str(b, 768, 256),

@@ -6,7 +6,8 @@
 
 use nvme::features::{NumQueues, fid, sel};
 use nvme::identify::{
-    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, oaes, sgls,
+    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, nwpc,
+    oaes, sgls,
 };
 use nvme::log::{AnaGroupDesc, AnaLog, GetLogPage, SmartLog, encode_changed_ns_list, lid, slice_page};
 use nvme::opcode::admin;
@@ -158,7 +159,7 @@ fn identify(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, out:
                 // I/O Command Set Independent Identify Namespace (NVMe 2.0 Figure 319).
                 out[1] = nvme::identify::NMIC_SHARED;
                 out[4..8].copy_from_slice(&n.anagrpid.0.to_le_bytes());
-                out[8] = u8::from(n.readonly);
+                out[8] = u8::from(n.write_protected());
                 out[12..14].copy_from_slice(&u16::try_from(n.nsid.0).unwrap_or(0).to_le_bytes());
                 out[14] = 1; // NSTAT: namespace ready
                 Outcome::ok(0)
@@ -222,6 +223,9 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         vwc: u8::from(vwc),
         awun: 0,
         awupf: 0,
+        // No Write Protect and Write Protect, and Write Protect Until Power Cycle (what a
+        // configured read-only namespace is); not Permanent Write Protect.
+        nwpc: if disc { 0 } else { nwpc::WRITE_PROTECT | nwpc::UNTIL_POWER_CYCLE },
         sgls: sgls::SUPPORTED | sgls::OFFSET | sgls::TRANSPORT,
         mnan: if disc { 0 } else { MAX_NSID },
         subnqn: s.nqn.clone(),
@@ -444,6 +448,14 @@ fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcom
             },
             None => Outcome::err(Status::INVALID_NS),
         },
+        // One namespace this controller's host sees (NSID FFFFFFFFh is refused, as nvmet).
+        fid::WRITE_PROTECT => match ns.get(sqe.nsid()) {
+            Some(n) => match ctrl.subsys.set_write_protect(n.nsid, cdw11 & 7) {
+                Ok(()) => Outcome::ok(0),
+                Err(s) => Outcome::err(s),
+            },
+            None => Outcome::err(Status::INVALID_NS),
+        },
         _ => Outcome::err(Status::FEATURE_NOT_CHANGEABLE),
     }
 }
@@ -503,6 +515,10 @@ fn get_features(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, 
         },
         fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
             Some(n) => Outcome::ok(u32::from(n.resv.ptpl())),
+            None => Outcome::err(Status::INVALID_NS),
+        },
+        fid::WRITE_PROTECT => match ns.get(sqe.nsid()) {
+            Some(n) => Outcome::ok(n.write_protect()),
             None => Outcome::err(Status::INVALID_NS),
         },
         _ => unreachable!("feature {f:#04x} is in supported::FEATURES without a Get Features answer"),

@@ -135,7 +135,7 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
             if op == io::READ {
                 Ok(IoKind::Read { offset, len })
             } else {
-                if ns.readonly {
+                if ns.write_protected() {
                     return Err(Status::NS_WRITE_PROTECTED);
                 }
                 Ok(IoKind::Write { offset, len, fua: sqe.fua() })
@@ -143,14 +143,14 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
         }
         io::FLUSH => Ok(IoKind::Flush),
         io::WRITE_ZEROES => {
-            if ns.readonly {
+            if ns.write_protected() {
                 return Err(Status::NS_WRITE_PROTECTED);
             }
             let (offset, len) = range(sqe.slba(), u64::from(sqe.nlb()))?;
             Ok(IoKind::WriteZeroes { offset, len, deallocate: sqe.wz_deallocate(), fua: sqe.fua() })
         }
         io::DATASET_MANAGEMENT => {
-            if ns.readonly {
+            if ns.write_protected() {
                 return Err(Status::NS_WRITE_PROTECTED);
             }
             // NVM Command Set 1.0 §3.2.3: NR (CDW10 bits 7:0) is 0's based; of the attributes

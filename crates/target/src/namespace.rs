@@ -27,11 +27,11 @@
 //! path's lookup stays one index into a table, with no lock and no per-host check.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nvme::identify::{IdentifyNamespace, LbaFormat, NMIC_SHARED, NsIdDesc};
-use nvme::{AnaGrpId, Nsid};
+use nvme::{AnaGrpId, Nsid, Status};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind};
@@ -111,8 +111,12 @@ pub struct Namespace {
     pub eui64: [u8; 8],
     /// UUID.
     pub uuid: [u8; 16],
-    /// Rejects writes with "Namespace is Write Protected".
+    /// Configured read-only (its file is opened read-only): Write Protect Until Power Cycle
+    /// from start to end, which no host can lift ([`Namespace::write_protect`]).
     pub readonly: bool,
+    /// The write protection state a host set with Set Features 84h
+    /// ([`nvme::features::write_protect`]); read once per writing command.
+    write_protect: AtomicU32,
     /// Provisioned limits and added latency (a provisioned device, seed 003).
     pub qos: Qos,
     /// Registrations and the reservation on this namespace.
@@ -186,6 +190,11 @@ impl Namespace {
             eui64,
             uuid: spec.uuid.unwrap_or(derived_uuid),
             readonly: spec.readonly,
+            write_protect: AtomicU32::new(if spec.readonly {
+                nvme::features::write_protect::UNTIL_POWER_CYCLE
+            } else {
+                nvme::features::write_protect::NONE
+            }),
             qos: Qos::default(),
             resv: match &spec.ptpl_file {
                 Some(path) => Reservations::persistent(path)?,
@@ -209,6 +218,50 @@ impl Namespace {
     /// Capacity in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.nblocks() << self.block_shift
+    }
+
+    /// Whether writes are refused with "Namespace is Write Protected": configured read-only,
+    /// or write protected by a host (Set Features 84h). One relaxed load per writing command.
+    #[inline]
+    pub fn write_protected(&self) -> bool {
+        self.write_protect.load(Ordering::Relaxed) != nvme::features::write_protect::NONE
+    }
+
+    /// The Namespace Write Protection Config state (Get Features 84h).
+    pub fn write_protect(&self) -> u32 {
+        self.write_protect.load(Ordering::Relaxed)
+    }
+
+    /// Sets the write protection state a host asked for (Set Features 84h, NVMe Base 2.0
+    /// §8.12): No Write Protect, Write Protect or Write Protect Until Power Cycle (for this
+    /// target, until it restarts). Leaving Write Protect Until Power Cycle is refused, and so
+    /// is Permanent Write Protect (not offered: NWPC bit 2 clear). Returns whether the state
+    /// changed. Like nvmet, the state lasts as long as the target process.
+    pub(crate) fn set_write_protect(&self, state: u32) -> Result<bool, Status> {
+        use nvme::features::write_protect::{NONE, PROTECT, UNTIL_POWER_CYCLE};
+        if !matches!(state, NONE | PROTECT | UNTIL_POWER_CYCLE) {
+            return Err(Status::INVALID_FIELD);
+        }
+        let old = self.write_protect.load(Ordering::Relaxed);
+        if old == UNTIL_POWER_CYCLE && state != UNTIL_POWER_CYCLE {
+            return Err(Status::INVALID_FIELD);
+        }
+        if old == state {
+            return Ok(false);
+        }
+        if state != NONE {
+            // Writes completed before the change are made durable first, as nvmet does
+            // (its write_protect_flush_sync): an fdatasync on the thread that runs the
+            // admin command, once per change of state.
+            if let Backend::File(f) = &self.backend
+                && let Err(e) = f.sync()
+            {
+                tracing::warn!(nsid = self.nsid.0, "flush before write protecting failed: {e}");
+                return Err(Status::INTERNAL);
+            }
+        }
+        self.write_protect.store(state, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// Which hosts see it.
@@ -371,7 +424,7 @@ impl Namespace {
             npwg: 0,
             nows: 0,
             anagrpid: self.anagrpid,
-            nsattr: u8::from(self.readonly),
+            nsattr: u8::from(self.write_protected()),
             nguid: self.nguid,
             eui64: self.eui64,
             lbaf,

@@ -269,6 +269,21 @@ impl Subsystem {
         Ok((old, size))
     }
 
+    /// Sets namespace `nsid`'s write protection state (Set Features 84h from a host that sees
+    /// it: [`Namespace::set_write_protect`]); a change reaches every controller that sees the
+    /// namespace as Namespace Attribute Changed (Identify NSATTR bit 0 changed), as nvmet's
+    /// `nvmet_set_feat_write_protect` does.
+    pub fn set_write_protect(&self, nsid: Nsid, state: u32) -> Result<(), nvme::Status> {
+        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = m.get(nsid).cloned().ok_or(nvme::Status::INVALID_NS)?;
+        if ns.set_write_protect(state)? {
+            tracing::info!(subnqn = %self.nqn, nsid = nsid.0, state, "namespace write protection changed by a host");
+            let same = Arc::clone(&m);
+            self.publish(&mut m, same, Some(nsid));
+        }
+        Ok(())
+    }
+
     /// Makes namespace `nsid` visible (or not) to `hostnqn`; returns whether that changed.
     /// Only namespaces with [`Visibility::Listed`] take per-host changes (SPDK refuses them
     /// on auto-visible namespaces too). The host's controllers get a namespace-attribute-

@@ -227,6 +227,7 @@ pub const FEATURES: &[Feature] = &[
     feature(fid::HOST_ID, "Host Identifier", Scope::Controller, false, false),
     feature(fid::RESV_MASK, "Reservation Notification Mask", Scope::Namespace, true, false),
     feature(fid::RESV_PERSISTENCE, "Reservation Persistence", Scope::Namespace, true, false),
+    feature(fid::WRITE_PROTECT, "Namespace Write Protection Config", Scope::Namespace, true, false),
 ];
 
 /// The row of `fid` for a controller (`discovery`) whose Identify data report a volatile
