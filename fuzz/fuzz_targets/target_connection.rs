@@ -2,7 +2,9 @@
 //! (split at arbitrary points), PDUs out, through the same state machine the
 //! socket path uses. Nothing may panic, and the target must keep its
 //! invariants (it closes or keeps serving, never hangs the loop). One host NQN must
-//! authenticate, so the DH-HMAC-CHAP transaction is fuzzed through the same path.
+//! authenticate, so the DH-HMAC-CHAP transaction is fuzzed through the same path. The seed
+//! `admin-log-pages-and-features` connects another host, enables the controller and reads
+//! every log page and feature the controller lists (the admin paths past CC.EN).
 
 #![no_main]
 

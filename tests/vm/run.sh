@@ -9,7 +9,10 @@
 #               + crc32c verify (RANDRW_RUNTIME s) and a 128k sequential write + verify; again
 #               with header and data digests (DIGEST_RUNTIME s); disconnect-all; target alive
 #   ana         ANA flip to inaccessible and back under fio, iopolicy queue-depth (7.2 only)
-#   durability  file backend; kill -9 + restart of the target; the guest reconnects and verifies
+#   durability  file backend; the guest writes, deallocates ranges (blkdiscard, a 3-range nvme dsm)
+#               and zeroes others (nvme write-zeroes with and without DEAC), flushes; kill -9 +
+#               restart of the target; the guest reconnects and verifies data and zeros; here:
+#               the file's size, its md5s, and the deallocated ranges are holes
 #   qdpolicy    port 1 delayed by QD_DELAY_US (2000); iopolicy queue-depth must send most I/O to
 #               port 2, round-robin splits it evenly (per-path sysfs counts; 7.2 only)
 #   resv        namespace reservations: the guest (nvme-cli) registers and takes Write Exclusive;
@@ -19,6 +22,9 @@
 #               ptpl_file, the guest registers with CPTPL on and takes Write Exclusive, the target
 #               is killed (-9) and restarted: the reservation is back (report, ptpls 1, the
 #               other host still refused), the guest writes, releases and unregisters
+#   resize      the namespace grows by RPC while the guest is connected (both ports, one head):
+#               the new size shows in sysfs and nvme id-ns within RESIZE_WAIT s (30) without a
+#               reconnect; writes and reads past the old end, fio verify there, old end intact
 #   nvmet       our host against the guest kernel's nvmet-tcp: qpath discover, connect, bench
 #               with verify=crc32c on both ports and with digests (issue 3 acceptance 1)
 #   flaps       issue 4 acceptance 3c: `qpath lab flaps --mode nvmet`, our host's 4k randwrite +
@@ -36,7 +42,8 @@
 #   every PDU type of a read/write workload (tests/vm/pcap-check.sh).
 # Environment: KERNEL (bookworm = 6.1, sid = 7.2), QPATH_BIN (default: cargo build --release),
 #   VMLAB_DIR (default ../shared/vmlab from the repo root), VMLAB_WORK, RANDRW_RUNTIME (30),
-#   DIGEST_RUNTIME (30), ANA_FIO_RUNTIME (45), QPATH_VM_RUST_LOG (debug), QPATH_VM_KEEP_PCAP=1
+#   DIGEST_RUNTIME (30), ANA_FIO_RUNTIME (45), RESIZE_WAIT (30), QPATH_VM_RUST_LOG (debug),
+#   QPATH_VM_KEEP_PCAP=1
 # Exit status: 0 passed, 1 failed, 77 cannot run here (a "SKIP: reason" line says why).
 # Logs: $VMLAB_WORK/qpath-vm-SCENARIO-KERNEL.XXXXXX/{serial.log,target.log,boot.out,...}
 set -euo pipefail
@@ -48,7 +55,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
     --capture) CAPTURE=1 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -56,17 +63,17 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|qdpolicy|nvmet|flaps|resv|conformance) ;;
+  interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance) ;;
   all)
     rc=0
     for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
-      "sid qdpolicy" "bookworm resv" "sid resv" \
+      "sid qdpolicy" "bookworm resv" "sid resv" "bookworm resize" "sid resize" \
       "bookworm nvmet" "sid nvmet" "sid flaps" "bookworm conformance" "sid conformance"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|conformance|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -287,6 +294,33 @@ sys.exit(0 if ok else 1)' "$1"; then
   rm -f "$img"
 }
 
+# A namespace resized while the kernel host is connected: the embedded default's 1 GiB RAM
+# namespace grows to 1.5 GiB when the guest asks (QPATH-ASK resize-grow).
+RESIZE_OLD=$((1 << 30)) RESIZE_NEW=$((3 << 29))
+scenario_resize() {
+  on_ask() {
+    [ "$1" = resize-grow ] || { fail "unexpected request from the guest: $1"; return 1; }
+    local out
+    if out=$(rpc resize_namespace nqn="$QPATH_NQN" nsid=1 size=$RESIZE_NEW 2>&1); then
+      pass "rpc resize_namespace nqn=$QPATH_NQN nsid=1 size=$RESIZE_NEW: $out"
+    else
+      fail "rpc resize_namespace nqn=$QPATH_NQN nsid=1 size=$RESIZE_NEW: $out"; return 1
+    fi
+    echo "list_subsystems after the resize:"
+    rpc list_subsystems | python3 -c '
+import json, sys
+for s in json.load(sys.stdin):
+    for n in s["namespaces"]:
+        print("  %s nsid %s: %s bytes" % (s["nqn"], n["nsid"], n["size"]))' || echo "  (list_subsystems failed)"
+  }
+  start_target || return 0
+  boot_guest "$VM_DIR/guest/resize.sh" "vmlab.env.OLD_BYTES=$RESIZE_OLD" "vmlab.env.NEW_BYTES=$RESIZE_NEW" \
+    "vmlab.env.RESIZE_WAIT=${RESIZE_WAIT:-30}"
+  serve_guest
+  check_guest
+  check_target_after
+}
+
 scenario_durability() {
   QPATH_NQN=nqn.2026-11.io.qpath:durable
   local img=$D/ns1.img dur_mb=64
@@ -315,6 +349,40 @@ scenario_durability() {
     pass "backing file's first $dur_mb MiB have the md5 the guest read ($file_md5)"
   else
     fail "backing file md5 $file_md5, guest read ${guest_md5:-nothing}"
+  fi
+  # The zone the guest deallocated and zeroed ranges of (durability.sh: ZONE_MB after DUR_MB).
+  local zone_mb=16 size
+  guest_md5=$(grep -ao 'md5 of the zone after the restart: [0-9a-f]*' "$SERIAL" | tail -1 | awk '{print $NF}')
+  file_md5=$(dd if="$img" bs=1M skip=$dur_mb count=$zone_mb 2>/dev/null | md5sum | cut -d' ' -f1)
+  if [ -n "$guest_md5" ] && [ "$guest_md5" = "$file_md5" ]; then
+    pass "backing file's zone ($zone_mb MiB at $dur_mb MiB) has the md5 the guest read ($file_md5)"
+  else
+    fail "backing file zone md5 $file_md5, guest read ${guest_md5:-nothing}"
+  fi
+  size=$(stat -c %s "$img")
+  [ "$size" = $((256 << 20)) ] && pass "backing file still 256 MiB after kill -9, deallocations and zeroes" \
+    || fail "backing file is $size bytes, was 256 MiB"
+  # Deallocated ranges gave their space back: holes in the file (blkdiscard x2, nvme dsm x3,
+  # write-zeroes --deac), as offset:length from the zone's start.
+  if python3 - "$img" $((dur_mb << 20)) 1048576:262144 3145728:1048576 5242880:65536 7344128:131072 \
+      9437184:524288 13631488:65536 <<'PY'
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+zone, bad = int(sys.argv[2]), []
+for r in sys.argv[3:]:
+    off, ln = (int(x) for x in r.split(':'))
+    off += zone
+    try:
+        nxt = os.lseek(fd, off, os.SEEK_DATA)
+    except OSError:
+        nxt = os.fstat(fd).st_size  # ENXIO: no data after off
+    if os.lseek(fd, off, os.SEEK_HOLE) != off or nxt < off + ln:
+        bad.append(r)
+print("ranges that are not holes:", bad or "none")
+sys.exit(1 if bad else 0)
+PY
+  then pass "backing file: every deallocated range is a hole (its space was returned)"
+  else fail "backing file: a deallocated range still holds data blocks"
   fi
   rm -f "$img"
 }

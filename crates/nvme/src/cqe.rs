@@ -22,12 +22,19 @@ pub struct Cqe {
     pub cid: Cid,
     /// Completion status.
     pub status: Status,
+    /// More (status field bit 14 with the phase tag): an Error Information log entry
+    /// describes this failure (NVMe Base 2.0 §4.2.3). A property of this completion, not
+    /// of the status, so a status compares the same with or without it.
+    pub more: bool,
 }
+
+/// The More bit in a CQE's status half-word (bit 13 of the status field, after the phase tag).
+const MORE_BIT: u16 = 1 << 14;
 
 impl Cqe {
     /// A successful completion for `cid`.
     pub fn success(cid: Cid) -> Cqe {
-        Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: QueueId(0), cid, status: Status::SUCCESS }
+        Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: QueueId(0), cid, status: Status::SUCCESS, more: false }
     }
 
     /// A completion for `cid` with `status`.
@@ -49,6 +56,7 @@ impl Cqe {
             sqid: QueueId(get_u16(b, 10)),
             cid: Cid(get_u16(b, 12)),
             status: Status::from_wire(get_u16(b, 14)),
+            more: get_u16(b, 14) & MORE_BIT != 0,
         }
     }
 
@@ -59,7 +67,7 @@ impl Cqe {
         put_u16(b, 8, self.sqhd);
         put_u16(b, 10, self.sqid.0);
         put_u16(b, 12, self.cid.0);
-        put_u16(b, 14, self.status.to_wire());
+        put_u16(b, 14, self.status.to_wire() | if self.more { MORE_BIT } else { 0 });
     }
 }
 
@@ -69,11 +77,24 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let c =
-            Cqe { dw0: 0xdead_beef, dw1: 1, sqhd: 5, sqid: QueueId(3), cid: Cid(99), status: Status::LBA_OUT_OF_RANGE };
+        let c = Cqe {
+            dw0: 0xdead_beef,
+            dw1: 1,
+            sqhd: 5,
+            sqid: QueueId(3),
+            cid: Cid(99),
+            status: Status::LBA_OUT_OF_RANGE,
+            more: false,
+        };
         let mut b = [0u8; CQE_SIZE];
         c.encode(&mut b);
         assert_eq!(Cqe::decode(&b), c);
         assert_eq!(c.result64(), 0x1_dead_beef);
+        // Linux nvmet: NVME_SC_LBA_RANGE | NVME_SC_MORE | NVME_SC_DNR = 0x6080 (after the phase tag).
+        let m = Cqe { more: true, ..c };
+        m.encode(&mut b);
+        assert_eq!(u16::from_le_bytes([b[14], b[15]]), 0x6080 << 1);
+        assert_eq!(Cqe::decode(&b), m);
+        assert_eq!(Cqe::decode(&b).status, Status::LBA_OUT_OF_RANGE);
     }
 }

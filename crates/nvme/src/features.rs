@@ -28,8 +28,35 @@ pub mod fid {
     pub const HOST_BEHAVIOR: u8 = 0x16;
     /// Host Identifier.
     pub const HOST_ID: u8 = 0x81;
+    /// Reservation Notification Mask (namespace: bit 1 Registration Preempted, bit 2
+    /// Reservation Released, bit 3 Reservation Preempted notifications masked).
+    pub const RESV_MASK: u8 = 0x82;
     /// Reservation Persistence (namespace: PTPL, bit 0).
     pub const RESV_PERSISTENCE: u8 = 0x83;
+    /// Namespace Write Protection Config (namespace specific; NVMe Base 2.0 §5.27.1.28).
+    pub const WRITE_PROTECT: u8 = 0x84;
+}
+
+/// Get Features Select field (CDW10 bits 10:8).
+pub mod sel {
+    /// Current value.
+    pub const CURRENT: u8 = 0;
+    /// Default value.
+    pub const DEFAULT: u8 = 1;
+    /// Saved value.
+    pub const SAVED: u8 = 2;
+    /// Supported capabilities (DW0: bit 0 saveable, bit 1 namespace specific, bit 2 changeable).
+    pub const SUPPORTED_CAPABILITIES: u8 = 3;
+}
+
+/// Supported capabilities bits returned for [`sel::SUPPORTED_CAPABILITIES`].
+pub mod capabilities {
+    /// The feature is saveable.
+    pub const SAVEABLE: u32 = 1 << 0;
+    /// The feature is namespace specific.
+    pub const NS_SPECIFIC: u32 = 1 << 1;
+    /// The feature is changeable.
+    pub const CHANGEABLE: u32 = 1 << 2;
 }
 
 /// Number of Queues value (CDW11 and DW0): NSQR/NSQA in bits 15:0 and
@@ -82,6 +109,13 @@ pub mod aer_notice {
     pub const DISCOVERY_CHANGE: u8 = 0xf0;
 }
 
+/// I/O Command Set specific event information values (completion DW0 bits 15:8 when the
+/// type is [`aer_type::IO_CMD_SPECIFIC`]).
+pub mod aer_io {
+    /// Reservation Log Page Available.
+    pub const RESERVATION_LOG: u8 = 0x00;
+}
+
 /// An asynchronous event as carried in an AER completion's DW0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AsyncEvent {
@@ -110,6 +144,13 @@ impl AsyncEvent {
         log_page: crate::log::lid::DISCOVERY,
     };
 
+    /// A Reservation Notification log page is waiting: read LID 80h.
+    pub const RESERVATION_LOG: AsyncEvent = AsyncEvent {
+        event_type: aer_type::IO_CMD_SPECIFIC,
+        info: aer_io::RESERVATION_LOG,
+        log_page: crate::log::lid::RESERVATION,
+    };
+
     /// Completion DW0.
     pub fn to_dw0(self) -> u32 {
         u32::from(self.event_type & 7) | (u32::from(self.info) << 8) | (u32::from(self.log_page) << 16)
@@ -134,6 +175,14 @@ impl AsyncEvent {
             _ => None,
         }
     }
+
+    /// Whether no Asynchronous Event Configuration bit gates the event: Error status
+    /// events, and I/O Command Set specific events (the Asynchronous Event Configuration
+    /// feature, FID 0Bh, has no bit for them; Reservation Log Page Available is filtered per
+    /// namespace by the Reservation Notification Mask, FID 82h, before it is raised).
+    pub fn always_reported(self) -> bool {
+        matches!(self.event_type, aer_type::ERROR | aer_type::IO_CMD_SPECIFIC)
+    }
 }
 
 #[cfg(test)]
@@ -153,5 +202,22 @@ mod tests {
         assert_eq!(AsyncEvent::ANA_CHANGE.to_dw0(), 0x000c_0302);
         assert_eq!(AsyncEvent::from_dw0(0x000c_0302), AsyncEvent::ANA_CHANGE);
         assert_eq!(AsyncEvent::NS_CHANGED.config_bit(), Some(1 << 8));
+        // Linux: NVME_AER_CSS = 6, NVME_AEN_RESV_LOG_PAGE_AVAILABLE = 0, LID 0x80.
+        assert_eq!(AsyncEvent::RESERVATION_LOG.to_dw0(), 0x0080_0006);
+        assert!(AsyncEvent::RESERVATION_LOG.always_reported() && AsyncEvent::RESERVATION_LOG.config_bit().is_none());
+        assert!(!AsyncEvent::ANA_CHANGE.always_reported());
     }
+}
+
+/// The namespace write protection states of Set/Get Features 84h, CDW11 bits 2:0 (NVMe
+/// Base 2.0 §8.12, Figure "Namespace Write Protection Config").
+pub mod write_protect {
+    /// No Write Protect: writes allowed.
+    pub const NONE: u32 = 0;
+    /// Write Protect: writes refused until a host sets No Write Protect.
+    pub const PROTECT: u32 = 1;
+    /// Write Protect Until Power Cycle: no Set Features lifts it.
+    pub const UNTIL_POWER_CYCLE: u32 = 2;
+    /// Permanent Write Protect (not offered by qpath).
+    pub const PERMANENT: u32 = 3;
 }

@@ -88,14 +88,35 @@ pub mod oncs {
     pub const RESERVATIONS: u16 = 1 << 5;
 }
 
+/// NWPC (Namespace Write Protection Capabilities) bits, Identify Controller byte 531.
+pub mod nwpc {
+    /// The No Write Protect and Write Protect states (Set Features 84h).
+    pub const WRITE_PROTECT: u8 = 1 << 0;
+    /// The Write Protect Until Power Cycle state.
+    pub const UNTIL_POWER_CYCLE: u8 = 1 << 1;
+    /// The Permanent Write Protect state.
+    pub const PERMANENT: u8 = 1 << 2;
+}
+
 /// LPA (Log Page Attributes) bits.
 pub mod lpa {
-    /// SMART log per namespace.
+    /// SMART / Health log per namespace (an NSID other than 0h and FFFFFFFFh reads that
+    /// namespace's counters).
     pub const SMART_PER_NS: u8 = 1 << 0;
-    /// Commands Supported and Effects log page.
+    /// Commands Supported and Effects log page (LID 05h).
     pub const CMD_EFFECTS: u8 = 1 << 1;
     /// Extended data for Get Log Page (NUMDU, LPOL/LPOU).
     pub const EXTENDED_DATA: u8 = 1 << 2;
+    /// Telemetry Host-Initiated and Controller-Initiated log pages.
+    pub const TELEMETRY: u8 = 1 << 3;
+    /// Persistent Event log page.
+    pub const PERSISTENT_EVENT: u8 = 1 << 4;
+    /// Log Page Support (NVMe Base 2.0 §5.17.2.1, Identify Controller LPA bit 5): the Supported Log Pages page
+    /// (LID 00h), the Command Scope of each entry of the Commands Supported and Effects
+    /// page, the Feature Identifiers Supported and Effects page (LID 12h) and the NVMe-MI
+    /// Commands Supported and Effects page (LID 13h) — all four, one bit (libnvme
+    /// `NVME_CTRL_LPA_LI0_LI5_LI12_LI13`).
+    pub const LOG_PAGE_SUPPORT: u8 = 1 << 5;
 }
 
 /// Identify Controller (CNS 01h), the fields qpath uses.
@@ -175,6 +196,8 @@ pub struct IdentifyController {
     pub awun: u16,
     /// Atomic write unit power fail.
     pub awupf: u16,
+    /// Namespace Write Protection Capabilities ([`nwpc`]).
+    pub nwpc: u8,
     /// SGL support.
     pub sgls: u32,
     /// Maximum number of allowed namespaces.
@@ -251,6 +274,7 @@ impl IdentifyController {
         put_u8(b_, 525, self.vwc);
         put_u16(b_, 526, self.awun);
         put_u16(b_, 528, self.awupf);
+        put_u8(b_, 531, self.nwpc);
         put_u32(b_, 536, self.sgls);
         put_u32(b_, 540, self.mnan);
         put_str(b_, 768, 256, self.subnqn.as_bytes(), 0);
@@ -309,6 +333,7 @@ impl IdentifyController {
             vwc: get_u8(b, 525),
             awun: get_u16(b, 526),
             awupf: get_u16(b, 528),
+            nwpc: get_u8(b, 531),
             sgls: get_u32(b, 536),
             mnan: get_u32(b, 540),
             subnqn: get_str(b, 768, 256),

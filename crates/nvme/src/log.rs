@@ -6,6 +6,8 @@ use crate::wire::{get_str, get_u8, get_u16, get_u32, get_u64, put_str, put_u8, p
 
 /// Log page identifiers.
 pub mod lid {
+    /// Supported Log Pages (NVMe Base 2.0 §5.16.1.1).
+    pub const SUPPORTED: u8 = 0x00;
     /// Error Information.
     pub const ERROR: u8 = 0x01;
     /// SMART / Health Information.
@@ -18,8 +20,126 @@ pub mod lid {
     pub const CMD_EFFECTS: u8 = 0x05;
     /// Asymmetric Namespace Access.
     pub const ANA: u8 = 0x0c;
+    /// Feature Identifiers Supported and Effects.
+    pub const FEATURE_EFFECTS: u8 = 0x12;
+    /// NVMe-MI Commands Supported and Effects.
+    pub const MI_EFFECTS: u8 = 0x13;
     /// Discovery (NVMe-oF).
     pub const DISCOVERY: u8 = 0x70;
+    /// Reservation Notification (an I/O Command Set specific page).
+    pub const RESERVATION: u8 = 0x80;
+}
+
+/// Size of the pages that hold one dword per identifier, 256 of them: Supported Log
+/// Pages (per LID) and Feature Identifiers Supported and Effects (per FID).
+pub const ID_TABLE_SIZE: usize = 1024;
+
+/// Size of the Commands Supported and Effects page (256 admin dwords, 256 I/O dwords,
+/// 2048 reserved bytes) and of the NVMe-MI Commands Supported and Effects page.
+pub const CMD_EFFECTS_SIZE: usize = 4096;
+
+/// LID Supported and Effects data structure, one per entry of the Supported Log Pages
+/// page (NVMe Base 2.0 §5.16.1.1).
+pub mod lid_support {
+    /// LSUPP: the log page is supported.
+    pub const LSUPP: u32 = 1 << 0;
+    /// IOS: Index Offset Supported (offsets in entries rather than bytes).
+    pub const IOS: u32 = 1 << 1;
+}
+
+/// Commands Supported and Effects data structure, one per opcode (NVMe Base 2.0
+/// §5.16.1.6; the same layout as Linux `NVME_CMD_EFFECTS_*`, SPDK
+/// `spdk_nvme_cmds_and_effect_entry`).
+pub mod cmd_effects {
+    /// CSUPP: the command is supported.
+    pub const CSUPP: u32 = 1 << 0;
+    /// LBCC: the command may change the contents of logical blocks.
+    pub const LBCC: u32 = 1 << 1;
+    /// NCC: the command may change namespace capabilities.
+    pub const NCC: u32 = 1 << 2;
+    /// NIC: the command may change the number of namespaces or their attachment.
+    pub const NIC: u32 = 1 << 3;
+    /// CCC: the command may change controller capabilities.
+    pub const CCC: u32 = 1 << 4;
+    /// CSE 001b: submit only with no other command outstanding to the same namespace.
+    pub const CSE_SAME_NS: u32 = 1 << 16;
+    /// CSE 010b: submit only with no other command outstanding to any namespace.
+    pub const CSE_ANY_NS: u32 = 2 << 16;
+    /// Command Scope: the command acts on namespaces (CSP bit 0).
+    pub const NSCPE: u32 = 1 << 20;
+    /// Command Scope: the command acts on the controller (CSP bit 1).
+    pub const CSCPE: u32 = 1 << 21;
+    /// Command Scope: the command acts on the NVM subsystem (CSP bit 5).
+    pub const NSSCPE: u32 = 1 << 25;
+}
+
+/// FID Supported and Effects data structure, one per entry of the Feature Identifiers
+/// Supported and Effects page (NVMe Base 2.0 §5.16.1, LID 12h; Linux `NVME_FIS_*`).
+pub mod fid_effects {
+    /// FSUPP: the feature is supported.
+    pub const FSUPP: u32 = 1 << 0;
+    /// UDCC: changing the feature may change user data.
+    pub const UDCC: u32 = 1 << 1;
+    /// NCC: changing the feature may change namespace capabilities.
+    pub const NCC: u32 = 1 << 2;
+    /// NIC: changing the feature may change the namespace inventory.
+    pub const NIC: u32 = 1 << 3;
+    /// CCC: changing the feature may change controller capabilities.
+    pub const CCC: u32 = 1 << 4;
+    /// Feature Scope: the feature is namespace specific (FSP bit 0).
+    pub const NSCPE: u32 = 1 << 20;
+    /// Feature Scope: the feature applies to the controller (FSP bit 1).
+    pub const CSCPE: u32 = 1 << 21;
+    /// Feature Scope: the feature applies to the NVM subsystem (FSP bit 5).
+    pub const NSSCPE: u32 = 1 << 25;
+}
+
+/// A page of one dword per identifier (LID, FID): `entries` set, the rest zero.
+pub fn encode_id_table(entries: impl IntoIterator<Item = (u8, u32)>) -> [u8; ID_TABLE_SIZE] {
+    let mut b = [0u8; ID_TABLE_SIZE];
+    for (id, v) in entries {
+        put_u32(&mut b, usize::from(id) * 4, v);
+    }
+    b
+}
+
+/// Reads a page of one dword per identifier (missing entries of a short buffer read 0).
+pub fn decode_id_table(b: &[u8]) -> [u32; 256] {
+    std::array::from_fn(|i| if b.len() >= i * 4 + 4 { get_u32(b, i * 4) } else { 0 })
+}
+
+/// The Commands Supported and Effects page (LID 05h): one dword per admin opcode, one
+/// per I/O opcode of the command set asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandEffects {
+    /// Admin Command Supported (ACS0..ACS255).
+    pub admin: [u32; 256],
+    /// I/O Command Supported (IOCS0..IOCS255).
+    pub io: [u32; 256],
+}
+
+impl Default for CommandEffects {
+    fn default() -> Self {
+        CommandEffects { admin: [0; 256], io: [0; 256] }
+    }
+}
+
+impl CommandEffects {
+    /// Encodes the 4096-byte page.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; CMD_EFFECTS_SIZE];
+        for (i, v) in self.admin.iter().chain(self.io.iter()).enumerate() {
+            put_u32(&mut b, i * 4, *v);
+        }
+        b
+    }
+
+    /// Decodes a page (entries past a short buffer read 0).
+    pub fn decode(b: &[u8]) -> CommandEffects {
+        let admin = decode_id_table(b);
+        let io = decode_id_table(b.get(ID_TABLE_SIZE..).unwrap_or(&[]));
+        CommandEffects { admin, io }
+    }
 }
 
 /// A decoded Get Log Page command.
@@ -37,6 +157,8 @@ pub struct GetLogPage {
     pub offset: u64,
     /// Namespace, for namespace-scoped pages.
     pub nsid: Nsid,
+    /// Command Set Identifier (CDW14 bits 31:24), for command set specific pages.
+    pub csi: u8,
 }
 
 impl GetLogPage {
@@ -51,6 +173,7 @@ impl GetLogPage {
             len: (numd + 1) * 4,
             offset: u64::from(s.cdw(12)) | (u64::from(s.cdw(13)) << 32),
             nsid: s.nsid(),
+            csi: (s.cdw(14) >> 24) as u8,
         }
     }
 }
@@ -137,24 +260,28 @@ pub struct AnaLog {
 
 /// LSP bit 0 of the ANA log: Return Groups Only.
 pub const ANA_LSP_RGO: u8 = 1;
+/// Bytes of the ANA log's header.
+pub const ANA_LOG_HEADER_SIZE: usize = 16;
+/// Bytes of one ANA group descriptor, before its NSIDs.
+pub const ANA_GROUP_DESC_SIZE: usize = 32;
 
 impl AnaLog {
     /// Encodes the page (NSID lists dropped when `groups_only`).
     pub fn encode(&self, groups_only: bool) -> Vec<u8> {
-        let mut out = vec![0u8; 16];
+        let mut out = vec![0u8; ANA_LOG_HEADER_SIZE];
         put_u64(&mut out, 0, self.chgcnt);
         put_u16(&mut out, 8, u16::try_from(self.groups.len()).unwrap_or(u16::MAX));
         for g in &self.groups {
             let n = if groups_only { 0 } else { g.nsids.len() };
             let base = out.len();
-            out.resize(base + 32 + n * 4, 0);
+            out.resize(base + ANA_GROUP_DESC_SIZE + n * 4, 0);
             put_u32(&mut out, base, g.grpid.0);
             put_u32(&mut out, base + 4, u32::try_from(n).unwrap_or(u32::MAX));
             put_u64(&mut out, base + 8, g.chgcnt);
             put_u8(&mut out, base + 16, g.state as u8);
             if !groups_only {
                 for (i, ns) in g.nsids.iter().enumerate() {
-                    put_u32(&mut out, base + 32 + i * 4, ns.0);
+                    put_u32(&mut out, base + ANA_GROUP_DESC_SIZE + i * 4, ns.0);
                 }
             }
         }
@@ -240,6 +367,16 @@ pub mod subtype {
     pub const NVM: u8 = 2;
     /// The current discovery subsystem.
     pub const CURRENT_DISCOVERY: u8 = 3;
+}
+
+/// Discovery log page entry flags (EFLAGS; NVMe Base 2.0, Discovery Log Page Entry).
+pub mod eflags {
+    /// Duplicate Returned Information: connecting to this entry's discovery controller
+    /// returns the same information as the controller that reported it.
+    pub const DUPRETINFO: u16 = 1 << 0;
+    /// Explicit Persistent Connection Support for Discovery: the discovery controller keeps
+    /// a connection alive (Keep Alive) and reports log changes (Asynchronous Event Request).
+    pub const EPCSD: u16 = 1 << 1;
 }
 
 /// Size of the discovery log header and of each entry.
@@ -386,10 +523,24 @@ pub struct ErrorLogEntry {
     pub lba: u64,
     /// Namespace.
     pub nsid: u32,
+    /// Transport Type of the transport the error is related to (the discovery log's
+    /// TRTYPE values; 0 when the error is not transport related).
+    pub trtype: u8,
+}
+
+/// Parameter Error Location when no single field is at fault (NVMe Base 2.0 §5.16.1.2).
+pub const NO_ERROR_LOCATION: u16 = 0xffff;
+
+/// A Parameter Error Location: bits 7:0 the byte of the command, bits 10:8 the bit.
+pub const fn error_location(byte: u8, bit: u8) -> u16 {
+    (byte as u16) | (((bit & 7) as u16) << 8)
 }
 
 impl ErrorLogEntry {
-    /// Encodes into 64 bytes.
+    /// Encodes into 64 bytes (NVMe Base 2.0 §5.16.1.2: error count 0-7, SQID 8-9, CID
+    /// 10-11, status field 12-13 (bits 15:1 the CQE's status, bit 0 the phase tag), parameter
+    /// error location 14-15, LBA 16-23, NSID 24-27, vendor specific information 28,
+    /// TRTYPE 29, command specific information 32-39, transport specific 40-41).
     pub fn encode(&self, b: &mut [u8]) {
         put_u64(b, 0, self.error_count);
         put_u16(b, 8, self.sqid);
@@ -398,6 +549,7 @@ impl ErrorLogEntry {
         put_u16(b, 14, self.param_error_location);
         put_u64(b, 16, self.lba);
         put_u32(b, 24, self.nsid);
+        put_u8(b, 29, self.trtype);
     }
 
     /// Decodes from 64 bytes.
@@ -410,6 +562,7 @@ impl ErrorLogEntry {
             param_error_location: get_u16(b, 14),
             lba: get_u64(b, 16),
             nsid: get_u32(b, 24),
+            trtype: get_u8(b, 29),
         }
     }
 }
@@ -417,7 +570,8 @@ impl ErrorLogEntry {
 /// Size of the SMART / Health log.
 pub const SMART_LOG_SIZE: usize = 512;
 
-/// SMART / Health Information (LID 02h), the counters a fabrics target can report.
+/// SMART / Health Information (LID 02h, NVMe Base 2.0 §5.16.1.3), the counters a fabrics
+/// target can report. The 128-bit counters keep their high half zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SmartLog {
     /// Critical warning bits.
@@ -438,6 +592,10 @@ pub struct SmartLog {
     pub host_reads: u64,
     /// Host write commands.
     pub host_writes: u64,
+    /// Controller busy time, minutes.
+    pub ctrl_busy_minutes: u64,
+    /// Power cycles.
+    pub power_cycles: u64,
     /// Power on hours.
     pub power_on_hours: u64,
     /// Unsafe shutdowns.
@@ -461,6 +619,8 @@ impl SmartLog {
         put_u64(&mut b, 48, self.data_units_written);
         put_u64(&mut b, 64, self.host_reads);
         put_u64(&mut b, 80, self.host_writes);
+        put_u64(&mut b, 96, self.ctrl_busy_minutes);
+        put_u64(&mut b, 112, self.power_cycles);
         put_u64(&mut b, 128, self.power_on_hours);
         put_u64(&mut b, 144, self.unsafe_shutdowns);
         put_u64(&mut b, 160, self.media_errors);
@@ -480,10 +640,72 @@ impl SmartLog {
             data_units_written: get_u64(b, 48),
             host_reads: get_u64(b, 64),
             host_writes: get_u64(b, 80),
+            ctrl_busy_minutes: get_u64(b, 96),
+            power_cycles: get_u64(b, 112),
             power_on_hours: get_u64(b, 128),
             unsafe_shutdowns: get_u64(b, 144),
             media_errors: get_u64(b, 160),
             num_err_log_entries: get_u64(b, 176),
+        }
+    }
+}
+
+/// SMART Data Units: thousands of 512-byte units, rounded up (NVMe Base 2.0 §5.16.1.3:
+/// 1 stands for 1 to 1,000 units; other block sizes are converted to 512-byte units).
+pub fn data_units(bytes: u64) -> u64 {
+    (bytes / 512).div_ceil(1000)
+}
+
+/// Size of one Reservation Notification log page.
+pub const RESV_NOTIFICATION_SIZE: usize = 64;
+
+/// Reservation Notification Log Page Type values (and the bit of each in the Reservation
+/// Notification Mask feature, FID 82h: `1 << type`).
+pub mod resv_notice {
+    /// Empty log page: nothing was waiting.
+    pub const EMPTY: u8 = 0;
+    /// Registration Preempted: another host's preempt removed this host's registration.
+    pub const REGISTRATION_PREEMPTED: u8 = 1;
+    /// Reservation Released: the holder released or gave up a reservation whose type
+    /// gives registrants access.
+    pub const RESERVATION_RELEASED: u8 = 2;
+    /// Reservation Preempted: another host cleared the reservation and registrations.
+    pub const RESERVATION_PREEMPTED: u8 = 3;
+}
+
+/// One Reservation Notification log page (LID 80h): reading it takes the oldest waiting
+/// notification off the controller's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ResvNotification {
+    /// Log Page Count: increments with every notification, wraps to 1; 0 is an empty page.
+    /// A jump of more than one means notifications were lost.
+    pub count: u64,
+    /// Reservation Notification Log Page Type ([`resv_notice`]).
+    pub notice: u8,
+    /// Number of Available Log Pages: how many more wait after this one (at most 255).
+    pub available: u8,
+    /// The namespace it is about.
+    pub nsid: Nsid,
+}
+
+impl ResvNotification {
+    /// Encodes the 64-byte page (count 0-7, type 8, available 9, NSID 12-15).
+    pub fn encode(&self) -> [u8; RESV_NOTIFICATION_SIZE] {
+        let mut b = [0u8; RESV_NOTIFICATION_SIZE];
+        put_u64(&mut b, 0, self.count);
+        put_u8(&mut b, 8, self.notice);
+        put_u8(&mut b, 9, self.available);
+        put_u32(&mut b, 12, self.nsid.0);
+        b
+    }
+
+    /// Decodes a page.
+    pub fn decode(b: &[u8]) -> ResvNotification {
+        ResvNotification {
+            count: get_u64(b, 0),
+            notice: get_u8(b, 8),
+            available: get_u8(b, 9),
+            nsid: Nsid(get_u32(b, 12)),
         }
     }
 }
@@ -591,6 +813,56 @@ mod tests {
         let s = Sqe::get_log_page(crate::Cid(1), Nsid(0xffff_ffff), lid::ANA, 1, false, 1 << 20, 4096);
         let g = GetLogPage::from_sqe(&s);
         assert_eq!((g.lid, g.lsp, g.rae, g.len, g.offset), (lid::ANA, 1, false, 1 << 20, 4096));
+    }
+
+    #[test]
+    fn id_tables_and_command_effects_round_trip() {
+        let t = encode_id_table([(lid::SUPPORTED, lid_support::LSUPP), (lid::RESERVATION, lid_support::LSUPP)]);
+        // Entry n at byte 4n, little-endian (Linux `struct nvme_supported_log`).
+        assert_eq!(&t[0..4], &[1, 0, 0, 0]);
+        assert_eq!(&t[0x80 * 4..0x80 * 4 + 4], &[1, 0, 0, 0]);
+        let d = decode_id_table(&t);
+        assert_eq!(d.iter().filter(|&&v| v != 0).count(), 2);
+        let mut e = CommandEffects::default();
+        e.admin[0x02] = cmd_effects::CSUPP | cmd_effects::CSCPE;
+        e.io[0x01] = cmd_effects::CSUPP | cmd_effects::LBCC | cmd_effects::NSCPE;
+        let b = e.encode();
+        assert_eq!(b.len(), CMD_EFFECTS_SIZE);
+        // IOCS1 at byte 1024 + 4: 0x0010_0003 (nvme-cli prints "00100003").
+        assert_eq!(get_u32(&b, 1024 + 4), 0x0010_0003);
+        assert_eq!(CommandEffects::decode(&b), e);
+    }
+
+    #[test]
+    fn reservation_notification_and_error_entry_layouts() {
+        let n = ResvNotification { count: 7, notice: resv_notice::RESERVATION_RELEASED, available: 2, nsid: Nsid(3) };
+        let b = n.encode();
+        assert_eq!((b[8], b[9], get_u32(&b, 12)), (2, 2, 3));
+        assert_eq!(ResvNotification::decode(&b), n);
+        let e = ErrorLogEntry {
+            error_count: 1,
+            sqid: 1,
+            cid: 9,
+            status: 0x4002 << 1,
+            param_error_location: error_location(40, 0),
+            lba: 77,
+            nsid: 1,
+            trtype: trtype::TCP,
+        };
+        let mut b = [0u8; ERROR_LOG_ENTRY_SIZE];
+        e.encode(&mut b);
+        assert_eq!(b[29], 3);
+        assert_eq!(ErrorLogEntry::decode(&b), e);
+        assert_eq!(error_location(39, 4), 0x0427);
+    }
+
+    #[test]
+    fn data_units_round_up_to_thousands_of_512_byte_units() {
+        assert_eq!(data_units(0), 0);
+        assert_eq!(data_units(512), 1);
+        assert_eq!(data_units(512 * 1000), 1);
+        assert_eq!(data_units(512 * 1001), 2);
+        assert_eq!(data_units(4096 * 1000), 8);
     }
 
     #[test]

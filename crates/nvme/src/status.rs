@@ -53,8 +53,6 @@ pub struct Status {
     pub sc: u8,
     /// Command retry delay index (0 = none, 1..3 = CRDT1..3).
     pub crd: u8,
-    /// More status information in the error log.
-    pub more: bool,
     /// Do Not Retry: the same command would fail again.
     pub dnr: bool,
 }
@@ -62,7 +60,7 @@ pub struct Status {
 macro_rules! statuses {
     ($($(#[$doc:meta])* $name:ident = ($sct:ident, $sc:expr, $dnr:expr);)*) => {
         impl Status {
-            $($(#[$doc])* pub const $name: Status = Status { sct: Sct::$sct, sc: $sc, crd: 0, more: false, dnr: $dnr };)*
+            $($(#[$doc])* pub const $name: Status = Status { sct: Sct::$sct, sc: $sc, crd: 0, dnr: $dnr };)*
         }
         fn known_name(s: Status) -> Option<&'static str> {
             $(if s.sct == Sct::$sct && s.sc == $sc { return Some(stringify!($name)); })*
@@ -173,24 +171,23 @@ statuses! {
 
 impl Status {
     /// Decodes the 15 status bits of a CQE's status half-word (bit 0 is the phase tag).
+    /// The More bit (14 here) is not part of what a status is: [`crate::Cqe::more`] has it.
     pub fn from_wire(raw: u16) -> Status {
         let v = raw >> 1;
         Status {
             sc: (v & 0xff) as u8,
             sct: Sct::from_bits(((v >> 8) & 7) as u8),
             crd: ((v >> 11) & 3) as u8,
-            more: v & (1 << 13) != 0,
             dnr: v & (1 << 14) != 0,
         }
     }
 
-    /// Encodes into a CQE's status half-word with the phase tag cleared
-    /// (NVMe/TCP does not use the phase tag).
+    /// Encodes into a CQE's status half-word with the phase tag and the More bit cleared
+    /// (NVMe/TCP does not use the phase tag; [`crate::Cqe::encode`] sets More).
     pub fn to_wire(self) -> u16 {
         let v = u16::from(self.sc)
             | (u16::from(self.sct as u8) << 8)
             | (u16::from(self.crd & 3) << 11)
-            | (u16::from(self.more) << 13)
             | (u16::from(self.dnr) << 14);
         v << 1
     }
@@ -278,7 +275,7 @@ mod tests {
     #[test]
     fn display_names() {
         assert_eq!(Status::LBA_OUT_OF_RANGE.to_string(), "LBA_OUT_OF_RANGE (DNR)");
-        let odd = Status { sct: Sct::Vendor, sc: 0x42, crd: 0, more: false, dnr: false };
+        let odd = Status { sct: Sct::Vendor, sc: 0x42, crd: 0, dnr: false };
         assert_eq!(odd.to_string(), "sct=Vendor sc=0x42");
     }
 }

@@ -103,7 +103,10 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string_pretty(&cfg)?);
         return Ok(());
     }
-    let server = Arc::new(cfg.start()?);
+    // Files the configuration creates are removed again if any part of the start fails
+    // (dropping `new_files` on an early return does that); kept once everything is up.
+    let (server, new_files) = cfg.start_with_new_files()?;
+    let server = Arc::new(server);
     let _rpc = match &cfg.rpc.socket {
         Some(p) => Some(RpcServer::start(p, Arc::clone(&server))?),
         None => None,
@@ -117,6 +120,10 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         None => None,
     };
+    for f in new_files.paths() {
+        println!("created {}", f.display());
+    }
+    new_files.keep();
     for p in server.state.ports() {
         println!("listening on {} (port {}, {:?})", p.addr, p.id, p.kind);
     }

@@ -71,6 +71,15 @@ fn metrics_and_stats_count_every_io() {
     assert_eq!(sum_metric(&text, "qpath_target_queue_ios_total", "dir=\"write\""), writes);
     assert_eq!(sum_metric(&text, "qpath_target_namespace_ios_total", "dir=\"read\""), reads);
     assert!(text.contains("qpath_target_queue_latency_seconds{"), "latency quantiles exported");
+    // Summaries carry `_count` (the I/Os the quantiles cover) and the exact `_sum` of their
+    // service times (seconds).
+    assert_eq!(sum_metric(&text, "qpath_target_queue_latency_seconds_count", "dir=\"read\""), reads);
+    let read_secs: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("qpath_target_queue_latency_seconds_sum") && l.contains("dir=\"read\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(read_secs > 0.0 && read_secs < 10.0 * reads as f64, "{read_secs}");
     let js = target::metrics::stats_json(&server.state);
     let q_reads: u64 = js["queues"].as_array().unwrap().iter().map(|q| q["reads"].as_u64().unwrap()).sum();
     assert_eq!(q_reads, reads);

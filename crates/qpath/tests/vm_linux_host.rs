@@ -98,6 +98,22 @@ fn vm_reservations_linux_7_2_needs_root_and_qemu() {
     run_scenario("sid", &[], "resv");
 }
 
+/// A namespace resized while Linux 6.1 is connected over both ports: the multipath head
+/// shows the new size (sysfs, `nvme id-ns`) without a reconnect, takes writes past the old
+/// end (fio verify there) and keeps the data at the old end.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_namespace_resize_linux_6_1_needs_root_and_qemu() {
+    run_scenario("bookworm", &[], "resize");
+}
+
+/// A namespace resized while Linux 7.2 is connected.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_namespace_resize_linux_7_2_needs_root_and_qemu() {
+    run_scenario("sid", &[], "resize");
+}
+
 /// Issue #3 acceptance 1: our host (`qpath discover`, `connect`, `bench` with
 /// verify=crc32c on both ports and with digests) against Linux 6.1's nvmet-tcp.
 #[test]

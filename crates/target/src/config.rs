@@ -39,21 +39,62 @@
 //! ]
 //! [[subsystem.namespace]]
 //! backend = "file"               # null | ram | file
-//! path = "/var/lib/qpath/vol1.img"
-//! size = "10G"
+//! path = "/var/lib/qpath/vol1.img"   # a regular file or a block device (see "File namespaces")
+//! size = "10G"                   # file: optional; without it the file's or device's own size
+//! grow = false                   # file: true lets size grow a smaller existing regular file
+//! readonly = false               # true: opened O_RDONLY; readonly namespaces may share a file
 //! ana_group = 1
 //! ptpl_file = "/var/lib/qpath/vol1.resv"   # reservations persist through restarts once a
 //!                                          #   host asks (CPTPL); see crate::reservation
 //! [[subsystem.namespace]]
 //! backend = "ram"
 //! size = "1G"
+//! max_size = "8G"                # ram: resize_namespace grows it up to this (default: the
+//!                                #   machine's memory; address space only, no memory, is
+//!                                #   reserved for it at start)
 //! prefault = true                # ram: fault every page in at start (no first-touch faults)
 //! huge_pages = true              # ram: transparent huge pages (MADV_HUGEPAGE, best effort)
+//! [[subsystem.namespace]]
+//! backend = "null"
+//! size = "1T"
+//! visible = "listed"             # only the hosts in `hosts` see it (default "all": every
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]   # host the subsystem lets in);
+//!                                #   the RPCs ns_add_host / ns_remove_host change the list
 //! [[ana]]
 //! port = 2
 //! group = 1
 //! state = "non-optimized"
+//! [[referral]]                   # in every port's discovery log: another discovery
+//! address = "10.0.0.2"           #   service, which hosts (nvme discover, qpath discover)
+//! port = 8009                    #   follow; port defaults to 8009 and subnqn to the
+//! subnqn = "nqn.2014-08.org.nvmexpress.discovery"   # discovery NQN (another NQN: an NVM
+//!                                #   subsystem at that address)
 //! ```
+//!
+//! # File namespaces
+//!
+//! qpath never changes the size of an existing file or device on its own (as Linux nvmet
+//! and SPDK's aio/uring bdevs, it takes the size it finds):
+//!
+//! | the file | no `size` | `size` = its size | `size` larger | `size` smaller |
+//! | --- | --- | --- | --- | --- |
+//! | regular file | its size | used | refused; grown with `grow = true` | refused |
+//! | block device | its size | used | refused (cannot grow) | refused |
+//! | missing | refused | - | created (`O_CREAT \| O_EXCL`, mode 0600) | - |
+//!
+//! A file is held by one namespace at a time, in this process or any other: a whole-file
+//! OFD lock (`fcntl(F_OFD_SETLK)`; shared for `readonly` namespaces, which may share a
+//! file), and for a block device opened read-write the kernel's exclusive claim (`O_EXCL`:
+//! refused while it is mounted). The error names the holder. The lock goes when the
+//! namespace is removed and its last command is done. If a start fails (a namespace
+//! refused, a port that cannot bind), the files it created are removed; files it did not
+//! create are never touched. See `docs/robustness.md`, "Data safety".
+//!
+//! A namespace's size can change while hosts use it (RPC `resize_namespace`; see
+//! [`crate::namespace`]); a file namespace's file is resized then, and only then. The
+//! RPC does not rewrite this file: after a file namespace grew, a `size` still naming the
+//! old size is refused at the next start (smaller than the file); leave `size` out (the
+//! file's is used) or set the new one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,9 +104,9 @@ use nvme::{AnaGrpId, AnaState};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::HostAuth;
-use crate::backend::{Backend, FileBackend};
+use crate::backend::{Access, Backend, FileBackend, FileRequest, NewFiles};
 use crate::error::{Error, ErrorKind};
-use crate::namespace::NamespaceSpec;
+use crate::namespace::{NamespaceSpec, Visibility};
 use crate::port::PortKind;
 use crate::qos::QosSettings;
 use crate::reactor::ReactorOptions;
@@ -99,6 +140,36 @@ pub struct Config {
     /// ANA states other than optimized.
     #[serde(default)]
     pub ana: Vec<AnaConfig>,
+    /// Referrals listed in the discovery log.
+    #[serde(default, rename = "referral")]
+    pub referrals: Vec<ReferralConfig>,
+}
+
+/// A referral to another discovery service (or an NVM subsystem elsewhere).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferralConfig {
+    /// IP address (no host names: the discovery log carries an address and its family).
+    pub address: String,
+    /// TCP port (default 8009, the discovery port).
+    #[serde(default = "default_referral_port")]
+    pub port: u16,
+    /// NQN to connect to there (default: the discovery NQN).
+    pub subnqn: Option<String>,
+}
+
+fn default_referral_port() -> u16 {
+    crate::registry::DISCOVERY_TRSVCID
+}
+
+impl ReferralConfig {
+    /// The checked referral.
+    pub fn to_referral(&self) -> Result<crate::registry::Referral, Error> {
+        let address = self.address.trim().parse().map_err(|e| {
+            Error::new(ErrorKind::Config, format!("referral address {:?}: {e} (an IPv4 or IPv6 address)", self.address))
+        })?;
+        crate::registry::Referral::new(address, self.port, self.subnqn.as_deref())
+    }
 }
 
 /// RPC socket.
@@ -262,8 +333,35 @@ impl NamespaceConfig {
             prefault: false,
             huge_pages: false,
             ptpl_file: None,
+            grow: false,
+            max_size: None,
+            visible: VisibleTo::All,
+            hosts: vec![],
         }
     }
+
+    /// Which hosts see it: `visible` with `hosts`, checked.
+    pub fn visibility(&self) -> Result<Visibility, Error> {
+        match self.visible {
+            VisibleTo::All if !self.hosts.is_empty() => Err(Error::new(
+                ErrorKind::Config,
+                "a namespace's hosts list who sees it with visible = \"listed\" (it is \"all\")",
+            )),
+            VisibleTo::All => Ok(Visibility::All),
+            VisibleTo::Listed => Visibility::listed(self.hosts.iter().cloned()),
+        }
+    }
+}
+
+/// Which hosts see a namespace, as the configuration says it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VisibleTo {
+    /// Every host the subsystem lets in.
+    #[default]
+    All,
+    /// Only the namespace's `hosts` (and those `ns_add_host` adds).
+    Listed,
 }
 
 /// A namespace.
@@ -275,10 +373,17 @@ pub struct NamespaceConfig {
     pub nsid: u32,
     /// null | ram | file.
     pub backend: String,
-    /// Size ("1G", "512M", bytes); required for null and ram, optional for file.
+    /// Size ("1G", "512M", bytes); required for null and ram. A file namespace without it
+    /// takes its file's or block device's size; with it, an existing file must be that
+    /// large (it is never shrunk, and grown only with `grow`), and a missing file is
+    /// created that large.
     pub size: Option<SizeValue>,
     /// File or block device path (file backend).
     pub path: Option<PathBuf>,
+    /// File backend: an existing regular file smaller than `size` is grown to it (without
+    /// this, such a size is refused). A block device never grows.
+    #[serde(default)]
+    pub grow: bool,
     /// Block size in bytes.
     #[serde(default = "default_block_size")]
     pub block_size: u32,
@@ -308,6 +413,17 @@ pub struct NamespaceConfig {
     /// TLB misses when I/O spreads over a large namespace.
     #[serde(default)]
     pub huge_pages: bool,
+    /// RAM backend: the largest size `resize_namespace` may grow it to (default: the
+    /// machine's physical memory). Its address space is reserved at creation; memory is
+    /// used only as the namespace grows.
+    #[serde(default)]
+    pub max_size: Option<SizeValue>,
+    /// Which hosts see it: `all` (default) or `listed` (only `hosts`).
+    #[serde(default)]
+    pub visible: VisibleTo,
+    /// With `visible = "listed"`: the host NQNs that see it (at most 1024).
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 fn default_block_size() -> u32 {
@@ -394,11 +510,20 @@ impl Config {
             ports: vec![PortConfig::io(1, "127.0.0.1:4420"), PortConfig::io(2, "127.0.0.1:4421")],
             subsystems: vec![SubsystemConfig::open(DEFAULT_NQN, vec![NamespaceConfig::ram(1, "1G")])],
             ana: vec![],
+            referrals: vec![],
         }
     }
 
     /// Builds the target state (subsystems, namespaces) — ports are bound by [`Config::start`].
+    /// When it fails, the files it created are removed.
     pub fn build_state(&self) -> Result<Arc<TargetState>, Error> {
+        let mut new = NewFiles::default();
+        let state = self.build_state_into(&mut new)?;
+        new.keep();
+        Ok(state)
+    }
+
+    fn build_state_into(&self, new: &mut NewFiles) -> Result<Arc<TargetState>, Error> {
         let o = &self.options;
         let limits = [o.max_connections_per_port, o.max_connections_per_host, o.max_connections_per_hostnqn];
         if limits.contains(&0)
@@ -410,15 +535,38 @@ impl Config {
         }
         let state = Arc::new(TargetState::new(self.options));
         for s in &self.subsystems {
-            add_subsystem(&state, s)?;
+            add_subsystem_into(&state, s, new)?;
+        }
+        for r in &self.referrals {
+            state.add_referral(r.to_referral()?)?;
         }
         Ok(state)
     }
 
-    /// Builds everything and starts serving.
+    /// Builds everything and starts serving. When it fails, nothing of it stays: the
+    /// threads are stopped, the files are unlocked and the files it created are removed.
     pub fn start(&self) -> Result<Server, Error> {
-        let state = self.build_state()?;
+        let (server, new) = self.start_with_new_files()?;
+        new.keep();
+        Ok(server)
+    }
+
+    /// [`Config::start`], returning also the files it created: they are removed when the
+    /// [`NewFiles`] drops, unless the caller, once the rest of its start-up (an RPC socket,
+    /// a metrics listener) succeeded too, calls [`NewFiles::keep`].
+    pub fn start_with_new_files(&self) -> Result<(Server, NewFiles), Error> {
+        let mut new = NewFiles::default();
+        let state = self.build_state_into(&mut new)?;
         let server = Server::start(state, self.reactor.clone())?;
+        if let Err(e) = self.serve(&server) {
+            // The reactors hold the state, and with it every namespace's open file and lock.
+            server.shutdown();
+            return Err(e);
+        }
+        Ok((server, new))
+    }
+
+    fn serve(&self, server: &Server) -> Result<(), Error> {
         for p in &self.ports {
             let addr = crate::server::parse_addr(&p.addr)?;
             server.add_port(p.id, addr, p.kind)?;
@@ -428,12 +576,21 @@ impl Config {
                 .ok_or_else(|| Error::new(ErrorKind::Config, format!("ANA state {:?}", a.state)))?;
             server.state.set_ana_state(a.port, AnaGrpId(a.group), st)?;
         }
-        Ok(server)
+        Ok(())
     }
 }
 
-/// Adds a configured subsystem (also used by RPC).
+/// Adds a configured subsystem (also used by RPC). When it fails, nothing of it stays:
+/// the subsystem is not added and the files it created are removed.
 pub fn add_subsystem(state: &TargetState, s: &SubsystemConfig) -> Result<Arc<Subsystem>, Error> {
+    let mut new = NewFiles::default();
+    let sub = add_subsystem_into(state, s, &mut new)?;
+    new.keep();
+    Ok(sub)
+}
+
+/// [`add_subsystem`], recording the files it creates in `new`.
+fn add_subsystem_into(state: &TargetState, s: &SubsystemConfig, new: &mut NewFiles) -> Result<Arc<Subsystem>, Error> {
     let serial = s.serial.clone().unwrap_or_else(|| format!("{:08X}", nvme::tcp::crc32c(s.nqn.as_bytes())));
     let mut limits = SubsysLimits::default();
     if let Some(q) = s.max_io_queues {
@@ -451,39 +608,93 @@ pub fn add_subsystem(state: &TargetState, s: &SubsystemConfig) -> Result<Arc<Sub
         }
     }
     sub.set_ports(s.ports.clone());
-    let sub = state.add_subsystem(sub)?;
-    for n in &s.namespaces {
-        add_namespace(&sub, n)?;
+    if state.subsystem(&s.nqn).is_some() {
+        return Err(Error::new(ErrorKind::Exists, format!("subsystem {} exists", s.nqn)));
     }
-    Ok(sub)
+    // Namespaces first, the subsystem in the target last: a namespace that fails leaves
+    // no half-built subsystem behind (and its files unlocked when `sub` drops).
+    for n in &s.namespaces {
+        add_namespace_into(&sub, n, new)?;
+    }
+    state.add_subsystem(sub)
 }
 
-/// Adds a configured namespace (also used by RPC).
+/// Adds a configured namespace (also used by RPC). When it fails, a file it created is
+/// removed again.
 pub fn add_namespace(sub: &Subsystem, n: &NamespaceConfig) -> Result<nvme::Nsid, Error> {
+    let mut new = NewFiles::default();
+    let nsid = add_namespace_into(sub, n, &mut new)?;
+    new.keep();
+    Ok(nsid)
+}
+
+/// [`add_namespace`], recording the file it creates in `new`.
+fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) -> Result<nvme::Nsid, Error> {
+    // The NSID is decided before the backend opens, so errors and the table of held files
+    // can name the namespace (Subsystem::add_namespace checks it again under its lock).
+    let nsid = match n.nsid {
+        0 => sub.namespaces().0.first_free().ok_or_else(|| Error::new(ErrorKind::Config, "no free NSID"))?,
+        id => nvme::Nsid(id),
+    };
+    if nsid.0 > crate::namespace::MAX_NSID {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("NSID {nsid} out of range 1..={}", crate::namespace::MAX_NSID),
+        ));
+    }
+    if sub.namespaces().0.get(nsid).is_some() {
+        return Err(Error::new(ErrorKind::Exists, format!("{}: NSID {nsid} exists", sub.nqn)));
+    }
+    let owner = format!("namespace {nsid} of {}", sub.nqn);
     let size = n.size.as_ref().map(SizeValue::bytes).transpose()?;
+    if n.grow && n.backend != "file" {
+        return Err(Error::new(ErrorKind::Config, format!("{owner}: grow applies to file namespaces only")));
+    }
+    // Checked before a backend is opened (a file may be created or sized then).
+    let visibility = n.visibility()?;
+    let max_size = n.max_size.as_ref().map(SizeValue::bytes).transpose()?;
+    if max_size.is_some() && n.backend != "ram" {
+        return Err(Error::new(ErrorKind::Config, format!("{owner}: max_size is for ram namespaces")));
+    }
     let backend = match n.backend.as_str() {
         "null" => Backend::Null,
         "ram" => {
-            let size = size.ok_or_else(|| Error::new(ErrorKind::Config, "a ram namespace needs a size"))?;
-            Backend::ram_with(size, RegionOptions { populate: n.prefault, huge_pages: n.huge_pages })?
+            let size =
+                size.ok_or_else(|| Error::new(ErrorKind::Config, format!("{owner}: a ram namespace needs a size")))?;
+            let options = RegionOptions { populate: n.prefault, huge_pages: n.huge_pages };
+            match max_size {
+                Some(max) => Backend::ram_growable(size, max, options)?,
+                None => Backend::ram_with(size, options)?,
+            }
         }
         "file" => {
-            let path = n.path.as_ref().ok_or_else(|| Error::new(ErrorKind::Config, "a file namespace needs a path"))?;
-            Backend::File(FileBackend::open(path, size, size.is_some())?)
+            let path = n
+                .path
+                .as_ref()
+                .ok_or_else(|| Error::new(ErrorKind::Config, format!("{owner}: a file namespace needs a path")))?;
+            let access = if n.readonly { Access::ReadOnly } else { Access::ReadWrite };
+            let (file, created) = FileBackend::open(&FileRequest { path, size, grow: n.grow, access, owner: &owner })?;
+            if let Some(c) = created {
+                new.push(c);
+            }
+            Backend::File(file)
         }
-        other => return Err(Error::new(ErrorKind::Config, format!("backend {other:?}: null, ram or file"))),
+        other => return Err(Error::new(ErrorKind::Config, format!("{owner}: backend {other:?}: null, ram or file"))),
     };
     let uuid = n.uuid.as_deref().map(parse_uuid).transpose()?;
-    let nsid = sub.add_namespace(NamespaceSpec {
-        nsid: n.nsid,
-        backend,
-        size,
-        block_size: n.block_size,
-        anagrpid: n.ana_group,
-        uuid,
-        readonly: n.readonly,
-        ptpl_file: n.ptpl_file.clone(),
-    })?;
+    let nsid = sub.add_namespace_with(
+        NamespaceSpec {
+            nsid: nsid.0,
+            backend,
+            size,
+            block_size: n.block_size,
+            anagrpid: n.ana_group,
+            uuid,
+            readonly: n.readonly,
+            ptpl_file: n.ptpl_file.clone(),
+        },
+        visibility,
+    )?;
     let (map, _) = sub.namespaces();
     if let Some(ns) = map.get(nsid) {
         ns.qos.set(n.qos);
@@ -613,6 +824,148 @@ mod tests {
     #[test]
     fn unknown_keys_are_errors() {
         assert!(Config::parse("[[port]]\nid = 1\naddr = \"x\"\ncolour = 3\n").is_err());
+    }
+
+    /// A directory of its own for one test, removed at the end.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let d = std::env::temp_dir().join(format!("qpath-config-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Dir(d)
+        }
+
+        fn image(&self, name: &str, len: u64) -> PathBuf {
+            let p = self.0.join(name);
+            std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+            p
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const NQN: &str = "nqn.2026-11.io.qpath:vol1";
+
+    /// A config with one subsystem whose namespaces are the given TOML bodies.
+    fn config(namespaces: &[String]) -> Config {
+        let mut t = format!("[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n");
+        for n in namespaces {
+            t += &format!("[[subsystem.namespace]]\n{n}\n");
+        }
+        Config::parse(&t).unwrap()
+    }
+
+    fn file_ns(path: &Path, extra: &str) -> String {
+        format!("backend = \"file\"\npath = \"{}\"\n{extra}", path.display())
+    }
+
+    fn err(c: &Config) -> String {
+        c.build_state().map(|_| ()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_file_namespace_never_truncates_and_grows_only_with_grow() {
+        let d = Dir::new("grow");
+        let img = d.image("vol1.img", 64 << 20);
+        let e = err(&config(&[file_ns(&img, "size = \"16M\"")]));
+        assert!(e.starts_with(&format!("namespace 1 of {NQN}: {} is 64 MiB but size = 16 MiB", img.display())), "{e}");
+        assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+        let e = err(&config(&[file_ns(&img, "size = \"128M\"")]));
+        assert!(e.contains("asks for more") && e.contains("grow = true"), "{e}");
+        let c = config(&[file_ns(&img, "size = \"128M\"\ngrow = true")]);
+        assert!(c.subsystems[0].namespaces[0].grow);
+        let state = c.build_state().unwrap();
+        let (map, _) = state.subsystem(NQN).unwrap().namespaces();
+        assert_eq!(map.get(nvme::Nsid(1)).unwrap().size_bytes(), 128 << 20);
+        assert_eq!(std::fs::metadata(&img).unwrap().len(), 128 << 20, "grown as asked");
+        drop((map, state));
+        let state = config(&[file_ns(&img, "")]).build_state().unwrap();
+        assert_eq!(state.subsystem(NQN).unwrap().namespaces().0.get(nvme::Nsid(1)).unwrap().size_bytes(), 128 << 20);
+        assert!(
+            err(&config(&["backend = \"ram\"\nsize = \"1M\"\ngrow = true".into()])).contains("file namespaces only")
+        );
+    }
+
+    #[test]
+    fn two_namespaces_on_one_file_are_refused_naming_the_first() {
+        let d = Dir::new("twice");
+        let img = d.image("vol1.img", 1 << 20);
+        let e = err(&config(&[file_ns(&img, ""), file_ns(&img, "")]));
+        assert!(e.starts_with(&format!("namespace 2 of {NQN}: ")), "{e}");
+        assert!(e.contains(&format!("already used by namespace 1 of {NQN}")), "{e}");
+        // Two readonly namespaces may share it.
+        let state =
+            config(&[file_ns(&img, "readonly = true"), file_ns(&img, "readonly = true")]).build_state().unwrap();
+        assert_eq!(state.subsystem(NQN).unwrap().namespaces().0.len(), 2);
+    }
+
+    #[test]
+    fn a_failed_start_leaves_no_file_it_created() {
+        let d = Dir::new("leftovers");
+        let (new_a, new_b) = (d.0.join("a.img"), d.0.join("b.img"));
+        let old = d.image("old.img", 8 << 20);
+        let bad = config(&[
+            file_ns(&new_a, "size = \"4M\""),
+            file_ns(&new_b, "size = \"4M\""),
+            file_ns(&old, "size = \"1M\""),
+        ]);
+        assert!(err(&bad).contains("namespace 3 of"));
+        assert!(!new_a.exists() && !new_b.exists(), "the files this start created are gone");
+        assert_eq!(std::fs::metadata(&old).unwrap().len(), 8 << 20, "the file it did not create stays as it was");
+        // A port that cannot bind fails the start after the namespaces were built.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = config(&[file_ns(&new_a, "size = \"4M\"")]);
+        c.reactor.reactors = 1;
+        c.ports = vec![PortConfig::io(1, taken.local_addr().unwrap().to_string())];
+        assert!(c.start().is_err());
+        assert!(!new_a.exists(), "removed after a port failed to bind");
+        // A failure inside one RPC add_namespace (an invalid block size, found after the
+        // file was created) removes its file too, and leaves the target as it was.
+        let state = config(&[]).build_state().unwrap();
+        let sub = state.subsystem(NQN).unwrap();
+        let mut n =
+            NamespaceConfig { backend: "file".into(), path: Some(new_b.clone()), ..NamespaceConfig::ram(0, "4M") };
+        n.block_size = 1000;
+        assert!(add_namespace(&sub, &n).is_err());
+        assert!(!new_b.exists() && sub.namespaces().0.is_empty());
+        n.block_size = 4096;
+        assert_eq!(add_namespace(&sub, &n).unwrap(), nvme::Nsid(1));
+        assert!(new_b.exists(), "a namespace that started keeps its file");
+    }
+
+    #[test]
+    fn a_subsystem_that_fails_is_not_left_half_built() {
+        let d = Dir::new("half");
+        let img = d.image("vol1.img", 1 << 20);
+        let state = config(&[]).build_state().unwrap();
+        let held = state.subsystem(NQN).unwrap();
+        add_namespace(
+            &held,
+            &NamespaceConfig {
+                backend: "file".into(),
+                path: Some(img.clone()),
+                size: None,
+                ..NamespaceConfig::ram(0, "1M")
+            },
+        )
+        .unwrap();
+        let other = "nqn.2026-11.io.qpath:vol2";
+        let mut s = SubsystemConfig::open(other, vec![NamespaceConfig::ram(1, "1M")]);
+        s.namespaces.push(NamespaceConfig {
+            backend: "file".into(),
+            path: Some(img),
+            size: None,
+            ..NamespaceConfig::ram(2, "1M")
+        });
+        let e = add_subsystem(&state, &s).unwrap_err().to_string();
+        assert!(e.contains(&format!("namespace 2 of {other}")) && e.contains(&format!("namespace 1 of {NQN}")), "{e}");
+        assert!(state.subsystem(other).is_none(), "no half-built subsystem");
     }
 
     #[test]

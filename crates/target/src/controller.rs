@@ -11,10 +11,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nvme::fabrics::{Cap, Cc, csts, version};
 use nvme::features::AsyncEvent;
-use nvme::log::ErrorLogEntry;
-use nvme::{Cntlid, Nsid, QueueId, Status};
+use nvme::log::{ErrorLogEntry, ResvNotification, resv_notice, trtype};
+use nvme::opcode::io;
+use nvme::{Cntlid, Nsid, QueueId, Sqe, Status};
 
+use crate::namespace::NsMap;
 use crate::port::Port;
+use crate::reservation::Notice;
 use crate::subsystem::{SubsysKind, Subsystem};
 
 /// Controller lifecycle (NVMe 2.0 §3.5).
@@ -67,7 +70,30 @@ pub const KAS: u16 = 10;
 pub const CAP_TO: u8 = 15;
 
 /// AEN configuration bits this target can generate (NS attribute, ANA, discovery log change).
+/// Reservation Log Page Available has no bit: the Reservation Notification Mask (FID 82h)
+/// filters it per namespace, and OAES has no bit to announce it either.
 pub const AEN_SUPPORTED: u32 = (1 << 8) | (1 << 11) | (1 << 31);
+/// Reservation Notification log pages a controller keeps unread; further notifications
+/// are lost (and counted, so the Log Page Count shows the gap), as nvmet's 64-entry queue.
+pub const RESV_LOG_ENTRIES: usize = 64;
+/// The Reservation Notification Mask bits (FID 82h): 1 << each notification type.
+pub const RESV_MASK_BITS: u32 = (1 << resv_notice::REGISTRATION_PREEMPTED)
+    | (1 << resv_notice::RESERVATION_RELEASED)
+    | (1 << resv_notice::RESERVATION_PREEMPTED);
+
+/// One bit per log page identifier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LidSet([u64; 4]);
+
+impl LidSet {
+    fn has(&self, lid: u8) -> bool {
+        self.0[usize::from(lid >> 6)] & (1 << (lid & 63)) != 0
+    }
+    fn set(&mut self, lid: u8, on: bool) {
+        let (w, b) = (usize::from(lid >> 6), 1u64 << (lid & 63));
+        if on { self.0[w] |= b } else { self.0[w] &= !b }
+    }
+}
 
 struct Inner {
     state: CtrlState,
@@ -75,7 +101,16 @@ struct Inner {
     aen_enabled: u32,
     events: VecDeque<AsyncEvent>,
     /// Log pages whose event was reported and not yet read: further events of that kind wait.
-    masked_logs: u32,
+    masked_logs: LidSet,
+    /// Reservation Notification log pages not read yet, oldest first (at most
+    /// [`RESV_LOG_ENTRIES`]; `available` is filled in when one is read).
+    resv_log: VecDeque<ResvNotification>,
+    /// The Log Page Count given to the last notification, stored or lost.
+    resv_count: u64,
+    /// Notifications lost since the last one stored (the queue was full).
+    resv_lost: u64,
+    /// Reservation Notification Mask per NSID (only non-zero masks; at most one per NSID).
+    resv_masks: std::collections::BTreeMap<u32, u32>,
     changed_ns: Vec<Nsid>,
     changed_ns_overflow: bool,
     num_io_queues: u16,
@@ -105,6 +140,9 @@ pub struct Controller {
     aen_pending: AtomicBool,
     /// Bumped when CC.EN goes to 0: I/O queues bound to an older value close.
     io_generation: AtomicU64,
+    /// The namespaces this controller's host sees (set by the subsystem, which also bumps
+    /// its namespace generation so that queues re-read it).
+    ns_view: Mutex<Arc<NsMap>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -162,7 +200,11 @@ impl Controller {
                 cc: Cc(0),
                 aen_enabled: 0,
                 events: VecDeque::new(),
-                masked_logs: 0,
+                masked_logs: LidSet::default(),
+                resv_log: VecDeque::new(),
+                resv_count: 0,
+                resv_lost: 0,
+                resv_masks: std::collections::BTreeMap::new(),
                 changed_ns: Vec::new(),
                 changed_ns_overflow: false,
                 num_io_queues: max_q,
@@ -175,6 +217,7 @@ impl Controller {
             last_traffic_ms: AtomicU64::new(now_ms),
             aen_pending: AtomicBool::new(false),
             io_generation: AtomicU64::new(0),
+            ns_view: Mutex::new(Arc::new(NsMap::default())),
         }
     }
 
@@ -300,6 +343,10 @@ impl Controller {
                     g.queues.iter_mut().for_each(|q| *q = false);
                     g.aen_enabled = 0;
                     g.events.clear();
+                    g.masked_logs = LidSet::default();
+                    // The Log Page Count starts at 0 after a controller reset.
+                    g.resv_log.clear();
+                    (g.resv_count, g.resv_lost) = (0, 0);
                 }
                 g.state = s;
                 g.cc = new;
@@ -393,9 +440,8 @@ impl Controller {
     /// is not waiting to be read.
     pub fn add_event(&self, ev: AsyncEvent) {
         let mut g = self.lock();
-        let enabled = ev.config_bit().is_some_and(|b| g.aen_enabled & b != 0);
-        let bit = 1u32 << (ev.log_page & 31);
-        if !enabled || g.masked_logs & bit != 0 || g.events.contains(&ev) {
+        let enabled = ev.always_reported() || ev.config_bit().is_some_and(|b| g.aen_enabled & b != 0);
+        if !enabled || g.masked_logs.has(ev.log_page) || g.events.contains(&ev) {
             return;
         }
         g.events.push_back(ev);
@@ -411,7 +457,7 @@ impl Controller {
         let mut g = self.lock();
         let ev = g.events.pop_front();
         if let Some(e) = ev {
-            g.masked_logs |= 1u32 << (e.log_page & 31);
+            g.masked_logs.set(e.log_page, true);
         }
         if g.events.is_empty() {
             self.aen_pending.store(false, Ordering::Release);
@@ -427,7 +473,91 @@ impl Controller {
 
     /// A log page was read with RAE clear: its event kind may be reported again.
     pub fn log_read(&self, lid: u8) {
-        self.lock().masked_logs &= !(1u32 << (lid & 31));
+        self.lock().masked_logs.set(lid, false);
+    }
+
+    /// A reservation notification for this controller's host about namespace `nsid`
+    /// ([`resv_notice`] type): unless the host masked that type for the namespace (FID
+    /// 82h), a Reservation Notification log page is queued and Reservation Log Page
+    /// Available is raised (NVMe Base 2.0 §8.19; nvmet `nvmet_pr_add_resv_log`).
+    pub fn reservation_notice(&self, nsid: Nsid, notice: u8) {
+        {
+            let mut g = self.lock();
+            let mask = g.resv_masks.get(&nsid.0).copied().unwrap_or(0);
+            if mask & (1 << (notice & 31)) != 0 {
+                return;
+            }
+            // 64-bit, wraps to 1: 0 marks an empty page.
+            g.resv_count = g.resv_count.checked_add(1).unwrap_or(1);
+            if g.resv_log.len() < RESV_LOG_ENTRIES {
+                let count = g.resv_count;
+                g.resv_log.push_back(ResvNotification { count, notice, available: 0, nsid });
+                // The count of the page just stored shows the ones lost before it.
+                g.resv_lost = 0;
+            } else {
+                g.resv_lost += 1;
+                tracing::debug!(cntlid = self.cntlid.0, nsid = nsid.0, "reservation notification lost: log full");
+            }
+        }
+        self.add_event(AsyncEvent::RESERVATION_LOG);
+    }
+
+    /// Get Log Page 80h: takes the oldest notification (an empty page when none waits),
+    /// with the number still waiting after it. When it is the last and notifications were
+    /// lost after it, its count is that of the last lost one, so the host sees the gap now
+    /// rather than at the next notification (as nvmet reports its lost count).
+    pub fn take_reservation_log(&self) -> ResvNotification {
+        let mut g = self.lock();
+        let Some(mut page) = g.resv_log.pop_front() else {
+            return ResvNotification::default();
+        };
+        page.available = u8::try_from(g.resv_log.len()).unwrap_or(u8::MAX);
+        if g.resv_log.is_empty() && g.resv_lost > 0 {
+            page.count = g.resv_count;
+            g.resv_lost = 0;
+        }
+        page
+    }
+
+    /// Reservation notifications waiting to be read.
+    pub fn reservation_log_len(&self) -> usize {
+        self.lock().resv_log.len()
+    }
+
+    /// The Reservation Notification Mask of namespace `nsid` (FID 82h).
+    pub fn resv_mask(&self, nsid: Nsid) -> u32 {
+        self.lock().resv_masks.get(&nsid.0).copied().unwrap_or(0)
+    }
+
+    /// Sets the Reservation Notification Mask of the namespaces `nsids`: kept per
+    /// controller, as Set Features is the host's choice for itself (nvmet and SPDK keep one
+    /// mask per namespace for every controller: one host masking a type silences it for
+    /// all). Refuses bits other than [`RESV_MASK_BITS`].
+    pub fn set_resv_mask(&self, nsids: impl IntoIterator<Item = Nsid>, mask: u32) -> Result<(), Status> {
+        if mask & !RESV_MASK_BITS != 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        let mut g = self.lock();
+        for n in nsids {
+            if mask == 0 {
+                g.resv_masks.remove(&n.0);
+            } else {
+                g.resv_masks.insert(n.0, mask);
+            }
+        }
+        Ok(())
+    }
+
+    /// The namespaces this controller's host sees. Queues cache it and re-read it when the
+    /// subsystem's namespace generation moves (see [`Subsystem::namespaces_of`]).
+    pub fn namespaces(&self) -> Arc<NsMap> {
+        Arc::clone(&self.ns_view.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Replaces the namespaces its host sees; returns the previous map (the subsystem
+    /// compares them to tell the host what changed).
+    pub(crate) fn set_namespaces(&self, view: Arc<NsMap>) -> Arc<NsMap> {
+        std::mem::replace(&mut *self.ns_view.lock().unwrap_or_else(std::sync::PoisonError::into_inner), view)
     }
 
     /// A namespace was added, removed or changed.
@@ -453,18 +583,24 @@ impl Controller {
         if overflow { None } else { Some(list) }
     }
 
-    /// Records a failed command in the error log.
-    pub fn log_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, lba: u64) {
+    /// Records command `sqe`, which failed with `status` on queue `sqid`, in the error log
+    /// (NVMe Base 2.0 §5.16.1.2). Every failed command gets an entry, as every one nvmet
+    /// gives an error location does; the completion's More bit is left clear (a host
+    /// learns of entries from the SMART page's count, which Linux hosts read anyway).
+    pub fn log_error(&self, sqid: u16, sqe: &Sqe, status: Status) {
+        let admin = sqid == 0;
         let mut g = self.lock();
         g.error_count += 1;
         let e = ErrorLogEntry {
             error_count: g.error_count,
             sqid,
-            cid,
+            cid: sqe.cid().0,
             status: status.to_wire(),
-            param_error_location: 0xffff,
-            lba,
-            nsid,
+            param_error_location: error_location(admin, sqe.opcode(), status),
+            lba: if !admin && has_lba(sqe.opcode()) { sqe.slba() } else { 0 },
+            nsid: sqe.nsid().0,
+            // A data digest error is the transport's; the rest are the command's.
+            trtype: if status == Status::TRANSIENT_TRANSPORT_ERROR { trtype::TCP } else { 0 },
         };
         if g.error_log.len() == ERROR_LOG_ENTRIES {
             g.error_log.pop_back();
@@ -497,6 +633,47 @@ impl Controller {
                 .filter_map(|(i, _)| u16::try_from(i).ok())
                 .collect(),
         }
+    }
+}
+
+/// Hands the notices of a reservation change on namespace `nsid` of `subsys` to every
+/// controller of each host named (a host with several controllers, one per path, hears on
+/// each, as in nvmet).
+pub fn notify_reservation(subsys: &Subsystem, nsid: Nsid, notices: &[Notice]) {
+    if notices.is_empty() {
+        return;
+    }
+    for c in subsys.controllers() {
+        for n in notices.iter().filter(|n| n.hostid == c.hostid) {
+            c.reservation_notice(nsid, n.notice);
+        }
+    }
+}
+
+/// Whether an I/O opcode carries a starting LBA in CDW10-11 (the error log's LBA field).
+fn has_lba(opcode: u8) -> bool {
+    matches!(opcode, io::READ | io::WRITE | io::WRITE_ZEROES | io::COMPARE | io::VERIFY | io::WRITE_UNCORRECTABLE)
+}
+
+/// The Parameter Error Location of a failed command: the SQE byte (and bit) the status
+/// is about, where one field is (as nvmet's `req->error_loc`), else "not applicable".
+fn error_location(admin: bool, opcode: u8, status: Status) -> u16 {
+    // SQE layout: opcode byte 0, NSID 4-7, DPTR 24-39 (SGL: address 24, length 32,
+    // identifier 39), CDW10 at 40.
+    let at = |byte, bit| nvme::log::error_location(byte, bit);
+    match status {
+        Status::INVALID_OPCODE | Status::RESERVATION_CONFLICT => at(0, 0),
+        Status::INVALID_NS => at(4, 0),
+        Status::SGL_OFFSET_INVALID => at(24, 0),
+        Status::DATA_SGL_LENGTH_INVALID => at(32, 0),
+        Status::SGL_DESCRIPTOR_TYPE_INVALID => at(39, 0),
+        Status::LBA_OUT_OF_RANGE | Status::CAPACITY_EXCEEDED if !admin && has_lba(opcode) => at(40, 0),
+        Status::INVALID_LOG_PAGE | Status::FEATURE_NOT_CHANGEABLE | Status::FEATURE_NOT_NS_SPECIFIC if admin => {
+            at(40, 0)
+        }
+        // Set Features CDW10 bit 31: SV.
+        Status::FEATURE_NOT_SAVEABLE if admin => at(43, 7),
+        _ => nvme::log::NO_ERROR_LOCATION,
     }
 }
 
@@ -558,6 +735,82 @@ mod tests {
         c.add_event(AsyncEvent::ANA_CHANGE);
         assert_eq!(c.take_event(), Some(AsyncEvent::ANA_CHANGE));
         assert!(c.set_aen_enabled(1).is_err());
+    }
+
+    #[test]
+    fn error_log_entries_locate_the_field_and_keep_the_newest() {
+        use nvme::{Cid, SglDescriptor};
+        let c = ctrl();
+        let read = Sqe::rw(io::READ, Cid(7), Nsid(1), 5000, 7, SglDescriptor::transport(4096));
+        c.log_error(2, &read, Status::LBA_OUT_OF_RANGE);
+        let mut gl = Sqe::get_log_page(Cid(8), Nsid::BROADCAST, 0x42, 0, false, 512, 0);
+        c.log_error(0, &gl, Status::INVALID_LOG_PAGE);
+        gl.set_cid(Cid(9));
+        c.log_error(1, &gl, Status::TRANSIENT_TRANSPORT_ERROR);
+        let (entries, count) = c.error_log();
+        assert_eq!(count, 3);
+        let (newest, lba_err) = (entries[0], entries[2]);
+        assert_eq!((lba_err.error_count, lba_err.sqid, lba_err.cid, lba_err.nsid), (1, 2, 7, 1));
+        assert_eq!((lba_err.lba, lba_err.param_error_location), (5000, 40));
+        assert_eq!(Status::from_wire(lba_err.status), Status::LBA_OUT_OF_RANGE);
+        assert_eq!(lba_err.status & 1, 0, "phase tag");
+        assert_eq!((entries[1].lba, entries[1].param_error_location), (0, 40), "admin: no LBA, LID field");
+        assert_eq!((newest.error_count, newest.trtype, newest.param_error_location), (3, trtype::TCP, 0xffff));
+        for _ in 0..ERROR_LOG_ENTRIES {
+            c.log_error(1, &read, Status::INTERNAL);
+        }
+        let (entries, count) = c.error_log();
+        assert_eq!((entries.len(), count), (ERROR_LOG_ENTRIES, 3 + ERROR_LOG_ENTRIES as u64));
+        assert_eq!(entries[0].error_count, count, "newest first");
+    }
+
+    #[test]
+    fn reservation_notifications_queue_mask_count_and_report_losses() {
+        use nvme::log::resv_notice::*;
+        let c = ctrl();
+        assert_eq!(c.take_reservation_log(), ResvNotification::default(), "empty page");
+        c.reservation_notice(Nsid(1), REGISTRATION_PREEMPTED);
+        c.reservation_notice(Nsid(2), RESERVATION_RELEASED);
+        // The event is raised without any Asynchronous Event Configuration bit, once.
+        assert_eq!(c.take_event(), Some(AsyncEvent::RESERVATION_LOG));
+        c.reservation_notice(Nsid(1), RESERVATION_PREEMPTED);
+        assert_eq!(c.take_event(), None, "masked until LID 80h is read");
+        let p = c.take_reservation_log();
+        assert_eq!((p.count, p.notice, p.available, p.nsid), (1, REGISTRATION_PREEMPTED, 2, Nsid(1)));
+        let p = c.take_reservation_log();
+        assert_eq!((p.count, p.notice, p.available, p.nsid), (2, RESERVATION_RELEASED, 1, Nsid(2)));
+        c.log_read(nvme::log::lid::RESERVATION);
+        // The mask is per namespace: namespace 1's releases are masked, namespace 2's not.
+        assert_eq!(c.set_resv_mask([Nsid(1)], 1 << 4), Err(Status::INVALID_FIELD));
+        c.set_resv_mask([Nsid(1)], 1 << RESERVATION_RELEASED).unwrap();
+        assert_eq!((c.resv_mask(Nsid(1)), c.resv_mask(Nsid(2))), (1 << RESERVATION_RELEASED, 0));
+        c.reservation_notice(Nsid(1), RESERVATION_RELEASED);
+        c.reservation_notice(Nsid(2), RESERVATION_RELEASED);
+        assert_eq!(c.take_event(), Some(AsyncEvent::RESERVATION_LOG));
+        assert_eq!(c.take_reservation_log().count, 3);
+        assert_eq!(c.take_reservation_log().count, 4, "namespace 2's; namespace 1's was masked");
+        assert_eq!(c.take_reservation_log(), ResvNotification::default());
+        // A full queue loses notifications; the last page read shows how many.
+        for _ in 0..RESV_LOG_ENTRIES + 3 {
+            c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        }
+        assert_eq!(c.reservation_log_len(), RESV_LOG_ENTRIES);
+        let first = c.take_reservation_log();
+        assert_eq!((first.count, usize::from(first.available)), (5, RESV_LOG_ENTRIES - 1));
+        let mut last = first;
+        while c.reservation_log_len() > 0 {
+            last = c.take_reservation_log();
+        }
+        assert_eq!(last.count, 4 + RESV_LOG_ENTRIES as u64 + 3, "the 3 lost ones are counted");
+        c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        assert_eq!(c.take_reservation_log().count, last.count + 1, "no gap after it");
+        // A controller reset starts the count again.
+        c.set_cc(Cc::enable_value().0).unwrap();
+        c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        c.set_cc(0).unwrap();
+        assert_eq!(c.take_reservation_log(), ResvNotification::default());
+        c.reservation_notice(Nsid(2), RESERVATION_PREEMPTED);
+        assert_eq!(c.take_reservation_log().count, 1);
     }
 
     #[test]

@@ -37,11 +37,15 @@ pub enum IoKind {
         len: u64,
         /// The host allows deallocation.
         deallocate: bool,
+        /// Force Unit Access: durable before completion.
+        fua: bool,
     },
-    /// Dataset Management with `nr` 16-byte ranges in the data.
+    /// Dataset Management with `nr` 16-byte ranges at the start of `len` bytes of data.
     Dsm {
         /// Number of ranges.
         nr: u32,
+        /// Data bytes the SGL carries: `nr` x 16 up to [`DSM_DATA_MAX`] (see [`plan`]).
+        len: u32,
         /// Attribute Deallocate.
         deallocate: bool,
     },
@@ -72,7 +76,7 @@ impl IoKind {
     pub fn h2c_len(&self) -> u32 {
         match self {
             IoKind::Write { len, .. } => *len,
-            IoKind::Dsm { nr, .. } => nr * 16,
+            IoKind::Dsm { len, .. } => *len,
             IoKind::Reservation { op, len } if *op != ResvOp::Report => *len,
             _ => 0,
         }
@@ -113,9 +117,11 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
         AnaState::Change => return Err(Status::ANA_TRANSITION),
     }
     let op = sqe.opcode();
+    // The capacity may change under I/O (resize): read it once for this command.
+    let nblocks = ns.nblocks();
     let range = |slba: u64, nlb: u64| -> Result<(u64, u64), Status> {
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
+            Some(end) if end <= nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
             _ => Err(Status::LBA_OUT_OF_RANGE),
         }
     };
@@ -129,7 +135,7 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
             if op == io::READ {
                 Ok(IoKind::Read { offset, len })
             } else {
-                if ns.readonly {
+                if ns.write_protected() {
                     return Err(Status::NS_WRITE_PROTECTED);
                 }
                 Ok(IoKind::Write { offset, len, fua: sqe.fua() })
@@ -137,17 +143,29 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
         }
         io::FLUSH => Ok(IoKind::Flush),
         io::WRITE_ZEROES => {
-            if ns.readonly {
+            if ns.write_protected() {
                 return Err(Status::NS_WRITE_PROTECTED);
             }
             let (offset, len) = range(sqe.slba(), u64::from(sqe.nlb()))?;
-            Ok(IoKind::WriteZeroes { offset, len, deallocate: sqe.wz_deallocate() })
+            Ok(IoKind::WriteZeroes { offset, len, deallocate: sqe.wz_deallocate(), fua: sqe.fua() })
         }
         io::DATASET_MANAGEMENT => {
-            if ns.readonly {
+            if ns.write_protected() {
                 return Err(Status::NS_WRITE_PROTECTED);
             }
-            Ok(IoKind::Dsm { nr: (sqe.cdw(10) & 0xff) + 1, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
+            // NVM Command Set 1.0 §3.2.3: NR (CDW10 bits 7:0) is 0's based; of the attributes
+            // (CDW11) only Deallocate (bit 2) asks for anything, IDR and IDW are hints.
+            let nr = (sqe.cdw(10) & 0xff) + 1;
+            // The data holds NR ranges, but Linux always sends room for 256 (4096 bytes:
+            // `nvme_setup_discard` allocates NVME_DSM_MAX_RANGES ranges because some devices
+            // read that much whatever NR says). As Linux nvmet (`nvmet_check_data_len_lte`)
+            // and SPDK do, an SGL of NR x 16 up to 4096 bytes is taken and its first NR x 16
+            // bytes read; a shorter or a longer one is refused.
+            let len = sqe.sgl().length;
+            if (len as usize) < nr as usize * DSM_RANGE_BYTES || len > DSM_DATA_MAX {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            Ok(IoKind::Dsm { nr, len, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
         }
         io::RESV_REGISTER => Ok(IoKind::Reservation { op: ResvOp::Register, len: 16 }),
         io::RESV_ACQUIRE => Ok(IoKind::Reservation { op: ResvOp::Acquire, len: 16 }),
@@ -163,19 +181,54 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
     }
 }
 
-/// Decodes DSM ranges (16 bytes each: attributes, length in blocks, starting LBA)
-/// into byte ranges, checking each against the namespace.
-pub fn dsm_ranges(data: &[u8], ns: &Namespace) -> Result<Vec<(u64, u64)>, Status> {
-    data.chunks_exact(16)
-        .map(|r| {
-            let nlb = u64::from(u32::from_le_bytes([r[4], r[5], r[6], r[7]]));
-            let slba = u64::from_le_bytes([r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]]);
-            match slba.checked_add(nlb) {
-                Some(end) if end <= ns.nblocks => Ok((slba << ns.block_shift, nlb << ns.block_shift)),
-                _ => Err(Status::LBA_OUT_OF_RANGE),
-            }
-        })
-        .collect()
+/// Bytes of one Dataset Management range (NVM Command Set 1.0 §3.2.3.1, Figure 40): context
+/// attributes (bytes 3:0, hints: ignored), length in logical blocks (7:4, 1's based: 0 names
+/// no block), starting LBA (15:8).
+pub const DSM_RANGE_BYTES: usize = 16;
+
+/// Most ranges in one Dataset Management command: NR is 8 bits, 0's based.
+pub const DSM_RANGES_MAX: u32 = 256;
+
+/// Most Dataset Management data bytes taken: room for the most ranges.
+pub const DSM_DATA_MAX: u32 = 4096;
+const _: () = assert!(DSM_DATA_MAX as usize == DSM_RANGES_MAX as usize * DSM_RANGE_BYTES);
+
+/// Range `i` of Dataset Management data as (starting LBA, blocks); `None` past the data.
+/// Reads the host's buffer in place (the I/O path allocates nothing).
+pub fn dsm_range(data: &[u8], i: usize) -> Option<(u64, u32)> {
+    let r = data.get(i.checked_mul(DSM_RANGE_BYTES)?..)?.get(..DSM_RANGE_BYTES)?;
+    let nlb = u32::from_le_bytes([r[4], r[5], r[6], r[7]]);
+    let slba = u64::from_le_bytes([r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]]);
+    Some((slba, nlb))
+}
+
+/// Range `i` in bytes of namespace `ns` (offset, length), once [`dsm_check`] passed.
+pub fn dsm_bytes(data: &[u8], i: usize, ns: &Namespace) -> Option<(u64, u64)> {
+    let (slba, nlb) = dsm_range(data, i)?;
+    Some((slba << ns.block_shift, u64::from(nlb) << ns.block_shift))
+}
+
+/// Checks Dataset Management data before any range is executed: it holds `nr` ranges (the
+/// SGL length was checked when the command arrived; bytes after them are not read), and
+/// every range that names blocks lies inside namespace `ns`. One bad range fails the command
+/// with LBA Out of Range and nothing is changed (NVM Command Set 1.0 §3.2.3). A range of
+/// length 0 names no block: it is neither checked nor executed.
+pub fn dsm_check(data: &[u8], nr: u32, ns: &Namespace) -> Result<(), Status> {
+    if nr == 0 || nr > DSM_RANGES_MAX || data.len() < nr as usize * DSM_RANGE_BYTES {
+        return Err(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    let nblocks = ns.nblocks();
+    for i in 0..nr as usize {
+        let Some((slba, nlb)) = dsm_range(data, i) else { return Err(Status::DATA_SGL_LENGTH_INVALID) };
+        if nlb == 0 {
+            continue;
+        }
+        match slba.checked_add(u64::from(nlb)) {
+            Some(end) if end <= nblocks => {}
+            _ => return Err(Status::LBA_OUT_OF_RANGE),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -232,15 +285,61 @@ mod tests {
         assert!(plan(&r, Some(&n), &p, 1 << 20).is_ok());
     }
 
+    fn range(d: &mut [u8], i: usize, slba: u64, nlb: u32) {
+        let r = &mut d[i * 16..i * 16 + 16];
+        r[0..4].copy_from_slice(&0xdead_beefu32.to_le_bytes()); // context attributes: hints
+        r[4..8].copy_from_slice(&nlb.to_le_bytes());
+        r[8..16].copy_from_slice(&slba.to_le_bytes());
+    }
+
     #[test]
     fn dsm() {
         let n = ns();
-        let mut d = [0u8; 32];
-        d[4..8].copy_from_slice(&8u32.to_le_bytes());
-        d[8..16].copy_from_slice(&16u64.to_le_bytes());
-        d[20..24].copy_from_slice(&1u32.to_le_bytes());
-        d[24..32].copy_from_slice(&5000u64.to_le_bytes());
-        assert_eq!(dsm_ranges(&d[..16], &n), Ok(vec![(16 * 512, 8 * 512)]));
-        assert_eq!(dsm_ranges(&d, &n), Err(Status::LBA_OUT_OF_RANGE));
+        let mut d = [0u8; 48];
+        range(&mut d, 0, 16, 8);
+        range(&mut d, 1, 2040, 8);
+        range(&mut d, 2, 5000, 1);
+        assert_eq!(dsm_check(&d[..32], 2, &n), Ok(()));
+        assert_eq!(dsm_bytes(&d, 0, &n), Some((16 * 512, 8 * 512)));
+        assert_eq!(dsm_range(&d, 1), Some((2040, 8)));
+        assert_eq!(dsm_range(&d, 3), None);
+        // The third range ends past the namespace: the whole command is refused.
+        assert_eq!(dsm_check(&d, 3, &n), Err(Status::LBA_OUT_OF_RANGE));
+        range(&mut d, 2, u64::MAX, 2);
+        assert_eq!(dsm_check(&d, 3, &n), Err(Status::LBA_OUT_OF_RANGE));
+        // A range of length 0 names no block, wherever it starts.
+        range(&mut d, 2, u64::MAX, 0);
+        assert_eq!(dsm_check(&d, 3, &n), Ok(()));
+        // Less data than NR x 16; more is fine (only NR ranges are read: the third range,
+        // out of the namespace, is not looked at with NR = 2).
+        assert_eq!(dsm_check(&d[..32], 3, &n), Err(Status::DATA_SGL_LENGTH_INVALID));
+        range(&mut d, 2, 5000, 1);
+        assert_eq!(dsm_check(&d, 2, &n), Ok(()));
+        assert_eq!(dsm_check(&[], 0, &n), Err(Status::DATA_SGL_LENGTH_INVALID));
+    }
+
+    #[test]
+    fn dsm_and_write_zeroes_decoding() {
+        let n = ns();
+        let p = port();
+        let mut s = Sqe::dsm_deallocate(Cid(1), Nsid(1), 256, SglDescriptor::transport(4096));
+        assert_eq!(plan(&s, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 256, len: 4096, deallocate: true }));
+        assert_eq!(IoKind::Dsm { nr: 256, len: 4096, deallocate: true }.h2c_len(), 4096);
+        s.set_cdw(11, 0b011); // IDR | IDW: hints only
+        assert_eq!(plan(&s, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 256, len: 4096, deallocate: false }));
+        // Linux: one range in a 4096-byte buffer.
+        let one = Sqe::dsm_deallocate(Cid(1), Nsid(1), 1, SglDescriptor::in_capsule(4096));
+        assert_eq!(plan(&one, Some(&n), &p, 1 << 20), Ok(IoKind::Dsm { nr: 1, len: 4096, deallocate: true }));
+        // Less than NR x 16, or more than 256 ranges' room.
+        let short = Sqe::dsm_deallocate(Cid(1), Nsid(1), 3, SglDescriptor::in_capsule(32));
+        assert_eq!(plan(&short, Some(&n), &p, 1 << 20), Err(Status::DATA_SGL_LENGTH_INVALID));
+        let long = Sqe::dsm_deallocate(Cid(1), Nsid(1), 3, SglDescriptor::transport(4112));
+        assert_eq!(plan(&long, Some(&n), &p, 1 << 20), Err(Status::DATA_SGL_LENGTH_INVALID));
+        let mut w = Sqe::write_zeroes(Cid(1), Nsid(1), 8, 16, true);
+        w.set_fua(true);
+        assert_eq!(
+            plan(&w, Some(&n), &p, 1 << 20),
+            Ok(IoKind::WriteZeroes { offset: 8 * 512, len: 16 * 512, deallocate: true, fua: true })
+        );
     }
 }

@@ -48,6 +48,7 @@ pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod controller;
+pub mod dealloc;
 pub mod error;
 pub mod fabrics;
 pub mod io_cmd;
@@ -65,6 +66,7 @@ pub mod rpc;
 pub mod server;
 pub mod stats;
 pub mod subsystem;
+pub mod supported;
 pub mod tcp;
 
 pub use error::{Error, ErrorKind, Result};

@@ -11,11 +11,14 @@
 //! | `qpath_target_queue_errors_total` | same | commands completed with an error status |
 //! | `qpath_target_queue_ios_total` | same + dir | completed I/O commands (read, write, trim, sync) |
 //! | `qpath_target_queue_bytes_total` | same + dir | bytes moved |
-//! | `qpath_target_queue_latency_seconds` | same + dir, quantile (0.5, 0.99, 0.999) | service time: the command's receive reaped to its response queued (waits for the queue's turn included; the reactor reads the clock each time it works on a connection (a receive reaped, a pass of parsing), so the commands one pass answers share their end time) |
-//! | `qpath_target_port_ios_total` | port, dir | completed I/O commands through the port |
+//! | `qpath_target_queue_latency_seconds` | same + dir, quantile (0.5, 0.99, 0.999); `_sum`, `_count` | service time of the successful I/Os: the command's receive reaped to its response queued (waits for the queue's turn included; the reactor reads the clock each time it works on a connection (a receive reaped, a pass of parsing), so the commands one pass answers share their end time); `_sum` is exact, `_count` the I/Os the quantiles cover |
+//! | `qpath_target_port_ios_total` | port, dir | completed I/O commands through the port, since the target started |
+//! | `qpath_target_port_bytes_total` | port, dir | bytes the successful ones moved |
+//! | `qpath_target_port_errors_total` | port, dir | the failed ones |
 //! | `qpath_target_port_connections` | port | connections now |
-//! | `qpath_target_namespace_ios_total` | subnqn, nsid, dir | completed reads/writes |
-//! | `qpath_target_namespace_bytes_total` | subnqn, nsid, dir | bytes moved |
+//! | `qpath_target_namespace_ios_total` | subnqn, nsid, dir (read, write) | completed reads and writes (Write Zeroes counts as a write), since the namespace was added |
+//! | `qpath_target_namespace_bytes_total` | subnqn, nsid, dir | bytes they moved |
+//! | `qpath_target_namespace_errors_total` | subnqn, nsid | I/O commands that failed |
 //! | `qpath_target_namespace_reservation_type` | subnqn, nsid | type of the reservation held, 0 none (gauge) |
 //! | `qpath_target_namespace_reservation_registrants` | subnqn, nsid | hosts registered (gauge) |
 //! | `qpath_target_namespace_reservation_conflicts_total` | subnqn, nsid | commands refused with Reservation Conflict |
@@ -29,10 +32,14 @@
 //! | `qpath_target_reactor_buffer_allocations_total` | reactor | data buffers allocated |
 //! | `qpath_target_reactor_buffer_released_total` | reactor | returned buffers freed because the idle cache was full |
 //!
-//! Histograms, per-namespace counters and the buffer numbers are published by
-//! each reactor on its 10 ms tick; counters are read directly (relaxed).
+//! The queue series live as long as their connection. The port and namespace counters are
+//! kept by the port (by id) and the namespace, which each connection adds its deltas to on
+//! its reactor's 10 ms tick and when it closes ([`crate::stats`]): they never go down when
+//! a host disconnects, and lag the I/O by at most a tick. Histograms and the buffer numbers
+//! are published on the same tick; queue counters are read directly (relaxed). Each metric
+//! family's `# HELP`/`# TYPE` lines are followed by all of its samples (text format 0.0.4).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -45,19 +52,57 @@ use blk::Direction;
 use serde_json::{Value, json};
 
 use crate::error::Error;
-use crate::registry::TargetState;
-use crate::stats::{LatencyReport, NsCounters};
+use crate::registry::{QueueInfo, TargetState};
+use crate::stats::{LatencyReport, NsCounters, PortCounters};
 
 const DIRS: [(Direction, &str); 4] =
     [(Direction::Read, "read"), (Direction::Write, "write"), (Direction::Trim, "trim"), (Direction::Sync, "sync")];
 
-/// Per-queue statistics with per-port and per-namespace aggregates, as JSON.
-pub fn stats_json(state: &TargetState) -> Value {
-    let mut queues = Vec::new();
-    let mut ports: BTreeMap<u16, blk::QueueStats> = BTreeMap::new();
+/// One port's row: its monotonic totals, its connections now and the merged latency
+/// histograms of those connections.
+struct PortRow {
+    id: u16,
+    connections: u64,
+    totals: PortCounters,
+    latency: blk::QueueStats,
+}
+
+/// Every configured port, and every port id that has totals, with the live queues' share.
+fn port_rows(state: &TargetState, infos: &[Arc<QueueInfo>]) -> Vec<PortRow> {
+    let mut lat: BTreeMap<u16, blk::QueueStats> = BTreeMap::new();
     let mut conns: BTreeMap<u16, u64> = BTreeMap::new();
-    let mut nss: BTreeMap<(String, u32), NsCounters> = BTreeMap::new();
-    for q in state.queue_infos() {
+    for q in infos {
+        lat.entry(q.port).or_default().merge(&q.latency());
+        *conns.entry(q.port).or_default() += 1;
+    }
+    let totals: BTreeMap<u16, PortCounters> = state.all_port_totals().into_iter().collect();
+    let ids: BTreeSet<u16> =
+        state.ports().iter().map(|p| p.id).chain(totals.keys().copied()).chain(conns.keys().copied()).collect();
+    ids.into_iter()
+        .map(|id| PortRow {
+            id,
+            connections: conns.get(&id).copied().unwrap_or(0),
+            totals: totals.get(&id).copied().unwrap_or_default(),
+            latency: lat.remove(&id).unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// Every namespace of every subsystem with its monotonic counters.
+fn namespace_rows(state: &TargetState) -> Vec<(String, NsCounters)> {
+    let mut rows = Vec::new();
+    for s in state.subsystems() {
+        let (map, _) = s.namespaces();
+        rows.extend(map.iter().map(|n| (s.nqn.clone(), n.counters.snapshot(n.nsid.0))));
+    }
+    rows
+}
+
+/// Per-queue statistics with per-port and per-namespace totals, as JSON.
+pub fn stats_json(state: &TargetState) -> Value {
+    let infos = state.queue_infos();
+    let mut queues = Vec::new();
+    for q in &infos {
         let (subnqn, cntlid, qid) = q.binding().map_or((String::new(), 0, 0), |(s, c, q)| (s, c.0, q));
         let lat = q.latency();
         let s = q.stats.snapshot();
@@ -73,23 +118,30 @@ pub fn stats_json(state: &TargetState) -> Value {
             "reads": s.reads, "writes": s.writes, "read_bytes": s.read_bytes, "write_bytes": s.write_bytes,
             "latency": lat_json,
         }));
-        ports.entry(q.port).or_default().merge(&lat);
-        *conns.entry(q.port).or_default() += 1;
-        for n in q.namespaces() {
-            nss.entry((subnqn.clone(), n.nsid)).or_insert(NsCounters { nsid: n.nsid, ..Default::default() }).add(&n);
-        }
     }
-    let ports: Vec<Value> = ports
+    let ports: Vec<Value> = port_rows(state, &infos)
         .iter()
-        .map(|(p, s)| {
+        .map(|p| {
+            let t = &p.totals;
+            let dirs: serde_json::Map<String, Value> = DIRS
+                .iter()
+                .enumerate()
+                .map(|(i, (_, name))| {
+                    ((*name).to_string(), json!({"ios": t.ios[i], "bytes": t.bytes[i], "errors": t.errors[i]}))
+                })
+                .collect();
             json!({
-                "port": p, "connections": conns.get(p).copied().unwrap_or(0),
-                "ios": s.ios(), "bytes": s.bytes(), "errors": s.errors(),
-                "read": LatencyReport::of(s, Direction::Read), "write": LatencyReport::of(s, Direction::Write),
+                "port": p.id, "connections": p.connections,
+                "ios": t.ios.iter().sum::<u64>(), "bytes": t.bytes.iter().sum::<u64>(),
+                "errors": t.errors.iter().sum::<u64>(), "dirs": dirs,
+                // Latency of the connections open now.
+                "read": LatencyReport::of(&p.latency, Direction::Read),
+                "write": LatencyReport::of(&p.latency, Direction::Write),
             })
         })
         .collect();
-    let namespaces: Vec<Value> = nss.iter().map(|((nqn, _), n)| json!({"subnqn": nqn, "counters": n})).collect();
+    let namespaces: Vec<Value> =
+        namespace_rows(state).into_iter().map(|(nqn, n)| json!({"subnqn": nqn, "counters": n})).collect();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let reactors: Vec<Value> = state
         .buffer_stats()
@@ -140,14 +192,23 @@ fn esc(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
+/// Writes one metric family: its `# HELP` and `# TYPE` lines, then every sample `samples`
+/// writes (the text format keeps a family's lines together).
+fn family(out: &mut String, name: &str, kind: &str, text: &str, samples: impl FnOnce(&mut String)) {
+    let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
+    samples(out);
+}
+
+#[allow(clippy::cast_precision_loss)] // seconds for a report
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
 /// The target's metrics in Prometheus text exposition format 0.0.4.
 pub fn render(state: &TargetState) -> String {
     let mut out = String::with_capacity(4096);
-    let help = |out: &mut String, name: &str, kind: &str, text: &str| {
-        let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
-    };
     let infos = state.queue_infos();
-    let label = |q: &crate::registry::QueueInfo| {
+    let label = |q: &QueueInfo| {
         let (subnqn, cntlid, qid) = q.binding().map_or((String::new(), 0, 0), |(s, c, q)| (s, c.0, q));
         format!(
             "port=\"{}\",subnqn=\"{}\",cntlid=\"{cntlid}\",qid=\"{qid}\",reactor=\"{}\"",
@@ -156,147 +217,182 @@ pub fn render(state: &TargetState) -> String {
             q.reactor
         )
     };
-    help(&mut out, "qpath_target_queue_commands_total", "counter", "Commands received by the queue.");
-    for q in &infos {
-        let _ = writeln!(out, "qpath_target_queue_commands_total{{{}}} {}", label(q), q.stats.commands.get());
-    }
-    help(&mut out, "qpath_target_queue_outstanding", "gauge", "Commands in progress on the queue.");
-    for q in &infos {
-        let _ = writeln!(out, "qpath_target_queue_outstanding{{{}}} {}", label(q), q.stats.outstanding.get());
-    }
-    help(&mut out, "qpath_target_queue_errors_total", "counter", "Commands completed with an error status.");
-    for q in &infos {
-        let _ = writeln!(out, "qpath_target_queue_errors_total{{{}}} {}", label(q), q.stats.errors.get());
-    }
-    let lats: Vec<blk::QueueStats> = infos.iter().map(|q| q.latency()).collect();
-    help(&mut out, "qpath_target_queue_ios_total", "counter", "Completed I/O commands by direction.");
-    for (q, l) in infos.iter().zip(&lats) {
-        for (d, name) in DIRS {
-            let _ = writeln!(out, "qpath_target_queue_ios_total{{{},dir=\"{name}\"}} {}", label(q), l.direction(d).ios);
+    let labels: Vec<String> = infos.iter().map(|q| label(q)).collect();
+    let counter = |out: &mut String, name: &str, v: &dyn Fn(&QueueInfo) -> u64| {
+        for (q, l) in infos.iter().zip(&labels) {
+            let _ = writeln!(out, "{name}{{{l}}} {}", v(q));
         }
-    }
-    help(&mut out, "qpath_target_queue_bytes_total", "counter", "Bytes moved by direction.");
-    for (q, l) in infos.iter().zip(&lats) {
-        for (d, name) in DIRS {
-            let _ =
-                writeln!(out, "qpath_target_queue_bytes_total{{{},dir=\"{name}\"}} {}", label(q), l.direction(d).bytes);
-        }
-    }
-    help(&mut out, "qpath_target_queue_latency_seconds", "summary", "Command service time.");
-    for (q, l) in infos.iter().zip(&lats) {
-        for (d, name) in DIRS {
-            let s = l.direction(d).summary();
-            if s.count == 0 {
-                continue;
-            }
-            for (qq, v) in [("0.5", s.p50_ns), ("0.99", s.p99_ns), ("0.999", s.p99_9_ns)] {
-                #[allow(clippy::cast_precision_loss)]
-                let secs = v as f64 / 1e9;
-                let _ = writeln!(
-                    out,
-                    "qpath_target_queue_latency_seconds{{{},dir=\"{name}\",quantile=\"{qq}\"}} {secs}",
-                    label(q)
-                );
+    };
+    family(&mut out, "qpath_target_queue_commands_total", "counter", "Commands received by the queue.", |o| {
+        counter(o, "qpath_target_queue_commands_total", &|q| q.stats.commands.get());
+    });
+    family(&mut out, "qpath_target_queue_outstanding", "gauge", "Commands in progress on the queue.", |o| {
+        counter(o, "qpath_target_queue_outstanding", &|q| q.stats.outstanding.get());
+    });
+    family(&mut out, "qpath_target_queue_errors_total", "counter", "Commands completed with an error status.", |o| {
+        counter(o, "qpath_target_queue_errors_total", &|q| q.stats.errors.get());
+    });
+    let lats: Vec<(blk::QueueStats, [u64; 4])> = infos.iter().map(|q| q.latency_with_sums()).collect();
+    family(&mut out, "qpath_target_queue_ios_total", "counter", "Completed I/O commands by direction.", |o| {
+        for (l, (s, _)) in labels.iter().zip(&lats) {
+            for (d, name) in DIRS {
+                let _ = writeln!(o, "qpath_target_queue_ios_total{{{l},dir=\"{name}\"}} {}", s.direction(d).ios);
             }
         }
-    }
-    let js = stats_json(state);
-    help(&mut out, "qpath_target_port_ios_total", "counter", "Completed I/O commands through the port.");
-    help(&mut out, "qpath_target_port_connections", "gauge", "Connections on the port.");
-    for p in js["ports"].as_array().into_iter().flatten() {
-        let port = &p["port"];
-        let _ = writeln!(out, "qpath_target_port_ios_total{{port=\"{port}\"}} {}", p["ios"]);
-        let _ = writeln!(out, "qpath_target_port_connections{{port=\"{port}\"}} {}", p["connections"]);
-    }
-    help(&mut out, "qpath_target_namespace_ios_total", "counter", "Completed reads and writes of the namespace.");
-    help(&mut out, "qpath_target_namespace_bytes_total", "counter", "Bytes read and written on the namespace.");
-    for n in js["namespaces"].as_array().into_iter().flatten() {
-        let nqn = esc(n["subnqn"].as_str().unwrap_or(""));
-        let c = &n["counters"];
-        let l = format!("subnqn=\"{nqn}\",nsid=\"{}\"", c["nsid"]);
-        let _ = writeln!(out, "qpath_target_namespace_ios_total{{{l},dir=\"read\"}} {}", c["reads"]);
-        let _ = writeln!(out, "qpath_target_namespace_ios_total{{{l},dir=\"write\"}} {}", c["writes"]);
-        let _ = writeln!(out, "qpath_target_namespace_bytes_total{{{l},dir=\"read\"}} {}", c["read_bytes"]);
-        let _ = writeln!(out, "qpath_target_namespace_bytes_total{{{l},dir=\"write\"}} {}", c["write_bytes"]);
-    }
-    help(&mut out, "qpath_target_namespace_reservation_type", "gauge", "Type of the reservation held (0: none).");
-    help(&mut out, "qpath_target_namespace_reservation_registrants", "gauge", "Hosts registered on the namespace.");
-    help(
-        &mut out,
-        "qpath_target_namespace_reservation_conflicts_total",
-        "counter",
-        "Commands refused with Reservation Conflict.",
-    );
-    for r in js["reservations"].as_array().into_iter().flatten() {
-        let l = format!("subnqn=\"{}\",nsid=\"{}\"", esc(r["subnqn"].as_str().unwrap_or("")), r["nsid"]);
-        let _ = writeln!(out, "qpath_target_namespace_reservation_type{{{l}}} {}", r["rtype"]);
-        let _ = writeln!(out, "qpath_target_namespace_reservation_registrants{{{l}}} {}", r["registrants"]);
-        let _ = writeln!(out, "qpath_target_namespace_reservation_conflicts_total{{{l}}} {}", r["conflicts"]);
-    }
-    help(&mut out, "qpath_target_reactor_buffer_bytes", "gauge", "Data buffer bytes handed out or kept idle.");
-    help(&mut out, "qpath_target_reactor_buffer_allocations_total", "counter", "Data buffers allocated.");
-    help(
-        &mut out,
-        "qpath_target_reactor_buffer_released_total",
-        "counter",
-        "Returned buffers freed (idle cache full).",
-    );
-    for r in js["reactors"].as_array().into_iter().flatten() {
-        let id = &r["reactor"];
-        let _ = writeln!(
-            out,
-            "qpath_target_reactor_buffer_bytes{{reactor=\"{id}\",state=\"outstanding\"}} {}",
-            r["buffer_outstanding_bytes"]
-        );
-        let _ = writeln!(
-            out,
-            "qpath_target_reactor_buffer_bytes{{reactor=\"{id}\",state=\"cached\"}} {}",
-            r["buffer_cached_bytes"]
-        );
-        let _ = writeln!(
-            out,
-            "qpath_target_reactor_buffer_allocations_total{{reactor=\"{id}\"}} {}",
-            r["buffer_allocations"]
-        );
-        let _ =
-            writeln!(out, "qpath_target_reactor_buffer_released_total{{reactor=\"{id}\"}} {}", r["buffer_released"]);
-    }
-    help(&mut out, "qpath_target_controllers", "gauge", "Live controllers of the subsystem.");
+    });
+    family(&mut out, "qpath_target_queue_bytes_total", "counter", "Bytes moved by direction.", |o| {
+        for (l, (s, _)) in labels.iter().zip(&lats) {
+            for (d, name) in DIRS {
+                let _ = writeln!(o, "qpath_target_queue_bytes_total{{{l},dir=\"{name}\"}} {}", s.direction(d).bytes);
+            }
+        }
+    });
+    let name = "qpath_target_queue_latency_seconds";
+    family(&mut out, name, "summary", "Service time of the successful I/O commands.", |o| {
+        for (l, (s, sums)) in labels.iter().zip(&lats) {
+            for (i, (d, dir)) in DIRS.iter().enumerate() {
+                let sum = s.direction(*d).summary();
+                if sum.count == 0 {
+                    continue;
+                }
+                for (q, v) in [("0.5", sum.p50_ns), ("0.99", sum.p99_ns), ("0.999", sum.p99_9_ns)] {
+                    let _ = writeln!(o, "{name}{{{l},dir=\"{dir}\",quantile=\"{q}\"}} {}", secs(v));
+                }
+                let _ = writeln!(o, "{name}_sum{{{l},dir=\"{dir}\"}} {}", secs(sums[i]));
+                let _ = writeln!(o, "{name}_count{{{l},dir=\"{dir}\"}} {}", sum.count);
+            }
+        }
+    });
+    let ports = port_rows(state, &infos);
+    let per_port_dir = |o: &mut String, name: &str, v: &dyn Fn(&PortCounters) -> [u64; 4]| {
+        for p in &ports {
+            for (i, (_, dir)) in DIRS.iter().enumerate() {
+                let _ = writeln!(o, "{name}{{port=\"{}\",dir=\"{dir}\"}} {}", p.id, v(&p.totals)[i]);
+            }
+        }
+    };
+    family(&mut out, "qpath_target_port_ios_total", "counter", "Completed I/O commands through the port.", |o| {
+        per_port_dir(o, "qpath_target_port_ios_total", &|t| t.ios);
+    });
+    family(&mut out, "qpath_target_port_bytes_total", "counter", "Bytes moved through the port.", |o| {
+        per_port_dir(o, "qpath_target_port_bytes_total", &|t| t.bytes);
+    });
+    family(&mut out, "qpath_target_port_errors_total", "counter", "Failed I/O commands through the port.", |o| {
+        per_port_dir(o, "qpath_target_port_errors_total", &|t| t.errors);
+    });
+    family(&mut out, "qpath_target_port_connections", "gauge", "Connections on the port.", |o| {
+        for p in &ports {
+            let _ = writeln!(o, "qpath_target_port_connections{{port=\"{}\"}} {}", p.id, p.connections);
+        }
+    });
+    let nss: Vec<(String, NsCounters)> = namespace_rows(state)
+        .into_iter()
+        .map(|(nqn, c)| (format!("subnqn=\"{}\",nsid=\"{}\"", esc(&nqn), c.nsid), c))
+        .collect();
+    let ns_help = "Completed reads and writes of the namespace.";
+    family(&mut out, "qpath_target_namespace_ios_total", "counter", ns_help, |o| {
+        for (l, c) in &nss {
+            let _ = writeln!(o, "qpath_target_namespace_ios_total{{{l},dir=\"read\"}} {}", c.reads);
+            let _ = writeln!(o, "qpath_target_namespace_ios_total{{{l},dir=\"write\"}} {}", c.writes);
+        }
+    });
+    let ns_help = "Bytes read and written on the namespace.";
+    family(&mut out, "qpath_target_namespace_bytes_total", "counter", ns_help, |o| {
+        for (l, c) in &nss {
+            let _ = writeln!(o, "qpath_target_namespace_bytes_total{{{l},dir=\"read\"}} {}", c.read_bytes);
+            let _ = writeln!(o, "qpath_target_namespace_bytes_total{{{l},dir=\"write\"}} {}", c.write_bytes);
+        }
+    });
+    let ns_help = "I/O commands on the namespace that failed.";
+    family(&mut out, "qpath_target_namespace_errors_total", "counter", ns_help, |o| {
+        for (l, c) in &nss {
+            let _ = writeln!(o, "qpath_target_namespace_errors_total{{{l}}} {}", c.errors);
+        }
+    });
+    let mut resv = Vec::new();
     for s in state.subsystems() {
-        let _ = writeln!(out, "qpath_target_controllers{{subnqn=\"{}\"}} {}", esc(&s.nqn), s.controllers().len());
+        let (map, _) = s.namespaces();
+        for n in map.iter() {
+            let r = n.resv.snapshot();
+            let l = format!("subnqn=\"{}\",nsid=\"{}\"", esc(&s.nqn), n.nsid.0);
+            resv.push((l, r.rtype, r.registrants.len(), n.resv.conflicts()));
+        }
     }
+    let name = "qpath_target_namespace_reservation_type";
+    family(&mut out, name, "gauge", "Type of the reservation held (0: none).", |o| {
+        for (l, rtype, _, _) in &resv {
+            let _ = writeln!(o, "{name}{{{l}}} {rtype}");
+        }
+    });
+    let name = "qpath_target_namespace_reservation_registrants";
+    family(&mut out, name, "gauge", "Hosts registered on the namespace.", |o| {
+        for (l, _, n, _) in &resv {
+            let _ = writeln!(o, "{name}{{{l}}} {n}");
+        }
+    });
+    let name = "qpath_target_namespace_reservation_conflicts_total";
+    family(&mut out, name, "counter", "Commands refused with Reservation Conflict.", |o| {
+        for (l, _, _, c) in &resv {
+            let _ = writeln!(o, "{name}{{{l}}} {c}");
+        }
+    });
+    let buffers = state.buffer_stats();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let name = "qpath_target_reactor_buffer_bytes";
+    family(&mut out, name, "gauge", "Data buffer bytes handed out or kept idle.", |o| {
+        for b in &buffers {
+            let id = b.reactor;
+            let _ = writeln!(o, "{name}{{reactor=\"{id}\",state=\"outstanding\"}} {}", load(&b.outstanding_bytes));
+            let _ = writeln!(o, "{name}{{reactor=\"{id}\",state=\"cached\"}} {}", load(&b.cached_bytes));
+        }
+    });
+    let name = "qpath_target_reactor_buffer_allocations_total";
+    family(&mut out, name, "counter", "Data buffers allocated.", |o| {
+        for b in &buffers {
+            let _ = writeln!(o, "{name}{{reactor=\"{}\"}} {}", b.reactor, load(&b.allocations));
+        }
+    });
+    let name = "qpath_target_reactor_buffer_released_total";
+    family(&mut out, name, "counter", "Returned buffers freed (idle cache full).", |o| {
+        for b in &buffers {
+            let _ = writeln!(o, "{name}{{reactor=\"{}\"}} {}", b.reactor, load(&b.released));
+        }
+    });
+    family(&mut out, "qpath_target_controllers", "gauge", "Live controllers of the subsystem.", |o| {
+        for s in state.subsystems() {
+            let _ = writeln!(o, "qpath_target_controllers{{subnqn=\"{}\"}} {}", esc(&s.nqn), s.controllers().len());
+        }
+    });
     let w = &state.auth_workers;
-    help(&mut out, "qpath_target_auth_dh_steps_total", "counter", "DH steps the authentication workers finished.");
-    let _ = writeln!(out, "qpath_target_auth_dh_steps_total {}", w.computed());
-    help(
-        &mut out,
-        "qpath_target_auth_dh_steps_abandoned_total",
-        "counter",
-        "DH steps skipped because their connection closed first.",
-    );
-    let _ = writeln!(out, "qpath_target_auth_dh_steps_abandoned_total {}", w.abandoned());
-    let o = &state.auth_outcomes;
-    help(
-        &mut out,
-        "qpath_target_auth_transactions_total",
-        "counter",
-        "DH-HMAC-CHAP transactions ended, by result and whether they re-authenticated a live queue.",
-    );
-    for (result, all, renewals) in [("accepted", &o.accepted, &o.renewed), ("refused", &o.refused, &o.renewals_refused)]
-    {
-        let (all, renewals) = (all.load(Ordering::Relaxed), renewals.load(Ordering::Relaxed));
-        let _ = writeln!(
-            out,
-            "qpath_target_auth_transactions_total{{result=\"{result}\",renewal=\"false\"}} {}",
-            all.saturating_sub(renewals)
-        );
-        let _ =
-            writeln!(out, "qpath_target_auth_transactions_total{{result=\"{result}\",renewal=\"true\"}} {renewals}");
-    }
-    help(&mut out, "qpath_target_auth_dh_steps_pending", "gauge", "DH steps queued or running on the workers.");
-    let _ = writeln!(out, "qpath_target_auth_dh_steps_pending {}", w.pending());
-    help(&mut out, "qpath_target_auth_dh_hosts_waiting", "gauge", "Host NQNs with DH steps queued for the workers.");
-    let _ = writeln!(out, "qpath_target_auth_dh_hosts_waiting {}", w.hosts_waiting());
+    let name = "qpath_target_auth_dh_steps_total";
+    family(&mut out, name, "counter", "DH steps the authentication workers finished.", |o| {
+        let _ = writeln!(o, "{name} {}", w.computed());
+    });
+    let name = "qpath_target_auth_dh_steps_abandoned_total";
+    family(&mut out, name, "counter", "DH steps skipped because their connection closed first.", |o| {
+        let _ = writeln!(o, "{name} {}", w.abandoned());
+    });
+    let a = &state.auth_outcomes;
+    let name = "qpath_target_auth_transactions_total";
+    let help = "DH-HMAC-CHAP transactions ended, by result and whether they re-authenticated a live queue.";
+    family(&mut out, name, "counter", help, |o| {
+        for (result, all, renewals) in
+            [("accepted", &a.accepted, &a.renewed), ("refused", &a.refused, &a.renewals_refused)]
+        {
+            let (all, renewals) = (load(all), load(renewals));
+            let fresh = all.saturating_sub(renewals);
+            let _ = writeln!(o, "{name}{{result=\"{result}\",renewal=\"false\"}} {fresh}");
+            let _ = writeln!(o, "{name}{{result=\"{result}\",renewal=\"true\"}} {renewals}");
+        }
+    });
+    let name = "qpath_target_auth_dh_steps_pending";
+    family(&mut out, name, "gauge", "DH steps queued or running on the workers.", |o| {
+        let _ = writeln!(o, "{name} {}", w.pending());
+    });
+    let name = "qpath_target_auth_dh_hosts_waiting";
+    family(&mut out, name, "gauge", "Host NQNs with DH steps queued for the workers.", |o| {
+        let _ = writeln!(o, "{name} {}", w.hosts_waiting());
+    });
     out
 }
 

@@ -1,9 +1,37 @@
-//! Namespaces: an NSID, a block size, a backend and an ANA group.
+//! Namespaces: an NSID, a block size, a backend, an ANA group, the hosts that see it,
+//! and a capacity that an operator may change while hosts do I/O.
+//!
+//! # Capacity that changes under I/O
+//!
+//! The I/O path reads the capacity once per command ([`Namespace::nblocks`]: one relaxed
+//! load of an atomic that only the control plane writes) and checks the command's range
+//! against it; nothing else on the I/O path depends on it. A resize (`Namespace::resize`) orders
+//! the change so that no command can address storage that is not there:
+//!
+//! * growing makes the storage bigger first (a RAM region maps more pages, a file is
+//!   extended) and publishes the new capacity after;
+//! * shrinking is refused while data lies past the new end (RAM: a non-zero byte; file:
+//!   `SEEK_DATA` finds allocated data), then publishes the smaller capacity, then gives the
+//!   storage back (RAM pages are discarded but stay mapped; a file is truncated when its
+//!   end lay in the cut-off range). A command checked against the old capacity just before
+//!   reads zeros or old bytes there, or (RAM) fails the region's own bounds check; a write
+//!   accepted just before a shrink may still land past the new end, where it is not kept.
+//!
+//! # Visibility
+//!
+//! A namespace is visible to every host ([`Visibility::All`]) or only to listed host NQNs
+//! ([`Visibility::Listed`], SPDK's `no_auto_visible` namespaces with `nvmf_ns_add_host`;
+//! Linux nvmet has no per-host visibility). A host that does not see a namespace finds its
+//! NSID inactive. Each controller holds the map of the namespaces its host sees, rebuilt
+//! by the subsystem when the map or a visibility changes ([`NsMap::view_for`]), so the I/O
+//! path's lookup stays one index into a table, with no lock and no per-host check.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use nvme::identify::{IdentifyNamespace, LbaFormat, NMIC_SHARED, NsIdDesc};
-use nvme::{AnaGrpId, Nsid};
+use nvme::{AnaGrpId, Nsid, Status};
 
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind};
@@ -12,6 +40,55 @@ use crate::reservation::Reservations;
 
 /// The highest NSID a subsystem may hold (bounds the O(1) lookup table).
 pub const MAX_NSID: u32 = 1024;
+
+/// The largest namespace, in bytes: hosts address their block devices with signed 64-bit
+/// byte offsets (Linux's `loff_t`), so nothing larger can be used.
+#[allow(clippy::cast_sign_loss)]
+pub const MAX_SIZE_BYTES: u64 = i64::MAX as u64;
+
+/// Host NQNs a namespace with [`Visibility::Listed`] may list.
+pub const MAX_VISIBLE_HOSTS: usize = 1024;
+
+/// Which hosts see a namespace (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Visibility {
+    /// Every host the subsystem lets in.
+    #[default]
+    All,
+    /// Only these host NQNs (possibly none yet).
+    Listed(BTreeSet<String>),
+}
+
+impl Visibility {
+    /// Only `hosts`, each a valid NQN, at most [`MAX_VISIBLE_HOSTS`].
+    pub fn listed<I: IntoIterator<Item = String>>(hosts: I) -> Result<Visibility, Error> {
+        let mut set = BTreeSet::new();
+        for h in hosts {
+            check_host_nqn(&h)?;
+            set.insert(h);
+            if set.len() > MAX_VISIBLE_HOSTS {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("a namespace lists at most {MAX_VISIBLE_HOSTS} hosts that see it"),
+                ));
+            }
+        }
+        Ok(Visibility::Listed(set))
+    }
+
+    /// Whether `hostnqn` sees the namespace.
+    pub fn includes(&self, hostnqn: &str) -> bool {
+        match self {
+            Visibility::All => true,
+            Visibility::Listed(hosts) => hosts.contains(hostnqn),
+        }
+    }
+}
+
+/// Checks a host NQN given for a namespace's visibility.
+pub(crate) fn check_host_nqn(hostnqn: &str) -> Result<(), Error> {
+    nvme::nqn::validate(hostnqn).map_err(|e| Error::new(ErrorKind::Config, format!("host NQN {hostnqn:?}: {e}")))
+}
 
 /// One namespace of a subsystem.
 #[derive(Debug)]
@@ -22,8 +99,10 @@ pub struct Namespace {
     pub backend: Backend,
     /// log2 of the block size.
     pub block_shift: u8,
-    /// Capacity in blocks.
-    pub nblocks: u64,
+    /// Capacity in blocks (see the module docs: read with [`Namespace::nblocks`]).
+    nblocks: AtomicU64,
+    /// Which hosts see it (control plane only: controllers hold filtered maps).
+    visibility: Mutex<Visibility>,
     /// ANA group.
     pub anagrpid: AnaGrpId,
     /// Namespace globally unique identifier.
@@ -32,12 +111,19 @@ pub struct Namespace {
     pub eui64: [u8; 8],
     /// UUID.
     pub uuid: [u8; 16],
-    /// Rejects writes with "Namespace is Write Protected".
+    /// Configured read-only (its file is opened read-only): Write Protect Until Power Cycle
+    /// from start to end, which no host can lift ([`Namespace::write_protect`]).
     pub readonly: bool,
+    /// The write protection state a host set with Set Features 84h
+    /// ([`nvme::features::write_protect`]); read once per writing command.
+    write_protect: AtomicU32,
     /// Provisioned limits and added latency (a provisioned device, seed 003).
     pub qos: Qos,
     /// Registrations and the reservation on this namespace.
     pub resv: Reservations,
+    /// I/O counters since the namespace was added (monotonic; the SMART log, metrics and
+    /// the stats RPC read them). Shared so a namespace rebuilt in place keeps its counts.
+    pub counters: Arc<crate::stats::NsTotals>,
 }
 
 /// Parameters of a new namespace.
@@ -80,6 +166,12 @@ impl Namespace {
         if nblocks == 0 {
             return Err(Error::new(ErrorKind::Config, format!("size {size} is smaller than one block")));
         }
+        if size > MAX_SIZE_BYTES {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("size {size} is beyond the largest namespace hosts can address ({MAX_SIZE_BYTES} bytes)"),
+            ));
+        }
         if spec.anagrpid == 0 || spec.anagrpid > crate::port::ANA_GROUPS {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -91,17 +183,24 @@ impl Namespace {
             nsid,
             backend: spec.backend,
             block_shift: u8::try_from(bs.trailing_zeros()).unwrap_or(9),
-            nblocks,
+            nblocks: AtomicU64::new(nblocks),
+            visibility: Mutex::new(Visibility::All),
             anagrpid: AnaGrpId(spec.anagrpid),
             nguid,
             eui64,
             uuid: spec.uuid.unwrap_or(derived_uuid),
             readonly: spec.readonly,
+            write_protect: AtomicU32::new(if spec.readonly {
+                nvme::features::write_protect::UNTIL_POWER_CYCLE
+            } else {
+                nvme::features::write_protect::NONE
+            }),
             qos: Qos::default(),
             resv: match &spec.ptpl_file {
                 Some(path) => Reservations::persistent(path)?,
                 None => Reservations::default(),
             },
+            counters: Arc::default(),
         })
     }
 
@@ -110,9 +209,197 @@ impl Namespace {
         1 << self.block_shift
     }
 
+    /// Capacity in blocks: one relaxed load, once per I/O command (see the module docs).
+    #[inline]
+    pub fn nblocks(&self) -> u64 {
+        self.nblocks.load(Ordering::Relaxed)
+    }
+
     /// Capacity in bytes.
     pub fn size_bytes(&self) -> u64 {
-        self.nblocks << self.block_shift
+        self.nblocks() << self.block_shift
+    }
+
+    /// Whether writes are refused with "Namespace is Write Protected": configured read-only,
+    /// or write protected by a host (Set Features 84h). One relaxed load per writing command.
+    #[inline]
+    pub fn write_protected(&self) -> bool {
+        self.write_protect.load(Ordering::Relaxed) != nvme::features::write_protect::NONE
+    }
+
+    /// The Namespace Write Protection Config state (Get Features 84h).
+    pub fn write_protect(&self) -> u32 {
+        self.write_protect.load(Ordering::Relaxed)
+    }
+
+    /// Sets the write protection state a host asked for (Set Features 84h, NVMe Base 2.0
+    /// §8.12): No Write Protect, Write Protect or Write Protect Until Power Cycle (for this
+    /// target, until it restarts). Leaving Write Protect Until Power Cycle is refused, and so
+    /// is Permanent Write Protect (not offered: NWPC bit 2 clear). Returns whether the state
+    /// changed. Like nvmet, the state lasts as long as the target process.
+    pub(crate) fn set_write_protect(&self, state: u32) -> Result<bool, Status> {
+        use nvme::features::write_protect::{NONE, PROTECT, UNTIL_POWER_CYCLE};
+        if !matches!(state, NONE | PROTECT | UNTIL_POWER_CYCLE) {
+            return Err(Status::INVALID_FIELD);
+        }
+        let old = self.write_protect.load(Ordering::Relaxed);
+        if old == UNTIL_POWER_CYCLE && state != UNTIL_POWER_CYCLE {
+            return Err(Status::INVALID_FIELD);
+        }
+        if old == state {
+            return Ok(false);
+        }
+        if state != NONE {
+            // Writes completed before the change are made durable first, as nvmet does
+            // (its write_protect_flush_sync): an fdatasync on the thread that runs the
+            // admin command, once per change of state.
+            if let Backend::File(f) = &self.backend
+                && let Err(e) = f.sync()
+            {
+                tracing::warn!(nsid = self.nsid.0, "flush before write protecting failed: {e}");
+                return Err(Status::INTERNAL);
+            }
+        }
+        self.write_protect.store(state, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Which hosts see it.
+    pub fn visibility(&self) -> Visibility {
+        self.visibility.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Whether `hostnqn` sees it.
+    pub fn visible_to(&self, hostnqn: &str) -> bool {
+        self.visibility.lock().unwrap_or_else(std::sync::PoisonError::into_inner).includes(hostnqn)
+    }
+
+    /// Replaces who sees it. Controllers learn of it when the subsystem republishes their
+    /// maps ([`crate::subsystem::Subsystem`] does both under its namespace lock).
+    pub(crate) fn set_visibility(&self, v: Visibility) {
+        *self.visibility.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = v;
+    }
+
+    /// Changes the capacity to `size` bytes (see the module docs for the order of steps and
+    /// what is refused); returns the previous size. The caller serialises resizes and tells
+    /// the controllers. A file is resized here only because an operator asked for exactly
+    /// this: growing extends it when it is shorter than `size`, shrinking truncates it when
+    /// its end lay in the cut-off range. Block devices keep the device's size.
+    pub(crate) fn resize(&self, size: u64) -> Result<u64, Error> {
+        let bs = u64::from(self.block_size());
+        if size == 0 {
+            return Err(Error::new(ErrorKind::Config, "a namespace cannot be resized to 0 bytes"));
+        }
+        if !size.is_multiple_of(bs) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("{size} bytes is not a multiple of the {bs}-byte block size"),
+            ));
+        }
+        if size > MAX_SIZE_BYTES {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("{size} bytes is beyond the largest namespace hosts can address ({MAX_SIZE_BYTES} bytes)"),
+            ));
+        }
+        if let Backend::File(f) = &self.backend {
+            let meta = f.file().metadata().map_err(|e| backend_err(f, &e))?;
+            if !meta.file_type().is_file() {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "{} is a block device: its size is the device's (resize the device instead)",
+                        f.path.display()
+                    ),
+                ));
+            }
+        }
+        let old = self.size_bytes();
+        if size > old {
+            self.grow_storage(size)?;
+            self.nblocks.store(size >> self.block_shift, Ordering::Release);
+        } else if size < old {
+            if let Some(at) = self.data_beyond(size, old)? {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "block {} (byte {at}) past the new end holds data; only unwritten blocks can be cut off",
+                        at >> self.block_shift
+                    ),
+                ));
+            }
+            self.nblocks.store(size >> self.block_shift, Ordering::Release);
+            self.shrink_storage(size, old);
+        }
+        Ok(old)
+    }
+
+    /// Makes the storage at least `size` bytes, before the capacity says so.
+    fn grow_storage(&self, size: u64) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Null => Ok(()),
+            Backend::Ram(region) => {
+                let max = region.max_len() as u64;
+                if size > max {
+                    return Err(Error::new(
+                        ErrorKind::Config,
+                        format!(
+                            "a RAM namespace grows up to its max_size, {max} bytes for this one (set when it was added)"
+                        ),
+                    ));
+                }
+                region
+                    .resize(crate::us(size))
+                    .map_err(|e| Error::new(ErrorKind::Backend, format!("RAM region of {size} bytes: {e}")))
+            }
+            Backend::File(f) => {
+                let len = f.file().metadata().map_err(|e| backend_err(f, &e))?.len();
+                if len < size {
+                    f.file().set_len(size).map_err(|e| backend_err(f, &e))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The first byte in `from..to` that holds data: a non-zero byte (RAM), allocated
+    /// data (file, `SEEK_DATA`; a file system without hole tracking reports all of it).
+    fn data_beyond(&self, from: u64, to: u64) -> Result<Option<u64>, Error> {
+        match &self.backend {
+            Backend::Null => Ok(None),
+            Backend::Ram(region) => region
+                .find_nonzero(crate::us(from)..crate::us(to))
+                .map(|at| at.map(|a| a as u64))
+                .map_err(|e| Error::new(ErrorKind::Backend, format!("RAM region: {e}"))),
+            Backend::File(f) => {
+                use std::os::fd::AsFd;
+                let at = uring::seek_data(f.file().as_fd(), from).map_err(|e| backend_err(f, &e))?;
+                Ok(at.filter(|&a| a < to))
+            }
+        }
+    }
+
+    /// Gives storage past `size` back, after the capacity was lowered from `old`.
+    fn shrink_storage(&self, size: u64, old: u64) {
+        match &self.backend {
+            Backend::Null => {}
+            Backend::Ram(region) => {
+                if let Err(e) = region.resize(crate::us(size)) {
+                    tracing::warn!(nsid = self.nsid.0, "RAM namespace shrank, its memory not: {e}");
+                }
+            }
+            Backend::File(f) => {
+                // A file longer than the namespace keeps its bytes past the old end: they
+                // were never the namespace's.
+                let truncate = match f.file().metadata() {
+                    Ok(m) => m.len() > size && m.len() <= old,
+                    Err(_) => false,
+                };
+                if truncate && let Err(e) = f.file().set_len(size) {
+                    tracing::warn!(nsid = self.nsid.0, path = %f.path.display(), "namespace shrank, its file not: {e}");
+                }
+            }
+        }
     }
 
     /// Identify Namespace data. `accessible` is false when the path's ANA
@@ -120,23 +407,24 @@ impl Namespace {
     pub fn identify(&self, accessible: bool) -> IdentifyNamespace {
         let mut lbaf = [LbaFormat::default(); 16];
         lbaf[0] = LbaFormat { ms: 0, lbads: self.block_shift, rp: 0 };
+        let nblocks = self.nblocks();
         IdentifyNamespace {
-            nsze: self.nblocks,
-            ncap: self.nblocks,
-            nuse: if accessible { self.nblocks } else { 0 },
-            // Thin provisioning off; deallocated blocks read as zeros (DLFEAT 001b, bit 3: WZ dealloc).
+            nsze: nblocks,
+            ncap: nblocks,
+            nuse: if accessible { nblocks } else { 0 },
+            // Thin provisioning off. DLFEAT: what the backend guarantees ([`Backend::dlfeat`]).
             nsfeat: 0,
             nlbaf: 0,
             flbas: 0,
             nmic: NMIC_SHARED,
             rescap: crate::reservation::RESCAP | u8::from(self.resv.ptpl_capable()),
-            dlfeat: 0x09,
+            dlfeat: self.backend.dlfeat(),
             nawupf: 0,
             noiob: 0,
             npwg: 0,
             nows: 0,
             anagrpid: self.anagrpid,
-            nsattr: u8::from(self.readonly),
+            nsattr: u8::from(self.write_protected()),
             nguid: self.nguid,
             eui64: self.eui64,
             lbaf,
@@ -147,6 +435,10 @@ impl Namespace {
     pub fn descriptors(&self) -> [NsIdDesc; 4] {
         [NsIdDesc::Uuid(self.uuid), NsIdDesc::Nguid(self.nguid), NsIdDesc::Eui64(self.eui64), NsIdDesc::Csi(0)]
     }
+}
+
+fn backend_err(f: &crate::backend::FileBackend, e: &std::io::Error) -> Error {
+    Error::new(ErrorKind::Backend, format!("{}: {e}", f.path.display()))
 }
 
 /// Stable identifiers from the subsystem NQN and NSID, so a namespace keeps
@@ -226,6 +518,33 @@ impl NsMap {
     pub fn first_free(&self) -> Option<Nsid> {
         (1..=MAX_NSID).map(Nsid).find(|n| self.get(*n).is_none())
     }
+
+    /// The namespaces `hostnqn` sees: `all` itself when it sees every one (no copy), else a
+    /// filtered copy (control plane: built when the map or a visibility changes).
+    pub fn view_for(all: &Arc<NsMap>, hostnqn: &str) -> Arc<NsMap> {
+        if all.iter().all(|n| n.visible_to(hostnqn)) {
+            return Arc::clone(all);
+        }
+        let mut slots = all.slots.clone();
+        for s in &mut slots {
+            if s.as_ref().is_some_and(|n| !n.visible_to(hostnqn)) {
+                *s = None;
+            }
+        }
+        while slots.last().is_some_and(Option::is_none) {
+            slots.pop();
+        }
+        Arc::new(NsMap { slots })
+    }
+
+    /// NSIDs present in exactly one of the two maps, ascending.
+    pub fn differences(a: &NsMap, b: &NsMap) -> Vec<Nsid> {
+        let n = a.slots.len().max(b.slots.len());
+        (0..n)
+            .filter(|&i| a.slots.get(i).is_some_and(Option::is_some) != b.slots.get(i).is_some_and(Option::is_some))
+            .filter_map(|i| u32::try_from(i).ok().map(Nsid))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -253,7 +572,7 @@ mod tests {
         assert_eq!(a.nguid, b.nguid);
         assert_ne!(a.nguid, c.nguid);
         assert_eq!(a.uuid[6] >> 4, 4);
-        assert_eq!(a.nblocks, 2048);
+        assert_eq!(a.nblocks(), 2048);
     }
 
     #[test]
@@ -273,5 +592,45 @@ mod tests {
         assert!(Namespace::new("nqn.x", Nsid(1), NamespaceSpec { anagrpid: 0, ..spec(4096) }).is_err());
         assert!(Namespace::new("nqn.x", Nsid(1), NamespaceSpec { size: None, ..spec(4096) }).is_err());
         assert!(Namespace::new("nqn.x", Nsid(1), spec(100)).is_err());
+    }
+
+    #[test]
+    fn views_share_the_map_unless_a_namespace_is_hidden() {
+        let a = Arc::new(Namespace::new("nqn.x", Nsid(1), spec(4096)).unwrap());
+        let b = Arc::new(Namespace::new("nqn.x", Nsid(2), spec(4096)).unwrap());
+        b.set_visibility(Visibility::listed(["nqn.2014-08.org.example:h1".to_string()]).unwrap());
+        let only_a = Arc::new(NsMap::default().with(Arc::clone(&a)));
+        assert!(Arc::ptr_eq(&NsMap::view_for(&only_a, "nqn.2014-08.org.example:h2"), &only_a), "no copy");
+        let all = Arc::new(only_a.with(b));
+        let h1 = NsMap::view_for(&all, "nqn.2014-08.org.example:h1");
+        let h2 = NsMap::view_for(&all, "nqn.2014-08.org.example:h2");
+        assert!(Arc::ptr_eq(&h1, &all));
+        assert_eq!(h2.iter().map(|n| n.nsid).collect::<Vec<_>>(), vec![Nsid(1)]);
+        assert_eq!(NsMap::differences(&h1, &h2), vec![Nsid(2)]);
+        assert!(NsMap::differences(&h2, &h2).is_empty());
+    }
+
+    #[test]
+    fn visibility_lists_are_checked_and_bounded() {
+        assert!(Visibility::listed(["not an nqn".to_string()]).is_err());
+        let many = (0..=MAX_VISIBLE_HOSTS).map(|i| format!("nqn.2014-08.org.example:h{i}"));
+        assert!(Visibility::listed(many).is_err());
+        let v = Visibility::listed(["nqn.2014-08.org.example:h".to_string()]).unwrap();
+        assert!(v.includes("nqn.2014-08.org.example:h") && !v.includes("nqn.2014-08.org.example:i"));
+        assert!(Visibility::All.includes("anyone"));
+    }
+
+    #[test]
+    fn null_namespaces_resize_within_the_limits() {
+        let n = Namespace::new("nqn.x", Nsid(1), spec(1 << 20)).unwrap();
+        assert_eq!(n.resize(2 << 20).unwrap(), 1 << 20);
+        assert_eq!(n.nblocks(), 4096);
+        assert_eq!(n.identify(true).nsze, 4096);
+        assert!(n.resize(0).is_err());
+        assert!(n.resize(513).is_err());
+        assert!(n.resize(MAX_SIZE_BYTES + 1).is_err());
+        assert!(Namespace::new("nqn.x", Nsid(1), spec(1 << 63)).is_err(), "too large to address");
+        assert_eq!(n.resize(512).unwrap(), 2 << 20);
+        assert_eq!(n.nblocks(), 1);
     }
 }

@@ -44,6 +44,8 @@ pub struct Port {
     ana_chgcnt: [AtomicU64; ANA_GROUPS as usize + 1],
     /// Injected faults.
     pub faults: PortFaults,
+    /// Set when the port is removed: its connections close on their next tick.
+    removed: AtomicBool,
 }
 
 impl Port {
@@ -56,7 +58,19 @@ impl Port {
             ana: std::array::from_fn(|_| AtomicU8::new(AnaState::Optimized as u8)),
             ana_chgcnt: std::array::from_fn(|_| AtomicU64::new(0)),
             faults: PortFaults::default(),
+            removed: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the port was removed (its connections close; read once per connection tick).
+    #[inline]
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// Marks the port removed (see [`crate::registry::TargetState::remove_port`]).
+    pub(crate) fn mark_removed(&self) {
+        self.removed.store(true, Ordering::Release);
     }
 
     /// The state of `group` through this port (one relaxed load: used per I/O).

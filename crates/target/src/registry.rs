@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
 use nvme::features::AsyncEvent;
-use nvme::log::{DiscoveryEntry, DiscoveryLog, adrfam, subtype, trtype};
+use nvme::log::{DiscoveryEntry, DiscoveryLog, adrfam, eflags, subtype, trtype};
 use nvme::{AnaGrpId, AnaState, Cntlid};
 
 use crate::error::{Error, ErrorKind};
@@ -158,10 +158,17 @@ pub struct QueueInfo {
     /// Counters.
     pub stats: QueueStats,
     binding: Mutex<Option<(String, Cntlid, u16)>>,
-    /// Latency histograms, merged in by the owner on its tick.
-    published: Mutex<blk::QueueStats>,
-    /// Per-namespace counters, merged in by the owner on its tick.
-    ns: Mutex<Vec<crate::stats::NsCounters>>,
+    /// Latency histograms and the exact latency sums of their I/Os, merged in by the owner
+    /// on its tick.
+    published: Mutex<Published>,
+}
+
+/// What a queue's owner has published: its histograms since the queue started, and the
+/// sum of the latencies they hold by direction ([`blk::Direction::ALL`] order, ns).
+#[derive(Debug, Default)]
+struct Published {
+    stats: blk::QueueStats,
+    latency_ns_sum: [u64; 4],
 }
 
 /// A queue as `list_queues` reports it.
@@ -184,28 +191,27 @@ pub struct QueueReport {
 }
 
 impl QueueInfo {
-    /// Merges the owner's latest statistics (and resets them).
-    pub fn publish(&self, local: &mut blk::QueueStats, ns: &mut [crate::stats::NsCounters]) {
-        self.published.lock().unwrap_or_else(|e| e.into_inner()).merge(local);
-        local.reset();
-        let mut g = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-        for n in ns.iter_mut() {
-            match g.iter_mut().find(|x| x.nsid == n.nsid) {
-                Some(x) => x.add(n),
-                None => g.push(*n),
-            }
-            *n = crate::stats::NsCounters { nsid: n.nsid, ..Default::default() };
+    /// Merges the owner's latest statistics and the latency sums of their successful I/Os
+    /// (and resets both).
+    pub fn publish(&self, local: &mut blk::QueueStats, latency_ns_sum: &mut [u64; 4]) {
+        let mut g = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        g.stats.merge(local);
+        for (t, v) in g.latency_ns_sum.iter_mut().zip(latency_ns_sum.iter_mut()) {
+            *t = t.wrapping_add(std::mem::take(v));
         }
+        local.reset();
     }
 
     /// A copy of the published histograms.
     pub fn latency(&self) -> blk::QueueStats {
-        self.published.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.published.lock().unwrap_or_else(|e| e.into_inner()).stats.clone()
     }
 
-    /// The published per-namespace counters.
-    pub fn namespaces(&self) -> Vec<crate::stats::NsCounters> {
-        self.ns.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// A copy of the published histograms with the exact latency sum (ns) of the I/Os in
+    /// each direction's histogram ([`blk::Direction::ALL`] order).
+    pub fn latency_with_sums(&self) -> (blk::QueueStats, [u64; 4]) {
+        let g = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        (g.stats.clone(), g.latency_ns_sum)
     }
 
     /// The queue's binding: (subsystem NQN, controller id, queue id).
@@ -233,6 +239,47 @@ impl QueueInfo {
     }
 }
 
+/// Referrals a discovery log may list at once.
+pub const MAX_REFERRALS: usize = 64;
+
+/// The well-known NVMe/TCP discovery port (IANA 8009), a referral's default.
+pub const DISCOVERY_TRSVCID: u16 = 8009;
+
+/// A referral: another discovery service (or an NVM subsystem elsewhere) that this
+/// target's discovery log points hosts to (nvmet's `ports/N/referrals`, SPDK's
+/// `nvmf_discovery_add_referral`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Referral {
+    /// Its IP address (TRADDR; ADRFAM follows from it).
+    pub address: std::net::IpAddr,
+    /// Its TCP port (TRSVCID).
+    pub port: u16,
+    /// The NQN to connect to there (the discovery NQN unless it refers to an NVM subsystem).
+    pub subnqn: String,
+}
+
+impl Referral {
+    /// A referral, checked: a valid NQN.
+    pub fn new(address: std::net::IpAddr, port: u16, subnqn: Option<&str>) -> Result<Referral, Error> {
+        let subnqn = subnqn.unwrap_or(nvme::nqn::DISCOVERY_NQN).to_string();
+        nvme::nqn::validate(&subnqn)
+            .map_err(|e| Error::new(ErrorKind::Config, format!("referral subnqn {subnqn:?}: {e}")))?;
+        Ok(Referral { address, port, subnqn })
+    }
+
+    /// How the discovery log names it: SUBTYPE 1 (referral to a discovery service) for the
+    /// discovery NQN, 2 (NVM subsystem) otherwise, as SPDK does (`spdk_nvmf_tgt_add_referral`).
+    pub fn subtype(&self) -> u8 {
+        if self.subnqn == nvme::nqn::DISCOVERY_NQN { subtype::REFERRAL } else { subtype::NVM }
+    }
+}
+
+impl std::fmt::Display for Referral {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}", self.subnqn, SocketAddr::new(self.address, self.port))
+    }
+}
+
 /// The target's shared state.
 #[derive(Debug)]
 pub struct TargetState {
@@ -242,6 +289,7 @@ pub struct TargetState {
     pub limits: Arc<Limits>,
     ports: RwLock<Vec<Arc<Port>>>,
     subsystems: RwLock<Vec<Arc<Subsystem>>>,
+    referrals: RwLock<Vec<Referral>>,
     /// The discovery subsystem.
     pub discovery: Arc<Subsystem>,
     ana_chgcnt: AtomicU64,
@@ -250,6 +298,9 @@ pub struct TargetState {
     queues: Mutex<Vec<Weak<QueueInfo>>>,
     /// Each reactor's data buffers, published on its tick.
     buffers: Mutex<Vec<Arc<BufferStats>>>,
+    /// Each port's monotonic I/O totals, by port id (kept when the port goes, so a port
+    /// added again under its id continues its counts).
+    port_totals: Mutex<std::collections::BTreeMap<u16, Arc<crate::stats::PortTotals>>>,
     /// Where the reactors send the Diffie-Hellman steps of in-band authentication.
     pub auth_workers: crate::offload::AuthWorkers,
     /// How in-band authentication transactions ended.
@@ -290,12 +341,14 @@ impl TargetState {
             limits: Arc::new(Limits::new(&opts)),
             ports: RwLock::new(Vec::new()),
             subsystems: RwLock::new(Vec::new()),
+            referrals: RwLock::new(Vec::new()),
             discovery: Arc::new(Subsystem::discovery()),
             ana_chgcnt: AtomicU64::new(1),
             disc_genctr: AtomicU64::new(1),
             epoch: Instant::now(),
             queues: Mutex::new(Vec::new()),
             buffers: Mutex::new(Vec::new()),
+            port_totals: Mutex::new(std::collections::BTreeMap::new()),
             auth_workers: crate::offload::AuthWorkers::new(opts.auth_workers),
             auth_outcomes: crate::auth::AuthCounters::default(),
         }
@@ -338,6 +391,60 @@ impl TargetState {
         self.ports.read().unwrap_or_else(|e| e.into_inner()).iter().find(|p| p.id == id).cloned()
     }
 
+    /// Removes port `id`: its connections close on their next tick (their controllers go
+    /// as when the link goes), and discovery controllers get a discovery-log-change event
+    /// (those on other ports are the ones left to read it). The id may be added again.
+    /// The listener is the server's to stop ([`crate::server::Server::remove_port`]).
+    pub fn remove_port(&self, id: u16) -> Result<Arc<Port>, Error> {
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        let i = ports
+            .iter()
+            .position(|p| p.id == id)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no port {id}")))?;
+        let p = ports.remove(i);
+        drop(ports);
+        p.mark_removed();
+        tracing::info!(port = id, addr = %p.addr, "port removed");
+        self.bump_discovery();
+        Ok(p)
+    }
+
+    /// Adds a referral to the discovery log (every port's); discovery controllers get a
+    /// discovery-log-change event.
+    pub fn add_referral(&self, r: Referral) -> Result<(), Error> {
+        let mut refs = self.referrals.write().unwrap_or_else(|e| e.into_inner());
+        if refs.contains(&r) {
+            return Err(Error::new(ErrorKind::Exists, format!("referral to {r} exists")));
+        }
+        if refs.len() >= MAX_REFERRALS {
+            return Err(Error::new(ErrorKind::Config, format!("at most {MAX_REFERRALS} referrals")));
+        }
+        tracing::info!(referral = %r, "referral added");
+        refs.push(r);
+        drop(refs);
+        self.bump_discovery();
+        Ok(())
+    }
+
+    /// Removes a referral; discovery controllers get a discovery-log-change event.
+    pub fn remove_referral(&self, r: &Referral) -> Result<(), Error> {
+        let mut refs = self.referrals.write().unwrap_or_else(|e| e.into_inner());
+        let i = refs
+            .iter()
+            .position(|x| x == r)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no referral to {r}")))?;
+        refs.remove(i);
+        drop(refs);
+        tracing::info!(referral = %r, "referral removed");
+        self.bump_discovery();
+        Ok(())
+    }
+
+    /// Every referral.
+    pub fn referrals(&self) -> Vec<Referral> {
+        self.referrals.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Adds a subsystem.
     pub fn add_subsystem(&self, s: Subsystem) -> Result<Arc<Subsystem>, Error> {
         let mut subs = self.subsystems.write().unwrap_or_else(|e| e.into_inner());
@@ -360,6 +467,9 @@ impl TargetState {
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no subsystem {nqn}")))?;
         let s = subs.remove(i);
         drop(subs);
+        for ns in s.namespaces().0.iter() {
+            ns.backend.retire();
+        }
         for c in s.controllers() {
             c.fail("subsystem removed");
         }
@@ -399,12 +509,10 @@ impl TargetState {
         }
         tracing::info!(port = port_id, group = group.0, state = state.linux_name(), "ANA state changed");
         for s in self.subsystems() {
-            let (ns, _) = s.namespaces();
-            if !ns.iter().any(|n| n.anagrpid == group) {
-                continue;
-            }
             for c in s.controllers() {
-                if c.port.id == port_id {
+                // Only controllers whose host sees a namespace of the group: the others'
+                // ANA logs do not change.
+                if c.port.id == port_id && c.namespaces().iter().any(|n| n.anagrpid == group) {
                     c.add_event(AsyncEvent::ANA_CHANGE);
                 }
             }
@@ -438,8 +546,8 @@ impl TargetState {
     }
 
     /// The discovery log `hostnqn` sees through `via`: one entry per
-    /// (subsystem it may reach, I/O port the subsystem is on), plus the
-    /// current discovery subsystem on every port.
+    /// (subsystem it may reach, I/O port the subsystem is on), the current discovery
+    /// subsystem through `via`, then the referrals.
     pub fn discovery_log(&self, hostnqn: &str, via: &Port) -> DiscoveryLog {
         let mut entries = Vec::new();
         let ports = self.ports();
@@ -467,8 +575,32 @@ impl TargetState {
             }
         }
         // The discovery subsystem itself, reachable through the port asked on
-        // (NVMe-oF 1.1 §5.3: "current discovery subsystem" entry).
-        entries.push(entry(via, subtype::CURRENT_DISCOVERY, nvme::nqn::DISCOVERY_NQN));
+        // (NVMe-oF 1.1 §5.3: "current discovery subsystem" entry). Its EFLAGS say what
+        // this discovery controller does, as SPDK sets them (ctrlr_discovery.c; Linux
+        // nvmet leaves them 0): connecting to it returns this same log (DUPRETINFO), and
+        // it keeps explicit persistent connections, with Keep Alive and discovery log
+        // change events (EPCSD).
+        let mut current = entry(via, subtype::CURRENT_DISCOVERY, nvme::nqn::DISCOVERY_NQN);
+        current.eflags = eflags::DUPRETINFO | eflags::EPCSD;
+        entries.push(current);
+        // Referrals, as nvmet lists a port's referrals: the remote address and port, the
+        // NQN to connect to there, no port id of ours, nothing promised about that service.
+        for r in self.referrals() {
+            entries.push(DiscoveryEntry {
+                trtype: trtype::TCP,
+                adrfam: if r.address.is_ipv4() { adrfam::IPV4 } else { adrfam::IPV6 },
+                subtype: r.subtype(),
+                treq: 0x02,
+                portid: 0,
+                cntlid: Cntlid::DYNAMIC,
+                asqsz: 32,
+                eflags: 0,
+                trsvcid: r.port.to_string(),
+                subnqn: r.subnqn.clone(),
+                traddr: r.address.to_string(),
+                tsas: [0; 256],
+            });
+        }
         DiscoveryLog { genctr: self.disc_genctr.load(Ordering::Relaxed), recfmt: 0, entries }
     }
 
@@ -480,8 +612,7 @@ impl TargetState {
             reactor,
             stats: QueueStats::default(),
             binding: Mutex::new(None),
-            published: Mutex::new(blk::QueueStats::new()),
-            ns: Mutex::new(Vec::new()),
+            published: Mutex::new(Published::default()),
         });
         let mut list = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         if list.len() > 64 && list.len().is_power_of_two() {
@@ -496,6 +627,18 @@ impl TargetState {
         let b = Arc::new(BufferStats { reactor, ..BufferStats::default() });
         self.buffers.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::clone(&b));
         b
+    }
+
+    /// Port `id`'s totals, made at its first connection (control plane: once per connection).
+    pub fn port_totals(&self, id: u16) -> Arc<crate::stats::PortTotals> {
+        let mut g = self.port_totals.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(g.entry(id).or_default())
+    }
+
+    /// Every port's totals that a connection has made, by port id.
+    pub fn all_port_totals(&self) -> Vec<(u16, crate::stats::PortCounters)> {
+        let g = self.port_totals.lock().unwrap_or_else(|e| e.into_inner());
+        g.iter().map(|(id, t)| (*id, t.snapshot())).collect()
     }
 
     /// Every reactor's buffer statistics.

@@ -23,9 +23,21 @@
 //! on the reactor: reservation commands are rare control commands, and a fenced cluster
 //! needs the state durable before the host hears "done".
 //!
-//! Not done: reservation notifications (log page 80h and its asynchronous events), and
-//! Preempt and Abort aborts nothing (it preempts: a command of the preempted host already
-//! executing completes).
+//! Reservation notifications (NVMe Base 2.0 §8.19, Linux nvmet `pr.c`): a change that
+//! takes something from another host leaves a [`Notice`] for it, which the caller hands to
+//! that host's controllers ([`crate::controller::notify_reservation`]; each keeps its
+//! Reservation Notification log page, LID 80h, and raises the asynchronous event):
+//!
+//! | change | who is told | notice |
+//! | --- | --- | --- |
+//! | a preempt unregisters hosts | each unregistered host but the preempting one | Registration Preempted |
+//! | the holder releases a reservation that is not Write Exclusive / Exclusive Access | every other registrant | Reservation Released |
+//! | the holder of a Registrants Only reservation unregisters | every other registrant | Reservation Released |
+//! | a preempt changes the type (holder preempting itself, or taking it over by its key) | every registrant but the preempting host | Reservation Released |
+//! | Release with Clear (or the operator's `clear_reservation`) | every registrant but the clearing host | Reservation Preempted |
+//!
+//! Not done: Preempt and Abort aborts nothing (it preempts: a command of the preempted host
+//! already executing completes).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -33,6 +45,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nvme::Status;
+use nvme::log::resv_notice;
 use nvme::nqn::{hex, parse_uuid};
 use nvme::opcode::io;
 
@@ -100,6 +113,15 @@ pub struct AccessCache {
     write: bool,
 }
 
+/// A host to tell of a change ([`Reservations::take_notices`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// The host's Host Identifier: every controller of that host in the subsystem is told.
+    pub hostid: [u8; 16],
+    /// The Reservation Notification Log Page Type ([`nvme::log::resv_notice`]).
+    pub notice: u8,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Registrant {
     hostid: [u8; 16],
@@ -120,6 +142,9 @@ struct Inner {
     epoch: u64,
     /// PTPL: the state survives power loss (written to the file at every change).
     ptpl: bool,
+    /// Hosts to tell of the changes made since the caller last took them (undone with the
+    /// change when it cannot be persisted). Bounded: one per registrant per command.
+    notices: Vec<Notice>,
 }
 
 impl Inner {
@@ -140,8 +165,18 @@ impl Inner {
         allowed(rtype, self.is_holder(hostid), self.find(hostid).is_some(), group)
     }
 
+    /// Tells every registrant but `except` of a change.
+    fn notify_registrants(&mut self, notice: u8, except: &[u8; 16]) {
+        for r in &self.registrants {
+            if &r.hostid != except {
+                self.notices.push(Notice { hostid: r.hostid, notice });
+            }
+        }
+    }
+
     /// Removes registrant `i`; a holder that leaves ends its reservation unless the
-    /// type is All Registrants and registrants remain.
+    /// type is All Registrants and registrants remain (a Registrants Only reservation
+    /// ending so is a Reservation Released for the other registrants).
     fn unregister_at(&mut self, i: usize) {
         let gone = self.registrants.remove(i);
         if self.holder == Some(gone.hostid) {
@@ -149,25 +184,38 @@ impl Inner {
                 Some(next) if all_registrants(self.rtype) => Some(next.hostid),
                 _ => None,
             };
+            if matches!(self.rtype, WRITE_EXCLUSIVE_REG_ONLY | EXCLUSIVE_ACCESS_REG_ONLY) {
+                self.notify_registrants(resv_notice::RESERVATION_RELEASED, &gone.hostid);
+            }
         }
     }
 
-    /// A Release with Clear: no reservation, no registrant, a new generation.
-    fn clear(&mut self) {
+    /// A Release with Clear by `by` (none: the operator): no reservation, no registrant, a
+    /// new generation; the other registrants' reservation was preempted.
+    fn clear(&mut self, by: Option<&[u8; 16]>) {
+        for r in &self.registrants {
+            if by != Some(&r.hostid) {
+                self.notices.push(Notice { hostid: r.hostid, notice: resv_notice::RESERVATION_PREEMPTED });
+            }
+        }
         self.registrants.clear();
         self.holder = None;
         self.rtype = 0;
         self.generation = self.generation.wrapping_add(1);
     }
 
-    /// Unregisters every host holding `rkey` but `keep`; false when none held it.
-    fn unregister_key(&mut self, rkey: u64, keep: Option<&[u8; 16]>) -> bool {
+    /// Unregisters every host holding `rkey` but `keep` (a preempt by `by`: the others
+    /// removed are told their registration was preempted); false when none held it.
+    fn unregister_key(&mut self, rkey: u64, keep: Option<&[u8; 16]>, by: &[u8; 16]) -> bool {
         let mut any = false;
         let mut i = 0;
         while i < self.registrants.len() {
             let r = self.registrants[i];
             if r.rkey == rkey && keep != Some(&r.hostid) {
                 self.unregister_at(i);
+                if &r.hostid != by {
+                    self.notices.push(Notice { hostid: r.hostid, notice: resv_notice::REGISTRATION_PREEMPTED });
+                }
                 any = true;
             } else {
                 i += 1;
@@ -524,33 +572,44 @@ impl Reservations {
         let conflict_if_none = |any: bool| if any { Status::SUCCESS } else { Status::RESERVATION_CONFLICT };
         let Some(holder) = g.holder else {
             // No reservation: preempting only unregisters the hosts holding PRKEY.
-            return conflict_if_none(g.unregister_key(prkey, None));
+            return conflict_if_none(g.unregister_key(prkey, None, hostid));
         };
         if all_registrants(g.rtype) {
             if prkey == 0 {
                 // Every other registrant goes; the preempting host holds the new reservation.
-                g.registrants.retain(|r| &r.hostid == hostid);
                 g.holder = Some(*hostid);
                 g.rtype = rtype;
+                let others: Vec<[u8; 16]> = g.registrants.iter().map(|r| r.hostid).filter(|h| h != hostid).collect();
+                g.registrants.retain(|r| &r.hostid == hostid);
+                for h in others {
+                    g.notices.push(Notice { hostid: h, notice: resv_notice::REGISTRATION_PREEMPTED });
+                }
                 return Status::SUCCESS;
             }
-            return conflict_if_none(g.unregister_key(prkey, None));
+            return conflict_if_none(g.unregister_key(prkey, None, hostid));
         }
         if &holder == hostid {
+            if g.rtype != rtype {
+                g.notify_registrants(resv_notice::RESERVATION_RELEASED, hostid);
+            }
             g.rtype = rtype;
             return Status::SUCCESS;
         }
         let holder_key = g.find(&holder).map(|i| g.registrants[i].rkey);
         if holder_key == Some(prkey) {
+            let changed = g.rtype != rtype;
             g.holder = Some(*hostid);
             g.rtype = rtype;
-            g.unregister_key(prkey, Some(hostid));
+            g.unregister_key(prkey, Some(hostid), hostid);
+            if changed {
+                g.notify_registrants(resv_notice::RESERVATION_RELEASED, hostid);
+            }
             return Status::SUCCESS;
         }
         if prkey == 0 {
             return Status::INVALID_FIELD;
         }
-        conflict_if_none(g.unregister_key(prkey, None))
+        conflict_if_none(g.unregister_key(prkey, None, hostid))
     }
 
     /// Reservation Release (CDW10: RRELA 2:0, IEKEY 3, RTYPE 15:8; data: CRKEY).
@@ -573,12 +632,16 @@ impl Reservations {
             0 if !g.is_holder(hostid) => Status::SUCCESS,
             0 if g.rtype != rtype => Status::INVALID_FIELD,
             0 => {
+                // Registrants of the other types had access through it: they are told.
+                if !matches!(g.rtype, WRITE_EXCLUSIVE | EXCLUSIVE_ACCESS) {
+                    g.notify_registrants(resv_notice::RESERVATION_RELEASED, hostid);
+                }
                 g.holder = None;
                 g.rtype = 0;
                 Status::SUCCESS
             }
             1 => {
-                g.clear();
+                g.clear(Some(hostid));
                 Status::SUCCESS
             }
             _ => Status::INVALID_FIELD,
@@ -610,11 +673,18 @@ impl Reservations {
         let mut g = self.lock();
         let before = g.clone();
         let n = g.registrants.len();
-        g.clear();
+        g.clear(None);
         match self.commit(&mut g, &before) {
             s if s.is_success() => Ok(n),
             s => Err(s),
         }
+    }
+
+    /// The hosts to tell of the changes made since the last call (the caller of a
+    /// Register, Acquire, Release or clear takes them right after it, and hands them to
+    /// [`crate::controller::notify_reservation`]).
+    pub fn take_notices(&self) -> Vec<Notice> {
+        std::mem::take(&mut self.lock().notices)
     }
 
     /// The Reservation Report's data length: CDW10 is NUMD, 0's based dwords.
@@ -820,6 +890,56 @@ mod tests {
         assert_eq!(r.report(1, &mut [0u8; 32]), Status::INVALID_FIELD);
     }
 
+    fn told(r: &Reservations) -> Vec<([u8; 16], u8)> {
+        let mut v: Vec<_> = r.take_notices().into_iter().map(|n| (n.hostid, n.notice)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn changes_that_take_something_from_other_hosts_tell_them() {
+        use nvme::log::resv_notice::*;
+        let r = Reservations::default();
+        for (h, k) in [(&A, 1), (&B, 2), (&C, 3)] {
+            register(&r, h, k);
+        }
+        assert!(told(&r).is_empty(), "registering tells nobody");
+        acquire(&r, &A, 1, WRITE_EXCLUSIVE_REG_ONLY);
+        assert!(told(&r).is_empty());
+        // B preempts A by A's key, same type: A's registration is gone.
+        assert!(preempt(&r, &B, 2, 1, WRITE_EXCLUSIVE_REG_ONLY).is_success());
+        assert_eq!(told(&r), [(A, REGISTRATION_PREEMPTED)]);
+        // B, the holder, changes the type: the other registrant hears of a release.
+        assert!(preempt(&r, &B, 2, 2, EXCLUSIVE_ACCESS_REG_ONLY).is_success());
+        assert_eq!(told(&r), [(C, RESERVATION_RELEASED)]);
+        // B releases a Registrants Only reservation: C is told, B is not.
+        register(&r, &A, 1);
+        assert!(r.release(&B, u32::from(EXCLUSIVE_ACCESS_REG_ONLY) << 8, &keys(2, 0)).is_success());
+        assert_eq!(told(&r), [(A, RESERVATION_RELEASED), (C, RESERVATION_RELEASED)]);
+        // Releasing Write Exclusive tells nobody: registrants had no access through it.
+        acquire(&r, &C, 3, WRITE_EXCLUSIVE);
+        assert!(r.release(&C, u32::from(WRITE_EXCLUSIVE) << 8, &keys(3, 0)).is_success());
+        assert!(told(&r).is_empty());
+        // The holder of a Registrants Only reservation unregisters: the reservation ends.
+        acquire(&r, &C, 3, WRITE_EXCLUSIVE_REG_ONLY);
+        assert!(r.register(&C, 1, &keys(3, 0)).is_success());
+        assert_eq!(told(&r), [(A, RESERVATION_RELEASED), (B, RESERVATION_RELEASED)]);
+        // Preempt with PRKEY 0 under All Registrants: the others' registrations go.
+        register(&r, &C, 3);
+        acquire(&r, &A, 1, EXCLUSIVE_ACCESS_ALL_REGS);
+        assert!(preempt(&r, &B, 2, 0, WRITE_EXCLUSIVE).is_success());
+        assert_eq!(told(&r), [(A, REGISTRATION_PREEMPTED), (C, REGISTRATION_PREEMPTED)]);
+        // Clear: every other registrant's reservation was preempted.
+        register(&r, &A, 1);
+        assert!(r.release(&B, 1, &keys(2, 0)).is_success());
+        assert_eq!(told(&r), [(A, RESERVATION_PREEMPTED)]);
+        // The operator's clear tells every registrant.
+        register(&r, &A, 1);
+        register(&r, &B, 2);
+        assert_eq!(r.clear(), Ok(2));
+        assert_eq!(told(&r), [(A, RESERVATION_PREEMPTED), (B, RESERVATION_PREEMPTED)]);
+    }
+
     /// A directory of this test's own under the system's temporary directory.
     fn scratch(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("qpath-resv-{}-{name}", std::process::id()));
@@ -872,8 +992,11 @@ mod tests {
         std::fs::create_dir(dir.join("gone")).unwrap();
         let r = Reservations::persistent(&path).unwrap();
         assert!(r.register(&A, CPTPL_ON, &keys(0, 1)).is_success());
+        assert!(register(&r, &B, 2).is_success());
         std::fs::remove_dir_all(dir.join("gone")).unwrap();
         assert_eq!(acquire(&r, &A, 1, EXCLUSIVE_ACCESS), Status::INTERNAL, "the file cannot be written");
+        assert_eq!(r.release(&A, 1, &keys(1, 0)), Status::INTERNAL, "nor can a Clear be");
+        assert!(r.take_notices().is_empty(), "a change undone tells nobody (B would have heard of the Clear)");
         assert!(can(&r, &C, Group::Read), "so the reservation was not taken");
         assert_eq!(r.snapshot().rtype, 0);
         let twice = dir.join("twice.resv");

@@ -7,10 +7,12 @@
 //! | --- | --- | --- |
 //! | `get_target` | | ports, subsystems, reactors |
 //! | `list_subsystems` | | subsystems with namespaces and hosts |
-//! | `add_subsystem` | a `[[subsystem]]` table as JSON | `{nqn}` |
+//! | `add_subsystem` | a `[[subsystem]]` table as JSON (all or nothing: a namespace that fails adds no subsystem) | `{nqn}` |
 //! | `remove_subsystem` | `{nqn}` | |
-//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}` | `{nsid}` |
+//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}`, e.g. `backend=file path=IMG`, with `size`, `grow=true`, `readonly=true` as in the config (an existing file is never shrunk, grown only with `grow=true`, and locked while served; a file the call created is removed if it fails) | `{nsid}` |
 //! | `remove_namespace` | `{nqn, nsid}` | |
+//! | `resize_namespace` | `{nqn, nsid, size}` (bytes or "2G"; a multiple of the block size; RAM up to its `max_size`; shrinking refused while data lies past the new end; block devices refused) | `{nsid, size, previous_size}` |
+//! | `ns_add_host` / `ns_remove_host` | `{nqn, nsid, host}` (namespaces with `visible = "listed"`; the host's controllers see it appear / go) | `{changed}` |
 //! | `add_host` / `remove_host` | `{nqn, host}` (a removed host's controllers fail at once) | `{controllers_failed}` |
 //! | `set_allow_any_host` | `{nqn, allow}` (false: controllers of hosts not listed fail) | `{controllers_failed}` |
 //! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, hash?, dhgroup?}` (no key: clear) | |
@@ -19,6 +21,8 @@
 //! | `get_reservation` | `{nqn, nsid}` | `{generation, rtype, registrants: [{hostid, rkey, holds}]}` |
 //! | `clear_reservation` | `{nqn, nsid}` (drops every registration and the reservation) | `{cleared_registrations}` |
 //! | `add_port` | `{id, addr, kind}` | `{addr}` |
+//! | `remove_port` | `{id}` (its listener and connections close; discovery controllers on other ports get a log change event) | |
+//! | `add_referral` / `remove_referral` | `{address, port?, subnqn?}` (port 8009 and the discovery NQN by default) | |
 //! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
 //! | `get_limits` | | limits in force, connections refused by reason, timeouts |
 //! | `set_limits` | any of `{max_connections_per_port, max_connections_per_host, max_connections_per_hostnqn, connect_timeout_ms, pdu_timeout_ms, max_buffer_bytes_per_connection, rx_budget_pdus, tx_batch_bytes, tx_deadline_us}` | limits in force (the fairness budgets may be 0 = no limit) |
@@ -152,6 +156,7 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             "reactors": server.reactors(),
             "ports": st.ports().iter().map(|p| json!({"id": p.id, "addr": p.addr.to_string(), "kind": p.kind})).collect::<Vec<_>>(),
             "subsystems": st.subsystems().iter().map(|s| s.nqn.clone()).collect::<Vec<_>>(),
+            "referrals": st.referrals(),
             "options": st.opts,
         }),
         "list_ports" => json!(
@@ -181,6 +186,10 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                             "nsid": n.nsid.0, "backend": format!("{:?}", n.backend), "size": n.size_bytes(),
                             "block_size": n.block_size(), "ana_group": n.anagrpid.0,
                             "uuid": nvme::nqn::format_uuid(&n.uuid), "qos": n.qos.get(),
+                            "visible": match n.visibility() {
+                                crate::namespace::Visibility::All => json!("all"),
+                                crate::namespace::Visibility::Listed(h) => json!({"listed": h}),
+                            },
                         })).collect::<Vec<_>>(),
                         "controllers": s.controllers().iter().map(|c| c.cntlid.0).collect::<Vec<_>>(),
                     })
@@ -211,6 +220,20 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
         "remove_namespace" => {
             sub(p)?.remove_namespace(Nsid(param(p, "nsid")?))?;
             json!({})
+        }
+        "resize_namespace" => {
+            let s = sub(p)?;
+            let nsid: u32 = param(p, "nsid")?;
+            let size = param::<crate::config::SizeValue>(p, "size")?.bytes()?;
+            let (previous, size) = s.resize_namespace(Nsid(nsid), size)?;
+            json!({"nsid": nsid, "size": size, "previous_size": previous})
+        }
+        "ns_add_host" | "ns_remove_host" => {
+            let s = sub(p)?;
+            let nsid: u32 = param(p, "nsid")?;
+            let host: String = param(p, "host")?;
+            let changed = s.set_ns_host(Nsid(nsid), &host, method == "ns_add_host")?;
+            json!({"changed": changed})
         }
         "add_host" | "remove_host" => {
             let s = sub(p)?;
@@ -283,6 +306,8 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                     Error::new(ErrorKind::Io, format!("the cleared state could not be persisted ({s})"))
                 })?;
                 tracing::warn!(nqn = %s.nqn, nsid, registrations = n, "reservation cleared by the operator");
+                // The registrants' hosts hear that their reservation was preempted.
+                crate::controller::notify_reservation(&s, Nsid(nsid), &ns.resv.take_notices());
                 json!({"cleared_registrations": n})
             } else {
                 json!(ns.resv.snapshot())
@@ -293,6 +318,24 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
             let addr = crate::server::parse_addr(&param::<String>(p, "addr")?)?;
             let bound = server.add_port(param(p, "id")?, addr, kind)?;
             json!({"addr": bound.to_string()})
+        }
+        "remove_port" => {
+            server.remove_port(param(p, "id")?)?;
+            json!({})
+        }
+        "add_referral" | "remove_referral" => {
+            let r = crate::config::ReferralConfig {
+                address: param(p, "address")?,
+                port: opt(p, "port")?.unwrap_or(crate::registry::DISCOVERY_TRSVCID),
+                subnqn: opt(p, "subnqn")?,
+            }
+            .to_referral()?;
+            if method == "add_referral" {
+                st.add_referral(r)?;
+            } else {
+                st.remove_referral(&r)?;
+            }
+            json!({})
         }
         "set_port_fault" => {
             let id: u16 = param(p, "port")?;

@@ -24,6 +24,18 @@ struct Acceptor {
     thread: Option<JoinHandle<()>>,
 }
 
+impl Acceptor {
+    /// Stops accepting and joins the thread; its listening socket closes with it.
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the blocking accept.
+        let _ = TcpStream::connect_timeout(&self.port.addr, std::time::Duration::from_millis(200));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A running target.
 pub struct Server {
     /// The shared state (subsystems, ports, controllers).
@@ -81,6 +93,24 @@ impl Server {
         Ok(local)
     }
 
+    /// Stops serving port `id`: its listener closes, its connections close on their next
+    /// tick (their controllers go as when a link goes), and discovery controllers on the
+    /// other ports get a discovery-log-change event. The id (and address) may be added
+    /// again; subsystems limited to it (`ports = [...]`) are reachable through it again then.
+    pub fn remove_port(&self, id: u16) -> Result<(), Error> {
+        let acceptor = {
+            let mut list = self.acceptors.lock().unwrap_or_else(|e| e.into_inner());
+            let i = list
+                .iter()
+                .position(|a| a.port.id == id)
+                .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no port {id}")))?;
+            list.remove(i)
+        };
+        acceptor.stop();
+        self.state.remove_port(id)?;
+        Ok(())
+    }
+
     /// The bound address of port `id`.
     pub fn local_addr(&self, id: u16) -> Option<SocketAddr> {
         self.state.port(id).map(|p| p.addr)
@@ -94,13 +124,8 @@ impl Server {
     /// Stops accepting, closes every connection and joins every thread.
     pub fn shutdown(self) {
         let acceptors = std::mem::take(&mut *self.acceptors.lock().unwrap_or_else(|e| e.into_inner()));
-        for mut a in acceptors {
-            a.stop.store(true, Ordering::Release);
-            // Wake the blocking accept.
-            let _ = TcpStream::connect_timeout(&a.port.addr, std::time::Duration::from_millis(200));
-            if let Some(t) = a.thread.take() {
-                let _ = t.join();
-            }
+        for a in acceptors {
+            a.stop();
         }
         for r in self.reactors {
             r.shutdown();

@@ -10,7 +10,7 @@ use nvme::{Cntlid, Nsid};
 use crate::auth::HostAuth;
 use crate::controller::Controller;
 use crate::error::{Error, ErrorKind};
-use crate::namespace::{Namespace, NamespaceSpec, NsMap};
+use crate::namespace::{Namespace, NamespaceSpec, NsMap, Visibility};
 
 /// What kind of subsystem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,11 +180,21 @@ impl Subsystem {
         p.is_empty() || p.contains(&port_id)
     }
 
-    /// The namespace map and its generation. Connections cache both and
-    /// re-read when [`Subsystem::ns_generation`] moves.
+    /// The namespace map and its generation: every namespace, whoever sees it (control
+    /// plane: RPC, statistics). Queues use their controller's map instead
+    /// ([`Subsystem::namespaces_of`]).
     pub fn namespaces(&self) -> (Arc<NsMap>, u64) {
         let m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
         (Arc::clone(&m), self.ns_gen.load(Ordering::Acquire))
+    }
+
+    /// The namespaces `ctrl`'s host sees and the generation they are at least as new as.
+    /// Queues cache both and re-read them when [`Subsystem::ns_generation`] moves: the
+    /// generation is read first and bumped only after every controller's map is replaced,
+    /// so a cached map is never older than the generation cached with it.
+    pub fn namespaces_of(&self, ctrl: &Controller) -> (Arc<NsMap>, u64) {
+        let g = self.ns_gen.load(Ordering::Acquire);
+        (ctrl.namespaces(), g)
     }
 
     /// Current namespace generation (one relaxed load of a read-mostly line).
@@ -193,56 +203,156 @@ impl Subsystem {
         self.ns_gen.load(Ordering::Relaxed)
     }
 
-    /// Adds a namespace; returns its NSID. Controllers get a
-    /// namespace-attribute-changed event.
+    /// Adds a namespace every host sees; returns its NSID.
     pub fn add_namespace(&self, spec: NamespaceSpec) -> Result<Nsid, Error> {
-        let nsid = {
-            let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-            let nsid = if spec.nsid == 0 {
-                m.first_free().ok_or_else(|| Error::new(ErrorKind::Config, "no free NSID"))?
-            } else {
-                Nsid(spec.nsid)
-            };
-            if nsid.0 == 0 || nsid.0 > crate::namespace::MAX_NSID {
-                return Err(Error::new(ErrorKind::Config, format!("NSID {nsid} out of range 1..=1024")));
-            }
-            if m.get(nsid).is_some() {
-                return Err(Error::new(ErrorKind::Exists, format!("{}: NSID {nsid} exists", self.nqn)));
-            }
-            let ns = Arc::new(Namespace::new(&self.nqn, nsid, spec)?);
-            *m = Arc::new(m.with(ns));
-            self.ns_gen.fetch_add(1, Ordering::Release);
-            nsid
+        self.add_namespace_with(spec, Visibility::All)
+    }
+
+    /// Adds a namespace that the hosts `visibility` names see; returns its NSID. Their
+    /// controllers get a namespace-attribute-changed event.
+    pub fn add_namespace_with(&self, spec: NamespaceSpec, visibility: Visibility) -> Result<Nsid, Error> {
+        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let nsid = if spec.nsid == 0 {
+            m.first_free().ok_or_else(|| Error::new(ErrorKind::Config, "no free NSID"))?
+        } else {
+            Nsid(spec.nsid)
         };
-        self.notify_ns_changed(nsid);
+        if nsid.0 == 0 || nsid.0 > crate::namespace::MAX_NSID {
+            return Err(Error::new(ErrorKind::Config, format!("NSID {nsid} out of range 1..=1024")));
+        }
+        if m.get(nsid).is_some() {
+            return Err(Error::new(ErrorKind::Exists, format!("{}: NSID {nsid} exists", self.nqn)));
+        }
+        let ns = Namespace::new(&self.nqn, nsid, spec)?;
+        // Set before anyone can see it: a host outside the list never sees it appear.
+        ns.set_visibility(visibility);
+        let next = Arc::new(m.with(Arc::new(ns)));
+        self.publish(&mut m, next, None);
         Ok(nsid)
     }
 
     /// Removes a namespace. In-flight I/O to it completes; new I/O gets Invalid Namespace.
     pub fn remove_namespace(&self, nsid: Nsid) -> Result<(), Error> {
-        {
-            let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-            if m.get(nsid).is_none() {
-                return Err(Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)));
-            }
-            if let Some(ns) = m.get(nsid) {
-                ns.resv.detach();
-            }
-            *m = Arc::new(m.without(nsid));
-            self.ns_gen.fetch_add(1, Ordering::Release);
-        }
-        self.notify_ns_changed(nsid);
+        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(ns) = m.get(nsid) else {
+            return Err(Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)));
+        };
+        ns.resv.detach();
+        ns.backend.retire();
+        let next = Arc::new(m.without(nsid));
+        self.publish(&mut m, next, None);
         Ok(())
     }
 
-    fn notify_ns_changed(&self, nsid: Nsid) {
-        for c in self.controllers() {
-            c.namespace_changed(nsid);
+    /// Changes namespace `nsid`'s capacity to `size` bytes while hosts may do I/O to it
+    /// (`Namespace::resize` says what is refused); returns (previous, new) size. Every
+    /// controller that sees it gets a namespace-attribute-changed event with the NSID in
+    /// its Changed Namespace List, as nvmet's `revalidate_size` does (configfs.c), so hosts
+    /// read the new size without reconnecting.
+    pub fn resize_namespace(&self, nsid: Nsid, size: u64) -> Result<(u64, u64), Error> {
+        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = m
+            .get(nsid)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)))?;
+        let old = ns.resize(size).map_err(|e| {
+            Error::new(
+                e.kind,
+                format!("namespace {nsid} of {}: cannot resize to {size} bytes: {}", self.nqn, e.context),
+            )
+        })?;
+        if old != size {
+            tracing::info!(subnqn = %self.nqn, nsid = nsid.0, from = old, to = size, "namespace resized");
+            let same = Arc::clone(&m);
+            self.publish(&mut m, same, Some(nsid));
         }
+        Ok((old, size))
     }
 
-    /// Allocates a controller id and registers the controller built by `make`.
+    /// Sets namespace `nsid`'s write protection state (Set Features 84h from a host that sees
+    /// it: [`Namespace::set_write_protect`]); a change reaches every controller that sees the
+    /// namespace as Namespace Attribute Changed (Identify NSATTR bit 0 changed), as nvmet's
+    /// `nvmet_set_feat_write_protect` does.
+    pub fn set_write_protect(&self, nsid: Nsid, state: u32) -> Result<(), nvme::Status> {
+        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = m.get(nsid).cloned().ok_or(nvme::Status::INVALID_NS)?;
+        if ns.set_write_protect(state)? {
+            tracing::info!(subnqn = %self.nqn, nsid = nsid.0, state, "namespace write protection changed by a host");
+            let same = Arc::clone(&m);
+            self.publish(&mut m, same, Some(nsid));
+        }
+        Ok(())
+    }
+
+    /// Makes namespace `nsid` visible (or not) to `hostnqn`; returns whether that changed.
+    /// Only namespaces with [`Visibility::Listed`] take per-host changes (SPDK refuses them
+    /// on auto-visible namespaces too). The host's controllers get a namespace-attribute-
+    /// changed event; no other controller does.
+    pub fn set_ns_host(&self, nsid: Nsid, hostnqn: &str, visible: bool) -> Result<bool, Error> {
+        crate::namespace::check_host_nqn(hostnqn)?;
+        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = m
+            .get(nsid)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)))?;
+        let Visibility::Listed(mut hosts) = ns.visibility() else {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "namespace {nsid} of {} is visible to every host (visible = \"all\"): hosts are listed only for visible = \"listed\"",
+                    self.nqn
+                ),
+            ));
+        };
+        let changed = if visible { hosts.insert(hostnqn.to_string()) } else { hosts.remove(hostnqn) };
+        if hosts.len() > crate::namespace::MAX_VISIBLE_HOSTS {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "namespace {nsid} of {}: at most {} hosts may be listed",
+                    self.nqn,
+                    crate::namespace::MAX_VISIBLE_HOSTS
+                ),
+            ));
+        }
+        if changed {
+            ns.set_visibility(Visibility::Listed(hosts));
+            tracing::info!(subnqn = %self.nqn, nsid = nsid.0, hostnqn, visible, "namespace visibility changed");
+            let same = Arc::clone(&m);
+            self.publish(&mut m, same, None);
+        }
+        Ok(changed)
+    }
+
+    /// Installs `next` as the namespace map (the caller holds the lock, `current`): gives
+    /// every controller the map of what its host sees, tells each one about the NSIDs
+    /// that appeared or disappeared for it (and `touched`, a namespace that changed, if
+    /// it sees it), then bumps the generation so queues re-read their maps.
+    fn publish(&self, current: &mut Arc<NsMap>, next: Arc<NsMap>, touched: Option<Nsid>) {
+        *current = next;
+        for c in self.controllers() {
+            let view = NsMap::view_for(current, &c.hostnqn);
+            let old = c.set_namespaces(Arc::clone(&view));
+            let mut changed = NsMap::differences(&old, &view);
+            if let Some(n) = touched
+                && view.get(n).is_some()
+                && !changed.contains(&n)
+            {
+                changed.push(n);
+            }
+            for n in changed {
+                c.namespace_changed(n);
+            }
+        }
+        self.ns_gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Allocates a controller id and registers the controller built by `make`, with the
+    /// map of the namespaces its host sees. The namespace lock is held throughout (before
+    /// the controller table's, as everywhere), so a change published meanwhile either
+    /// finds the controller registered or is already in the map it starts with.
     pub fn register_controller(&self, make: impl FnOnce(Cntlid) -> Arc<Controller>) -> Option<Arc<Controller>> {
+        let ns = self.ns.lock().unwrap_or_else(|e| e.into_inner());
         let mut t = self.ctrls.lock().unwrap_or_else(|e| e.into_inner());
         t.live.retain(|_, w| w.strong_count() > 0);
         if t.live.len() >= usize::from(self.limits.max_controllers) {
@@ -261,6 +371,7 @@ impl Subsystem {
         }
         t.next = id.wrapping_add(1);
         let ctrl = make(Cntlid(id));
+        ctrl.set_namespaces(NsMap::view_for(&ns, &ctrl.hostnqn));
         t.live.insert(id, Arc::downgrade(&ctrl));
         Some(ctrl)
     }

@@ -29,12 +29,13 @@ use nvme::tcp::{
     DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Header, IcResp, PduInfo, R2t,
     Role, crc32c, crc32c_append,
 };
-use nvme::{Cqe, QueueId, SglKind, Sqe, Status};
+use nvme::{Cqe, Nsid, QueueId, SglKind, Sqe, Status};
 use uring::{IoBuf, SendMsg};
 
 use crate::admin::{self, Outcome};
 use crate::auth::{self, QueueAuth};
-use crate::backend::{Backend, FileIo, FileOp, falloc};
+use crate::backend::{Backend, FileIo, FileOp};
+use crate::dealloc::{Batch, Method, Step};
 use crate::fabrics::{self, Binding};
 use crate::io_cmd::{self, IoKind, ResvOp};
 use crate::limits::HostTicket;
@@ -145,6 +146,8 @@ struct Req {
     after: After,
     /// Bytes the file operation in flight must move (0 for sync and fallocate).
     op_len: usize,
+    /// The file operations of a Deallocate or Write Zeroes on a file backend.
+    batch: Batch,
     /// A RAM read sent straight from the namespace's region at this byte offset
     /// (no buffer, no copy in user space).
     ram_src: Option<usize>,
@@ -166,6 +169,7 @@ impl Req {
             start_ns: 0,
             after: After::Respond,
             op_len: 0,
+            batch: Batch::default(),
             ram_src: None,
         }
     }
@@ -189,6 +193,10 @@ enum Rx {
     Data { sink: Sink, remaining: usize, ddgst: bool, crc: u32 },
     Digest { sink: Sink, crc: u32 },
 }
+
+/// Most bytes of one write of zeros (Write Zeroes where the file system has no ZERO_RANGE);
+/// also bounded by the largest transfer, so the buffer comes from the pool.
+const ZERO_CHUNK_BYTES_MAX: usize = 128 * 1024;
 
 /// Most segments in one send batch: a full batch is queued and a new one started, so a
 /// batch never exceeds what one `sendmsg` takes (`UIO_MAXIOV`), whatever the queue depth.
@@ -282,9 +290,14 @@ pub struct Connection {
     /// Last time input arrived (ms), and the value last reported to the controller.
     traffic_ms: u64,
     traffic_reported_ms: u64,
-    /// Latency histograms and counters since the last publish (owner thread only).
+    /// Latency histograms and counters since the last publish (owner thread only), with
+    /// the latency sum of the successful I/Os by direction, for the summaries' `_sum`.
     local_stats: blk::QueueStats,
+    latency_ns_sum: [u64; 4],
+    /// Per-namespace deltas since the last publish, added to the namespaces' totals then.
     ns_local: Vec<crate::stats::NsCounters>,
+    /// The port's monotonic totals, added to on each publish.
+    port_totals: Arc<crate::stats::PortTotals>,
     stats_dirty: bool,
     close_reason: Option<String>,
 }
@@ -304,6 +317,7 @@ impl Connection {
     /// A connection accepted on `port` from `peer`, served by reactor `reactor`.
     pub fn new(target: Arc<TargetState>, port: Arc<Port>, peer: Option<SocketAddr>, reactor: usize) -> Connection {
         let info = target.register_queue(port.id, peer, reactor);
+        let port_totals = target.port_totals(port.id);
         let rx = IoBuf::new(target.opts.rx_buffer_size.max(8192).next_multiple_of(4096));
         let now = target.now_ns();
         let drop_generation = port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
@@ -361,7 +375,9 @@ impl Connection {
             traffic_ms: 0,
             traffic_reported_ms: 0,
             local_stats: blk::QueueStats::new(),
+            latency_ns_sum: [0; 4],
             ns_local: Vec::new(),
+            port_totals,
             stats_dirty: false,
             close_reason: None,
         };
@@ -788,6 +804,7 @@ impl Connection {
         r.dw1 = 0;
         r.received = 0;
         r.after = After::Respond;
+        r.batch = Batch::default();
         r.start_ns = self.rx_ns.min(ctx.now_ns);
         r.c2h = false;
         r.xfer_len = 0;
@@ -1017,7 +1034,10 @@ impl Connection {
             if r.state != ReqState::AwaitBuffer {
                 continue;
             }
-            if r.c2h {
+            if r.batch.is_active() {
+                // Write Zeroes writing zeros waits for its zeroed buffer.
+                self.batch_pump(slot, ctx);
+            } else if r.c2h {
                 self.execute(slot, ctx);
             } else {
                 self.start_r2t(slot, ctx);
@@ -1032,18 +1052,22 @@ impl Connection {
     // -------------------------------------------------------------- execution
 
     fn refresh_ns(&mut self) {
-        if let Some(b) = &self.binding {
-            let subsys = &b.controller().subsys;
-            if subsys.ns_generation() != self.ns_gen {
-                let (m, g) = subsys.namespaces();
-                let old = std::mem::replace(&mut self.ns, m);
-                if self.file_ops > 0 {
-                    // Keep namespaces alive while file operations on them are in flight.
-                    self.retired_ns.push(old);
-                }
-                self.ns_gen = g;
-            }
+        let Some(b) = &self.binding else { return };
+        if b.controller().subsys.ns_generation() == self.ns_gen {
+            return;
         }
+        // Deltas counted against the old map go to its namespaces first.
+        self.publish_ns_counters();
+        let Some(b) = &self.binding else { return };
+        let ctrl = b.controller();
+        // The namespaces this controller's host sees (visibility is per host).
+        let (m, g) = ctrl.subsys.namespaces_of(ctrl);
+        let old = std::mem::replace(&mut self.ns, m);
+        if self.file_ops > 0 {
+            // Keep namespaces alive while file operations on them are in flight.
+            self.retired_ns.push(old);
+        }
+        self.ns_gen = g;
     }
 
     fn execute(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
@@ -1189,7 +1213,7 @@ impl Connection {
                     let icd = self.target.opts.in_capsule_data_size as usize;
                     self.dec.config.max_in_capsule = icd;
                 }
-                let (m, g) = ctrl.subsys.namespaces();
+                let (m, g) = ctrl.subsys.namespaces_of(&ctrl);
                 self.ns = m;
                 self.ns_gen = g;
                 self.binding = Some(c.binding);
@@ -1348,7 +1372,7 @@ impl Connection {
                     return self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
                 }
             }
-            IoKind::WriteZeroes { offset, len, deallocate } => match &ns.backend {
+            IoKind::WriteZeroes { offset, len, deallocate, fua } => match &ns.backend {
                 Backend::Null => {}
                 Backend::Ram(region) => {
                     let end = crate::us(offset.saturating_add(len));
@@ -1357,8 +1381,10 @@ impl Connection {
                     }
                 }
                 Backend::File(f) => {
-                    let mode = falloc::KEEP_SIZE | if deallocate { falloc::PUNCH_HOLE } else { falloc::ZERO_RANGE };
-                    return self.submit_file(slot, FileOp::Fallocate { file: f.file(), mode, offset, len }, token, ctx);
+                    let r = &mut self.reqs[usize::from(slot)];
+                    r.after = if fua { After::Sync } else { After::Respond };
+                    r.batch = Batch::zeroes(Method::for_write_zeroes(f, deallocate), offset, len);
+                    return self.batch_pump(slot, ctx);
                 }
             },
             IoKind::Reservation { op, len } => {
@@ -1385,42 +1411,46 @@ impl Connection {
                         ResvOp::Acquire => ns.resv.acquire(&hostid, sqe.cdw(10), keys),
                         _ => ns.resv.release(&hostid, sqe.cdw(10), keys),
                     };
+                    if let Some(b) = &self.binding {
+                        // Other hosts the change took something from hear of it (LID 80h).
+                        crate::controller::notify_reservation(&b.controller().subsys, ns.nsid, &ns.resv.take_notices());
+                    }
                     if let Some(b) = data {
                         self.buf_put(ctx, b);
                     }
                     self.reqs[usize::from(slot)].status = status;
                 }
             }
-            IoKind::Dsm { deallocate, .. } => {
-                let data = self.reqs[usize::from(slot)].buf.take();
-                let ranges = io_cmd::dsm_ranges(data.as_deref().unwrap_or(&[]), &ns);
-                if let Some(b) = data {
-                    self.buf_put(ctx, b);
-                }
-                match ranges {
-                    Err(s) => self.reqs[usize::from(slot)].status = s,
-                    Ok(ranges) if deallocate => match &ns.backend {
+            IoKind::Dsm { nr, deallocate, .. } => {
+                let r = &mut self.reqs[usize::from(slot)];
+                let data = r.buf.as_deref().unwrap_or(&[]);
+                match io_cmd::dsm_check(data, nr, &ns) {
+                    Err(s) => r.status = s,
+                    Ok(()) if deallocate => match &ns.backend {
                         Backend::Null => {}
                         Backend::Ram(region) => {
-                            for (o, l) in ranges {
-                                let _ = region.fill_zero(crate::us(o)..crate::us(o + l));
+                            for i in 0..nr as usize {
+                                if let Some((o, l)) = io_cmd::dsm_bytes(data, i, &ns)
+                                    && region.fill_zero(crate::us(o)..crate::us(o + l)).is_err()
+                                {
+                                    r.status = Status::INTERNAL;
+                                }
                             }
                         }
-                        // Deallocation is advisory: punch the first range asynchronously,
-                        // the rest synchronously is not needed for correctness.
-                        Backend::File(f) => {
-                            if let Some(&(offset, len)) = ranges.first() {
-                                let mode = falloc::KEEP_SIZE | falloc::PUNCH_HOLE;
-                                return self.submit_file(
-                                    slot,
-                                    FileOp::Fallocate { file: f.file(), mode, offset, len },
-                                    token,
-                                    ctx,
-                                );
-                            }
+                        // The data stays with the request until the last range is punched.
+                        Backend::File(f) if f.zeroing.punch() => {
+                            r.batch = Batch::deallocate(nr);
+                            return self.batch_pump(slot, ctx);
                         }
+                        // A punch would not read back as zeros here (DLFEAT 00h): Deallocate
+                        // is advisory, and left undone.
+                        Backend::File(_) => {}
                     },
-                    Ok(_) => {}
+                    // Only the hints (IDR, IDW): nothing to do.
+                    Ok(()) => {}
+                }
+                if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
+                    self.buf_put(ctx, b);
                 }
             }
         }
@@ -1477,10 +1507,20 @@ impl Connection {
             Ok(n) if n < r.op_len => Err(std::io::Error::other(format!("short transfer: {n} of {} bytes", r.op_len))),
             other => other,
         };
+        if r.batch.is_active() {
+            return self.on_batch_op_done(slot, &result, ctx);
+        }
         if let Err(e) = &result {
             tracing::warn!(slot, "backend I/O failed: {e}");
             r.status = if r.c2h { Status::UNRECOVERED_READ_ERROR } else { Status::WRITE_FAULT };
         }
+        self.file_ops_done(slot, ctx);
+    }
+
+    /// The request's file operations are over (status set): a FUA sync if asked, then the
+    /// response (or the slot's release on a closing connection).
+    fn file_ops_done(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let r = &mut self.reqs[usize::from(slot)];
         if r.after == After::Sync && r.status.is_success() {
             r.after = After::Respond;
             let nsid = r.sqe.nsid();
@@ -1500,6 +1540,102 @@ impl Connection {
             Some(ns) => self.finish_io(slot, &ns, ctx),
             None => self.respond(slot, ctx),
         }
+    }
+
+    /// An operation of the request's [`Batch`] finished: record it (the first error decides
+    /// the status), then submit more or finish.
+    fn on_batch_op_done(&mut self, slot: u16, result: &std::io::Result<usize>, ctx: &mut ConnCtx<'_>) {
+        let nsid = self.reqs[usize::from(slot)].sqe.nsid();
+        let ns = self.ns.get(nsid).cloned();
+        let r = &mut self.reqs[usize::from(slot)];
+        let outcome = match ns.as_deref().map(|n| &n.backend) {
+            Some(Backend::File(f)) => r.batch.on_done(result, f),
+            _ => {
+                // The namespace went away meanwhile: start nothing more on it.
+                r.batch.stop();
+                Err(std::io::Error::other("the namespace was removed"))
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(slot, nsid = nsid.0, "deallocate or write zeroes failed: {e}");
+            if r.status.is_success() {
+                r.status = Status::WRITE_FAULT;
+            }
+        }
+        self.batch_pump(slot, ctx);
+    }
+
+    /// Submits the next operations of the request's [`Batch`] (at most the batch's window
+    /// in flight); when none is in flight and none is left, finishes the command.
+    fn batch_pump(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        let nsid = self.reqs[usize::from(slot)].sqe.nsid();
+        let ns = self.ns.get(nsid).cloned();
+        let closing = matches!(self.state, ConnState::Closing | ConnState::Closed);
+        let chunk = self.target.opts.max_transfer().min(ZERO_CHUNK_BYTES_MAX);
+        let token = ctx.token | u64::from(slot);
+        loop {
+            let r = &mut self.reqs[usize::from(slot)];
+            let (Some(ns), false) = (ns.as_deref(), closing) else {
+                r.batch.stop();
+                break;
+            };
+            let Backend::File(f) = &ns.backend else {
+                r.batch.stop();
+                break;
+            };
+            let Some(step) = r.batch.next_step(r.buf.as_deref().unwrap_or(&[]), ns, chunk) else { break };
+            let (op, op_len) = match step {
+                Step::Fallocate { mode, offset, len } => (FileOp::Fallocate { file: f.file(), mode, offset, len }, 0),
+                Step::Write { offset, len } => {
+                    let buf = match r.buf.take() {
+                        Some(b) => b,
+                        None => match self.buf_get(ctx, chunk) {
+                            Some(mut b) => {
+                                // Pool buffers hold earlier data: zero it once, write it many times.
+                                b.fill(0);
+                                b
+                            }
+                            None => {
+                                let r = &mut self.reqs[usize::from(slot)];
+                                r.batch.unsubmit(step);
+                                if r.batch.in_flight() == 0 {
+                                    r.state = ReqState::AwaitBuffer;
+                                    self.waiting.push_back(slot);
+                                }
+                                return;
+                            }
+                        },
+                    };
+                    (FileOp::Write { file: f.file(), buf, len, offset }, len)
+                }
+            };
+            self.reqs[usize::from(slot)].op_len = op_len;
+            match ctx.file_io.submit(op, token) {
+                Ok(()) => self.file_ops += 1,
+                Err((e, buf)) => {
+                    let r = &mut self.reqs[usize::from(slot)];
+                    if buf.is_some() {
+                        r.buf = buf;
+                    }
+                    r.batch.unsubmit(step);
+                    if r.batch.in_flight() > 0 {
+                        // Tried again when one of the command's operations completes.
+                        break;
+                    }
+                    tracing::warn!("file op submit failed: {e}");
+                    r.batch.stop();
+                    r.status = Status::INTERNAL;
+                    break;
+                }
+            }
+        }
+        let r = &mut self.reqs[usize::from(slot)];
+        if !r.batch.is_done() {
+            r.state = ReqState::Executing;
+            return;
+        }
+        r.batch = Batch::default();
+        self.file_ops_done(slot, ctx);
     }
 
     /// Applies provisioned limits and injected delay, then responds (now or at the due time).
@@ -1563,6 +1699,9 @@ impl Connection {
         let r = &mut self.reqs[usize::from(slot)];
         let cid = r.sqe.cid();
         let status = r.status;
+        // A failure on a queue of a controller goes into its Error Information log (below):
+        // the completion says so with the More bit, as nvmet does.
+        let more = !status.is_success() && self.binding.is_some();
         let mut resp_needed = true;
         if status.is_success() && r.c2h && r.xfer_len > 0 && (r.buf.is_some() || ram.is_some()) {
             let len = r.xfer_len as usize;
@@ -1598,7 +1737,7 @@ impl Connection {
         }
         let r = &mut self.reqs[usize::from(slot)];
         if resp_needed {
-            let cqe = Cqe { dw0: r.dw0, dw1: r.dw1, sqhd: self.sqhd, sqid: qid, cid, status };
+            let cqe = Cqe { dw0: r.dw0, dw1: r.dw1, sqhd: self.sqhd, sqid: qid, cid, status, more };
             self.scratch.clear();
             self.enc.capsule_resp(&mut self.scratch, &cqe);
             self.tx.push_bytes(&self.scratch);
@@ -1618,8 +1757,7 @@ impl Connection {
         if !status.is_success() {
             stats.errors.add(1);
             if let Some(b) = &self.binding {
-                let (nsid, lba) = (r.sqe.nsid().0, r.sqe.slba());
-                b.controller().log_error(qid.0, cid.0, status, nsid, lba);
+                b.controller().log_error(qid.0, &r.sqe, status);
             }
         }
         let latency = ctx.now_ns.saturating_sub(r.start_ns);
@@ -1627,40 +1765,86 @@ impl Connection {
         if let ReqKind::Io(io) = r.kind
             && let Some((dir, bytes)) = io.stats_direction()
         {
-            let ok = status.is_success();
-            let outcome = if ok { blk::Outcome::Success } else { blk::Outcome::Error };
-            self.local_stats.record(dir, bytes, latency, outcome);
-            let nsid = r.sqe.nsid().0;
-            let i = match self.ns_local.iter().position(|n| n.nsid == nsid) {
-                Some(i) => i,
-                None => {
-                    self.ns_local.push(crate::stats::NsCounters { nsid, ..Default::default() });
-                    self.ns_local.len() - 1
-                }
-            };
-            let n = &mut self.ns_local[i];
-            match (dir, ok) {
-                (_, false) => n.errors += 1,
-                (blk::Direction::Read, true) => {
-                    n.reads += 1;
-                    n.read_bytes += bytes;
-                }
-                (blk::Direction::Write, true) => {
-                    n.writes += 1;
-                    n.write_bytes += bytes;
-                }
-                _ => {}
-            }
-            self.stats_dirty = true;
+            let (opcode, nsid) = (r.sqe.opcode(), r.sqe.nsid().0);
+            self.count_io(dir, bytes, latency, status, opcode, nsid);
         }
         self.release_slot(slot, ctx);
     }
 
-    /// Publishes the latency histograms and per-namespace counters gathered
-    /// since the last call, for RPC and metrics readers (on the tick, never per I/O).
+    /// Counts a completed I/O command in the queue's histograms and its namespace's deltas
+    /// (owned memory, plain adds; published on the tick).
+    fn count_io(&mut self, dir: blk::Direction, bytes: u64, latency: u64, status: Status, opcode: u8, nsid: u32) {
+        let ok = status.is_success();
+        let outcome = if ok { blk::Outcome::Success } else { blk::Outcome::Error };
+        self.local_stats.record(dir, bytes, latency, outcome);
+        let i = match self.ns_local.iter().position(|n| n.nsid == nsid) {
+            Some(i) => i,
+            None => {
+                self.ns_local.push(crate::stats::NsCounters { nsid, ..Default::default() });
+                self.ns_local.len() - 1
+            }
+        };
+        let n = &mut self.ns_local[i];
+        if !ok {
+            n.errors += 1;
+            // SMART Media and Data Integrity Errors: the backend failed the I/O.
+            if status.sct == nvme::Sct::Media {
+                n.media_errors += 1;
+            }
+            self.stats_dirty = true;
+            return;
+        }
+        let d = match dir {
+            blk::Direction::Read => {
+                n.reads += 1;
+                n.read_bytes += bytes;
+                0
+            }
+            blk::Direction::Write => {
+                n.writes += 1;
+                n.write_bytes += bytes;
+                1
+            }
+            blk::Direction::Trim => 2,
+            blk::Direction::Sync => 3,
+        };
+        self.latency_ns_sum[d] += latency;
+        match crate::supported::SMART_BY_OPCODE[usize::from(opcode)] {
+            crate::supported::Smart::Read => {
+                n.host_read_commands += 1;
+                n.data_read_bytes += bytes;
+            }
+            crate::supported::Smart::Write => {
+                n.host_write_commands += 1;
+                n.data_written_bytes += bytes;
+            }
+            crate::supported::Smart::None => {}
+        }
+        self.stats_dirty = true;
+    }
+
+    /// Publishes what was counted since the last call (on the tick and when the queue
+    /// closes, never per I/O): the latency histograms for RPC and metrics readers, and the
+    /// deltas of the namespaces' and the port's monotonic totals.
     fn publish_stats(&mut self) {
         if std::mem::take(&mut self.stats_dirty) {
-            self.info.publish(&mut self.local_stats, &mut self.ns_local);
+            self.publish_ns_counters();
+            self.port_totals.add(&self.local_stats);
+            self.info.publish(&mut self.local_stats, &mut self.latency_ns_sum);
+        }
+    }
+
+    /// Adds the per-namespace deltas to the totals of the namespaces in the map they were
+    /// counted against (a namespace removed since takes its deltas with it).
+    fn publish_ns_counters(&mut self) {
+        for n in &mut self.ns_local {
+            if n.is_zero() {
+                continue;
+            }
+            if let Some(ns) = self.ns.get(Nsid(n.nsid)) {
+                ns.counters.add(n);
+            }
+            *n = crate::stats::NsCounters { nsid: n.nsid, ..Default::default() };
         }
     }
 
@@ -1800,6 +1984,12 @@ impl Connection {
             self.set_state(ConnState::Closed);
             return;
         }
+        if self.port.is_removed() {
+            // The operator removed the port: like a link that went away.
+            self.close("port removed");
+            self.set_state(ConnState::Closed);
+            return;
+        }
         let Some(b) = &self.binding else { return };
         let ctrl = Arc::clone(b.controller());
         if self.traffic_ms > self.traffic_reported_ms {
@@ -1888,6 +2078,9 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        // A connection dropped without `release` (the reactor stopping) still hands over
+        // what it counted.
+        self.publish_stats();
         if let Some(w) = &self.auth_waiter {
             w.abandon();
         }

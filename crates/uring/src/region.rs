@@ -5,7 +5,8 @@
 
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::error::{Error, ErrorKind};
 
@@ -50,14 +51,49 @@ pub struct RegionOptions {
 /// without atomic-write guarantees: each aligned 8-byte word holds the bytes of one writer,
 /// and nothing is promised across words. A reader racing a writer sees, per word, old or new
 /// bytes. Callers that need more (NVMe's atomic write unit) must serialise themselves.
+///
+/// # Growing and shrinking while other threads copy
+///
+/// A region made with [`SharedRegion::growable`] reserves address space for `max_len`
+/// bytes up front: the part past the first `len` bytes is mapped `PROT_NONE` (no memory,
+/// no commit charge; touching it would fault). [`SharedRegion::resize`] changes the length
+/// while other threads copy, without a lock on their side:
+///
+/// ```text
+///   base                 len            mapped                          reserved
+///    |--- copies allowed --|-- read/write, |------------ PROT_NONE ---------|
+///                            no copies     |  (mprotect'ed to read/write on growth)
+/// ```
+///
+/// * Every copy checks its range against `len` (one `Acquire` load) before it touches a
+///   byte, and `len <= mapped` always holds.
+/// * Growing first makes the pages up to the new length readable and writable
+///   (`mprotect`), zeroes bytes left from an earlier, larger length, publishes `mapped`,
+///   and only then publishes the new `len` with a `Release` store. A copy that sees the new
+///   length therefore finds its pages mapped: no copy can touch a `PROT_NONE` page.
+/// * Shrinking publishes the smaller `len` first and never unmaps or protects anything:
+///   it only hands whole pages past the new end back to the kernel (`MADV_DONTNEED`, after
+///   which they read as zeros). A copy (or a send) that checked its range against the old
+///   length just before reads zeros or the old bytes there; it can never fault.
+/// * The mapping is unmapped only on drop, when no copy can run (`&self` is gone, and a
+///   `SendMsg` sending from the region holds an `Arc` to it).
 pub struct SharedRegion {
-    /// Start of the mapping; valid for `map_len` bytes until `drop` unmaps it.
+    /// Start of the mapping; valid for `reserved` bytes until `drop` unmaps it.
     base: NonNull<u8>,
-    /// Bytes the caller asked for; accesses are checked against this.
-    len: usize,
-    /// Bytes actually mapped: `len` rounded up to the page size (so whole-word accesses at
-    /// the end of an unaligned `len` stay inside the mapping).
-    map_len: usize,
+    /// Bytes callers may access; accesses are checked against this. At most `mapped`.
+    len: AtomicUsize,
+    /// Bytes from `base` that are readable and writable: `len` rounded up to the page size
+    /// at its largest so far (so whole-word accesses at the end of an unaligned `len` stay
+    /// inside it). Only grows.
+    mapped: AtomicUsize,
+    /// The largest length [`SharedRegion::resize`] accepts.
+    max_len: usize,
+    /// Bytes of address space mapped at construction (`max_len` rounded up to the page size).
+    reserved: usize,
+    /// How the region was mapped; growth maps new pages the same way.
+    options: RegionOptions,
+    /// Serialises resizes (control plane only; copies never take it).
+    resizing: Mutex<()>,
 }
 
 // SAFETY: the region owns its mapping; every access through `&SharedRegion` is an atomic
@@ -72,74 +108,210 @@ impl SharedRegion {
         SharedRegion::with_options(len, RegionOptions::default())
     }
 
-    /// Maps a zeroed region of `len` bytes.
+    /// Maps a zeroed region of `len` bytes (it cannot grow beyond `len`).
     pub fn with_options(len: usize, options: RegionOptions) -> Result<SharedRegion, Error> {
+        SharedRegion::growable(len, len, options)
+    }
+
+    /// Maps a zeroed region of `len` bytes that [`SharedRegion::resize`] may grow up to
+    /// `max_len` bytes. The address space for `max_len` is reserved now (`PROT_NONE`: it
+    /// costs no memory); memory is committed as the region grows.
+    pub fn growable(len: usize, max_len: usize, options: RegionOptions) -> Result<SharedRegion, Error> {
         if len == 0 {
             return Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion length must be non-zero"));
         }
-        let page = page_size();
-        let map_len = len
-            .checked_next_multiple_of(page)
-            .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "SharedRegion length overflows"))?;
+        if max_len < len {
+            return Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion maximum length is below its length"));
+        }
+        let map_len = round_up_to_page(len)?;
+        let reserved = round_up_to_page(max_len)?;
+        let growable = reserved > map_len;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         // With huge pages the advice must come before the pages are faulted in, or they
-        // are faulted as 4 KiB pages; so that case populates after the madvise instead.
-        if options.populate && !options.huge_pages {
+        // are faulted as 4 KiB pages; so that case populates after the madvise instead (as
+        // does a growable region, whose pages become writable only after the mmap).
+        if options.populate && !options.huge_pages && !growable {
             flags |= libc::MAP_POPULATE;
         }
+        let prot = if growable { libc::PROT_NONE } else { libc::PROT_READ | libc::PROT_WRITE };
         // SAFETY: an anonymous mapping at an address the kernel chooses touches no existing
         // memory; the result is checked before use.
-        let raw =
-            unsafe { libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        let raw = unsafe { libc::mmap(std::ptr::null_mut(), reserved, prot, flags, -1, 0) };
         if raw == libc::MAP_FAILED {
             return Err(Error::with_context(
                 ErrorKind::Os,
-                format!("mmap of a {len}-byte SharedRegion (check RLIMIT_AS and free memory)"),
+                format!(
+                    "mmap of a {len}-byte SharedRegion reserving {max_len} bytes (check RLIMIT_AS and free memory)"
+                ),
             )
             .caused_by(std::io::Error::last_os_error()));
         }
         let base = NonNull::new(raw.cast::<u8>()).expect("mmap returned null without failing");
-        let region = SharedRegion { base, len, map_len };
+        // From here on `region`'s drop unmaps the reservation, also on the error paths.
+        let region = SharedRegion {
+            base,
+            len: AtomicUsize::new(0),
+            mapped: AtomicUsize::new(if growable { 0 } else { map_len }),
+            max_len,
+            reserved,
+            options,
+            resizing: Mutex::new(()),
+        };
         if options.huge_pages {
-            // SAFETY: the range is exactly the mapping created above and owned by `region`.
-            let rc = unsafe { libc::madvise(raw, map_len, libc::MADV_HUGEPAGE) };
+            // SAFETY: the range is exactly the reservation created above and owned by `region`.
+            let rc = unsafe { libc::madvise(raw, reserved, libc::MADV_HUGEPAGE) };
             if rc != 0 {
                 tracing::warn!(
                     error = %std::io::Error::last_os_error(),
                     "MADV_HUGEPAGE refused; SharedRegion uses normal pages"
                 );
             }
-            if options.populate {
-                region.populate_write();
-            }
         }
+        if growable {
+            region.map_pages(0, map_len)?;
+            region.mapped.store(map_len, Ordering::Release);
+        }
+        if options.populate && (options.huge_pages || growable) {
+            region.populate_write(0..map_len);
+        }
+        region.len.store(len, Ordering::Release);
         Ok(region)
     }
 
-    /// Faults every page in for writing (`MADV_POPULATE_WRITE`, Linux 5.14), or, where the
-    /// kernel refuses that, by storing a zero word into each page (the memory is zeroed
-    /// already, so the contents do not change).
-    fn populate_write(&self) {
-        // SAFETY: the range is exactly this region's mapping.
-        let rc = unsafe { libc::madvise(self.base.as_ptr().cast(), self.map_len, libc::MADV_POPULATE_WRITE) };
+    /// Makes `start..end` (page-aligned, inside the reservation, not yet mapped) readable
+    /// and writable.
+    fn map_pages(&self, start: usize, end: usize) -> Result<(), Error> {
+        assert!(
+            start.is_multiple_of(page_size())
+                && end.is_multiple_of(page_size())
+                && start <= end
+                && end <= self.reserved,
+            "SharedRegion pages {start}..{end} misaligned or outside the reservation"
+        );
+        if start == end {
+            return Ok(());
+        }
+        // SAFETY: the range is page-aligned and inside this region's reservation (asserted
+        // above), which the region owns; it is `PROT_NONE` so no copy can be using it, and
+        // widening the protection cannot invalidate any access.
+        let rc = unsafe {
+            libc::mprotect(self.base.as_ptr().add(start).cast(), end - start, libc::PROT_READ | libc::PROT_WRITE)
+        };
+        if rc != 0 {
+            return Err(Error::with_context(
+                ErrorKind::Os,
+                format!("mprotect of {} bytes of a SharedRegion to read/write (check free memory)", end - start),
+            )
+            .caused_by(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Gives the whole pages of `start..end` back to the kernel: they stay mapped and read
+    /// as zeros (`MADV_DONTNEED` on a private anonymous mapping). Best effort.
+    fn discard_pages(&self, start: usize, end: usize) {
+        let start = start.next_multiple_of(page_size());
+        let end = end - end % page_size();
+        if start >= end {
+            return;
+        }
+        assert!(end <= self.mapped.load(Ordering::Acquire), "SharedRegion discard past the mapped pages");
+        // SAFETY: the range is page-aligned and inside the mapped part of this region's own
+        // mapping (asserted above). DONTNEED keeps it mapped, so a copy racing it reads zeros
+        // or old bytes and never faults; the kernel changes the bytes outside the Rust memory
+        // model, like the kernel's reads of region memory during a send (type docs).
+        let rc = unsafe { libc::madvise(self.base.as_ptr().add(start).cast(), end - start, libc::MADV_DONTNEED) };
+        if rc != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "MADV_DONTNEED on a SharedRegion refused");
+        }
+    }
+
+    /// Changes the length to `new_len` (at most the `max_len` given at construction) while
+    /// other threads may copy (see the type docs for why that is safe). Bytes that become
+    /// reachable read as zeros, also where the region was longer once and then shrank.
+    /// Memory of pages past a smaller length is handed back to the kernel.
+    pub fn resize(&self, new_len: usize) -> Result<(), Error> {
+        let _only_one = self.resizing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if new_len == 0 {
+            return Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion length must be non-zero"));
+        }
+        if new_len > self.max_len {
+            return Err(Error::with_context(
+                ErrorKind::InvalidArgument,
+                format!("{new_len} bytes is beyond the {} bytes reserved for this SharedRegion", self.max_len),
+            ));
+        }
+        let old = self.len.load(Ordering::Acquire);
+        if new_len < old {
+            self.len.store(new_len, Ordering::Release);
+            self.discard_pages(new_len, old.next_multiple_of(page_size()));
+            return Ok(());
+        }
+        let mapped = self.mapped.load(Ordering::Acquire);
+        // Bytes between the old end and the mapped end may hold data from before a shrink
+        // (or a write that raced it): no copy can reach them now, so zero them before the
+        // new length makes them reachable.
+        self.zero_unreachable(old, new_len.min(mapped));
+        let want = round_up_to_page(new_len)?;
+        if want > mapped {
+            self.map_pages(mapped, want)?;
+            self.mapped.store(want, Ordering::Release);
+        }
+        if self.options.populate {
+            self.populate_write(old - old % page_size()..want);
+        }
+        self.len.store(new_len, Ordering::Release);
+        Ok(())
+    }
+
+    /// Zeroes `start..end`, a range past `len` but inside the mapped pages: whole pages are
+    /// discarded (they read as zeros after), the partial pages at the edges are stored to.
+    fn zero_unreachable(&self, start: usize, end: usize) {
+        if start >= end {
+            return;
+        }
+        let first_page = start.next_multiple_of(page_size()).min(end);
+        let last_page = (end - end % page_size()).max(first_page);
+        self.zero_words(start..first_page);
+        self.discard_pages(first_page, last_page);
+        self.zero_words(last_page..end);
+    }
+
+    /// The largest length [`SharedRegion::resize`] accepts.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Faults the pages of `range` (page-aligned) in for writing (`MADV_POPULATE_WRITE`,
+    /// Linux 5.14), or, where the kernel refuses that, by an atomic read-modify-write of one
+    /// word per page that leaves its value unchanged.
+    fn populate_write(&self, range: Range<usize>) {
+        if range.is_empty() {
+            return;
+        }
+        assert!(range.end <= self.mapped.load(Ordering::Acquire), "SharedRegion populate past the mapped pages");
+        // SAFETY: the range is inside the mapped part of this region's own mapping (asserted
+        // above); populating changes no byte.
+        let rc = unsafe {
+            libc::madvise(self.base.as_ptr().add(range.start).cast(), range.len(), libc::MADV_POPULATE_WRITE)
+        };
         if rc == 0 {
             return;
         }
-        let page = page_size();
-        for offset in (0..self.len).step_by(page) {
-            // Within `len`, so the copy cannot fail.
-            let _ = self.copy_to_region(offset, &[0u8; WORD][..WORD.min(self.len - offset)]);
+        for offset in range.step_by(page_size()) {
+            self.word(offset).fetch_or(0, Ordering::Relaxed);
         }
     }
 
-    /// Length in bytes.
+    /// Length in bytes (one `Acquire` load: it changes with [`SharedRegion::resize`]).
+    #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.len.load(Ordering::Acquire)
     }
 
-    /// Whether the region is empty (never: construction refuses zero).
+    /// Whether the region is empty (never: construction and resize refuse zero).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Copies `dst.len()` bytes starting at `offset` out of the region.
@@ -188,7 +360,17 @@ impl SharedRegion {
             .checked_sub(range.start)
             .ok_or(Error::new(ErrorKind::InvalidArgument, "SharedRegion::fill_zero: reversed range"))?;
         self.check(range.start, length)?;
-        let span = Span::new(range.start, length);
+        self.zero_words(range);
+        Ok(())
+    }
+
+    /// Stores zeros over `range`, which must lie inside the mapped pages (checked by the
+    /// word accessors; callers check it against `len` when a caller's range).
+    fn zero_words(&self, range: Range<usize>) {
+        if range.is_empty() {
+            return;
+        }
+        let span = Span::new(range.start, range.len());
         const ZEROS: [u8; WORD] = [0; WORD];
         if span.head_len > 0 {
             self.store_bytes(span.head_word, span.head_in_word, &ZEROS[..span.head_len]);
@@ -199,13 +381,33 @@ impl SharedRegion {
         if span.tail_len > 0 {
             self.store_bytes(span.tail_word, 0, &ZEROS[..span.tail_len]);
         }
-        Ok(())
+    }
+
+    /// The offset of the first non-zero byte in `range`, if any (an O(range) scan, for the
+    /// control plane: e.g. whether bytes past a smaller length hold data).
+    pub fn find_nonzero(&self, range: Range<usize>) -> Result<Option<usize>, Error> {
+        let length = range
+            .end
+            .checked_sub(range.start)
+            .ok_or(Error::new(ErrorKind::InvalidArgument, "SharedRegion::find_nonzero: reversed range"))?;
+        self.check(range.start, length)?;
+        let mut chunk = vec![0u8; length.min(64 << 10)];
+        let mut at = range.start;
+        while at < range.end {
+            let n = (range.end - at).min(chunk.len());
+            self.copy_from_region(at, &mut chunk[..n])?;
+            if let Some(i) = chunk[..n].iter().position(|&b| b != 0) {
+                return Ok(Some(at + i));
+            }
+            at += n;
+        }
+        Ok(None)
     }
 
     /// Checks `offset..offset + length` against the region.
     pub(crate) fn check(&self, offset: usize, length: usize) -> Result<Range<usize>, Error> {
         match offset.checked_add(length) {
-            Some(end) if end <= self.len => Ok(offset..end),
+            Some(end) if end <= self.len() => Ok(offset..end),
             _ => Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion access out of bounds")),
         }
     }
@@ -235,10 +437,11 @@ impl SharedRegion {
     /// The aligned word at `word_offset`, as an atomic.
     fn word(&self, word_offset: usize) -> &AtomicU64 {
         assert!(
-            word_offset.is_multiple_of(WORD) && word_offset + WORD <= self.map_len,
+            word_offset.is_multiple_of(WORD) && word_offset + WORD <= self.mapped.load(Ordering::Acquire),
             "SharedRegion word {word_offset} misaligned or past the mapping"
         );
-        // SAFETY: the pointer is inside the mapping (checked above), 8-byte aligned (the
+        // SAFETY: the pointer is inside the read/write pages of the mapping (checked above;
+        // they stay mapped until drop, see the type docs), 8-byte aligned (the
         // base is page-aligned and the offset a multiple of 8), and the mapping lives as
         // long as `&self`, which bounds the returned reference. All accesses to region
         // memory from Rust are `AtomicU64` accesses of this same size (type docs), so
@@ -253,11 +456,11 @@ impl SharedRegion {
             return &[];
         }
         assert!(
-            word_offset.is_multiple_of(WORD) && word_offset + count * WORD <= self.map_len,
+            word_offset.is_multiple_of(WORD) && word_offset + count * WORD <= self.mapped.load(Ordering::Acquire),
             "SharedRegion words {word_offset}+{count} misaligned or past the mapping"
         );
-        // SAFETY: as in `word`, for each of the `count` words: inside the mapping (checked
-        // above), 8-byte aligned, alive for `&self`, and only ever accessed atomically with
+        // SAFETY: as in `word`, for each of the `count` words: inside the read/write pages
+        // of the mapping (checked above), 8-byte aligned, alive for `&self`, and only ever accessed atomically with
         // this one size. `AtomicU64` has the size and alignment of `u64`, so the words form
         // a valid `[AtomicU64]`.
         unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(word_offset).cast::<AtomicU64>(), count) }
@@ -298,10 +501,10 @@ impl Span {
 
 impl Drop for SharedRegion {
     fn drop(&mut self) {
-        // SAFETY: `base..base + map_len` is the mapping created in `with_options`, owned by
+        // SAFETY: `base..base + reserved` is the mapping created in `growable`, owned by
         // `self` alone; nothing can reach it after drop (a `SendMsg` that sends from the
         // region holds an `Arc` to it, so the region cannot drop while the kernel reads it).
-        let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
+        let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.reserved) };
         if rc != 0 {
             tracing::warn!(error = %std::io::Error::last_os_error(), "munmap of SharedRegion failed");
         }
@@ -310,8 +513,14 @@ impl Drop for SharedRegion {
 
 impl std::fmt::Debug for SharedRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedRegion").field("len", &self.len).finish_non_exhaustive()
+        f.debug_struct("SharedRegion").field("len", &self.len()).field("max_len", &self.max_len).finish_non_exhaustive()
     }
+}
+
+/// `len` rounded up to the page size.
+fn round_up_to_page(len: usize) -> Result<usize, Error> {
+    len.checked_next_multiple_of(page_size())
+        .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "SharedRegion length overflows"))
 }
 
 /// The system page size.
@@ -417,9 +626,10 @@ mod tests {
 
     /// Pages of the region the kernel has resident (`mincore`).
     fn resident_pages(region: &SharedRegion) -> usize {
-        let mut vec = vec![0u8; region.map_len / page_size()];
-        // SAFETY: the range is the region's mapping; `vec` has one byte per page of it.
-        let rc = unsafe { libc::mincore(region.base.as_ptr().cast(), region.map_len, vec.as_mut_ptr()) };
+        let mapped = region.mapped.load(Ordering::Acquire);
+        let mut vec = vec![0u8; mapped / page_size()];
+        // SAFETY: the range is the region's mapped pages; `vec` has one byte per page of it.
+        let rc = unsafe { libc::mincore(region.base.as_ptr().cast(), mapped, vec.as_mut_ptr()) };
         assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
         vec.iter().filter(|&&b| b & 1 == 1).count()
     }
@@ -436,5 +646,87 @@ mod tests {
             region.copy_from_region(0, &mut out).expect("read");
             assert!(out.iter().all(|&b| b == 0), "huge_pages {huge_pages}: zeroed");
         }
+    }
+
+    #[test]
+    fn growable_region_grows_in_place_and_keeps_its_data() {
+        let region = SharedRegion::growable(5000, 64 << 20, RegionOptions::default()).expect("map");
+        assert_eq!((region.len(), region.max_len()), (5000, 64 << 20));
+        assert_eq!(region.mapped.load(Ordering::Acquire), 2 * page_size(), "only the first pages are mapped");
+        region.copy_to_region(4990, b"0123456789").expect("write at the end");
+        assert!(region.copy_to_region(4995, b"0123456789").is_err(), "past the end before growing");
+        region.resize(3 << 20).expect("grow");
+        assert_eq!(region.len(), 3 << 20);
+        let mut back = [0u8; 10];
+        region.copy_from_region(4990, &mut back).expect("read");
+        assert_eq!(&back, b"0123456789", "data kept across growth");
+        region.copy_to_region((3 << 20) - 8, b"lastword").expect("write at the new end");
+        assert_eq!(region.find_nonzero(5000..3 << 20).unwrap(), Some((3 << 20) - 8));
+        assert!(region.resize((64 << 20) + 1).is_err(), "beyond the reservation");
+        assert!(region.resize(0).is_err());
+        assert!(SharedRegion::growable(8192, 4096, RegionOptions::default()).is_err());
+    }
+
+    #[test]
+    fn bytes_past_a_shrink_read_as_zeros_when_grown_back() {
+        let region = SharedRegion::growable(1 << 20, 4 << 20, RegionOptions::default()).expect("map");
+        region.copy_to_region(0, &[0xab; 1 << 20]).expect("fill");
+        region.resize(3000).expect("shrink");
+        assert_eq!(region.len(), 3000);
+        let mut b = [0u8; 8];
+        assert!(region.copy_from_region(2996, &mut b).is_err(), "past the new end");
+        region.resize(2 << 20).expect("grow back");
+        let mut all = vec![0xffu8; 2 << 20];
+        region.copy_from_region(0, &mut all).expect("read");
+        assert!(all[..3000].iter().all(|&x| x == 0xab), "bytes below the shrink kept");
+        assert_eq!(region.find_nonzero(3000..2 << 20).unwrap(), None, "bytes past the shrink read as zeros");
+    }
+
+    #[test]
+    fn populate_extends_to_grown_pages() {
+        let page = page_size();
+        let region = SharedRegion::growable(4 * page, 64 * page, RegionOptions { populate: true, huge_pages: false })
+            .expect("map");
+        assert_eq!(resident_pages(&region), 4);
+        region.resize(10 * page).expect("grow");
+        assert_eq!(resident_pages(&region), 10, "grown pages are faulted in at once");
+    }
+
+    #[test]
+    fn copies_race_growth_without_faulting() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let region = Arc::new(SharedRegion::growable(4096, 33 << 20, RegionOptions::default()).expect("map"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let copied = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let (region, stop, copied) = (Arc::clone(&region), Arc::clone(&stop), Arc::clone(&copied));
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while !stop.load(Ordering::Relaxed) {
+                    // Always the last 4 KiB of whatever the length is now.
+                    let len = region.len();
+                    region.copy_to_region(len - 4096, &[1; 4096]).expect("write below the length");
+                    region.copy_from_region(len - 4096, &mut buf).expect("read below the length");
+                    copied.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        for step in 1..=256 {
+            region.resize(4096 + step * (128 << 10)).expect("grow");
+            // Let the reader copy at the new end before the next step (bounded wait).
+            let seen = copied.load(Ordering::Relaxed);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while copied.load(Ordering::Relaxed) < seen + 2
+                && std::time::Instant::now() < deadline
+                && !reader.is_finished()
+            {
+                std::thread::yield_now();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        reader.join().expect("no fault or failed copy in the reader");
+        assert!(copied.load(Ordering::Relaxed) >= 256, "the reader copied while the region grew");
+        assert_eq!(region.len(), 4096 + 256 * (128 << 10));
     }
 }

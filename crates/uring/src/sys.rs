@@ -2,7 +2,7 @@
 //! raw fds, and an eventfd wrapper. Thin, checked wrappers over libc.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Converts a libc `-1`-on-error return into `io::Result`.
@@ -119,6 +119,31 @@ pub fn online_cpus() -> usize {
     usize::try_from(n).unwrap_or(1).max(1)
 }
 
+/// Bytes of physical memory (`sysconf(_SC_PHYS_PAGES)` times the page size), if known.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(pages).ok()?.checked_mul(u64::try_from(page).ok()?)
+}
+
+/// The first offset at or after `offset` where the file holds data (`lseek(SEEK_DATA)`),
+/// or `None` when only a hole follows up to its end (`ENXIO`). File systems without hole
+/// tracking report everything before the end as data. Moves the file's position, which
+/// positioned reads and writes do not use.
+pub fn seek_data(fd: BorrowedFd<'_>, offset: u64) -> io::Result<Option<u64>> {
+    let off = libc::off_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset beyond off_t"))?;
+    // SAFETY: `fd` is borrowed, so it is open for the call; lseek touches no memory of ours.
+    let r = unsafe { libc::lseek(fd.as_raw_fd(), off, libc::SEEK_DATA) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(e) };
+    }
+    Ok(u64::try_from(r).ok())
+}
+
 /// CPU time the calling thread has used, split by where it ran.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuTime {
@@ -151,6 +176,82 @@ pub fn set_nonblocking(fd: RawFd, nonblocking: bool) -> io::Result<()> {
     // SAFETY: as above, F_SETFL with an integer argument.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
     Ok(())
+}
+
+/// Sets or clears `O_DIRECT` on an open file (`F_SETFL`): I/O then bypasses the page cache.
+/// A file system that cannot do direct I/O refuses with `EINVAL`, as `open(O_DIRECT)` would.
+pub fn set_direct_io(fd: RawFd, direct: bool) -> io::Result<()> {
+    // SAFETY: fcntl(F_GETFL) reads the flags of `fd`; an invalid fd gives EBADF.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if direct { flags | libc::O_DIRECT } else { flags & !libc::O_DIRECT };
+    // SAFETY: as above, F_SETFL with an integer argument.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+/// A whole-file lock on an open file description (`F_OFD_SETLK`, Linux 3.15+): it belongs
+/// to the open file, not to a process or thread, so a second `open` of the same file in the
+/// same process conflicts like another process would, and the lock goes when the last fd
+/// of that open file is closed (or the process dies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileLock {
+    /// A read lock: others may hold read locks at the same time, nobody a write lock.
+    Shared,
+    /// A write lock: nobody else may hold any lock on the file.
+    Exclusive,
+}
+
+/// Who holds a lock that conflicts with one asked for ([`file_lock_holder`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockHolder {
+    /// A classic POSIX record lock of this process id.
+    Process(u32),
+    /// An open-file-description lock: it belongs to an open file, not a process, so the
+    /// kernel gives no pid (it reports -1, in `/proc/locks` too); `/proc/PID/fdinfo/FD`
+    /// lists such locks under the fd that holds them.
+    OpenFile,
+}
+
+fn whole_file(lock: FileLock) -> libc::flock {
+    let l_type = match lock {
+        FileLock::Shared => libc::F_RDLCK,
+        FileLock::Exclusive => libc::F_WRLCK,
+    };
+    // SAFETY: `flock` is plain integers; all-zero is a valid value: offset 0 and length 0
+    // (the whole file, however long it grows) and l_pid 0, as F_OFD_* require.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::c_short::try_from(l_type).expect("lock types fit a short");
+    fl.l_whence = libc::c_short::try_from(libc::SEEK_SET).expect("SEEK_SET fits a short");
+    fl
+}
+
+/// Takes `lock` on the whole file open as `fd`, without waiting. A conflicting lock held
+/// through another open file (this process's or another's) gives an error of kind
+/// `WouldBlock`. The fd must be open for reading (shared) or for writing (exclusive).
+pub fn try_lock_file(fd: RawFd, lock: FileLock) -> io::Result<()> {
+    let fl = whole_file(lock);
+    // SAFETY: `fl` is a valid flock owned by this frame, read by the kernel for the call.
+    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &raw const fl) };
+    match cvt(rc) {
+        // POSIX allows either errno for "somebody else holds it".
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => Err(io::Error::from(io::ErrorKind::WouldBlock)),
+        r => r.map(drop),
+    }
+}
+
+/// Who holds a lock on `fd`'s file that conflicts with `lock` (`F_OFD_GETLK`); `None` when
+/// nobody does.
+pub fn file_lock_holder(fd: RawFd, lock: FileLock) -> io::Result<Option<LockHolder>> {
+    let mut fl = whole_file(lock);
+    // SAFETY: `fl` is a valid flock owned by this frame, read and written by the kernel.
+    cvt(unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &raw mut fl) })?;
+    if i32::from(fl.l_type) == libc::F_UNLCK {
+        return Ok(None);
+    }
+    Ok(Some(match u32::try_from(fl.l_pid) {
+        Ok(pid) if pid > 0 => LockHolder::Process(pid),
+        _ => LockHolder::OpenFile,
+    }))
 }
 
 fn set_int_option(fd: RawFd, level: libc::c_int, name: libc::c_int, value: i32) -> io::Result<()> {
@@ -280,10 +381,58 @@ impl AsRawFd for EventFd {
     }
 }
 
+/// `fallocate(fd, mode, offset, len)`, synchronously (`mode` as in `fallocate(2)`:
+/// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`, `FALLOC_FL_ZERO_RANGE`, ...). For start-up
+/// probes and synchronous executors; the I/O path queues [`Ring::fallocate`](crate::Ring::fallocate).
+pub fn fallocate(fd: RawFd, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    let too_big = || io::Error::new(io::ErrorKind::InvalidInput, "fallocate offset or length beyond i64");
+    let offset = libc::off64_t::try_from(offset).map_err(|_| too_big())?;
+    let len = libc::off64_t::try_from(len).map_err(|_| too_big())?;
+    // SAFETY: plain system call on `fd`; no memory is passed. An invalid fd gives EBADF.
+    cvt(unsafe { libc::fallocate64(fd, mode, offset, len) })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn ofd_locks_conflict_between_open_files_of_one_process() {
+        let path = std::env::temp_dir().join(format!("uring-ofd-{}", std::process::id()));
+        let open = || std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+        let (a, b) = (open().unwrap(), open().unwrap());
+        try_lock_file(a.as_raw_fd(), FileLock::Exclusive).unwrap();
+        let e = try_lock_file(b.as_raw_fd(), FileLock::Shared).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "a second open file conflicts: {e}");
+        assert_eq!(file_lock_holder(b.as_raw_fd(), FileLock::Shared).unwrap(), Some(LockHolder::OpenFile));
+        drop(a);
+        assert_eq!(file_lock_holder(b.as_raw_fd(), FileLock::Exclusive).unwrap(), None, "closing releases it");
+        try_lock_file(b.as_raw_fd(), FileLock::Shared).unwrap();
+        let c = open().unwrap();
+        try_lock_file(c.as_raw_fd(), FileLock::Shared).unwrap();
+        assert!(try_lock_file(c.as_raw_fd(), FileLock::Exclusive).is_err(), "b's read lock stays");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn seek_data_finds_written_blocks_and_not_holes() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
+        let path = std::env::temp_dir().join(format!("qpath-seek-data-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(8 << 20).unwrap();
+        f.write_all_at(b"data", 5 << 20).unwrap();
+        let first = seek_data(f.as_fd(), 0).unwrap();
+        let after = seek_data(f.as_fd(), 6 << 20).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // A file system that tracks holes finds the block at 5 MiB; one that does not
+        // reports data right away. Past the last data there is none on either.
+        assert!(first.is_some_and(|o| o == 0 || (o <= 5 << 20 && o > 4 << 20)), "{first:?}");
+        assert!(after.is_none() || after == Some(6 << 20), "{after:?}");
+        assert!(physical_memory().is_some_and(|m| m > 0));
+    }
 
     #[test]
     fn eventfd_counts_and_resets() {

@@ -315,7 +315,7 @@ mod tests {
     fn nvme_errors_keep_their_codes() {
         assert_eq!(io_result(Status::SUCCESS, 4096), IoResult::Done { bytes: 4096 });
         // Media error: Unrecovered Read Error (SCT 2h, SC 81h).
-        let st = Status { sct: nvme::Sct::Media, sc: 0x81, crd: 0, more: false, dnr: true };
+        let st = Status { sct: nvme::Sct::Media, sc: 0x81, crd: 0, dnr: true };
         assert_eq!(io_result(st, 4096), IoResult::Error(IoError::Nvme { sct: 2, sc: 0x81 }));
     }
 }

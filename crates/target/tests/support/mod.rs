@@ -94,6 +94,8 @@ pub struct Host {
     pub inbox: Vec<u8>,
     pub next_cid: u16,
     pub cntlid: Cntlid,
+    /// The Host Identifier this host's Connects carry.
+    pub hostid: [u8; 16],
 }
 
 impl Host {
@@ -110,7 +112,16 @@ impl Host {
             inbox: Vec::new(),
             next_cid: 1,
             cntlid: Cntlid(0),
+            hostid: [1; 16],
         }
+    }
+
+    /// Closes the connection and releases it, as the reactor does when the peer goes away.
+    pub fn disconnect(&mut self) {
+        self.ctx_run(|c, ctx| {
+            c.close("the test host disconnected");
+            c.release(ctx);
+        });
     }
 
     fn ctx_run(&mut self, f: impl FnOnce(&mut Connection, &mut ConnCtx<'_>)) {
@@ -172,6 +183,12 @@ impl Host {
         self.inbox.extend_from_slice(&msg.to_vec());
         self.ctx_run(|c, ctx| c.on_send_done(msg, Ok(()), ctx));
         true
+    }
+
+    /// What the driver does once a connection has closed: releases its binding (an admin
+    /// queue's controller is deleted) and buffers.
+    pub fn release(&mut self) {
+        self.ctx_run(|c, ctx| c.release(ctx));
     }
 
     pub fn tick(&mut self) {
@@ -286,7 +303,7 @@ impl Host {
         let sqe =
             ConnectCmd { recfmt: 0, qid: QueueId(qid), sqsize, cattr: 0, kato_ms: if qid == 0 { 5000 } else { 0 } }
                 .to_sqe(cid);
-        let data = ConnectData { hostid: [1; 16], cntlid, subnqn: subnqn.into(), hostnqn: hostnqn.into() }.encode();
+        let data = ConnectData { hostid: self.hostid, cntlid, subnqn: subnqn.into(), hostnqn: hostnqn.into() }.encode();
         self.command(&sqe, &data);
         self.completion(cid).0
     }
@@ -301,8 +318,13 @@ impl Host {
 
     /// ICReq, admin Connect, CC.EN=1 and wait for RDY: returns the cntlid.
     pub fn admin_up(&mut self, digests: Digests) -> Cntlid {
+        self.admin_up_as(HOSTNQN, digests)
+    }
+
+    /// [`Host::admin_up`] with another host NQN.
+    pub fn admin_up_as(&mut self, hostnqn: &str, digests: Digests) -> Cntlid {
         self.icreq(digests);
-        let c = self.connect(0, Cntlid::DYNAMIC, NQN, HOSTNQN, 31);
+        let c = self.connect(0, Cntlid::DYNAMIC, NQN, hostnqn, 31);
         assert_eq!(c.status, Status::SUCCESS, "admin connect");
         let cntlid = Cntlid((c.dw0 & 0xffff) as u16);
         let cid = self.cid();
@@ -315,9 +337,21 @@ impl Host {
 
     /// An I/O queue connection for an enabled controller.
     pub fn io_up(target: &Arc<TargetState>, port: u16, cntlid: Cntlid, qid: u16, digests: Digests) -> Host {
+        Host::io_up_as(target, port, cntlid, qid, HOSTNQN, digests)
+    }
+
+    /// [`Host::io_up`] for a controller of another host NQN.
+    pub fn io_up_as(
+        target: &Arc<TargetState>,
+        port: u16,
+        cntlid: Cntlid,
+        qid: u16,
+        hostnqn: &str,
+        digests: Digests,
+    ) -> Host {
         let mut h = Host::new(target, port);
         h.icreq(digests);
-        let c = h.connect(qid, cntlid, NQN, HOSTNQN, 127);
+        let c = h.connect(qid, cntlid, NQN, hostnqn, 127);
         assert_eq!(c.status, Status::SUCCESS, "I/O connect");
         h.cntlid = cntlid;
         h
