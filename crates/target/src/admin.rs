@@ -431,30 +431,31 @@ fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcom
             let nsid = sqe.nsid();
             let nsids: Vec<Nsid> = if nsid == Nsid::BROADCAST {
                 ns.iter().map(|n| n.nsid).collect()
-            } else if ns.get(nsid).is_some() {
-                vec![nsid]
             } else {
-                return Outcome::err(Status::INVALID_NS);
+                match feature_ns(ns, nsid) {
+                    Ok(n) => vec![n.nsid],
+                    Err(s) => return Outcome::err(s),
+                }
             };
             match ctrl.set_resv_mask(nsids, cdw11) {
                 Ok(()) => Outcome::ok(cdw11),
                 Err(s) => Outcome::err(s),
             }
         }
-        fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
-            Some(n) => match n.resv.set_ptpl(cdw11 & 1 == 1) {
+        fid::RESV_PERSISTENCE => match feature_ns(ns, sqe.nsid()) {
+            Ok(n) => match n.resv.set_ptpl(cdw11 & 1 == 1) {
                 s if s.is_success() => Outcome::ok(cdw11 & 1),
                 s => Outcome::err(s),
             },
-            None => Outcome::err(Status::INVALID_NS),
+            Err(s) => Outcome::err(s),
         },
         // One namespace this controller's host sees (NSID FFFFFFFFh is refused, as nvmet).
-        fid::WRITE_PROTECT => match ns.get(sqe.nsid()) {
-            Some(n) => match ctrl.subsys.set_write_protect(n.nsid, cdw11 & 7) {
+        fid::WRITE_PROTECT => match feature_ns(ns, sqe.nsid()) {
+            Ok(n) => match ctrl.subsys.set_write_protect(n.nsid, cdw11 & 7) {
                 Ok(()) => Outcome::ok(0),
                 Err(s) => Outcome::err(s),
             },
-            None => Outcome::err(Status::INVALID_NS),
+            Err(s) => Outcome::err(s),
         },
         _ => Outcome::err(Status::FEATURE_NOT_CHANGEABLE),
     }
@@ -509,19 +510,24 @@ fn get_features(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, 
             out[..16].copy_from_slice(&ctrl.hostid);
             Outcome::ok(0)
         }
-        fid::RESV_MASK => match ns.get(sqe.nsid()) {
-            Some(n) => Outcome::ok(ctrl.resv_mask(n.nsid)),
-            None => Outcome::err(Status::INVALID_NS),
-        },
-        fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
-            Some(n) => Outcome::ok(u32::from(n.resv.ptpl())),
-            None => Outcome::err(Status::INVALID_NS),
-        },
-        fid::WRITE_PROTECT => match ns.get(sqe.nsid()) {
-            Some(n) => Outcome::ok(n.write_protect()),
-            None => Outcome::err(Status::INVALID_NS),
-        },
+        fid::RESV_MASK => feature_ns(ns, sqe.nsid()).map_or_else(Outcome::err, |n| Outcome::ok(ctrl.resv_mask(n.nsid))),
+        fid::RESV_PERSISTENCE => {
+            feature_ns(ns, sqe.nsid()).map_or_else(Outcome::err, |n| Outcome::ok(u32::from(n.resv.ptpl())))
+        }
+        fid::WRITE_PROTECT => feature_ns(ns, sqe.nsid()).map_or_else(Outcome::err, |n| Outcome::ok(n.write_protect())),
         _ => unreachable!("feature {f:#04x} is in supported::FEATURES without a Get Features answer"),
+    }
+}
+
+/// The namespace a namespace-specific feature names: an active NSID of this controller's
+/// host. An NSID in range that names no active namespace is Invalid Field in Command, one
+/// out of range (0, FFFFFFFFh here, past NN) Invalid Namespace or Format — as nvmet and
+/// QEMU's controller answer (NVMe Base 2.0 §3.2.1.4: an inactive NSID is a valid one).
+fn feature_ns(ns: &NsMap, nsid: Nsid) -> Result<&std::sync::Arc<crate::namespace::Namespace>, Status> {
+    match ns.get(nsid) {
+        Some(n) => Ok(n),
+        None if (1..=MAX_NSID).contains(&nsid.0) => Err(Status::INVALID_FIELD),
+        None => Err(Status::INVALID_NS),
     }
 }
 
