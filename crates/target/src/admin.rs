@@ -214,6 +214,7 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         vwc: u8::from(vwc),
         awun: 0,
         awupf: 0,
+        ocfs: 0,
         sgls: sgls::SUPPORTED | sgls::OFFSET | sgls::TRANSPORT,
         mnan: if disc { 0 } else { MAX_NSID },
         subnqn: s.nqn.clone(),
