@@ -58,6 +58,7 @@ pub mod offload;
 pub mod pool;
 pub mod port;
 pub mod qos;
+pub mod range_lock;
 pub mod reactor;
 pub mod registry;
 pub mod reservation;
