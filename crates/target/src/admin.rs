@@ -6,8 +6,8 @@
 
 use nvme::features::{NumQueues, fid};
 use nvme::identify::{
-    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, oaes,
-    oncs, sgls,
+    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, fuses, lpa,
+    oaes, ocfs, oncs, sgls,
 };
 use nvme::log::{AnaGroupDesc, AnaLog, GetLogPage, SmartLog, encode_changed_ns_list, lid, slice_page};
 use nvme::opcode::admin;
@@ -208,13 +208,19 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         cqes: (4 << 4) | 4,
         maxcmd: s.limits.max_queue_entries,
         nn: if disc { 0 } else { MAX_NSID },
-        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS },
-        fuses: 0,
+        oncs: if disc {
+            0
+        } else {
+            oncs::COMPARE | oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS | oncs::VERIFY | oncs::COPY
+        },
+        // Compare and Write, atomic against every other write to its blocks (crate::range_lock).
+        fuses: if disc { 0 } else { fuses::COMPARE_AND_WRITE },
         fna: 0,
         vwc: u8::from(vwc),
         awun: 0,
         awupf: 0,
-        ocfs: 0,
+        // Copy source ranges in format 0h only (limits per namespace: MSSRL, MCL, MSRC).
+        ocfs: if disc { 0 } else { ocfs::FORMAT_0 },
         sgls: sgls::SUPPORTED | sgls::OFFSET | sgls::TRANSPORT,
         mnan: if disc { 0 } else { MAX_NSID },
         subnqn: s.nqn.clone(),

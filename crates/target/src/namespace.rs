@@ -8,6 +8,7 @@ use nvme::{AnaGrpId, Nsid};
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind};
 use crate::qos::Qos;
+use crate::range_lock::RangeLocks;
 use crate::reservation::Reservations;
 
 /// The highest NSID a subsystem may hold (bounds the O(1) lookup table).
@@ -38,6 +39,8 @@ pub struct Namespace {
     pub qos: Qos,
     /// Registrations and the reservation on this namespace.
     pub resv: Reservations,
+    /// What keeps a fused Compare and Write atomic against other writes ([`crate::range_lock`]).
+    pub locks: RangeLocks,
 }
 
 /// Parameters of a new namespace.
@@ -102,6 +105,7 @@ impl Namespace {
                 Some(path) => Reservations::persistent(path)?,
                 None => Reservations::default(),
             },
+            locks: RangeLocks::default(),
         })
     }
 
@@ -120,6 +124,8 @@ impl Namespace {
     pub fn identify(&self, accessible: bool) -> IdentifyNamespace {
         let mut lbaf = [LbaFormat::default(); 16];
         lbaf[0] = LbaFormat { ms: 0, lbads: self.block_shift, rp: 0 };
+        // The Copy limits the target enforces (crate::io_cmd::copy_ranges).
+        let (mssrl, mcl, msrc) = crate::io_cmd::copy_limits(self);
         IdentifyNamespace {
             nsze: self.nblocks,
             ncap: self.nblocks,
@@ -135,9 +141,9 @@ impl Namespace {
             noiob: 0,
             npwg: 0,
             nows: 0,
-            mssrl: 0,
-            mcl: 0,
-            msrc: 0,
+            mssrl,
+            mcl,
+            msrc,
             anagrpid: self.anagrpid,
             nsattr: u8::from(self.readonly),
             nguid: self.nguid,
