@@ -1086,7 +1086,13 @@ impl Connection {
 
     fn start_r2t(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let len = self.reqs[usize::from(slot)].xfer_len as usize;
-        match self.buf_get(ctx, len) {
+        let buf = if self.reqs[usize::from(slot)].fused == Fused::None {
+            self.buf_get(ctx, len)
+        } else {
+            // The other command of its fused operation waits with its data in.
+            self.buf_get_for(slot, len, ctx)
+        };
+        match buf {
             Some(b) => {
                 let r = &mut self.reqs[usize::from(slot)];
                 r.buf = Some(b);

@@ -332,6 +332,32 @@ fn fused_pairing_errors() {
     assert_eq!(read(&mut q, RAM, 0, 4096), vec![1; 4096]);
 }
 
+/// A connection whose buffer cap holds one transfer: the Compare's data waits for its
+/// Write, so the Write's R2T buffer (and the file read the compare needs) cannot wait for
+/// the Compare's buffer to come back.
+#[test]
+fn compare_and_write_within_a_one_transfer_buffer_cap() {
+    let opts = TargetOptions { max_buffer_bytes_per_connection: 4096, ..TargetOptions::default() };
+    let (t, _f) = setup(opts, "caw-cap");
+    let (_a, mut q) = queue(&t);
+    for nsid in [RAM, FILE] {
+        let (old, new) = (pattern(4096, 41), pattern(4096, 42));
+        write(&mut q, nsid, 0, &old);
+        let (c, w) = caw_pair(&mut q, nsid, 0, 4096);
+        // ICD 0: both through R2T.
+        let cqes = q.batch(&[(c, &old), (w, &new)], 0);
+        assert_eq!((cqes[0].status, cqes[1].status), (Status::SUCCESS, Status::SUCCESS), "namespace {nsid}");
+        assert_eq!(read(&mut q, nsid, 0, 4096), new);
+        // A Compare and a Copy need a buffer beside their data too.
+        let cid = q.cid();
+        let sqe = Sqe::rw(io::COMPARE, cid, Nsid(nsid), 0, 8, SglDescriptor::transport(0));
+        assert_eq!(q.batch(&[(sqe, &new)], 0)[0].status, Status::SUCCESS);
+        assert_eq!(copy(&mut q, nsid, 100, &[(0, 8)]), Status::SUCCESS);
+        assert_eq!(read(&mut q, nsid, 100, 4096), new);
+    }
+    assert_eq!(q.conn.buffer_bytes(), 0);
+}
+
 /// A Compare whose Write never comes ends with Missing Fused Command after the PDU timeout.
 #[test]
 fn fused_first_alone_times_out() {

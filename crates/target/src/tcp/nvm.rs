@@ -383,20 +383,33 @@ impl Connection {
 
     // ----------------------------------------------------------------- buffers
 
-    /// Gives `slot` its execution buffer (`aux`) of `len` bytes unless it has one; false: it
-    /// waits for one ([`Connection::pump`]). The per-connection cap is not applied against
-    /// the request's own buffers (its data is already in), so it cannot wait for itself.
-    fn exec_buf(&mut self, slot: u16, len: usize, ctx: &mut ConnCtx<'_>) -> bool {
+    /// A buffer of `len` bytes for `slot`. The per-connection cap is not applied against
+    /// the buffers the request and its fused partner already hold (their data is in, and
+    /// they wait for each other), so a fused operation cannot wait for itself; the
+    /// reactor's pool cap still applies.
+    pub(super) fn buf_get_for(&mut self, slot: u16, len: usize, ctx: &mut ConnCtx<'_>) -> Option<IoBuf> {
+        let bytes = |r: &super::Req| -> usize {
+            [&r.buf, &r.aux, &r.aux2].iter().filter_map(|b| b.as_ref()).map(IoBuf::capacity).sum()
+        };
         let r = &self.reqs[usize::from(slot)];
-        if r.aux.is_some() {
-            return true;
-        }
-        let own: usize = [&r.buf, &r.aux, &r.aux2].iter().filter_map(|b| b.as_ref()).map(IoBuf::capacity).sum();
-        let b = if self.buf_bytes <= own {
+        let partner = match r.fused {
+            Fused::Second(p) | Fused::First(Some(p)) => bytes(&self.reqs[usize::from(p)]),
+            _ => 0,
+        };
+        if self.buf_bytes <= bytes(r) + partner {
             ctx.pool.get(len).inspect(|b| self.buf_bytes += b.capacity())
         } else {
             self.buf_get(ctx, len)
-        };
+        }
+    }
+
+    /// Gives `slot` its execution buffer (`aux`) of `len` bytes unless it has one; false: it
+    /// waits for one ([`Connection::pump`]).
+    fn exec_buf(&mut self, slot: u16, len: usize, ctx: &mut ConnCtx<'_>) -> bool {
+        if self.reqs[usize::from(slot)].aux.is_some() {
+            return true;
+        }
+        let b = self.buf_get_for(slot, len, ctx);
         let r = &mut self.reqs[usize::from(slot)];
         match b {
             Some(mut b) => {
