@@ -896,8 +896,10 @@ impl Connection {
             self.reqs[usize::from(slot)].kind = kind;
             self.check_sgl(slot, data_len, h2c, c2h).map(|()| (kind, h2c, c2h))
         });
+        // Fused operations: only when this command or the last one has FUSE bits.
+        let fused = self.fused_first.is_some() || sqe.fuse() != 0;
         let verdict = match &self.binding {
-            Some(Binding::Io(..)) => self.pair_fused(slot, verdict, ctx),
+            Some(Binding::Io(..)) if fused => self.pair_fused(slot, verdict, ctx),
             _ => verdict,
         };
         match verdict {
@@ -1399,9 +1401,9 @@ impl Connection {
         }
         let stall = self.port.faults.stall_opcode.load(std::sync::atomic::Ordering::Relaxed);
         let r = &self.reqs[usize::from(slot)];
-        let started = r.hold != Hold::None || r.step != Step::Idle;
-        if stall != 0 && !started && stall == u64::from(r.sqe.opcode()) + 1 {
-            // Injected fault: this command never completes (stall detection tests).
+        if stall != 0 && stall == u64::from(r.sqe.opcode()) + 1 && r.hold == Hold::None && r.step == Step::Idle {
+            // Injected fault: this command never completes (stall detection tests); one
+            // that has started (a retry from the timers) goes on.
             self.reqs[usize::from(slot)].state = ReqState::Stalled;
             return;
         }
