@@ -70,9 +70,12 @@ fn target() -> Arc<TargetState> {
         // A file namespace: Compare, Compare and Write, Copy and Verify take several file
         // operations there. The file is the fuzzer's own, in the temporary directory.
         let path = std::env::temp_dir().join(format!("qpath-fuzz-target-connection-{}.img", std::process::id()));
+        let file = FileBackend::open(&path, Some(1 << 20), true).unwrap();
+        // Open is all it needs: no file is left behind.
+        let _ = std::fs::remove_file(&path);
         s.add_namespace(NamespaceSpec {
             nsid: 2,
-            backend: Backend::File(FileBackend::open(&path, Some(1 << 20), true).unwrap()),
+            backend: Backend::File(file),
             size: None,
             block_size: 512,
             anagrpid: 1,

@@ -115,8 +115,8 @@ impl Host {
 struct FileNs(std::path::PathBuf);
 
 impl FileNs {
-    fn add(server: &target::server::Server) -> FileNs {
-        let path = std::env::temp_dir().join(format!("qpath-nvm-e2e-{}.img", std::process::id()));
+    fn add(server: &target::server::Server, test: &str) -> FileNs {
+        let path = std::env::temp_dir().join(format!("qpath-nvm-e2e-{test}-{}.img", std::process::id()));
         let fb = FileBackend::open(&path, Some(16 << 20), true).expect("the file namespace's file");
         let spec = NamespaceSpec {
             nsid: FILE,
@@ -142,7 +142,7 @@ impl Drop for FileNs {
 #[test]
 fn host_sends_compare_compare_and_write_copy_and_verify() {
     let (server, addrs) = loopback::target(2, "16M");
-    let _file = FileNs::add(&server);
+    let _file = FileNs::add(&server, "commands");
     let mut h = Host::connect(addrs[0]);
     let id = h.ctrl.identify();
     assert_eq!(id.oncs & (oncs::COMPARE | oncs::VERIFY | oncs::COPY), oncs::COMPARE | oncs::VERIFY | oncs::COPY);
@@ -178,7 +178,7 @@ fn host_sends_compare_compare_and_write_copy_and_verify() {
 #[test]
 fn two_hosts_increment_a_counter_by_compare_and_write() {
     let (server, addrs) = loopback::target(2, "16M");
-    let _file = FileNs::add(&server);
+    let _file = FileNs::add(&server, "counter");
     let per_host = 200u64;
     for nsid in [RAM, FILE] {
         let mut h = Host::connect(addrs[0]);
