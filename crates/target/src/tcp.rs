@@ -220,10 +220,12 @@ struct Req {
     cursor: u64,
     /// Copy: bytes gathered so far.
     pos: u64,
-    /// Its range-lock hold, and the namespace it is in (by address: the request keeps no
-    /// reference, the connection's namespace maps do).
+    /// Its range-lock hold.
     hold: Hold,
-    hold_ns: usize,
+    /// The namespace its hold and its multi-step file operations are in, by address (the
+    /// request keeps no reference, the connection's namespace maps do): a step finds it
+    /// again, or sees it removed or replaced.
+    ns_addr: usize,
     /// Wait before the next range-lock retry, ns (doubles up to `RANGE_RETRY_MAX_NS`).
     backoff_ns: u64,
     /// Its fused operation, if any.
@@ -253,7 +255,7 @@ impl Req {
             cursor: 0,
             pos: 0,
             hold: Hold::None,
-            hold_ns: 0,
+            ns_addr: 0,
             backoff_ns: 0,
             fused: Fused::None,
         }

@@ -513,6 +513,34 @@ fn copy_errors() {
     unchanged(&mut q);
 }
 
+/// A namespace replaced under its NSID while a Copy on it is between file operations:
+/// the Copy ends (Invalid Namespace) and writes nothing to the namespace that took the NSID.
+#[test]
+fn a_copy_does_not_continue_on_a_namespace_that_replaced_its_own() {
+    let (t, _f) = setup(TargetOptions::default(), "copy-replaced");
+    let (_a, mut q) = queue(&t);
+    write(&mut q, FILE, 0, &pattern(8192, 51));
+    let list = SourceRange::encode_list(&[SourceRange { slba: 0, nlb: 8 }, SourceRange { slba: 8, nlb: 8 }]);
+    let cid = q.cid();
+    let cp = Sqe::copy(cid, Nsid(FILE), 100, 2, SglDescriptor::in_capsule(64));
+    let mut bytes = Vec::new();
+    q.enc.capsule_cmd(&mut bytes, &cp, 64);
+    bytes.extend_from_slice(&list);
+    // The Copy's first read is done, its completion not yet delivered.
+    q.feed_only(&bytes);
+    let s = t.subsystem(NQN).unwrap();
+    s.remove_namespace(Nsid(FILE)).unwrap();
+    let other = TempFile::new("copy-replaced-new");
+    let fb = FileBackend::open(&other.0, Some(NS_BYTES), true).unwrap();
+    s.add_namespace(spec(FILE, Backend::File(fb), false)).unwrap();
+    // The next command makes the queue see the new namespace map.
+    let (c, _) = q.read(RAM, 0, 512);
+    assert_eq!(c.status, Status::SUCCESS);
+    q.pump();
+    assert_eq!(q.completion(cid).0.status, Status::INVALID_NS);
+    assert_eq!(read(&mut q, FILE, 100, 8192), vec![0; 8192], "nothing written to the new namespace");
+}
+
 /// The range of one fused Compare and Write is held against writes from other queues:
 /// a queue's write to those blocks waits until the fused operation ends (file backend:
 /// the operation spans file completions the test delivers one queue at a time).

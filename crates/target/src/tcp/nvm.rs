@@ -243,7 +243,7 @@ impl Connection {
             Backend::File(f) => {
                 let aux = self.reqs[usize::from(second)].aux.take().unwrap_or_else(|| IoBuf::new(4096));
                 self.reqs[usize::from(second)].step = Step::CawRead;
-                self.step_submit(second, FileOp::Read { file: f.file(), buf: aux, len, offset }, ctx);
+                self.step_submit(second, ns, FileOp::Read { file: f.file(), buf: aux, len, offset }, ctx);
             }
             Backend::Null => {}
         }
@@ -275,7 +275,7 @@ impl Connection {
                 let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
                 r.step = Step::CawWrite;
                 r.cursor = u64::from(fua);
-                return self.step_submit(second, FileOp::Write { file: f.file(), buf, len, offset }, ctx);
+                return self.step_submit(second, ns, FileOp::Write { file: f.file(), buf, len, offset }, ctx);
             }
         }
         self.caw_finish(first, second, ns, ctx);
@@ -320,7 +320,7 @@ impl Connection {
         let granted = if r.hold == Hold::None {
             let (hold, granted) = ns.locks.write_begin(self.shard, blocks);
             r.hold = hold;
-            r.hold_ns = Arc::as_ptr(ns) as usize;
+            r.ns_addr = Arc::as_ptr(ns) as usize;
             granted
         } else {
             ns.locks.poll(r.hold)
@@ -343,7 +343,7 @@ impl Connection {
         let granted = if r.hold == Hold::None {
             let (hold, granted) = ns.locks.lock_begin(blocks);
             r.hold = hold;
-            r.hold_ns = Arc::as_ptr(ns) as usize;
+            r.ns_addr = Arc::as_ptr(ns) as usize;
             granted
         } else {
             ns.locks.poll(r.hold)
@@ -371,7 +371,7 @@ impl Connection {
         if hold == Hold::None {
             return;
         }
-        let (nsid, addr) = (r.sqe.nsid(), r.hold_ns);
+        let (nsid, addr) = (r.sqe.nsid(), r.ns_addr);
         let same = |n: &&Arc<Namespace>| Arc::as_ptr(n) as usize == addr;
         let ns =
             self.ns.get(nsid).filter(same).or_else(|| self.retired_ns.iter().find_map(|m| m.get(nsid).filter(same)));
@@ -452,7 +452,7 @@ impl Connection {
                 let r = &mut self.reqs[usize::from(slot)];
                 let aux = r.aux.take().unwrap_or_else(|| IoBuf::new(4096));
                 r.step = Step::CompareRead;
-                return self.step_submit(slot, FileOp::Read { file: f.file(), buf: aux, len, offset }, ctx);
+                return self.step_submit(slot, ns, FileOp::Read { file: f.file(), buf: aux, len, offset }, ctx);
             }
         };
         self.compared(slot, equal, ns, ctx);
@@ -486,7 +486,7 @@ impl Connection {
         }
         if fua {
             self.reqs[usize::from(slot)].step = Step::VerifySync;
-            return self.step_submit(slot, FileOp::Sync { file: f.file() }, ctx);
+            return self.step_submit(slot, ns, FileOp::Sync { file: f.file() }, ctx);
         }
         self.verify_next(slot, ns, ctx);
     }
@@ -506,7 +506,7 @@ impl Connection {
         let n = usize::try_from(len - r.cursor).unwrap_or(usize::MAX).min(aux.capacity());
         r.step = Step::VerifyRead;
         let op = FileOp::Read { file: f.file(), buf: aux, len: n, offset: offset + r.cursor };
-        self.step_submit(slot, op, ctx);
+        self.step_submit(slot, ns, op, ctx);
     }
 
     // --------------------------------------------------------------------- Copy
@@ -593,7 +593,7 @@ impl Connection {
         if k == 0 {
             let aux = r.aux.take().unwrap_or_else(|| IoBuf::new(4096));
             let len = crate::us(range_bytes);
-            return self.step_submit(slot, FileOp::Read { file: f.file(), buf: aux, len, offset }, ctx);
+            return self.step_submit(slot, ns, FileOp::Read { file: f.file(), buf: aux, len, offset }, ctx);
         }
         if r.aux2.is_none() {
             let b = ctx.pool.get_unbounded(COPY_CHUNK_BYTES);
@@ -603,7 +603,7 @@ impl Connection {
         let r = &mut self.reqs[usize::from(slot)];
         let aux2 = r.aux2.take().unwrap_or_else(|| IoBuf::new(4096));
         let len = crate::us(range_bytes - done).min(aux2.capacity()).min(COPY_CHUNK_BYTES);
-        self.step_submit(slot, FileOp::Read { file: f.file(), buf: aux2, len, offset }, ctx);
+        self.step_submit(slot, ns, FileOp::Read { file: f.file(), buf: aux2, len, offset }, ctx);
     }
 
     /// The sources are gathered: the destination's write gate, then the write.
@@ -628,7 +628,7 @@ impl Connection {
                 let mut aux = r.aux.take().unwrap_or_else(|| IoBuf::new(4096));
                 aux.set_len(len.min(aux.capacity()));
                 r.step = Step::CopyWrite;
-                self.step_submit(slot, FileOp::Write { file: f.file(), buf: aux, len, offset }, ctx);
+                self.step_submit(slot, ns, FileOp::Write { file: f.file(), buf: aux, len, offset }, ctx);
             }
             Backend::Null => self.copy_end(slot, ns, ctx),
         }
@@ -647,12 +647,13 @@ impl Connection {
     // ------------------------------------------------------- file operations
 
     /// Submits one step's file operation; a submission that fails ends the command.
-    fn step_submit(&mut self, slot: u16, op: FileOp<'_>, ctx: &mut ConnCtx<'_>) {
+    fn step_submit(&mut self, slot: u16, ns: &Arc<Namespace>, op: FileOp<'_>, ctx: &mut ConnCtx<'_>) {
         let op_len = match &op {
             FileOp::Read { len, .. } | FileOp::Write { len, .. } => *len,
             FileOp::Sync { .. } | FileOp::Fallocate { .. } => 0,
         };
         self.reqs[usize::from(slot)].op_len = op_len;
+        self.reqs[usize::from(slot)].ns_addr = Arc::as_ptr(ns) as usize;
         let token = ctx.token | u64::from(slot);
         match ctx.file_io.submit(op, token) {
             Ok(()) => {
@@ -697,9 +698,10 @@ impl Connection {
             }
             return self.release_slot(slot, ctx);
         }
-        let nsid = self.reqs[usize::from(slot)].sqe.nsid();
-        let Some(ns) = self.ns.get(nsid).cloned() else {
-            // The namespace was removed while the command ran.
+        let (nsid, addr) = (self.reqs[usize::from(slot)].sqe.nsid(), self.reqs[usize::from(slot)].ns_addr);
+        let Some(ns) = self.ns.get(nsid).filter(|n| Arc::as_ptr(n) as usize == addr).cloned() else {
+            // The namespace was removed (or replaced under its NSID) while the command ran:
+            // its next steps do not go to another namespace's blocks.
             self.reqs[usize::from(slot)].status = Status::INVALID_NS;
             if let Fused::Second(first) = self.reqs[usize::from(slot)].fused {
                 self.reqs[usize::from(first)].status = Status::INVALID_NS;
@@ -774,7 +776,7 @@ impl Connection {
                     && let Backend::File(f) = &ns.backend
                 {
                     r.step = Step::CopySync;
-                    return self.step_submit(slot, FileOp::Sync { file: f.file() }, ctx);
+                    return self.step_submit(slot, &ns, FileOp::Sync { file: f.file() }, ctx);
                 }
                 self.copy_end(slot, &ns, ctx);
             }
@@ -810,7 +812,7 @@ impl Connection {
             Step::CawWrite if self.reqs[usize::from(second)].cursor == 1 => {
                 let Backend::File(f) = &ns.backend else { return self.caw_finish(first, second, ns, ctx) };
                 self.reqs[usize::from(second)].step = Step::CawSync;
-                self.step_submit(second, FileOp::Sync { file: f.file() }, ctx);
+                self.step_submit(second, ns, FileOp::Sync { file: f.file() }, ctx);
             }
             _ => self.caw_finish(first, second, ns, ctx),
         }
