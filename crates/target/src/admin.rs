@@ -6,8 +6,8 @@
 
 use nvme::features::{NumQueues, fid, sel};
 use nvme::identify::{
-    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, nwpc,
-    oaes, sgls,
+    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, fuses, lpa,
+    nwpc, oaes, ocfs, sgls,
 };
 use nvme::log::{AnaGroupDesc, AnaLog, GetLogPage, SmartLog, encode_changed_ns_list, lid, slice_page};
 use nvme::opcode::admin;
@@ -200,11 +200,7 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         frmw: 0x03,
         // Discovery controllers serve LID 70h with offsets (nvmet's discovery `id->lpa`);
         // I/O controllers every page in `supported::LOG_PAGES`, SMART per namespace too.
-        lpa: if disc {
-            lpa::EXTENDED_DATA
-        } else {
-            lpa::SMART_PER_NS | lpa::CMD_EFFECTS | lpa::EXTENDED_DATA | lpa::LOG_PAGE_SUPPORT
-        },
+        lpa: if disc { lpa::EXTENDED_DATA } else { lpa::SMART_PER_NS | lpa::CMD_EFFECTS | lpa::EXTENDED_DATA },
         elpe: u8::try_from(ERROR_LOG_ENTRIES - 1).unwrap_or(0),
         kas: KAS,
         anatt: if disc { 0 } else { 10 },
@@ -218,7 +214,8 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         maxcmd: s.limits.max_queue_entries,
         nn: if disc { 0 } else { MAX_NSID },
         oncs: if disc { 0 } else { crate::supported::oncs() },
-        fuses: 0,
+        // Compare and Write, atomic against every other write to its blocks (crate::range_lock).
+        fuses: if disc { 0 } else { fuses::COMPARE_AND_WRITE },
         fna: 0,
         vwc: u8::from(vwc),
         awun: 0,
@@ -226,6 +223,8 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         // No Write Protect and Write Protect, and Write Protect Until Power Cycle (what a
         // configured read-only namespace is); not Permanent Write Protect.
         nwpc: if disc { 0 } else { nwpc::WRITE_PROTECT | nwpc::UNTIL_POWER_CYCLE },
+        // Copy source ranges in format 0h only (limits per namespace: MSSRL, MCL, MSRC).
+        ocfs: if disc { 0 } else { ocfs::FORMAT_0 },
         sgls: sgls::SUPPORTED | sgls::OFFSET | sgls::TRANSPORT,
         mnan: if disc { 0 } else { MAX_NSID },
         subnqn: s.nqn.clone(),

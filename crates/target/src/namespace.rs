@@ -36,6 +36,7 @@ use nvme::{AnaGrpId, Nsid, Status};
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind};
 use crate::qos::Qos;
+use crate::range_lock::RangeLocks;
 use crate::reservation::Reservations;
 
 /// The highest NSID a subsystem may hold (bounds the O(1) lookup table).
@@ -124,6 +125,8 @@ pub struct Namespace {
     /// I/O counters since the namespace was added (monotonic; the SMART log, metrics and
     /// the stats RPC read them). Shared so a namespace rebuilt in place keeps its counts.
     pub counters: Arc<crate::stats::NsTotals>,
+    /// What keeps a fused Compare and Write atomic against other writes ([`crate::range_lock`]).
+    pub locks: RangeLocks,
 }
 
 /// Parameters of a new namespace.
@@ -201,6 +204,7 @@ impl Namespace {
                 None => Reservations::default(),
             },
             counters: Arc::default(),
+            locks: RangeLocks::default(),
         })
     }
 
@@ -408,6 +412,8 @@ impl Namespace {
         let mut lbaf = [LbaFormat::default(); 16];
         lbaf[0] = LbaFormat { ms: 0, lbads: self.block_shift, rp: 0 };
         let nblocks = self.nblocks();
+        // The Copy limits the target enforces (crate::io_cmd::copy_ranges).
+        let (mssrl, mcl, msrc) = crate::io_cmd::copy_limits(self);
         IdentifyNamespace {
             nsze: nblocks,
             ncap: nblocks,
@@ -423,6 +429,9 @@ impl Namespace {
             noiob: 0,
             npwg: 0,
             nows: 0,
+            mssrl,
+            mcl,
+            msrc,
             anagrpid: self.anagrpid,
             nsattr: u8::from(self.write_protected()),
             nguid: self.nguid,

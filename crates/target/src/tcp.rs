@@ -17,7 +17,10 @@
 //!
 //! Per command the connection does no allocation (request slots, buffers
 //! and send batches are reused) and takes no lock; the shared state it reads
-//! per command is a relaxed load of the subsystem's namespace generation.
+//! per command is a relaxed load of the subsystem's namespace generation, and for a
+//! write the namespace's range-lock gauge and word ([`crate::range_lock`]).
+//! Compare, Compare and Write, Copy and Verify run as short state machines in
+//! [`nvm`] (`tcp/nvm.rs`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -35,7 +38,7 @@ use uring::{IoBuf, SendMsg};
 use crate::admin::{self, Outcome};
 use crate::auth::{self, QueueAuth};
 use crate::backend::{Backend, FileIo, FileOp};
-use crate::dealloc::{Batch, Method, Step};
+use crate::dealloc::{self, Batch, Method};
 use crate::fabrics::{self, Binding};
 use crate::io_cmd::{self, IoKind, ResvOp};
 use crate::limits::HostTicket;
@@ -43,8 +46,11 @@ use crate::namespace::NsMap;
 use crate::offload::Offload;
 use crate::pool::BufPool;
 use crate::port::Port;
+use crate::range_lock::Hold;
 use crate::registry::{QueueInfo, TargetState};
 use crate::reservation::{self, AccessCache};
+
+mod nvm;
 
 /// What a connection needs from its driver while it handles input.
 pub struct ConnCtx<'a> {
@@ -109,6 +115,60 @@ enum ReqState {
     Aer,
     /// Injected fault: never completes.
     Stalled,
+    /// Data received; waiting for the other command of its fused operation (or its data).
+    FusedWait,
+    /// Waiting for a range lock or write gate ([`crate::range_lock`]); retried from the timers.
+    RangeWait,
+    /// Data received; waiting for a buffer to execute with (a read to compare, a Copy's
+    /// gathered sources); retried by [`Connection::pump`].
+    AwaitExecBuffer,
+}
+
+/// Where a multi-step command is ([`nvm`]); its file operations complete into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Not started, or a single-operation command.
+    Idle,
+    /// Compare: reading the blocks to compare into `aux`.
+    CompareRead,
+    /// Compare and Write, under the range lock: reading the blocks.
+    CawRead,
+    /// Compare and Write, under the range lock: writing (then syncing with FUA).
+    CawWrite,
+    /// Compare and Write, under the range lock: fdatasync after a FUA write.
+    CawSync,
+    /// Copy: reading source range `cursor` (into `aux`, or `aux2` then into `aux`).
+    CopyRead,
+    /// Copy: sources gathered in `aux`; taking the destination's write gate.
+    CopyGate,
+    /// Copy: writing the destination.
+    CopyWrite,
+    /// Copy: fdatasync after a FUA write.
+    CopySync,
+    /// Verify with FUA: fdatasync before reading.
+    VerifySync,
+    /// Verify: reading the chunk at byte `cursor` of the range.
+    VerifyRead,
+}
+
+/// A request's place in a fused operation (NVMe Base 2.0 §3.4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fused {
+    /// Not fused.
+    None,
+    /// The Compare (FUSE 01b), with its Write once that arrived.
+    First(Option<u16>),
+    /// The Write (FUSE 10b) of this Compare.
+    Second(u16),
+}
+
+/// The first command of a fused operation waiting for the next command on the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FusedFirst {
+    /// This Compare waits for its Write.
+    Pending(u16),
+    /// The first command failed: its Write fails with "Failed Fused Command".
+    Failed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +211,28 @@ struct Req {
     /// A RAM read sent straight from the namespace's region at this byte offset
     /// (no buffer, no copy in user space).
     ram_src: Option<usize>,
+    /// A buffer for execution: the blocks a Compare reads, a Copy's gathered sources, a
+    /// Verify's chunk.
+    aux: Option<IoBuf>,
+    /// A Copy's second buffer: source ranges after the first are read here, then copied
+    /// into `aux` at their place.
+    aux2: Option<IoBuf>,
+    /// Multi-step progress ([`nvm`]).
+    step: Step,
+    /// Copy: the source range being read; Verify: bytes verified.
+    cursor: u64,
+    /// Copy: bytes gathered so far.
+    pos: u64,
+    /// Its range-lock hold.
+    hold: Hold,
+    /// The namespace its hold and its multi-step file operations are in, by address (the
+    /// request keeps no reference, the connection's namespace maps do): a step finds it
+    /// again, or sees it removed or replaced.
+    ns_addr: usize,
+    /// Wait before the next range-lock retry, ns (doubles up to `RANGE_RETRY_MAX_NS`).
+    backoff_ns: u64,
+    /// Its fused operation, if any.
+    fused: Fused,
 }
 
 impl Req {
@@ -171,6 +253,15 @@ impl Req {
             op_len: 0,
             batch: Batch::default(),
             ram_src: None,
+            aux: None,
+            aux2: None,
+            step: Step::Idle,
+            cursor: 0,
+            pos: 0,
+            hold: Hold::None,
+            ns_addr: 0,
+            backoff_ns: 0,
+            fused: Fused::None,
         }
     }
 }
@@ -274,6 +365,10 @@ pub struct Connection {
     sqflow_disabled: bool,
     entries: u16,
     sqhd: u16,
+    /// The reactor serving this connection: its range-lock gauge ([`crate::range_lock`]).
+    shard: usize,
+    /// A fused operation's first command waiting for the next command on the queue.
+    fused_first: Option<FusedFirst>,
     ns: Arc<NsMap>,
     ns_gen: u64,
     /// This queue's last reservation verdict ([`reservation::Reservations::check`]).
@@ -360,6 +455,8 @@ impl Connection {
             sqflow_disabled: false,
             entries: 0,
             sqhd: 0,
+            shard: reactor,
+            fused_first: None,
             ns: Arc::new(NsMap::default()),
             ns_gen: 0,
             resv_cache: AccessCache::default(),
@@ -809,14 +906,25 @@ impl Connection {
         r.c2h = false;
         r.xfer_len = 0;
         r.state = ReqState::InCapsule;
-        match self.classify(slot) {
+        r.step = Step::Idle;
+        r.cursor = 0;
+        r.pos = 0;
+        r.backoff_ns = 0;
+        r.fused = Fused::None;
+        let verdict = self.classify(slot).and_then(|(kind, h2c, c2h)| {
+            self.reqs[usize::from(slot)].kind = kind;
+            self.check_sgl(slot, data_len, h2c, c2h).map(|()| (kind, h2c, c2h))
+        });
+        // Fused operations: only when this command or the last one has FUSE bits.
+        let fused = self.fused_first.is_some() || sqe.fuse() != 0;
+        let verdict = match &self.binding {
+            Some(Binding::Io(..)) if fused => self.pair_fused(slot, verdict, ctx),
+            _ => verdict,
+        };
+        match verdict {
             Ok((kind, h2c, c2h)) => {
                 let r = &mut self.reqs[usize::from(slot)];
                 r.kind = kind;
-                if let Err(s) = self.check_sgl(slot, data_len, h2c, c2h) {
-                    return self.fail_cmd(slot, s, data_len);
-                }
-                let r = &mut self.reqs[usize::from(slot)];
                 r.c2h = c2h > 0;
                 r.xfer_len = h2c.max(c2h);
                 if data_len > 0 {
@@ -999,7 +1107,13 @@ impl Connection {
 
     fn start_r2t(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let len = self.reqs[usize::from(slot)].xfer_len as usize;
-        match self.buf_get(ctx, len) {
+        let buf = if self.reqs[usize::from(slot)].fused == Fused::None {
+            self.buf_get(ctx, len)
+        } else {
+            // The other command of its fused operation waits with its data in.
+            self.buf_get_for(slot, len, ctx)
+        };
+        match buf {
             Some(b) => {
                 let r = &mut self.reqs[usize::from(slot)];
                 r.buf = Some(b);
@@ -1031,18 +1145,17 @@ impl Connection {
         for _ in 0..n {
             let Some(slot) = self.waiting.pop_front() else { break };
             let r = &self.reqs[usize::from(slot)];
-            if r.state != ReqState::AwaitBuffer {
-                continue;
-            }
-            if r.batch.is_active() {
+            match r.state {
+                ReqState::AwaitExecBuffer => self.execute(slot, ctx),
+                // Failed while it waited (a fused command aborted): no data is wanted.
+                ReqState::AwaitBuffer if !r.status.is_success() => self.respond(slot, ctx),
                 // Write Zeroes writing zeros waits for its zeroed buffer.
-                self.batch_pump(slot, ctx);
-            } else if r.c2h {
-                self.execute(slot, ctx);
-            } else {
-                self.start_r2t(slot, ctx);
+                ReqState::AwaitBuffer if r.batch.is_active() => self.batch_pump(slot, ctx),
+                ReqState::AwaitBuffer if r.c2h => self.execute(slot, ctx),
+                ReqState::AwaitBuffer => self.start_r2t(slot, ctx),
+                _ => continue,
             }
-            if self.reqs[usize::from(slot)].state == ReqState::AwaitBuffer {
+            if matches!(self.reqs[usize::from(slot)].state, ReqState::AwaitBuffer | ReqState::AwaitExecBuffer) {
                 // Still no buffer: it went back to the queue; stop for now.
                 break;
             }
@@ -1307,10 +1420,25 @@ impl Connection {
             self.reqs[usize::from(slot)].status = Status::INVALID_NS;
             return self.respond(slot, ctx);
         };
+        if !self.reqs[usize::from(slot)].status.is_success() {
+            // Failed while it waited (its fused operation was aborted): it does not run.
+            return self.respond(slot, ctx);
+        }
         let stall = self.port.faults.stall_opcode.load(std::sync::atomic::Ordering::Relaxed);
-        if stall != 0 && stall == u64::from(self.reqs[usize::from(slot)].sqe.opcode()) + 1 {
-            // Injected fault: this command never completes (stall detection tests).
+        let r = &self.reqs[usize::from(slot)];
+        if stall != 0 && stall == u64::from(r.sqe.opcode()) + 1 && r.hold == Hold::None && r.step == Step::Idle {
+            // Injected fault: this command never completes (stall detection tests); one
+            // that has started (a retry from the timers) goes on.
             self.reqs[usize::from(slot)].state = ReqState::Stalled;
+            return;
+        }
+        if r.fused != Fused::None {
+            return self.fused_exec(slot, &ns, ctx);
+        }
+        if let Some(blocks) = io.write_blocks(&ns)
+            && !self.range_gate(slot, &ns, blocks, ctx)
+        {
+            // Overlaps a fused operation's blocks: retried from the timers.
             return;
         }
         let token = ctx.token | u64::from(slot);
@@ -1453,6 +1581,9 @@ impl Connection {
                     self.buf_put(ctx, b);
                 }
             }
+            IoKind::Compare { .. } => return self.compare_exec(slot, &ns, ctx),
+            IoKind::Verify { .. } => return self.verify_exec(slot, &ns, ctx),
+            IoKind::Copy { .. } => return self.copy_exec(slot, &ns, ctx),
         }
         self.finish_io(slot, &ns, ctx);
     }
@@ -1496,6 +1627,9 @@ impl Connection {
                 self.buf_put(ctx, b);
             }
             return;
+        }
+        if self.reqs[usize::from(slot)].step != Step::Idle {
+            return self.step_done(slot, result, buf, ctx);
         }
         let r = &mut self.reqs[usize::from(slot)];
         if buf.is_some() {
@@ -1585,8 +1719,10 @@ impl Connection {
             };
             let Some(step) = r.batch.next_step(r.buf.as_deref().unwrap_or(&[]), ns, chunk) else { break };
             let (op, op_len) = match step {
-                Step::Fallocate { mode, offset, len } => (FileOp::Fallocate { file: f.file(), mode, offset, len }, 0),
-                Step::Write { offset, len } => {
+                dealloc::Step::Fallocate { mode, offset, len } => {
+                    (FileOp::Fallocate { file: f.file(), mode, offset, len }, 0)
+                }
+                dealloc::Step::Write { offset, len } => {
                     let buf = match r.buf.take() {
                         Some(b) => b,
                         None => match self.buf_get(ctx, chunk) {
@@ -1640,6 +1776,8 @@ impl Connection {
 
     /// Applies provisioned limits and injected delay, then responds (now or at the due time).
     fn finish_io(&mut self, slot: u16, ns: &crate::namespace::Namespace, ctx: &mut ConnCtx<'_>) {
+        // The data is written: a held completion keeps no blocks from other writers.
+        self.range_release(slot);
         let r = &self.reqs[usize::from(slot)];
         let bytes = u64::from(r.xfer_len);
         let mut due = ns.qos.admit(ctx.now_ns, bytes);
@@ -1668,8 +1806,10 @@ impl Connection {
                 break;
             }
             self.timers.pop();
-            if self.reqs[usize::from(slot)].state == ReqState::Delayed {
-                self.respond(slot, ctx);
+            match self.reqs[usize::from(slot)].state {
+                ReqState::Delayed => self.respond(slot, ctx),
+                ReqState::RangeWait => self.execute(slot, ctx),
+                _ => {}
             }
         }
     }
@@ -1679,6 +1819,7 @@ impl Connection {
     /// Queues the completion of `slot` (C2HData when the command returns data,
     /// then CapsuleResp unless C2HData carried SUCCESS) and frees the slot.
     fn respond(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        self.fused_unlink(slot, ctx);
         let qid = self.qid().unwrap_or(QueueId(0));
         let r = &mut self.reqs[usize::from(slot)];
         let nsid = r.sqe.nsid();
@@ -1849,11 +1990,16 @@ impl Connection {
     }
 
     fn release_slot(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
-        if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
+        self.range_release(slot);
+        let r = &mut self.reqs[usize::from(slot)];
+        let bufs = [r.buf.take(), r.aux.take(), r.aux2.take()];
+        for b in bufs.into_iter().flatten() {
             self.buf_put(ctx, b);
         }
         let r = &mut self.reqs[usize::from(slot)];
         r.ram_src = None;
+        r.fused = Fused::None;
+        r.step = Step::Idle;
         if r.state != ReqState::Free {
             r.state = ReqState::Free;
             self.info.stats.outstanding.sub(1);
@@ -1960,6 +2106,7 @@ impl Connection {
             self.close(why);
             return;
         }
+        self.fused_timeout(ctx);
         if let Some(a) = &self.auth
             && !a.is_authenticated()
         {
@@ -2045,9 +2192,13 @@ impl Connection {
     pub fn release(&mut self, ctx: &mut ConnCtx<'_>) {
         self.publish_stats();
         for i in 0..self.reqs.len() {
-            if let Some(b) = self.reqs[i].buf.take() {
+            let r = &mut self.reqs[i];
+            let bufs = [r.buf.take(), r.aux.take(), r.aux2.take()];
+            for b in bufs.into_iter().flatten() {
                 self.buf_put(ctx, b);
             }
+            // A request that waited for, or held, blocks gives them back.
+            self.range_release(u16::try_from(i).unwrap_or(u16::MAX));
         }
         // Output never sent (a failed send, a dropped connection) gives its buffers back too.
         let mut unsent: Vec<SendMsg> = self.tx_full.drain(..).collect();
@@ -2083,6 +2234,11 @@ impl Drop for Connection {
         self.publish_stats();
         if let Some(w) = &self.auth_waiter {
             w.abandon();
+        }
+        // Dropped without `release` (a driver that stopped): range-lock holds are shared
+        // with every other queue of their namespace, so they are given back here too.
+        for i in 0..self.reqs.len() {
+            self.range_release(u16::try_from(i).unwrap_or(u16::MAX));
         }
         if let Some(b) = self.binding.take() {
             match b {
