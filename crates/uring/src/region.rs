@@ -75,12 +75,15 @@ impl SharedRegion {
     /// Maps a zeroed region of `len` bytes.
     pub fn with_options(len: usize, options: RegionOptions) -> Result<SharedRegion, Error> {
         if len == 0 {
-            return Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion length must be non-zero"));
+            return Err(Error::new(ErrorKind::InvalidArgument, "a shared memory region must not be empty (length 0)"));
         }
         let page = page_size();
-        let map_len = len
-            .checked_next_multiple_of(page)
-            .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "SharedRegion length overflows"))?;
+        let map_len = len.checked_next_multiple_of(page).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                "a shared memory region that large cannot be mapped (its length overflows)",
+            )
+        })?;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         // With huge pages the advice must come before the pages are faulted in, or they
         // are faulted as 4 KiB pages; so that case populates after the madvise instead.
@@ -94,7 +97,7 @@ impl SharedRegion {
         if raw == libc::MAP_FAILED {
             return Err(Error::with_context(
                 ErrorKind::Os,
-                format!("mmap of a {len}-byte SharedRegion (check RLIMIT_AS and free memory)"),
+                format!("mapping {len} bytes of shared memory failed (check free memory and RLIMIT_AS)"),
             )
             .caused_by(std::io::Error::last_os_error()));
         }
@@ -106,7 +109,7 @@ impl SharedRegion {
             if rc != 0 {
                 tracing::warn!(
                     error = %std::io::Error::last_os_error(),
-                    "MADV_HUGEPAGE refused; SharedRegion uses normal pages"
+                    "transparent huge pages refused (MADV_HUGEPAGE); the memory uses normal pages"
                 );
             }
             if options.populate {
@@ -206,7 +209,7 @@ impl SharedRegion {
     pub(crate) fn check(&self, offset: usize, length: usize) -> Result<Range<usize>, Error> {
         match offset.checked_add(length) {
             Some(end) if end <= self.len => Ok(offset..end),
-            _ => Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion access out of bounds")),
+            _ => Err(Error::new(ErrorKind::InvalidArgument, "shared memory region access out of bounds")),
         }
     }
 
@@ -303,7 +306,7 @@ impl Drop for SharedRegion {
         // region holds an `Arc` to it, so the region cannot drop while the kernel reads it).
         let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
         if rc != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap of SharedRegion failed");
+            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap of a shared memory region failed");
         }
     }
 }

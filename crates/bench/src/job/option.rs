@@ -258,7 +258,7 @@ pub fn apply(spec: &mut JobSpec, name: &str, value: Option<&str>) -> Result<Appl
         "end_fsync" => return Ok(Applied::NoEffect("not implemented; use fsync=N")),
         "create_serialize" => return Ok(Applied::NoEffect("files are laid out before jobs start")),
         "allow_mounted_write" => return Ok(Applied::NoEffect("no mount check is done")),
-        "random_generator" => return Ok(Applied::NoEffect("qpath uses xoshiro (SmallRng) and a Feistel permutation")),
+        "random_generator" => return Ok(Applied::NoEffect("qpath uses a xoshiro generator and a Feistel permutation")),
         "scramble_buffers" => return Ok(Applied::NoEffect("buffers are random unless zero_buffers")),
         "exitall" => return Ok(Applied::NoEffect("jobs always run to their own end")),
         "overwrite" => return Ok(Applied::NoEffect("files are always laid out before reads")),
