@@ -74,7 +74,8 @@ fn run_ours(job: &Path, format: &str, output: &Path) {
         jobfile: Some(job.to_path_buf()),
         output_format: format.into(),
         output: Some(output.to_path_buf()),
-        strict: true,
+        lenient: false,
+        strict: false,
         job_args: Vec::new(),
     };
     let file = JobFile::load(job).unwrap();
