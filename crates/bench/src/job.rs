@@ -159,7 +159,8 @@ pub struct JobSpec {
     pub new_group: bool,
     /// `loops` (default 1).
     pub loops: u32,
-    /// `invalidate` as written (no effect).
+    /// `invalidate` (default true): drop the page cache of a local file's I/O range
+    /// before the job, as fio does, so buffered reads start from the storage.
     pub invalidate: bool,
     /// `fsync=N`: flush after every N writes (0 = never).
     pub fsync_every: u32,

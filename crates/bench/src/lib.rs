@@ -86,8 +86,6 @@
 //!   and only when it is a terminal; times are printed in UTC; JSON `eta` is 0;
 //!   `Disk stats`/`disk_util` are not produced; CPU times come from
 //!   `/proc/thread-self` at 10 ms resolution unless a better hook is given.
-//! - `invalidate` has no effect (no `posix_fadvise` without `unsafe`): buffered reads
-//!   may hit the page cache where fio's would not. Use `direct=1`.
 //! - `verify=crc32c` uses our own header layout (not fio's), so data written by fio
 //!   with verify cannot be verified by qpath and vice versa.
 //!

@@ -174,7 +174,8 @@ fn text_report_labels_match_fio() {
     let read = |p: &Path| -> Vec<String> {
         let text = std::fs::read_to_string(p).unwrap();
         text.lines()
-            .take_while(|l| !l.starts_with("Disk stats"))
+            // fio's disk stats are not produced; qpath's own section follows fio's lines.
+            .take_while(|l| !l.starts_with("Disk stats") && *l != "qpath:")
             .filter(|l| !l.starts_with("fio-") && !l.starts_with("qpath-") && !l.starts_with("Starting "))
             .filter(|l| !l.contains("Laying out IO file"))
             .filter_map(label)

@@ -77,6 +77,7 @@ impl EngineFactory for QpathFactory {
             ready: VecDeque::new(),
             reaped: VecDeque::new(),
             spinner: Spinner::new(super::hipri(ctx.job)),
+            used: Vec::new(),
         }))
     }
 }
@@ -131,6 +132,27 @@ struct QpathEngine {
     ready: VecDeque<IoU>,
     reaped: VecDeque<IoU>,
     spinner: Spinner,
+    /// The controllers `dev` goes through, to say which was lost when I/O fails.
+    used: Vec<Arc<host::controller::Controller>>,
+}
+
+/// Why I/O to `ctrl` fails with a host path error, if it is down: its address, since
+/// when, the timeout that ended the wait, and its last error.
+fn lost(ctrl: &host::controller::Controller) -> Option<String> {
+    use host::controller::CtrlState;
+    let state = ctrl.state();
+    if state == CtrlState::Live {
+        return None;
+    }
+    let down = ctrl.down_for().map_or_else(String::new, |d| format!(" for {:.1} s", d.as_secs_f64()));
+    let why = if state == CtrlState::Dead {
+        "deleted (ctrl_loss_tmo expired, or disconnected)".to_string()
+    } else {
+        let tmo = ctrl.opts.fast_io_fail_tmo.map_or_else(|| "off".to_string(), |t| format!("{} s", t.as_secs()));
+        format!("no connection{down}, past fast_io_fail_tmo={tmo}")
+    };
+    let last = ctrl.info().last_error.map_or_else(String::new, |e| format!(" (last error: {e})"));
+    Some(format!("lost the target {} ({}): {why}{last}", ctrl.opts.traddr, ctrl.opts.subnqn))
 }
 
 impl QpathEngine {
@@ -177,6 +199,7 @@ impl Engine for QpathEngine {
             let paths = remote.paths();
             let keys: Vec<ControllerKey> = paths.iter().map(|p| ControllerKey::of(p, Some(ctx.job))).collect();
             let ctrls = paths.iter().map(|p| self.ctrls.get(p, Some(ctx.job))).collect::<Result<Vec<_>>>()?;
+            self.used.clone_from(&ctrls);
             let head = self.heads.get(&keys, &ctrls, remote.nsid, &choice)?;
             let dev = self.ctx.open_head(&head).map_err(|e| {
                 Error::new(ErrorKind::Engine, format!("qpath: open multipath namespace {}: {e}", remote.nsid))
@@ -185,6 +208,7 @@ impl Engine for QpathEngine {
             dev
         } else {
             let ctrl = self.ctrls.get(remote, Some(ctx.job))?;
+            self.used = vec![Arc::clone(&ctrl)];
             self.ctx.open(&ctrl, Nsid(remote.nsid)).map_err(|e| {
                 Error::new(
                     ErrorKind::Engine,
@@ -282,6 +306,17 @@ impl Engine for QpathEngine {
             .map(|p| PathStat { traddr: p.traddr.to_string(), ios: p.ios, bytes: p.bytes })
             .collect();
         Some(MultipathStats { policy, paths })
+    }
+
+    fn explain(&self, error: IoError) -> Option<String> {
+        // A host path error (NVMe Base 2.x Figure 103, SCT 3h SC 70h) is what the host
+        // completes I/O with when it gives up waiting for a lost controller.
+        let path_error = Status::HOST_PATH_ERROR;
+        if error != (IoError::Nvme { sct: path_error.sct as u8, sc: path_error.sc }) {
+            return None;
+        }
+        let lost: Vec<String> = self.used.iter().filter_map(|c| lost(c)).collect();
+        (!lost.is_empty()).then(|| lost.join("; "))
     }
 
     fn close(&mut self) -> Result<()> {
