@@ -174,7 +174,11 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     new_files.keep();
     for p in server.state.ports() {
-        println!("listening on {} (port {}, {:?})", p.addr, p.id, p.kind);
+        let kind = match p.kind {
+            target::port::PortKind::Io => "I/O and discovery",
+            target::port::PortKind::Discovery => "discovery only",
+        };
+        println!("listening on {} (port {}, {kind})", p.addr, p.id);
     }
     for s in server.state.subsystems() {
         println!("serving {} with {} namespace(s)", s.nqn, s.namespaces().0.len());

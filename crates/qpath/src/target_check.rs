@@ -317,15 +317,18 @@ mod tests {
 
     #[test]
     fn every_problem_is_listed_naming_its_thing() {
-        let p = problems(
+        let missing = std::env::temp_dir().join(format!("qpath-check-missing-{}.img", std::process::id()));
+        let p = problems(&format!(
             "[[port]]\nid = 1\naddr = \"127.0.0.1:99999\"\n[[port]]\nid = 1\naddr = \"127.0.0.1:4421\"\n\
              [[subsystem]]\nnqn = \"nqn.x:a\"\nallow_any_host = true\nports = [7]\n\
              [[subsystem.namespace]]\nbackend = \"ram\"\n\
              [[subsystem.namespace]]\nnsid = 1\nbackend = \"disk\"\nsize = \"1G\"\n\
              [[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1Q\"\nblock_size = 1000\n\
-             [[subsystem.namespace]]\nbackend = \"file\"\npath = \"/nonexistent/qpath-check.img\"\n\
+             [[subsystem.namespace]]\nbackend = \"file\"\npath = \"{}\"\n\
+             [[subsystem.namespace]]\nbackend = \"file\"\npath = \"/nonexistent/qpath-check.img\"\nsize = \"1M\"\n\
              [[ana]]\nport = 9\ngroup = 1\nstate = \"sideways\"\n",
-        );
+            missing.display()
+        ));
         let all = p.join("\n");
         for want in [
             "port 1: address \"127.0.0.1:99999\"",
@@ -336,7 +339,9 @@ mod tests {
             "backend \"disk\": null, ram or file",
             "size \"1Q\": unknown unit",
             "block_size 1000",
-            "/nonexistent/qpath-check.img does not exist and no size is given",
+            "qpath-check-missing-",
+            "does not exist and no size is given",
+            "/nonexistent/qpath-check.img: the directory /nonexistent does not exist",
             "state \"sideways\"",
             "[[ana]] port 9: no such port",
         ] {
