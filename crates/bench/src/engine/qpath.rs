@@ -136,23 +136,41 @@ struct QpathEngine {
     used: Vec<Arc<host::controller::Controller>>,
 }
 
-/// Why I/O to `ctrl` fails with a host path error, if it is down: its address, since
-/// when, the timeout that ended the wait, and its last error.
-fn lost(ctrl: &host::controller::Controller) -> Option<String> {
+/// Why I/O to `ctrl` failed with a host path error: its address, how long it has been
+/// down and the timeout in force, and its last error. A controller still live lost the
+/// connection of the queue the I/O was on (a user queue pair fails at once).
+fn lost(ctrl: &host::controller::Controller) -> String {
     use host::controller::CtrlState;
     let state = ctrl.state();
-    if state == CtrlState::Live {
-        return None;
-    }
-    let down = ctrl.down_for().map_or_else(String::new, |d| format!(" for {:.1} s", d.as_secs_f64()));
-    let why = if state == CtrlState::Dead {
+    let why = if state == CtrlState::Live {
+        "the connection of the I/O's queue was lost".to_string()
+    } else if state == CtrlState::Dead {
         "deleted (ctrl_loss_tmo expired, or disconnected)".to_string()
     } else {
+        let down = ctrl.down_for().map_or_else(|| "a while".to_string(), |d| format!("{:.1} s", d.as_secs_f64()));
         let tmo = ctrl.opts.fast_io_fail_tmo.map_or_else(|| "off".to_string(), |t| format!("{} s", t.as_secs()));
-        format!("no connection{down}, past fast_io_fail_tmo={tmo}")
+        format!("no connection for {down} (fast_io_fail_tmo={tmo})")
     };
-    let last = ctrl.info().last_error.map_or_else(String::new, |e| format!(" (last error: {e})"));
-    Some(format!("lost the target {} ({}): {why}{last}", ctrl.opts.traddr, ctrl.opts.subnqn))
+    let last = ctrl.info().last_error.map_or_else(String::new, |e| format!("; last error: {e}"));
+    format!("lost the target {} ({}): {why}{last}", ctrl.opts.traddr, ctrl.opts.subnqn)
+}
+
+/// [`Engine::explain`] for the NVMe/TCP engines: a host path error (NVMe Base 2.x Figure
+/// 103, SCT 3h SC 70h) is what the host completes I/O with when it gives up on a lost
+/// controller; say which of `ctrls` is down.
+pub(crate) fn explain_path_error(error: IoError, ctrls: &[Arc<host::controller::Controller>]) -> Option<String> {
+    let path_error = Status::HOST_PATH_ERROR;
+    if error != (IoError::Nvme { sct: path_error.sct as u8, sc: path_error.sc }) {
+        return None;
+    }
+    // On a multipath head, the paths that are down (all of them, for I/O to fail).
+    let down: Vec<String> =
+        ctrls.iter().filter(|c| c.state() != host::controller::CtrlState::Live).map(|c| lost(c)).collect();
+    match (down.is_empty(), ctrls) {
+        (false, _) => Some(down.join("; ")),
+        (true, [one]) => Some(lost(one)),
+        (true, _) => None,
+    }
 }
 
 impl QpathEngine {
@@ -309,14 +327,7 @@ impl Engine for QpathEngine {
     }
 
     fn explain(&self, error: IoError) -> Option<String> {
-        // A host path error (NVMe Base 2.x Figure 103, SCT 3h SC 70h) is what the host
-        // completes I/O with when it gives up waiting for a lost controller.
-        let path_error = Status::HOST_PATH_ERROR;
-        if error != (IoError::Nvme { sct: path_error.sct as u8, sc: path_error.sc }) {
-            return None;
-        }
-        let lost: Vec<String> = self.used.iter().filter_map(|c| lost(c)).collect();
-        (!lost.is_empty()).then(|| lost.join("; "))
+        explain_path_error(error, &self.used)
     }
 
     fn close(&mut self) -> Result<()> {
