@@ -152,6 +152,11 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    // The metrics address is the one option whose trouble would otherwise show only after
+    // the target started: try it first (bound and let go at once).
+    if let Some(addr) = a.metrics {
+        std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
+    }
     // Files the configuration creates are removed again if any part of the start fails
     // (dropping `new_files` on an early return does that); kept once everything is up.
     let (server, new_files) = cfg.start_with_new_files()?;

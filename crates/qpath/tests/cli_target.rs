@@ -175,6 +175,14 @@ fn listen_is_checked_before_anything_starts() {
     assert!(err.contains("--listen is given 3 times but the configuration has 2 ports"), "{err}");
     assert!(err.contains("add [[port]] tables"), "{err}");
     assert!(!err.contains("target started") && !sock.exists(), "{err}");
+    // A metrics address that cannot be bound is refused before the target starts too.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let m = taken.local_addr().unwrap().to_string();
+    let (ok, _, err) =
+        qpath(&["target", "--rpc-socket", s, "--listen", &a, "--listen", &b, "--metrics", &m], CALL_WITHIN);
+    assert!(!ok);
+    assert!(err.contains(&format!("--metrics {m}")), "{err}");
+    assert!(!err.contains("target started") && !sock.exists(), "{err}");
     // The help says it repeats.
     let (ok, help, _) = qpath(&["target", "--help"], CALL_WITHIN);
     assert!(ok && help.contains("repeated for") && help.contains("--check"), "{help}");
