@@ -153,10 +153,10 @@ scenario_ana() {
       ana-optimized) state=optimized ;;
       *) fail "unexpected request from the guest: $1"; return 1 ;;
     esac
-    if rpc set_ana_state port=1 group=1 state=$state; then
-      pass "rpc set_ana_state port=1 group=1 state=$state"
+    if rpc set_ana_state port:=1 group:=1 state=$state; then
+      pass "rpc set_ana_state port:=1 group:=1 state=$state"
     else
-      fail "rpc set_ana_state port=1 group=1 state=$state"; return 1
+      fail "rpc set_ana_state port:=1 group:=1 state=$state"; return 1
     fi
     echo "list_queues after the flip to $state:"; queue_summary
   }
@@ -246,7 +246,7 @@ sys.exit(0 if ok else 1)' "$2" "$3" "$4"; then
     ptpl_file_check "at the crash" 1 "$1" 0xabc2 || bad=1
     start_target --config "$D/resv.toml" || return 1
     pass "qpath target restarted with the same config (pid $TARGET_QPATH_PID)"
-    out=$(rpc get_reservation nqn="$QPATH_NQN" nsid=1 2>&1)
+    out=$(rpc get_reservation nqn="$QPATH_NQN" nsid:=1 2>&1)
     echo "  rpc get_reservation after the restart: $out"
     if printf '%s' "$out" | python3 -c '
 import json, sys
@@ -390,10 +390,10 @@ scenario_qdpolicy() {
     echo "target-side per-queue counters after ${1#counters-} (port 1 delayed, cumulative):"; queue_summary
   }
   start_target || return 0
-  if rpc set_port_fault port=1 delay_us="$delay" > /dev/null; then
-    pass "rpc set_port_fault port=1 delay_us=$delay (every I/O command on port 1 completes $delay us later)"
+  if rpc set_port_fault port:=1 delay_us:="$delay" > /dev/null; then
+    pass "rpc set_port_fault port:=1 delay_us:=$delay (every I/O command on port 1 completes $delay us later)"
   else
-    fail "rpc set_port_fault port=1 delay_us=$delay"; return 0
+    fail "rpc set_port_fault port:=1 delay_us:=$delay"; return 0
   fi
   boot_guest "$VM_DIR/guest/qdpolicy.sh" "vmlab.env.QD_RUNTIME=${QD_RUNTIME:-20}" \
     "vmlab.env.QD_DELAY_US=$delay" "vmlab.env.QD_MIN_SHARE=${QD_MIN_SHARE:-55}" \

@@ -26,8 +26,10 @@ pub struct TargetArgs {
     /// CPUs to pin reactors to, e.g. "0" or "0,1".
     #[arg(long, value_delimiter = ',')]
     cpus: Option<Vec<usize>>,
-    /// Replace the listen addresses of the config's ports, in order (e.g. for a network namespace).
-    #[arg(long = "listen")]
+    /// Replace the listen address of a port: one IP:PORT per --listen, repeated for
+    /// several ports, in the config's port order (e.g. --listen 10.0.0.1:4420 --listen
+    /// 10.0.1.1:4420 for a network namespace).
+    #[arg(long = "listen", value_name = "IP:PORT")]
     listen: Vec<String>,
     /// Fairness: PDUs one connection parses per reactor turn (overrides the config; 0 = no limit).
     #[arg(long = "rx-budget-pdus", value_name = "PDUS")]
@@ -52,10 +54,43 @@ pub struct TargetArgs {
     /// Print the effective configuration (as JSON) and exit.
     #[arg(long)]
     print_config: bool,
+    /// Check the configuration (with the other options applied) and print a summary of
+    /// what would be served, then exit: nothing is started, bound, created or locked.
+    /// Exits non-zero, listing every problem found, if it would not start.
+    #[arg(long)]
+    check: bool,
 }
 
 fn parse_poll(s: &str) -> Result<PollMode, String> {
     s.parse()
+}
+
+/// `--listen` values: each one address, no more of them than the configuration has ports.
+/// Checked before anything starts.
+fn check_listen(listen: &[String], ports: usize) -> Result<(), String> {
+    for addr in listen {
+        if addr.contains(',') || addr.split_whitespace().count() > 1 {
+            return Err(format!(
+                "--listen {addr:?}: one IP:PORT per --listen; repeat --listen for each port \
+                 (--listen 127.0.0.1:4420 --listen 127.0.0.1:4421)"
+            ));
+        }
+        target::server::parse_addr(addr)
+            .map_err(|e| format!("--listen: {e} (expected IP:PORT, e.g. 127.0.0.1:4420)"))?;
+    }
+    if listen.len() > ports {
+        let given = listen.len();
+        let has = match ports {
+            0 => "no ports".to_string(),
+            1 => "1 port".to_string(),
+            n => format!("{n} ports"),
+        };
+        return Err(format!(
+            "--listen is given {given} times but the configuration has {has}: each --listen replaces the \
+             address of one configured port, in order; add [[port]] tables to the --config file for more ports"
+        ));
+    }
+    Ok(())
 }
 
 pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -63,6 +98,7 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Config::load(p)?,
         None => Config::embedded_default(),
     };
+    check_listen(&a.listen, cfg.ports.len())?;
     if let Some(n) = a.reactors {
         cfg.reactor.reactors = n;
     }
@@ -87,11 +123,8 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(v) = a.auth_workers {
         cfg.options.auth_workers = v;
     }
-    for (i, addr) in a.listen.iter().enumerate() {
-        match cfg.ports.get_mut(i) {
-            Some(p) => p.addr.clone_from(addr),
-            None => return Err(format!("--listen {addr}: the configuration has only {} ports", cfg.ports.len()).into()),
-        }
+    for (port, addr) in cfg.ports.iter_mut().zip(&a.listen) {
+        port.addr.clone_from(addr);
     }
     if let Some(s) = a.rpc_socket {
         cfg.rpc.socket = Some(s);
@@ -102,6 +135,27 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.print_config {
         println!("{}", serde_json::to_string_pretty(&cfg)?);
         return Ok(());
+    }
+    if a.check {
+        let origin = a.config.as_ref().map_or_else(|| "the embedded default".to_string(), |p| p.display().to_string());
+        let report = crate::target_check::check(&cfg, a.metrics);
+        print!("{}", report.summary);
+        if report.problems.is_empty() {
+            println!("{origin}: configuration OK; nothing was started");
+            return Ok(());
+        }
+        let n = report.problems.len();
+        return Err(format!(
+            "{origin}: {n} problem{} would stop the target from starting:\n  {}",
+            if n == 1 { "" } else { "s" },
+            report.problems.join("\n  ")
+        )
+        .into());
+    }
+    // The metrics address is the one option whose trouble would otherwise show only after
+    // the target started: try it first (bound and let go at once).
+    if let Some(addr) = a.metrics {
+        std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
     }
     // Files the configuration creates are removed again if any part of the start fails
     // (dropping `new_files` on an early return does that); kept once everything is up.
@@ -125,7 +179,11 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     new_files.keep();
     for p in server.state.ports() {
-        println!("listening on {} (port {}, {:?})", p.addr, p.id, p.kind);
+        let kind = match p.kind {
+            target::port::PortKind::Io => "I/O and discovery",
+            target::port::PortKind::Discovery => "discovery only",
+        };
+        println!("listening on {} (port {}, {kind})", p.addr, p.id);
     }
     for s in server.state.subsystems() {
         println!("serving {} with {} namespace(s)", s.nqn, s.namespaces().0.len());
@@ -144,4 +202,30 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         s.shutdown();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn listen_takes_one_address_per_flag_and_one_flag_per_port() {
+        assert!(check_listen(&l(&["127.0.0.1:4420", "[::1]:4421"]), 2).is_ok());
+        assert!(check_listen(&[], 0).is_ok());
+        let e = check_listen(&l(&["127.0.0.1:4420,127.0.0.1:4421"]), 2).unwrap_err();
+        assert!(e.contains("one IP:PORT per --listen; repeat --listen"), "{e}");
+        let e = check_listen(&l(&["127.0.0.1:4420 127.0.0.1:4421"]), 2).unwrap_err();
+        assert!(e.contains("repeat --listen"), "{e}");
+        let e = check_listen(&l(&["localhost"]), 2).unwrap_err();
+        assert!(e.contains("\"localhost\"") && e.contains("expected IP:PORT"), "{e}");
+        let e = check_listen(&l(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]), 2).unwrap_err();
+        assert!(e.contains("given 3 times but the configuration has 2 ports"), "{e}");
+        assert!(e.contains("add [[port]] tables"), "{e}");
+        let e = check_listen(&l(&["127.0.0.1:1", "127.0.0.1:2"]), 1).unwrap_err();
+        assert!(e.contains("has 1 port:"), "{e}");
+    }
 }

@@ -234,7 +234,7 @@ pub struct SubsystemConfig {
 }
 
 /// An allowed host: its NQN, or a table with its DH-HMAC-CHAP settings.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 pub enum HostEntry {
     /// Allowed without authentication.
@@ -435,13 +435,60 @@ fn default_group() -> u32 {
 }
 
 /// A size as a number of bytes or a string with a suffix.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 pub enum SizeValue {
     /// Bytes.
     Bytes(u64),
     /// "1G", "512MiB", "4096".
     Text(String),
+}
+
+// Written out rather than derived (`untagged`), so that a wrong value is refused with what
+// a size looks like instead of serde's "did not match any variant of untagged enum".
+impl<'de> Deserialize<'de> for SizeValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SizeValue, D::Error> {
+        struct Size;
+        impl serde::de::Visitor<'_> for Size {
+            type Value = SizeValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size: a number of bytes (4096) or a string with a unit (\"512M\", \"1G\")")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SizeValue, E> {
+                Ok(SizeValue::Bytes(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SizeValue, E> {
+                u64::try_from(v)
+                    .map(SizeValue::Bytes)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SizeValue, E> {
+                Ok(SizeValue::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(Size)
+    }
+}
+
+// As for sizes: an NQN string, or a table whose own errors (an unknown or missing field)
+// are shown, instead of "did not match any variant of untagged enum".
+impl<'de> Deserialize<'de> for HostEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<HostEntry, D::Error> {
+        struct Host;
+        impl<'de> serde::de::Visitor<'de> for Host {
+            type Value = HostEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a host NQN, or a table { nqn = \"...\", dhchap_key = \"DHHC-1:...\", ... }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HostEntry, E> {
+                Ok(HostEntry::Nqn(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<HostEntry, A::Error> {
+                HostAuthConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(HostEntry::Auth)
+            }
+        }
+        d.deserialize_any(Host)
+    }
 }
 
 impl SizeValue {
