@@ -9,7 +9,7 @@
 //! | `list_subsystems` | | subsystems with namespaces and hosts |
 //! | `add_subsystem` | a `[[subsystem]]` table as JSON (all or nothing: a namespace that fails adds no subsystem) | `{nqn}` |
 //! | `remove_subsystem` | `{nqn}` | |
-//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}`, e.g. `backend=file path=IMG`, with `size`, `grow=true`, `readonly=true` as in the config (an existing file is never shrunk, grown only with `grow=true`, and locked while served; a file the call created is removed if it fails) | `{nsid}` |
+//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}`, e.g. `backend=file path=IMG`, with `size`, `grow:=true`, `readonly:=true` as in the config (an existing file is never shrunk, grown only with `grow:=true`, and locked while served; a file the call created is removed if it fails) | `{nsid}` |
 //! | `remove_namespace` | `{nqn, nsid}` | |
 //! | `resize_namespace` | `{nqn, nsid, size}` (bytes or "2G"; a multiple of the block size; RAM up to its `max_size`; shrinking refused while data lies past the new end; block devices refused) | `{nsid, size, previous_size}` |
 //! | `ns_add_host` / `ns_remove_host` | `{nqn, nsid, host}` (namespaces with `visible = "listed"`; the host's controllers see it appear / go) | `{changed}` |
