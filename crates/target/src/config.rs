@@ -103,10 +103,10 @@ use nvme::auth::{DhGroup, HashId, Secret};
 use nvme::{AnaGrpId, AnaState};
 use serde::{Deserialize, Serialize};
 
-use crate::auth::HostAuth;
+use crate::auth::{HostAuth, KeyFiles};
 use crate::backend::{Access, Backend, FileBackend, FileRequest, NewFiles};
 use crate::error::{Error, ErrorKind};
-use crate::namespace::{NamespaceSpec, Visibility};
+use crate::namespace::{NamespaceSpec, NsOrigin, Visibility};
 use crate::port::PortKind;
 use crate::qos::QosSettings;
 use crate::reactor::ReactorOptions;
@@ -138,10 +138,10 @@ pub struct Config {
     #[serde(default, rename = "subsystem")]
     pub subsystems: Vec<SubsystemConfig>,
     /// ANA states other than optimized.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ana: Vec<AnaConfig>,
     /// Referrals listed in the discovery log.
-    #[serde(default, rename = "referral")]
+    #[serde(default, rename = "referral", skip_serializing_if = "Vec::is_empty")]
     pub referrals: Vec<ReferralConfig>,
 }
 
@@ -263,6 +263,11 @@ pub struct HostAuthConfig {
     pub dhchap_key: Option<String>,
     /// The controller's secret (bidirectional authentication when the host asks).
     pub dhchap_ctrl_key: Option<String>,
+    /// A file holding the host's secret (instead of `dhchap_key`), read at start and at
+    /// every reload: a saved configuration names the file again, never the secret.
+    pub dhchap_key_file: Option<PathBuf>,
+    /// A file holding the controller's secret (instead of `dhchap_ctrl_key`).
+    pub dhchap_ctrl_key_file: Option<PathBuf>,
     /// Preferred hash: sha256 (default), sha384, sha512 (or "hmac(sha256)" ...).
     pub hash: Option<String>,
     /// Required DH group: null (default), ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192.
@@ -270,20 +275,33 @@ pub struct HostAuthConfig {
 }
 
 impl HostAuthConfig {
-    /// Checks the settings: `None` when the host has no key (it does not authenticate).
+    /// Checks the settings (reading the key files): `None` when the host has no key (it
+    /// does not authenticate). Errors name the host and the file, never a secret.
     pub fn to_host_auth(&self) -> Result<Option<HostAuth>, Error> {
         let bad = |what: &str, e: String| Error::new(ErrorKind::Config, format!("host {}: {what}: {e}", self.nqn));
         let secret = |s: &str, what: &str| Secret::parse(s).map_err(|e| bad(what, e.to_string()));
-        let Some(key) = &self.dhchap_key else {
-            if self.dhchap_ctrl_key.is_some() {
+        let key = |inline: &Option<String>, file: &Option<PathBuf>, what: &str| -> Result<Option<Secret>, Error> {
+            match (inline, file) {
+                (Some(_), Some(_)) => Err(bad(what, format!("give {what} or {what}_file, not both"))),
+                (Some(k), None) => secret(k, what).map(Some),
+                (None, Some(f)) => {
+                    let what_file = format!("{what}_file {}", f.display());
+                    let text = std::fs::read_to_string(f).map_err(|e| bad(&what_file, e.to_string()))?;
+                    secret(&text, &what_file).map(Some)
+                }
+                (None, None) => Ok(None),
+            }
+        };
+        let host_key = key(&self.dhchap_key, &self.dhchap_key_file, "dhchap_key")?;
+        let ctrl_key = key(&self.dhchap_ctrl_key, &self.dhchap_ctrl_key_file, "dhchap_ctrl_key")?;
+        let Some(host_key) = host_key else {
+            if ctrl_key.is_some() {
                 return Err(bad("dhchap_ctrl_key", "needs dhchap_key (the host authenticates first)".into()));
             }
             return Ok(None);
         };
-        let mut a = HostAuth::new(secret(key, "dhchap_key")?, None);
-        if let Some(c) = &self.dhchap_ctrl_key {
-            a.ctrl_key = Some(secret(c, "dhchap_ctrl_key")?);
-        }
+        let mut a = HostAuth::new(host_key, ctrl_key);
+        a.key_files = KeyFiles { host: self.dhchap_key_file.clone(), ctrl: self.dhchap_ctrl_key_file.clone() };
         if let Some(h) = &self.hash {
             a.hash = HashId::parse(h).ok_or_else(|| bad("hash", format!("{h:?}: sha256, sha384 or sha512")))?;
         }
@@ -682,7 +700,8 @@ fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) 
         other => return Err(Error::new(ErrorKind::Config, format!("{owner}: backend {other:?}: null, ram or file"))),
     };
     let uuid = n.uuid.as_deref().map(parse_uuid).transpose()?;
-    let nsid = sub.add_namespace_with(
+    let origin = NsOrigin { ptpl_file: None, prefault: n.prefault, huge_pages: n.huge_pages, max_size };
+    let nsid = sub.add_namespace_from(
         NamespaceSpec {
             nsid: nsid.0,
             backend,
@@ -694,6 +713,7 @@ fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) 
             ptpl_file: n.ptpl_file.clone(),
         },
         visibility,
+        origin,
     )?;
     let (map, _) = sub.namespaces();
     if let Some(ns) = map.get(nsid) {
