@@ -36,6 +36,9 @@
 //!     dhchap_ctrl_key = "DHHC-1:03:...:",         # optional: the controller authenticates too
 //!     hash = "sha384",                            # optional: preferred hash (default sha256)
 //!     dhgroup = "ffdhe3072" },                    # optional: required DH group (default null)
+//!   { nqn = "nqn.2014-08.org.nvmexpress:uuid:...",
+//!     dhchap_key_file = "/etc/qpath/host1.key",   # the secret read from a file (at start
+//!     dhchap_ctrl_key_file = "/etc/qpath/ctrl1.key" },  #   and SIGHUP); a save names the file
 //! ]
 //! [[subsystem.namespace]]
 //! backend = "file"               # null | ram | file
@@ -91,10 +94,19 @@
 //! create are never touched. See `docs/robustness.md`, "Data safety".
 //!
 //! A namespace's size can change while hosts use it (RPC `resize_namespace`; see
-//! [`crate::namespace`]); a file namespace's file is resized then, and only then. The
-//! RPC does not rewrite this file: after a file namespace grew, a `size` still naming the
-//! old size is refused at the next start (smaller than the file); leave `size` out (the
-//! file's is used) or set the new one.
+//! [`crate::namespace`]); a file namespace's file is resized then, and only then. The RPC
+//! rewrites this file only under `qpath target --persist` (or when `save_config` is
+//! called): then the saved `size` is the file's new size. Otherwise, after a file
+//! namespace grew, a `size` still naming the old size is refused at the next start
+//! (smaller than the file); leave `size` out (the file's is used) or set the new one.
+//!
+//! # Saved configurations
+//!
+//! `save_config` and `--persist` write this same schema from the running target
+//! ([`crate::persist`]), with every value explicit (sizes in bytes, NSIDs, UUIDs, serials,
+//! queue limits, the limits in force under `[options]`), a first comment saying it was
+//! written by qpath and when, and mode 0600 when a DH-HMAC-CHAP secret is inline. SIGHUP
+//! re-reads the file and applies the difference.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -513,9 +525,18 @@ impl Config {
         Config::parse(&text).map_err(|e| Error::new(e.kind, format!("{}: {}", path.display(), e.context)))
     }
 
-    /// Parses TOML text.
+    /// Parses TOML text. An error names the line and column, not the text there: the line
+    /// may hold a DH-HMAC-CHAP secret, and errors reach logs.
     pub fn parse(text: &str) -> Result<Config, Error> {
-        toml::from_str(text).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))
+        toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| {
+                let before = &text[..s.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {column}: ")
+            });
+            Error::new(ErrorKind::Config, format!("{}{}", at.unwrap_or_default(), e.message().trim_end()))
+        })
     }
 
     /// The embedded default: one subsystem with a 1 GiB RAM namespace on
@@ -844,6 +865,43 @@ mod tests {
     #[test]
     fn unknown_keys_are_errors() {
         assert!(Config::parse("[[port]]\nid = 1\naddr = \"x\"\ncolour = 3\n").is_err());
+    }
+
+    #[test]
+    fn a_parse_error_names_the_line_not_its_text() {
+        let key = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        let text = format!("[[subsystem]]\nnqn = \"nqn.x\"\nhosts = [{{ nqn = \"h\", dhchap_key = \"{key}\" ]\n");
+        let e = Config::parse(&text).unwrap_err().to_string();
+        assert!(e.starts_with("line 3, column "), "{e}");
+        assert!(!e.contains("ia6zGodOr4SEG0Zzaw398"), "a secret in an error: {e}");
+    }
+
+    #[test]
+    fn keys_from_files() {
+        let d = Dir::new("keyfiles");
+        let key = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        let f = d.0.join("host.key");
+        std::fs::write(&f, format!("{key}\n")).unwrap();
+        let host = |extra: &str| format!("[[subsystem]]\nnqn = \"{NQN}\"\nhosts = [{{ nqn = \"nqn.h\", {extra} }}]\n");
+        let c = Config::parse(&host(&format!(
+            "dhchap_key_file = \"{}\", dhchap_ctrl_key_file = \"{}\"",
+            f.display(),
+            f.display()
+        )))
+        .unwrap();
+        let state = c.build_state().unwrap();
+        let a = state.subsystem(NQN).unwrap().host_auth("nqn.h").unwrap();
+        assert_eq!(a.host_key, Secret::parse(key).unwrap());
+        assert_eq!(a.key_files.host.as_deref(), Some(f.as_path()));
+        assert!(a.ctrl_key.is_some());
+        let both = host(&format!("dhchap_key = \"{key}\", dhchap_key_file = \"{}\"", f.display()));
+        assert!(err(&Config::parse(&both).unwrap()).contains("not both"));
+        let missing = host(&format!("dhchap_key_file = \"{}\"", d.0.join("none").display()));
+        let e = err(&Config::parse(&missing).unwrap());
+        assert!(e.contains("dhchap_key_file") && e.contains("none"), "{e}");
+        std::fs::write(&f, "DHHC-1:01:AAAA:").unwrap();
+        let e = err(&Config::parse(&host(&format!("dhchap_key_file = \"{}\"", f.display()))).unwrap());
+        assert!(e.contains(&f.display().to_string()) && !e.contains("AAAA"), "{e}");
     }
 
     /// A directory of its own for one test, removed at the end.

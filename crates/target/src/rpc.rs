@@ -15,7 +15,7 @@
 //! | `ns_add_host` / `ns_remove_host` | `{nqn, nsid, host}` (namespaces with `visible = "listed"`; the host's controllers see it appear / go) | `{changed}` |
 //! | `add_host` / `remove_host` | `{nqn, host}` (a removed host's controllers fail at once) | `{controllers_failed}` |
 //! | `set_allow_any_host` | `{nqn, allow}` (false: controllers of hosts not listed fail) | `{controllers_failed}` |
-//! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, hash?, dhgroup?}` (no key: clear) | |
+//! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, dhchap_key_file?, dhchap_ctrl_key_file?, hash?, dhgroup?}` (no key: clear; a key from a file is saved as the file's name) | |
 //! | `set_ana_state` | `{port, group, state}` | `{changed}` |
 //! | `set_qos` | `{nqn, nsid, iops, bytes_per_sec, delay_us}` | |
 //! | `get_reservation` | `{nqn, nsid}` | `{generation, rtype, registrants: [{hostid, rkey, holds}]}` |
@@ -284,7 +284,8 @@ fn dispatch(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                 dhchap_ctrl_key: opt(p, "dhchap_ctrl_key")?,
                 hash: opt(p, "hash")?,
                 dhgroup: opt(p, "dhgroup")?,
-                ..Default::default()
+                dhchap_key_file: opt(p, "dhchap_key_file")?,
+                dhchap_ctrl_key_file: opt(p, "dhchap_ctrl_key_file")?,
             };
             let auth = cfg.to_host_auth()?;
             let mut a: HostAccess = s.access();
