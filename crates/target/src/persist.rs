@@ -285,6 +285,15 @@ fn utc_now() -> String {
 /// When it fails, `path` and `path.bak` are as they were (a stale `.bak` may have been
 /// replaced by a link to the current file, which holds the same bytes).
 pub fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<Option<PathBuf>, Error> {
+    // A link (/etc/qpath/target.toml -> /srv/...) stays a link: the file it names is replaced.
+    let resolved;
+    let path = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            resolved = std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), e))?;
+            resolved.as_path()
+        }
+        _ => path,
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -991,6 +1000,14 @@ mod tests {
         assert!(!serde_json::to_string(&second).unwrap().contains(&secret), "the answer holds no secret");
         let leftovers: Vec<_> = std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(leftovers.len(), 2, "only the file and its .bak: {leftovers:?}");
+        // Saved through a link, the link stays and the file it names is replaced.
+        let link = d.0.join("link.toml");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        let previous = std::fs::read_to_string(&f).unwrap();
+        save(&s, Some(&link)).unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "still a link");
+        assert_eq!(std::fs::read_to_string(d.0.join("target.toml.bak")).unwrap(), previous, "the file it names kept");
+        std::fs::remove_file(&link).unwrap();
         // A directory that is not there: the error says where and why, nothing is written.
         let e = save(&s, Some(&d.0.join("missing/target.toml"))).unwrap_err().to_string();
         assert!(e.contains("missing/target.toml") && e.contains("No such file"), "{e}");
