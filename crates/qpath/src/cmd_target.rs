@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use target::config::Config;
+use target::persist::{Persist, SaveMode};
 use target::reactor::PollMode;
 use target::rpc::RpcServer;
 
@@ -51,6 +52,11 @@ pub struct TargetArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 127.0.0.1:9420.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// Save the running configuration to the --config file after every change made over
+    /// RPC, before the RPC answers (atomically, the previous file kept as FILE.bak). Without
+    /// it, the RPC save_config saves on demand. SIGHUP re-reads the file either way.
+    #[arg(long, requires = "config")]
+    persist: bool,
     /// Print the effective configuration (as JSON) and exit.
     #[arg(long)]
     print_config: bool,
@@ -93,39 +99,72 @@ fn check_listen(listen: &[String], ports: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The command line's changes to a configuration file's contents, applied at start and to
+/// the file a SIGHUP re-reads.
+#[derive(Clone, Debug)]
+struct Overrides {
+    reactors: Option<usize>,
+    poll: Option<PollMode>,
+    cpus: Option<Vec<usize>>,
+    rx_budget_pdus: Option<u32>,
+    tcp_congestion: Option<target::registry::TcpCongestion>,
+    tx_batch_bytes: Option<usize>,
+    tx_deadline_us: Option<u64>,
+    auth_workers: Option<usize>,
+    listen: Vec<String>,
+}
+
+impl Overrides {
+    fn apply(&self, cfg: &mut Config) -> Result<(), String> {
+        if let Some(n) = self.reactors {
+            cfg.reactor.reactors = n;
+        }
+        if let Some(p) = self.poll {
+            cfg.reactor.poll = p;
+        }
+        if let Some(c) = &self.cpus {
+            cfg.reactor.cpus.clone_from(c);
+        }
+        if let Some(v) = self.rx_budget_pdus {
+            cfg.options.rx_budget_pdus = v;
+        }
+        if let Some(v) = self.tcp_congestion {
+            cfg.options.tcp_congestion = v;
+        }
+        if let Some(v) = self.tx_batch_bytes {
+            cfg.options.tx_batch_bytes = v;
+        }
+        if let Some(v) = self.tx_deadline_us {
+            cfg.options.tx_deadline_us = v;
+        }
+        if let Some(v) = self.auth_workers {
+            cfg.options.auth_workers = v;
+        }
+        check_listen(&self.listen, cfg.ports.len())?;
+        for (port, addr) in cfg.ports.iter_mut().zip(&self.listen) {
+            port.addr.clone_from(addr);
+        }
+        Ok(())
+    }
+}
+
 pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = match &a.config {
         Some(p) => Config::load(p)?,
         None => Config::embedded_default(),
     };
-    check_listen(&a.listen, cfg.ports.len())?;
-    if let Some(n) = a.reactors {
-        cfg.reactor.reactors = n;
-    }
-    if let Some(p) = a.poll {
-        cfg.reactor.poll = p;
-    }
-    if let Some(c) = a.cpus {
-        cfg.reactor.cpus = c;
-    }
-    if let Some(v) = a.rx_budget_pdus {
-        cfg.options.rx_budget_pdus = v;
-    }
-    if let Some(v) = a.tcp_congestion {
-        cfg.options.tcp_congestion = v;
-    }
-    if let Some(v) = a.tx_batch_bytes {
-        cfg.options.tx_batch_bytes = v;
-    }
-    if let Some(v) = a.tx_deadline_us {
-        cfg.options.tx_deadline_us = v;
-    }
-    if let Some(v) = a.auth_workers {
-        cfg.options.auth_workers = v;
-    }
-    for (port, addr) in cfg.ports.iter_mut().zip(&a.listen) {
-        port.addr.clone_from(addr);
-    }
+    let overrides = Overrides {
+        reactors: a.reactors,
+        poll: a.poll,
+        cpus: a.cpus.clone(),
+        rx_budget_pdus: a.rx_budget_pdus,
+        tcp_congestion: a.tcp_congestion,
+        tx_batch_bytes: a.tx_batch_bytes,
+        tx_deadline_us: a.tx_deadline_us,
+        auth_workers: a.auth_workers,
+        listen: a.listen.clone(),
+    };
+    overrides.apply(&mut cfg)?;
     if let Some(s) = a.rpc_socket {
         cfg.rpc.socket = Some(s);
     }
@@ -161,6 +200,17 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     // (dropping `new_files` on an early return does that); kept once everything is up.
     let (server, new_files) = cfg.start_with_new_files()?;
     let server = Arc::new(server);
+    server.set_persist(Persist {
+        file: a.config.clone(),
+        mode: if a.persist { SaveMode::EveryChange } else { SaveMode::OnDemand },
+        rpc: cfg.rpc.clone(),
+        overrides: Box::new(move |c: &mut Config| {
+            // Checked at start: the same list of ports applies again.
+            if let Err(e) = overrides.apply(c) {
+                tracing::warn!("reload: {e}");
+            }
+        }),
+    })?;
     let _rpc = match &cfg.rpc.socket {
         Some(p) => Some(RpcServer::start(p, Arc::clone(&server))?),
         None => None,
@@ -191,11 +241,30 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = &cfg.rpc.socket {
         println!("rpc socket {}", p.display());
     }
+    if a.persist
+        && let Some(f) = &a.config
+    {
+        println!("persisting every change to {}", f.display());
+    }
     let stop = Arc::new(AtomicBool::new(false));
+    let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(std::time::Duration::from_millis(50));
+        if hup.swap(false, Ordering::Relaxed) {
+            // SIGHUP: re-read the file and apply the difference (logged line by line; a
+            // file that does not parse changes nothing).
+            match target::persist::reload(&server) {
+                Ok(r) => eprintln!(
+                    "qpath target: configuration reloaded: {} change(s) applied, {} refused",
+                    r.applied.len(),
+                    r.refused.len()
+                ),
+                Err(e) => eprintln!("qpath target: configuration not reloaded, nothing changed: {e}"),
+            }
+        }
     }
     eprintln!("qpath target: shutting down");
     if let Ok(s) = Arc::try_unwrap(server) {

@@ -38,8 +38,8 @@ fn key_value_is_a_string_and_colon_equals_is_json() {
 }
 
 /// The README's `qpath rpc` lines (those for the target's default socket) run as written
-/// against the embedded default target, in order; the file path of the file-namespace
-/// example is replaced by a file of this test.
+/// against the embedded default target, in order; the file paths of the file-namespace and
+/// save_config examples are replaced by files of this test.
 #[test]
 fn the_readme_rpc_examples_work() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
@@ -52,12 +52,16 @@ fn the_readme_rpc_examples_work() {
     let dir = Dir::new("rpc-readme");
     let image = dir.path("vol2.img");
     std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let saved = dir.path("saved.toml");
     let t = TargetProcess::start_default(&dir, "t", &[]);
     for line in &lines {
         let words: Vec<String> = line
             .split_whitespace()
             .skip(2)
-            .map(|w| w.replace("/var/lib/qpath/vol2.img", image.to_str().unwrap()))
+            .map(|w| {
+                w.replace("/var/lib/qpath/vol2.img", image.to_str().unwrap())
+                    .replace("/etc/qpath/target.toml", saved.to_str().unwrap())
+            })
             .collect();
         let words: Vec<&str> = words.iter().map(String::as_str).collect();
         let (method, params) = words.split_first().unwrap();
@@ -65,4 +69,6 @@ fn the_readme_rpc_examples_work() {
             panic!("README: `{line}` failed:\n{e}");
         }
     }
+    let text = std::fs::read_to_string(&saved).expect("save_config wrote the file");
+    assert!(text.contains("nqn.2026-11.io.qpath:default"), "{text}");
 }

@@ -57,6 +57,7 @@ pub mod limits;
 pub mod metrics;
 pub mod namespace;
 pub mod offload;
+pub mod persist;
 pub mod pool;
 pub mod port;
 pub mod qos;

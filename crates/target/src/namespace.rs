@@ -127,6 +127,22 @@ pub struct Namespace {
     pub counters: Arc<crate::stats::NsTotals>,
     /// What keeps a fused Compare and Write atomic against other writes ([`crate::range_lock`]).
     pub locks: RangeLocks,
+    /// What it was asked to be that its backend does not tell (a saved configuration
+    /// writes it back: see `crate::persist`).
+    pub origin: NsOrigin,
+}
+
+/// The settings a namespace was created with that its running state does not show.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NsOrigin {
+    /// Its `ptpl_file`.
+    pub ptpl_file: Option<std::path::PathBuf>,
+    /// RAM: pages faulted in at creation.
+    pub prefault: bool,
+    /// RAM: transparent huge pages asked for.
+    pub huge_pages: bool,
+    /// RAM: the `max_size` given (none: the default, the machine's memory).
+    pub max_size: Option<u64>,
 }
 
 /// Parameters of a new namespace.
@@ -203,6 +219,7 @@ impl Namespace {
                 Some(path) => Reservations::persistent(path)?,
                 None => Reservations::default(),
             },
+            origin: NsOrigin { ptpl_file: spec.ptpl_file.clone(), ..NsOrigin::default() },
             counters: Arc::default(),
             locks: RangeLocks::default(),
         })
