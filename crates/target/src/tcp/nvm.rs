@@ -232,6 +232,13 @@ impl Connection {
         if !self.range_lock(second, ns, blocks, ctx) {
             return;
         }
+        // Under the lock, the Write's reservation again: a preempting host may have fenced
+        // this one while the pair waited (see `Connection::resv_recheck`).
+        if let Err(status) = self.resv_recheck(second, ns) {
+            self.reqs[usize::from(first)].status = Status::FUSED_FAILED;
+            self.reqs[usize::from(second)].status = status;
+            return self.caw_finish(first, second, ns, ctx);
+        }
         match &ns.backend {
             Backend::Ram(region) => {
                 let data = self.reqs[usize::from(first)].buf.as_ref().map(|b| &b[..len]);
@@ -332,7 +339,7 @@ impl Connection {
     }
 
     /// A fused operation's lock on `blocks`: true once granted; false while it waits.
-    fn range_lock(
+    pub(super) fn range_lock(
         &mut self,
         slot: u16,
         ns: &Arc<Namespace>,
@@ -780,7 +787,7 @@ impl Connection {
                 }
                 self.copy_end(slot, &ns, ctx);
             }
-            Step::Idle | Step::CopyGate => {}
+            Step::Idle | Step::CopyGate | Step::PreemptDrain => {}
         }
     }
 
