@@ -151,6 +151,8 @@ statuses! {
     /// Command Size Limit Exceeded: a Copy with more source ranges than MSRC allows, a
     /// range longer than MSSRL or more blocks in all than MCL (NVM Command Set 1.0 §3.2.2).
     COMMAND_SIZE_LIMIT_EXCEEDED = (CommandSpecific, 0x83, true);
+    /// Abort Command Limit Exceeded: more Abort commands outstanding than ACL allows.
+    ABORT_COMMAND_LIMIT_EXCEEDED = (CommandSpecific, 0x03, true);
     /// Authentication Required.
     AUTH_REQUIRED = (CommandSpecific, 0x91, true);
     /// Write Fault.

@@ -25,6 +25,14 @@ pub enum Outcome {
     Complete(Status, u32, u32),
     /// An Asynchronous Event Request: held until an event occurs.
     Aer,
+    /// Abort command `cid` of submission queue `sqid` (NVMe Base 2.0 §5.1): the queue's
+    /// owner decides whether it can, on its tick ([`crate::controller::Controller::request_abort`]).
+    Abort {
+        /// Submission queue id.
+        sqid: u16,
+        /// Command id.
+        cid: u16,
+    },
 }
 
 impl Outcome {
@@ -86,8 +94,10 @@ pub fn execute(
                 Outcome::ok(0)
             }
         }
-        // A minimal Abort: the command is never found (DW0 bit 0 = not aborted), as nvmet does.
-        admin::ABORT if !disc => Outcome::ok(1),
+        // CDW10: SQID 15:0, CID 31:16.
+        admin::ABORT if !disc => {
+            Outcome::Abort { sqid: (sqe.cdw(10) & 0xffff) as u16, cid: (sqe.cdw(10) >> 16) as u16 }
+        }
         _ => Outcome::err(Status::INVALID_OPCODE),
     }
 }
@@ -195,7 +205,7 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         cntrltype: if disc { ControllerType::Discovery as u8 } else { ControllerType::Io as u8 },
         crdt: [0; 3],
         oacs: 0,
-        acl: 3,
+        acl: u8::try_from(crate::controller::ABORTS_MAX - 1).unwrap_or(0),
         aerl: u8::try_from(MAX_AERS - 1).unwrap_or(0),
         frmw: 0x03,
         // Discovery controllers serve LID 70h with offsets (nvmet's discovery `id->lpa`);

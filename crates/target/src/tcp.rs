@@ -50,6 +50,7 @@ use crate::range_lock::Hold;
 use crate::registry::{QueueInfo, TargetState};
 use crate::reservation::{self, AccessCache};
 
+mod abort;
 mod nvm;
 
 /// What a connection needs from its driver while it handles input.
@@ -122,6 +123,11 @@ enum ReqState {
     /// Data received; waiting for a buffer to execute with (a read to compare, a Copy's
     /// gathered sources); retried by [`Connection::pump`].
     AwaitExecBuffer,
+    /// Not executed yet: held until the device time its namespace's provisioned rate gives
+    /// it ([`crate::qos`]); an Abort can still take it back.
+    QosWait,
+    /// An Abort command waiting for the answer of the queue it names (polled on the timers).
+    AbortWait,
 }
 
 /// Where a multi-step command is ([`nvm`]); its file operations complete into it.
@@ -236,6 +242,8 @@ struct Req {
     backoff_ns: u64,
     /// Its fused operation, if any.
     fused: Fused,
+    /// Its namespace's provisioned rate has been applied (it is not held again).
+    qos_admitted: bool,
 }
 
 impl Req {
@@ -265,6 +273,7 @@ impl Req {
             ns_addr: 0,
             backoff_ns: 0,
             fused: Fused::None,
+            qos_admitted: false,
         }
     }
 }
@@ -398,6 +407,9 @@ pub struct Connection {
     port_totals: Arc<crate::stats::PortTotals>,
     stats_dirty: bool,
     close_reason: Option<String>,
+    /// Abort commands of this admin queue waiting for their I/O queue's answer: (slot, the
+    /// answer, when to stop waiting in ns).
+    aborts: Vec<(u16, Arc<crate::controller::AbortAnswer>, u64)>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -480,6 +492,7 @@ impl Connection {
             port_totals,
             stats_dirty: false,
             close_reason: None,
+            aborts: Vec::new(),
         };
         c.resize_slots(INITIAL_SLOTS);
         c
@@ -1387,6 +1400,7 @@ impl Connection {
                 r.dw1 = dw1;
                 self.respond(slot, ctx);
             }
+            Outcome::Abort { sqid, cid } => self.abort_ask(slot, &ctrl, sqid, cid, ctx),
             Outcome::Aer => {
                 r.state = ReqState::Aer;
                 if let Some(b) = r.buf.take() {
@@ -1435,7 +1449,10 @@ impl Connection {
             self.reqs[usize::from(slot)].state = ReqState::Stalled;
             return;
         }
-        if r.fused != Fused::None {
+        if self.qos_hold(slot, &ns, ctx) {
+            return;
+        }
+        if self.reqs[usize::from(slot)].fused != Fused::None {
             return self.fused_exec(slot, &ns, ctx);
         }
         if let Some(blocks) = io.write_blocks(&ns) {
@@ -1564,7 +1581,7 @@ impl Connection {
             IoKind::Verify { .. } => return self.verify_exec(slot, &ns, ctx),
             IoKind::Copy { .. } => return self.copy_exec(slot, &ns, ctx),
         }
-        self.finish_io(slot, &ns, ctx);
+        self.finish_io(slot, ctx);
     }
 
     /// A reservation command (NVMe Base 2.x §7.x, [`crate::reservation`]). Returns false
@@ -1733,9 +1750,10 @@ impl Connection {
             return;
         }
         let nsid = self.reqs[usize::from(slot)].sqe.nsid();
-        match self.ns.get(nsid).cloned() {
-            Some(ns) => self.finish_io(slot, &ns, ctx),
-            None => self.respond(slot, ctx),
+        if self.ns.get(nsid).is_some() {
+            self.finish_io(slot, ctx);
+        } else {
+            self.respond(slot, ctx);
         }
     }
 
@@ -1838,22 +1856,34 @@ impl Connection {
     }
 
     /// Applies provisioned limits and injected delay, then responds (now or at the due time).
-    fn finish_io(&mut self, slot: u16, ns: &crate::namespace::Namespace, ctx: &mut ConnCtx<'_>) {
+    fn finish_io(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         // The data is written: a held completion keeps no blocks from other writers.
         self.range_release(slot);
-        let r = &self.reqs[usize::from(slot)];
-        let bytes = u64::from(r.xfer_len);
-        let mut due = ns.qos.admit(ctx.now_ns, bytes);
+        // Injected delay (a fault): the completion is held after execution.
         let delay_us = self.port.faults.delay_us.load(std::sync::atomic::Ordering::Relaxed);
         if delay_us > 0 {
-            due = Some(due.unwrap_or(ctx.now_ns) + delay_us * 1000);
+            self.reqs[usize::from(slot)].state = ReqState::Delayed;
+            self.timers.push(Reverse((ctx.now_ns + delay_us * 1000, slot)));
+        } else {
+            self.respond(slot, ctx);
         }
-        match due {
+    }
+
+    /// A provisioned namespace's rate ([`crate::qos`]): the command waits, not executed yet,
+    /// until the device time it is given (SPDK's bdev QoS queues before the bdev too), so an
+    /// Abort can still take it back. True when it waits; it runs again from the timers.
+    fn qos_hold(&mut self, slot: u16, ns: &crate::namespace::Namespace, ctx: &mut ConnCtx<'_>) -> bool {
+        let r = &mut self.reqs[usize::from(slot)];
+        if std::mem::replace(&mut r.qos_admitted, true) {
+            return false;
+        }
+        match ns.qos.admit(ctx.now_ns, u64::from(r.xfer_len)) {
             Some(t) if t > ctx.now_ns => {
-                self.reqs[usize::from(slot)].state = ReqState::Delayed;
+                r.state = ReqState::QosWait;
                 self.timers.push(Reverse((t, slot)));
+                true
             }
-            _ => self.respond(slot, ctx),
+            _ => false,
         }
     }
 
@@ -1871,7 +1901,8 @@ impl Connection {
             self.timers.pop();
             match self.reqs[usize::from(slot)].state {
                 ReqState::Delayed => self.respond(slot, ctx),
-                ReqState::RangeWait => self.execute(slot, ctx),
+                ReqState::RangeWait | ReqState::QosWait => self.execute(slot, ctx),
+                ReqState::AbortWait => self.abort_poll(slot, ctx),
                 _ => {}
             }
         }
@@ -2063,6 +2094,7 @@ impl Connection {
         r.ram_src = None;
         r.fused = Fused::None;
         r.step = Step::Idle;
+        r.qos_admitted = false;
         if r.state != ReqState::Free {
             r.state = ReqState::Free;
             self.info.stats.outstanding.sub(1);
@@ -2224,6 +2256,8 @@ impl Connection {
             Binding::Io(_, _, generation) => {
                 if ctrl.io_generation() != *generation {
                     self.close("controller reset");
+                } else if ctrl.aborts_pending() {
+                    self.serve_aborts(&ctrl, ctx);
                 }
             }
         }

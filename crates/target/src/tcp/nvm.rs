@@ -217,7 +217,7 @@ impl Connection {
     /// slot drives it (its timers, its file operations); the Compare waits in FusedWait.
     fn caw_start(&mut self, first: u16, second: u16, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
         let IoKind::Compare { offset, len } = self.io_kind(first) else {
-            return self.caw_internal(first, second, ns, ctx);
+            return self.caw_internal(first, second, ctx);
         };
         let blocks = block_range(ns, offset, u64::from(len));
         let len = len as usize;
@@ -237,14 +237,14 @@ impl Connection {
         if let Err(status) = self.resv_recheck(second, ns) {
             self.reqs[usize::from(first)].status = Status::FUSED_FAILED;
             self.reqs[usize::from(second)].status = status;
-            return self.caw_finish(first, second, ns, ctx);
+            return self.caw_finish(first, second, ctx);
         }
         match &ns.backend {
             Backend::Ram(region) => {
                 let data = self.reqs[usize::from(first)].buf.as_ref().map(|b| &b[..len]);
                 match data.map(|d| region_equals(region, crate::us(offset), d)) {
                     Some(Ok(equal)) => self.caw_compared(first, second, equal, ns, ctx),
-                    _ => self.caw_internal(first, second, ns, ctx),
+                    _ => self.caw_internal(first, second, ctx),
                 }
             }
             Backend::File(f) => {
@@ -262,10 +262,10 @@ impl Connection {
             // NVM Command Set 1.0 §3.2.3: the Write is aborted and the blocks are unchanged.
             self.reqs[usize::from(first)].status = Status::COMPARE_FAILURE;
             self.reqs[usize::from(second)].status = Status::FUSED_FAILED;
-            return self.caw_finish(first, second, ns, ctx);
+            return self.caw_finish(first, second, ctx);
         }
         let IoKind::Write { offset, len, fua } = self.io_kind(second) else {
-            return self.caw_internal(first, second, ns, ctx);
+            return self.caw_internal(first, second, ctx);
         };
         let len = len as usize;
         match &ns.backend {
@@ -285,19 +285,19 @@ impl Connection {
                 return self.step_submit(second, ns, FileOp::Write { file: f.file(), buf, len, offset }, ctx);
             }
         }
-        self.caw_finish(first, second, ns, ctx);
+        self.caw_finish(first, second, ctx);
     }
 
     /// Something that cannot happen did (a fused pair without its data): both fail.
-    fn caw_internal(&mut self, first: u16, second: u16, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+    fn caw_internal(&mut self, first: u16, second: u16, ctx: &mut ConnCtx<'_>) {
         tracing::error!(first, second, "compare and write without its commands' data");
         self.reqs[usize::from(first)].status = Status::INTERNAL;
         self.reqs[usize::from(second)].status = Status::FUSED_FAILED;
-        self.caw_finish(first, second, ns, ctx);
+        self.caw_finish(first, second, ctx);
     }
 
     /// Ends a Compare and Write: unlocks its blocks and answers both commands.
-    fn caw_finish(&mut self, first: u16, second: u16, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+    fn caw_finish(&mut self, first: u16, second: u16, ctx: &mut ConnCtx<'_>) {
         self.reqs[usize::from(first)].fused = Fused::None;
         self.reqs[usize::from(second)].fused = Fused::None;
         self.reqs[usize::from(second)].step = Step::Idle;
@@ -306,7 +306,7 @@ impl Connection {
             self.buf_put(ctx, b);
         }
         self.respond(first, ctx);
-        self.finish_io(second, ns, ctx);
+        self.finish_io(second, ctx);
     }
 
     // ------------------------------------------------------------ range locks
@@ -462,10 +462,10 @@ impl Connection {
                 return self.step_submit(slot, ns, FileOp::Read { file: f.file(), buf: aux, len, offset }, ctx);
             }
         };
-        self.compared(slot, equal, ns, ctx);
+        self.compared(slot, equal, ctx);
     }
 
-    fn compared(&mut self, slot: u16, equal: Option<bool>, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+    fn compared(&mut self, slot: u16, equal: Option<bool>, ctx: &mut ConnCtx<'_>) {
         let r = &mut self.reqs[usize::from(slot)];
         r.status = match equal {
             Some(true) => Status::SUCCESS,
@@ -476,7 +476,7 @@ impl Connection {
         if let Some(b) = r.aux.take() {
             self.buf_put(ctx, b);
         }
-        self.finish_io(slot, ns, ctx);
+        self.finish_io(slot, ctx);
     }
 
     // ------------------------------------------------------------------- Verify
@@ -486,7 +486,7 @@ impl Connection {
     /// flushed first.
     pub(super) fn verify_exec(&mut self, slot: u16, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
         let IoKind::Verify { len, fua, .. } = self.io_kind(slot) else { return };
-        let Backend::File(f) = &ns.backend else { return self.finish_io(slot, ns, ctx) };
+        let Backend::File(f) = &ns.backend else { return self.finish_io(slot, ctx) };
         let chunk = usize::try_from(len).unwrap_or(usize::MAX).min(self.target.opts.max_transfer());
         if !self.exec_buf(slot, chunk, ctx) {
             return;
@@ -503,12 +503,12 @@ impl Connection {
         let r = &mut self.reqs[usize::from(slot)];
         let (Backend::File(f), Some(aux)) = (&ns.backend, r.aux.take()) else {
             r.step = Step::Idle;
-            return self.finish_io(slot, ns, ctx);
+            return self.finish_io(slot, ctx);
         };
         if r.cursor >= len || !r.status.is_success() {
             r.step = Step::Idle;
             self.buf_put(ctx, aux);
-            return self.finish_io(slot, ns, ctx);
+            return self.finish_io(slot, ctx);
         }
         let n = usize::try_from(len - r.cursor).unwrap_or(usize::MAX).min(aux.capacity());
         r.step = Step::VerifyRead;
@@ -540,13 +540,13 @@ impl Connection {
             Ok(t) => t,
             Err(s) => {
                 r.status = s;
-                return self.finish_io(slot, ns, ctx);
+                return self.finish_io(slot, ctx);
             }
         };
         let bytes = total << ns.block_shift;
         r.kind = ReqKind::Io(IoKind::Copy { sdlba, nr, len: bytes, fua });
         if let Backend::Null = ns.backend {
-            return self.finish_io(slot, ns, ctx);
+            return self.finish_io(slot, ctx);
         }
         let bytes = crate::us(bytes);
         if !self.exec_buf(slot, bytes, ctx) {
@@ -563,7 +563,7 @@ impl Connection {
                     let from = crate::us(src.slba << ns.block_shift);
                     if region.copy_from_region(from, &mut aux.as_full_mut()[pos..pos + n]).is_err() {
                         r.status = Status::INTERNAL;
-                        return self.copy_end(slot, ns, ctx);
+                        return self.copy_end(slot, ctx);
                     }
                     pos += n;
                 }
@@ -629,7 +629,7 @@ impl Connection {
                 if !matches!(written, Some(Ok(()))) {
                     r.status = Status::INTERNAL;
                 }
-                self.copy_end(slot, ns, ctx);
+                self.copy_end(slot, ctx);
             }
             Backend::File(f) => {
                 let mut aux = r.aux.take().unwrap_or_else(|| IoBuf::new(4096));
@@ -637,18 +637,18 @@ impl Connection {
                 r.step = Step::CopyWrite;
                 self.step_submit(slot, ns, FileOp::Write { file: f.file(), buf: aux, len, offset }, ctx);
             }
-            Backend::Null => self.copy_end(slot, ns, ctx),
+            Backend::Null => self.copy_end(slot, ctx),
         }
     }
 
-    fn copy_end(&mut self, slot: u16, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+    fn copy_end(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let r = &mut self.reqs[usize::from(slot)];
         r.step = Step::Idle;
         let bufs = [r.aux.take(), r.aux2.take()];
         for b in bufs.into_iter().flatten() {
             self.buf_put(ctx, b);
         }
-        self.finish_io(slot, ns, ctx);
+        self.finish_io(slot, ctx);
     }
 
     // ------------------------------------------------------- file operations
@@ -737,9 +737,9 @@ impl Connection {
                     if let Some(b) = self.reqs[usize::from(slot)].aux.take() {
                         self.buf_put(ctx, b);
                     }
-                    return self.finish_io(slot, &ns, ctx);
+                    return self.finish_io(slot, ctx);
                 }
-                self.compared(slot, equal, &ns, ctx);
+                self.compared(slot, equal, ctx);
             }
             Step::CawRead | Step::CawWrite | Step::CawSync => self.caw_step_done(slot, step, failed, &ns, ctx),
             Step::VerifySync | Step::VerifyRead => {
@@ -755,7 +755,7 @@ impl Connection {
                 let r = &mut self.reqs[usize::from(slot)];
                 if failed {
                     r.status = read_error;
-                    return self.copy_end(slot, &ns, ctx);
+                    return self.copy_end(slot, ctx);
                 }
                 let n = r.op_len;
                 if r.cursor > 0 {
@@ -785,7 +785,7 @@ impl Connection {
                     r.step = Step::CopySync;
                     return self.step_submit(slot, &ns, FileOp::Sync { file: f.file() }, ctx);
                 }
-                self.copy_end(slot, &ns, ctx);
+                self.copy_end(slot, ctx);
             }
             Step::Idle | Step::CopyGate | Step::PreemptDrain => {}
         }
@@ -801,27 +801,27 @@ impl Connection {
             Step::CawRead if failed => {
                 self.reqs[usize::from(first)].status = Status::UNRECOVERED_READ_ERROR;
                 self.reqs[usize::from(second)].status = Status::FUSED_FAILED;
-                self.caw_finish(first, second, ns, ctx);
+                self.caw_finish(first, second, ctx);
             }
             Step::CawRead => {
                 let len = self.reqs[usize::from(second)].op_len;
                 let equal = match (&self.reqs[usize::from(first)].buf, &self.reqs[usize::from(second)].aux) {
                     (Some(d), Some(a)) => d[..len] == a[..len],
-                    _ => return self.caw_internal(first, second, ns, ctx),
+                    _ => return self.caw_internal(first, second, ctx),
                 };
                 self.caw_compared(first, second, equal, ns, ctx);
             }
             // NVM Command Set 1.0 §3.2.3: a failed Write leaves the Compare's status as it was.
             _ if failed => {
                 self.reqs[usize::from(second)].status = Status::WRITE_FAULT;
-                self.caw_finish(first, second, ns, ctx);
+                self.caw_finish(first, second, ctx);
             }
             Step::CawWrite if self.reqs[usize::from(second)].cursor == 1 => {
-                let Backend::File(f) = &ns.backend else { return self.caw_finish(first, second, ns, ctx) };
+                let Backend::File(f) = &ns.backend else { return self.caw_finish(first, second, ctx) };
                 self.reqs[usize::from(second)].step = Step::CawSync;
                 self.step_submit(second, ns, FileOp::Sync { file: f.file() }, ctx);
             }
-            _ => self.caw_finish(first, second, ns, ctx),
+            _ => self.caw_finish(first, second, ctx),
         }
     }
 }

@@ -217,6 +217,13 @@ impl Host {
         self.pump();
     }
 
+    /// The connection's tick alone, its output taken into the inbox (no timers run, no file
+    /// completion delivered).
+    pub fn ctx_tick_only(&mut self) {
+        self.ctx_run(|c, ctx| c.tick(ctx));
+        while self.read_one_batch() {}
+    }
+
     pub fn send(&mut self, mut bytes: &[u8]) {
         loop {
             let mut n = 0;
