@@ -88,6 +88,20 @@ start_target() {
   say "qpath target running (pid $TARGET_QPATH_PID) on $VMLAB_HOST_IP:4420/4421 in netns $VMLAB_NETNS, rpc $RPC_SOCK"
 }
 rpc() { timeout 10 "$QPATH_BIN" rpc --socket "$RPC_SOCK" "$@"; }
+# rpc_json METHOD JSON: one JSON-RPC call with JSON params, straight to the socket (no
+# command-line parsing of values); prints the result, exits non-zero with the error message.
+rpc_json() {
+  timeout 10 python3 - "$RPC_SOCK" "$1" "$2" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall((json.dumps({"jsonrpc": "2.0", "id": 1, "method": sys.argv[2], "params": json.loads(sys.argv[3])}) + "\n").encode())
+r = json.loads(s.makefile().readline())
+if "error" in r:
+    print(r["error"]["message"]); sys.exit(1)
+print(json.dumps(r["result"]))
+PY
+}
 queue_summary() {  # one line per queue from `qpath rpc list_queues`
   rpc list_queues | python3 -c '
 import json, sys

@@ -12,7 +12,10 @@
 #   durability  file backend; the guest writes, deallocates ranges (blkdiscard, a 3-range nvme dsm)
 #               and zeroes others (nvme write-zeroes with and without DEAC), flushes; kill -9 +
 #               restart of the target; the guest reconnects and verifies data and zeros; here:
-#               the file's size, its md5s, and the deallocated ranges are holes
+#               the file's size, its md5s, and the deallocated ranges are holes. The target
+#               runs with --persist: before the crash the host adds the guest's host NQN
+#               (and forbids any other host) and a second namespace over RPC, which the
+#               restarted target must serve again (the guest writes and verifies it)
 #   qdpolicy    port 1 delayed by QD_DELAY_US (2000); iopolicy queue-depth must send most I/O to
 #               port 2, round-robin splits it evenly (per-path sysfs counts; 7.2 only)
 #   resv        namespace reservations: the guest (nvme-cli) registers and takes Write Exclusive;
@@ -158,10 +161,10 @@ scenario_ana() {
       ana-optimized) state=optimized ;;
       *) fail "unexpected request from the guest: $1"; return 1 ;;
     esac
-    if rpc set_ana_state port=1 group=1 state=$state; then
-      pass "rpc set_ana_state port=1 group=1 state=$state"
+    if rpc set_ana_state port:=1 group:=1 state=$state; then
+      pass "rpc set_ana_state port:=1 group:=1 state=$state"
     else
-      fail "rpc set_ana_state port=1 group=1 state=$state"; return 1
+      fail "rpc set_ana_state port:=1 group:=1 state=$state"; return 1
     fi
     echo "list_queues after the flip to $state:"; queue_summary
   }
@@ -251,7 +254,7 @@ sys.exit(0 if ok else 1)' "$2" "$3" "$4"; then
     ptpl_file_check "at the crash" 1 "$1" 0xabc2 || bad=1
     start_target --config "$D/resv.toml" || return 1
     pass "qpath target restarted with the same config (pid $TARGET_QPATH_PID)"
-    out=$(rpc get_reservation nqn="$QPATH_NQN" nsid=1 2>&1)
+    out=$(rpc get_reservation nqn="$QPATH_NQN" nsid:=1 2>&1)
     echo "  rpc get_reservation after the restart: $out"
     if printf '%s' "$out" | python3 -c '
 import json, sys
@@ -323,20 +326,60 @@ for s in json.load(sys.stdin):
 
 scenario_durability() {
   QPATH_NQN=nqn.2026-11.io.qpath:durable
-  local img=$D/ns1.img dur_mb=64
+  local img=$D/ns1.img img2=$D/ns2.img dur_mb=64
   file_target_toml "$D/durable.toml" "$img"
+  GUEST_HOSTNQN=
   on_ask() {
-    [ "$1" = restart-target ] || { fail "unexpected request from the guest: $1"; return 1; }
+    case "$1" in
+      persist-changes) persist_changes ;;
+      restart-target) restart_target ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+  }
+  # The operator's changes, over RPC, that the restart must keep (--persist saves each one
+  # before it answers): the guest's host NQN allowed by name and no other host (so the
+  # guest gets back in only if that was saved), and a second file namespace.
+  persist_changes() {
+    local out
+    GUEST_HOSTNQN=$(rpc_json list_controllers '{}' | python3 -c '
+import json, sys
+print(next(c["hostnqn"] for c in json.load(sys.stdin) if c["subnqn"] == sys.argv[1]))' "$QPATH_NQN") \
+      || { fail "no controller of the guest to take its host NQN from"; return 1; }
+    for call in "add_host {\"nqn\": \"$QPATH_NQN\", \"host\": \"$GUEST_HOSTNQN\"}" \
+        "set_allow_any_host {\"nqn\": \"$QPATH_NQN\", \"allow\": false}" \
+        "add_namespace {\"nqn\": \"$QPATH_NQN\", \"nsid\": 2, \"backend\": \"file\", \"path\": \"$img2\", \"size\": \"64M\"}"; do
+      if out=$(rpc_json "${call%% *}" "${call#* }" 2>&1); then pass "rpc $call: $out"
+      else fail "rpc $call: $out"; return 1; fi
+    done
+    if grep -q "$GUEST_HOSTNQN" "$D/durable.toml" && grep -q "allow_any_host = false" "$D/durable.toml" \
+        && grep -q "$img2" "$D/durable.toml" && [ -f "$D/durable.toml.bak" ]; then
+      pass "--persist: durable.toml holds the host, allow_any_host = false and namespace 2; the previous file kept as .bak"
+    else
+      fail "--persist: durable.toml lacks the changes:"; cat "$D/durable.toml"; return 1
+    fi
+  }
+  restart_target() {
     local old=$TARGET_QPATH_PID wrapper=$TARGET_PID i
     kill -KILL "$old"
     for i in $(seq 100); do kill -0 "$wrapper" 2>/dev/null || break; sleep 0.1; done
     wait "$wrapper" 2>/dev/null || true
     if kill -0 "$old" 2>/dev/null; then fail "qpath target pid $old survived kill -9"; return 1; fi
     pass "qpath target pid $old killed with SIGKILL"
-    start_target --config "$D/durable.toml" || return 1
-    pass "qpath target restarted with the same config (pid $TARGET_QPATH_PID)"
+    start_target --config "$D/durable.toml" --persist || return 1
+    pass "qpath target restarted with the same command line (pid $TARGET_QPATH_PID)"
+    local subs
+    subs=$(rpc_json list_subsystems '{}')
+    if printf '%s' "$subs" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]
+ok = s["allow_any_host"] is False and s["hosts"] == [sys.argv[1]] and [n["nsid"] for n in s["namespaces"]] == [1, 2]
+sys.exit(0 if ok else 1)' "$GUEST_HOSTNQN"; then
+      pass "after kill -9 and the restart: only the guest's host NQN allowed, namespaces 1 and 2"
+    else
+      fail "after the restart the target runs something else: $subs"; return 1
+    fi
   }
-  start_target --config "$D/durable.toml" || return 0
+  start_target --config "$D/durable.toml" --persist || return 0
   boot_guest "$VM_DIR/guest/durability.sh" "vmlab.env.DUR_MB=$dur_mb"
   serve_guest
   check_guest
@@ -384,7 +427,7 @@ PY
   then pass "backing file: every deallocated range is a hole (its space was returned)"
   else fail "backing file: a deallocated range still holds data blocks"
   fi
-  rm -f "$img"
+  rm -f "$img" "$img2"
 }
 
 # The differential conformance suite: the guest runs the same nvme-cli commands against its
@@ -440,10 +483,10 @@ scenario_qdpolicy() {
     echo "target-side per-queue counters after ${1#counters-} (port 1 delayed, cumulative):"; queue_summary
   }
   start_target || return 0
-  if rpc set_port_fault port=1 delay_us="$delay" > /dev/null; then
-    pass "rpc set_port_fault port=1 delay_us=$delay (every I/O command on port 1 completes $delay us later)"
+  if rpc set_port_fault port:=1 delay_us:="$delay" > /dev/null; then
+    pass "rpc set_port_fault port:=1 delay_us:=$delay (every I/O command on port 1 completes $delay us later)"
   else
-    fail "rpc set_port_fault port=1 delay_us=$delay"; return 0
+    fail "rpc set_port_fault port:=1 delay_us:=$delay"; return 0
   fi
   boot_guest "$VM_DIR/guest/qdpolicy.sh" "vmlab.env.QD_RUNTIME=${QD_RUNTIME:-20}" \
     "vmlab.env.QD_DELAY_US=$delay" "vmlab.env.QD_MIN_SHARE=${QD_MIN_SHARE:-55}" \

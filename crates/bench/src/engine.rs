@@ -148,6 +148,13 @@ pub trait Engine {
         None
     }
 
+    /// What the engine knows about an I/O error beyond its code, for the job's error
+    /// message (e.g. which target was lost, and since when); `None`: nothing to add.
+    fn explain(&self, error: crate::io_u::IoError) -> Option<String> {
+        let _ = error;
+        None
+    }
+
     /// Release the target. Every queued unit has been reaped before this is called.
     fn close(&mut self) -> Result<()> {
         Ok(())

@@ -12,7 +12,7 @@ pub enum ErrorKind {
     Option,
     /// A valid fio option or value that qpath does not implement (e.g. `verify=md5`).
     Unsupported,
-    /// An unknown option under `--strict`.
+    /// An option fio or qpath does not know (refused unless `--lenient`).
     UnknownOption,
     /// A `filename` that is neither a usable local path nor a remote target.
     Target,

@@ -159,7 +159,8 @@ pub struct JobSpec {
     pub new_group: bool,
     /// `loops` (default 1).
     pub loops: u32,
-    /// `invalidate` as written (no effect).
+    /// `invalidate` (default true): drop the page cache of a local file's I/O range
+    /// before the job, as fio does, so buffered reads start from the storage.
     pub invalidate: bool,
     /// `fsync=N`: flush after every N writes (0 = never).
     pub fsync_every: u32,
@@ -451,10 +452,17 @@ impl JobFile {
         Ok(file)
     }
 
-    /// Error out if there are unknown options (`--strict`).
+    /// Error out if there are unknown options, as fio does (`fio: bad option`): a job
+    /// run without an option it asks for is a different workload (`qpath bench`
+    /// refuses unless `--lenient`).
     pub fn check_strict(&self) -> Result<()> {
         match self.unknown_line() {
-            Some(line) => Err(Error::new(ErrorKind::UnknownOption, line)),
+            Some(line) => Err(Error::new(
+                ErrorKind::UnknownOption,
+                format!(
+                    "{line} (qpath bench refuses options it does not know, as fio does; --lenient warns and runs without them)"
+                ),
+            )),
             None => Ok(()),
         }
     }

@@ -86,8 +86,6 @@
 //!   and only when it is a terminal; times are printed in UTC; JSON `eta` is 0;
 //!   `Disk stats`/`disk_util` are not produced; CPU times come from
 //!   `/proc/thread-self` at 10 ms resolution unless a better hook is given.
-//! - `invalidate` has no effect (no `posix_fadvise` without `unsafe`): buffered reads
-//!   may hit the page cache where fio's would not. Use `direct=1`.
 //! - `verify=crc32c` uses our own header layout (not fio's), so data written by fio
 //!   with verify cannot be verified by qpath and vice versa.
 //!
@@ -96,8 +94,8 @@
 //! - fio features not implemented: trim workloads, `rw=...:N` suffixes, several files
 //!   per job, `bssplit`, `rate*`, `thinktime`, `%` sizes, `include`, `unified_rw_reporting`,
 //!   `latency_target`, `offset_increment`, log files, terse output, and verify methods
-//!   other than crc32c. Unknown options are reported; options accepted without effect
-//!   are listed as notes.
+//!   other than crc32c. Unknown options are an error, as in fio (`--lenient` warns and
+//!   runs without them); options accepted without effect are listed as notes.
 //! - `cpus_allowed` with several CPUs (but not all) pins each thread to one of them in
 //!   turn: `uring` pins to single CPUs only.
 
@@ -178,8 +176,13 @@ pub struct BenchArgs {
     /// Write the report to this file instead of stdout.
     #[arg(long)]
     pub output: Option<PathBuf>,
-    /// Fail on unknown job options instead of warning.
+    /// Warn about unknown job options and run without them, instead of refusing the job
+    /// file (fio refuses them: `fio: bad option`). The jobs then differ from what the
+    /// file asks for.
     #[arg(long)]
+    pub lenient: bool,
+    /// Unknown job options are an error (the default; kept for scripts that pass it).
+    #[arg(long, hide = true, conflicts_with = "lenient")]
     pub strict: bool,
     /// fio-style command-line jobs after `--`: `-- --name=a --rw=randread --size=1g`.
     #[arg(last = true)]
@@ -192,16 +195,24 @@ impl BenchArgs {
         BenchArgs { jobfile: Some(path.into()), output_format: "normal".into(), ..BenchArgs::default() }
     }
 
-    /// Load the job file or the command-line jobs.
+    /// Load the job file or the command-line jobs; unknown options are an error unless
+    /// `--lenient`.
     pub fn load_jobs(&self) -> Result<JobFile> {
-        match (&self.jobfile, self.job_args.is_empty()) {
-            (Some(p), true) => JobFile::load(p),
-            (None, false) => JobFile::from_args(&self.job_args),
+        let file = match (&self.jobfile, self.job_args.is_empty()) {
+            (Some(p), true) => JobFile::load(p)?,
+            (None, false) => JobFile::from_args(&self.job_args)?,
             (Some(_), false) => {
-                Err(Error::new(ErrorKind::JobFile, "give either a job file or command-line jobs after --, not both"))
+                return Err(Error::new(
+                    ErrorKind::JobFile,
+                    "give either a job file or command-line jobs after --, not both",
+                ));
             }
-            (None, true) => Err(Error::new(ErrorKind::JobFile, "no job file given")),
+            (None, true) => return Err(Error::new(ErrorKind::JobFile, "no job file given")),
+        };
+        if !self.lenient {
+            file.check_strict()?;
         }
+        Ok(file)
     }
 }
 
@@ -214,8 +225,8 @@ pub struct Outcome {
     pub failed: bool,
 }
 
-/// Run a benchmark end to end: load the jobs, warn about unknown options (or fail
-/// under `--strict`), print fio's job header lines, run, print the reports.
+/// Run a benchmark end to end: load the jobs, refuse unknown options (or warn about
+/// them under `--lenient`), print fio's job header lines, run, print the reports.
 /// Notes, warnings and the status line go to stderr.
 ///
 /// A caller that provides an embedded target loads the jobs first, points the jobs
@@ -273,10 +284,10 @@ pub fn run_file_compared(
 ) -> Result<Outcome> {
     let formats = OutputFormats::parse(&args.output_format)?;
     let mut stderr = std::io::stderr();
-    if args.strict {
+    if !args.lenient {
         file.check_strict()?;
     } else if let Some(line) = file.unknown_line() {
-        let _ = writeln!(stderr, "warning: unknown options ignored (--strict makes them an error): {line}");
+        let _ = writeln!(stderr, "warning: unknown options ignored (--lenient), the jobs run without them: {line}");
     }
     let mut out: Box<dyn Write> = match &args.output {
         Some(p) => Box::new(std::io::BufWriter::new(
@@ -343,17 +354,39 @@ mod tests {
 
     #[test]
     fn cli_arguments() {
-        let c = Cli::try_parse_from(["bench", "job.fio", "--output-format=json+", "--output", "o.json", "--strict"])
+        let c = Cli::try_parse_from(["bench", "job.fio", "--output-format=json+", "--output", "o.json", "--lenient"])
             .unwrap();
         assert_eq!(c.args.jobfile.as_deref(), Some(std::path::Path::new("job.fio")));
         assert_eq!(c.args.output_format, "json+");
-        assert!(c.args.strict);
+        assert!(c.args.lenient);
+        assert!(Cli::try_parse_from(["bench", "job.fio", "--strict"]).unwrap().args.strict, "still accepted");
+        assert!(Cli::try_parse_from(["bench", "job.fio", "--strict", "--lenient"]).is_err());
         let c =
             Cli::try_parse_from(["bench", "--", "--name=a", "--rw=read", "--size=1m", "--filename=/tmp/x"]).unwrap();
         assert!(c.args.jobfile.is_none());
         let f = c.args.load_jobs().unwrap();
         assert_eq!(f.jobs[0].name, "a");
         assert!(Cli::try_parse_from(["bench"]).unwrap().args.load_jobs().is_err());
+    }
+
+    #[test]
+    fn unknown_options_are_refused_unless_lenient() {
+        let c = Cli::try_parse_from([
+            "bench",
+            "--",
+            "--name=a",
+            "--rw=read",
+            "--size=1m",
+            "--filename=/tmp/x",
+            "--bogus=1",
+        ])
+        .unwrap();
+        let e = c.args.load_jobs().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::UnknownOption);
+        assert!(e.to_string().contains("bogus=1") && e.to_string().contains("--lenient"), "{e}");
+        let mut lenient = c.args.clone();
+        lenient.lenient = true;
+        assert_eq!(lenient.load_jobs().unwrap().unknown.len(), 1, "--lenient loads it, noting the option");
     }
 
     #[test]

@@ -214,6 +214,7 @@ mod tests {
                 dhchap_ctrl_key: None,
                 hash: None,
                 dhgroup: Some(DhGroup::Ffdhe2048.name().into()),
+                ..Default::default()
             })],
             ..SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "1M")])
         }];

@@ -62,6 +62,20 @@ pub struct JobReport {
     pub shape: (String, u64, u32),
     /// Multipath members' policy and per-path counts, merged.
     pub multipath: Option<crate::engine::mpath::MultipathStats>,
+    /// What the first member did with its local file's page cache (`invalidate`).
+    pub page_cache: Option<crate::run::worker::PageCache>,
+    /// A remote job's `fast_io_fail_tmo` in seconds (-1 = off): how long its I/O waits
+    /// for a lost target before failing.
+    pub fast_io_fail_tmo_s: Option<i64>,
+}
+
+/// A remote job's `fast_io_fail_tmo` in seconds, -1 when off (`None`: not remote).
+fn fast_io_fail_tmo_s(spec: &crate::job::JobSpec) -> Option<i64> {
+    let crate::target::TargetKind::Remote(r) = &spec.target.kind else { return None };
+    let path = r.paths().into_iter().next()?;
+    let key = crate::engine::remote::ControllerKey::of(&path, Some(spec));
+    let tmo = crate::engine::remote::fast_io_fail_tmo(&key).ok()?;
+    Some(tmo.map_or(-1, |t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX)))
 }
 
 impl JobReport {
@@ -291,6 +305,8 @@ impl Report {
                     targets: Vec::new(),
                     shape: (spec.rw_str().to_string(), spec.bs[0].0.max(spec.bs[1].0), spec.iodepth),
                     multipath: None,
+                    page_cache: t.outcome.page_cache.clone(),
+                    fast_io_fail_tmo_s: fast_io_fail_tmo_s(spec),
                 });
             }
             let r = jobs.last_mut().expect("a report exists");

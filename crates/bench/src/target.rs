@@ -11,6 +11,9 @@
 //!   (port defaults to 4420, namespace to 1, IPv6 hosts in brackets, `%XX` escapes in the NQN).
 //!   `reconnect_delay=SECS` and `ctrl_loss_tmo=SECS|-1` set the controller's reconnect
 //!   behaviour as `nvme connect -c/-l` do (defaults 10 and 600, as Linux);
+//!   `fast_io_fail_tmo=SECS|-1` how long I/O waits for a lost controller before failing
+//!   (default 5 s for bench jobs, off when the URI asks for reconnects: see
+//!   [`crate::engine::remote::DEFAULT_FAST_IO_FAIL_TMO`]);
 //!   `tcp_congestion=NAME` the connections' TCP congestion control (`cubic`, `bbr`, ...;
 //!   default the system's); `dhchap_secret=DHHC-1:..` and `dhchap_ctrl_secret=DHHC-1:..`
 //!   DH-HMAC-CHAP as `nvme connect --dhchap-secret/--dhchap-ctrl-secret`; other keys

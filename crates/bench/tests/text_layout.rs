@@ -98,6 +98,8 @@ fn seed_report() -> JobReport {
         targets: vec![spec.target.raw.clone()],
         shape: (spec.rw_str().into(), 512 * 1024, 1),
         multipath: None,
+        page_cache: None,
+        fast_io_fail_tmo_s: None,
     }
 }
 

@@ -164,6 +164,44 @@ impl QueuePair {
         }
     }
 
+    /// Submits a fused operation (NVMe Base 2.0 §3.4.2; qpath's target offers Compare and
+    /// Write): `first` gets FUSE 01b and `second` FUSE 10b, and they go out as adjacent
+    /// entries of this queue in one send, or neither is submitted (both come back). Each
+    /// completes on its own, with its `token` as user data. A refusal hands both back
+    /// (boxed: the error path only).
+    pub fn submit_fused(&mut self, mut first: Io, mut second: Io) -> std::result::Result<(), Box<(Error, Io, Io)>> {
+        let Some((_, q)) = self.conn.as_mut() else {
+            return Err(Box::new((Error::new(ErrorKind::Io, "queue not connected"), first, second)));
+        };
+        // Everything the queue would refuse the second for, checked before the first goes:
+        // a first command sent alone fails as "Missing Fused Command".
+        let short = |io: &Io| io.dir != DataDir::None && io.buf.as_ref().is_none_or(|b| b.capacity() < io.len as usize);
+        if short(&first) || short(&second) {
+            return Err(Box::new((
+                Error::new(ErrorKind::Invalid, "a data buffer shorter than its length"),
+                first,
+                second,
+            )));
+        }
+        if self.free.len() < 2 || q.outstanding() + 2 > usize::from(q.entries()) {
+            let e = Error::new(ErrorKind::Busy, "no room for both commands of a fused operation");
+            return Err(Box::new((e, first, second)));
+        }
+        first.sqe.set_fuse(nvme::opcode::fuse::FIRST);
+        second.sqe.set_fuse(nvme::opcode::fuse::SECOND);
+        let (Some(t1), Some(t2)) = (self.free.pop(), self.free.pop()) else {
+            unreachable!("two free tags were checked")
+        };
+        if let Err((e, first)) = q.submit(t1, first) {
+            self.free.extend([t2, t1]);
+            return Err(Box::new((Error::new(ErrorKind::Invalid, e.to_string()), first, second)));
+        }
+        if let Err((e, _)) = q.submit(t2, second) {
+            panic!("the second command of a fused pair refused after its first was queued: {e}");
+        }
+        Ok(())
+    }
+
     /// Sends queued commands without reaping.
     pub fn flush(&mut self) {
         if self.send_inflight {

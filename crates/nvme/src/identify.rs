@@ -86,6 +86,22 @@ pub mod oncs {
     pub const SAVE_SELECT: u16 = 1 << 4;
     /// Reservations.
     pub const RESERVATIONS: u16 = 1 << 5;
+    /// Verify.
+    pub const VERIFY: u16 = 1 << 7;
+    /// Copy.
+    pub const COPY: u16 = 1 << 8;
+}
+
+/// FUSES (Fused Operation Support) bits (NVMe Base 2.0 §5.17.2.1).
+pub mod fuses {
+    /// The Compare and Write fused operation.
+    pub const COMPARE_AND_WRITE: u16 = 1 << 0;
+}
+
+/// OCFS (Optional Copy Formats Supported) bits (NVMe Base 2.0 §5.17.2.1).
+pub mod ocfs {
+    /// Copy source range entries in descriptor format 0h.
+    pub const FORMAT_0: u16 = 1 << 0;
 }
 
 /// NWPC (Namespace Write Protection Capabilities) bits, Identify Controller byte 531.
@@ -198,6 +214,8 @@ pub struct IdentifyController {
     pub awupf: u16,
     /// Namespace Write Protection Capabilities ([`nwpc`]).
     pub nwpc: u8,
+    /// Optional copy formats supported.
+    pub ocfs: u16,
     /// SGL support.
     pub sgls: u32,
     /// Maximum number of allowed namespaces.
@@ -275,6 +293,7 @@ impl IdentifyController {
         put_u16(b_, 526, self.awun);
         put_u16(b_, 528, self.awupf);
         put_u8(b_, 531, self.nwpc);
+        put_u16(b_, 534, self.ocfs);
         put_u32(b_, 536, self.sgls);
         put_u32(b_, 540, self.mnan);
         put_str(b_, 768, 256, self.subnqn.as_bytes(), 0);
@@ -334,6 +353,7 @@ impl IdentifyController {
             awun: get_u16(b, 526),
             awupf: get_u16(b, 528),
             nwpc: get_u8(b, 531),
+            ocfs: get_u16(b, 534),
             sgls: get_u32(b, 536),
             mnan: get_u32(b, 540),
             subnqn: get_str(b, 768, 256),
@@ -401,6 +421,12 @@ pub struct IdentifyNamespace {
     pub npwg: u16,
     /// Namespace optimal write size, 0's based.
     pub nows: u16,
+    /// Maximum single source range length of a Copy, in blocks.
+    pub mssrl: u16,
+    /// Maximum copy length: the most blocks one Copy may copy over all its source ranges.
+    pub mcl: u32,
+    /// Maximum source range count of a Copy, 0's based.
+    pub msrc: u8,
     /// ANA group this namespace belongs to.
     pub anagrpid: AnaGrpId,
     /// Namespace attributes (bit 0 write protected).
@@ -431,6 +457,9 @@ impl IdentifyNamespace {
         put_u16(b_, 46, self.noiob);
         put_u16(b_, 64, self.npwg);
         put_u16(b_, 72, self.nows);
+        put_u16(b_, 74, self.mssrl);
+        put_u32(b_, 76, self.mcl);
+        put_u8(b_, 80, self.msrc);
         put_u32(b_, 92, self.anagrpid.0);
         put_u8(b_, 99, self.nsattr);
         b_[104..120].copy_from_slice(&self.nguid);
@@ -473,6 +502,9 @@ impl IdentifyNamespace {
             noiob: get_u16(b, 46),
             npwg: get_u16(b, 64),
             nows: get_u16(b, 72),
+            mssrl: get_u16(b, 74),
+            mcl: get_u32(b, 76),
+            msrc: get_u8(b, 80),
             anagrpid: AnaGrpId(get_u32(b, 92)),
             nsattr: get_u8(b, 99),
             nguid,
@@ -606,9 +638,16 @@ mod tests {
             iorcsz: 1,
             anagrpmax: 4,
             nanagrpid: 4,
+            oncs: oncs::COMPARE | oncs::VERIFY | oncs::COPY,
+            fuses: fuses::COMPARE_AND_WRITE,
+            ocfs: ocfs::FORMAT_0,
             ..Default::default()
         };
         let b = c.encode();
+        // SPDK struct spdk_nvme_ctrlr_data: oncs at 520, fuses at 522, ocfs at 534.
+        assert_eq!(get_u16(&b[..], 520), 0x181);
+        assert_eq!(get_u16(&b[..], 522), 1);
+        assert_eq!(get_u16(&b[..], 534), 1);
         assert_eq!(&b[4..13], b"qpath0001");
         assert_eq!(b[23], b' ');
         assert_eq!(b[76], 0x0b);
@@ -627,7 +666,11 @@ mod tests {
         n.lbaf[0] = LbaFormat { ms: 0, lbads: 12, rp: 0 };
         n.nguid = [0x11; 16];
         n.anagrpid = AnaGrpId(2);
-        let d = IdentifyNamespace::decode(&n.encode()[..]);
+        (n.mssrl, n.mcl, n.msrc) = (256, 2048, 127);
+        let b = n.encode();
+        // SPDK struct spdk_nvme_ns_data: mssrl at 74, mcl at 76, msrc at 80.
+        assert_eq!((get_u16(&b[..], 74), get_u32(&b[..], 76), b[80]), (256, 2048, 127));
+        let d = IdentifyNamespace::decode(&b[..]);
         assert_eq!(d, n);
         assert_eq!(d.block_size(), 4096);
     }

@@ -45,6 +45,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod copy;
 pub mod cqe;
 pub mod fabrics;
 pub mod features;

@@ -46,6 +46,18 @@ pub mod io {
     pub const RESV_ACQUIRE: u8 = 0x11;
     /// Reservation Release.
     pub const RESV_RELEASE: u8 = 0x15;
+    /// Copy (NVM Command Set 1.0 §3.2.2).
+    pub const COPY: u8 = 0x19;
+}
+
+/// The FUSE field (CDW0 bits 9:8, the flags byte's bits 1:0; NVMe Base 2.0 §3.4.2).
+pub mod fuse {
+    /// A normal command.
+    pub const NONE: u8 = 0b00;
+    /// The first command of a fused operation (the Compare of Compare and Write).
+    pub const FIRST: u8 = 0b01;
+    /// The second command of a fused operation (the Write of Compare and Write).
+    pub const SECOND: u8 = 0b10;
 }
 
 /// Fabrics command types (SQE byte 4 when the opcode is 0x7F).

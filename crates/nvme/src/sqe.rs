@@ -73,9 +73,13 @@ impl Sqe {
     pub fn flags(&self) -> u8 {
         self.0[1]
     }
-    /// Fused operation bits.
+    /// Fused operation bits ([`crate::opcode::fuse`]).
     pub fn fuse(&self) -> u8 {
         self.0[1] & 3
+    }
+    /// Sets the fused operation bits ([`crate::opcode::fuse`]).
+    pub fn set_fuse(&mut self, fuse: u8) {
+        self.0[1] = (self.0[1] & !3) | (fuse & 3);
     }
     /// PRP or SGL for Data Transfer.
     pub fn psdt(&self) -> u8 {
@@ -204,6 +208,35 @@ impl Sqe {
         s
     }
 
+    /// A Verify of `nlb` blocks at `slba` (no data: the controller only reads them).
+    pub fn verify(cid: Cid, nsid: Nsid, slba: u64, nlb: u32) -> Sqe {
+        Sqe::rw(io::VERIFY, cid, nsid, slba, nlb, SglDescriptor::transport(0))
+    }
+
+    /// A Copy to `sdlba` from `nr` format 0h source ranges (data: `nr` × 32 bytes, see
+    /// [`crate::copy::SourceRange`]).
+    pub fn copy(cid: Cid, nsid: Nsid, sdlba: u64, nr: u32, sgl: SglDescriptor) -> Sqe {
+        let mut s = Sqe::new(io::COPY);
+        s.set_cid(cid);
+        s.set_nsid(nsid);
+        s.set_sgl(sgl);
+        put_u64(&mut s.0, 40, sdlba);
+        s.set_cdw(12, nr.saturating_sub(1) & 0xff);
+        s
+    }
+    /// Copy: Starting Destination LBA (CDW10-11).
+    pub fn copy_sdlba(&self) -> u64 {
+        self.slba()
+    }
+    /// Copy: number of source ranges (CDW12 bits 7:0, 0's based).
+    pub fn copy_ranges(&self) -> u32 {
+        (self.cdw(12) & 0xff) + 1
+    }
+    /// Copy: descriptor format of the source ranges (CDW12 bits 11:8).
+    pub fn copy_format(&self) -> u8 {
+        ((self.cdw(12) >> 8) & 0xf) as u8
+    }
+
     // ---- Admin commands ----
 
     /// Identify with this CNS, controller id and NSID, reading `len` bytes.
@@ -294,6 +327,23 @@ mod tests {
         assert_eq!(s.sgl().kind(), SglKind::Transport);
         assert_eq!(s.sgl().length, 4096);
         assert_eq!(s.0[39], 0x5a);
+    }
+
+    #[test]
+    fn fused_and_copy_fields() {
+        let mut s = Sqe::rw(io::COMPARE, Cid(2), Nsid(1), 16, 8, SglDescriptor::in_capsule(4096));
+        s.set_fuse(crate::opcode::fuse::FIRST);
+        assert_eq!((s.fuse(), s.psdt()), (1, 1), "FUSE beside PSDT");
+        s.set_fuse(crate::opcode::fuse::SECOND);
+        assert_eq!(s.flags(), PSDT_SGL | 2);
+        // libnvme nvme_copy: cdw10/11 = sdlba, cdw12 = (nr - 1) | format << 8 | fua << 30.
+        let mut c = Sqe::copy(Cid(3), Nsid(1), 0x1_0000_0002, 3, SglDescriptor::in_capsule(96));
+        assert_eq!((c.cdw(10), c.cdw(11), c.cdw(12)), (2, 1, 2));
+        assert_eq!((c.copy_sdlba(), c.copy_ranges(), c.copy_format()), (0x1_0000_0002, 3, 0));
+        c.set_cdw(12, c.cdw(12) | (1 << 8) | (1 << 30));
+        assert_eq!((c.copy_format(), c.fua()), (1, true));
+        let v = Sqe::verify(Cid(4), Nsid(1), 7, 65536);
+        assert_eq!((v.opcode(), v.slba(), v.nlb(), v.sgl().length), (io::VERIFY, 7, 65536, 0));
     }
 
     #[test]

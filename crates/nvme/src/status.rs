@@ -62,10 +62,9 @@ macro_rules! statuses {
         impl Status {
             $($(#[$doc])* pub const $name: Status = Status { sct: Sct::$sct, sc: $sc, crd: 0, dnr: $dnr };)*
         }
-        fn known_name(s: Status) -> Option<&'static str> {
-            $(if s.sct == Sct::$sct && s.sc == $sc { return Some(stringify!($name)); })*
-            None
-        }
+        /// Every named status code: command specific codes are reused by different
+        /// commands, so one code may have several names.
+        const NAMES: &[(Sct, u8, &str)] = &[$((Sct::$sct, $sc, stringify!($name)),)*];
     };
 }
 
@@ -86,6 +85,12 @@ statuses! {
     ABORT_REQUESTED = (Generic, 0x07, false);
     /// Command Aborted due to SQ Deletion.
     ABORT_SQ_DELETED = (Generic, 0x08, false);
+    /// Command Aborted due to Failed Fused Command: the other command of the fused
+    /// operation failed (a Compare and Write's Write after a miscompare).
+    FUSED_FAILED = (Generic, 0x09, true);
+    /// Command Aborted due to Missing Fused Command: the adjacent submission queue entry
+    /// does not hold the other command of the fused operation.
+    FUSED_MISSING = (Generic, 0x0a, true);
     /// Invalid Namespace or Format.
     INVALID_NS = (Generic, 0x0b, true);
     /// Command Sequence Error.
@@ -143,6 +148,11 @@ statuses! {
     CONNECT_RESTART_DISCOVERY = (CommandSpecific, 0x83, true);
     /// Connect: Invalid Host (host NQN not allowed).
     CONNECT_INVALID_HOST = (CommandSpecific, 0x84, true);
+    /// Command Size Limit Exceeded: a Copy with more source ranges than MSRC allows, a
+    /// range longer than MSSRL or more blocks in all than MCL (NVM Command Set 1.0 §3.2.2).
+    COMMAND_SIZE_LIMIT_EXCEEDED = (CommandSpecific, 0x83, true);
+    /// Abort Command Limit Exceeded: more Abort commands outstanding than ACL allows.
+    ABORT_COMMAND_LIMIT_EXCEEDED = (CommandSpecific, 0x03, true);
     /// Authentication Required.
     AUTH_REQUIRED = (CommandSpecific, 0x91, true);
     /// Write Fault.
@@ -229,8 +239,15 @@ impl fmt::Debug for Status {
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match known_name(*self) {
-            Some(n) => write!(f, "{n}")?,
+        let mut names = NAMES.iter().filter(|(sct, sc, _)| *sct == self.sct && *sc == self.sc).map(|(_, _, n)| n);
+        match names.next() {
+            Some(n) => {
+                write!(f, "{n}")?;
+                // A command specific code shared by several commands: every name it has.
+                for n in names {
+                    write!(f, " or {n}")?;
+                }
+            }
             None => write!(f, "sct={:?} sc={:#04x}", self.sct, self.sc)?,
         }
         if self.dnr {
@@ -252,6 +269,10 @@ mod tests {
             Status::CONNECT_INVALID_PARAMETERS,
             Status::ANA_INACCESSIBLE,
             Status::LBA_OUT_OF_RANGE,
+            Status::FUSED_FAILED,
+            Status::FUSED_MISSING,
+            Status::COMMAND_SIZE_LIMIT_EXCEEDED,
+            Status::COMPARE_FAILURE,
         ] {
             assert_eq!(Status::from_wire(s.to_wire()), s);
         }
@@ -259,6 +280,12 @@ mod tests {
         assert_eq!(Status::INVALID_FIELD.to_wire(), 0x4002 << 1);
         // NVME_SC_ANA_INACCESSIBLE = 0x302.
         assert_eq!(Status::ANA_INACCESSIBLE.to_wire(), 0x302 << 1);
+        // Linux NVME_SC_FUSED_FAIL 0x9, NVME_SC_FUSED_MISSING 0xa, NVME_SC_COMPARE_FAILED 0x285
+        // and the command specific 0x183 (SPDK SPDK_NVME_SC_CMD_SIZE_LIMIT_SIZE_EXCEEDED), with DNR.
+        assert_eq!(Status::FUSED_FAILED.to_wire(), 0x4009 << 1);
+        assert_eq!(Status::FUSED_MISSING.to_wire(), 0x400a << 1);
+        assert_eq!(Status::COMPARE_FAILURE.to_wire(), 0x4285 << 1);
+        assert_eq!(Status::COMMAND_SIZE_LIMIT_EXCEEDED.to_wire(), 0x4183 << 1);
     }
 
     #[test]
@@ -275,6 +302,10 @@ mod tests {
     #[test]
     fn display_names() {
         assert_eq!(Status::LBA_OUT_OF_RANGE.to_string(), "LBA_OUT_OF_RANGE (DNR)");
+        assert_eq!(
+            Status::COMMAND_SIZE_LIMIT_EXCEEDED.to_string(),
+            "CONNECT_RESTART_DISCOVERY or COMMAND_SIZE_LIMIT_EXCEEDED (DNR)"
+        );
         let odd = Status { sct: Sct::Vendor, sc: 0x42, crd: 0, dnr: false };
         assert_eq!(odd.to_string(), "sct=Vendor sc=0x42");
     }

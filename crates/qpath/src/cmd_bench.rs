@@ -9,46 +9,65 @@ pub struct LabArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum LabCommand {
-    /// Issue 4: path flaps that lose nothing. A 4k randwrite with crc32c verify through a
-    /// 2-path head while one path goes down (5 s every 10 s), then a read-back: link loss
-    /// (veth in network namespaces), port faults or ANA flips by RPC, or Linux nvmet.
+    /// Path flaps that lose nothing: a 4k randwrite with crc32c verify through a 2-path
+    /// head while one path goes down (5 s every 10 s), then a read-back.
+    ///
+    /// The outage is a link loss (veth in network namespaces), port faults or ANA flips by
+    /// RPC, or Linux nvmet.
     Flaps(bench::lab::flaps::FlapsArgs),
-    /// Measure the physical baseline: a raw loopback TCP ping-pong of a 4 KiB read's
-    /// shape (72-byte request, 4,144-byte reply) and a raw TCP stream of 128 KiB writes.
+    /// The machine's physical baseline: raw loopback TCP ping-pong and stream.
+    ///
+    /// A ping-pong of a 4 KiB read's shape (72-byte request, 4,144-byte reply) and a
+    /// stream of 128 KiB writes.
     Baseline(bench::lab::LabBaselineArgs),
-    /// Issue 6: QD1 4k reads next to a QD64 flood on the same target reactor, without
-    /// fairness budgets and with the defaults (QD1 p99 with the flood / alone, goal <= 2x).
+    /// QD1 4k reads next to a QD64 flood on the same target reactor.
+    ///
+    /// Without fairness budgets and with the defaults (QD1 p99 with the flood / alone,
+    /// goal <= 2x).
     Fairness(bench::lab::fairness::FairnessArgs),
-    /// QD1 4k reads on a target reactor while another host connects with DH-HMAC-CHAP
-    /// over ffdhe8192: the DH steps on the reactor (before) and on the target's workers.
+    /// QD1 4k reads on a target reactor while another host authenticates (ffdhe8192).
+    ///
+    /// The DH-HMAC-CHAP steps run on the reactor (as before) and on the target's workers.
     #[command(name = "auth-stall")]
     AuthStall(bench::lab::auth_stall::AuthStallArgs),
-    /// A host's DH-HMAC-CHAP connects (ffdhe8192) while another host floods the
-    /// target's DH workers with Negotiates it hangs up on.
+    /// A host's DH-HMAC-CHAP connects while another floods the target's DH workers.
+    ///
+    /// The flooding host sends Negotiates (ffdhe8192) and hangs up on them.
     #[command(name = "auth-flood")]
     AuthFlood(bench::lab::auth_flood::AuthFloodArgs),
-    /// Seed 003: WAL writes next to random-read hogs on one host-wide tag set of 170,
-    /// without fairness, with each fairness policy, and with per-device tag sets.
+    /// WAL writes next to random-read hogs on one host-wide tag set of 170.
+    ///
+    /// Without fairness, with each fairness policy, and with per-device tag sets
+    /// (examples/seed-003-wal-and-hogs.fio).
     #[command(name = "seed-003")]
     Seed003(bench::lab::seed_003::Seed003Args),
-    /// Seed 000: 512 KiB random reads at QD1 over two paths under each path policy and
-    /// the seed's two reference selectors: submission latency, IOPS, per-path counts.
+    /// 512 KiB random reads at QD1 over two paths under each path policy.
+    ///
+    /// And under the two reference selectors of examples/seed-000-qd1-512k-randread.fio:
+    /// submission latency, IOPS, per-path counts.
     #[command(name = "seed-000")]
     Seed000(bench::lab::seed_000::Seed000Args),
-    /// Issue 4: one of two paths delayed +2 ms by the target; 4k random reads under
-    /// round-robin, queue-depth and latency: IOPS and per-path counts.
+    /// One of two paths delayed +2 ms: 4k random reads under each path policy.
+    ///
+    /// Round-robin, queue-depth and latency: IOPS and per-path counts.
     #[command(name = "mpath-delay")]
     MpathDelay(bench::lab::mpath_delay::MpathDelayArgs),
-    /// Seed 001: 512 B and 4 KiB random reads at iodepth 128 on one core, through the
-    /// block path and through a user-owned queue pair, same run.
+    /// 512 B and 4 KiB random reads at iodepth 128 on one core: block path vs queue pair.
+    ///
+    /// Through the block path and through a user-owned queue pair, same run
+    /// (examples/seed-001-passthru-randread.fio).
     #[command(name = "seed-001")]
     Seed001(bench::lab::seed_001::Seed001Args),
-    /// Seed 004: per-stream 4k random reads at iodepth 64 over 1 I/O queue, N queues
-    /// on one completion context, and N queues on N contexts.
+    /// Per-stream 4k random reads at iodepth 64 over 1, N and N queues on N contexts.
+    ///
+    /// Over 1 I/O queue, N queues on one completion context, and N queues on N contexts
+    /// (examples/seed-004-per-cpu-randread.fio).
     #[command(name = "seed-004")]
     Seed004(bench::lab::seed_004::Seed004Args),
-    /// Seed 002: tiobench-style 4k sequential and random writes and reads over 1, 2 and
-    /// 4 subsystems of 2 paths each: aggregate MiB/s, I/O errors and reconnects.
+    /// tiobench-style 4k writes and reads over 1, 2 and 4 subsystems of 2 paths each.
+    ///
+    /// Sequential and random: aggregate MiB/s, I/O errors and reconnects
+    /// (examples/seed-002-tiobench.fio).
     #[command(name = "seed-002")]
     Seed002(bench::lab::seed_002::Seed002Args),
 }

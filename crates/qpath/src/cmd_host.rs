@@ -17,7 +17,10 @@ pub struct Transport {
     /// Transport address (IP or host name).
     #[arg(short = 'a', long, default_value = "127.0.0.1")]
     traddr: String,
-    /// Transport service id (TCP port).
+    /// Transport service id, the TCP port [default: 4420]. 4420 is where `qpath target`
+    /// serves discovery as well as I/O, as Linux nvmet does on every port it is given;
+    /// nvme-cli's discover defaults to 8009, the port of a dedicated discovery
+    /// controller: pass -s 8009 for one.
     #[arg(short = 's', long)]
     trsvcid: Option<u16>,
     /// Host NQN (default: /etc/nvme/hostnqn, else derived from the machine id).
@@ -148,10 +151,16 @@ pub struct ListSubsysArgs {
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
+/// Where `discover` and `list-subsys` look with no `-s`: the port the default
+/// `qpath target` serves discovery on (and Linux nvmet on its usual ports), not
+/// nvme-cli's 8009, which only a dedicated discovery controller listens on.
+const DEFAULT_DISCOVERY_PORT: u16 = nvme::tcp::IO_PORT;
+
 pub fn discover(a: DiscoverArgs) -> R {
-    let addr = a.transport.addr(nvme::tcp::DISCOVERY_PORT)?;
+    let addr = a.transport.addr(DEFAULT_DISCOVERY_PORT)?;
     let (hostnqn, hostid) = a.transport.identity();
-    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)?;
+    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)
+        .map_err(|e| format!("discovery at {addr}: {e}"))?;
     println!("\nDiscovery Log Number of Records {}", found.len());
     for (i, f) in found.iter().enumerate() {
         let e = &f.entry;
@@ -224,9 +233,10 @@ pub fn connect(a: ConnectArgs) -> R {
 }
 
 pub fn list_subsys(a: ListSubsysArgs) -> R {
-    let addr = a.transport.addr(nvme::tcp::DISCOVERY_PORT)?;
+    let addr = a.transport.addr(DEFAULT_DISCOVERY_PORT)?;
     let (hostnqn, hostid) = a.transport.identity();
-    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)?;
+    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)
+        .map_err(|e| format!("discovery at {addr}: {e}"))?;
     let mut ctrls: Vec<Arc<Controller>> = Vec::new();
     for f in found.iter().filter(|f| f.entry.subtype == subtype::NVM) {
         let ea = entry_addr(&f.entry)?;

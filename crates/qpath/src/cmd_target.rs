@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use target::config::Config;
+use target::persist::{Persist, SaveMode};
 use target::reactor::PollMode;
 use target::rpc::RpcServer;
 
@@ -26,8 +27,10 @@ pub struct TargetArgs {
     /// CPUs to pin reactors to, e.g. "0" or "0,1".
     #[arg(long, value_delimiter = ',')]
     cpus: Option<Vec<usize>>,
-    /// Replace the listen addresses of the config's ports, in order (e.g. for a network namespace).
-    #[arg(long = "listen")]
+    /// Replace the listen address of a port: one IP:PORT per --listen, repeated for
+    /// several ports, in the config's port order (e.g. --listen 10.0.0.1:4420 --listen
+    /// 10.0.1.1:4420 for a network namespace).
+    #[arg(long = "listen", value_name = "IP:PORT")]
     listen: Vec<String>,
     /// Fairness: PDUs one connection parses per reactor turn (overrides the config; 0 = no limit).
     #[arg(long = "rx-budget-pdus", value_name = "PDUS")]
@@ -49,13 +52,100 @@ pub struct TargetArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 127.0.0.1:9420.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// Save the running configuration to the --config file after every change made over
+    /// RPC, before the RPC answers (atomically, the previous file kept as FILE.bak). Without
+    /// it, the RPC save_config saves on demand. SIGHUP re-reads the file either way.
+    #[arg(long, requires = "config")]
+    persist: bool,
     /// Print the effective configuration (as JSON) and exit.
     #[arg(long)]
     print_config: bool,
+    /// Check the configuration (with the other options applied) and print a summary of
+    /// what would be served, then exit: nothing is started, bound, created or locked.
+    /// Exits non-zero, listing every problem found, if it would not start.
+    #[arg(long)]
+    check: bool,
 }
 
 fn parse_poll(s: &str) -> Result<PollMode, String> {
     s.parse()
+}
+
+/// `--listen` values: each one address, no more of them than the configuration has ports.
+/// Checked before anything starts.
+fn check_listen(listen: &[String], ports: usize) -> Result<(), String> {
+    for addr in listen {
+        if addr.contains(',') || addr.split_whitespace().count() > 1 {
+            return Err(format!(
+                "--listen {addr:?}: one IP:PORT per --listen; repeat --listen for each port \
+                 (--listen 127.0.0.1:4420 --listen 127.0.0.1:4421)"
+            ));
+        }
+        target::server::parse_addr(addr)
+            .map_err(|e| format!("--listen: {e} (expected IP:PORT, e.g. 127.0.0.1:4420)"))?;
+    }
+    if listen.len() > ports {
+        let given = listen.len();
+        let has = match ports {
+            0 => "no ports".to_string(),
+            1 => "1 port".to_string(),
+            n => format!("{n} ports"),
+        };
+        return Err(format!(
+            "--listen is given {given} times but the configuration has {has}: each --listen replaces the \
+             address of one configured port, in order; add [[port]] tables to the --config file for more ports"
+        ));
+    }
+    Ok(())
+}
+
+/// The command line's changes to a configuration file's contents, applied at start and to
+/// the file a SIGHUP re-reads.
+#[derive(Clone, Debug)]
+struct Overrides {
+    reactors: Option<usize>,
+    poll: Option<PollMode>,
+    cpus: Option<Vec<usize>>,
+    rx_budget_pdus: Option<u32>,
+    tcp_congestion: Option<target::registry::TcpCongestion>,
+    tx_batch_bytes: Option<usize>,
+    tx_deadline_us: Option<u64>,
+    auth_workers: Option<usize>,
+    listen: Vec<String>,
+}
+
+impl Overrides {
+    fn apply(&self, cfg: &mut Config) -> Result<(), String> {
+        if let Some(n) = self.reactors {
+            cfg.reactor.reactors = n;
+        }
+        if let Some(p) = self.poll {
+            cfg.reactor.poll = p;
+        }
+        if let Some(c) = &self.cpus {
+            cfg.reactor.cpus.clone_from(c);
+        }
+        if let Some(v) = self.rx_budget_pdus {
+            cfg.options.rx_budget_pdus = v;
+        }
+        if let Some(v) = self.tcp_congestion {
+            cfg.options.tcp_congestion = v;
+        }
+        if let Some(v) = self.tx_batch_bytes {
+            cfg.options.tx_batch_bytes = v;
+        }
+        if let Some(v) = self.tx_deadline_us {
+            cfg.options.tx_deadline_us = v;
+        }
+        if let Some(v) = self.auth_workers {
+            cfg.options.auth_workers = v;
+        }
+        check_listen(&self.listen, cfg.ports.len())?;
+        for (port, addr) in cfg.ports.iter_mut().zip(&self.listen) {
+            port.addr.clone_from(addr);
+        }
+        Ok(())
+    }
 }
 
 pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -63,36 +153,18 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Config::load(p)?,
         None => Config::embedded_default(),
     };
-    if let Some(n) = a.reactors {
-        cfg.reactor.reactors = n;
-    }
-    if let Some(p) = a.poll {
-        cfg.reactor.poll = p;
-    }
-    if let Some(c) = a.cpus {
-        cfg.reactor.cpus = c;
-    }
-    if let Some(v) = a.rx_budget_pdus {
-        cfg.options.rx_budget_pdus = v;
-    }
-    if let Some(v) = a.tcp_congestion {
-        cfg.options.tcp_congestion = v;
-    }
-    if let Some(v) = a.tx_batch_bytes {
-        cfg.options.tx_batch_bytes = v;
-    }
-    if let Some(v) = a.tx_deadline_us {
-        cfg.options.tx_deadline_us = v;
-    }
-    if let Some(v) = a.auth_workers {
-        cfg.options.auth_workers = v;
-    }
-    for (i, addr) in a.listen.iter().enumerate() {
-        match cfg.ports.get_mut(i) {
-            Some(p) => p.addr.clone_from(addr),
-            None => return Err(format!("--listen {addr}: the configuration has only {} ports", cfg.ports.len()).into()),
-        }
-    }
+    let overrides = Overrides {
+        reactors: a.reactors,
+        poll: a.poll,
+        cpus: a.cpus.clone(),
+        rx_budget_pdus: a.rx_budget_pdus,
+        tcp_congestion: a.tcp_congestion,
+        tx_batch_bytes: a.tx_batch_bytes,
+        tx_deadline_us: a.tx_deadline_us,
+        auth_workers: a.auth_workers,
+        listen: a.listen.clone(),
+    };
+    overrides.apply(&mut cfg)?;
     if let Some(s) = a.rpc_socket {
         cfg.rpc.socket = Some(s);
     }
@@ -103,10 +175,42 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string_pretty(&cfg)?);
         return Ok(());
     }
+    if a.check {
+        let origin = a.config.as_ref().map_or_else(|| "the embedded default".to_string(), |p| p.display().to_string());
+        let report = crate::target_check::check(&cfg, a.metrics);
+        print!("{}", report.summary);
+        if report.problems.is_empty() {
+            println!("{origin}: configuration OK; nothing was started");
+            return Ok(());
+        }
+        let n = report.problems.len();
+        return Err(format!(
+            "{origin}: {n} problem{} would stop the target from starting:\n  {}",
+            if n == 1 { "" } else { "s" },
+            report.problems.join("\n  ")
+        )
+        .into());
+    }
+    // The metrics address is the one option whose trouble would otherwise show only after
+    // the target started: try it first (bound and let go at once).
+    if let Some(addr) = a.metrics {
+        std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
+    }
     // Files the configuration creates are removed again if any part of the start fails
     // (dropping `new_files` on an early return does that); kept once everything is up.
     let (server, new_files) = cfg.start_with_new_files()?;
     let server = Arc::new(server);
+    server.set_persist(Persist {
+        file: a.config.clone(),
+        mode: if a.persist { SaveMode::EveryChange } else { SaveMode::OnDemand },
+        rpc: cfg.rpc.clone(),
+        overrides: Box::new(move |c: &mut Config| {
+            // Checked at start: the same list of ports applies again.
+            if let Err(e) = overrides.apply(c) {
+                tracing::warn!("reload: {e}");
+            }
+        }),
+    })?;
     let _rpc = match &cfg.rpc.socket {
         Some(p) => Some(RpcServer::start(p, Arc::clone(&server))?),
         None => None,
@@ -125,7 +229,11 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     new_files.keep();
     for p in server.state.ports() {
-        println!("listening on {} (port {}, {:?})", p.addr, p.id, p.kind);
+        let kind = match p.kind {
+            target::port::PortKind::Io => "I/O and discovery",
+            target::port::PortKind::Discovery => "discovery only",
+        };
+        println!("listening on {} (port {}, {kind})", p.addr, p.id);
     }
     for s in server.state.subsystems() {
         println!("serving {} with {} namespace(s)", s.nqn, s.namespaces().0.len());
@@ -133,15 +241,60 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = &cfg.rpc.socket {
         println!("rpc socket {}", p.display());
     }
+    if a.persist
+        && let Some(f) = &a.config
+    {
+        println!("persisting every change to {}", f.display());
+    }
     let stop = Arc::new(AtomicBool::new(false));
+    let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(std::time::Duration::from_millis(50));
+        if hup.swap(false, Ordering::Relaxed) {
+            // SIGHUP: re-read the file and apply the difference (logged line by line; a
+            // file that does not parse changes nothing).
+            match target::persist::reload(&server) {
+                Ok(r) => eprintln!(
+                    "qpath target: configuration reloaded: {} change(s) applied, {} refused",
+                    r.applied.len(),
+                    r.refused.len()
+                ),
+                Err(e) => eprintln!("qpath target: configuration not reloaded, nothing changed: {e}"),
+            }
+        }
     }
     eprintln!("qpath target: shutting down");
     if let Ok(s) = Arc::try_unwrap(server) {
         s.shutdown();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn listen_takes_one_address_per_flag_and_one_flag_per_port() {
+        assert!(check_listen(&l(&["127.0.0.1:4420", "[::1]:4421"]), 2).is_ok());
+        assert!(check_listen(&[], 0).is_ok());
+        let e = check_listen(&l(&["127.0.0.1:4420,127.0.0.1:4421"]), 2).unwrap_err();
+        assert!(e.contains("one IP:PORT per --listen; repeat --listen"), "{e}");
+        let e = check_listen(&l(&["127.0.0.1:4420 127.0.0.1:4421"]), 2).unwrap_err();
+        assert!(e.contains("repeat --listen"), "{e}");
+        let e = check_listen(&l(&["localhost"]), 2).unwrap_err();
+        assert!(e.contains("\"localhost\"") && e.contains("expected IP:PORT"), "{e}");
+        let e = check_listen(&l(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]), 2).unwrap_err();
+        assert!(e.contains("given 3 times but the configuration has 2 ports"), "{e}");
+        assert!(e.contains("add [[port]] tables"), "{e}");
+        let e = check_listen(&l(&["127.0.0.1:1", "127.0.0.1:2"]), 1).unwrap_err();
+        assert!(e.contains("has 1 port:"), "{e}");
+    }
 }

@@ -7,12 +7,25 @@ mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
+mod target_check;
 
 use clap::{Parser, Subcommand};
 
-/// qpath: a user-space multipath NVMe/TCP stack.
+/// `qpath --version`: the crate version and the git commit it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("QPATH_GIT_COMMIT"), ")");
+
+/// How to get logs, shown under `qpath --help`.
+const AFTER_HELP: &str = "\
+Logs go to stderr. RUST_LOG chooses what is logged (default: warn,qpath_target=info):
+  RUST_LOG=debug qpath target                 everything at debug level
+  RUST_LOG=warn,qpath_host=debug qpath bench  one part at debug (qpath_target, qpath_host,
+                                              qpath_bench, nvme, uring, blk)
+
+`qpath COMMAND --help` describes each command.";
+
+/// qpath: a user-space, multi-queue, multipath NVMe/TCP stack (target, host, benchmark).
 #[derive(Parser, Debug)]
-#[command(name = "qpath", version, about)]
+#[command(name = "qpath", version = VERSION, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,9 +35,9 @@ struct Cli {
 enum Command {
     /// Serve NVMe/TCP subsystems (the embedded default when no --config is given).
     Target(cmd_target::TargetArgs),
-    /// Call the target's JSON-RPC control socket.
+    /// Call a running target's (or bench's) JSON-RPC control socket.
     Rpc(cmd_rpc::RpcArgs),
-    /// Per-queue statistics of a running target or host process.
+    /// Per-queue statistics of a running target or bench, from its RPC socket.
     Stats(cmd_stats::StatsArgs),
     /// Read a discovery controller's log (following referrals), like `nvme discover`.
     Discover(cmd_host::DiscoverArgs),
@@ -32,13 +45,19 @@ enum Command {
     Connect(cmd_host::ConnectArgs),
     /// Discover, connect to every subsystem found and show controllers and paths.
     ListSubsys(cmd_host::ListSubsysArgs),
-    /// Namespace reservations: register, acquire, release, report (nvme-cli's resv-*),
-    /// and a one-block read or write to see what a reservation leaves this host.
+    /// Namespace reservations, as nvme-cli's resv-* (register, acquire, release, report).
+    ///
+    /// Also a one-block read or write, to see what a reservation leaves this host.
     Resv(cmd_resv::ResvArgs),
-    /// Run a fio job file (an embedded target when jobs have no filename), with the
-    /// physical baseline and ratios.
+    /// Run a fio job file (an embedded target when jobs have no filename).
+    ///
+    /// With the embedded target, the physical baseline of the machine and each job's
+    /// ratio to it are reported too.
     Bench(bench::lab::LabBenchArgs),
-    /// Measurements of the machine itself (`qpath lab baseline`).
+    /// Experiments against the stack's goals: path flaps, multipath, fairness, auth, seeds.
+    ///
+    /// Each lab prints a table, its goals and whether they were met, and writes a plot;
+    /// `qpath lab baseline` measures the machine itself.
     Lab(cmd_bench::LabArgs),
 }
 

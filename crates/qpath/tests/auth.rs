@@ -57,6 +57,7 @@ fn start(k: &Keys, hash: HashId, group: DhGroup) -> (Server, u16) {
                 dhchap_ctrl_key: k.ctrl.as_ref().map(ToString::to_string),
                 hash: Some(hash.linux_name().into()),
                 dhgroup: Some(group.name().into()),
+                ..Default::default()
             }),
         ],
         ..SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "16M")])

@@ -208,3 +208,39 @@ fn lab_baseline_json() {
     assert!(v["ping_pong"]["lat_p99_ns"].as_u64().unwrap() > 0, "{v}");
     assert!(v["stream"]["bw_bytes"].as_f64().unwrap() > 0.0, "{v}");
 }
+
+/// fio refuses an option it does not know (`fio: bad option`, exit 1): a job run without
+/// it is a different workload. So does `qpath bench`, naming the option and its line,
+/// before anything runs; `--lenient` warns and runs without it, as before.
+#[test]
+fn unknown_job_options_are_refused_unless_lenient() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-cli-unknown-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("unknown.dat");
+    let job = dir.join("unknown.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[global]\nfilename={}\nsize=1m\nbs=4k\nioengine=psync\n\n[typo]\nrw=randread\nruntime=200ms\n\
+             iodpeth=32\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let path = job.to_str().unwrap();
+    let (ok, stdout, stderr) = qpath(&["bench", path]);
+    assert!(!ok, "an unknown option must fail the run:\n{stdout}");
+    assert!(stderr.contains("[typo] iodpeth=32 (line 10)") && stderr.contains(path), "{stderr}");
+    assert!(stderr.contains("--lenient"), "says how to run anyway: {stderr}");
+    assert!(!stdout.contains("Starting") && !data.exists(), "nothing ran, nothing was laid out:\n{stdout}");
+    let (ok, stdout, stderr) = qpath(&["bench", path, "--lenient"]);
+    assert!(ok, "--lenient runs it:\n{stderr}");
+    assert!(
+        stderr.contains("warning: unknown options ignored (--lenient)") && stderr.contains("iodpeth=32"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("typo: (groupid=0"), "{stdout}");
+    // Every job file of examples/ still runs without --lenient: they parse strictly
+    // (crates/bench/tests/examples_parse.rs checks each one).
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -36,6 +36,7 @@ fn a_running_jobs_keys_rotate_through_the_bench_rpc() {
             dhchap_ctrl_key: None,
             hash: None,
             dhgroup: Some(DhGroup::Ffdhe2048.name().into()),
+            ..Default::default()
         })],
         ..SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "16M")])
     }];

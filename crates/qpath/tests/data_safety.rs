@@ -234,8 +234,8 @@ fn rpc_add_namespace_never_shrinks_grows_only_when_asked_and_locks_until_removed
     let e = t.rpc("add_namespace", &[&nqn, "backend=file", &path]).unwrap_err();
     assert!(e.contains(&format!("already used by namespace 2 of {NQN}")), "{e}");
     // Removing the namespace lets the file go.
-    t.rpc("remove_namespace", &[&nqn, "nsid=2"]).unwrap();
-    t.rpc("add_namespace", &[&nqn, "backend=file", &path, "nsid=3"]).unwrap();
+    t.rpc("remove_namespace", &[&nqn, "nsid:=2"]).unwrap();
+    t.rpc("add_namespace", &[&nqn, "backend=file", &path, "nsid:=3"]).unwrap();
     assert_eq!(namespace_sizes(&t), vec![(1, MIB), (3, 64 * MIB)]);
     assert_eq!(fingerprint(&img), before);
     // grow=true grows a smaller file; without it a larger size is refused.
@@ -244,12 +244,12 @@ fn rpc_add_namespace_never_shrinks_grows_only_when_asked_and_locks_until_removed
     let e = t.rpc("add_namespace", &[&nqn, "backend=file", &small_path, "size=2M"]).unwrap_err();
     assert!(e.contains("asks for more") && e.contains("grow = true"), "{e}");
     assert_eq!(std::fs::metadata(&small).unwrap().len(), MIB);
-    t.rpc("add_namespace", &[&nqn, "backend=file", &small_path, "size=2M", "grow=true"]).unwrap();
+    t.rpc("add_namespace", &[&nqn, "backend=file", &small_path, "size=2M", "grow:=true"]).unwrap();
     assert_eq!(std::fs::metadata(&small).unwrap().len(), 2 * MIB, "grown as asked");
     // A failed add leaves no file it created (here an invalid block size, found after).
     let new = d.path("new.img");
     let new_path = format!("path={}", new.display());
-    assert!(t.rpc("add_namespace", &[&nqn, "backend=file", &new_path, "size=1M", "block_size=1000"]).is_err());
+    assert!(t.rpc("add_namespace", &[&nqn, "backend=file", &new_path, "size=1M", "block_size:=1000"]).is_err());
     assert!(!new.exists(), "the failed add removed the file it created");
 }
 

@@ -57,7 +57,9 @@ fn vm_ana_flip_linux_7_2_needs_root_and_qemu() {
     run_scenario("sid", &[], "ana");
 }
 
-/// Acceptance 4 (file backend survives kill -9 + restart) on Linux 6.1.
+/// Acceptance 4 (file backend survives kill -9 + restart) on Linux 6.1; the target runs
+/// with `--persist`, and a host and a namespace added over RPC before the crash are there
+/// after it (the guest gets back in by its saved host NQN and verifies namespace 2).
 #[test]
 #[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
 fn vm_file_durability_linux_6_1_needs_root_and_qemu() {

@@ -6,8 +6,8 @@
 
 use nvme::features::{NumQueues, fid, sel};
 use nvme::identify::{
-    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, lpa, nwpc,
-    oaes, sgls,
+    ControllerType, IDENTIFY_SIZE, IdentifyController, cmic, cns, csi, encode_ns_descs, encode_ns_list, fuses, lpa,
+    nwpc, oaes, ocfs, sgls,
 };
 use nvme::log::{AnaGroupDesc, AnaLog, GetLogPage, SmartLog, encode_changed_ns_list, lid, slice_page};
 use nvme::opcode::admin;
@@ -25,6 +25,14 @@ pub enum Outcome {
     Complete(Status, u32, u32),
     /// An Asynchronous Event Request: held until an event occurs.
     Aer,
+    /// Abort command `cid` of submission queue `sqid` (NVMe Base 2.0 §5.1): the queue's
+    /// owner decides whether it can, on its tick ([`crate::controller::Controller::request_abort`]).
+    Abort {
+        /// Submission queue id.
+        sqid: u16,
+        /// Command id.
+        cid: u16,
+    },
 }
 
 impl Outcome {
@@ -86,8 +94,10 @@ pub fn execute(
                 Outcome::ok(0)
             }
         }
-        // A minimal Abort: the command is never found (DW0 bit 0 = not aborted), as nvmet does.
-        admin::ABORT if !disc => Outcome::ok(1),
+        // CDW10: SQID 15:0, CID 31:16.
+        admin::ABORT if !disc => {
+            Outcome::Abort { sqid: (sqe.cdw(10) & 0xffff) as u16, cid: (sqe.cdw(10) >> 16) as u16 }
+        }
         _ => Outcome::err(Status::INVALID_OPCODE),
     }
 }
@@ -195,16 +205,12 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         cntrltype: if disc { ControllerType::Discovery as u8 } else { ControllerType::Io as u8 },
         crdt: [0; 3],
         oacs: 0,
-        acl: 3,
+        acl: u8::try_from(crate::controller::ABORTS_MAX - 1).unwrap_or(0),
         aerl: u8::try_from(MAX_AERS - 1).unwrap_or(0),
         frmw: 0x03,
         // Discovery controllers serve LID 70h with offsets (nvmet's discovery `id->lpa`);
         // I/O controllers every page in `supported::LOG_PAGES`, SMART per namespace too.
-        lpa: if disc {
-            lpa::EXTENDED_DATA
-        } else {
-            lpa::SMART_PER_NS | lpa::CMD_EFFECTS | lpa::EXTENDED_DATA | lpa::LOG_PAGE_SUPPORT
-        },
+        lpa: if disc { lpa::EXTENDED_DATA } else { lpa::SMART_PER_NS | lpa::CMD_EFFECTS | lpa::EXTENDED_DATA },
         elpe: u8::try_from(ERROR_LOG_ENTRIES - 1).unwrap_or(0),
         kas: KAS,
         anatt: if disc { 0 } else { 10 },
@@ -218,7 +224,8 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         maxcmd: s.limits.max_queue_entries,
         nn: if disc { 0 } else { MAX_NSID },
         oncs: if disc { 0 } else { crate::supported::oncs() },
-        fuses: 0,
+        // Compare and Write, atomic against every other write to its blocks (crate::range_lock).
+        fuses: if disc { 0 } else { fuses::COMPARE_AND_WRITE },
         fna: 0,
         vwc: u8::from(vwc),
         awun: 0,
@@ -226,6 +233,8 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         // No Write Protect and Write Protect, and Write Protect Until Power Cycle (what a
         // configured read-only namespace is); not Permanent Write Protect.
         nwpc: if disc { 0 } else { nwpc::WRITE_PROTECT | nwpc::UNTIL_POWER_CYCLE },
+        // Copy source ranges in format 0h only (limits per namespace: MSSRL, MCL, MSRC).
+        ocfs: if disc { 0 } else { ocfs::FORMAT_0 },
         sgls: sgls::SUPPORTED | sgls::OFFSET | sgls::TRANSPORT,
         mnan: if disc { 0 } else { MAX_NSID },
         subnqn: s.nqn.clone(),
@@ -431,30 +440,31 @@ fn set_features(ctrl: &Controller, ns: &NsMap, sqe: &Sqe, now_ms: u64) -> Outcom
             let nsid = sqe.nsid();
             let nsids: Vec<Nsid> = if nsid == Nsid::BROADCAST {
                 ns.iter().map(|n| n.nsid).collect()
-            } else if ns.get(nsid).is_some() {
-                vec![nsid]
             } else {
-                return Outcome::err(Status::INVALID_NS);
+                match feature_ns(ns, nsid) {
+                    Ok(n) => vec![n.nsid],
+                    Err(s) => return Outcome::err(s),
+                }
             };
             match ctrl.set_resv_mask(nsids, cdw11) {
                 Ok(()) => Outcome::ok(cdw11),
                 Err(s) => Outcome::err(s),
             }
         }
-        fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
-            Some(n) => match n.resv.set_ptpl(cdw11 & 1 == 1) {
+        fid::RESV_PERSISTENCE => match feature_ns(ns, sqe.nsid()) {
+            Ok(n) => match n.resv.set_ptpl(cdw11 & 1 == 1) {
                 s if s.is_success() => Outcome::ok(cdw11 & 1),
                 s => Outcome::err(s),
             },
-            None => Outcome::err(Status::INVALID_NS),
+            Err(s) => Outcome::err(s),
         },
         // One namespace this controller's host sees (NSID FFFFFFFFh is refused, as nvmet).
-        fid::WRITE_PROTECT => match ns.get(sqe.nsid()) {
-            Some(n) => match ctrl.subsys.set_write_protect(n.nsid, cdw11 & 7) {
+        fid::WRITE_PROTECT => match feature_ns(ns, sqe.nsid()) {
+            Ok(n) => match ctrl.subsys.set_write_protect(n.nsid, cdw11 & 7) {
                 Ok(()) => Outcome::ok(0),
                 Err(s) => Outcome::err(s),
             },
-            None => Outcome::err(Status::INVALID_NS),
+            Err(s) => Outcome::err(s),
         },
         _ => Outcome::err(Status::FEATURE_NOT_CHANGEABLE),
     }
@@ -509,19 +519,24 @@ fn get_features(target: &TargetState, ctrl: &Controller, ns: &NsMap, sqe: &Sqe, 
             out[..16].copy_from_slice(&ctrl.hostid);
             Outcome::ok(0)
         }
-        fid::RESV_MASK => match ns.get(sqe.nsid()) {
-            Some(n) => Outcome::ok(ctrl.resv_mask(n.nsid)),
-            None => Outcome::err(Status::INVALID_NS),
-        },
-        fid::RESV_PERSISTENCE => match ns.get(sqe.nsid()) {
-            Some(n) => Outcome::ok(u32::from(n.resv.ptpl())),
-            None => Outcome::err(Status::INVALID_NS),
-        },
-        fid::WRITE_PROTECT => match ns.get(sqe.nsid()) {
-            Some(n) => Outcome::ok(n.write_protect()),
-            None => Outcome::err(Status::INVALID_NS),
-        },
+        fid::RESV_MASK => feature_ns(ns, sqe.nsid()).map_or_else(Outcome::err, |n| Outcome::ok(ctrl.resv_mask(n.nsid))),
+        fid::RESV_PERSISTENCE => {
+            feature_ns(ns, sqe.nsid()).map_or_else(Outcome::err, |n| Outcome::ok(u32::from(n.resv.ptpl())))
+        }
+        fid::WRITE_PROTECT => feature_ns(ns, sqe.nsid()).map_or_else(Outcome::err, |n| Outcome::ok(n.write_protect())),
         _ => unreachable!("feature {f:#04x} is in supported::FEATURES without a Get Features answer"),
+    }
+}
+
+/// The namespace a namespace-specific feature names: an active NSID of this controller's
+/// host. An NSID in range that names no active namespace is Invalid Field in Command, one
+/// out of range (0, FFFFFFFFh here, past NN) Invalid Namespace or Format — as nvmet and
+/// QEMU's controller answer (NVMe Base 2.0 §3.2.1.4: an inactive NSID is a valid one).
+fn feature_ns(ns: &NsMap, nsid: Nsid) -> Result<&std::sync::Arc<crate::namespace::Namespace>, Status> {
+    match ns.get(nsid) {
+        Some(n) => Ok(n),
+        None if (1..=MAX_NSID).contains(&nsid.0) => Err(Status::INVALID_FIELD),
+        None => Err(Status::INVALID_NS),
     }
 }
 

@@ -49,12 +49,24 @@ pub struct HostAuth {
     pub hash: HashId,
     /// Required DH group (Linux default null). Not downgraded: a host that does not offer it is refused.
     pub dhgroup: DhGroup,
+    /// The files the keys were read from (`dhchap_key_file`, `dhchap_ctrl_key_file`), if
+    /// they came from files: a saved configuration names the file again, not the secret.
+    pub key_files: KeyFiles,
+}
+
+/// Where a host's DH-HMAC-CHAP keys were read from (none: given inline).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyFiles {
+    /// The host key's file.
+    pub host: Option<std::path::PathBuf>,
+    /// The controller key's file.
+    pub ctrl: Option<std::path::PathBuf>,
 }
 
 impl HostAuth {
     /// Keys with Linux's defaults for the rest (SHA-256, null DH group).
     pub fn new(host_key: Secret, ctrl_key: Option<Secret>) -> HostAuth {
-        HostAuth { host_key, ctrl_key, hash: HashId::Sha256, dhgroup: DhGroup::Null }
+        HostAuth { host_key, ctrl_key, hash: HashId::Sha256, dhgroup: DhGroup::Null, key_files: KeyFiles::default() }
     }
 }
 

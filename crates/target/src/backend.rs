@@ -86,6 +86,14 @@ pub struct FileRequest<'a> {
     pub owner: &'a str,
 }
 
+impl<'a> FileRequest<'a> {
+    /// A read-write file or device of `size` bytes (`None`: its own), created when missing
+    /// and a size is given, never grown, for `owner`.
+    pub fn read_write(path: &'a Path, size: Option<u64>, owner: &'a str) -> FileRequest<'a> {
+        FileRequest { path, size, grow: false, access: Access::ReadWrite, owner }
+    }
+}
+
 /// A file-backed namespace.
 #[derive(Debug)]
 pub struct FileBackend {

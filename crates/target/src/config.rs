@@ -36,6 +36,9 @@
 //!     dhchap_ctrl_key = "DHHC-1:03:...:",         # optional: the controller authenticates too
 //!     hash = "sha384",                            # optional: preferred hash (default sha256)
 //!     dhgroup = "ffdhe3072" },                    # optional: required DH group (default null)
+//!   { nqn = "nqn.2014-08.org.nvmexpress:uuid:...",
+//!     dhchap_key_file = "/etc/qpath/host1.key",   # the secret read from a file (at start
+//!     dhchap_ctrl_key_file = "/etc/qpath/ctrl1.key" },  #   and SIGHUP); a save names the file
 //! ]
 //! [[subsystem.namespace]]
 //! backend = "file"               # null | ram | file
@@ -91,10 +94,19 @@
 //! create are never touched. See `docs/robustness.md`, "Data safety".
 //!
 //! A namespace's size can change while hosts use it (RPC `resize_namespace`; see
-//! [`crate::namespace`]); a file namespace's file is resized then, and only then. The
-//! RPC does not rewrite this file: after a file namespace grew, a `size` still naming the
-//! old size is refused at the next start (smaller than the file); leave `size` out (the
-//! file's is used) or set the new one.
+//! [`crate::namespace`]); a file namespace's file is resized then, and only then. The RPC
+//! rewrites this file only under `qpath target --persist` (or when `save_config` is
+//! called): then the saved `size` is the file's new size. Otherwise, after a file
+//! namespace grew, a `size` still naming the old size is refused at the next start
+//! (smaller than the file); leave `size` out (the file's is used) or set the new one.
+//!
+//! # Saved configurations
+//!
+//! `save_config` and `--persist` write this same schema from the running target
+//! ([`crate::persist`]), with every value explicit (sizes in bytes, NSIDs, UUIDs, serials,
+//! queue limits, the limits in force under `[options]`), a first comment saying it was
+//! written by qpath and when, and mode 0600 when a DH-HMAC-CHAP secret is inline. SIGHUP
+//! re-reads the file and applies the difference.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -103,10 +115,10 @@ use nvme::auth::{DhGroup, HashId, Secret};
 use nvme::{AnaGrpId, AnaState};
 use serde::{Deserialize, Serialize};
 
-use crate::auth::HostAuth;
+use crate::auth::{HostAuth, KeyFiles};
 use crate::backend::{Access, Backend, FileBackend, FileRequest, NewFiles};
 use crate::error::{Error, ErrorKind};
-use crate::namespace::{NamespaceSpec, Visibility};
+use crate::namespace::{NamespaceSpec, NsOrigin, Visibility};
 use crate::port::PortKind;
 use crate::qos::QosSettings;
 use crate::reactor::ReactorOptions;
@@ -138,10 +150,10 @@ pub struct Config {
     #[serde(default, rename = "subsystem")]
     pub subsystems: Vec<SubsystemConfig>,
     /// ANA states other than optimized.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ana: Vec<AnaConfig>,
     /// Referrals listed in the discovery log.
-    #[serde(default, rename = "referral")]
+    #[serde(default, rename = "referral", skip_serializing_if = "Vec::is_empty")]
     pub referrals: Vec<ReferralConfig>,
 }
 
@@ -234,7 +246,7 @@ pub struct SubsystemConfig {
 }
 
 /// An allowed host: its NQN, or a table with its DH-HMAC-CHAP settings.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 pub enum HostEntry {
     /// Allowed without authentication.
@@ -263,6 +275,11 @@ pub struct HostAuthConfig {
     pub dhchap_key: Option<String>,
     /// The controller's secret (bidirectional authentication when the host asks).
     pub dhchap_ctrl_key: Option<String>,
+    /// A file holding the host's secret (instead of `dhchap_key`), read at start and at
+    /// every reload: a saved configuration names the file again, never the secret.
+    pub dhchap_key_file: Option<PathBuf>,
+    /// A file holding the controller's secret (instead of `dhchap_ctrl_key`).
+    pub dhchap_ctrl_key_file: Option<PathBuf>,
     /// Preferred hash: sha256 (default), sha384, sha512 (or "hmac(sha256)" ...).
     pub hash: Option<String>,
     /// Required DH group: null (default), ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192.
@@ -270,20 +287,33 @@ pub struct HostAuthConfig {
 }
 
 impl HostAuthConfig {
-    /// Checks the settings: `None` when the host has no key (it does not authenticate).
+    /// Checks the settings (reading the key files): `None` when the host has no key (it
+    /// does not authenticate). Errors name the host and the file, never a secret.
     pub fn to_host_auth(&self) -> Result<Option<HostAuth>, Error> {
         let bad = |what: &str, e: String| Error::new(ErrorKind::Config, format!("host {}: {what}: {e}", self.nqn));
         let secret = |s: &str, what: &str| Secret::parse(s).map_err(|e| bad(what, e.to_string()));
-        let Some(key) = &self.dhchap_key else {
-            if self.dhchap_ctrl_key.is_some() {
+        let key = |inline: &Option<String>, file: &Option<PathBuf>, what: &str| -> Result<Option<Secret>, Error> {
+            match (inline, file) {
+                (Some(_), Some(_)) => Err(bad(what, format!("give {what} or {what}_file, not both"))),
+                (Some(k), None) => secret(k, what).map(Some),
+                (None, Some(f)) => {
+                    let what_file = format!("{what}_file {}", f.display());
+                    let text = std::fs::read_to_string(f).map_err(|e| bad(&what_file, e.to_string()))?;
+                    secret(&text, &what_file).map(Some)
+                }
+                (None, None) => Ok(None),
+            }
+        };
+        let host_key = key(&self.dhchap_key, &self.dhchap_key_file, "dhchap_key")?;
+        let ctrl_key = key(&self.dhchap_ctrl_key, &self.dhchap_ctrl_key_file, "dhchap_ctrl_key")?;
+        let Some(host_key) = host_key else {
+            if ctrl_key.is_some() {
                 return Err(bad("dhchap_ctrl_key", "needs dhchap_key (the host authenticates first)".into()));
             }
             return Ok(None);
         };
-        let mut a = HostAuth::new(secret(key, "dhchap_key")?, None);
-        if let Some(c) = &self.dhchap_ctrl_key {
-            a.ctrl_key = Some(secret(c, "dhchap_ctrl_key")?);
-        }
+        let mut a = HostAuth::new(host_key, ctrl_key);
+        a.key_files = KeyFiles { host: self.dhchap_key_file.clone(), ctrl: self.dhchap_ctrl_key_file.clone() };
         if let Some(h) = &self.hash {
             a.hash = HashId::parse(h).ok_or_else(|| bad("hash", format!("{h:?}: sha256, sha384 or sha512")))?;
         }
@@ -435,13 +465,60 @@ fn default_group() -> u32 {
 }
 
 /// A size as a number of bytes or a string with a suffix.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 pub enum SizeValue {
     /// Bytes.
     Bytes(u64),
     /// "1G", "512MiB", "4096".
     Text(String),
+}
+
+// Written out rather than derived (`untagged`), so that a wrong value is refused with what
+// a size looks like instead of serde's "did not match any variant of untagged enum".
+impl<'de> Deserialize<'de> for SizeValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SizeValue, D::Error> {
+        struct Size;
+        impl serde::de::Visitor<'_> for Size {
+            type Value = SizeValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size: a number of bytes (4096) or a string with a unit (\"512M\", \"1G\")")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SizeValue, E> {
+                Ok(SizeValue::Bytes(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SizeValue, E> {
+                u64::try_from(v)
+                    .map(SizeValue::Bytes)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SizeValue, E> {
+                Ok(SizeValue::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(Size)
+    }
+}
+
+// As for sizes: an NQN string, or a table whose own errors (an unknown or missing field)
+// are shown, instead of "did not match any variant of untagged enum".
+impl<'de> Deserialize<'de> for HostEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<HostEntry, D::Error> {
+        struct Host;
+        impl<'de> serde::de::Visitor<'de> for Host {
+            type Value = HostEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a host NQN, or a table { nqn = \"...\", dhchap_key = \"DHHC-1:...\", ... }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HostEntry, E> {
+                Ok(HostEntry::Nqn(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<HostEntry, A::Error> {
+                HostAuthConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(HostEntry::Auth)
+            }
+        }
+        d.deserialize_any(Host)
+    }
 }
 
 impl SizeValue {
@@ -495,9 +572,18 @@ impl Config {
         Config::parse(&text).map_err(|e| Error::new(e.kind, format!("{}: {}", path.display(), e.context)))
     }
 
-    /// Parses TOML text.
+    /// Parses TOML text. An error names the line and column, not the text there: the line
+    /// may hold a DH-HMAC-CHAP secret, and errors reach logs.
     pub fn parse(text: &str) -> Result<Config, Error> {
-        toml::from_str(text).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))
+        toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| {
+                let before = &text[..s.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {column}: ")
+            });
+            Error::new(ErrorKind::Config, format!("{}{}", at.unwrap_or_default(), e.message().trim_end()))
+        })
     }
 
     /// The embedded default: one subsystem with a 1 GiB RAM namespace on
@@ -682,7 +768,8 @@ fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) 
         other => return Err(Error::new(ErrorKind::Config, format!("{owner}: backend {other:?}: null, ram or file"))),
     };
     let uuid = n.uuid.as_deref().map(parse_uuid).transpose()?;
-    let nsid = sub.add_namespace_with(
+    let origin = NsOrigin { ptpl_file: None, prefault: n.prefault, huge_pages: n.huge_pages, max_size };
+    let nsid = sub.add_namespace_from(
         NamespaceSpec {
             nsid: nsid.0,
             backend,
@@ -694,6 +781,7 @@ fn add_namespace_into(sub: &Subsystem, n: &NamespaceConfig, new: &mut NewFiles) 
             ptpl_file: n.ptpl_file.clone(),
         },
         visibility,
+        origin,
     )?;
     let (map, _) = sub.namespaces();
     if let Some(ns) = map.get(nsid) {
@@ -824,6 +912,43 @@ mod tests {
     #[test]
     fn unknown_keys_are_errors() {
         assert!(Config::parse("[[port]]\nid = 1\naddr = \"x\"\ncolour = 3\n").is_err());
+    }
+
+    #[test]
+    fn a_parse_error_names_the_line_not_its_text() {
+        let key = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        let text = format!("[[subsystem]]\nnqn = \"nqn.x\"\nhosts = [{{ nqn = \"h\", dhchap_key = \"{key}\" ]\n");
+        let e = Config::parse(&text).unwrap_err().to_string();
+        assert!(e.starts_with("line 3, column "), "{e}");
+        assert!(!e.contains("ia6zGodOr4SEG0Zzaw398"), "a secret in an error: {e}");
+    }
+
+    #[test]
+    fn keys_from_files() {
+        let d = Dir::new("keyfiles");
+        let key = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        let f = d.0.join("host.key");
+        std::fs::write(&f, format!("{key}\n")).unwrap();
+        let host = |extra: &str| format!("[[subsystem]]\nnqn = \"{NQN}\"\nhosts = [{{ nqn = \"nqn.h\", {extra} }}]\n");
+        let c = Config::parse(&host(&format!(
+            "dhchap_key_file = \"{}\", dhchap_ctrl_key_file = \"{}\"",
+            f.display(),
+            f.display()
+        )))
+        .unwrap();
+        let state = c.build_state().unwrap();
+        let a = state.subsystem(NQN).unwrap().host_auth("nqn.h").unwrap();
+        assert_eq!(a.host_key, Secret::parse(key).unwrap());
+        assert_eq!(a.key_files.host.as_deref(), Some(f.as_path()));
+        assert!(a.ctrl_key.is_some());
+        let both = host(&format!("dhchap_key = \"{key}\", dhchap_key_file = \"{}\"", f.display()));
+        assert!(err(&Config::parse(&both).unwrap()).contains("not both"));
+        let missing = host(&format!("dhchap_key_file = \"{}\"", d.0.join("none").display()));
+        let e = err(&Config::parse(&missing).unwrap());
+        assert!(e.contains("dhchap_key_file") && e.contains("none"), "{e}");
+        std::fs::write(&f, "DHHC-1:01:AAAA:").unwrap();
+        let e = err(&Config::parse(&host(&format!("dhchap_key_file = \"{}\"", f.display()))).unwrap());
+        assert!(e.contains(&f.display().to_string()) && !e.contains("AAAA"), "{e}");
     }
 
     /// A directory of its own for one test, removed at the end.

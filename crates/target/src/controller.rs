@@ -119,6 +119,43 @@ struct Inner {
     error_count: u64,
 }
 
+/// Abort commands one controller may have outstanding (Identify Controller ACL is this - 1).
+pub const ABORTS_MAX: usize = 4;
+
+/// An Abort command's question to the owner of an I/O queue.
+#[derive(Debug)]
+pub struct AbortRequest {
+    /// The queue.
+    pub sqid: u16,
+    /// The command to abort.
+    pub cid: u16,
+    /// Where the queue's owner answers.
+    pub answer: Arc<AbortAnswer>,
+}
+
+/// The answer to an [`AbortRequest`]: pending until the queue's owner looks.
+#[derive(Debug, Default)]
+pub struct AbortAnswer(std::sync::atomic::AtomicU8);
+
+impl AbortAnswer {
+    const PENDING: u8 = 0;
+    const ABORTED: u8 = 1;
+    const NOT_ABORTED: u8 = 2;
+
+    /// Whether the command was aborted: `None` while the queue has not looked yet.
+    pub fn aborted(&self) -> Option<bool> {
+        match self.0.load(Ordering::Acquire) {
+            Self::PENDING => None,
+            a => Some(a == Self::ABORTED),
+        }
+    }
+
+    /// The queue's owner answers.
+    pub fn set(&self, aborted: bool) {
+        self.0.store(if aborted { Self::ABORTED } else { Self::NOT_ABORTED }, Ordering::Release);
+    }
+}
+
 /// One controller.
 pub struct Controller {
     /// Controller id.
@@ -138,6 +175,10 @@ pub struct Controller {
     last_traffic_ms: AtomicU64,
     /// Set when events are waiting for an AER; the admin queue polls it.
     aen_pending: AtomicBool,
+    /// Abort commands waiting for their I/O queue's owner to look ([`Controller::request_abort`]).
+    aborts: Mutex<Vec<AbortRequest>>,
+    /// Set while `aborts` holds a request; the I/O queues read it on their tick.
+    aborts_pending: AtomicBool,
     /// Bumped when CC.EN goes to 0: I/O queues bound to an older value close.
     io_generation: AtomicU64,
     /// The namespaces this controller's host sees (set by the subsystem, which also bumps
@@ -216,6 +257,8 @@ impl Controller {
             kato_ms: AtomicU32::new(kato_ms),
             last_traffic_ms: AtomicU64::new(now_ms),
             aen_pending: AtomicBool::new(false),
+            aborts: Mutex::new(Vec::new()),
+            aborts_pending: AtomicBool::new(false),
             io_generation: AtomicU64::new(0),
             ns_view: Mutex::new(Arc::new(NsMap::default())),
         }
@@ -469,6 +512,43 @@ impl Controller {
     #[inline]
     pub fn has_events(&self) -> bool {
         self.aen_pending.load(Ordering::Relaxed)
+    }
+
+    /// An Abort command for command `cid` of I/O queue `sqid`: `None` when there is nothing
+    /// to ask (no such queue of this controller: not aborted), else the answer its queue's
+    /// owner fills in on its next tick ([`AbortAnswer`]). At most [`ABORTS_MAX`] at once
+    /// (Identify Controller ACL + 1), else Abort Command Limit Exceeded.
+    pub fn request_abort(&self, sqid: u16, cid: u16) -> Result<Option<Arc<AbortAnswer>>, Status> {
+        let attached = sqid >= 1 && self.lock().queues.get(usize::from(sqid)).copied().unwrap_or(false);
+        if !attached {
+            return Ok(None);
+        }
+        let mut a = self.aborts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        a.retain(|r| Arc::strong_count(&r.answer) > 1);
+        if a.len() >= ABORTS_MAX {
+            return Err(Status::ABORT_COMMAND_LIMIT_EXCEEDED);
+        }
+        let answer = Arc::new(AbortAnswer::default());
+        a.push(AbortRequest { sqid, cid, answer: Arc::clone(&answer) });
+        self.aborts_pending.store(true, Ordering::Release);
+        Ok(Some(answer))
+    }
+
+    /// Whether Abort requests wait for an I/O queue (one load, on the queues' tick).
+    #[inline]
+    pub fn aborts_pending(&self) -> bool {
+        self.aborts_pending.load(Ordering::Acquire)
+    }
+
+    /// The Abort requests for I/O queue `sqid`, taken off the list.
+    pub fn take_aborts(&self, sqid: u16) -> Vec<AbortRequest> {
+        let mut a = self.aborts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mine, rest) = std::mem::take(&mut *a).into_iter().partition(|r| r.sqid == sqid);
+        *a = rest;
+        if a.is_empty() {
+            self.aborts_pending.store(false, Ordering::Release);
+        }
+        mine
     }
 
     /// A log page was read with RAE clear: its event kind may be reported again.

@@ -1,12 +1,21 @@
-//! NVM I/O commands: decoding and checking Read, Write, Flush, Write Zeroes
-//! and Dataset Management against the namespace and the path's ANA state
-//! (NVM Command Set 1.0 §3; Linux `io-cmd-bdev.c` / `io-cmd-file.c`).
+//! NVM I/O commands: decoding and checking Read, Write, Flush, Write Zeroes,
+//! Dataset Management, Compare, Verify and Copy against the namespace and the path's
+//! ANA state (NVM Command Set 1.0 §3; Linux `io-cmd-bdev.c` / `io-cmd-file.c`, SPDK
+//! `lib/nvmf/ctrlr_bdev.c`).
 
+use std::ops::Range;
+
+use nvme::copy::{RANGE_SIZE, SourceRange};
 use nvme::opcode::io;
 use nvme::{AnaState, Sqe, Status};
 
 use crate::namespace::Namespace;
 use crate::port::Port;
+
+/// Bytes of one Copy source range entry (format 0h), as a transfer length.
+#[allow(clippy::cast_possible_truncation, reason = "32, asserted below")]
+const RANGE_BYTES: u32 = RANGE_SIZE as u32;
+const _: () = assert!(RANGE_SIZE == 32, "Copy format 0h entries are 32 bytes");
 
 /// What an I/O command asks the backend to do, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +58,34 @@ pub enum IoKind {
         /// Attribute Deallocate.
         deallocate: bool,
     },
+    /// Compare `len` bytes at `offset` with the host's data (NVM Command Set 1.0 §3.2.1);
+    /// with FUSE, the first half of a Compare and Write.
+    Compare {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: u32,
+    },
+    /// Check that `len` bytes at `offset` can be read (§3.2.8); no data moves.
+    Verify {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Flush volatile cache over the range first.
+        fua: bool,
+    },
+    /// Copy `nr` source ranges (in the data, format 0h) to `sdlba` (§3.2.2).
+    Copy {
+        /// Starting destination LBA.
+        sdlba: u64,
+        /// Number of source ranges.
+        nr: u32,
+        /// Bytes copied: 0 until the ranges are decoded.
+        len: u64,
+        /// Force Unit Access: durable before completion.
+        fua: bool,
+    },
     /// A reservation command ([`crate::reservation`]).
     Reservation {
         /// Which one.
@@ -77,6 +114,8 @@ impl IoKind {
         match self {
             IoKind::Write { len, .. } => *len,
             IoKind::Dsm { len, .. } => *len,
+            IoKind::Compare { len, .. } => *len,
+            IoKind::Copy { nr, .. } => nr * RANGE_BYTES,
             IoKind::Reservation { op, len } if *op != ResvOp::Report => *len,
             _ => 0,
         }
@@ -91,7 +130,24 @@ impl IoKind {
             IoKind::WriteZeroes { len, .. } => Some((blk::Direction::Write, len)),
             IoKind::Dsm { .. } => Some((blk::Direction::Trim, 0)),
             IoKind::Flush => Some((blk::Direction::Sync, 0)),
-            IoKind::Reservation { .. } => None,
+            IoKind::Compare { len, .. } => Some((blk::Direction::Read, u64::from(len))),
+            IoKind::Copy { len, .. } => Some((blk::Direction::Write, len)),
+            // Moves nothing to or from the host: a command, not I/O.
+            IoKind::Verify { .. } | IoKind::Reservation { .. } => None,
+        }
+    }
+
+    /// The blocks a write-like command changes, for the range locks ([`crate::range_lock`]):
+    /// Write, Write Zeroes and a deallocating Dataset Management (its ranges are in its
+    /// data, so it counts as the whole namespace). A Copy takes its destination itself
+    /// once its ranges are decoded.
+    pub fn write_blocks(&self, ns: &Namespace) -> Option<Range<u64>> {
+        let blocks = |offset: u64, len: u64| (offset >> ns.block_shift)..((offset + len) >> ns.block_shift);
+        match *self {
+            IoKind::Write { offset, len, .. } => Some(blocks(offset, u64::from(len))),
+            IoKind::WriteZeroes { offset, len, .. } => Some(blocks(offset, len)),
+            IoKind::Dsm { deallocate: true, .. } => Some(0..ns.nblocks()),
+            _ => None,
         }
     }
 
@@ -167,6 +223,34 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
             }
             Ok(IoKind::Dsm { nr, len, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
         }
+        io::COMPARE => {
+            let (offset, len) = range(sqe.slba(), u64::from(sqe.nlb()))?;
+            match u32::try_from(len) {
+                // The host's data to compare against: within MDTS like a Write's.
+                Ok(len) if len <= max_transfer => Ok(IoKind::Compare { offset, len }),
+                _ => Err(Status::INVALID_FIELD),
+            }
+        }
+        io::VERIFY => {
+            // No data moves, so MDTS does not apply (the file backend reads in MDTS chunks).
+            let (offset, len) = range(sqe.slba(), u64::from(sqe.nlb()))?;
+            Ok(IoKind::Verify { offset, len, fua: sqe.fua() })
+        }
+        io::COPY => {
+            if ns.readonly {
+                return Err(Status::NS_WRITE_PROTECTED);
+            }
+            // NVM Command Set 1.0 §3.2.2: a format OCFS does not advertise is an invalid
+            // field; more ranges than MSRC allows exceed the command size limit.
+            if sqe.copy_format() != nvme::copy::FORMAT_0 {
+                return Err(Status::INVALID_FIELD);
+            }
+            let nr = sqe.copy_ranges();
+            if nr > COPY_RANGES_MAX {
+                return Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED);
+            }
+            Ok(IoKind::Copy { sdlba: sqe.copy_sdlba(), nr, len: 0, fua: sqe.fua() })
+        }
         io::RESV_REGISTER => Ok(IoKind::Reservation { op: ResvOp::Register, len: 16 }),
         io::RESV_ACQUIRE => Ok(IoKind::Reservation { op: ResvOp::Acquire, len: 16 }),
         io::RESV_RELEASE => Ok(IoKind::Reservation { op: ResvOp::Release, len: 8 }),
@@ -231,6 +315,50 @@ pub fn dsm_check(data: &[u8], nr: u32, ns: &Namespace) -> Result<(), Status> {
     Ok(())
 }
 
+/// Most bytes one Copy may copy (MCL, in blocks of the namespace): all of it is read into
+/// one buffer before any of it is written, so sources that overlap the destination copy
+/// as if read first, and one Copy holds at most this much buffer.
+pub const COPY_BYTES_MAX: u64 = 1 << 20;
+
+/// Most source ranges in one Copy (MSRC + 1): 4 KiB of range data.
+pub const COPY_RANGES_MAX: u32 = 128;
+
+/// The Copy limits a namespace advertises in Identify Namespace (MSSRL, MCL, MSRC), all
+/// enforced by [`copy_ranges`]: `(mssrl, mcl, msrc)`.
+pub fn copy_limits(ns: &Namespace) -> (u16, u32, u8) {
+    let mcl = COPY_BYTES_MAX >> ns.block_shift;
+    let mcl = u32::try_from(mcl).unwrap_or(u32::MAX);
+    // MSSRL is a 16-bit count: a single range is never longer than the whole copy.
+    let mssrl = u16::try_from(mcl).unwrap_or(u16::MAX);
+    (mssrl, mcl, u8::try_from(COPY_RANGES_MAX - 1).unwrap_or(u8::MAX))
+}
+
+/// Checks a Copy's source ranges (`data`: `nr` format 0h entries) and its destination
+/// against the namespace and the limits [`copy_limits`] advertises; returns the blocks to
+/// copy. Nothing is read or written before this passes (NVM Command Set 1.0 §3.2.2:
+/// Command Size Limit Exceeded for MSSRL and MCL, LBA Out of Range for any range).
+pub fn copy_ranges(data: &[u8], ns: &Namespace, sdlba: u64) -> Result<u64, Status> {
+    let (mssrl, mcl, _) = copy_limits(ns);
+    let nblocks = ns.nblocks();
+    let mut total = 0u64;
+    for r in data.chunks_exact(RANGE_SIZE).map(SourceRange::decode) {
+        if r.nlb > u32::from(mssrl) {
+            return Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED);
+        }
+        if r.slba.checked_add(u64::from(r.nlb)).is_none_or(|end| end > nblocks) {
+            return Err(Status::LBA_OUT_OF_RANGE);
+        }
+        total += u64::from(r.nlb);
+    }
+    if total > u64::from(mcl) {
+        return Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED);
+    }
+    if sdlba.checked_add(total).is_none_or(|end| end > nblocks) {
+        return Err(Status::LBA_OUT_OF_RANGE);
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +411,97 @@ mod tests {
         assert_eq!(plan(&r, Some(&n), &p, 1 << 20), Err(Status::ANA_TRANSITION));
         p.set_ana_state(AnaGrpId(1), AnaState::NonOptimized, 3);
         assert!(plan(&r, Some(&n), &p, 1 << 20).is_ok());
+    }
+
+    fn ns_with(block_size: u32, readonly: bool) -> Namespace {
+        let spec = NamespaceSpec {
+            nsid: 1,
+            backend: Backend::Null,
+            size: Some(1 << 30),
+            block_size,
+            anagrpid: 1,
+            uuid: None,
+            readonly,
+            ptpl_file: None,
+        };
+        Namespace::new("nqn.t", Nsid(1), spec).unwrap()
+    }
+
+    #[test]
+    fn compare_and_verify_decode() {
+        let (n, p) = (ns(), port());
+        let c = Sqe::rw(io::COMPARE, Cid(1), Nsid(1), 16, 8, SglDescriptor::in_capsule(4096));
+        let k = plan(&c, Some(&n), &p, 1 << 20).unwrap();
+        assert_eq!(k, IoKind::Compare { offset: 16 * 512, len: 4096 });
+        assert_eq!((k.h2c_len(), k.c2h_len()), (4096, 0), "the host sends the data to compare");
+        let c = Sqe::rw(io::COMPARE, Cid(1), Nsid(1), 2047, 2, SglDescriptor::in_capsule(1024));
+        assert_eq!(plan(&c, Some(&n), &p, 1 << 20), Err(Status::LBA_OUT_OF_RANGE));
+        let c = Sqe::rw(io::COMPARE, Cid(1), Nsid(1), 0, 16, SglDescriptor::transport(8192));
+        assert_eq!(plan(&c, Some(&n), &p, 4096), Err(Status::INVALID_FIELD), "beyond MDTS");
+        assert_eq!(plan(&c, None, &p, 1 << 20), Err(Status::INVALID_NS));
+
+        // Verify moves no data, so MDTS does not limit it; a read-only namespace may verify.
+        let v = Sqe::verify(Cid(1), Nsid(1), 0, 2048);
+        let k = plan(&v, Some(&ns_with(512, true)), &p, 4096).unwrap();
+        assert_eq!(k, IoKind::Verify { offset: 0, len: 1 << 20, fua: false });
+        assert_eq!((k.h2c_len(), k.c2h_len(), k.stats_direction()), (0, 0, None));
+        let v = Sqe::verify(Cid(1), Nsid(1), 1, 2048);
+        assert_eq!(plan(&v, Some(&n), &p, 4096), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(crate::reservation::group(io::COMPARE), crate::reservation::Group::Read);
+        assert_eq!(crate::reservation::group(io::VERIFY), crate::reservation::Group::Read);
+    }
+
+    #[test]
+    fn copy_decode_and_limits() {
+        let (n, p) = (ns(), port());
+        let c = Sqe::copy(Cid(1), Nsid(1), 100, 3, SglDescriptor::in_capsule(96));
+        let k = plan(&c, Some(&n), &p, 1 << 20).unwrap();
+        assert_eq!(k, IoKind::Copy { sdlba: 100, nr: 3, len: 0, fua: false });
+        assert_eq!((k.h2c_len(), k.c2h_len()), (96, 0));
+        assert_eq!(crate::reservation::group(io::COPY), crate::reservation::Group::Write);
+        let c128 = Sqe::copy(Cid(1), Nsid(1), 0, 128, SglDescriptor::in_capsule(4096));
+        assert!(plan(&c128, Some(&n), &p, 1 << 20).is_ok(), "MSRC 127 is 128 ranges");
+        let c129 = Sqe::copy(Cid(1), Nsid(1), 0, 129, SglDescriptor::in_capsule(4128));
+        assert_eq!(plan(&c129, Some(&n), &p, 1 << 20), Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED));
+        let mut f1 = c;
+        f1.set_cdw(12, f1.cdw(12) | (1 << 8));
+        assert_eq!(plan(&f1, Some(&n), &p, 1 << 20), Err(Status::INVALID_FIELD), "format 1h is not offered");
+        assert_eq!(plan(&c, Some(&ns_with(512, true)), &p, 1 << 20), Err(Status::NS_WRITE_PROTECTED));
+
+        // 512-byte blocks: MCL 2048 blocks (1 MiB), MSSRL the same, MSRC 127; 4 KiB: 256.
+        assert_eq!(copy_limits(&n), (2048, 2048, 127));
+        assert_eq!(copy_limits(&ns_with(4096, false)), (256, 256, 127));
+        assert_eq!(copy_limits(&ns_with(65536, false)), (16, 16, 127));
+        let r = |slba, nlb| SourceRange { slba, nlb };
+        let d = SourceRange::encode_list(&[r(0, 8), r(2040, 8)]);
+        assert_eq!(copy_ranges(&d, &n, 100), Ok(16));
+        assert_eq!(copy_ranges(&d, &n, 2032), Ok(16), "the destination may end at the last block");
+        assert_eq!(copy_ranges(&d, &n, 2033), Err(Status::LBA_OUT_OF_RANGE), "destination");
+        assert_eq!(copy_ranges(&d, &n, u64::MAX), Err(Status::LBA_OUT_OF_RANGE));
+        let d = SourceRange::encode_list(&[r(0, 8), r(2041, 8)]);
+        assert_eq!(copy_ranges(&d, &n, 0), Err(Status::LBA_OUT_OF_RANGE), "a source");
+        let d = SourceRange::encode_list(&[r(u64::MAX, 1)]);
+        assert_eq!(copy_ranges(&d, &n, 0), Err(Status::LBA_OUT_OF_RANGE));
+        let big = ns_with(512, false);
+        let d = SourceRange::encode_list(&[r(0, 2049)]);
+        assert_eq!(copy_ranges(&d, &big, 10_000), Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED), "MSSRL");
+        let d = SourceRange::encode_list(&[r(0, 2048), r(5000, 1)]);
+        assert_eq!(copy_ranges(&d, &big, 10_000), Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED), "MCL");
+        let d = SourceRange::encode_list(&[r(0, 2047), r(5000, 1)]);
+        assert_eq!(copy_ranges(&d, &big, 10_000), Ok(2048));
+    }
+
+    #[test]
+    fn write_blocks_for_range_locks() {
+        let n = ns();
+        let w = IoKind::Write { offset: 8 * 512, len: 4096, fua: false };
+        assert_eq!(w.write_blocks(&n), Some(8..16));
+        let z = IoKind::WriteZeroes { offset: 0, len: 512, deallocate: true, fua: false };
+        assert_eq!(z.write_blocks(&n), Some(0..1));
+        assert_eq!(IoKind::Dsm { nr: 1, len: 16, deallocate: true }.write_blocks(&n), Some(0..2048));
+        assert_eq!(IoKind::Dsm { nr: 1, len: 16, deallocate: false }.write_blocks(&n), None);
+        assert_eq!(IoKind::Read { offset: 0, len: 512 }.write_blocks(&n), None);
+        assert_eq!(IoKind::Compare { offset: 0, len: 512 }.write_blocks(&n), None);
     }
 
     fn range(d: &mut [u8], i: usize, slba: u64, nlb: u32) {

@@ -6,6 +6,7 @@
 //! ```text
 //!             TargetState (control plane: Connect, admin, RPC)
 //!    ports ─┬─ subsystems ─┬─ namespaces (NsMap, read per I/O) ─ backends null/RAM/file
+//!           │              │    └─ range locks: fused Compare and Write vs every write
 //!           │              ├─ controllers (CC/CSTS, features, AEN, keep-alive)
 //!           │              └─ hosts: allowed NQNs, DH-HMAC-CHAP keys (auth::HostAuth)
 //!           └─ ANA state per (port, group)
@@ -56,9 +57,11 @@ pub mod limits;
 pub mod metrics;
 pub mod namespace;
 pub mod offload;
+pub mod persist;
 pub mod pool;
 pub mod port;
 pub mod qos;
+pub mod range_lock;
 pub mod reactor;
 pub mod registry;
 pub mod reservation;

@@ -36,6 +36,7 @@ use nvme::{AnaGrpId, Nsid, Status};
 use crate::backend::Backend;
 use crate::error::{Error, ErrorKind};
 use crate::qos::Qos;
+use crate::range_lock::RangeLocks;
 use crate::reservation::Reservations;
 
 /// The highest NSID a subsystem may hold (bounds the O(1) lookup table).
@@ -124,6 +125,24 @@ pub struct Namespace {
     /// I/O counters since the namespace was added (monotonic; the SMART log, metrics and
     /// the stats RPC read them). Shared so a namespace rebuilt in place keeps its counts.
     pub counters: Arc<crate::stats::NsTotals>,
+    /// What keeps a fused Compare and Write atomic against other writes ([`crate::range_lock`]).
+    pub locks: RangeLocks,
+    /// What it was asked to be that its backend does not tell (a saved configuration
+    /// writes it back: see `crate::persist`).
+    pub origin: NsOrigin,
+}
+
+/// The settings a namespace was created with that its running state does not show.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NsOrigin {
+    /// Its `ptpl_file`.
+    pub ptpl_file: Option<std::path::PathBuf>,
+    /// RAM: pages faulted in at creation.
+    pub prefault: bool,
+    /// RAM: transparent huge pages asked for.
+    pub huge_pages: bool,
+    /// RAM: the `max_size` given (none: the default, the machine's memory).
+    pub max_size: Option<u64>,
 }
 
 /// Parameters of a new namespace.
@@ -200,7 +219,9 @@ impl Namespace {
                 Some(path) => Reservations::persistent(path)?,
                 None => Reservations::default(),
             },
+            origin: NsOrigin { ptpl_file: spec.ptpl_file.clone(), ..NsOrigin::default() },
             counters: Arc::default(),
+            locks: RangeLocks::default(),
         })
     }
 
@@ -408,6 +429,8 @@ impl Namespace {
         let mut lbaf = [LbaFormat::default(); 16];
         lbaf[0] = LbaFormat { ms: 0, lbads: self.block_shift, rp: 0 };
         let nblocks = self.nblocks();
+        // The Copy limits the target enforces (crate::io_cmd::copy_ranges).
+        let (mssrl, mcl, msrc) = crate::io_cmd::copy_limits(self);
         IdentifyNamespace {
             nsze: nblocks,
             ncap: nblocks,
@@ -423,6 +446,9 @@ impl Namespace {
             noiob: 0,
             npwg: 0,
             nows: 0,
+            mssrl,
+            mcl,
+            msrc,
             anagrpid: self.anagrpid,
             nsattr: u8::from(self.write_protected()),
             nguid: self.nguid,

@@ -538,6 +538,12 @@ impl TargetState {
         failed
     }
 
+    /// Something discovery logs show changed (a subsystem's ports): discovery controllers
+    /// get a discovery-log-change event.
+    pub fn discovery_changed(&self) {
+        self.bump_discovery();
+    }
+
     fn bump_discovery(&self) {
         self.disc_genctr.fetch_add(1, Ordering::Relaxed);
         for c in self.discovery.controllers() {

@@ -75,11 +75,16 @@ pub enum Group {
     Other,
 }
 
-/// The access group of an I/O opcode.
+/// The access group of an I/O opcode (NVMe Base 2.0 §8.19.1, "Command Behavior in the
+/// Presence of a Reservation": Compare, Read and Verify read; Copy writes its destination
+/// — it reads its sources too, but a host that may write may read). The two halves of a
+/// Compare and Write are checked one by one: the Compare reads, the Write writes.
 pub fn group(opcode: u8) -> Group {
     match opcode {
         io::READ | io::COMPARE | io::VERIFY => Group::Read,
-        io::WRITE | io::WRITE_ZEROES | io::DATASET_MANAGEMENT | io::FLUSH | io::WRITE_UNCORRECTABLE => Group::Write,
+        io::WRITE | io::WRITE_ZEROES | io::DATASET_MANAGEMENT | io::FLUSH | io::WRITE_UNCORRECTABLE | io::COPY => {
+            Group::Write
+        }
         _ => Group::Other,
     }
 }

@@ -6,16 +6,16 @@
 //! | method | params | result |
 //! | --- | --- | --- |
 //! | `get_target` | | ports, subsystems, reactors |
-//! | `list_subsystems` | | subsystems with namespaces and hosts |
+//! | `list_subsystems` | | subsystems with namespaces and hosts (`host_keys`: each key's fingerprint, never the key) |
 //! | `add_subsystem` | a `[[subsystem]]` table as JSON (all or nothing: a namespace that fails adds no subsystem) | `{nqn}` |
 //! | `remove_subsystem` | `{nqn}` | |
-//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}`, e.g. `backend=file path=IMG`, with `size`, `grow=true`, `readonly=true` as in the config (an existing file is never shrunk, grown only with `grow=true`, and locked while served; a file the call created is removed if it fails) | `{nsid}` |
+//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}`, e.g. `backend=file path=IMG`, with `size`, `grow:=true`, `readonly:=true` as in the config (an existing file is never shrunk, grown only with `grow:=true`, and locked while served; a file the call created is removed if it fails) | `{nsid}` |
 //! | `remove_namespace` | `{nqn, nsid}` | |
 //! | `resize_namespace` | `{nqn, nsid, size}` (bytes or "2G"; a multiple of the block size; RAM up to its `max_size`; shrinking refused while data lies past the new end; block devices refused) | `{nsid, size, previous_size}` |
 //! | `ns_add_host` / `ns_remove_host` | `{nqn, nsid, host}` (namespaces with `visible = "listed"`; the host's controllers see it appear / go) | `{changed}` |
 //! | `add_host` / `remove_host` | `{nqn, host}` (a removed host's controllers fail at once) | `{controllers_failed}` |
 //! | `set_allow_any_host` | `{nqn, allow}` (false: controllers of hosts not listed fail) | `{controllers_failed}` |
-//! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, hash?, dhgroup?}` (no key: clear) | |
+//! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, dhchap_key_file?, dhchap_ctrl_key_file?, hash?, dhgroup?}` (no key: clear; a key from a file is saved as the file's name) | |
 //! | `set_ana_state` | `{port, group, state}` | `{changed}` |
 //! | `set_qos` | `{nqn, nsid, iops, bytes_per_sec, delay_us}` | |
 //! | `get_reservation` | `{nqn, nsid}` | `{generation, rtype, registrants: [{hostid, rkey, holds}]}` |
@@ -26,6 +26,7 @@
 //! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
 //! | `get_limits` | | limits in force, connections refused by reason, timeouts |
 //! | `set_limits` | any of `{max_connections_per_port, max_connections_per_host, max_connections_per_hostnqn, connect_timeout_ms, pdu_timeout_ms, max_buffer_bytes_per_connection, rx_budget_pdus, tx_batch_bytes, tx_deadline_us}` | limits in force (the fairness budgets may be 0 = no limit) |
+//! | `save_config` | `{path?}` (default: the file the target started from) — the running configuration as the TOML `--config` reads, written atomically (the previous file kept as `FILE.bak`; mode 0600 when it holds secrets inline); under `--persist` every method that changes the configuration saves it before answering | `{path, bytes, mode, inline_secrets, backup}` |
 //! | `list_controllers` | | controllers |
 //! | `list_queues` | | queues with counters |
 //! | `stats` | | per-queue counters and latency percentiles, per-port and per-namespace aggregates |
@@ -144,8 +145,25 @@ fn opt<T: serde::de::DeserializeOwned>(p: &Value, key: &str) -> Result<Option<T>
     }
 }
 
-/// Executes one method (exposed for in-process callers and tests).
+/// Executes one method (exposed for in-process callers and tests). A method that changes
+/// the configuration runs under the change lock and is followed by the save `--persist`
+/// asks for (`crate::persist`): when that save fails, the call fails saying the change is
+/// in force but not saved.
 pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
+    if method == "save_config" {
+        let path: Option<PathBuf> = opt(p, "path")?;
+        return Ok(json!(crate::persist::save(server, path.as_deref())?));
+    }
+    if !crate::persist::is_change(method) {
+        return dispatch(server, method, p);
+    }
+    let _changes = server.lock_changes();
+    let result = dispatch(server, method, p)?;
+    crate::persist::changed(server, method)?;
+    Ok(result)
+}
+
+fn dispatch(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
     let st = &server.state;
     let sub = |p: &Value| -> Result<Arc<crate::subsystem::Subsystem>, Error> {
         let nqn: String = param(p, "nqn")?;
@@ -181,7 +199,7 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                     let a = s.access();
                     json!({
                         "nqn": s.nqn, "serial": s.serial, "model": s.model,
-                        "allow_any_host": a.allow_any, "hosts": a.hosts, "auth_hosts": s.auth_hosts(),
+                        "allow_any_host": a.allow_any, "hosts": a.hosts, "auth_hosts": s.auth_hosts(), "host_keys": s.host_keys(),
                         "namespaces": ns.iter().map(|n| json!({
                             "nsid": n.nsid.0, "backend": format!("{:?}", n.backend), "size": n.size_bytes(),
                             "block_size": n.block_size(), "ana_group": n.anagrpid.0,
@@ -266,6 +284,8 @@ pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
                 dhchap_ctrl_key: opt(p, "dhchap_ctrl_key")?,
                 hash: opt(p, "hash")?,
                 dhgroup: opt(p, "dhgroup")?,
+                dhchap_key_file: opt(p, "dhchap_key_file")?,
+                dhchap_ctrl_key_file: opt(p, "dhchap_ctrl_key_file")?,
             };
             let auth = cfg.to_host_auth()?;
             let mut a: HostAccess = s.access();

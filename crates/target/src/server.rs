@@ -44,6 +44,12 @@ pub struct Server {
     senders: Arc<Vec<MailboxSender<ReactorMsg>>>,
     next: Arc<AtomicUsize>,
     acceptors: Mutex<Vec<Acceptor>>,
+    reactor_opts: ReactorOptions,
+    /// Held by every change of the configuration (a changing RPC and its save, a reload),
+    /// so each save writes a state no other change is halfway through.
+    changes: Mutex<()>,
+    /// Where and when the configuration is saved (none: only on demand, to a path given).
+    persist: std::sync::OnceLock<crate::persist::Persist>,
 }
 
 impl std::fmt::Debug for Server {
@@ -62,7 +68,36 @@ impl Server {
         }
         let senders = Arc::new(reactors.iter().map(|r| r.sender.clone()).collect());
         tracing::info!(reactors = n, poll = ?opts.poll, "target started");
-        Ok(Server { state, reactors, senders, next: Arc::new(AtomicUsize::new(0)), acceptors: Mutex::new(Vec::new()) })
+        Ok(Server {
+            state,
+            reactors,
+            senders,
+            next: Arc::new(AtomicUsize::new(0)),
+            acceptors: Mutex::new(Vec::new()),
+            reactor_opts: opts,
+            changes: Mutex::new(()),
+            persist: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The reactor settings it started with.
+    pub fn reactor_options(&self) -> &ReactorOptions {
+        &self.reactor_opts
+    }
+
+    /// Sets where and when its configuration is saved (once; later calls are refused).
+    pub fn set_persist(&self, p: crate::persist::Persist) -> Result<(), Error> {
+        self.persist.set(p).map_err(|_| Error::new(ErrorKind::Exists, "the configuration file is already set"))
+    }
+
+    /// Where and when its configuration is saved, if set.
+    pub fn persist(&self) -> Option<&crate::persist::Persist> {
+        self.persist.get()
+    }
+
+    /// Serialises changes of the configuration (see the field's docs).
+    pub fn lock_changes(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.changes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Binds `addr` (port 0 picks a free port) and serves it as port `id`.

@@ -10,7 +10,7 @@ use nvme::{Cntlid, Nsid};
 use crate::auth::HostAuth;
 use crate::controller::Controller;
 use crate::error::{Error, ErrorKind};
-use crate::namespace::{Namespace, NamespaceSpec, NsMap, Visibility};
+use crate::namespace::{Namespace, NamespaceSpec, NsMap, NsOrigin, Visibility};
 
 /// What kind of subsystem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +53,34 @@ impl Default for SubsysLimits {
         // Linux nvmet: 128 queues; queue size up to 1024 (Linux host accepts 16..=1024).
         SubsysLimits { max_io_queues: 128, max_queue_entries: 1024, max_controllers: 1024 }
     }
+}
+
+/// A host's DH-HMAC-CHAP settings as RPC shows them: fingerprints of the keys (equal keys,
+/// equal fingerprints; nothing of the key can be learned from one), never the keys.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HostKeyInfo {
+    /// Host NQN.
+    pub nqn: String,
+    /// Preferred hash.
+    pub hash: &'static str,
+    /// Required DH group.
+    pub dhgroup: &'static str,
+    /// Fingerprint of the host key.
+    pub key_fingerprint: String,
+    /// Fingerprint of the controller key, if any.
+    pub ctrl_key_fingerprint: Option<String>,
+    /// The file the host key came from, if it came from one.
+    pub key_file: Option<String>,
+    /// The file the controller key came from, if it came from one.
+    pub ctrl_key_file: Option<String>,
+}
+
+/// A secret's fingerprint: the first 8 bytes of SHA-256 over a label and the secret's
+/// `DHHC-1` text, in hex (one-way: it tells whether two keys are the same, nothing more).
+pub fn fingerprint(secret: &nvme::auth::Secret) -> String {
+    let text = format!("qpath key fingerprint\n{secret}");
+    let d = nvme::auth::dhchap::digest(nvme::auth::HashId::Sha256, text.as_bytes());
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 /// An NVM (or the discovery) subsystem.
@@ -169,6 +197,32 @@ impl Subsystem {
         self.auth.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
     }
 
+    /// Every host's DH-HMAC-CHAP settings, by host NQN.
+    pub fn host_auths(&self) -> Vec<(String, Arc<HostAuth>)> {
+        self.auth.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(h, a)| (h.clone(), Arc::clone(a))).collect()
+    }
+
+    /// What RPC shows of the hosts' keys: fingerprints, never the secrets.
+    pub fn host_keys(&self) -> Vec<HostKeyInfo> {
+        self.host_auths()
+            .into_iter()
+            .map(|(nqn, a)| HostKeyInfo {
+                nqn,
+                hash: a.hash.linux_name(),
+                dhgroup: a.dhgroup.name(),
+                key_fingerprint: fingerprint(&a.host_key),
+                ctrl_key_fingerprint: a.ctrl_key.as_ref().map(fingerprint),
+                key_file: a.key_files.host.as_ref().map(|p| p.display().to_string()),
+                ctrl_key_file: a.key_files.ctrl.as_ref().map(|p| p.display().to_string()),
+            })
+            .collect()
+    }
+
+    /// The ports it is limited to (empty: every I/O port).
+    pub fn ports(&self) -> Vec<u16> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Restricts the subsystem to these ports (empty = every I/O port).
     pub fn set_ports(&self, ports: Vec<u16>) {
         *self.ports.write().unwrap_or_else(|e| e.into_inner()) = ports;
@@ -211,6 +265,17 @@ impl Subsystem {
     /// Adds a namespace that the hosts `visibility` names see; returns its NSID. Their
     /// controllers get a namespace-attribute-changed event.
     pub fn add_namespace_with(&self, spec: NamespaceSpec, visibility: Visibility) -> Result<Nsid, Error> {
+        self.add_namespace_from(spec, visibility, NsOrigin::default())
+    }
+
+    /// [`Subsystem::add_namespace_with`], recording the RAM settings it was made with
+    /// (`origin`; its `ptpl_file` is the spec's) for a saved configuration.
+    pub fn add_namespace_from(
+        &self,
+        spec: NamespaceSpec,
+        visibility: Visibility,
+        origin: NsOrigin,
+    ) -> Result<Nsid, Error> {
         let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
         let nsid = if spec.nsid == 0 {
             m.first_free().ok_or_else(|| Error::new(ErrorKind::Config, "no free NSID"))?
@@ -223,7 +288,8 @@ impl Subsystem {
         if m.get(nsid).is_some() {
             return Err(Error::new(ErrorKind::Exists, format!("{}: NSID {nsid} exists", self.nqn)));
         }
-        let ns = Namespace::new(&self.nqn, nsid, spec)?;
+        let mut ns = Namespace::new(&self.nqn, nsid, spec)?;
+        ns.origin = NsOrigin { ptpl_file: ns.origin.ptpl_file.take(), ..origin };
         // Set before anyone can see it: a host outside the list never sees it appear.
         ns.set_visibility(visibility);
         let next = Arc::new(m.with(Arc::new(ns)));
@@ -282,6 +348,40 @@ impl Subsystem {
             self.publish(&mut m, same, Some(nsid));
         }
         Ok(())
+    }
+
+    /// Replaces who sees namespace `nsid` (every host, or the listed ones); returns whether
+    /// that changed. The controllers whose host gains or loses it get a namespace-attribute-
+    /// changed event, as with [`Subsystem::set_ns_host`] (a reload uses this).
+    pub fn set_ns_visibility(&self, nsid: Nsid, visibility: Visibility) -> Result<bool, Error> {
+        if let Visibility::Listed(hosts) = &visibility {
+            for h in hosts {
+                crate::namespace::check_host_nqn(h)?;
+            }
+            if hosts.len() > crate::namespace::MAX_VISIBLE_HOSTS {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "namespace {nsid} of {}: at most {} hosts may be listed",
+                        self.nqn,
+                        crate::namespace::MAX_VISIBLE_HOSTS
+                    ),
+                ));
+            }
+        }
+        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = m
+            .get(nsid)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)))?;
+        if ns.visibility() == visibility {
+            return Ok(false);
+        }
+        ns.set_visibility(visibility);
+        tracing::info!(subnqn = %self.nqn, nsid = nsid.0, "namespace visibility replaced");
+        let same = Arc::clone(&m);
+        self.publish(&mut m, same, None);
+        Ok(true)
     }
 
     /// Makes namespace `nsid` visible (or not) to `hostnqn`; returns whether that changed.

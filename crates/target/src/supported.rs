@@ -13,12 +13,12 @@
 //! the rows and the handlers ([`crate::admin::execute`], [`crate::io_cmd::plan`]) to each
 //! other over all 256 opcodes, so neither can claim what the other does not do.
 //!
-//! Identify Controller LPA bit 5 promises LID 00h, the Command Scope of every entry of LID
-//! 05h, LID 12h and LID 13h (NVMe Base 2.0 §5.17.2.1); SPDK (`lib/nvmf/ctrlr.c`) makes the
-//! same promise and answers LID 13h with an empty page (qpath serves no NVMe-MI commands),
-//! as this target does. Linux nvmet serves LID 00h and 12h without setting the bit. A
-//! Linux host prints "IO command:NN has unusual effects" once when it runs an I/O
-//! passthrough command whose entry carries more than CSUPP and LBCC (the scope bit here).
+//! Identify Controller LPA bit 5 would promise LID 00h, the Command Scope of every entry
+//! of LID 05h, LID 12h and LID 13h (NVMe Base 2.0 §5.17.2.1), as SPDK (`lib/nvmf/ctrlr.c`)
+//! does. Like Linux nvmet, this target serves LID 00h, 12h (with scopes) and 13h (empty:
+//! no NVMe-MI commands) without setting the bit, and puts no scope in LID 05h: a Linux
+//! host prints "IO command:NN has unusual effects" once for an I/O passthrough command
+//! whose entry carries more than CSUPP and LBCC.
 
 use nvme::features::{capabilities, fid};
 use nvme::identify::oncs;
@@ -74,26 +74,33 @@ const fn cmd(set: CommandSet, opcode: u8, name: &'static str, effects: u32, oncs
 
 use CommandSet::{Admin, Nvm};
 
-/// Every command an I/O controller executes. Scopes as SPDK reports them; LBCC where the
-/// command can change what a read returns (Write, Write Zeroes, and Dataset Management:
-/// deallocated blocks read as zeros here, DLFEAT 001b).
+/// Every command an I/O controller executes. Effects as Linux nvmet reports them: CSUPP,
+/// and LBCC where the command can change what a read returns (Write, Write Zeroes, Copy,
+/// and Dataset Management: deallocated blocks read as zeros here, DLFEAT 001b); no Command
+/// Scope (a Linux host warns "IO command:NN has unusual effects" for an I/O entry with
+/// more than CSUPP and LBCC, and nvmet sets none; so Identify Controller LPA bit 5, which
+/// promises a scope on every entry, stays clear). Compare, Verify and the Compare of a fused
+/// Compare and Write read; the Write of the pair is the Write row.
 pub const COMMANDS: &[Command] = &[
-    cmd(Admin, admin::GET_LOG_PAGE, "Get Log Page", ce::NSCPE | ce::CSCPE, 0, Smart::None),
-    cmd(Admin, admin::IDENTIFY, "Identify", ce::NSCPE | ce::CSCPE, 0, Smart::None),
-    cmd(Admin, admin::ABORT, "Abort", ce::CSCPE, 0, Smart::None),
-    cmd(Admin, admin::SET_FEATURES, "Set Features", ce::NSCPE | ce::CSCPE, 0, Smart::None),
-    cmd(Admin, admin::GET_FEATURES, "Get Features", ce::NSCPE | ce::CSCPE, 0, Smart::None),
-    cmd(Admin, admin::ASYNC_EVENT_REQUEST, "Asynchronous Event Request", ce::CSCPE, 0, Smart::None),
-    cmd(Admin, admin::KEEP_ALIVE, "Keep Alive", ce::CSCPE, 0, Smart::None),
-    cmd(Nvm, io::FLUSH, "Flush", ce::NSCPE, 0, Smart::None),
-    cmd(Nvm, io::WRITE, "Write", ce::LBCC | ce::NSCPE, 0, Smart::Write),
-    cmd(Nvm, io::READ, "Read", ce::NSCPE, 0, Smart::Read),
-    cmd(Nvm, io::WRITE_ZEROES, "Write Zeroes", ce::LBCC | ce::NSCPE, oncs::WRITE_ZEROES, Smart::None),
-    cmd(Nvm, io::DATASET_MANAGEMENT, "Dataset Management", ce::LBCC | ce::NSCPE, oncs::DSM, Smart::None),
-    cmd(Nvm, io::RESV_REGISTER, "Reservation Register", ce::NSCPE, oncs::RESERVATIONS, Smart::None),
-    cmd(Nvm, io::RESV_REPORT, "Reservation Report", ce::NSCPE, oncs::RESERVATIONS, Smart::None),
-    cmd(Nvm, io::RESV_ACQUIRE, "Reservation Acquire", ce::NSCPE, oncs::RESERVATIONS, Smart::None),
-    cmd(Nvm, io::RESV_RELEASE, "Reservation Release", ce::NSCPE, oncs::RESERVATIONS, Smart::None),
+    cmd(Admin, admin::GET_LOG_PAGE, "Get Log Page", 0, 0, Smart::None),
+    cmd(Admin, admin::IDENTIFY, "Identify", 0, 0, Smart::None),
+    cmd(Admin, admin::ABORT, "Abort", 0, 0, Smart::None),
+    cmd(Admin, admin::SET_FEATURES, "Set Features", 0, 0, Smart::None),
+    cmd(Admin, admin::GET_FEATURES, "Get Features", 0, 0, Smart::None),
+    cmd(Admin, admin::ASYNC_EVENT_REQUEST, "Asynchronous Event Request", 0, 0, Smart::None),
+    cmd(Admin, admin::KEEP_ALIVE, "Keep Alive", 0, 0, Smart::None),
+    cmd(Nvm, io::FLUSH, "Flush", 0, 0, Smart::None),
+    cmd(Nvm, io::WRITE, "Write", ce::LBCC, 0, Smart::Write),
+    cmd(Nvm, io::READ, "Read", 0, 0, Smart::Read),
+    cmd(Nvm, io::COMPARE, "Compare", 0, oncs::COMPARE, Smart::Read),
+    cmd(Nvm, io::WRITE_ZEROES, "Write Zeroes", ce::LBCC, oncs::WRITE_ZEROES, Smart::None),
+    cmd(Nvm, io::DATASET_MANAGEMENT, "Dataset Management", ce::LBCC, oncs::DSM, Smart::None),
+    cmd(Nvm, io::VERIFY, "Verify", 0, oncs::VERIFY, Smart::None),
+    cmd(Nvm, io::RESV_REGISTER, "Reservation Register", 0, oncs::RESERVATIONS, Smart::None),
+    cmd(Nvm, io::RESV_REPORT, "Reservation Report", 0, oncs::RESERVATIONS, Smart::None),
+    cmd(Nvm, io::RESV_ACQUIRE, "Reservation Acquire", 0, oncs::RESERVATIONS, Smart::None),
+    cmd(Nvm, io::RESV_RELEASE, "Reservation Release", 0, oncs::RESERVATIONS, Smart::None),
+    cmd(Nvm, io::COPY, "Copy", ce::LBCC, oncs::COPY, Smart::None),
 ];
 
 /// The row of `opcode` in `set`, if the controller executes it.
@@ -416,7 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn effects_page_lists_the_table_with_csupp_and_a_scope() {
+    fn effects_page_lists_the_table_with_csupp_and_no_scope() {
         let e = command_effects(0).unwrap();
         for c in COMMANDS {
             let v = match c.set {
@@ -424,7 +431,12 @@ mod tests {
                 Nvm => e.io[usize::from(c.opcode)],
             };
             assert_eq!(v & ce::CSUPP, ce::CSUPP, "{}", c.name);
-            assert_ne!(v & (ce::NSCPE | ce::CSCPE | ce::NSSCPE), 0, "{}: LPA bit 5 promises a scope", c.name);
+            assert_eq!(
+                v & !(ce::CSUPP | ce::LBCC),
+                0,
+                "{}: CSUPP and LBCC only, as nvmet (Linux warns otherwise)",
+                c.name
+            );
         }
         let listed = e.admin.iter().chain(e.io.iter()).filter(|&&v| v != 0).count();
         assert_eq!(listed, COMMANDS.len());
@@ -433,7 +445,10 @@ mod tests {
         assert!(command_effects(2).is_none(), "no Zoned Namespace command set");
         assert_eq!(SMART_BY_OPCODE[usize::from(io::READ)], Smart::Read);
         assert_eq!(SMART_BY_OPCODE[usize::from(io::WRITE_ZEROES)], Smart::None);
-        assert_eq!(oncs(), oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS);
+        assert_eq!(
+            oncs(),
+            oncs::COMPARE | oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS | oncs::VERIFY | oncs::COPY
+        );
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //!
 //! Per command the connection does no allocation (request slots, buffers
 //! and send batches are reused) and takes no lock; the shared state it reads
-//! per command is a relaxed load of the subsystem's namespace generation.
+//! per command is a relaxed load of the subsystem's namespace generation, and for a
+//! write the namespace's range-lock gauge and word ([`crate::range_lock`]).
+//! Compare, Compare and Write, Copy and Verify run as short state machines in
+//! [`nvm`] (`tcp/nvm.rs`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -35,7 +38,7 @@ use uring::{IoBuf, SendMsg};
 use crate::admin::{self, Outcome};
 use crate::auth::{self, QueueAuth};
 use crate::backend::{Backend, FileIo, FileOp};
-use crate::dealloc::{Batch, Method, Step};
+use crate::dealloc::{self, Batch, Method};
 use crate::fabrics::{self, Binding};
 use crate::io_cmd::{self, IoKind, ResvOp};
 use crate::limits::HostTicket;
@@ -43,8 +46,12 @@ use crate::namespace::NsMap;
 use crate::offload::Offload;
 use crate::pool::BufPool;
 use crate::port::Port;
+use crate::range_lock::Hold;
 use crate::registry::{QueueInfo, TargetState};
 use crate::reservation::{self, AccessCache};
+
+mod abort;
+mod nvm;
 
 /// What a connection needs from its driver while it handles input.
 pub struct ConnCtx<'a> {
@@ -109,6 +116,68 @@ enum ReqState {
     Aer,
     /// Injected fault: never completes.
     Stalled,
+    /// Data received; waiting for the other command of its fused operation (or its data).
+    FusedWait,
+    /// Waiting for a range lock or write gate ([`crate::range_lock`]); retried from the timers.
+    RangeWait,
+    /// Data received; waiting for a buffer to execute with (a read to compare, a Copy's
+    /// gathered sources); retried by [`Connection::pump`].
+    AwaitExecBuffer,
+    /// Not executed yet: held until the device time its namespace's provisioned rate gives
+    /// it ([`crate::qos`]); an Abort can still take it back.
+    QosWait,
+    /// An Abort command waiting for the answer of the queue it names (polled on the timers).
+    AbortWait,
+}
+
+/// Where a multi-step command is ([`nvm`]); its file operations complete into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Not started, or a single-operation command.
+    Idle,
+    /// Compare: reading the blocks to compare into `aux`.
+    CompareRead,
+    /// Compare and Write, under the range lock: reading the blocks.
+    CawRead,
+    /// Compare and Write, under the range lock: writing (then syncing with FUA).
+    CawWrite,
+    /// Compare and Write, under the range lock: fdatasync after a FUA write.
+    CawSync,
+    /// Copy: reading source range `cursor` (into `aux`, or `aux2` then into `aux`).
+    CopyRead,
+    /// Copy: sources gathered in `aux`; taking the destination's write gate.
+    CopyGate,
+    /// Copy: writing the destination.
+    CopyWrite,
+    /// Preempt and Abort: the reservation is taken; waiting until the writes that passed
+    /// their gate before it are done.
+    PreemptDrain,
+    /// Copy: fdatasync after a FUA write.
+    CopySync,
+    /// Verify with FUA: fdatasync before reading.
+    VerifySync,
+    /// Verify: reading the chunk at byte `cursor` of the range.
+    VerifyRead,
+}
+
+/// A request's place in a fused operation (NVMe Base 2.0 §3.4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fused {
+    /// Not fused.
+    None,
+    /// The Compare (FUSE 01b), with its Write once that arrived.
+    First(Option<u16>),
+    /// The Write (FUSE 10b) of this Compare.
+    Second(u16),
+}
+
+/// The first command of a fused operation waiting for the next command on the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FusedFirst {
+    /// This Compare waits for its Write.
+    Pending(u16),
+    /// The first command failed: its Write fails with "Failed Fused Command".
+    Failed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +220,30 @@ struct Req {
     /// A RAM read sent straight from the namespace's region at this byte offset
     /// (no buffer, no copy in user space).
     ram_src: Option<usize>,
+    /// A buffer for execution: the blocks a Compare reads, a Copy's gathered sources, a
+    /// Verify's chunk.
+    aux: Option<IoBuf>,
+    /// A Copy's second buffer: source ranges after the first are read here, then copied
+    /// into `aux` at their place.
+    aux2: Option<IoBuf>,
+    /// Multi-step progress ([`nvm`]).
+    step: Step,
+    /// Copy: the source range being read; Verify: bytes verified.
+    cursor: u64,
+    /// Copy: bytes gathered so far.
+    pos: u64,
+    /// Its range-lock hold.
+    hold: Hold,
+    /// The namespace its hold and its multi-step file operations are in, by address (the
+    /// request keeps no reference, the connection's namespace maps do): a step finds it
+    /// again, or sees it removed or replaced.
+    ns_addr: usize,
+    /// Wait before the next range-lock retry, ns (doubles up to `RANGE_RETRY_MAX_NS`).
+    backoff_ns: u64,
+    /// Its fused operation, if any.
+    fused: Fused,
+    /// Its namespace's provisioned rate has been applied (it is not held again).
+    qos_admitted: bool,
 }
 
 impl Req {
@@ -171,6 +264,16 @@ impl Req {
             op_len: 0,
             batch: Batch::default(),
             ram_src: None,
+            aux: None,
+            aux2: None,
+            step: Step::Idle,
+            cursor: 0,
+            pos: 0,
+            hold: Hold::None,
+            ns_addr: 0,
+            backoff_ns: 0,
+            fused: Fused::None,
+            qos_admitted: false,
         }
     }
 }
@@ -274,6 +377,10 @@ pub struct Connection {
     sqflow_disabled: bool,
     entries: u16,
     sqhd: u16,
+    /// The reactor serving this connection: its range-lock gauge ([`crate::range_lock`]).
+    shard: usize,
+    /// A fused operation's first command waiting for the next command on the queue.
+    fused_first: Option<FusedFirst>,
     ns: Arc<NsMap>,
     ns_gen: u64,
     /// This queue's last reservation verdict ([`reservation::Reservations::check`]).
@@ -300,6 +407,9 @@ pub struct Connection {
     port_totals: Arc<crate::stats::PortTotals>,
     stats_dirty: bool,
     close_reason: Option<String>,
+    /// Abort commands of this admin queue waiting for their I/O queue's answer: (slot, the
+    /// answer, when to stop waiting in ns).
+    aborts: Vec<(u16, Arc<crate::controller::AbortAnswer>, u64)>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -360,6 +470,8 @@ impl Connection {
             sqflow_disabled: false,
             entries: 0,
             sqhd: 0,
+            shard: reactor,
+            fused_first: None,
             ns: Arc::new(NsMap::default()),
             ns_gen: 0,
             resv_cache: AccessCache::default(),
@@ -380,6 +492,7 @@ impl Connection {
             port_totals,
             stats_dirty: false,
             close_reason: None,
+            aborts: Vec::new(),
         };
         c.resize_slots(INITIAL_SLOTS);
         c
@@ -809,14 +922,25 @@ impl Connection {
         r.c2h = false;
         r.xfer_len = 0;
         r.state = ReqState::InCapsule;
-        match self.classify(slot) {
+        r.step = Step::Idle;
+        r.cursor = 0;
+        r.pos = 0;
+        r.backoff_ns = 0;
+        r.fused = Fused::None;
+        let verdict = self.classify(slot).and_then(|(kind, h2c, c2h)| {
+            self.reqs[usize::from(slot)].kind = kind;
+            self.check_sgl(slot, data_len, h2c, c2h).map(|()| (kind, h2c, c2h))
+        });
+        // Fused operations: only when this command or the last one has FUSE bits.
+        let fused = self.fused_first.is_some() || sqe.fuse() != 0;
+        let verdict = match &self.binding {
+            Some(Binding::Io(..)) if fused => self.pair_fused(slot, verdict, ctx),
+            _ => verdict,
+        };
+        match verdict {
             Ok((kind, h2c, c2h)) => {
                 let r = &mut self.reqs[usize::from(slot)];
                 r.kind = kind;
-                if let Err(s) = self.check_sgl(slot, data_len, h2c, c2h) {
-                    return self.fail_cmd(slot, s, data_len);
-                }
-                let r = &mut self.reqs[usize::from(slot)];
                 r.c2h = c2h > 0;
                 r.xfer_len = h2c.max(c2h);
                 if data_len > 0 {
@@ -999,7 +1123,13 @@ impl Connection {
 
     fn start_r2t(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let len = self.reqs[usize::from(slot)].xfer_len as usize;
-        match self.buf_get(ctx, len) {
+        let buf = if self.reqs[usize::from(slot)].fused == Fused::None {
+            self.buf_get(ctx, len)
+        } else {
+            // The other command of its fused operation waits with its data in.
+            self.buf_get_for(slot, len, ctx)
+        };
+        match buf {
             Some(b) => {
                 let r = &mut self.reqs[usize::from(slot)];
                 r.buf = Some(b);
@@ -1031,18 +1161,17 @@ impl Connection {
         for _ in 0..n {
             let Some(slot) = self.waiting.pop_front() else { break };
             let r = &self.reqs[usize::from(slot)];
-            if r.state != ReqState::AwaitBuffer {
-                continue;
-            }
-            if r.batch.is_active() {
+            match r.state {
+                ReqState::AwaitExecBuffer => self.execute(slot, ctx),
+                // Failed while it waited (a fused command aborted): no data is wanted.
+                ReqState::AwaitBuffer if !r.status.is_success() => self.respond(slot, ctx),
                 // Write Zeroes writing zeros waits for its zeroed buffer.
-                self.batch_pump(slot, ctx);
-            } else if r.c2h {
-                self.execute(slot, ctx);
-            } else {
-                self.start_r2t(slot, ctx);
+                ReqState::AwaitBuffer if r.batch.is_active() => self.batch_pump(slot, ctx),
+                ReqState::AwaitBuffer if r.c2h => self.execute(slot, ctx),
+                ReqState::AwaitBuffer => self.start_r2t(slot, ctx),
+                _ => continue,
             }
-            if self.reqs[usize::from(slot)].state == ReqState::AwaitBuffer {
+            if matches!(self.reqs[usize::from(slot)].state, ReqState::AwaitBuffer | ReqState::AwaitExecBuffer) {
                 // Still no buffer: it went back to the queue; stop for now.
                 break;
             }
@@ -1271,6 +1400,7 @@ impl Connection {
                 r.dw1 = dw1;
                 self.respond(slot, ctx);
             }
+            Outcome::Abort { sqid, cid } => self.abort_ask(slot, &ctrl, sqid, cid, ctx),
             Outcome::Aer => {
                 r.state = ReqState::Aer;
                 if let Some(b) = r.buf.take() {
@@ -1307,11 +1437,34 @@ impl Connection {
             self.reqs[usize::from(slot)].status = Status::INVALID_NS;
             return self.respond(slot, ctx);
         };
+        if !self.reqs[usize::from(slot)].status.is_success() {
+            // Failed while it waited (its fused operation was aborted): it does not run.
+            return self.respond(slot, ctx);
+        }
         let stall = self.port.faults.stall_opcode.load(std::sync::atomic::Ordering::Relaxed);
-        if stall != 0 && stall == u64::from(self.reqs[usize::from(slot)].sqe.opcode()) + 1 {
-            // Injected fault: this command never completes (stall detection tests).
+        let r = &self.reqs[usize::from(slot)];
+        if stall != 0 && stall == u64::from(r.sqe.opcode()) + 1 && r.hold == Hold::None && r.step == Step::Idle {
+            // Injected fault: this command never completes (stall detection tests); one
+            // that has started (a retry from the timers) goes on.
             self.reqs[usize::from(slot)].state = ReqState::Stalled;
             return;
+        }
+        if self.qos_hold(slot, &ns, ctx) {
+            return;
+        }
+        if self.reqs[usize::from(slot)].fused != Fused::None {
+            return self.fused_exec(slot, &ns, ctx);
+        }
+        if let Some(blocks) = io.write_blocks(&ns) {
+            if !self.range_gate(slot, &ns, blocks, ctx) {
+                // Overlaps a fused operation's blocks: retried from the timers.
+                return;
+            }
+            if let Err(status) = self.resv_recheck(slot, &ns) {
+                self.range_release(slot);
+                self.reqs[usize::from(slot)].status = status;
+                return self.respond(slot, ctx);
+            }
         }
         let token = ctx.token | u64::from(slot);
         match io {
@@ -1388,37 +1541,8 @@ impl Connection {
                 }
             },
             IoKind::Reservation { op, len } => {
-                let Some(hostid) = self.binding.as_ref().map(|b| b.controller().hostid) else {
-                    self.reqs[usize::from(slot)].status = Status::COMMAND_SEQUENCE_ERROR;
-                    return self.respond(slot, ctx);
-                };
-                let sqe = self.reqs[usize::from(slot)].sqe;
-                if op == ResvOp::Report {
-                    if !self.has_c2h_buf(slot, len as usize, ctx) {
-                        return;
-                    }
-                    let r = &mut self.reqs[usize::from(slot)];
-                    if let Some(b) = r.buf.as_mut() {
-                        let out = &mut b[..len as usize];
-                        out.fill(0);
-                        r.status = ns.resv.report(sqe.cdw(11), out);
-                    }
-                } else {
-                    let data = self.reqs[usize::from(slot)].buf.take();
-                    let keys = data.as_deref().unwrap_or(&[]);
-                    let status = match op {
-                        ResvOp::Register => ns.resv.register(&hostid, sqe.cdw(10), keys),
-                        ResvOp::Acquire => ns.resv.acquire(&hostid, sqe.cdw(10), keys),
-                        _ => ns.resv.release(&hostid, sqe.cdw(10), keys),
-                    };
-                    if let Some(b) = &self.binding {
-                        // Other hosts the change took something from hear of it (LID 80h).
-                        crate::controller::notify_reservation(&b.controller().subsys, ns.nsid, &ns.resv.take_notices());
-                    }
-                    if let Some(b) = data {
-                        self.buf_put(ctx, b);
-                    }
-                    self.reqs[usize::from(slot)].status = status;
+                if !self.exec_reservation(slot, op, len, &ns, ctx) {
+                    return;
                 }
             }
             IoKind::Dsm { nr, deallocate, .. } => {
@@ -1453,8 +1577,95 @@ impl Connection {
                     self.buf_put(ctx, b);
                 }
             }
+            IoKind::Compare { .. } => return self.compare_exec(slot, &ns, ctx),
+            IoKind::Verify { .. } => return self.verify_exec(slot, &ns, ctx),
+            IoKind::Copy { .. } => return self.copy_exec(slot, &ns, ctx),
         }
-        self.finish_io(slot, &ns, ctx);
+        self.finish_io(slot, ctx);
+    }
+
+    /// A reservation command (NVMe Base 2.x §7.x, [`crate::reservation`]). Returns false
+    /// when the request already answered or waits (for a buffer, or for Preempt and Abort's
+    /// drain), true when it is ready to complete.
+    fn exec_reservation(
+        &mut self,
+        slot: u16,
+        op: ResvOp,
+        len: u32,
+        ns: &Arc<crate::namespace::Namespace>,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        if self.reqs[usize::from(slot)].step == Step::PreemptDrain {
+            return self.preempt_drained(slot, ns, ctx);
+        }
+        let Some(hostid) = self.binding.as_ref().map(|b| b.controller().hostid) else {
+            self.reqs[usize::from(slot)].status = Status::COMMAND_SEQUENCE_ERROR;
+            self.respond(slot, ctx);
+            return false;
+        };
+        let sqe = self.reqs[usize::from(slot)].sqe;
+        if op == ResvOp::Report {
+            if !self.has_c2h_buf(slot, len as usize, ctx) {
+                return false;
+            }
+            let r = &mut self.reqs[usize::from(slot)];
+            if let Some(b) = r.buf.as_mut() {
+                let out = &mut b[..len as usize];
+                out.fill(0);
+                r.status = ns.resv.report(sqe.cdw(11), out);
+            }
+            return true;
+        }
+        let data = self.reqs[usize::from(slot)].buf.take();
+        let keys = data.as_deref().unwrap_or(&[]);
+        let status = match op {
+            ResvOp::Register => ns.resv.register(&hostid, sqe.cdw(10), keys),
+            ResvOp::Acquire => ns.resv.acquire(&hostid, sqe.cdw(10), keys),
+            _ => ns.resv.release(&hostid, sqe.cdw(10), keys),
+        };
+        if let Some(b) = &self.binding {
+            // Other hosts the change took something from hear of it (LID 80h).
+            crate::controller::notify_reservation(&b.controller().subsys, ns.nsid, &ns.resv.take_notices());
+        }
+        if let Some(b) = data {
+            self.buf_put(ctx, b);
+        }
+        self.reqs[usize::from(slot)].status = status;
+        let preempt_and_abort =
+            op == ResvOp::Acquire && sqe.cdw(10) & 7 == u32::from(nvme::reservation::PREEMPT_AND_ABORT);
+        if preempt_and_abort && status.is_success() {
+            // The preempted hosts' new commands are refused from now on (the check on
+            // arrival, and again past the write gate); the writes already past the gate
+            // are waited out before the command completes (NVMe Base 2.0 §8.19.7: their
+            // commands are aborted "or" completed first; as nvmet's pr.c, which waits).
+            self.reqs[usize::from(slot)].step = Step::PreemptDrain;
+            return self.preempt_drained(slot, ns, ctx);
+        }
+        true
+    }
+
+    /// Preempt and Abort: a lock over the whole namespace, granted once every write that
+    /// passed its gate before it is done ([`crate::range_lock`]); given back at once.
+    fn preempt_drained(&mut self, slot: u16, ns: &Arc<crate::namespace::Namespace>, ctx: &mut ConnCtx<'_>) -> bool {
+        if !matches!(ns.backend, Backend::Null) && !self.range_lock(slot, ns, 0..ns.nblocks(), ctx) {
+            return false;
+        }
+        self.range_release(slot);
+        self.reqs[usize::from(slot)].step = Step::Idle;
+        true
+    }
+
+    /// A writing command's reservation check again, once it has passed its write gate: a
+    /// host preempted (and aborted) meanwhile finds its write refused, while the preempting
+    /// command waits for the writes that passed before it ([`Connection::preempt_drained`]).
+    /// The check comes after the gate so that, with the gate's sequentially consistent
+    /// handshake, each write is either waited out or sees the new reservation. One cached
+    /// check per write (a load and a compare when nothing changed).
+    pub(super) fn resv_recheck(&mut self, slot: u16, ns: &crate::namespace::Namespace) -> Result<(), Status> {
+        let Some(b) = &self.binding else { return Ok(()) };
+        let hostid = b.controller().hostid;
+        let sqe = self.reqs[usize::from(slot)].sqe;
+        ns.resv.check(sqe.nsid().0, &hostid, reservation::group(sqe.opcode()), &mut self.resv_cache)
     }
 
     fn submit_file(&mut self, slot: u16, op: FileOp<'_>, token: u64, ctx: &mut ConnCtx<'_>) {
@@ -1497,6 +1708,9 @@ impl Connection {
             }
             return;
         }
+        if self.reqs[usize::from(slot)].step != Step::Idle {
+            return self.step_done(slot, result, buf, ctx);
+        }
         let r = &mut self.reqs[usize::from(slot)];
         if buf.is_some() {
             r.buf = buf;
@@ -1536,9 +1750,10 @@ impl Connection {
             return;
         }
         let nsid = self.reqs[usize::from(slot)].sqe.nsid();
-        match self.ns.get(nsid).cloned() {
-            Some(ns) => self.finish_io(slot, &ns, ctx),
-            None => self.respond(slot, ctx),
+        if self.ns.get(nsid).is_some() {
+            self.finish_io(slot, ctx);
+        } else {
+            self.respond(slot, ctx);
         }
     }
 
@@ -1585,8 +1800,10 @@ impl Connection {
             };
             let Some(step) = r.batch.next_step(r.buf.as_deref().unwrap_or(&[]), ns, chunk) else { break };
             let (op, op_len) = match step {
-                Step::Fallocate { mode, offset, len } => (FileOp::Fallocate { file: f.file(), mode, offset, len }, 0),
-                Step::Write { offset, len } => {
+                dealloc::Step::Fallocate { mode, offset, len } => {
+                    (FileOp::Fallocate { file: f.file(), mode, offset, len }, 0)
+                }
+                dealloc::Step::Write { offset, len } => {
                     let buf = match r.buf.take() {
                         Some(b) => b,
                         None => match self.buf_get(ctx, chunk) {
@@ -1639,20 +1856,34 @@ impl Connection {
     }
 
     /// Applies provisioned limits and injected delay, then responds (now or at the due time).
-    fn finish_io(&mut self, slot: u16, ns: &crate::namespace::Namespace, ctx: &mut ConnCtx<'_>) {
-        let r = &self.reqs[usize::from(slot)];
-        let bytes = u64::from(r.xfer_len);
-        let mut due = ns.qos.admit(ctx.now_ns, bytes);
+    fn finish_io(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        // The data is written: a held completion keeps no blocks from other writers.
+        self.range_release(slot);
+        // Injected delay (a fault): the completion is held after execution.
         let delay_us = self.port.faults.delay_us.load(std::sync::atomic::Ordering::Relaxed);
         if delay_us > 0 {
-            due = Some(due.unwrap_or(ctx.now_ns) + delay_us * 1000);
+            self.reqs[usize::from(slot)].state = ReqState::Delayed;
+            self.timers.push(Reverse((ctx.now_ns + delay_us * 1000, slot)));
+        } else {
+            self.respond(slot, ctx);
         }
-        match due {
+    }
+
+    /// A provisioned namespace's rate ([`crate::qos`]): the command waits, not executed yet,
+    /// until the device time it is given (SPDK's bdev QoS queues before the bdev too), so an
+    /// Abort can still take it back. True when it waits; it runs again from the timers.
+    fn qos_hold(&mut self, slot: u16, ns: &crate::namespace::Namespace, ctx: &mut ConnCtx<'_>) -> bool {
+        let r = &mut self.reqs[usize::from(slot)];
+        if std::mem::replace(&mut r.qos_admitted, true) {
+            return false;
+        }
+        match ns.qos.admit(ctx.now_ns, u64::from(r.xfer_len)) {
             Some(t) if t > ctx.now_ns => {
-                self.reqs[usize::from(slot)].state = ReqState::Delayed;
+                r.state = ReqState::QosWait;
                 self.timers.push(Reverse((t, slot)));
+                true
             }
-            _ => self.respond(slot, ctx),
+            _ => false,
         }
     }
 
@@ -1668,8 +1899,11 @@ impl Connection {
                 break;
             }
             self.timers.pop();
-            if self.reqs[usize::from(slot)].state == ReqState::Delayed {
-                self.respond(slot, ctx);
+            match self.reqs[usize::from(slot)].state {
+                ReqState::Delayed => self.respond(slot, ctx),
+                ReqState::RangeWait | ReqState::QosWait => self.execute(slot, ctx),
+                ReqState::AbortWait => self.abort_poll(slot, ctx),
+                _ => {}
             }
         }
     }
@@ -1679,6 +1913,7 @@ impl Connection {
     /// Queues the completion of `slot` (C2HData when the command returns data,
     /// then CapsuleResp unless C2HData carried SUCCESS) and frees the slot.
     fn respond(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
+        self.fused_unlink(slot, ctx);
         let qid = self.qid().unwrap_or(QueueId(0));
         let r = &mut self.reqs[usize::from(slot)];
         let nsid = r.sqe.nsid();
@@ -1849,11 +2084,17 @@ impl Connection {
     }
 
     fn release_slot(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
-        if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
+        self.range_release(slot);
+        let r = &mut self.reqs[usize::from(slot)];
+        let bufs = [r.buf.take(), r.aux.take(), r.aux2.take()];
+        for b in bufs.into_iter().flatten() {
             self.buf_put(ctx, b);
         }
         let r = &mut self.reqs[usize::from(slot)];
         r.ram_src = None;
+        r.fused = Fused::None;
+        r.step = Step::Idle;
+        r.qos_admitted = false;
         if r.state != ReqState::Free {
             r.state = ReqState::Free;
             self.info.stats.outstanding.sub(1);
@@ -1960,6 +2201,7 @@ impl Connection {
             self.close(why);
             return;
         }
+        self.fused_timeout(ctx);
         if let Some(a) = &self.auth
             && !a.is_authenticated()
         {
@@ -2014,6 +2256,8 @@ impl Connection {
             Binding::Io(_, _, generation) => {
                 if ctrl.io_generation() != *generation {
                     self.close("controller reset");
+                } else if ctrl.aborts_pending() {
+                    self.serve_aborts(&ctrl, ctx);
                 }
             }
         }
@@ -2045,9 +2289,13 @@ impl Connection {
     pub fn release(&mut self, ctx: &mut ConnCtx<'_>) {
         self.publish_stats();
         for i in 0..self.reqs.len() {
-            if let Some(b) = self.reqs[i].buf.take() {
+            let r = &mut self.reqs[i];
+            let bufs = [r.buf.take(), r.aux.take(), r.aux2.take()];
+            for b in bufs.into_iter().flatten() {
                 self.buf_put(ctx, b);
             }
+            // A request that waited for, or held, blocks gives them back.
+            self.range_release(u16::try_from(i).unwrap_or(u16::MAX));
         }
         // Output never sent (a failed send, a dropped connection) gives its buffers back too.
         let mut unsent: Vec<SendMsg> = self.tx_full.drain(..).collect();
@@ -2083,6 +2331,11 @@ impl Drop for Connection {
         self.publish_stats();
         if let Some(w) = &self.auth_waiter {
             w.abandon();
+        }
+        // Dropped without `release` (a driver that stopped): range-lock holds are shared
+        // with every other queue of their namespace, so they are given back here too.
+        for i in 0..self.reqs.len() {
+            self.range_release(u16::try_from(i).unwrap_or(u16::MAX));
         }
         if let Some(b) = self.binding.take() {
             match b {

@@ -48,7 +48,8 @@ fn get_and_set_features_of_an_io_controller() {
     assert_eq!(get(&mut h, fid::ASYNC_EVENT, 0, Nsid(0)), (Status::SUCCESS, 0));
     assert_eq!(get(&mut h, fid::RESV_PERSISTENCE, 0, Nsid(1)), (Status::SUCCESS, 0));
     assert_eq!(get(&mut h, fid::RESV_MASK, 0, Nsid(1)), (Status::SUCCESS, 0));
-    assert_eq!(get(&mut h, fid::RESV_MASK, 0, Nsid(5)).0, Status::INVALID_NS);
+    assert_eq!(get(&mut h, fid::RESV_MASK, 0, Nsid(5)).0, Status::INVALID_FIELD, "an inactive NSID");
+    assert_eq!(get(&mut h, fid::RESV_MASK, 0, Nsid(5000)).0, Status::INVALID_NS, "an NSID past NN");
     // RAM namespaces have no volatile write cache: Identify VWC is 0, and so is feature 06h.
     assert_eq!(get(&mut h, fid::VOLATILE_WC, 0, Nsid(0)).0, Status::INVALID_FIELD);
     assert_eq!(get(&mut h, fid::IRQ_COALESCE, 0, Nsid(0)).0, Status::INVALID_FIELD, "not for Fabrics (nvmet)");

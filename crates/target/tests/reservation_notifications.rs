@@ -98,7 +98,7 @@ fn a_host_hears_what_another_host_took_from_it() {
 
     // A masks Registration Preempted on namespace 1; B preempts A's registration.
     assert_eq!(set_mask(&mut a.admin, Nsid(1), 1 << 4), Status::INVALID_FIELD, "bit 4 is reserved");
-    assert_eq!(set_mask(&mut a.admin, Nsid(9), 0), Status::INVALID_NS);
+    assert_eq!(set_mask(&mut a.admin, Nsid(9), 0), Status::INVALID_FIELD, "an inactive NSID");
     assert_eq!(set_mask(&mut a.admin, Nsid(1), 1 << resv_notice::REGISTRATION_PREEMPTED), Status::SUCCESS);
     let cid = a.admin.cid();
     let mut get = Sqe::get_features(cid, fid::RESV_MASK);

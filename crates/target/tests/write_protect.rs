@@ -112,8 +112,9 @@ fn a_host_write_protects_a_namespace_and_lifts_it() {
     assert_eq!(q.write(1, 0, &pattern(4096, 4), 8192).status, Status::NS_WRITE_PROTECTED);
     assert_eq!(set_wp(&mut a, Nsid(1), write_protect::PERMANENT), Status::INVALID_FIELD);
     assert_eq!(set_wp(&mut a, Nsid::BROADCAST, write_protect::PROTECT), Status::INVALID_NS);
-    assert_eq!(set_wp(&mut a, Nsid(9), write_protect::PROTECT), Status::INVALID_NS);
-    assert_eq!(get_wp(&mut a, Nsid(9)).0, Status::INVALID_NS);
+    assert_eq!(set_wp(&mut a, Nsid(9), write_protect::PROTECT), Status::INVALID_FIELD, "an inactive NSID");
+    assert_eq!(get_wp(&mut a, Nsid(9)).0, Status::INVALID_FIELD);
+    assert_eq!(get_wp(&mut a, Nsid(5000)).0, Status::INVALID_NS, "an NSID past NN");
 }
 
 #[test]

@@ -118,10 +118,13 @@ impl SharedRegion {
     /// costs no memory); memory is committed as the region grows.
     pub fn growable(len: usize, max_len: usize, options: RegionOptions) -> Result<SharedRegion, Error> {
         if len == 0 {
-            return Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion length must be non-zero"));
+            return Err(Error::new(ErrorKind::InvalidArgument, "a shared memory region must not be empty (length 0)"));
         }
         if max_len < len {
-            return Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion maximum length is below its length"));
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a shared memory region's maximum length is below its length",
+            ));
         }
         let map_len = round_up_to_page(len)?;
         let reserved = round_up_to_page(max_len)?;
@@ -141,7 +144,7 @@ impl SharedRegion {
             return Err(Error::with_context(
                 ErrorKind::Os,
                 format!(
-                    "mmap of a {len}-byte SharedRegion reserving {max_len} bytes (check RLIMIT_AS and free memory)"
+                    "mapping {len} bytes of shared memory (reserving {max_len}) failed (check free memory and RLIMIT_AS)"
                 ),
             )
             .caused_by(std::io::Error::last_os_error()));
@@ -163,7 +166,7 @@ impl SharedRegion {
             if rc != 0 {
                 tracing::warn!(
                     error = %std::io::Error::last_os_error(),
-                    "MADV_HUGEPAGE refused; SharedRegion uses normal pages"
+                    "transparent huge pages refused (MADV_HUGEPAGE); the memory uses normal pages"
                 );
             }
         }
@@ -186,7 +189,7 @@ impl SharedRegion {
                 && end.is_multiple_of(page_size())
                 && start <= end
                 && end <= self.reserved,
-            "SharedRegion pages {start}..{end} misaligned or outside the reservation"
+            "shared memory region pages {start}..{end} misaligned or outside the reservation"
         );
         if start == end {
             return Ok(());
@@ -200,7 +203,10 @@ impl SharedRegion {
         if rc != 0 {
             return Err(Error::with_context(
                 ErrorKind::Os,
-                format!("mprotect of {} bytes of a SharedRegion to read/write (check free memory)", end - start),
+                format!(
+                    "mprotect of {} bytes of a shared memory region to read/write (check free memory)",
+                    end - start
+                ),
             )
             .caused_by(std::io::Error::last_os_error()));
         }
@@ -215,14 +221,14 @@ impl SharedRegion {
         if start >= end {
             return;
         }
-        assert!(end <= self.mapped.load(Ordering::Acquire), "SharedRegion discard past the mapped pages");
+        assert!(end <= self.mapped.load(Ordering::Acquire), "shared memory region discard past the mapped pages");
         // SAFETY: the range is page-aligned and inside the mapped part of this region's own
         // mapping (asserted above). DONTNEED keeps it mapped, so a copy racing it reads zeros
         // or old bytes and never faults; the kernel changes the bytes outside the Rust memory
         // model, like the kernel's reads of region memory during a send (type docs).
         let rc = unsafe { libc::madvise(self.base.as_ptr().add(start).cast(), end - start, libc::MADV_DONTNEED) };
         if rc != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "MADV_DONTNEED on a SharedRegion refused");
+            tracing::warn!(error = %std::io::Error::last_os_error(), "MADV_DONTNEED on a shared memory region refused");
         }
     }
 
@@ -233,12 +239,12 @@ impl SharedRegion {
     pub fn resize(&self, new_len: usize) -> Result<(), Error> {
         let _only_one = self.resizing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if new_len == 0 {
-            return Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion length must be non-zero"));
+            return Err(Error::new(ErrorKind::InvalidArgument, "shared memory region length must be non-zero"));
         }
         if new_len > self.max_len {
             return Err(Error::with_context(
                 ErrorKind::InvalidArgument,
-                format!("{new_len} bytes is beyond the {} bytes reserved for this SharedRegion", self.max_len),
+                format!("{new_len} bytes is beyond the {} bytes reserved for this shared memory region", self.max_len),
             ));
         }
         let old = self.len.load(Ordering::Acquire);
@@ -289,7 +295,10 @@ impl SharedRegion {
         if range.is_empty() {
             return;
         }
-        assert!(range.end <= self.mapped.load(Ordering::Acquire), "SharedRegion populate past the mapped pages");
+        assert!(
+            range.end <= self.mapped.load(Ordering::Acquire),
+            "shared memory region populate past the mapped pages"
+        );
         // SAFETY: the range is inside the mapped part of this region's own mapping (asserted
         // above); populating changes no byte.
         let rc = unsafe {
@@ -358,7 +367,7 @@ impl SharedRegion {
         let length = range
             .end
             .checked_sub(range.start)
-            .ok_or(Error::new(ErrorKind::InvalidArgument, "SharedRegion::fill_zero: reversed range"))?;
+            .ok_or(Error::new(ErrorKind::InvalidArgument, "zeroing shared memory: reversed range"))?;
         self.check(range.start, length)?;
         self.zero_words(range);
         Ok(())
@@ -389,7 +398,7 @@ impl SharedRegion {
         let length = range
             .end
             .checked_sub(range.start)
-            .ok_or(Error::new(ErrorKind::InvalidArgument, "SharedRegion::find_nonzero: reversed range"))?;
+            .ok_or(Error::new(ErrorKind::InvalidArgument, "scanning shared memory: reversed range"))?;
         self.check(range.start, length)?;
         let mut chunk = vec![0u8; length.min(64 << 10)];
         let mut at = range.start;
@@ -408,7 +417,7 @@ impl SharedRegion {
     pub(crate) fn check(&self, offset: usize, length: usize) -> Result<Range<usize>, Error> {
         match offset.checked_add(length) {
             Some(end) if end <= self.len() => Ok(offset..end),
-            _ => Err(Error::new(ErrorKind::InvalidArgument, "SharedRegion access out of bounds")),
+            _ => Err(Error::new(ErrorKind::InvalidArgument, "shared memory region access out of bounds")),
         }
     }
 
@@ -438,7 +447,7 @@ impl SharedRegion {
     fn word(&self, word_offset: usize) -> &AtomicU64 {
         assert!(
             word_offset.is_multiple_of(WORD) && word_offset + WORD <= self.mapped.load(Ordering::Acquire),
-            "SharedRegion word {word_offset} misaligned or past the mapping"
+            "shared memory region word {word_offset} misaligned or past the mapping"
         );
         // SAFETY: the pointer is inside the read/write pages of the mapping (checked above;
         // they stay mapped until drop, see the type docs), 8-byte aligned (the
@@ -457,7 +466,7 @@ impl SharedRegion {
         }
         assert!(
             word_offset.is_multiple_of(WORD) && word_offset + count * WORD <= self.mapped.load(Ordering::Acquire),
-            "SharedRegion words {word_offset}+{count} misaligned or past the mapping"
+            "shared memory region words {word_offset}+{count} misaligned or past the mapping"
         );
         // SAFETY: as in `word`, for each of the `count` words: inside the read/write pages
         // of the mapping (checked above), 8-byte aligned, alive for `&self`, and only ever accessed atomically with
@@ -506,21 +515,24 @@ impl Drop for SharedRegion {
         // region holds an `Arc` to it, so the region cannot drop while the kernel reads it).
         let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.reserved) };
         if rc != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap of SharedRegion failed");
+            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap of a shared memory region failed");
         }
     }
 }
 
 impl std::fmt::Debug for SharedRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedRegion").field("len", &self.len()).field("max_len", &self.max_len).finish_non_exhaustive()
+        f.debug_struct("shared memory region")
+            .field("len", &self.len())
+            .field("max_len", &self.max_len)
+            .finish_non_exhaustive()
     }
 }
 
 /// `len` rounded up to the page size.
 fn round_up_to_page(len: usize) -> Result<usize, Error> {
     len.checked_next_multiple_of(page_size())
-        .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "SharedRegion length overflows"))
+        .ok_or_else(|| Error::new(ErrorKind::InvalidArgument, "shared memory region length overflows"))
 }
 
 /// The system page size.

@@ -189,6 +189,21 @@ pub fn set_direct_io(fd: RawFd, direct: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Drops the page cache of `len` bytes at `offset` of the file open as `fd`
+/// (`posix_fadvise(POSIX_FADV_DONTNEED)`; `len` 0 means to the end of the file), so the
+/// next reads of that range go to the storage. Clean pages go at once; the kernel starts
+/// writing back dirty ones and drops them only once clean. On tmpfs the pages are the
+/// storage and stay. fio does this before each job (`invalidate=1`, its default).
+pub fn fadvise_dontneed(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    let too_big = || io::Error::new(io::ErrorKind::InvalidInput, "offset or length beyond off_t");
+    let offset = libc::off_t::try_from(offset).map_err(|_| too_big())?;
+    let len = libc::off_t::try_from(len).map_err(|_| too_big())?;
+    // SAFETY: plain system call on `fd` (an invalid fd gives EBADF); no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(fd, offset, len, libc::POSIX_FADV_DONTNEED) };
+    // posix_fadvise returns the error number itself, not -1 and errno.
+    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+}
+
 /// A whole-file lock on an open file description (`F_OFD_SETLK`, Linux 3.15+): it belongs
 /// to the open file, not to a process or thread, so a second `open` of the same file in the
 /// same process conflicts like another process would, and the lock goes when the last fd
@@ -432,6 +447,18 @@ mod tests {
         assert!(first.is_some_and(|o| o == 0 || (o <= 5 << 20 && o > 4 << 20)), "{first:?}");
         assert!(after.is_none() || after == Some(6 << 20), "{after:?}");
         assert!(physical_memory().is_some_and(|m| m > 0));
+    }
+
+    #[test]
+    fn fadvise_dontneed_checks_its_arguments() {
+        let path = std::env::temp_dir().join(format!("uring-fadvise-{}", std::process::id()));
+        std::fs::write(&path, vec![1u8; 8192]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        fadvise_dontneed(f.as_raw_fd(), 0, 0).expect("the whole file");
+        fadvise_dontneed(f.as_raw_fd(), 4096, 4096).expect("a range");
+        assert!(fadvise_dontneed(f.as_raw_fd(), u64::MAX, 1).is_err(), "beyond off_t");
+        assert!(fadvise_dontneed(-1, 0, 0).is_err(), "EBADF");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

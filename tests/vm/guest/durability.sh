@@ -8,6 +8,11 @@
 # itself (default reconnect_delay / ctrl_loss_tmo), then reads everything back: fio
 # --verify_only, an md5 of the pattern, every deallocated or zeroed range reads zeros and the
 # zone's md5 is the one read before the crash.
+# The target runs with --persist: before the crash the guest asks the host for the
+# operator's changes (QPATH-ASK persist-changes: this host allowed by name and no other, a
+# second namespace added over RPC); the namespace must appear here without a reconnect
+# (the namespace-changed event), take a fio pattern, and after the crash the guest must get
+# back in (its host NQN was saved) and read the pattern back from it.
 # Settings (vmlab.env.*): NQN ADDR PORT1 PORT2 (lib.sh), DUR_MB (64), ZONE_MB (16)
 . /vmlab/qpath-lib.sh
 DUR_MB=${DUR_MB:-64}
@@ -83,6 +88,19 @@ for r in $(all_zero_ranges); do zeros_at "before the crash" "$r"; done
 zone_before=$(zone_md5)
 echo "md5 of the zone before the crash: $zone_before"
 
+step "the operator's changes over RPC, saved by --persist"
+two_heads() { [ "$(heads | count)" = 2 ]; }
+ask_host persist-changes 60 && pass "durability: host added this host's NQN and namespace 2 over RPC" \
+  || fail "durability: host did not make the changes"
+if wait_until 30 two_heads; then pass "durability: namespace 2 appeared without a reconnect: heads $(heads | tr '\n' ' ')"
+else fail "durability: namespace 2 did not appear: heads $(heads | tr '\n' ' ')"; fi
+NS2=/dev/$(heads | grep -vx "$(basename "$HEAD")" | head -1)
+timeout 30 nvme list
+job2="--filename=$NS2 --rw=write --bs=128k --ioengine=libaio --direct=1 --iodepth=8 --size=32M --verify=crc32c"
+FIO_EXPECT_READ=0
+fio_check ns2-write 300 $job2 --do_verify=0 --fsync_on_close=1 --verify_state_save=0
+FIO_EXPECT_READ=1
+
 t0=$(uptime_s)
 ask_host restart-target 180 && pass "durability: host killed (-9) and restarted the target" \
   || fail "durability: host did not restart the target"
@@ -97,6 +115,9 @@ echo "md5 after the restart: $after"
 [ -n "$before" ] && [ "$before" = "$after" ] && pass "durability: md5 of $DUR_MB MiB unchanged across kill -9 + restart" \
   || fail "durability: md5 before $before, after $after"
 DEV=$cur
+if wait_until 30 two_heads && [ -b "$NS2" ]; then pass "durability: namespace 2 ($NS2) is there after the restart"
+else fail "durability: namespace 2 is gone after the restart: heads $(heads | tr '\n' ' ')"; fi
+fio_check ns2-verify 300 $job2 --verify_only --verify_state_load=0
 for r in $(all_zero_ranges); do zeros_at "after the restart" "$r"; done
 zone_after=$(zone_md5)
 echo "md5 of the zone after the restart: $zone_after"

@@ -224,4 +224,8 @@ impl Engine for PassthruEngine {
         let _ = index;
         self.reaped.pop_front().expect("event() index within the last getevents count")
     }
+
+    fn explain(&self, error: IoError) -> Option<String> {
+        super::qpath::explain_path_error(error, std::slice::from_ref(&self.ctrl))
+    }
 }

@@ -77,6 +77,7 @@ impl EngineFactory for QpathFactory {
             ready: VecDeque::new(),
             reaped: VecDeque::new(),
             spinner: Spinner::new(super::hipri(ctx.job)),
+            used: Vec::new(),
         }))
     }
 }
@@ -131,6 +132,45 @@ struct QpathEngine {
     ready: VecDeque<IoU>,
     reaped: VecDeque<IoU>,
     spinner: Spinner,
+    /// The controllers `dev` goes through, to say which was lost when I/O fails.
+    used: Vec<Arc<host::controller::Controller>>,
+}
+
+/// Why I/O to `ctrl` failed with a host path error: its address, how long it has been
+/// down and the timeout in force, and its last error. A controller still live lost the
+/// connection of the queue the I/O was on (a user queue pair fails at once).
+fn lost(ctrl: &host::controller::Controller) -> String {
+    use host::controller::CtrlState;
+    let state = ctrl.state();
+    let why = if state == CtrlState::Live {
+        "the connection of the I/O's queue was lost".to_string()
+    } else if state == CtrlState::Dead {
+        "deleted (ctrl_loss_tmo expired, or disconnected)".to_string()
+    } else {
+        let down = ctrl.down_for().map_or_else(|| "a while".to_string(), |d| format!("{:.1} s", d.as_secs_f64()));
+        let tmo = ctrl.opts.fast_io_fail_tmo.map_or_else(|| "off".to_string(), |t| format!("{} s", t.as_secs()));
+        format!("no connection for {down} (fast_io_fail_tmo={tmo})")
+    };
+    let last = ctrl.info().last_error.map_or_else(String::new, |e| format!("; last error: {e}"));
+    format!("lost the target {} ({}): {why}{last}", ctrl.opts.traddr, ctrl.opts.subnqn)
+}
+
+/// [`Engine::explain`] for the NVMe/TCP engines: a host path error (NVMe Base 2.x Figure
+/// 103, SCT 3h SC 70h) is what the host completes I/O with when it gives up on a lost
+/// controller; say which of `ctrls` is down.
+pub(crate) fn explain_path_error(error: IoError, ctrls: &[Arc<host::controller::Controller>]) -> Option<String> {
+    let path_error = Status::HOST_PATH_ERROR;
+    if error != (IoError::Nvme { sct: path_error.sct as u8, sc: path_error.sc }) {
+        return None;
+    }
+    // On a multipath head, the paths that are down (all of them, for I/O to fail).
+    let down: Vec<String> =
+        ctrls.iter().filter(|c| c.state() != host::controller::CtrlState::Live).map(|c| lost(c)).collect();
+    match (down.is_empty(), ctrls) {
+        (false, _) => Some(down.join("; ")),
+        (true, [one]) => Some(lost(one)),
+        (true, _) => None,
+    }
 }
 
 impl QpathEngine {
@@ -177,6 +217,7 @@ impl Engine for QpathEngine {
             let paths = remote.paths();
             let keys: Vec<ControllerKey> = paths.iter().map(|p| ControllerKey::of(p, Some(ctx.job))).collect();
             let ctrls = paths.iter().map(|p| self.ctrls.get(p, Some(ctx.job))).collect::<Result<Vec<_>>>()?;
+            self.used.clone_from(&ctrls);
             let head = self.heads.get(&keys, &ctrls, remote.nsid, &choice)?;
             let dev = self.ctx.open_head(&head).map_err(|e| {
                 Error::new(ErrorKind::Engine, format!("qpath: open multipath namespace {}: {e}", remote.nsid))
@@ -185,6 +226,7 @@ impl Engine for QpathEngine {
             dev
         } else {
             let ctrl = self.ctrls.get(remote, Some(ctx.job))?;
+            self.used = vec![Arc::clone(&ctrl)];
             self.ctx.open(&ctrl, Nsid(remote.nsid)).map_err(|e| {
                 Error::new(
                     ErrorKind::Engine,
@@ -282,6 +324,10 @@ impl Engine for QpathEngine {
             .map(|p| PathStat { traddr: p.traddr.to_string(), ios: p.ios, bytes: p.bytes })
             .collect();
         Some(MultipathStats { policy, paths })
+    }
+
+    fn explain(&self, error: IoError) -> Option<String> {
+        explain_path_error(error, &self.used)
     }
 
     fn close(&mut self) -> Result<()> {

@@ -35,6 +35,13 @@ pub const QUEUE_SIZE_MAX: u16 = 1024;
 pub const OUTSTANDING_MAX: u32 = 4096;
 /// Most I/O queues one controller is asked for (the target's per-controller cap).
 pub const IO_QUEUES_MAX: u16 = 128;
+/// A bench job's `fast_io_fail_tmo` unless its URI or options say otherwise: I/O that
+/// waits for a lost controller to come back fails after this long, so a job whose target
+/// went away ends about this long after, with an error that names the target. (`nvme
+/// connect` has it off and Linux's `ctrl_loss_tmo` is 600 s: a job would wait for the
+/// runner's stall timeout instead.) A URI that asks for reconnects (`reconnect_delay`,
+/// `ctrl_loss_tmo`) keeps Linux's default, off: its I/O waits for the reconnect it asked for.
+pub const DEFAULT_FAST_IO_FAIL_TMO: Duration = Duration::from_secs(5);
 
 /// What distinguishes two controllers: where, which subsystem, as whom, with which digests.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -53,6 +60,9 @@ pub struct ControllerKey {
     pub reconnect_delay: Option<String>,
     /// `ctrl_loss_tmo=SECS` from the URI (`nvme connect -l`; -1 = forever), checked at connect.
     pub ctrl_loss_tmo: Option<String>,
+    /// `fast_io_fail_tmo=SECS` from the URI or the job option (`nvme connect
+    /// --fast_io_fail_tmo`; -1 = off), checked at connect; `None`: see [`fast_io_fail_tmo`].
+    pub fast_io_fail_tmo: Option<String>,
     /// `tcp_congestion=NAME` from the URI: the connections' TCP congestion control.
     pub tcp_congestion: Option<String>,
     /// `dhchap_secret=DHHC-1:..` from the URI (`nvme connect --dhchap-secret`).
@@ -88,6 +98,8 @@ impl ControllerKey {
             ddgst: remote.ddgst || digest_option(job, "data"),
             reconnect_delay: uri_option(remote, "reconnect_delay"),
             ctrl_loss_tmo: uri_option(remote, "ctrl_loss_tmo"),
+            fast_io_fail_tmo: uri_option(remote, "fast_io_fail_tmo")
+                .or_else(|| job.and_then(|j| j.engine_option("fast_io_fail_tmo").flatten()).map(str::to_string)),
             tcp_congestion: uri_option(remote, "tcp_congestion"),
             dhchap_secret: uri_option(remote, "dhchap_secret").map(Secret),
             dhchap_ctrl_secret: uri_option(remote, "dhchap_ctrl_secret").map(Secret),
@@ -98,6 +110,23 @@ impl ControllerKey {
 /// The last `key=value` of the filename's extra options.
 fn uri_option(remote: &RemoteTarget, key: &str) -> Option<String> {
     remote.extra.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+}
+
+/// The `fast_io_fail_tmo` a controller of `key` gets: the URI's or the job's, else
+/// [`DEFAULT_FAST_IO_FAIL_TMO`] unless the URI asks for reconnects (then off, as Linux).
+/// `None` = off.
+pub fn fast_io_fail_tmo(key: &ControllerKey) -> Result<Option<Duration>> {
+    match &key.fast_io_fail_tmo {
+        Some(v) => parse_secs("fast_io_fail_tmo", v, true),
+        None if key.reconnect_delay.is_some() || key.ctrl_loss_tmo.is_some() => Ok(None),
+        None => Ok(Some(DEFAULT_FAST_IO_FAIL_TMO)),
+    }
+}
+
+/// Checks a `fast_io_fail_tmo` job option (seconds, or -1 = off) when the job file is read.
+pub fn check_fast_io_fail_tmo(value: Option<&str>) -> std::result::Result<(), String> {
+    let v = value.ok_or("needs a value: seconds, or -1 for off")?;
+    parse_secs("fast_io_fail_tmo", v, true).map(drop).map_err(|e| e.context)
 }
 
 /// Seconds as `nvme connect` takes them (`-1` only where `forever` is allowed).
@@ -284,6 +313,7 @@ impl Controllers {
         if let Some(v) = &key.ctrl_loss_tmo {
             o.ctrl_loss_tmo = parse_secs("ctrl_loss_tmo", v, true)?;
         }
+        o.fast_io_fail_tmo = fast_io_fail_tmo(key)?;
         o.tcp_congestion = key.tcp_congestion.clone().or_else(|| self.tcp_congestion.clone());
         o.dhchap_secret = key.dhchap_secret.as_ref().map(|s| s.0.clone());
         o.dhchap_ctrl_secret = key.dhchap_ctrl_secret.as_ref().map(|s| s.0.clone());
@@ -345,6 +375,7 @@ mod tests {
             ddgst: false,
             reconnect_delay: None,
             ctrl_loss_tmo: None,
+            fast_io_fail_tmo: None,
             tcp_congestion: None,
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
@@ -407,6 +438,41 @@ mod tests {
             assert!(c.connect_options(&key(bad)).is_err(), "{bad}");
         }
         assert_ne!(key("?reconnect_delay=1"), key(""), "different reconnect options: different controllers");
+    }
+
+    #[test]
+    fn fast_io_fail_tmo_defaults_to_a_prompt_end_unless_reconnects_are_asked_for() {
+        let c = Controllers::for_jobs(&JobFile::parse("[a]\nsize=1m\n", "t").unwrap());
+        let key = |q: &str| {
+            let t = RemoteTarget::parse_uri(&format!("nvme+tcp://127.0.0.1:4420/nqn.x:a/1{q}")).unwrap();
+            ControllerKey::of(&t, None)
+        };
+        assert_eq!(c.connect_options(&key("")).unwrap().fast_io_fail_tmo, Some(DEFAULT_FAST_IO_FAIL_TMO));
+        assert_eq!(
+            c.connect_options(&key("?fast_io_fail_tmo=2")).unwrap().fast_io_fail_tmo,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(c.connect_options(&key("?fast_io_fail_tmo=-1")).unwrap().fast_io_fail_tmo, None, "-1: off");
+        assert_eq!(c.connect_options(&key("?ctrl_loss_tmo=60")).unwrap().fast_io_fail_tmo, None, "waits as asked");
+        assert_eq!(
+            c.connect_options(&key("?ctrl_loss_tmo=60&fast_io_fail_tmo=3")).unwrap().fast_io_fail_tmo,
+            Some(Duration::from_secs(3))
+        );
+        assert!(c.connect_options(&key("?fast_io_fail_tmo=soon")).is_err());
+        // The job option, when the URI says nothing; the URI wins.
+        let f = JobFile::parse(
+            "[a]\nsize=1m\nfast_io_fail_tmo=7\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/1\n\
+             [b]\nsize=1m\nfast_io_fail_tmo=7\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/1?fast_io_fail_tmo=1\n",
+            "t",
+        )
+        .unwrap();
+        let tmo = |i: usize| {
+            let TargetKind::Remote(r) = &f.jobs[i].target.kind else { panic!() };
+            fast_io_fail_tmo(&ControllerKey::of(r, Some(&f.jobs[i]))).unwrap()
+        };
+        assert_eq!(tmo(0), Some(Duration::from_secs(7)));
+        assert_eq!(tmo(1), Some(Duration::from_secs(1)));
+        assert!(JobFile::parse("[a]\nsize=1m\nfast_io_fail_tmo=later\n", "t").is_err(), "checked when read");
     }
 
     #[test]

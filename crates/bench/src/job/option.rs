@@ -108,6 +108,8 @@ const NAMES: &[(&str, &[&str])] = &[
     ("rr_min_io", &[]),
     ("mpath_ref_queues", &[]),
     ("paths", &[]),
+    // remote targets: how long I/O waits for a lost controller (crate::engine::remote)
+    ("fast_io_fail_tmo", &[]),
 ];
 
 /// The canonical name of `key`, or `None` if qpath does not know the option.
@@ -232,10 +234,7 @@ pub fn apply(spec: &mut JobSpec, name: &str, value: Option<&str>) -> Result<Appl
         "stonewall" => spec.stonewall = parse_bool(value)?,
         "new_group" => spec.new_group = parse_bool(value)?,
         "loops" => spec.loops = int_in(value, 1, LOOPS_MAX)?,
-        "invalidate" => {
-            spec.invalidate = parse_bool(value)?;
-            return Ok(Applied::NoEffect("page-cache invalidation needs posix_fadvise; use direct=1 for uncached I/O"));
-        }
+        "invalidate" => spec.invalidate = parse_bool(value)?,
         "fsync" => spec.fsync_every = int_in(value, 0, u64::from(u32::MAX))?,
         "zero_buffers" => spec.zero_buffers = parse_bool(value)?,
         "refill_buffers" => spec.refill_buffers = parse_bool(value)?,
@@ -258,7 +257,7 @@ pub fn apply(spec: &mut JobSpec, name: &str, value: Option<&str>) -> Result<Appl
         "end_fsync" => return Ok(Applied::NoEffect("not implemented; use fsync=N")),
         "create_serialize" => return Ok(Applied::NoEffect("files are laid out before jobs start")),
         "allow_mounted_write" => return Ok(Applied::NoEffect("no mount check is done")),
-        "random_generator" => return Ok(Applied::NoEffect("qpath uses xoshiro (SmallRng) and a Feistel permutation")),
+        "random_generator" => return Ok(Applied::NoEffect("qpath uses a xoshiro generator and a Feistel permutation")),
         "scramble_buffers" => return Ok(Applied::NoEffect("buffers are random unless zero_buffers")),
         "exitall" => return Ok(Applied::NoEffect("jobs always run to their own end")),
         "overwrite" => return Ok(Applied::NoEffect("files are always laid out before reads")),
@@ -269,6 +268,11 @@ pub fn apply(spec: &mut JobSpec, name: &str, value: Option<&str>) -> Result<Appl
         }
         "mpath_policy" | "rr_min_io" | "mpath_ref_queues" | "paths" => {
             crate::engine::mpath::check_option(name, value)?;
+            spec.engine_options.push((name.to_string(), value.map(str::to_string)));
+            return Ok(Applied::Engine);
+        }
+        "fast_io_fail_tmo" => {
+            crate::engine::remote::check_fast_io_fail_tmo(value)?;
             spec.engine_options.push((name.to_string(), value.map(str::to_string)));
             return Ok(Applied::Engine);
         }

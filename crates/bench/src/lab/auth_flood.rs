@@ -136,6 +136,7 @@ fn target_config(key: &Secret, ctrl_key: &Secret) -> Config {
             dhchap_ctrl_key: Some(ctrl_key.to_string()),
             hash: Some(HashId::Sha512.linux_name().into()),
             dhgroup: Some(GROUP.name().into()),
+            ..Default::default()
         })
     };
     cfg.subsystems.push(SubsystemConfig {

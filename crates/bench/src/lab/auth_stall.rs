@@ -189,6 +189,7 @@ fn target_config(auth_workers: usize, reactor_cpu: Option<usize>, key: &Secret, 
             dhchap_ctrl_key: Some(ctrl_key.to_string()),
             hash: Some(HashId::Sha512.linux_name().into()),
             dhgroup: Some(GROUP.name().into()),
+            ..Default::default()
         })],
         ..SubsystemConfig::open(AUTH_NQN, vec![NamespaceConfig::ram(1, "1M")])
     });

@@ -372,7 +372,7 @@ fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
     let mut r = LabResult::new("fairness", "a QD1 queue next to a flooded queue on one target reactor");
     let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
     r.note(format!(
-        "seed 002 / issue 6 acceptance 2: 4k reads, QD1 (block 0 again and again) on one controller's I/O queue, \
+        "4k reads, QD1 (block 0 again and again) on one controller's I/O queue, \
          QD{} (64 MiB in order) on another's, \
          both queues on the target's one reactor (busy poll, CPU {}); one host context (CPU {}) drives both. Each \
          case: a fresh target, {:.1} s of QD1 alone, then {:.1} s of QD1 with the flood.",
@@ -384,7 +384,7 @@ fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
     ));
     r.note(
         "unlimited: no PDU budget, no send batch limit, no deadline (the reactor before fairness); defaults: \
-         TargetOptions::default() (rx_budget_pdus, tx_batch_bytes, tx_deadline_us); custom (when asked): the \
+         the target's default budgets (rx_budget_pdus, tx_batch_bytes, tx_deadline_us); custom (when asked): the \
          --rx-budget-pdus/--tx-batch-bytes/--tx-deadline-us given.",
     );
     r.columns(&[

@@ -472,7 +472,7 @@ fn result(
         "4k randwrite + crc32c verify through a 2-path head while one path goes down, then a read-back",
     );
     r.note(format!(
-        "issue 4: one path down for 5 s every 10 s during a 2-minute randwrite; here {:.0} s of writes, a {:.1} s \
+        "the goal's scenario is one path down for 5 s every 10 s during a 2-minute randwrite; here {:.0} s of writes, a {:.1} s \
          outage every {:.1} s ({} outages), alternating paths, then the read-back (outages continue)",
         runtime.as_secs_f64(),
         schedule.down.as_secs_f64(),

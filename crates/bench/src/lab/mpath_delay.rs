@@ -152,7 +152,7 @@ fn build(
         ),
     );
     r.note(format!(
-        "issue 4 acceptance 4: with one path delayed (target-side injection, +2 ms), throughput under latency should \
+        "with one path delayed (target-side injection, +2 ms), throughput under latency should \
          be at least queue-depth's, and both beat round-robin; here path 1 = {} and path 2 = {} (port 2's delay_us = \
          {}), {:.1} s per case in {} interleaved round(s)",
         addrs[0], addrs[1], args.delay_us, args.runtime, args.rounds

@@ -114,6 +114,18 @@ impl Goal {
         let ratio = ratio(value, baseline);
         Goal { what: what.into(), value, baseline, ratio, threshold, at_most: true, met: ratio <= threshold }
     }
+
+    /// `Some(which side)` when the ratio could not be computed: the measured value or the
+    /// baseline had no samples (NaN, or a baseline of zero).
+    pub fn unmeasured(&self) -> Option<&'static str> {
+        if self.ratio.is_finite() {
+            None
+        } else if !self.value.is_finite() {
+            Some("the measurement")
+        } else {
+            Some("the baseline")
+        }
+    }
 }
 
 fn ratio(value: f64, baseline: f64) -> f64 {
@@ -250,6 +262,18 @@ impl LabResult {
             s.push('\n');
         }
         for g in &self.goals {
+            if let Some(which) = g.unmeasured() {
+                // No ratio to compare: say why instead of printing NaN against the bound.
+                let _ = writeln!(
+                    s,
+                    "goal: {} ({} {}): not measured, {which} had no samples (the host may have been idle \
+                     or the run too short)",
+                    g.what,
+                    if g.at_most { "<=" } else { ">=" },
+                    g.threshold
+                );
+                continue;
+            }
             let _ = writeln!(
                 s,
                 "goal: {} = {} / {} = {:.3} ({} {}) {}",
@@ -290,6 +314,7 @@ impl LabResult {
                     "threshold": g.threshold,
                     "bound": if g.at_most { "at_most" } else { "at_least" },
                     "met": g.met,
+                    "measured": g.unmeasured().is_none(),
                 })
             })
             .collect();
@@ -527,6 +552,21 @@ mod tests {
         assert!(lines.iter().any(|l| l.ends_with("100000") && l.starts_with("one queue")), "{t}");
         assert!(t.contains("goal: n / one = 125000 / 100000 = 1.250 (>= 1.2) met"), "{t}");
         assert!(t.contains("NOT MET"), "{t}");
+    }
+
+    #[test]
+    fn a_goal_without_samples_says_so_instead_of_nan() {
+        let mut r = sample();
+        r.goal(Goal::at_most("p99 with flood / alone", f64::NAN, 20.0, 2.0));
+        r.goal(Goal::at_least("IOPS / baseline", 5.0, 0.0, 0.5));
+        let t = r.text();
+        assert!(!t.contains("NaN") && !t.contains("inf"), "{t}");
+        assert!(t.contains("goal: p99 with flood / alone (<= 2): not measured, the measurement had no samples"), "{t}");
+        assert!(t.contains("goal: IOPS / baseline (>= 0.5): not measured, the baseline had no samples"), "{t}");
+        let v = r.json();
+        assert_eq!(v["goals"][2]["measured"], false);
+        assert_eq!(v["goals"][2]["met"], false, "an unmeasured goal is not met");
+        assert_eq!(v["goals"][0]["measured"], true);
     }
 
     #[test]

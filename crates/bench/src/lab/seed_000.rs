@@ -616,7 +616,7 @@ fn build(
             1.0,
         ));
         r.goal(Goal::at_most(
-            "queue-depth selection alone at 64 paths (ns) / issue 4's 20 ns",
+            "queue-depth selection alone at 64 paths (ns) / the 20 ns goal",
             select_ns_64[qd],
             SELECT_GOAL_NS,
             1.0,

@@ -408,6 +408,17 @@ fn qpath_json(report: &Report) -> Json {
         if let Some(m) = &r.multipath {
             j.put("multipath", multipath_json(m));
         }
+        if let Some(p) = &r.page_cache {
+            let state = match p {
+                crate::run::worker::PageCache::Invalidated => "invalidated",
+                crate::run::worker::PageCache::Kept => "kept",
+                crate::run::worker::PageCache::Failed(_) => "not invalidated",
+            };
+            j.str("page_cache", state);
+        }
+        if let Some(t) = r.fast_io_fail_tmo_s {
+            j.put("fast_io_fail_tmo_s", Json::Int(t.into()));
+        }
         if let Some(b) = baseline_json(r, &report.baselines) {
             j.put("reference", b);
         }

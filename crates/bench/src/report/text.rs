@@ -383,7 +383,8 @@ fn fmt_bw(bytes: f64) -> String {
 /// with each job's ratio to it, and the reference numbers (SPDK) by job shape.
 fn qpath_section(out: &mut String, report: &Report) {
     let multipath = report.jobs.iter().any(|r| r.multipath.is_some());
-    if report.target.is_none() && report.physical.is_none() && !multipath {
+    let per_job = report.jobs.iter().any(|r| r.page_cache.is_some() || r.fast_io_fail_tmo_s.is_some());
+    if report.target.is_none() && report.physical.is_none() && !multipath && !per_job {
         return;
     }
     out.push_str("\nqpath:\n");
@@ -395,6 +396,31 @@ fn qpath_section(out: &mut String, report: &Report) {
     }
     reference_lines(out, report);
     multipath_lines(out, report);
+    job_lines(out, report);
+}
+
+/// Per job, what qpath did around its I/O that fio users expect to know: the page cache
+/// of a local file (`invalidate`), how long a remote job's I/O waits for a lost target.
+fn job_lines(out: &mut String, report: &Report) {
+    for r in &report.jobs {
+        if let Some(p) = &r.page_cache {
+            let _ = writeln!(out, "  job {}: page cache {p}", r.name);
+        }
+        match r.fast_io_fail_tmo_s {
+            Some(-1) => {
+                let _ = writeln!(
+                    out,
+                    "  job {}: fast_io_fail_tmo off: I/O waits while the target reconnects (ctrl_loss_tmo)",
+                    r.name
+                );
+            }
+            Some(s) => {
+                let _ =
+                    writeln!(out, "  job {}: fast_io_fail_tmo={s} s: I/O fails {s} s after its target is lost", r.name);
+            }
+            None => {}
+        }
+    }
 }
 
 /// Each multipath job's policy and how its I/O spread over the paths.

@@ -114,6 +114,53 @@ pub struct ThreadOutcome {
     pub notes: Vec<String>,
     /// A multipath device's policy and per-path counts, after ramp_time.
     pub multipath: Option<crate::engine::mpath::MultipathStats>,
+    /// What the job did with its local file's page cache before it started (`None`:
+    /// no page cache on its path, e.g. a remote target or a character device).
+    pub page_cache: Option<PageCache>,
+}
+
+/// What a job did with the page cache of its local file's I/O range before it started
+/// (fio's `invalidate`, default 1: `posix_fadvise(POSIX_FADV_DONTNEED)` on the range, for a
+/// regular file or a block device, so that buffered reads start from the storage).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageCache {
+    /// `invalidate=1`: the range was dropped from the page cache.
+    Invalidated,
+    /// `invalidate=0`: left as it was; reads may be served from memory.
+    Kept,
+    /// `invalidate=1`, but the kernel refused (the reason); the job ran anyway, as fio's does.
+    Failed(String),
+}
+
+impl std::fmt::Display for PageCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PageCache::Invalidated => f.write_str("invalidated before the job (invalidate=1)"),
+            PageCache::Kept => f.write_str("kept (invalidate=0): reads may be served from memory"),
+            PageCache::Failed(why) => write!(f, "not invalidated ({why}): reads may be served from memory"),
+        }
+    }
+}
+
+/// fio's `file_invalidate_cache` for a job's local target: drop the page cache of the
+/// job's I/O range (`invalidate=1`) or say it was kept.
+fn invalidate_page_cache(spec: &JobSpec, region: Region) -> Option<PageCache> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let path = spec.target.local_path()?;
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() && !meta.file_type().is_block_device() {
+        return None;
+    }
+    if !spec.invalidate {
+        return Some(PageCache::Kept);
+    }
+    let dropped =
+        std::fs::File::open(path).and_then(|f| uring::fadvise_dontneed(f.as_raw_fd(), region.start, region.len));
+    Some(match dropped {
+        Ok(()) => PageCache::Invalidated,
+        Err(e) => PageCache::Failed(format!("posix_fadvise on {}: {e}", path.display())),
+    })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -175,6 +222,8 @@ struct Worker<'a> {
     stall_timeout: Duration,
     /// The engine's per-path counts at the end of ramp_time (subtracted at the end).
     multipath_base: Option<crate::engine::mpath::MultipathStats>,
+    /// What happened to the local file's page cache before the job.
+    page_cache: Option<PageCache>,
 }
 
 /// The seed of a job thread: fixed per (randseed, thread) with `randrepeat=1`.
@@ -222,6 +271,7 @@ pub fn run_thread(
                 tid,
                 notes,
                 multipath: None,
+                page_cache: None,
             };
         }
     };
@@ -285,7 +335,7 @@ pub fn run_thread(
         });
     }
     progress.set_state(if worker.error.is_some() { ThreadState::Failed } else { ThreadState::Done });
-    ThreadOutcome { stat: worker.stats, error: worker.error, tid, notes, multipath }
+    ThreadOutcome { stat: worker.stats, error: worker.error, tid, notes, multipath, page_cache: worker.page_cache }
 }
 
 fn setup<'a>(
@@ -364,6 +414,10 @@ fn setup<'a>(
         }
     }
     let region = Region { start: spec.offset, len: region_len };
+    let page_cache = invalidate_page_cache(spec, region);
+    if let Some(PageCache::Failed(why)) = &page_cache {
+        notes.push(format!("job {}: page cache not invalidated: {why}", spec.name));
+    }
     let seed = job_seed(spec);
     let workload =
         Workload::new(spec, region, seed).map_err(|e| Error::new(ErrorKind::Option, format!("{who}: {e}")))?;
@@ -459,6 +513,7 @@ fn setup<'a>(
         progress,
         stall_timeout: opts.stall_timeout,
         multipath_base: None,
+        page_cache,
     })
 }
 
@@ -690,10 +745,13 @@ impl Worker<'_> {
                             v.map.end_write(m.block, false);
                         }
                         let what = if ddir == Ddir::Read { "read" } else { "write" };
-                        self.fail(
-                            e.errno(),
-                            format!("{what} of {} bytes at offset {} failed: {e}", unit.len, unit.offset),
-                        );
+                        let mut message = format!("{what} of {} bytes at offset {} failed: {e}", unit.len, unit.offset);
+                        if self.error.is_none()
+                            && let Some(why) = self.engine.explain(e)
+                        {
+                            message = format!("{message}: {why}");
+                        }
+                        self.fail(e.errno(), message);
                     }
                     IoResult::Pending => panic!("engine returned unit {idx} without a result"),
                 }

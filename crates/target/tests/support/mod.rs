@@ -100,11 +100,16 @@ pub struct Host {
 
 impl Host {
     pub fn new(target: &Arc<TargetState>, port: u16) -> Host {
+        Host::on_reactor(target, port, 0)
+    }
+
+    /// A host whose connection is served as if by reactor `reactor` (its range-lock gauge).
+    pub fn on_reactor(target: &Arc<TargetState>, port: u16, reactor: usize) -> Host {
         let p = target.port(port).unwrap();
         Host {
             target: Arc::clone(target),
             offload: None,
-            conn: Connection::new(Arc::clone(target), p, None, 0),
+            conn: Connection::new(Arc::clone(target), p, None, reactor),
             pool: BufPool::new(1 << 20, 64 << 20),
             fio: SyncFileIo::default(),
             enc: EncoderConfig::default(),
@@ -147,7 +152,10 @@ impl Host {
     /// Runs the connection until it has nothing more to do: file completions,
     /// due timers and sends.
     pub fn pump(&mut self) {
-        for _ in 0..1000 {
+        // Time, not turns: a request waiting on another thread's range lock is retried from
+        // the timers until that thread gives the blocks back.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
             let done: Vec<_> = self.fio.done.drain(..).collect();
             let mut progressed = !done.is_empty();
             for (token, res, buf) in done {
@@ -159,6 +167,8 @@ impl Host {
                 self.ctx_run(|c, ctx| c.on_send_done(msg, Ok(()), ctx));
                 progressed = true;
             }
+            // A timer may have started file operations (a range-lock retry): deliver them.
+            progressed |= !self.fio.done.is_empty();
             if !progressed && self.conn.next_timer().is_none() {
                 return;
             }
@@ -167,6 +177,17 @@ impl Host {
             }
         }
         panic!("connection did not settle");
+    }
+
+    /// One pass of what [`Host::pump`] repeats: file completions, due timers, one send
+    /// batch into the inbox. For a connection with a request that waits on purpose.
+    pub fn turn(&mut self) {
+        let done: Vec<_> = self.fio.done.drain(..).collect();
+        for (token, res, buf) in done {
+            self.ctx_run(|c, ctx| c.on_file_done((token & 0xffff) as u16, res, buf, ctx));
+        }
+        self.ctx_run(|c, ctx| c.on_timers(ctx));
+        self.read_one_batch();
     }
 
     /// Feeds bytes without sending anything back (a peer that does not read); returns how
@@ -194,6 +215,13 @@ impl Host {
     pub fn tick(&mut self) {
         self.ctx_run(|c, ctx| c.tick(ctx));
         self.pump();
+    }
+
+    /// The connection's tick alone, its output taken into the inbox (no timers run, no file
+    /// completion delivered).
+    pub fn ctx_tick_only(&mut self) {
+        self.ctx_run(|c, ctx| c.tick(ctx));
+        while self.read_one_batch() {}
     }
 
     pub fn send(&mut self, mut bytes: &[u8]) {
@@ -404,6 +432,62 @@ impl Host {
             off += n;
         }
         self.completion(cid).0
+    }
+
+    /// Sends `cmds` back to back in one stream write (as a host sends a fused pair), each
+    /// with its host-to-controller data in the capsule when it fits in `icd`, else through
+    /// R2T and H2CData; answers the R2Ts and returns every CQE, in the order of `cmds`.
+    /// The SGL of each command is set here; its CID must be unique.
+    pub fn batch(&mut self, cmds: &[(Sqe, &[u8])], icd: usize) -> Vec<Cqe> {
+        let mut out = Vec::new();
+        for (sqe, data) in cmds {
+            let mut sqe = *sqe;
+            let len = data.len() as u32;
+            if !data.is_empty() && data.len() <= icd {
+                sqe.set_sgl(SglDescriptor::in_capsule(len));
+                let w = self.enc.capsule_cmd(&mut out, &sqe, data.len());
+                out.extend_from_slice(data);
+                if w.ddgst {
+                    out.extend_from_slice(&crc32c(data).to_le_bytes());
+                }
+            } else {
+                sqe.set_sgl(SglDescriptor::transport(len));
+                self.enc.capsule_cmd(&mut out, &sqe, 0);
+            }
+        }
+        self.send(&out);
+        let mut cqes: Vec<Option<Cqe>> = vec![None; cmds.len()];
+        while cqes.iter().any(Option::is_none) {
+            let p = self.expect();
+            match p.header {
+                Header::R2T(r) => {
+                    let (_, data) = cmds.iter().find(|(s, _)| s.cid() == r.cccid).expect("R2T for a command sent");
+                    let range = r.r2to as usize..(r.r2to + r.r2tl) as usize;
+                    let d = DataHeader {
+                        cccid: r.cccid,
+                        ttag: r.ttag,
+                        datao: r.r2to,
+                        datal: r.r2tl,
+                        last: true,
+                        success: false,
+                    };
+                    let mut pdu = Vec::new();
+                    let w = self.enc.h2c_data(&mut pdu, &d);
+                    pdu.extend_from_slice(&data[range.clone()]);
+                    if w.ddgst {
+                        pdu.extend_from_slice(&crc32c(&data[range]).to_le_bytes());
+                    }
+                    self.send(&pdu);
+                }
+                Header::CapsuleResp(c) => {
+                    let i = cmds.iter().position(|(s, _)| s.cid() == c.cid).expect("completion of a command sent");
+                    assert!(cqes[i].is_none(), "two completions for cid {}", c.cid.0);
+                    cqes[i] = Some(c);
+                }
+                h => panic!("unexpected {h:?}"),
+            }
+        }
+        cqes.into_iter().map(|c| c.unwrap()).collect()
     }
 
     pub fn read(&mut self, nsid: u32, slba: u64, len: usize) -> (Cqe, Vec<u8>) {
