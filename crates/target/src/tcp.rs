@@ -2022,8 +2022,9 @@ impl Connection {
         let n = &mut self.ns_local[i];
         if !ok {
             n.errors += 1;
-            // SMART Media and Data Integrity Errors: the backend failed the I/O.
-            if status.sct == nvme::Sct::Media {
+            // SMART Media and Data Integrity Errors: the backend failed the I/O (a read or
+            // write error). A miscompare is a Media status too, but not an integrity error.
+            if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
                 n.media_errors += 1;
             }
             self.stats_dirty = true;

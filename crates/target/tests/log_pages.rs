@@ -287,3 +287,20 @@ fn the_ana_log_reads_in_pieces_up_to_its_largest_size() {
     let (c, _) = h.admin(Sqe::get_log_page(cid, Nsid::BROADCAST, lid::ANA, 0, true, 4, 5140));
     assert_eq!(c.status, Status::INVALID_FIELD, "past the largest page");
 }
+
+/// A Compare that does not match fails with a Media status (Compare Failure) but is no
+/// media or data integrity error: SMART does not count it as one (it counted it).
+#[test]
+fn a_miscompare_is_not_a_media_error() {
+    let t = target();
+    let mut h = Host::new(&t, 1);
+    let cntlid = h.admin_up(Digests::default());
+    let mut q = Host::io_up(&t, 1, cntlid, 1, Digests::default());
+    assert_eq!(q.write(1, 0, &pattern(512, 1), 8192).status, Status::SUCCESS);
+    let cid = q.cid();
+    q.command(&Sqe::rw(io::COMPARE, cid, Nsid(1), 0, 1, SglDescriptor::in_capsule(512)), &pattern(512, 2));
+    assert_eq!(q.completion(cid).0.status, Status::COMPARE_FAILURE);
+    q.tick();
+    let s = smart(&mut h, Nsid(1));
+    assert_eq!((s.media_errors, s.num_err_log_entries), (0, 1), "logged as an error, not counted as media");
+}
