@@ -91,12 +91,16 @@ ID_CTRL = {
     "nn": Rule(EXPLAINED, "namespaces per subsystem each target allows", lambda a, b: int(b) > 0),
     "mnan": Rule(EXPLAINED, "namespaces per subsystem each target allows", lambda a, b: int(b) > 0),
     "kas": Rule(EXPLAINED, "keep-alive granularity"),
+    "nwpc": Rule(MORE, "qpath also offers Write Protect Until Power Cycle (what a read-only namespace of its "
+                 "configuration is)", bits_superset),
 }
 
 ID_NS = {
     "nguid": Rule(EXPLAINED, "qpath derives stable NGUID/EUI-64 from the NQN and NSID; nvmet sets none unless configured"),
     "eui64": Rule(EXPLAINED, "qpath derives stable NGUID/EUI-64 from the NQN and NSID; nvmet sets none unless configured"),
     "endgid": Rule(EXPLAINED, "nvmet reports one endurance group per namespace; qpath reports none"),
+    "rescap": Rule(MORE, "nvmet in Linux before 6.13 has no reservations (RESCAP 0); qpath has them",
+                   bits_superset, kernels=lambda k: k < (6, 13)),
     "dlfeat": Rule(MORE, "qpath promises that deallocated blocks read as zeros where its backend guarantees it "
                    "(the dsm-*-zeros checks below prove it); nvmet's file backend promises nothing",
                    lambda a, b: int(a) == 0),
@@ -111,6 +115,10 @@ SMART = {
     "host_read_commands": Rule(EXPLAINED, "qpath counts I/O on every backend; nvmet only on block devices"),
     "host_write_commands": Rule(EXPLAINED, "qpath counts I/O on every backend; nvmet only on block devices"),
     "power_on_hours": Rule(EXPLAINED, "hours since each target started"),
+    "avail_spare": Rule(EXPLAINED, "qpath reports its whole spare left (nothing wears) above a 10% threshold; "
+                        "nvmet reports 0 and 0", lambda a, b: int(b) == 100),
+    "spare_thresh": Rule(EXPLAINED, "as avail_spare", lambda a, b: int(b) == 10),
+    "media_errors": Rule(EXPLAINED, "qpath counts its backend's failures; nvmet counts none for file namespaces"),
     "num_err_log_entries": Rule(SKIP, "each target's own error history"),
     "controller_busy_time": Rule(EXPLAINED, "qpath measures busy time; nvmet reports 0"),
 }
@@ -149,8 +157,13 @@ COMMAND_RULES = {
     "copy-dest-past-end": Rule(MORE, NO_CMD.format("Copy"), lambda a, b: a.code == 0x001 and b.code == 0x080),
     "copy-source-past-end": Rule(MORE, NO_CMD.format("Copy"), lambda a, b: a.code == 0x001 and b.code == 0x080),
     "copy-too-many-ranges": Rule(MORE, NO_CMD.format("Copy") + "; more source ranges than MSRC allows is "
-                                 "refused with Command Size Limit Exceeded",
-                                 lambda a, b: a.code == 0x001 and b.code == 0x183),
+                                 "refused with Command Size Limit Exceeded (not sent where MSRC allows the "
+                                 "128 ranges nvme-cli can send)",
+                                 lambda a, b: a.code == 0x001 and (b.code == 0x183 or b.text.startswith("not sent"))),
+    "fid-effects-log": Rule(MORE, "qpath serves the Feature Identifiers Supported and Effects page; this nvmet does "
+                            "not", lambda a, b: a.code in (0x002, 0x109) and b.ok),
+    "supported-log-pages-raw": Rule(MORE, "qpath serves the Supported Log Pages page; this nvmet does not",
+                                    lambda a, b: a.code in (0x002, 0x109) and b.ok),
     "get-feature-0x07:value": Rule(EXPLAINED, "Number of Queues: nvmet reports its maximum, qpath the queues "
                                    "granted to this controller (NVMe Base §5.27.1.5)"),
     "get-feature-0x0c": Rule(EXPLAINED, "Autonomous Power State Transition (a PCIe power feature): neither "
@@ -179,8 +192,8 @@ COMMAND_RULES = {
                                status_pair(0x006, 0x002)),
     "get-log-0x04": Rule(MORE, "nvmet reads only the whole 4 KiB Changed Namespace List; qpath also a part",
                          lambda a, b: a.code == 0x006 and b.ok),
-    "get-log-0x00": Rule(MORE, "nvmet refuses a part of this page (Data SGL Length Invalid); qpath returns it",
-                         lambda a, b: a.code == 0x00f and b.ok),
+    "get-log-0x00": Rule(MORE, "nvmet refuses a part of this page (Data SGL Length Invalid), or (before Linux "
+                         "6.x) the page; qpath returns it", lambda a, b: a.code in (0x00f, 0x002) and b.ok),
     "get-log-0x05": Rule(MORE, "nvmet refuses a part of this page (Data SGL Length Invalid); qpath returns it",
                          lambda a, b: a.code == 0x00f and b.ok),
 }
@@ -200,7 +213,7 @@ for f in ["0x%02x" % i for i in range(0x100)]:
         MORE, "nvmet does not answer Select 011b (supported capabilities) for this feature; qpath does",
         lambda a, b: not a.ok and b.ok))
     rules_of("get-feature-" + f).append(Rule(
-        MORE, "a mandatory feature nvmet does not implement; qpath answers it", nvmet_lacks))
+        MORE, "a feature this nvmet does not answer (mandatory ones among them); qpath answers it", nvmet_lacks))
     rules_of("set-feature-" + f).append(Rule(
         EXPLAINED, "setting a feature that is not changeable: qpath answers Feature Not Changeable "
         "(NVMe Base §5.27.1), nvmet Invalid Field in Command", status_pair(0x002, 0x10e)))
@@ -219,7 +232,8 @@ for name in ["resv-register", "resv-acquire", "resv-report", "resv-acquire-wrong
              "get-feature-0x82", "get-feature-0x82-supported", "set-feature-0x82", "resv-notif-log",
              "get-log-0x80"]:
     rules_of(name).append(Rule(MORE, "nvmet in Linux before 6.13 has no reservations; qpath has them",
-                               lambda a, b: not a.ok and (b.ok or a.code == b.code), kernels=OLD_NVMET))
+                               lambda a, b: not a.ok and (b.ok or a.code == b.code or (a.code == 0x001 and b.code == 0x083)),
+                               kernels=OLD_NVMET))
 
 
 class Answer:
@@ -300,6 +314,8 @@ EFFECTS_NAMES = {
 }
 # Where the effects of a command both support may differ, and why.
 EFFECTS_RULES = {
+    ("io", 0x09): "Dataset Management: qpath marks it as changing block contents (LBCC), since deallocated "
+                  "blocks read as zeros there (DLFEAT 001b); nvmet does not",
     ("admin", 0x09): "Set Features: nvmet marks it as changing the controller capabilities (CCC); qpath does "
                      "not, since no feature it lets a host set changes them",
 }
@@ -330,6 +346,9 @@ def judge_effects(name, a, b, kmajor, rows):
             rows.append((name, label, show(va), show(vb), "%s: nvmet does not support it" % MORE))
         elif key in EFFECTS_RULES and vb is not None:
             rows.append((name, label, show(va), show(vb), "%s: %s" % (EXPLAINED, EFFECTS_RULES[key])))
+        elif vb is not None and va == 0x1 and vb == 0x3 and key in (("io", 0x01), ("io", 0x08)):
+            rows.append((name, label, show(va), show(vb), "%s: qpath marks a command that changes block contents "
+                         "(LBCC), as Linux 7.x nvmet does; this older nvmet marks none" % EXPLAINED))
         else:
             rows.append((name, label, show(va), show(vb), DIFFERS))
             bad += 1
@@ -392,9 +411,12 @@ def judge_command(name, a, b, kmajor, rows):
     # Same status. Errors: the More bit says whether an Error Information entry exists.
     if not a.ok:
         verdict = SAME
-        if a.more != b.more:
-            verdict = DIFFERS + " (More bit: nvmet %d, qpath %d)" % (a.more, b.more)
+        if a.more and not b.more:
+            verdict = DIFFERS + " (More bit: nvmet 1, qpath 0: qpath logged no Error Information entry)"
             bad += 1
+        elif b.more and not a.more:
+            verdict = EXPLAINED + ": qpath logs every failed command in its Error Information log and says so " \
+                "(More); nvmet logs fewer (e.g. reservation conflicts)"
         rows.append((name, "status", a.summary(), b.summary(), verdict))
         return bad
     # Both succeeded: compare what they returned.
