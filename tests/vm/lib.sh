@@ -158,7 +158,9 @@ start_guest() {
   local append="vmlab.env.NQN=$QPATH_NQN vmlab.env.EXPECT_KVER=$(kver) $*"
   SERIAL=$D/serial.log
   say "booting KERNEL=$KERNEL guest with $(basename "$script") (serial log $SERIAL)"
-  setsid "$VMLAB_DIR/boot.sh" --net tap --script "$script" \
+  local share=()
+  [ -z "${GUEST_SHARE:-}" ] || share=(--share "$GUEST_SHARE")   # 9p: host dir at /host
+  setsid "$VMLAB_DIR/boot.sh" --net tap --script "$script" "${share[@]}" \
     --file "$VM_DIR/guest/lib.sh:/vmlab/qpath-lib.sh" --timeout "$BOOT_TIMEOUT" \
     --append "$append" --log "$SERIAL" > "$D/boot.out" 2>&1 < /dev/null &
   BOOT_PID=$!

@@ -34,6 +34,11 @@
 #               crc32c verify through a 2-path head while the guest's nvmet removes and re-adds
 #               one port's subsystem link in configfs (FLAPS_DOWN s every FLAPS_PERIOD s for
 #               FLAPS_RUNTIME s: 5/10/120), then a read-back: zero errors, zero verify failures
+#   conformance the differential conformance suite: the same nvme-cli commands (identify, every
+#               log page and feature, data commands, bad input, reservations) against the
+#               guest's Linux nvmet (file namespaces) and qpath target (file namespaces of the
+#               same size); tests/vm/conformance.py prints the table and fails on any
+#               difference it cannot explain
 #   all         every scenario on the kernels it applies to (6.1 interop with --capture)
 # --capture: tshark records the scenario's NVMe/TCP traffic on the tap; afterwards Wireshark's
 #   dissector must find no malformed frame, expert error, unknown PDU type or bad digest, and
@@ -53,7 +58,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
     --capture) CAPTURE=1 ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -61,17 +66,17 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize) ;;
+  interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance) ;;
   all)
     rc=0
     for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
       "sid qdpolicy" "bookworm resv" "sid resv" "bookworm resize" "sid resize" \
-      "bookworm nvmet" "sid nvmet" "sid flaps"; do
+      "bookworm nvmet" "sid nvmet" "sid flaps" "bookworm conformance" "sid conformance"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -423,6 +428,51 @@ PY
   else fail "backing file: a deallocated range still holds data blocks"
   fi
   rm -f "$img" "$img2"
+}
+
+# The differential conformance suite: the guest runs the same nvme-cli commands against its
+# own kernel's nvmet (file namespaces on tmpfs, 4 KiB blocks) and against qpath target (file
+# namespaces of the same size and block size, here); the outputs come back through a 9p share
+# and tests/vm/conformance.py compares them, command by command and field by field.
+scenario_conformance() {
+  QPATH_NQN=nqn.2026-11.io.qpath:conformance
+  local mb=64 share=$D/share
+  mkdir -p "$share"
+  cat > "$D/conformance.toml" <<EOF
+# written by tests/vm/run.sh conformance
+[[port]]
+id = 1
+addr = "$VMLAB_HOST_IP:4420"
+[[port]]
+id = 2
+addr = "$VMLAB_HOST_IP:4421"
+[[subsystem]]
+nqn = "$QPATH_NQN"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "$D/ns1.img"
+size = "${mb}M"
+block_size = 4096
+[[subsystem.namespace]]
+nsid = 2
+backend = "file"
+path = "$D/ns2.img"
+size = "${mb}M"
+block_size = 4096
+EOF
+  start_target --config "$D/conformance.toml" || return 0
+  GUEST_SHARE=$share boot_guest "$VM_DIR/guest/conformance.sh" "vmlab.env.NS_MB=$mb"
+  serve_guest
+  check_guest
+  if python3 "$VM_DIR/conformance.py" --kernel "$(kver)" --markdown "$D/conformance.md" "$share"; then
+    pass "conformance: every difference from Linux $(kver) nvmet is explained (table: $D/conformance.md)"
+  else
+    fail "conformance: differences from Linux $(kver) nvmet that no rule explains (table: $D/conformance.md)"
+  fi
+  check_target_after
+  rm -f "$D/ns1.img" "$D/ns2.img"
 }
 
 # Issue #4 acceptance 5: the kernel's queue-depth iopolicy avoids the delayed path.

@@ -140,3 +140,20 @@ fn vm_our_host_against_nvmet_linux_7_2_needs_root_and_qemu() {
 fn vm_path_flaps_against_nvmet_linux_7_2_needs_root_and_qemu() {
     run_scenario("sid", &[], "flaps");
 }
+
+/// The differential conformance suite on Linux 6.1: the same nvme-cli commands (Identify,
+/// every log page and feature, data commands, bad input, reservations) against the guest's
+/// nvmet and against qpath target; every difference must be one `tests/vm/conformance.py`
+/// explains.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_conformance_against_nvmet_linux_6_1_needs_root_and_qemu() {
+    run_scenario("bookworm", &[], "conformance");
+}
+
+/// The differential conformance suite on Linux 7.2.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; scripts/test.sh runs it with --ignored"]
+fn vm_conformance_against_nvmet_linux_7_2_needs_root_and_qemu() {
+    run_scenario("sid", &[], "conformance");
+}
