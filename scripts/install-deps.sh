@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/install-deps.sh — install what the tests need; idempotent, quiet unless something fails.
-#   0. cargo-fuzz (cargo install), for the fuzz smoke run of scripts/test.sh
+#   0. cargo-fuzz (cargo install), for the fuzz smoke run of scripts/test.sh; the Python
+#      prometheus-client (pip), whose parser checks the /metrics text in a test
 #   1. apt packages for the VM interop suite (tests/vm): QEMU, nvme-cli, fio, busybox-static,
 #      cpio, kmod, xz-utils, zstd, iproute2, netcat-openbsd, tshark, python3
 #   2. vmlab (../shared/vmlab from the repo root, or $VMLAB_DIR): a Debian kernel and a guest
@@ -29,6 +30,16 @@ if command -v cargo > /dev/null && ! cargo fuzz --version > /dev/null 2>&1; then
     note "installed cargo-fuzz ($((SECONDS - T0)) s)"
   else
     note "WARN: cargo install cargo-fuzz failed; the fuzz smoke run will skip:"
+    show_log
+  fi
+fi
+
+# ---- 0b. the Prometheus exposition parser (crates/qpath/tests/observability.rs) -----------
+if command -v python3 > /dev/null && ! python3 -c 'import prometheus_client' 2> /dev/null; then
+  if python3 -m pip install --quiet --disable-pip-version-check prometheus-client==0.21.1 > "$LOG" 2>&1; then
+    note "installed prometheus-client (Python), the Prometheus text parser the metrics test uses"
+  else
+    note "WARN: pip install prometheus-client failed; the metrics parser test will skip:"
     show_log
   fi
 fi

@@ -79,13 +79,15 @@ pub struct DirectionStats {
     pub errors: u64,
     /// Largest latency of a successful I/O, exact (the histogram saturates).
     pub latency_ns_max: u64,
+    /// Sum of the latencies of the successful I/Os, exact (a Prometheus summary's `_sum`).
+    pub latency_ns_sum: u64,
     /// Allocated at the first successful I/O of the direction (idle directions cost nothing).
     latency: Option<Box<Histogram<u64>>>,
 }
 
 impl DirectionStats {
     fn new() -> DirectionStats {
-        DirectionStats { ios: 0, bytes: 0, errors: 0, latency_ns_max: 0, latency: None }
+        DirectionStats { ios: 0, bytes: 0, errors: 0, latency_ns_max: 0, latency_ns_sum: 0, latency: None }
     }
 
     /// The latency histogram (ns) of successful I/Os.
@@ -178,6 +180,7 @@ impl QueueStats {
                 d.bytes += bytes;
                 d.latency_mut().saturating_record(latency_ns.max(1));
                 d.latency_ns_max = d.latency_ns_max.max(latency_ns);
+                d.latency_ns_sum = d.latency_ns_sum.saturating_add(latency_ns);
             }
             Outcome::Error => d.errors += 1,
         }
@@ -227,6 +230,7 @@ impl QueueStats {
             d.bytes += o.bytes;
             d.errors += o.errors;
             d.latency_ns_max = d.latency_ns_max.max(o.latency_ns_max);
+            d.latency_ns_sum = d.latency_ns_sum.saturating_add(o.latency_ns_sum);
             if let Some(h) = o.latency.as_deref()
                 && !h.is_empty()
             {
@@ -244,6 +248,7 @@ impl QueueStats {
             d.bytes = 0;
             d.errors = 0;
             d.latency_ns_max = 0;
+            d.latency_ns_sum = 0;
             if let Some(h) = d.latency.as_mut() {
                 h.reset();
             }

@@ -23,7 +23,7 @@
 //! | `qpath_host_queue_busy_total` | same | submissions that found no free tag |
 //! | `qpath_host_queue_connects_total` | same | connections installed (first one and reconnects) |
 //! | `qpath_host_queue_failures_total` | same | connections that failed under I/O |
-//! | `qpath_host_queue_latency_seconds` | same + dir, quantile (0.5, 0.99, 0.999) | submit to completion |
+//! | `qpath_host_queue_latency_seconds` | same + dir, quantile (0.5, 0.99, 0.999); `_sum` (exact), `_count` | submit to completion, successful I/Os |
 //! | `qpath_host_controller_info` | ctrl, traddr, subnqn, cntlid, state | always 1 |
 //! | `qpath_host_controller_live` | ctrl, traddr, subnqn | 1 when live |
 //! | `qpath_host_controller_reconnects_total` | same | association resets that reconnected |
@@ -184,17 +184,22 @@ fn help(out: &mut String, name: &str, kind: &str, text: &str) {
     let _ = writeln!(out, "# HELP {name} {text}\n# TYPE {name} {kind}");
 }
 
+/// A summary's quantiles, and its `_sum` (exact, seconds) and `_count` (the successful I/Os
+/// the quantiles cover), per direction.
 fn quantiles(out: &mut String, name: &str, labels: &str, s: &QueueStats) {
+    #[allow(clippy::cast_precision_loss)]
+    let secs = |ns: u64| ns as f64 / 1e9;
     for (d, dname) in DIRS {
-        let sum = s.direction(d).summary();
+        let x = s.direction(d);
+        let sum = x.summary();
         if sum.count == 0 {
             continue;
         }
         for (q, v) in [("0.5", sum.p50_ns), ("0.99", sum.p99_ns), ("0.999", sum.p99_9_ns)] {
-            #[allow(clippy::cast_precision_loss)]
-            let secs = v as f64 / 1e9;
-            let _ = writeln!(out, "{name}{{{labels},dir=\"{dname}\",quantile=\"{q}\"}} {secs}");
+            let _ = writeln!(out, "{name}{{{labels},dir=\"{dname}\",quantile=\"{q}\"}} {}", secs(v));
         }
+        let _ = writeln!(out, "{name}_sum{{{labels},dir=\"{dname}\"}} {}", secs(x.latency_ns_sum));
+        let _ = writeln!(out, "{name}_count{{{labels},dir=\"{dname}\"}} {}", sum.count);
     }
 }
 

@@ -103,3 +103,96 @@ fn metrics_and_stats_count_every_io() {
     drop(metrics);
     server.shutdown();
 }
+
+/// Checks `text` with the Prometheus project's own exposition-format parser (the Python
+/// `prometheus_client`, installed by `scripts/install-deps.sh`): every family parses, and
+/// every summary has `_sum` and `_count` beside its quantiles. Returns the samples as
+/// "name{labels}" -> value, or `None` (with a printed SKIP) when the parser is not installed.
+fn parse_with_prometheus(text: &str) -> Option<std::collections::BTreeMap<String, f64>> {
+    let script = r#"
+import sys
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:
+    print("SKIP")
+    sys.exit(0)
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    names = {s.name for s in fam.samples}
+    if fam.type == "summary" and fam.samples:
+        assert fam.name + "_sum" in names and fam.name + "_count" in names, "summary %s lacks _sum/_count" % fam.name
+    if fam.type == "counter":
+        assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), fam.name
+    for s in fam.samples:
+        labels = ",".join("%s=%s" % kv for kv in sorted(s.labels.items()))
+        print("%s{%s} %r" % (s.name, labels, s.value))
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the Prometheus parser refused the exposition: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if stdout.trim() == "SKIP" {
+        println!("SKIP: python3's prometheus_client is not installed (scripts/install-deps.sh installs it)");
+        return None;
+    }
+    Some(
+        stdout
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+/// Both sides' /metrics parse with Prometheus's own parser, every summary has `_sum` and
+/// `_count`, and no `_total` goes down or disappears when a host disconnects (they were
+/// summed from live queues, so their samples vanished with the queues and `rate()` broke).
+#[test]
+fn metrics_parse_as_prometheus_and_totals_survive_a_disconnect() {
+    let (server, _ports) = loopback::target(2, "16M");
+    let addr = server.state.port(1).unwrap().addr;
+    let hub = host::stats::HostStats::new();
+    let ctrl = Controller::connect(ConnectOptions::new(addr, target::config::DEFAULT_NQN)).unwrap();
+    let mut ctx = Context::new(ContextOptions { stats: Some(Arc::clone(&hub)), ..ContextOptions::default() }).unwrap();
+    let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+    for i in 0..64u64 {
+        let mut b = IoBuf::new(4096);
+        b.set_len(4096);
+        let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+        ctx.submit(dev, op, (i % 32) * 4096, 4096, Some(b), i).map_err(|(e, _)| e).unwrap();
+        let t = Instant::now();
+        while ctx.completions().count() == 0 && t.elapsed() < Duration::from_secs(10) {
+            ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
+        }
+    }
+    ctx.publish_stats();
+    std::thread::sleep(Duration::from_millis(50)); // the reactors publish on their tick
+    let before_target = target::metrics::render(&server.state);
+    let before_host = host::metrics::render(&hub);
+    drop(ctx);
+    ctrl.delete();
+    std::thread::sleep(Duration::from_millis(100));
+    let after_target = target::metrics::render(&server.state);
+    for (side, before, after) in [("target", &before_target, &after_target), ("host", &before_host, &before_host)] {
+        let (Some(b), Some(a)) = (parse_with_prometheus(before), parse_with_prometheus(after)) else { return };
+        assert!(b.keys().any(|k| k.contains("_total{")), "{side}: counters present");
+        for (k, v) in b.iter().filter(|(k, _)| k.contains("_total{") && !k.contains("_queue_")) {
+            let now = a.get(k).unwrap_or_else(|| panic!("{side}: {k} disappeared after the disconnect"));
+            assert!(now >= v, "{side}: {k} went down from {v} to {now}");
+        }
+    }
+    assert!(before_host.contains("qpath_host_queue_latency_seconds_sum{"), "host summaries have _sum");
+    server.shutdown();
+}
