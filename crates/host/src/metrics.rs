@@ -442,7 +442,11 @@ mod tests {
             let (series, value) = line.rsplit_once(' ').unwrap();
             assert!(value.parse::<f64>().is_ok(), "{line}");
             let name = series.split('{').next().unwrap();
-            let family = name.strip_suffix("_total").map_or(name, |_| name);
+            // A summary's _sum and _count samples belong to its family.
+            let family = ["_sum", "_count"]
+                .iter()
+                .find_map(|sfx| name.strip_suffix(sfx).filter(|f| families.contains(*f)))
+                .unwrap_or(name);
             assert!(families.contains(family), "{line} has no TYPE line before it");
             assert_eq!(series.matches('{').count(), series.matches('}').count(), "{line}");
         }
