@@ -142,36 +142,49 @@ impl RpcServer {
 /// Makes `path` free for a new socket without taking it from anyone: nothing there, or a
 /// stale socket (removed). A live socket and anything that is not a socket are refused.
 fn claim(path: &Path) -> Result<(), Error> {
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
-    let shown = path.display();
-    if !meta.file_type().is_socket() {
-        return Err(Error::new(
-            ErrorKind::Exists,
-            format!(
-                "RPC socket {shown}: something that is not a socket is there; it is left alone (choose another path with --rpc-socket)"
-            ),
-        ));
+    if RpcServer::check_path(path)? {
+        // Nobody listens: the socket of a process that ended without removing it.
+        tracing::info!(socket = %path.display(), "replacing a stale RPC socket (nothing listens on it)");
+        std::fs::remove_file(path)
+            .map_err(|e| Error::io(format!("remove the stale RPC socket {}", path.display()), e))?;
     }
-    match UnixStream::connect(path) {
-        Ok(live) => {
-            let who = match uring::peer_credentials(live.as_fd()) {
-                Ok(c) if c.pid != 0 => format!("process {} (uid {})", c.pid, c.uid),
-                _ => "another process".to_string(),
-            };
-            Err(Error::new(
+    Ok(())
+}
+
+impl RpcServer {
+    /// Whether a server could listen on `path` without taking it from anyone, changing
+    /// nothing: `Ok(false)` when nothing is there, `Ok(true)` for a stale socket (nobody
+    /// listens: [`RpcServer::start_with`] replaces it), and an error naming the process
+    /// when one serves it, or when something that is not a socket is there.
+    pub fn check_path(path: &Path) -> Result<bool, Error> {
+        let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(false) };
+        let shown = path.display();
+        if !meta.file_type().is_socket() {
+            return Err(Error::new(
                 ErrorKind::Exists,
                 format!(
-                    "RPC socket {shown}: {who} serves it (a running qpath target?); it is left to it: \
-                     choose another path with --rpc-socket, or stop that process first"
+                    "RPC socket {shown}: something that is not a socket is there; it is left alone (choose \
+                     another path with --rpc-socket)"
                 ),
-            ))
+            ));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            // Nobody listens: the socket of a process that ended without removing it.
-            tracing::info!(socket = %shown, "replacing a stale RPC socket (nothing listens on it)");
-            std::fs::remove_file(path).map_err(|e| Error::io(format!("remove the stale RPC socket {shown}"), e))
+        match UnixStream::connect(path) {
+            Ok(live) => {
+                let who = match uring::peer_credentials(live.as_fd()) {
+                    Ok(c) if c.pid != 0 => format!("process {} (uid {})", c.pid, c.uid),
+                    _ => "another process".to_string(),
+                };
+                Err(Error::new(
+                    ErrorKind::Exists,
+                    format!(
+                        "RPC socket {shown}: {who} serves it (a running qpath target?); it is left to it: \
+                         choose another path with --rpc-socket, or stop that process first"
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(true),
+            Err(e) => Err(Error::io(format!("RPC socket {shown}: cannot tell whether another process serves it"), e)),
         }
-        Err(e) => Err(Error::io(format!("RPC socket {shown}: cannot tell whether another process serves it"), e)),
     }
 }
 
