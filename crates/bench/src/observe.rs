@@ -28,7 +28,8 @@ use serde_json::{Value, json};
 use target::error::{Error as TargetError, ErrorKind as TargetErrorKind};
 use target::metrics::MetricsServer;
 use target::registry::TargetState;
-use target::rpc::RpcServer;
+use target::rpc::schema::{Effect, Method, Param, Type, U32};
+use target::rpc::{Caller, RpcServer};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -79,10 +80,63 @@ pub fn render(src: &Sources, running: bool) -> String {
     out
 }
 
+/// What serves one of the host side's methods: the parameters are checked and typed.
+type Run = fn(&Sources, &RunState, &Value) -> std::result::Result<Value, TargetError>;
+
+/// The host side's methods (`qpath rpc --socket host.sock --list`): `rpc_get_methods`
+/// answers this table, and requests are checked against it as the target's are.
+static METHODS: &[Method<Run>] = &[
+    Method {
+        name: "stats",
+        summary: "The host's per-queue, per-controller, per-path and per-namespace statistics",
+        effect: Effect::Reads,
+        params: &[],
+        result: "{side: \"host\", queues, controllers, paths, namespaces, ...}",
+        run: stats,
+    },
+    Method {
+        name: "target_stats",
+        summary: "The embedded target's statistics, as its own stats method answers them",
+        effect: Effect::Reads,
+        params: &[],
+        result: "{side: \"target\", queues, ports, namespaces, ...}",
+        run: target_stats,
+    },
+    Method {
+        name: "bench_status",
+        summary: "Whether the benchmark's jobs still run",
+        effect: Effect::Reads,
+        params: &[],
+        result: "{running}",
+        run: bench_status,
+    },
+    Method {
+        name: "release",
+        summary: "Ends --linger: the endpoints close and the run ends",
+        effect: Effect::Acts,
+        params: &[],
+        result: "{}",
+        run: release,
+    },
+    Method {
+        name: "reauthenticate",
+        summary: "Re-authenticates the run's live controllers (DH-HMAC-CHAP), with new secrets if given",
+        effect: Effect::Acts,
+        params: &[
+            Param::optional("ctrl", U32, "the controller's number in this run (default: every live controller)"),
+            Param::optional("dhchap_secret", Type::String, "the host's new secret, DHHC-1:hh:base64:").secret(),
+            Param::optional("dhchap_ctrl_secret", Type::String, "the controller's new secret (bidirectional)").secret(),
+            Param::default("timeout_s", Type::Number, "30", "how long each controller may take (0.1 to 600 s)"),
+        ],
+        result: "[{ctrl, traddr, subnqn, ok, io_queues, ms, failed: [{qid, error}], error}]",
+        run: reauthenticate,
+    },
+];
+
 /// RPC `reauthenticate {ctrl?, dhchap_secret?, dhchap_ctrl_secret?, timeout_s?}`: re-authenticates
 /// the run's live controllers (or controller number `ctrl`), with new secrets if given
 /// ([`host::controller::Controller::reauthenticate`]), on the RPC thread: never a job's.
-fn reauthenticate(src: &Sources, params: &Value) -> std::result::Result<Value, TargetError> {
+fn reauthenticate(src: &Sources, _: &RunState, params: &Value) -> std::result::Result<Value, TargetError> {
     let invalid = |m: String| TargetError::new(TargetErrorKind::Config, m);
     let text = |k: &str| params.get(k).and_then(Value::as_str);
     let keys = host::auth::DhchapKeys::parse(text("dhchap_secret"), text("dhchap_ctrl_secret"))
@@ -114,22 +168,41 @@ fn reauthenticate(src: &Sources, params: &Value) -> std::result::Result<Value, T
     Ok(Value::Array(out))
 }
 
-fn call(src: &Sources, state: &RunState, method: &str, params: &Value) -> std::result::Result<Value, TargetError> {
-    match method {
-        "reauthenticate" => reauthenticate(src, params),
-        "stats" => Ok(host::metrics::stats_json(&src.host)),
-        "target_stats" => match &src.target {
-            Some(t) => Ok(target::metrics::stats_json(t)),
-            None => Err(TargetError::new(TargetErrorKind::NotFound, "no embedded target in this process")),
-        },
-        "bench_status" => Ok(json!({"running": state.running.load(Ordering::Acquire)})),
-        "release" => {
-            *state.released.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
-            state.cv.notify_all();
-            Ok(json!({}))
-        }
-        _ => Err(TargetError::new(TargetErrorKind::NotFound, format!("unknown method {method:?}"))),
+fn stats(src: &Sources, _: &RunState, _: &Value) -> std::result::Result<Value, TargetError> {
+    Ok(host::metrics::stats_json(&src.host))
+}
+
+fn target_stats(src: &Sources, _: &RunState, _: &Value) -> std::result::Result<Value, TargetError> {
+    match &src.target {
+        Some(t) => Ok(target::metrics::stats_json(t)),
+        None => Err(TargetError::new(TargetErrorKind::NotFound, "no embedded target in this process")),
     }
+}
+
+fn bench_status(_: &Sources, state: &RunState, _: &Value) -> std::result::Result<Value, TargetError> {
+    Ok(json!({"running": state.running.load(Ordering::Acquire)}))
+}
+
+fn release(_: &Sources, state: &RunState, _: &Value) -> std::result::Result<Value, TargetError> {
+    *state.released.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+    state.cv.notify_all();
+    Ok(json!({}))
+}
+
+/// Answers one call from `caller` ([`target::rpc::answer`]: checked against [`METHODS`]).
+fn call_as(
+    src: &Sources,
+    state: &RunState,
+    method: &str,
+    params: &Value,
+    caller: Caller,
+) -> std::result::Result<Value, TargetError> {
+    target::rpc::answer(METHODS, method, params, caller, |m, p| (m.run)(src, state, p))
+}
+
+#[cfg(test)]
+fn call(src: &Sources, state: &RunState, method: &str, params: &Value) -> std::result::Result<Value, TargetError> {
+    call_as(src, state, method, params, Caller::InProcess)
 }
 
 impl Endpoints {
@@ -141,7 +214,7 @@ impl Endpoints {
         let rpc = match rpc {
             Some(path) => {
                 let (s, st) = (src.clone(), Arc::clone(&state));
-                let handler = Arc::new(move |m: &str, p: &Value| call(&s, &st, m, p));
+                let handler = Arc::new(move |m: &str, p: &Value, c: Caller| call_as(&s, &st, m, p, c));
                 Some(RpcServer::start_with(path, handler).map_err(|e| fail("RPC socket", e))?)
             }
             None => None,
@@ -193,6 +266,14 @@ mod tests {
         assert_eq!(call(&src, &st, "bench_status", &json!({})).unwrap()["running"], true);
         assert_eq!(call(&src, &st, "target_stats", &json!({})).unwrap_err().kind, TargetErrorKind::NotFound);
         assert!(call(&src, &st, "nope", &json!({})).is_err());
+        // Its own table, checked as the target's is.
+        let methods = call(&src, &st, "rpc_get_methods", &json!({})).unwrap();
+        let names: Vec<&str> = methods.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["rpc_get_methods", "stats", "target_stats", "bench_status", "release", "reauthenticate"]);
+        let e = call(&src, &st, "reauthenticate", &json!({"dhchap_key": "x"})).unwrap_err().to_string();
+        assert!(e.contains("reauthenticate takes ctrl, dhchap_secret, dhchap_ctrl_secret, timeout_s"), "{e}");
+        let e = call(&src, &st, "reauthenticate", &json!({"timeout_s": "soon"})).unwrap_err().to_string();
+        assert!(e.contains("timeout_s: expected a number, got \"soon\""), "{e}");
         assert!(render(&src, true).ends_with("qpath_bench_running 1\n"));
         assert!(render(&src, false).contains("qpath_host_contexts 0"));
     }

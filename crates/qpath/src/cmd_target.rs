@@ -196,6 +196,10 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(addr) = a.metrics {
         std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics {addr}: {e}"))?;
     }
+    // And the RPC socket: one another target serves is never taken from it.
+    if let Some(p) = &cfg.rpc.socket {
+        RpcServer::check_path(p)?;
+    }
     // Files the configuration creates are removed again if any part of the start fails
     // (dropping `new_files` on an early return does that); kept once everything is up.
     let (server, new_files) = cfg.start_with_new_files()?;

@@ -27,10 +27,14 @@ impl Drop for Target {
     }
 }
 
+/// `qpath target --config CONFIG` with an RPC socket of its own beside the config (the
+/// default socket may be another target's, which a target never takes).
 fn start_target(config: &Path) -> Target {
     let child = Command::new(env!("CARGO_BIN_EXE_qpath"))
         .args(["target", "--config"])
         .arg(config)
+        .arg("--rpc-socket")
+        .arg(config.with_extension("sock"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -75,33 +75,12 @@ impl std::fmt::Debug for Persist {
     }
 }
 
-/// RPC methods that change the configuration: each one is followed by a save under
-/// [`SaveMode::EveryChange`]. (`set_port_fault` injects faults for tests and
-/// `clear_reservation` acts on reservations, which persist on their own: neither is here.)
-pub const CHANGES: &[&str] = &[
-    "add_subsystem",
-    "remove_subsystem",
-    "add_namespace",
-    "remove_namespace",
-    "resize_namespace",
-    "ns_add_host",
-    "ns_remove_host",
-    "add_host",
-    "remove_host",
-    "set_allow_any_host",
-    "set_host_auth",
-    "set_ana_state",
-    "set_qos",
-    "set_limits",
-    "add_port",
-    "remove_port",
-    "add_referral",
-    "remove_referral",
-];
-
-/// Whether RPC `method` changes the configuration.
+/// Whether RPC `method` changes the configuration: each such method is followed by a save
+/// under [`SaveMode::EveryChange`]. The RPC table says which ([`crate::rpc::methods::TARGET`],
+/// `Effect::Configures`); `set_port_fault` injects faults for tests and `clear_reservation`
+/// acts on reservations, which persist on their own: neither is one.
 pub fn is_change(method: &str) -> bool {
-    CHANGES.contains(&method)
+    crate::rpc::methods::TARGET.iter().any(|m| m.name == method && m.effect == crate::rpc::schema::Effect::Configures)
 }
 
 /// What a save did, as RPC answers it (no secret in it).

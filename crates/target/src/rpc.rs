@@ -1,72 +1,128 @@
-//! JSON-RPC 2.0 control socket (one request per line over a Unix socket),
-//! served by a thread of its own: control plane only.
+//! JSON-RPC 2.0 control socket (one request per line over a Unix socket), served by a
+//! thread of its own: control plane only.
 //!
-//! Methods (params as JSON objects):
+//! Every socket has a table of methods ([`schema::Method`]): name, one-line description,
+//! what it changes, parameters (type, required or default, description, secret) and what
+//! it answers. A request is checked against it before the method runs ([`answer`]): an
+//! unknown method or parameter is refused with the closest name and the list, a missing
+//! parameter is named, and a string is converted where the schema wants an integer,
+//! number, boolean or size (so `qpath rpc remove_namespace nqn=... nsid=1` works as
+//! `nsid:=1` does); a value that does not convert is refused naming the parameter, its type
+//! and the value (never a secret's value). `rpc_get_methods` (SPDK's name) answers the
+//! table, which `qpath rpc --list` and `qpath rpc METHOD --help` print.
 //!
-//! | method | params | result |
-//! | --- | --- | --- |
-//! | `get_target` | | ports, subsystems, reactors |
-//! | `list_subsystems` | | subsystems with namespaces and hosts (`host_keys`: each key's fingerprint, never the key) |
-//! | `add_subsystem` | a `[[subsystem]]` table as JSON (all or nothing: a namespace that fails adds no subsystem) | `{nqn}` |
-//! | `remove_subsystem` | `{nqn}` | |
-//! | `add_namespace` | `{nqn, ...[[subsystem.namespace]] fields}`, e.g. `backend=file path=IMG`, with `size`, `grow:=true`, `readonly:=true` as in the config (an existing file is never shrunk, grown only with `grow:=true`, and locked while served; a file the call created is removed if it fails) | `{nsid}` |
-//! | `remove_namespace` | `{nqn, nsid}` | |
-//! | `resize_namespace` | `{nqn, nsid, size}` (bytes or "2G"; a multiple of the block size; RAM up to its `max_size`; shrinking refused while data lies past the new end; block devices refused) | `{nsid, size, previous_size}` |
-//! | `ns_add_host` / `ns_remove_host` | `{nqn, nsid, host}` (namespaces with `visible = "listed"`; the host's controllers see it appear / go) | `{changed}` |
-//! | `add_host` / `remove_host` | `{nqn, host}` (a removed host's controllers fail at once) | `{controllers_failed}` |
-//! | `set_allow_any_host` | `{nqn, allow}` (false: controllers of hosts not listed fail) | `{controllers_failed}` |
-//! | `set_host_auth` | `{nqn, host, dhchap_key?, dhchap_ctrl_key?, dhchap_key_file?, dhchap_ctrl_key_file?, hash?, dhgroup?}` (no key: clear; a key from a file is saved as the file's name) | |
-//! | `set_ana_state` | `{port, group, state}` | `{changed}` |
-//! | `set_qos` | `{nqn, nsid, iops, bytes_per_sec, delay_us}` | |
-//! | `get_reservation` | `{nqn, nsid}` | `{generation, rtype, registrants: [{hostid, rkey, holds}]}` |
-//! | `clear_reservation` | `{nqn, nsid}` (drops every registration and the reservation) | `{cleared_registrations}` |
-//! | `add_port` | `{id, addr, kind}` | `{addr}` |
-//! | `remove_port` | `{id}` (its listener and connections close; discovery controllers on other ports get a log change event) | |
-//! | `add_referral` / `remove_referral` | `{address, port?, subnqn?}` (port 8009 and the discovery NQN by default) | |
-//! | `set_port_fault` | `{port, delay_us?, refuse_connects?, drop_connections?, stall_opcode?}` | |
-//! | `get_limits` | | limits in force, connections refused by reason, timeouts |
-//! | `set_limits` | any of `{max_connections_per_port, max_connections_per_host, max_connections_per_hostnqn, connect_timeout_ms, pdu_timeout_ms, max_buffer_bytes_per_connection, rx_budget_pdus, tx_batch_bytes, tx_deadline_us}` | limits in force (the fairness budgets may be 0 = no limit) |
-//! | `save_config` | `{path?}` (default: the file the target started from) — the running configuration as the TOML `--config` reads, written atomically (the previous file kept as `FILE.bak`; mode 0600 when it holds secrets inline); under `--persist` every method that changes the configuration saves it before answering | `{path, bytes, mode, inline_secrets, backup}` |
-//! | `list_controllers` | | controllers |
-//! | `list_queues` | | queues with counters |
-//! | `stats` | | per-queue counters and latency percentiles, per-port and per-namespace aggregates |
+//! Every call that changes something (the methods below marked `config` or `state`) leaves
+//! one `info` line in the log when it succeeds: the method, its parameters with every
+//! secret as `<secret>`, and the caller's uid and pid (`SO_PEERCRED`). A failed call leaves
+//! one `debug` line with the error.
+//!
+//! A socket path is never taken from a process that serves it: at start, a path that
+//! accepts a connection is refused (naming that process's pid); only a stale socket (no
+//! listener) is replaced, and a file that is not a socket never is.
+//!
+//! The target's methods ([`methods::TARGET`]; `config`: changes the configuration, saved
+//! before the answer under `qpath target --persist`; `state`: acts on the running target,
+//! not saved; `name?`: optional, `name = v`: default `v`):
+//!
+//! <!-- methods: generated from methods::TARGET by the test module_doc_lists_the_table -->
+//! | method | changes | what it does | params | answers |
+//! | --- | --- | --- | --- | --- |
+//! | `get_target` |  | The target's reactors, ports, subsystem NQNs, referrals and options |  | `{reactors, ports: [{id, addr, kind}], subsystems: [nqn], referrals, options}` |
+//! | `list_ports` |  | Each port: its address, kind, injected faults and its ANA groups that are not optimized |  | `[{id, addr, kind, delay_us, refuse_connects, ana: [{group, state}]}]` |
+//! | `list_subsystems` |  | Each subsystem with its hosts, namespaces and controllers (each key as its fingerprint, never the key) |  | `[{nqn, serial, model, allow_any_host, hosts, auth_hosts, host_keys, namespaces, controllers}]` |
+//! | `add_subsystem` | config | Adds a subsystem as the config file's subsystem table gives it, all or nothing; allow_any_host defaults to false: only listed hosts may connect | `nqn: string`, `serial?: string`, `model: string = "qpath"`, `allow_any_host: bool = false`, `hosts: [string or table] = []`, `ports: [integer] = []`, `max_io_queues?: integer`, `queue_size?: integer`, `namespace: [table] = []` | `{nqn, allow_any_host, hosts, warning (when no host may connect)}` |
+//! | `remove_subsystem` | config | Removes a subsystem; its controllers fail | `nqn: string` | `{}` |
+//! | `add_namespace` | config | Adds a namespace; an existing file is never shrunk, grown only with grow, locked while served | `nqn: string`, `nsid: integer = 0`, `backend: {null,ram,file}`, `size?: size`, `path?: string`, `grow: bool = false`, `block_size: integer = 512`, `ana_group: integer = 1`, `readonly: bool = false`, `ptpl_file?: string`, `uuid?: string`, `qos: table = {}`, `prefault: bool = false`, `huge_pages: bool = false`, `max_size?: size`, `visible: {all,listed} = "all"`, `hosts: [string] = []` | `{nsid}` |
+//! | `remove_namespace` | config | Removes a namespace; hosts hear it is gone | `nqn: string`, `nsid: integer` | `{}` |
+//! | `resize_namespace` | config | Changes a namespace's size while hosts use it (RAM up to max_size; shrinking refused while data lies past the new end; block devices refused) | `nqn: string`, `nsid: integer`, `size: size` | `{nsid, size, previous_size}` |
+//! | `ns_add_host` | config | Lets a host see a namespace that is visible to listed hosts (its controllers see it appear) | `nqn: string`, `nsid: integer`, `host: string` | `{changed}` |
+//! | `ns_remove_host` | config | Hides a namespace that is visible to listed hosts from a host (its controllers see it go) | `nqn: string`, `nsid: integer`, `host: string` | `{changed}` |
+//! | `add_host` | config | Allows a host to connect to a subsystem | `nqn: string`, `host: string` | `{controllers_failed}` |
+//! | `remove_host` | config | Removes a host from a subsystem's list and its keys; its controllers fail at once | `nqn: string`, `host: string` | `{controllers_failed}` |
+//! | `set_allow_any_host` | config | Lets any host connect to a subsystem, or only its listed hosts (the others' controllers fail) | `nqn: string`, `allow: bool` | `{controllers_failed}` |
+//! | `set_host_auth` | config | Allows a host and sets its DH-HMAC-CHAP keys (no key: clears them); keys are never answered or logged | `nqn: string`, `host: string`, `dhchap_key?: string` (secret), `dhchap_ctrl_key?: string` (secret), `dhchap_key_file?: string`, `dhchap_ctrl_key_file?: string`, `hash?: string`, `dhgroup?: string` | `{}` |
+//! | `set_ana_state` | config | Sets the ANA state of a group on a port; hosts hear of the change | `port: integer`, `group: integer`, `state: {optimized,non-optimized,inaccessible,persistent-loss,change}` | `{changed}` |
+//! | `set_qos` | config | Sets a namespace's provisioned limits (a limit left out is 0: none) | `nqn: string`, `nsid: integer`, `iops: integer = 0`, `bytes_per_sec: integer = 0`, `delay_us: integer = 0` | `{iops, bytes_per_sec, delay_us}` |
+//! | `get_reservation` |  | A namespace's reservation and registrants, as the target holds them | `nqn: string`, `nsid: integer` | `{generation, rtype, registrants: [{hostid, rkey, holds}]}` |
+//! | `clear_reservation` | state | Drops every registration and the reservation of a namespace; the registrants hear they were preempted | `nqn: string`, `nsid: integer` | `{cleared_registrations}` |
+//! | `add_port` | config | Listens on a new port | `id: integer`, `addr: string`, `kind: {io,discovery} = "io"` | `{addr}` |
+//! | `remove_port` | config | Closes a port, its listener and connections; discovery controllers on other ports hear of it | `id: integer` | `{}` |
+//! | `add_referral` | config | Lists another discovery service (or a subsystem elsewhere) in every port's discovery log | `address: string`, `port: integer = 8009`, `subnqn?: string` | `{}` |
+//! | `remove_referral` | config | Removes a referral | `address: string`, `port: integer = 8009`, `subnqn?: string` | `{}` |
+//! | `set_port_fault` | state | Injects faults on a port, for failover tests (not saved) | `port: integer`, `delay_us?: integer`, `refuse_connects?: bool`, `drop_connections: bool = false`, `stall_opcode?: integer` | `{}` |
+//! | `get_limits` |  | The limits in force, connections refused by reason, and timeouts |  | `{limits, refused, timeouts}` |
+//! | `set_limits` | config | Changes connection limits, timeouts and fairness budgets while the target runs | `max_connections_per_port?: integer`, `max_connections_per_host?: integer`, `max_connections_per_hostnqn?: integer`, `connect_timeout_ms?: integer`, `pdu_timeout_ms?: integer`, `max_buffer_bytes_per_connection?: integer`, `rx_budget_pdus?: integer`, `tx_batch_bytes?: integer`, `tx_deadline_us?: integer` | `{limits, refused, timeouts}` |
+//! | `save_config` | state | Writes the running configuration as the TOML --config reads, atomically (the previous file kept as FILE.bak; mode 0600 with secrets inline) | `path?: string` | `{path, bytes, mode, inline_secrets, backup}` |
+//! | `list_controllers` |  | Every controller, discovery ones too: subsystem, host, port, state, queues |  | `[{cntlid, subnqn, hostnqn, port, state, kato_ms, num_io_queues, io_queues}]` |
+//! | `list_queues` |  | Every queue with its counters |  | `[{port, peer, reactor, stats}]` |
+//! | `stats` |  | Per-queue counters and latency percentiles; per-port, per-namespace, reactor, auth and reservation totals |  | `{side, queues, ports, namespaces, reactors, auth, reservations}` |
+//! <!-- end of methods -->
+
+pub mod methods;
+pub mod schema;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
-use nvme::{AnaGrpId, AnaState, Nsid};
 use serde_json::{Value, json};
 
-use crate::config::{NamespaceConfig, SubsystemConfig, add_namespace, add_subsystem};
 use crate::error::{Error, ErrorKind};
-use crate::port::PortKind;
-use crate::qos::QosSettings;
 use crate::server::Server;
-use crate::subsystem::HostAccess;
+use schema::{Effect, GET_METHODS, Method};
+
+/// Who made a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// A process on the socket, as the kernel names it (`SO_PEERCRED`).
+    Peer(uring::PeerCredentials),
+    /// A process on the socket whose credentials could not be read.
+    Unknown,
+    /// Code in this process ([`call`]).
+    InProcess,
+}
+
+/// Answers one request on a socket: the method's name, its parameters as sent, the caller.
+pub type Handler = dyn Fn(&str, &Value, Caller) -> Result<Value, Error> + Send + Sync;
 
 /// A running RPC server.
 #[derive(Debug)]
 pub struct RpcServer {
     path: PathBuf,
+    /// The socket file this server bound (device, inode): removed at the end only if the
+    /// path still names it.
+    file: (u64, u64),
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RpcServer {
-    /// Listens on `path` (replacing a stale socket file) and serves `server`.
+    /// Listens on `path` (see [`RpcServer::start_with`]) and serves the target's methods
+    /// ([`methods::TARGET`]). The accept thread holds `server` weakly: once the last other
+    /// handle is gone, calls are answered with "the target has stopped".
     pub fn start(path: &Path, server: Arc<Server>) -> Result<RpcServer, Error> {
-        RpcServer::start_with(path, Arc::new(move |m: &str, p: &Value| call(&server, m, p)))
+        let weak: Weak<Server> = Arc::downgrade(&server);
+        RpcServer::start_with(
+            path,
+            Arc::new(move |m: &str, p: &Value, caller: Caller| match weak.upgrade() {
+                Some(s) => call_as(&s, m, p, caller),
+                None => Err(Error::new(ErrorKind::NotFound, "the target has stopped")),
+            }),
+        )
     }
 
-    /// Listens on `path` and answers every request with `handler` (the host
-    /// side's statistics use the same socket protocol).
+    /// Listens on `path` and answers every request with `handler` (the host side's
+    /// statistics use the same socket protocol, with their own table: see [`answer`]).
+    /// A path another process serves (it accepts a connection) is refused, naming that
+    /// process; a stale socket (connection refused) is replaced; anything else at the path
+    /// is left alone and refused.
     pub fn start_with(path: &Path, handler: Arc<Handler>) -> Result<RpcServer, Error> {
-        if path.exists() {
-            let _ = std::fs::remove_file(path);
-        }
+        claim(path)?;
         let listener = UnixListener::bind(path).map_err(|e| Error::io(format!("RPC socket {}", path.display()), e))?;
+        let meta =
+            std::fs::symlink_metadata(path).map_err(|e| Error::io(format!("RPC socket {}", path.display()), e))?;
         let thread = std::thread::Builder::new()
             .name("qpath-rpc".into())
             .spawn(move || {
@@ -79,22 +135,76 @@ impl RpcServer {
             })
             .map_err(|e| Error::io("spawn RPC thread", e))?;
         tracing::info!(socket = %path.display(), "RPC listening");
-        Ok(RpcServer { path: path.to_path_buf(), thread: Some(thread) })
+        Ok(RpcServer { path: path.to_path_buf(), file: (meta.dev(), meta.ino()), thread: Some(thread) })
+    }
+}
+
+/// Makes `path` free for a new socket without taking it from anyone: nothing there, or a
+/// stale socket (removed). A live socket and anything that is not a socket are refused.
+fn claim(path: &Path) -> Result<(), Error> {
+    if RpcServer::check_path(path)? {
+        // Nobody listens: the socket of a process that ended without removing it.
+        tracing::info!(socket = %path.display(), "replacing a stale RPC socket (nothing listens on it)");
+        std::fs::remove_file(path)
+            .map_err(|e| Error::io(format!("remove the stale RPC socket {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+impl RpcServer {
+    /// Whether a server could listen on `path` without taking it from anyone, changing
+    /// nothing: `Ok(false)` when nothing is there, `Ok(true)` for a stale socket (nobody
+    /// listens: [`RpcServer::start_with`] replaces it), and an error naming the process
+    /// when one serves it, or when something that is not a socket is there.
+    pub fn check_path(path: &Path) -> Result<bool, Error> {
+        let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(false) };
+        let shown = path.display();
+        if !meta.file_type().is_socket() {
+            return Err(Error::new(
+                ErrorKind::Exists,
+                format!(
+                    "RPC socket {shown}: something that is not a socket is there; it is left alone (choose \
+                     another path with --rpc-socket)"
+                ),
+            ));
+        }
+        match UnixStream::connect(path) {
+            Ok(live) => {
+                let who = match uring::peer_credentials(live.as_fd()) {
+                    Ok(c) if c.pid != 0 => format!("process {} (uid {})", c.pid, c.uid),
+                    _ => "another process".to_string(),
+                };
+                Err(Error::new(
+                    ErrorKind::Exists,
+                    format!(
+                        "RPC socket {shown}: {who} serves it (a running qpath target?); it is left to it: \
+                         choose another path with --rpc-socket, or stop that process first"
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(true),
+            Err(e) => Err(Error::io(format!("RPC socket {shown}: cannot tell whether another process serves it"), e)),
+        }
     }
 }
 
 impl Drop for RpcServer {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Only our own socket: if the path was removed and bound again by another
+        // process, that one's stays.
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file) {
+            let _ = std::fs::remove_file(&self.path);
+        }
         // The accept thread is detached: it ends with the process.
         drop(self.thread.take());
     }
 }
 
-/// Answers one JSON-RPC method.
-pub type Handler = dyn Fn(&str, &Value) -> Result<Value, Error> + Send + Sync;
-
 fn serve(conn: UnixStream, handler: &Arc<Handler>) {
+    let caller = match uring::peer_credentials(conn.as_fd()) {
+        Ok(c) => Caller::Peer(c),
+        Err(_) => Caller::Unknown,
+    };
     let Ok(w) = conn.try_clone() else { return };
     let mut w = w;
     let r = BufReader::new(conn);
@@ -112,7 +222,7 @@ fn serve(conn: UnixStream, handler: &Arc<Handler>) {
                     let id = req.get("id").cloned().unwrap_or(Value::Null);
                     let method = req.get("method").and_then(Value::as_str).unwrap_or("");
                     let params = req.get("params").cloned().unwrap_or(json!({}));
-                    match handler(method, &params) {
+                    match handler(method, &params, caller) {
                         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                         Err(e) => {
                             let code = match e.kind {
@@ -133,270 +243,93 @@ fn serve(conn: UnixStream, handler: &Arc<Handler>) {
     }
 }
 
-fn param<T: serde::de::DeserializeOwned>(p: &Value, key: &str) -> Result<T, Error> {
-    let v = p.get(key).cloned().ok_or_else(|| Error::new(ErrorKind::Config, format!("missing parameter {key:?}")))?;
-    serde_json::from_value(v).map_err(|e| Error::new(ErrorKind::Config, format!("parameter {key:?}: {e}")))
-}
-
-fn opt<T: serde::de::DeserializeOwned>(p: &Value, key: &str) -> Result<Option<T>, Error> {
-    match p.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(_) => param(p, key).map(Some),
+/// Answers one call with `methods`, a socket's table: `rpc_get_methods` answers the table;
+/// any other name must be in it, and its parameters pass the schema ([`Method::check`])
+/// before `run` gets them, typed. A successful call that changes something leaves its
+/// audit line; a failed one a debug line.
+pub fn answer<R>(
+    methods: &[Method<R>],
+    name: &str,
+    params: &Value,
+    caller: Caller,
+    run: impl FnOnce(&Method<R>, &Value) -> Result<Value, Error>,
+) -> Result<Value, Error> {
+    if name == GET_METHODS {
+        schema::check_get_methods(params)?;
+        return Ok(schema::describe(methods));
     }
-}
-
-/// Executes one method (exposed for in-process callers and tests). A method that changes
-/// the configuration runs under the change lock and is followed by the save `--persist`
-/// asks for (`crate::persist`): when that save fails, the call fails saying the change is
-/// in force but not saved.
-pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
-    if method == "save_config" {
-        let path: Option<PathBuf> = opt(p, "path")?;
-        return Ok(json!(crate::persist::save(server, path.as_deref())?));
-    }
-    if !crate::persist::is_change(method) {
-        return dispatch(server, method, p);
-    }
-    let _changes = server.lock_changes();
-    let result = dispatch(server, method, p)?;
-    crate::persist::changed(server, method)?;
-    Ok(result)
-}
-
-fn dispatch(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
-    let st = &server.state;
-    let sub = |p: &Value| -> Result<Arc<crate::subsystem::Subsystem>, Error> {
-        let nqn: String = param(p, "nqn")?;
-        st.subsystem(&nqn).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no subsystem {nqn}")))
+    let m = match schema::find(methods, name) {
+        Ok(m) => m,
+        Err(e) => {
+            failed(name, &Value::Null, caller, &e);
+            return Err(e);
+        }
     };
-    Ok(match method {
-        "get_target" => json!({
-            "reactors": server.reactors(),
-            "ports": st.ports().iter().map(|p| json!({"id": p.id, "addr": p.addr.to_string(), "kind": p.kind})).collect::<Vec<_>>(),
-            "subsystems": st.subsystems().iter().map(|s| s.nqn.clone()).collect::<Vec<_>>(),
-            "referrals": st.referrals(),
-            "options": st.opts,
-        }),
-        "list_ports" => json!(
-            st.ports()
-                .iter()
-                .map(|p| json!({
-                    "id": p.id, "addr": p.addr.to_string(), "kind": p.kind,
-                    "delay_us": p.faults.delay_us.load(Ordering::Relaxed),
-                    "refuse_connects": p.faults.refuse_connects.load(Ordering::Relaxed),
-                    "ana": (1..=crate::port::ANA_GROUPS).filter_map(|g| {
-                        let s = p.ana_state(AnaGrpId(g));
-                        (s != AnaState::Optimized).then(|| json!({"group": g, "state": s.linux_name()}))
-                    }).collect::<Vec<_>>(),
-                }))
-                .collect::<Vec<_>>()
-        ),
-        "list_subsystems" => json!(
-            st.subsystems()
-                .iter()
-                .map(|s| {
-                    let (ns, _) = s.namespaces();
-                    let a = s.access();
-                    json!({
-                        "nqn": s.nqn, "serial": s.serial, "model": s.model,
-                        "allow_any_host": a.allow_any, "hosts": a.hosts, "auth_hosts": s.auth_hosts(), "host_keys": s.host_keys(),
-                        "namespaces": ns.iter().map(|n| json!({
-                            "nsid": n.nsid.0, "backend": format!("{:?}", n.backend), "size": n.size_bytes(),
-                            "block_size": n.block_size(), "ana_group": n.anagrpid.0,
-                            "uuid": nvme::nqn::format_uuid(&n.uuid), "qos": n.qos.get(),
-                            "visible": match n.visibility() {
-                                crate::namespace::Visibility::All => json!("all"),
-                                crate::namespace::Visibility::Listed(h) => json!({"listed": h}),
-                            },
-                        })).collect::<Vec<_>>(),
-                        "controllers": s.controllers().iter().map(|c| c.cntlid.0).collect::<Vec<_>>(),
-                    })
-                })
-                .collect::<Vec<_>>()
-        ),
-        "add_subsystem" => {
-            let cfg: SubsystemConfig =
-                serde_json::from_value(p.clone()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
-            let s = add_subsystem(st, &cfg)?;
-            json!({"nqn": s.nqn})
+    let checked = match m.check(params) {
+        Ok(p) => p,
+        Err(e) => {
+            failed(name, &m.redacted(params), caller, &e);
+            return Err(e);
         }
-        "remove_subsystem" => {
-            st.remove_subsystem(&param::<String>(p, "nqn")?)?;
-            json!({})
-        }
-        "add_namespace" => {
-            let s = sub(p)?;
-            let mut q = p.clone();
-            if let Some(o) = q.as_object_mut() {
-                o.remove("nqn");
+    };
+    match run(m, &checked) {
+        Ok(v) => {
+            if m.effect.changes() {
+                audit(m.name, &m.redacted(&checked), caller, "RPC change");
             }
-            let cfg: NamespaceConfig =
-                serde_json::from_value(q).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
-            let nsid = add_namespace(&s, &cfg)?;
-            json!({"nsid": nsid.0})
+            Ok(v)
         }
-        "remove_namespace" => {
-            sub(p)?.remove_namespace(Nsid(param(p, "nsid")?))?;
-            json!({})
+        Err(e) => {
+            failed(name, &m.redacted(&checked), caller, &e);
+            Err(e)
         }
-        "resize_namespace" => {
-            let s = sub(p)?;
-            let nsid: u32 = param(p, "nsid")?;
-            let size = param::<crate::config::SizeValue>(p, "size")?.bytes()?;
-            let (previous, size) = s.resize_namespace(Nsid(nsid), size)?;
-            json!({"nsid": nsid, "size": size, "previous_size": previous})
-        }
-        "ns_add_host" | "ns_remove_host" => {
-            let s = sub(p)?;
-            let nsid: u32 = param(p, "nsid")?;
-            let host: String = param(p, "host")?;
-            let changed = s.set_ns_host(Nsid(nsid), &host, method == "ns_add_host")?;
-            json!({"changed": changed})
-        }
-        "add_host" | "remove_host" => {
-            let s = sub(p)?;
-            let host: String = param(p, "host")?;
-            let mut a: HostAccess = s.access();
-            a.hosts.retain(|h| *h != host);
-            if method == "add_host" {
-                a.hosts.push(host);
-            } else {
-                // A removed host keeps no DH-HMAC-CHAP keys either.
-                s.set_host_auth(&host, None);
-            }
-            let failed = st.set_host_access(&s, a);
-            json!({"controllers_failed": failed})
-        }
-        "set_allow_any_host" => {
-            let s = sub(p)?;
-            let mut a: HostAccess = s.access();
-            a.allow_any = param(p, "allow")?;
-            let failed = st.set_host_access(&s, a);
-            json!({"controllers_failed": failed})
-        }
-        "set_host_auth" => {
-            // Allows the host and sets (or, without dhchap_key, clears) its DH-HMAC-CHAP keys.
-            let s = sub(p)?;
-            let host: String = param(p, "host")?;
-            let cfg = crate::config::HostAuthConfig {
-                nqn: host.clone(),
-                dhchap_key: opt(p, "dhchap_key")?,
-                dhchap_ctrl_key: opt(p, "dhchap_ctrl_key")?,
-                hash: opt(p, "hash")?,
-                dhgroup: opt(p, "dhgroup")?,
-                dhchap_key_file: opt(p, "dhchap_key_file")?,
-                dhchap_ctrl_key_file: opt(p, "dhchap_ctrl_key_file")?,
-            };
-            let auth = cfg.to_host_auth()?;
-            let mut a: HostAccess = s.access();
-            if !a.hosts.contains(&host) {
-                a.hosts.push(host.clone());
-                st.set_host_access(&s, a);
-            }
-            s.set_host_auth(&host, auth);
-            json!({})
-        }
-        "set_ana_state" => {
-            let state: String = param(p, "state")?;
-            let st_ =
-                AnaState::parse(&state).ok_or_else(|| Error::new(ErrorKind::Config, format!("ANA state {state:?}")))?;
-            let changed = st.set_ana_state(param(p, "port")?, AnaGrpId(param(p, "group")?), st_)?;
-            json!({"changed": changed})
-        }
-        "set_qos" => {
-            let s = sub(p)?;
-            let nsid: u32 = param(p, "nsid")?;
-            let (map, _) = s.namespaces();
-            let ns = map.get(Nsid(nsid)).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no NSID {nsid}")))?;
-            let q = QosSettings {
-                iops: opt(p, "iops")?.unwrap_or(0),
-                bytes_per_sec: opt(p, "bytes_per_sec")?.unwrap_or(0),
-                delay_us: opt(p, "delay_us")?.unwrap_or(0),
-            };
-            ns.qos.set(q);
-            json!(q)
-        }
-        "get_reservation" | "clear_reservation" => {
-            let s = sub(p)?;
-            let nsid: u32 = param(p, "nsid")?;
-            let (map, _) = s.namespaces();
-            let ns = map.get(Nsid(nsid)).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no NSID {nsid}")))?;
-            if method == "clear_reservation" {
-                let n = ns.resv.clear().map_err(|s| {
-                    Error::new(ErrorKind::Io, format!("the cleared state could not be persisted ({s})"))
-                })?;
-                tracing::warn!(nqn = %s.nqn, nsid, registrations = n, "reservation cleared by the operator");
-                // The registrants' hosts hear that their reservation was preempted.
-                crate::controller::notify_reservation(&s, Nsid(nsid), &ns.resv.take_notices());
-                json!({"cleared_registrations": n})
-            } else {
-                json!(ns.resv.snapshot())
-            }
-        }
-        "add_port" => {
-            let kind: PortKind = opt(p, "kind")?.unwrap_or(PortKind::Io);
-            let addr = crate::server::parse_addr(&param::<String>(p, "addr")?)?;
-            let bound = server.add_port(param(p, "id")?, addr, kind)?;
-            json!({"addr": bound.to_string()})
-        }
-        "remove_port" => {
-            server.remove_port(param(p, "id")?)?;
-            json!({})
-        }
-        "add_referral" | "remove_referral" => {
-            let r = crate::config::ReferralConfig {
-                address: param(p, "address")?,
-                port: opt(p, "port")?.unwrap_or(crate::registry::DISCOVERY_TRSVCID),
-                subnqn: opt(p, "subnqn")?,
-            }
-            .to_referral()?;
-            if method == "add_referral" {
-                st.add_referral(r)?;
-            } else {
-                st.remove_referral(&r)?;
-            }
-            json!({})
-        }
-        "set_port_fault" => {
-            let id: u16 = param(p, "port")?;
-            let port = st.port(id).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no port {id}")))?;
-            if let Some(d) = opt::<u64>(p, "delay_us")? {
-                port.faults.delay_us.store(d, Ordering::Relaxed);
-            }
-            if let Some(r) = opt::<bool>(p, "refuse_connects")? {
-                port.faults.refuse_connects.store(r, Ordering::Relaxed);
-            }
-            if opt::<bool>(p, "drop_connections")?.unwrap_or(false) {
-                port.faults.drop_generation.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Some(o) = opt::<i64>(p, "stall_opcode")? {
-                let v = u64::try_from(o + 1).unwrap_or(0);
-                port.faults.stall_opcode.store(v, Ordering::Relaxed);
-            }
-            json!({})
-        }
-        "get_limits" => limits_json(st),
-        "set_limits" => {
-            let s: crate::limits::LimitSettings =
-                serde_json::from_value(p.clone()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
-            st.limits.set(&s).map_err(|e| Error::new(ErrorKind::Config, e))?;
-            limits_json(st)
-        }
-        "list_controllers" => {
-            let mut all: Vec<_> = st.subsystems().iter().flat_map(|s| s.controllers()).map(|c| c.info()).collect();
-            all.extend(st.discovery.controllers().iter().map(|c| c.info()));
-            json!(all)
-        }
-        "list_queues" => json!(st.queues()),
-        "stats" => crate::metrics::stats_json(st),
-        _ => return Err(Error::new(ErrorKind::NotFound, format!("unknown method {method:?}"))),
-    })
+    }
 }
 
-fn limits_json(st: &crate::registry::TargetState) -> Value {
-    let refused: serde_json::Map<String, Value> =
-        st.limits.refused().iter().map(|(r, n)| (r.name().to_string(), json!(n))).collect();
-    json!({"limits": st.limits.get(), "refused": refused, "timeouts": st.limits.timeouts()})
+/// The audit line of a change: the method, its parameters without secrets, the caller.
+fn audit(method: &str, params: &Value, caller: Caller, what: &str) {
+    match caller {
+        Caller::Peer(c) => tracing::info!(method, uid = c.uid, pid = c.pid, params = %params, "{what}"),
+        Caller::Unknown => tracing::info!(method, uid = "unknown", params = %params, "{what}"),
+        Caller::InProcess => tracing::info!(method, caller = "in-process", params = %params, "{what}"),
+    }
+}
+
+fn failed(method: &str, params: &Value, caller: Caller, e: &Error) {
+    match caller {
+        Caller::Peer(c) => {
+            tracing::debug!(method, uid = c.uid, pid = c.pid, params = %params, error = %e, "RPC call failed")
+        }
+        Caller::Unknown => tracing::debug!(method, uid = "unknown", params = %params, error = %e, "RPC call failed"),
+        Caller::InProcess => {
+            tracing::debug!(method, caller = "in-process", params = %params, error = %e, "RPC call failed");
+        }
+    }
+}
+
+/// Executes one of the target's methods in this process (for in-process callers and
+/// tests): as a call on the socket, checked, typed and audited.
+pub fn call(server: &Server, method: &str, p: &Value) -> Result<Value, Error> {
+    call_as(server, method, p, Caller::InProcess)
+}
+
+/// Executes one of the target's methods for `caller`. A method that changes the
+/// configuration runs under the change lock and is followed by the save `--persist` asks
+/// for (`crate::persist`): when that save fails, the call fails saying the change is in
+/// force but not saved (and the audit log says so too).
+pub fn call_as(server: &Server, method: &str, p: &Value, caller: Caller) -> Result<Value, Error> {
+    answer(methods::TARGET, method, p, caller, |m, p| {
+        if m.effect != Effect::Configures {
+            return (m.run)(server, p);
+        }
+        let _changes = server.lock_changes();
+        let result = (m.run)(server, p)?;
+        if let Err(e) = crate::persist::changed(server, m.name) {
+            audit(m.name, &m.redacted(p), caller, "RPC change in force, not saved");
+            return Err(e);
+        }
+        Ok(result)
+    })
 }
 
 /// A blocking client: sends one request and returns its result or error message.
@@ -412,4 +345,283 @@ pub fn client_call(socket: &Path, method: &str, params: Value) -> Result<Value, 
         return Err(Error::new(ErrorKind::Config, msg.to_string()));
     }
     Ok(v.get("result").cloned().unwrap_or(Value::Null))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use schema::{Need, Type};
+    use std::fmt::Write as _;
+
+    const NQN: &str = crate::config::DEFAULT_NQN;
+
+    /// A directory of its own for one test, removed at the end.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let d = std::env::temp_dir().join(format!("qpath-rpc-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Dir(d)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn target() -> Server {
+        let mut c = Config::embedded_default();
+        c.ports = vec![crate::config::PortConfig::io(1, "127.0.0.1:0")];
+        c.start().unwrap()
+    }
+
+    fn type_doc(t: &Type) -> String {
+        match t {
+            Type::String => "string".into(),
+            Type::Integer { .. } => "integer".into(),
+            Type::Number => "number".into(),
+            Type::Boolean => "bool".into(),
+            Type::Size => "size".into(),
+            Type::Enum(v) => {
+                format!("{{{}}}", v.iter().map(|v| v.split('|').next().unwrap()).collect::<Vec<_>>().join(","))
+            }
+            Type::Array(item) => format!("[{}]", type_doc(item)),
+            Type::Object(_) => "table".into(),
+            Type::OneOf(types) => types.iter().map(type_doc).collect::<Vec<_>>().join(" or "),
+        }
+    }
+
+    /// The module doc's table of methods, as the table says it.
+    fn doc_table() -> String {
+        let mut out = String::from(
+            "//! | method | changes | what it does | params | answers |\n//! | --- | --- | --- | --- | --- |\n",
+        );
+        for m in methods::TARGET {
+            let changes = match m.effect {
+                Effect::Reads => "",
+                Effect::Acts => "state",
+                Effect::Configures => "config",
+            };
+            let params: Vec<String> = m
+                .params
+                .iter()
+                .map(|p| {
+                    let ty = type_doc(&p.ty);
+                    let secret = if p.secret { " (secret)" } else { "" };
+                    match p.need {
+                        Need::Required => format!("`{}: {ty}`{secret}", p.name),
+                        Need::Optional => format!("`{}?: {ty}`{secret}", p.name),
+                        Need::Default(d) => format!("`{}: {ty} = {d}`{secret}", p.name),
+                    }
+                })
+                .collect();
+            let row = format!("| `{}` | {changes} | {} | {} | `{}` |", m.name, m.summary, params.join(", "), m.result);
+            assert!(!row.contains("\\|"), "{row}");
+            writeln!(out, "//! {}", row.trim_end()).unwrap();
+        }
+        out
+    }
+
+    /// The table at the top of this file is the method table: a method added, removed or
+    /// changed there changes it. `QPATH_BLESS=1 cargo test -p qpath-target --lib
+    /// module_doc_lists_the_table` writes it again.
+    #[test]
+    fn module_doc_lists_the_table() {
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/src/rpc.rs");
+        let text = std::fs::read_to_string(file).unwrap();
+        let begin = "by the test module_doc_lists_the_table -->\n";
+        let end = "//! <!-- end of methods -->";
+        let a = text.find(begin).expect("the begin marker") + begin.len();
+        let b = text.find(end).expect("the end marker");
+        let want = doc_table();
+        if text[a..b] != want && std::env::var_os("QPATH_BLESS").is_some() {
+            std::fs::write(file, format!("{}{want}{}", &text[..a], &text[b..])).unwrap();
+            return;
+        }
+        assert!(text[a..b] == want, "rpc.rs's table of methods is not the table's; QPATH_BLESS=1 rewrites it:\n{want}");
+        // And every method is documented once, by name.
+        for m in methods::TARGET {
+            assert_eq!(text[a..b].matches(&format!("| `{}` |", m.name)).count(), 1, "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn rpc_get_methods_answers_the_table_without_secrets() {
+        let server = target();
+        let v = call(&server, GET_METHODS, &json!({})).unwrap();
+        let all = v.as_array().unwrap();
+        assert_eq!(all.len(), methods::TARGET.len() + 1);
+        assert_eq!(all[0]["name"], GET_METHODS);
+        let auth = all.iter().find(|m| m["name"] == "set_host_auth").unwrap();
+        let key = auth["params"].as_array().unwrap().iter().find(|p| p["name"] == "dhchap_key").unwrap();
+        assert_eq!((&key["secret"], &key["type"], &key["required"]), (&json!(true), &json!("string"), &json!(false)));
+        let add = all.iter().find(|m| m["name"] == "add_subsystem").unwrap();
+        assert!(add["description"].as_str().unwrap().contains("allow_any_host defaults to false"));
+        assert_eq!(add["changes"], "configuration");
+        assert!(
+            call(&server, GET_METHODS, &json!({"current": true})).unwrap_err().to_string().contains("no parameters")
+        );
+        server.shutdown();
+    }
+
+    #[test]
+    fn typed_by_schema_and_refused_by_name() {
+        let server = target();
+        // Strings convert where the schema wants a number, boolean or size.
+        assert_eq!(
+            call(&server, "add_namespace", &json!({"nqn": NQN, "backend": "null", "size": "1M", "nsid": "5"})).unwrap()
+                ["nsid"],
+            5
+        );
+        call(&server, "set_allow_any_host", &json!({"nqn": NQN, "allow": "true"})).unwrap();
+        call(&server, "remove_namespace", &json!({"nqn": NQN, "nsid": "5"})).unwrap();
+        let e = call(&server, "set_qos", &json!({"nqn": NQN, "nsid": 1, "iops_limit": 100})).unwrap_err().to_string();
+        assert!(e.contains("unknown parameter \"iops_limit\" (did you mean \"iops\"?); set_qos takes nqn, nsid, iops, bytes_per_sec, delay_us"), "{e}");
+        let e = call(&server, "set_limits", &json!({"rx_budget_pdus": "3x"})).unwrap_err().to_string();
+        assert_eq!(e, "set_limits: rx_budget_pdus: expected an integer from 0 to 4294967295, got \"3x\"");
+        let e = call(&server, "remove_namespace", &json!({"nqn": NQN})).unwrap_err().to_string();
+        assert!(e.starts_with("remove_namespace: missing parameter \"nsid\""), "{e}");
+        let e = call(&server, "add_subsystem", &json!({"nqn": "nqn.2026-11.io.qpath:x", "namespace": [{"backend": "ram", "size": "1M", "blocksize": 4096}]})).unwrap_err().to_string();
+        assert!(e.contains("\"namespace[0].blocksize\" (did you mean \"block_size\"?)"), "{e}");
+        assert!(server.state.subsystem("nqn.2026-11.io.qpath:x").is_none(), "nothing added");
+        let e = call(&server, "remove_namespcae", &json!({})).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        assert!(e.to_string().contains("did you mean \"remove_namespace\""), "{e}");
+        server.shutdown();
+    }
+
+    #[test]
+    fn add_subsystem_says_when_no_host_may_connect() {
+        let server = target();
+        let v = call(&server, "add_subsystem", &json!({"nqn": "nqn.2026-11.io.qpath:closed"})).unwrap();
+        assert_eq!(v["allow_any_host"], false);
+        assert!(v["warning"].as_str().unwrap().contains("no host may connect"), "{v}");
+        let v = call(&server, "add_subsystem", &json!({"nqn": "nqn.2026-11.io.qpath:open", "allow_any_host": "true"}))
+            .unwrap();
+        assert_eq!((&v["allow_any_host"], v.get("warning")), (&json!(true), None), "{v}");
+        let host = "nqn.2014-08.org.nvmexpress:uuid:0a0a0a0a-0a0a-4a0a-8a0a-0a0a0a0a0a0a";
+        let v =
+            call(&server, "add_subsystem", &json!({"nqn": "nqn.2026-11.io.qpath:listed", "hosts": [host]})).unwrap();
+        assert_eq!((&v["hosts"], v.get("warning")), (&json!([host]), None), "{v}");
+        server.shutdown();
+    }
+
+    /// A `tracing` subscriber writing to a buffer, for the calls made on this thread.
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Log {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    #[test]
+    fn changes_leave_an_audit_line_without_secrets() {
+        let server = target();
+        let log = Log::default();
+        let w = log.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish();
+        let peer = Caller::Peer(uring::PeerCredentials { pid: 4242, uid: 1234, gid: 5 });
+        let key = nvme::auth::Secret::generate(Some(nvme::auth::HashId::Sha256), 32).unwrap().to_string();
+        let host = "nqn.2014-08.org.nvmexpress:uuid:0a0a0a0a-0a0a-4a0a-8a0a-0a0a0a0a0a0a";
+        tracing::subscriber::with_default(sub, || {
+            call_as(&server, "set_qos", &json!({"nqn": NQN, "nsid": "1", "iops": "100"}), peer).unwrap();
+            call_as(&server, "set_host_auth", &json!({"nqn": NQN, "host": host, "dhchap_key": key}), peer).unwrap();
+            let sub = json!({"nqn": "nqn.2026-11.io.qpath:a", "hosts": [{"nqn": host, "dhchap_key": key}]});
+            call_as(&server, "add_subsystem", &sub, peer).unwrap();
+            call_as(&server, "list_subsystems", &json!({}), peer).unwrap();
+            // Refused calls: one debug line each; a secret sent where it does not belong
+            // is not shown either.
+            call_as(&server, "set_host_auth", &json!({"nqn": NQN, "host": host, "dhchap_secret": key}), peer)
+                .unwrap_err();
+            call_as(&server, "set_qos", &json!({"nqn": NQN, "nsid": 1, "iops_limit": 1}), peer).unwrap_err();
+        });
+        let text = log.text();
+        let lines: Vec<&str> = text.lines().collect();
+        let changes: Vec<&&str> = lines.iter().filter(|l| l.contains("RPC change")).collect();
+        assert_eq!(changes.len(), 3, "one line per change, none for list_subsystems:\n{text}");
+        assert!(
+            changes.iter().all(|l| l.contains(" INFO ") && l.contains("uid=1234") && l.contains("pid=4242")),
+            "{text}"
+        );
+        assert!(changes[0].contains("method=\"set_qos\"") && changes[0].contains("\"iops\":100"), "{text}");
+        assert!(changes[1].contains("\"dhchap_key\":\"<secret>\""), "{text}");
+        assert!(changes[2].contains("\"dhchap_key\":\"<secret>\""), "nested in a host table too: {text}");
+        let failed: Vec<&&str> = lines.iter().filter(|l| l.contains("RPC call failed")).collect();
+        assert_eq!(failed.len(), 2, "{text}");
+        assert!(failed.iter().all(|l| l.contains("DEBUG") && l.contains("error=")), "{text}");
+        assert!(failed[1].contains("iops_limit"), "{text}");
+        let body = key.split(':').nth(2).unwrap();
+        assert!(!text.contains(&key) && !text.contains(body), "a secret reached the log:\n{text}");
+        server.shutdown();
+    }
+
+    #[test]
+    fn a_served_socket_is_not_taken_and_a_stale_one_is_replaced() {
+        let d = Dir::new("claim");
+        let path = d.0.join("rpc.sock");
+        let handler: Arc<Handler> =
+            Arc::new(|m: &str, p: &Value, c: Caller| answer::<()>(&[], m, p, c, |_, _| Ok(Value::Null)));
+        let first = RpcServer::start_with(&path, Arc::clone(&handler)).unwrap();
+        let e = RpcServer::start_with(&path, Arc::clone(&handler)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Exists);
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("process {}", std::process::id())) && msg.contains("--rpc-socket"), "{msg}");
+        // The first keeps serving.
+        assert!(client_call(&path, GET_METHODS, json!({})).unwrap().is_array());
+        drop(first);
+        assert!(!path.exists(), "its own socket is removed at the end");
+
+        // A socket nobody listens on (its process died): replaced.
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let again = RpcServer::start_with(&path, Arc::clone(&handler)).unwrap();
+        assert!(client_call(&path, GET_METHODS, json!({})).is_ok());
+        // Its path taken over after it was removed: the newcomer's socket stays.
+        std::fs::remove_file(&path).unwrap();
+        let other = UnixListener::bind(&path).unwrap();
+        drop(again);
+        assert!(path.exists(), "another process's socket is not removed");
+        drop(other);
+        std::fs::remove_file(&path).unwrap();
+
+        // Something that is not a socket: left alone.
+        std::fs::write(&path, b"user data").unwrap();
+        let e = RpcServer::start_with(&path, handler).unwrap_err().to_string();
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"user data");
+    }
+
+    #[test]
+    fn the_socket_passes_the_callers_credentials() {
+        let d = Dir::new("peer");
+        let path = d.0.join("rpc.sock");
+        let handler: Arc<Handler> = Arc::new(|_: &str, _: &Value, c: Caller| match c {
+            Caller::Peer(p) => Ok(json!({"pid": p.pid, "uid": p.uid})),
+            other => Ok(json!(format!("{other:?}"))),
+        });
+        let _s = RpcServer::start_with(&path, handler).unwrap();
+        let v = client_call(&path, "who", json!({})).unwrap();
+        assert_eq!(v["pid"], std::process::id(), "{v}");
+    }
 }

@@ -74,7 +74,9 @@ fn resize_namespace_by_rpc() {
     let e = err(&s, "resize_namespace", json!({"nqn": NQN, "nsid": 1, "size": "5M"}));
     assert!(e.contains("namespace 1 of nqn.2026-11.io.qpath:rpcadmin") && e.contains("max_size, 4194304 bytes"), "{e}");
     assert!(err(&s, "resize_namespace", json!({"nqn": NQN, "nsid": 1})).contains("missing parameter \"size\""));
-    assert!(err(&s, "resize_namespace", json!({"nqn": NQN, "nsid": 1, "size": "2 parsecs"})).contains("unknown unit"));
+    assert!(err(&s, "resize_namespace", json!({"nqn": NQN, "nsid": 1, "size": "2 parsecs"})).contains(
+        "resize_namespace: size: expected a size (bytes, or a number with a unit: 4096, 512M, 2G), got \"2 parsecs\""
+    ));
     s.shutdown();
 }
 

@@ -118,11 +118,11 @@ pub use ring::{
 };
 pub use send_msg::{SEND_BYTES_MAX, SEND_SEGMENTS_MAX, SendMsg};
 pub use sys::{
-    CpuTime, EventFd, FileLock, LockHolder, congestion_control, current_affinity, current_thread_nice, enter_netns,
-    fadvise_dontneed, fallocate, file_lock_holder, online_cpus, physical_memory, pin_current_thread, raise_fd_limit,
-    seek_data, send_buffer_size, set_congestion_control, set_current_affinity, set_current_thread_nice, set_direct_io,
-    set_linger_zero, set_nodelay, set_nonblocking, set_recv_buffer_size, set_send_buffer_size, thread_cpu_time,
-    try_lock_file,
+    CpuTime, EventFd, FileLock, LockHolder, PeerCredentials, congestion_control, current_affinity, current_thread_nice,
+    enter_netns, fadvise_dontneed, fallocate, file_lock_holder, online_cpus, peer_credentials, physical_memory,
+    pin_current_thread, raise_fd_limit, seek_data, send_buffer_size, set_congestion_control, set_current_affinity,
+    set_current_thread_nice, set_direct_io, set_linger_zero, set_nodelay, set_nonblocking, set_recv_buffer_size,
+    set_send_buffer_size, thread_cpu_time, try_lock_file,
 };
 
 /// Compile-time checks of the thread-safety contract other crates rely on.

@@ -347,6 +347,35 @@ pub fn send_buffer_size(fd: RawFd) -> io::Result<usize> {
     Ok(usize::try_from(value).unwrap_or(0))
 }
 
+/// The credentials of the process at the other end of a connected Unix socket, as the
+/// kernel recorded them when that end connected or listened (`SO_PEERCRED`, unix(7)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// Process id (in this process's pid namespace; 0 when the peer is in one this
+    /// process cannot see).
+    pub pid: u32,
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+}
+
+/// Who is at the other end of the connected Unix socket `fd` (`SO_PEERCRED`). For a
+/// client's socket that is the server that listens; for an accepted one, the client.
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<PeerCredentials> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = libc::socklen_t::try_from(size_of::<libc::ucred>()).expect("ucred fits socklen_t");
+    // SAFETY: `cred` and `len` are out-pointers owned by this frame for the call; `len`
+    // is `cred`'s size, so the kernel writes no more than that.
+    cvt(unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &raw mut len)
+    })?;
+    if usize::try_from(len).ok() != Some(size_of::<libc::ucred>()) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "SO_PEERCRED: short answer"));
+    }
+    Ok(PeerCredentials { pid: u32::try_from(cred.pid).unwrap_or(0), uid: cred.uid, gid: cred.gid })
+}
+
 /// An owned, non-blocking, close-on-exec eventfd: a counter another thread can bump to
 /// make a poll on it fire.
 #[derive(Debug)]
@@ -533,6 +562,26 @@ mod tests {
         set_nonblocking(fd, true).expect("nonblocking");
         set_nonblocking(fd, false).expect("blocking");
         assert!(set_nodelay(-1, true).is_err());
+    }
+
+    #[test]
+    fn peer_credentials_name_the_other_end() {
+        use std::os::fd::AsFd;
+        use std::os::unix::net::UnixStream;
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let me = peer_credentials(a.as_fd()).expect("SO_PEERCRED");
+        assert_eq!(me.pid, std::process::id(), "both ends are this process");
+        // This process's own ids, as /proc says them ("Uid:\treal\teffective...").
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        let id = |key: &str| -> u32 {
+            let line = status.lines().find(|l| l.starts_with(key)).expect("a Uid/Gid line");
+            line.split_whitespace().nth(2).expect("effective id").parse().expect("a number")
+        };
+        assert_eq!((me.uid, me.gid), (id("Uid:"), id("Gid:")));
+        assert_eq!(peer_credentials(b.as_fd()).expect("SO_PEERCRED"), me);
+        // Not a Unix socket: the kernel says so.
+        let file = std::fs::File::open("/proc/self/status").expect("open");
+        assert!(peer_credentials(file.as_fd()).is_err(), "a file has no peer");
     }
 
     #[test]

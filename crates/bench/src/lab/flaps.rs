@@ -252,12 +252,7 @@ fn start_local(mode: FlapMode, bytes: u64) -> Result<(Side, [SocketAddr; 2], Opt
     let socket = rpc_socket();
     // The socket's accept thread outlives the RpcServer value (it is detached): it holds
     // the target weakly, so the run can still shut the target down.
-    let weak = Arc::downgrade(&server);
-    let handler: Arc<target::rpc::Handler> = Arc::new(move |m: &str, p: &serde_json::Value| match weak.upgrade() {
-        Some(s) => target::rpc::call(&s, m, p),
-        None => Err(target::error::Error::new(target::error::ErrorKind::NotFound, "the target has stopped")),
-    });
-    let rpc = target::rpc::RpcServer::start_with(&socket, handler).map_err(|e| target_err("RPC socket", &e))?;
+    let rpc = target::rpc::RpcServer::start(&socket, Arc::clone(&server)).map_err(|e| target_err("RPC socket", &e))?;
     Ok((Side::Local { server, rpc: Some(rpc), socket, topo }, addrs, host_ns))
 }
 
