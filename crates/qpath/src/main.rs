@@ -7,6 +7,7 @@ mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
+mod sd_notify;
 mod target_check;
 
 use clap::{Parser, Subcommand};
