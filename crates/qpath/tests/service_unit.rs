@@ -103,3 +103,52 @@ fn systemd_analyze_security_rates_the_sandbox_ok() {
     println!("{overall}");
     assert!(ok, "systemd-analyze security rates the unit above 2.3:\n{out}{err}");
 }
+
+/// The system calls a `SystemCallFilter=` allow list lets through, its @groups expanded
+/// by `systemd-analyze syscall-filter`.
+fn allowed(analyze: &mut impl FnMut() -> std::process::Command, list: &str, into: &mut Vec<String>) {
+    for name in list.split_whitespace() {
+        assert!(!name.starts_with('~'), "the unit's filter is an allow list: {list}");
+        if let Some(group) = name.strip_prefix('@') {
+            let mut c = analyze();
+            c.arg("syscall-filter").arg(format!("@{group}")).arg("--no-pager");
+            let (ok, out, err) = run(c, CALL_WITHIN);
+            assert!(ok, "systemd-analyze syscall-filter @{group}: {err}");
+            let members: Vec<&str> = out
+                .lines()
+                .filter(|l| l.starts_with("    ") && !l.trim_start().starts_with('#'))
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .collect();
+            assert!(!members.is_empty(), "@{group} lists no system call:\n{out}");
+            allowed(analyze, &members.join(" "), into);
+        } else if !into.iter().any(|n| n == name) {
+            into.push(name.to_string());
+        }
+    }
+}
+
+#[test]
+fn the_system_call_filter_lets_io_uring_through() {
+    if systemd_analyze().is_none() {
+        println!("SKIP: systemd-analyze is not installed (apt-get install systemd)");
+        return;
+    }
+    let mut names = Vec::new();
+    allowed(&mut || systemd_analyze().unwrap(), setting("SystemCallFilter"), &mut names);
+    // The reactors' rings, pinning, the authentication workers' nice value, file locks,
+    // preallocation and the page-cache drop of a namespace's file.
+    for needed in [
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "sched_setaffinity",
+        "setpriority",
+        "flock",
+        "fallocate",
+        "fadvise64",
+        "madvise",
+    ] {
+        assert!(names.iter().any(|n| n == needed), "SystemCallFilter= does not allow {needed}");
+    }
+}
