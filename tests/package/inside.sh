@@ -108,6 +108,10 @@ TOML
     "systemctl is-active --quiet qpath-target && [ \"\$(systemctl show -p MainPID --value qpath-target)\" != $pid ] && systemctl show -p StatusText --value qpath-target | grep -q '^serving 2 subsystems (3 namespaces)'"
   c "what was saved is served after the restart (the file namespace, nsid 2)" \
     "qpath connect -a 127.0.0.1 -s 4420 -n $NQN | grep -qE 'nsid +2 +16777216 bytes'"
+  sed -i 's|^QPATH_TARGET_OPTS=""$|QPATH_TARGET_OPTS="--metrics 127.0.0.1:9420"|' /etc/default/qpath-target
+  t "systemctl restart, with options from /etc/default/qpath-target" systemctl restart qpath-target
+  c "those options apply: metrics on 127.0.0.1:9420" \
+    "exec 3<>/dev/tcp/127.0.0.1/9420 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && timeout 5 cat <&3 | grep -q '^qpath_target_'"
   t "systemctl stop" systemctl stop qpath-target
   c "stopped cleanly" "! systemctl is-failed --quiet qpath-target && journalctl -u qpath-target --no-pager | grep -q 'shutting down'"
   systemd-analyze security --no-pager qpath-target 2> /dev/null | tail -1 | sed 's/^/info: /'
