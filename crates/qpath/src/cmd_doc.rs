@@ -22,9 +22,25 @@ pub struct CompletionsArgs {
     shell: clap_complete::Shell,
 }
 
+/// The closing text of qpath(1): `--help`'s, whose aligned columns a manual page would
+/// refill into a jumble, as prose.
+const MAN_AFTER_HELP: &str = "Logs go to stderr (the journal, under systemd). RUST_LOG chooses what is logged; the \
+default is warn,qpath_target=info. RUST_LOG=debug logs everything at debug level; \
+RUST_LOG=warn,qpath_host=debug one part (qpath_target, qpath_host, qpath_bench, nvme, uring or blk). \
+qpath-COMMAND(1), or qpath COMMAND --help, describes each command.";
+
+/// The closing text of qpath-target(1): where the service keeps what.
+const MAN_TARGET_AFTER_HELP: &str = "As a system service (the qpath-target unit of the qpath package): \
+the configuration is /etc/qpath/target.toml (saved there by --persist, the previous one kept as \
+target.toml.bak), more options go in QPATH_TARGET_OPTS in /etc/default/qpath-target, the RPC \
+socket is /run/qpath/qpath.sock, and file namespaces' images belong in /var/lib/qpath. \
+systemctl reload qpath-target sends SIGHUP. Every field of the configuration, with comments: \
+/usr/share/doc/qpath/examples/target.toml.";
+
 /// Writes the manual pages of `cmd` (section 1) into the directory, one per command that
 /// `--help` lists, and prints their names.
 pub fn man(a: &ManArgs, cmd: clap::Command) -> Result<(), Box<dyn std::error::Error>> {
+    let cmd = cmd.after_help(MAN_AFTER_HELP).mut_subcommand("target", |t| t.after_help(MAN_TARGET_AFTER_HELP));
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
     clap_mangen::generate_to(cmd, &a.dir).map_err(|e| format!("writing manual pages into {}: {e}", a.dir.display()))?;
     let mut pages: Vec<_> = std::fs::read_dir(&a.dir)?

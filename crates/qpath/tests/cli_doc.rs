@@ -43,6 +43,10 @@ fn man_writes_a_page_per_command_with_every_option() {
     for o in &options {
         assert!(target.contains(&o.replace('-', "\\-")), "qpath-target.1 lacks {o}");
     }
+    // The service's files are named where an operator looks (roff escapes '-').
+    for file in ["/etc/qpath/target.toml", "/run/qpath/qpath.sock", "/etc/default/qpath\\-target"] {
+        assert!(target.contains(file), "qpath-target.1 does not name {file}");
+    }
     // The hidden commands get no page and are not listed.
     for hidden in ["man", "completions"] {
         assert!(!out.join(format!("qpath-{hidden}.1")).exists(), "a page for the hidden {hidden}");
