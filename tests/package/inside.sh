@@ -114,6 +114,13 @@ TOML
     "exec 3<>/dev/tcp/127.0.0.1/9420 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && timeout 5 cat <&3 | grep -q '^qpath_target_'"
   t "systemctl stop" systemctl stop qpath-target
   c "stopped cleanly" "! systemctl is-failed --quiet qpath-target && journalctl -u qpath-target --no-pager | grep -q 'shutting down'"
+  cp /etc/qpath/target.toml /root/target.toml.good
+  printf '[[port]]\nid = 1\naddr = "127.0.0.1:notaport"\n' > /etc/qpath/target.toml
+  c "systemctl start fails on a configuration that does not start" "! systemctl start qpath-target"
+  c "the journal says why, naming the address" "journalctl -u qpath-target --no-pager | grep -q '127.0.0.1:notaport'"
+  systemctl stop qpath-target
+  systemctl reset-failed qpath-target 2> /dev/null
+  cp /root/target.toml.good /etc/qpath/target.toml
   systemd-analyze security --no-pager qpath-target 2> /dev/null | tail -1 | sed 's/^/info: /'
   if [ $FAILED != 0 ]; then
     echo "the service's journal:"
