@@ -2,14 +2,16 @@
 //! library crates; no logic lives here.
 
 mod cmd_bench;
+mod cmd_doc;
 mod cmd_host;
 mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
+mod sd_notify;
 mod target_check;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// `qpath --version`: the crate version and the git commit it was built from.
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("QPATH_GIT_COMMIT"), ")");
@@ -59,6 +61,12 @@ enum Command {
     /// Each lab prints a table, its goals and whether they were met, and writes a plot;
     /// `qpath lab baseline` measures the machine itself.
     Lab(cmd_bench::LabArgs),
+    /// Write the manual pages (qpath.1, qpath-target.1, ...) into a directory.
+    #[command(hide = true)]
+    Man(cmd_doc::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(cmd_doc::CompletionsArgs),
 }
 
 fn main() {
@@ -81,6 +89,8 @@ fn main() {
         Command::Resv(a) => cmd_resv::run(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         Command::Lab(a) => cmd_bench::lab(&a),
+        Command::Man(a) => cmd_doc::man(&a, Cli::command()),
+        Command::Completions(a) => cmd_doc::completions(&a, Cli::command()),
     };
     if let Err(e) = result {
         eprintln!("qpath: {e}");
