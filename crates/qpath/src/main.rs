@@ -98,6 +98,23 @@ fn main() {
     }
 }
 
+/// The socket of the packaged service (`qpath-target.service`, `RuntimeDirectory=qpath`).
+pub const SERVICE_RPC_SOCKET: &str = "/run/qpath/qpath.sock";
+
+/// The socket a client (`qpath rpc`, `qpath stats`) talks to when none is given: the
+/// default a `qpath target` started by hand binds ([`default_rpc_socket`]) when it exists,
+/// else the service's, when that exists; else the default (whose absence the error names).
+pub fn client_rpc_socket() -> std::path::PathBuf {
+    let own = default_rpc_socket();
+    if std::env::var_os("QPATH_RPC_SOCKET").is_none()
+        && !own.exists()
+        && std::path::Path::new(SERVICE_RPC_SOCKET).exists()
+    {
+        return SERVICE_RPC_SOCKET.into();
+    }
+    own
+}
+
 /// The default RPC socket path: `$QPATH_RPC_SOCKET`, else `$XDG_RUNTIME_DIR/qpath.sock`, else `/tmp/qpath.sock`.
 pub fn default_rpc_socket() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("QPATH_RPC_SOCKET") {

@@ -1115,7 +1115,13 @@ mod tests {
         let img = d.image("new.img", MIB);
         let meta = std::fs::metadata(&img).unwrap();
         let key = FileKey::of(&meta, Kind::Regular);
-        held().push(Held { id: u64::MAX, key, owner: "namespace 9 of nqn.gone".into(), access: Access::ReadWrite, retired: false });
+        held().push(Held {
+            id: u64::MAX,
+            key,
+            owner: "namespace 9 of nqn.gone".into(),
+            access: Access::ReadWrite,
+            retired: false,
+        });
         let b = open(&req(&img, None)).expect("the stale entry is not a holder");
         assert_eq!(held().iter().filter(|h| h.key == key).count(), 1, "the stale entry replaced");
         // A real holder (the lock is held) is still refused.
