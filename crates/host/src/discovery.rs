@@ -19,8 +19,21 @@ pub fn discovery_log(
     hostid: [u8; 16],
     timeout: Duration,
 ) -> Result<Vec<DiscoveryEntry>> {
+    discovery_log_tls(addr, hostnqn, hostid, timeout, None)
+}
+
+/// [`discovery_log`], inside a TLS channel made with `tls` when given (a discovery port
+/// that requires TLS: the identity names the discovery NQN).
+pub fn discovery_log_tls(
+    addr: SocketAddr,
+    hostnqn: &str,
+    hostid: [u8; 16],
+    timeout: Duration,
+    tls: Option<&crate::tls::HostTls>,
+) -> Result<Vec<DiscoveryEntry>> {
     let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, nvme::nqn::DISCOVERY_NQN, hostnqn, hostid);
     cfg.disable_sqflow = false;
+    cfg.tls = tls.map(|t| t.for_queue(hostnqn, nvme::nqn::DISCOVERY_NQN));
     let mut q = SyncQueue::connect(addr, cfg, timeout)?;
     admin::enable(&mut q)?;
     let log = admin::discovery_log(&mut q)?;

@@ -576,6 +576,8 @@ fn set_host_auth(server: &Server, p: &Value) -> Result<Value, Error> {
         dhgroup: opt(p, "dhgroup")?,
         dhchap_key_file: opt(p, "dhchap_key_file")?,
         dhchap_ctrl_key_file: opt(p, "dhchap_ctrl_key_file")?,
+        tls_key: None,
+        tls_key_file: None,
     };
     let auth = cfg.to_host_auth()?;
     let mut a: HostAccess = s.access();
