@@ -73,6 +73,19 @@ pub fn discover_all(
     timeout: Duration,
     max_services: usize,
 ) -> Result<Vec<Found>> {
+    discover_all_tls(addr, hostnqn, hostid, timeout, max_services, None)
+}
+
+/// [`discover_all`], each discovery controller reached inside a TLS channel made with `tls`
+/// when given.
+pub fn discover_all_tls(
+    addr: SocketAddr,
+    hostnqn: &str,
+    hostid: [u8; 16],
+    timeout: Duration,
+    max_services: usize,
+    tls: Option<&crate::tls::HostTls>,
+) -> Result<Vec<Found>> {
     let mut seen = BTreeSet::new();
     let mut todo = vec![addr];
     let mut out = Vec::new();
@@ -81,7 +94,7 @@ pub fn discover_all(
         if !seen.insert(a) || seen.len() > max_services {
             continue;
         }
-        match discovery_log(a, hostnqn, hostid, timeout) {
+        match discovery_log_tls(a, hostnqn, hostid, timeout, tls) {
             Ok(entries) => {
                 for e in entries {
                     if e.subtype == subtype::REFERRAL

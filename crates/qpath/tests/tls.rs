@@ -309,3 +309,36 @@ fn open_all(ch: &mut tls::Channel, wire: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn keys_rotate_over_rpc_and_persist_by_reference() {
+    let key = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+    let t = start(&key);
+    let call = |m: &str, p: serde_json::Value| target::rpc::call(&t.server, m, &p);
+    // Rotate: the new key works for new connections, the old one no longer does.
+    let dir = std::env::temp_dir().join(format!("qpath-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("host.tlskey");
+    let new = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+    std::fs::write(&file, format!("{}\n", &*new.to_interchange())).unwrap();
+    let r = call("set_host_tls_key", serde_json::json!({"nqn": NQN, "host": HOST, "tls_key_file": file})).unwrap();
+    assert_eq!(r["fingerprint"], new.fingerprint());
+    assert!(Controller::connect(options(t.required, HOST, Some(&key))).is_err(), "the old key is gone");
+    let c = Controller::connect(options(t.required, HOST, Some(&new))).unwrap();
+    verified_io(&c, 31, 2);
+    c.delete();
+    // Answers and saves carry fingerprints and file names, never a key.
+    let subs = call("list_subsystems", serde_json::json!({})).unwrap().to_string();
+    assert!(subs.contains(&new.fingerprint()) && !subs.contains(&new.to_interchange()[16..40]), "{subs}");
+    let saved = target::persist::to_toml(&target::persist::running_config(&t.server).unwrap()).unwrap();
+    assert!(saved.contains("tls_key_file") && saved.contains("tls = \"required\""), "{saved}");
+    assert!(!saved.contains(&new.to_interchange()[16..40]), "a key from a file is saved as its file");
+    // Removing the key closes the door to new TLS connections of that host.
+    call("set_host_tls_key", serde_json::json!({"nqn": NQN, "host": HOST})).unwrap();
+    assert!(Controller::connect(options(t.required, HOST, Some(&new))).is_err());
+    // A port switched to TLS by RPC refuses plaintext from then on.
+    call("set_port_tls", serde_json::json!({"id": 3, "tls": "required"})).unwrap();
+    assert!(Controller::connect(options(t.plain, OTHER, None)).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+    t.server.shutdown();
+}

@@ -294,11 +294,9 @@ pub struct HostAuthConfig {
     pub dhgroup: Option<String>,
     /// The host's configured TLS PSK, `NVMeTLSkey-1:<hh>:<base64>:` (`qpath gen-tls-key`,
     /// `nvme gen-tls-key`), for TLS ports.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<String>,
     /// A file holding the TLS PSK (instead of `tls_key`), read at start and at every
     /// reload: a saved configuration names the file again, never the key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_key_file: Option<PathBuf>,
 }
 
