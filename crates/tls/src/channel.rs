@@ -98,26 +98,8 @@ impl std::fmt::Debug for Channel {
 
 impl Channel {
     fn new(hs: Handshake) -> Channel {
-        let mut c = Channel {
-            state: State::Handshake(Box::new(hs)),
-            rx: Some(IoBuf::new(RX_CAPACITY)),
-            rx_pos: 0,
-            plain: 0..0,
-            ctrl: Vec::new(),
-            tx_buf: Some(IoBuf::new(TX_CAPACITY)),
-            tx_spare: Some(SendMsg::with_capacity(1024, 2)),
-            tx_inflight: false,
-            batch: None,
-            batch_off: 0,
-            seal: None,
-            open: None,
-            suite: None,
-            identity: None,
-            error: None,
-            peer_closed: false,
-            alert_sent: false,
-            stats: ChannelStats::default(),
-        };
+        let mut c = Channel::new_open();
+        c.state = State::Handshake(Box::new(hs));
         c.pull_handshake_output();
         c
     }
@@ -137,6 +119,40 @@ impl Channel {
             && hs.has_output()
         {
             self.ctrl.extend_from_slice(&hs.take_output());
+        }
+    }
+
+    /// A channel already open with these keys, as if a handshake had made them (fuzzing
+    /// and tests of the record layer: no handshake per case).
+    pub fn from_keys(seal: Keys, open: Keys, identity: Identity) -> Channel {
+        let mut c = Channel::new_open();
+        c.suite = Some(seal.suite());
+        c.seal = Some(seal);
+        c.open = Some(open);
+        c.identity = Some(identity);
+        c
+    }
+
+    fn new_open() -> Channel {
+        Channel {
+            state: State::Open,
+            rx: Some(IoBuf::new(RX_CAPACITY)),
+            rx_pos: 0,
+            plain: 0..0,
+            ctrl: Vec::new(),
+            tx_buf: Some(IoBuf::new(TX_CAPACITY)),
+            tx_spare: Some(SendMsg::with_capacity(1024, 2)),
+            tx_inflight: false,
+            batch: None,
+            batch_off: 0,
+            seal: None,
+            open: None,
+            suite: None,
+            identity: None,
+            error: None,
+            peer_closed: false,
+            alert_sent: false,
+            stats: ChannelStats::default(),
         }
     }
 
