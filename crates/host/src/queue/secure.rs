@@ -1,12 +1,14 @@
 //! A host queue's secure channel ([`crate::tls`]): where its bytes pass through TLS. The
 //! queue keeps its receive buffer and send batches; the channel receives ciphertext, opens
 //! records into the receive buffer (then the queue parses them) and seals the queue's
-//! batches as they are sent. Large reads are not received straight into the command's
-//! buffer on a TLS queue: records are opened into the receive buffer first.
+//! batches as they are sent. A large C2H payload is opened straight into the command's
+//! buffer once nothing of it waits in the receive buffer (as the plaintext queue receives
+//! it there), so its bytes are written once, by the cipher.
 
+use nvme::tcp::crc32c_append;
 use uring::{IoBuf, SendMsg};
 
-use super::{HostQueue, QueueState};
+use super::{DIRECT_RECV_MIN, HostQueue, QueueState, Rx};
 
 impl HostQueue {
     /// Ciphertext arrived (`n` bytes after the buffer's length; 0: the controller closed).
@@ -29,10 +31,14 @@ impl HostQueue {
     /// record is left.
     fn tls_read(&mut self) {
         loop {
-            let Some(ch) = self.tls.as_mut() else { return };
+            let Some(ch) = self.tls.as_ref() else { return };
             if self.state == QueueState::Failed || !ch.has_plaintext() {
                 return;
             }
+            if self.tls_read_direct() {
+                continue;
+            }
+            let Some(ch) = self.tls.as_mut() else { return };
             let Some(mut buf) = self.rx.take() else { return };
             let end = buf.len();
             if self.rx_pos == end {
@@ -60,6 +66,32 @@ impl HostQueue {
                 return;
             }
         }
+    }
+
+    /// Opens records straight into the command's buffer when the bytes due next are a large
+    /// C2H payload and none of it waits in the receive buffer; whether it moved any.
+    fn tls_read_direct(&mut self) -> bool {
+        let Rx::Data { tag: Some(tag), offset, remaining, ddgst, crc, .. } = self.rx_state else { return false };
+        if remaining < DIRECT_RECV_MIN || self.rx.as_ref().is_none_or(|rx| self.rx_pos != rx.len()) {
+            return false;
+        }
+        let (Some(ch), Some(s)) = (self.tls.as_mut(), self.slots.get_mut(usize::from(tag))) else { return false };
+        let start = offset as usize;
+        let Some(end) = start.checked_add(remaining) else { return false };
+        let Some(b) = s.buf.as_mut().filter(|b| !s.buf_in_flight && end <= b.capacity()) else { return false };
+        let n = ch.read(&mut b.as_full_mut()[start..end]);
+        let crc = if ddgst { crc32c_append(crc, &b.as_full()[start..start + n]) } else { crc };
+        s.received += u32::try_from(n).unwrap_or(u32::MAX);
+        if let Some(e) = ch.error() {
+            let why = format!("TLS: {e}");
+            self.fail(why);
+            return false;
+        }
+        if n == 0 {
+            return false;
+        }
+        self.data_advanced(n, crc);
+        true
     }
 
     /// The next ciphertext to send: handshake bytes, then the queue's batches sealed.
