@@ -23,14 +23,15 @@ use crate::handshake::{ClientConfig, Handshake, Progress, ServerConfig};
 use crate::psk::{Identity, TlsPsk};
 use crate::record::{self, CIPHERTEXT_MAX, HEADER_LEN, Keys, OVERHEAD, PLAINTEXT_MAX, Suite, alert, content};
 
-/// Most plaintext one send carries (four full records).
-pub const SEAL_CHUNK: usize = 4 * PLAINTEXT_MAX;
+/// Most plaintext one send carries (eight full records: a 128 KiB read's payload and its
+/// headers in one send, as the plaintext queue sends it).
+pub const SEAL_CHUNK: usize = 8 * PLAINTEXT_MAX + 4096;
 
-/// Receive buffer: four full records.
-const RX_CAPACITY: usize = (4 * (HEADER_LEN + CIPHERTEXT_MAX)).next_multiple_of(uring::IO_ALIGN);
+/// Receive buffer: eight full records (one receive takes a 128 KiB payload).
+const RX_CAPACITY: usize = (8 * (HEADER_LEN + CIPHERTEXT_MAX)).next_multiple_of(uring::IO_ALIGN);
 
 /// Ciphertext of one send: a chunk and the overhead of its records.
-const TX_CAPACITY: usize = (SEAL_CHUNK + 4 * OVERHEAD).next_multiple_of(uring::IO_ALIGN);
+const TX_CAPACITY: usize = (SEAL_CHUNK + 9 * OVERHEAD).next_multiple_of(uring::IO_ALIGN);
 
 /// Handshake message types handled after the handshake (RFC 8446 §4).
 const NEW_SESSION_TICKET: u8 = 4;
