@@ -2,9 +2,11 @@
 //! loopback TCP: verified I/O on a port that requires TLS (with what `list_queues` and the
 //! discovery log say), a port that allows both, discovery inside TLS, and every refusal:
 //! a wrong key, an identity the target holds no key for, a plaintext ICReq to a TLS port,
-//! a ClientHello to a plaintext port, a TLS 1.2 ClientHello, a corrupted record, a record
-//! that opens to a malformed PDU and a Connect for another host inside the channel. Each
-//! refusal closes that connection only: the verified I/O beside it goes on.
+//! a ClientHello to a plaintext port, a TLS 1.2 ClientHello, a corrupted, a truncated and
+//! a too short record, a record that opens to a malformed PDU and a Connect for another
+//! host inside the channel, each its own test. Each refusal closes that connection only,
+//! with the alert or C2HTermReq it calls for, executes nothing (the Connect it carries
+//! makes no controller; an intact one does), and the verified I/O beside it goes on.
 
 mod loopback;
 
@@ -174,63 +176,275 @@ fn icreq() -> Vec<u8> {
     nvme::tcp::IcReq { pfv: 0, hpda: 0, digests: Default::default(), maxr2t: 0 }.encode().to_vec()
 }
 
-#[test]
-fn refusals_close_only_the_offending_connection() {
+/// A target with a controller of `HOST` doing verified I/O on the required port: every
+/// refusal below runs beside it and must leave it (and the target) untouched.
+fn start_with_witness() -> (Target, ConfiguredPsk, std::sync::Arc<Controller>) {
     let key = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
     let t = start(&key);
-    // A controller doing verified I/O all along, on the required port.
     let good = Controller::connect(options(t.required, HOST, Some(&key))).unwrap();
+    verified_io(&good, 21, 2);
+    (t, key, good)
+}
 
-    // A wrong key: the handshake fails, no queue comes up.
+/// After a refusal: the witness still does verified I/O, a new TLS controller connects, and
+/// the target holds exactly `controllers` controllers of the subsystem (nothing the refused
+/// connection sent made one).
+fn unaffected(t: &Target, key: &ConfiguredPsk, good: &std::sync::Arc<Controller>, controllers: usize) {
+    assert_eq!(io_controllers(t), controllers, "the refused connection created no controller");
+    verified_io(good, 22, 2);
+    let again = Controller::connect(options(t.required, HOST, Some(key))).unwrap();
+    verified_io(&again, 23, 1);
+    again.delete();
+}
+
+/// The subsystem's controllers (discovery controllers aside), from `list_controllers`.
+fn io_controllers(t: &Target) -> usize {
+    let v = target::rpc::call(&t.server, "list_controllers", &serde_json::json!({})).unwrap();
+    v.as_array().unwrap().iter().filter(|c| c["subnqn"] == NQN).count()
+}
+
+/// The first record the peer sent, if it is an alert: its description (RFC 8446 §6).
+fn alert_of(wire: &[u8]) -> Option<u8> {
+    (wire.len() >= 7 && wire[0] == 21).then(|| wire[6])
+}
+
+/// A client handshake that is expected to fail: what the target sent before it closed,
+/// and the client channel's error.
+fn failed_handshake(addr: SocketAddr, key: &ConfiguredPsk, v: IdentityVersion, hostnqn: &str) -> (Vec<u8>, String) {
+    let q = HostTls { key: key.clone(), identity: v, derivation: Default::default() }.for_queue(hostnqn, NQN);
+    let mut ch = q.channel().unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    for _ in 0..10 {
+        while let Ok(Some(m)) = ch.take_send(|| None) {
+            let _ = s.write_all(&m.to_vec());
+            ch.on_send_done(m, Ok(()));
+        }
+        assert!(!ch.is_open(), "the handshake succeeded");
+        if ch.error().is_some() {
+            break;
+        }
+        let n = s.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        tls::channel::feed(&mut ch, &buf[..n]);
+    }
+    got.extend(read_some(&mut s, 1 << 16));
+    (got, ch.error().unwrap_or("closed").to_string())
+}
+
+/// A Fabrics Connect for `HOST`'s admin queue: the command capsule and its 1024 bytes.
+fn connect_capsule() -> Vec<u8> {
+    let cmd = nvme::fabrics::ConnectCmd { recfmt: 0, qid: nvme::QueueId(0), sqsize: 31, cattr: 0, kato_ms: 0 };
+    let data = nvme::fabrics::ConnectData {
+        hostid: [9; 16],
+        cntlid: nvme::Cntlid::DYNAMIC,
+        subnqn: NQN.into(),
+        hostnqn: HOST.into(),
+    }
+    .encode();
+    let mut out = Vec::new();
+    nvme::tcp::EncoderConfig::default().capsule_cmd(&mut out, &cmd.to_sqe(nvme::Cid(1)), data.len());
+    out.extend_from_slice(&data);
+    out
+}
+
+/// A channel through its handshake and the ICReq/ICResp exchange inside it: the next PDU
+/// is the Connect.
+fn channel_after_icreq(addr: SocketAddr, key: &ConfiguredPsk) -> (TcpStream, tls::Channel) {
+    let (mut s, mut ch) = handshake(addr, key, HOST);
+    s.write_all(&seal(&mut ch, &icreq())).unwrap();
+    let mut plain = Vec::new();
+    let mut buf = [0u8; 4096];
+    while plain.len() < 128 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the ICResp");
+        plain.extend(open_all(&mut ch, &buf[..n]));
+    }
+    assert_eq!(plain[0], 0x01, "an ICResp inside the channel");
+    (s, ch)
+}
+
+/// The control for the in-channel refusals: the same Connect, sealed intact, makes a
+/// controller (so "no controller" below means the refused record was not executed).
+#[test]
+fn an_intact_connect_record_creates_a_controller() {
+    let (t, key, good) = start_with_witness();
+    let before = io_controllers(&t);
+    let (mut s, mut ch) = channel_after_icreq(t.required, &key);
+    s.write_all(&seal(&mut ch, &connect_capsule())).unwrap();
+    let mut plain = Vec::new();
+    let mut buf = [0u8; 4096];
+    while plain.len() < 24 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the Connect response");
+        plain.extend(open_all(&mut ch, &buf[..n]));
+    }
+    assert_eq!(plain[0], 0x05, "a CapsuleResp: {plain:?}");
+    assert_eq!(io_controllers(&t), before + 1);
+    drop(s);
+    good.delete();
+    t.server.shutdown();
+}
+
+/// A wrong PSK. With the identity of version 1 its digest (an HMAC of the PSK) names no
+/// PSK the target holds: handshake_failure. With the older identity without digest
+/// (version 0, same name for any key) the target finds its PSK for it and the binder does
+/// not verify (RFC 8446 §4.2.11): OpenSSL 3.0 sends illegal_parameter there (§6.2 would
+/// name decrypt_error; 3.2+ send that). Either way the target closes.
+#[test]
+fn refused_wrong_psk() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
     let wrong = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+    let (wire, err) = failed_handshake(t.required, &wrong, IdentityVersion::V1, HOST);
+    assert_eq!(alert_of(&wire), Some(40), "handshake_failure alert: {wire:?} ({err})");
+    let (wire, err) = failed_handshake(t.required, &wrong, IdentityVersion::V0, HOST);
+    let binder = alert_of(&wire);
+    assert!(binder == Some(47) || binder == Some(51), "illegal_parameter or decrypt_error alert: {wire:?} ({err})");
     let e = Controller::connect(options(t.required, HOST, Some(&wrong))).unwrap_err().to_string();
     assert!(e.contains("TLS"), "{e}");
-    // An identity the target holds no key for (a host without a key here).
-    let e = Controller::connect(options(t.required, OTHER, Some(&key))).unwrap_err().to_string();
-    assert!(e.contains("TLS"), "{e}");
-    verified_io(&good, 21, 4);
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
 
-    // A plaintext ICReq to the required port: closed, no ICResp.
-    let mut s = TcpStream::connect(t.required).unwrap();
-    s.write_all(&icreq()).unwrap();
-    assert!(read_some(&mut s, 1).is_empty(), "no answer but the close");
-    // A ClientHello (any TLS handshake record) to the plaintext port: C2HTermReq.
-    let mut s = TcpStream::connect(t.plain).unwrap();
-    s.write_all(&[0x16, 3, 1, 0, 200]).unwrap();
-    s.write_all(&[0u8; 200]).unwrap();
-    let r = read_some(&mut s, 24);
-    assert_eq!(r.first(), Some(&0x03), "C2HTermReq: {r:?}");
-    // A TLS 1.2-only ClientHello: protocol_version alert.
+/// An identity the target holds no PSK for (a host of the subsystem without a key): no PSK
+/// is selected and, with no certificate either, the handshake fails with an alert.
+#[test]
+fn refused_unknown_identity() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
+    let (wire, err) = failed_handshake(t.required, &key, IdentityVersion::V1, OTHER);
+    assert_eq!(alert_of(&wire), Some(40), "handshake_failure alert: {wire:?} ({err})");
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
+
+/// A ClientHello that offers only TLS 1.2: a protocol_version alert (RFC 8446 §4.2.1).
+#[test]
+fn refused_tls12_client_hello() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
     let mut s = TcpStream::connect(t.required).unwrap();
     s.write_all(&tls12_client_hello()).unwrap();
-    let r = read_some(&mut s, 7);
-    assert_eq!(&r[..1], &[21], "alert record: {r:?}");
-    assert_eq!(r[6], 70, "protocol_version");
-    verified_io(&good, 22, 4);
+    let r = read_some(&mut s, 1 << 16);
+    assert_eq!(alert_of(&r), Some(70), "protocol_version alert: {r:?}");
+    assert_eq!(r.len(), 7, "the alert and nothing else, then the close");
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
 
-    // After a real handshake: a corrupted record, a record holding a malformed PDU, and a
-    // Connect for another host, each on a connection of its own.
-    let tamper = |wire: &mut Vec<u8>| {
-        let last = wire.len() - 1;
-        wire[last] ^= 1;
-    };
-    let (mut s, mut ch) = handshake(t.required, &key, HOST);
-    let mut wire = seal(&mut ch, &icreq());
-    tamper(&mut wire);
+/// A plaintext ICReq to a port that requires TLS: closed without an answer (no ICResp, so
+/// nothing of NVMe/TCP is spoken outside the channel).
+#[test]
+fn refused_plaintext_icreq_on_a_required_port() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
+    let mut s = TcpStream::connect(t.required).unwrap();
+    s.write_all(&icreq()).unwrap();
+    s.write_all(&connect_capsule()).unwrap();
+    assert!(read_some(&mut s, 1).is_empty(), "no answer but the close");
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
+
+/// A TLS ClientHello to a port without TLS: a C2HTermReq (Invalid PDU Header Field, the
+/// PDU type at byte 0), then the close.
+#[test]
+fn refused_client_hello_on_a_plaintext_port() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
+    let q = HostTls::parse(&key.to_interchange()).unwrap().for_queue(HOST, NQN);
+    let mut ch = q.channel().unwrap();
+    let hello = ch.take_send(|| None).unwrap().unwrap().to_vec();
+    assert_eq!(hello[0], 22, "a handshake record");
+    let mut s = TcpStream::connect(t.plain).unwrap();
+    s.write_all(&hello).unwrap();
+    let r = read_some(&mut s, 1 << 16);
+    assert_eq!(r.first(), Some(&0x03), "C2HTermReq: {r:?}");
+    let fes = u16::from_le_bytes([r[8], r[9]]);
+    assert_eq!(fes, 1, "FES: Invalid PDU Header Field");
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
+
+/// A record whose ciphertext was changed on the way (one bit of its tag): bad_record_mac,
+/// the Connect inside it never runs.
+#[test]
+fn refused_corrupted_record() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
+    let (mut s, mut ch) = channel_after_icreq(t.required, &key);
+    let mut wire = seal(&mut ch, &connect_capsule());
+    let last = wire.len() - 1;
+    wire[last] ^= 1;
     s.write_all(&wire).unwrap();
     let r = read_some(&mut s, 1 << 16);
     assert!(open_all(&mut ch, &r).is_empty(), "no PDU answers a forged record");
-    assert!(ch.error().is_some(), "the target's alert closed the channel: {:?}", ch.error());
+    let e = ch.error().unwrap_or("").to_string();
+    assert!(e.contains("alert 20"), "the target's bad_record_mac alert: {e:?}");
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
 
-    let (mut s, mut ch) = handshake(t.required, &key, HOST);
-    let mut bad = icreq();
-    bad[2] = 64; // HLEN of an ICReq is 128
+/// A record cut short by the peer's close: nothing of it is opened or executed.
+#[test]
+fn refused_truncated_record() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
+    let (mut s, mut ch) = channel_after_icreq(t.required, &key);
+    let wire = seal(&mut ch, &connect_capsule());
+    s.write_all(&wire[..wire.len() / 2]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let r = read_some(&mut s, 1 << 16);
+    assert!(open_all(&mut ch, &r).is_empty(), "no answer to half a record: {r:?}");
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
+
+/// A record shorter than its own authentication tag: decode_error.
+#[test]
+fn refused_record_shorter_than_its_tag() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
+    let (mut s, mut ch) = channel_after_icreq(t.required, &key);
+    s.write_all(&[23, 3, 3, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let r = read_some(&mut s, 1 << 16);
+    assert!(open_all(&mut ch, &r).is_empty());
+    let e = ch.error().unwrap_or("").to_string();
+    assert!(e.contains("alert 50"), "the target's decode_error alert: {e:?}");
+    unaffected(&t, &key, &good, n);
+    good.delete();
+    t.server.shutdown();
+}
+
+/// A record that opens to a malformed PDU (a Connect capsule whose HLEN is wrong): a
+/// C2HTermReq inside the channel, the close, and no controller.
+#[test]
+fn refused_record_holding_a_malformed_pdu() {
+    let (t, key, good) = start_with_witness();
+    let n = io_controllers(&t);
+    let (mut s, mut ch) = channel_after_icreq(t.required, &key);
+    let mut bad = connect_capsule();
+    bad[2] = 64; // HLEN of a command capsule is 72
     s.write_all(&seal(&mut ch, &bad)).unwrap();
     let r = read_some(&mut s, 1 << 16);
     let plain = open_all(&mut ch, &r);
     assert_eq!(plain.first(), Some(&0x03), "a C2HTermReq inside the channel: {plain:?}");
-
-    verified_io(&good, 23, 4);
+    let fes = u16::from_le_bytes([plain[8], plain[9]]);
+    assert_eq!(fes, 1, "FES: Invalid PDU Header Field");
+    unaffected(&t, &key, &good, n);
     good.delete();
     t.server.shutdown();
 }
