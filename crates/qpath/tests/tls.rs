@@ -449,6 +449,27 @@ fn refused_record_holding_a_malformed_pdu() {
     t.server.shutdown();
 }
 
+/// A controller that closes during the handshake without an alert (Linux's tlshd does when
+/// it holds no PSK for the identity): the host's error says it happened in the handshake.
+#[test]
+fn a_close_during_the_handshake_is_reported_as_a_tls_failure() {
+    let key = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut hello = [0u8; 5];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(hello[0], 22, "a ClientHello record");
+        let mut body = vec![0u8; usize::from(u16::from_be_bytes([hello[3], hello[4]]))];
+        s.read_exact(&mut body).unwrap();
+        // Closed (FIN) after the ClientHello: no ServerHello, no alert.
+    });
+    let e = Controller::connect(options(addr, HOST, Some(&key))).unwrap_err().to_string();
+    peer.join().unwrap();
+    assert!(e.contains("TLS handshake") && e.contains("no PSK"), "{e}");
+}
+
 #[test]
 fn connect_must_match_the_identity() {
     let key = ConfiguredPsk::generate(PskHash::Sha256).unwrap();

@@ -16,7 +16,16 @@ impl HostQueue {
         let Some(ch) = self.tls.as_mut() else { return };
         ch.on_recv(buf, n);
         if n == 0 {
-            self.fail("connection closed by the controller".into());
+            // A controller that finds no PSK for the identity (Linux's tlshd) closes without
+            // an alert: say that the handshake is where it happened.
+            let why = if ch.is_open() {
+                "connection closed by the controller".to_string()
+            } else {
+                "TLS handshake: the controller closed the connection before the handshake finished \
+                 (it holds no PSK for this host and subsystem, or another one)"
+                    .to_string()
+            };
+            self.fail(why);
             return;
         }
         if let Some(e) = ch.error() {
