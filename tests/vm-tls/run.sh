@@ -139,7 +139,7 @@ check_capture() {
     | tr '\t' '\n' | grep -E '^442[01]$' | sort -u | tr '\n' ' ')
   pdus=$(tshark -r "$PCAP" -d tcp.port==4420,nvme-tcp -d tcp.port==4421,nvme-tcp -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
   say "capture: $hello ClientHello(s), $app frames of TLS application data (ports $ports), $other other record types, $pdus clear NVMe/TCP PDUs"
-  [ "$hello" -ge 4 ] && pass "capture: $hello TLS ClientHellos (every queue, before and after the restart)" \
+  [ "$hello" -ge 4 ] && pass "capture: $hello TLS ClientHellos (every queue, and again after the restart or the path loss)" \
     || fail "capture: $hello ClientHellos"
   [ "$app" -gt 100 ] && [ "$ports" = "4420 4421 " ] && pass "capture: TLS application data on both ports ($app frames)" \
     || fail "capture: TLS application data: $app frames on ports $ports"
