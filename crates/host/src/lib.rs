@@ -48,5 +48,6 @@ pub mod queue;
 pub mod reservation;
 pub mod stats;
 pub mod sync;
+pub mod tls;
 
 pub use error::{Error, ErrorKind, Result};

@@ -52,6 +52,7 @@ use crate::reservation::{self, AccessCache};
 
 mod abort;
 mod nvm;
+mod secure;
 
 /// What a connection needs from its driver while it handles input.
 pub struct ConnCtx<'a> {
@@ -410,6 +411,8 @@ pub struct Connection {
     /// Abort commands of this admin queue waiting for their I/O queue's answer: (slot, the
     /// answer, when to stop waiting in ns).
     aborts: Vec<(u16, Arc<crate::controller::AbortAnswer>, u64)>,
+    /// The secure channel the queue runs in, on a TLS port ([`crate::tls`], `tcp/secure.rs`).
+    tls: Option<crate::tls::Link>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -432,6 +435,7 @@ impl Connection {
         let now = target.now_ns();
         let drop_generation = port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
         let buf_cap = target.limits.max_buffer_bytes_per_connection();
+        let tls = crate::tls::link_for(port.tls.get());
         let mut c = Connection {
             state: ConnState::AwaitIcReq,
             target,
@@ -493,6 +497,7 @@ impl Connection {
             stats_dirty: false,
             close_reason: None,
             aborts: Vec::new(),
+            tls,
         };
         c.resize_slots(INITIAL_SLOTS);
         c
@@ -547,7 +552,7 @@ impl Connection {
         }
         self.close_reason = Some(why.to_string());
         self.set_state(ConnState::Closing);
-        if !self.tx_pending() && !self.tx_inflight {
+        if !self.tx_pending() && !self.tx_inflight && !self.tls_send_in_flight() {
             self.set_state(ConnState::Closed);
         }
     }
@@ -598,7 +603,7 @@ impl Connection {
     // ------------------------------------------------------------ send queue
 
     fn tx_pending(&self) -> bool {
-        !self.tx.is_empty() || !self.tx_full.is_empty()
+        !self.tx.is_empty() || !self.tx_full.is_empty() || self.tls_has_output()
     }
 
     /// Makes room for `segments` more segments in the current batch, queueing it when full.
@@ -638,6 +643,15 @@ impl Connection {
     /// The buffer to receive into and the range to fill, if the connection
     /// wants input. The driver gives it back with [`Connection::on_recv`].
     pub fn take_recv_buf(&mut self) -> Option<(IoBuf, std::ops::Range<usize>)> {
+        if let Some(crate::tls::Link::Tls(ch)) = self.tls.as_mut() {
+            if self.rx_pending
+                || self.rx_paused
+                || !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live)
+            {
+                return None;
+            }
+            return ch.take_recv_buf();
+        }
         if self.rx_pending {
             // What was received is parsed first (no receive buffer to lend meanwhile).
             return None;
@@ -679,6 +693,9 @@ impl Connection {
     /// by [`Connection::process_input`] when the driver gives this connection its turn;
     /// no receive is wanted until then.
     pub fn queue_input(&mut self, mut buf: IoBuf, n: usize, now_ns: u64) {
+        if matches!(self.tls, Some(crate::tls::Link::Tls(_))) {
+            return self.tls_input(buf, n, now_ns);
+        }
         if n == 0 {
             self.rx = Some(buf);
             self.close("peer closed the connection");
@@ -694,6 +711,9 @@ impl Connection {
         }
         self.rx = Some(buf);
         self.rx_pending = true;
+        if matches!(self.tls, Some(crate::tls::Link::Sniff | crate::tls::Link::Require)) {
+            self.tls_sniff(now_ns);
+        }
     }
 
     /// Whether received bytes wait for [`Connection::process_input`].
@@ -720,6 +740,8 @@ impl Connection {
         self.process(&mut buf, ctx);
         self.note_rx(&buf);
         self.rx = Some(buf);
+        // Records already received are opened into the buffer as the queue makes room.
+        self.tls_fill();
     }
 
     /// Remembers whether a PDU is partly received (for the PDU timeout, checked on the tick).
@@ -1318,7 +1340,10 @@ impl Connection {
     fn exec_connect(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let sqe = self.reqs[usize::from(slot)].sqe;
         let data = self.reqs[usize::from(slot)].buf.take();
-        let result = fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[]));
+        let result = match self.tls_connect_check(data.as_deref().unwrap_or(&[])) {
+            Some(e) => Err(e),
+            None => fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[])),
+        };
         if let Some(b) = data {
             self.buf_put(ctx, b);
         }
@@ -2138,7 +2163,16 @@ impl Connection {
 
     /// The next batch to send, if any and if none is in flight.
     pub fn take_send(&mut self) -> Option<SendMsg> {
-        if self.tx_inflight || !self.tx_pending() || self.state == ConnState::Closed {
+        if matches!(self.tls, Some(crate::tls::Link::Tls(_))) {
+            return self.tls_take_send();
+        }
+        self.take_plain_send()
+    }
+
+    /// The next batch of the queue's own (plaintext) output.
+    fn take_plain_send(&mut self) -> Option<SendMsg> {
+        let plain_pending = !self.tx.is_empty() || !self.tx_full.is_empty();
+        if self.tx_inflight || !plain_pending || self.state == ConnState::Closed {
             return None;
         }
         self.tx_inflight = true;
@@ -2151,7 +2185,15 @@ impl Connection {
 
     /// A batch was sent (or failed). Resumes input parsing paused for output, and
     /// commands that waited for this connection's buffers.
-    pub fn on_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
+    pub fn on_send_done(&mut self, msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
+        if matches!(self.tls, Some(crate::tls::Link::Tls(_))) {
+            return self.tls_send_done(msg, result, ctx);
+        }
+        self.plain_send_done(msg, result, ctx);
+    }
+
+    /// The queue's own batch is sent (or failed).
+    fn plain_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
         self.tx_inflight = false;
         for b in msg.drain_bufs() {
             self.buf_put(ctx, b);
@@ -2179,6 +2221,7 @@ impl Connection {
                 self.note_rx(&buf);
                 self.rx = Some(buf);
             }
+            self.tls_fill();
         }
     }
 
@@ -2301,6 +2344,11 @@ impl Connection {
         // Output never sent (a failed send, a dropped connection) gives its buffers back too.
         let mut unsent: Vec<SendMsg> = self.tx_full.drain(..).collect();
         unsent.push(std::mem::take(&mut self.tx));
+        if let Some(crate::tls::Link::Tls(ch)) = self.tls.as_mut()
+            && let Some(b) = ch.take_batch()
+        {
+            unsent.push(b);
+        }
         for mut m in unsent {
             for b in m.drain_bufs() {
                 self.buf_put(ctx, b);
