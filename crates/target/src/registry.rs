@@ -98,11 +98,13 @@ pub struct TargetOptions {
     /// is bounded by the queue size times `in_capsule_data_size`.
     pub max_buffer_bytes_per_connection: usize,
     /// Fairness: PDUs one connection parses per reactor turn; the rest of its input waits
-    /// for its next turn, after the other ready connections' (0 = no limit). Linux nvmet-tcp
-    /// receives 8 per pass.
+    /// for its next turn, after the other ready connections' (0 = no limit). It applies only
+    /// while another connection of the reactor has work (work-conserving; see `reactor`).
+    /// Linux nvmet-tcp receives 8 per pass, always.
     pub rx_budget_pdus: u32,
     /// Fairness: most bytes in one send batch, and so sent per connection per turn (one
     /// batch in flight each); responses beyond it wait for the next batch (0 = no limit).
+    /// Like the PDU budget, only while another connection of the reactor has work.
     pub tx_batch_bytes: usize,
     /// Fairness: a reactor turn stops parsing received input this many µs after it began
     /// and goes back to the ring to send what is ready (at least one connection is served

@@ -352,6 +352,10 @@ pub struct Connection {
     rx_ns: u64,
     /// PDUs the last input pass parsed: how deep the host drives this queue.
     rx_pass_pdus: u32,
+    /// Whether other connections of the driver want its time: the PDU budget and the send
+    /// batch size bite only then (work-conserving fairness). A driver that does not say
+    /// leaves it on, the conservative choice.
+    contended: bool,
     scratch: Vec<u8>,
     binding: Option<Binding>,
     /// The queue's place under the per-host-NQN limit.
@@ -456,6 +460,7 @@ impl Connection {
             rx_pending: false,
             rx_ns: 0,
             rx_pass_pdus: 0,
+            contended: true,
             scratch: Vec::with_capacity(256),
             binding: None,
             host_ticket: None,
@@ -623,10 +628,11 @@ impl Connection {
 
     /// Fairness: queues the batch being filled if `more` bytes would take it past
     /// `TargetOptions::tx_batch_bytes`, so one send never carries a whole flood (a batch
-    /// holds at least one response, however large).
+    /// holds at least one response, however large). Only while other connections want the
+    /// driver ([`Connection::set_contended`]): a lone stream sends in the largest batches.
     fn tx_seal_batch(&mut self, more: usize) {
         let cap = self.target.limits.tx_batch_bytes();
-        if cap == 0 || self.tx.is_empty() || self.tx.len() + more <= cap {
+        if cap == 0 || !self.contended || self.tx.is_empty() || self.tx.len() + more <= cap {
             return;
         }
         let fresh = self.tx_spares.pop().unwrap_or_default();
@@ -721,6 +727,15 @@ impl Connection {
         self.rx_pending && matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live)
     }
 
+    /// The driver says whether other connections want its time now. While they do, the PDU
+    /// budget (`rx_budget_pdus`) and the send batch size (`tx_batch_bytes`) apply; while
+    /// none does, the connection parses all its input and sends it in the largest batches,
+    /// since no one waits for the turn it would give back (Linux nvmet-tcp's budgets
+    /// always apply; a lone deep queue paid for fairness it did not need).
+    pub fn set_contended(&mut self, contended: bool) {
+        self.contended = contended;
+    }
+
     /// Whether the host keeps this queue busy: its last pass parsed more than
     /// [`SHALLOW_PDUS_MAX`] PDUs or hit the budget, or output waits beyond the batch being
     /// filled. A driver serves the other queues first (a QD1 command does not wait behind
@@ -729,8 +744,9 @@ impl Connection {
         self.rx_pass_pdus > SHALLOW_PDUS_MAX || !self.tx_full.is_empty()
     }
 
-    /// Parses buffered input: at most `TargetOptions::rx_budget_pdus` PDUs, so one busy
-    /// queue cannot hold its reactor; what is left stays pending ([`Connection::has_input`]).
+    /// Parses buffered input: at most `TargetOptions::rx_budget_pdus` PDUs while other
+    /// connections want the driver, so one busy queue cannot hold its reactor; what is left
+    /// stays pending ([`Connection::has_input`]). Alone, it parses all it has.
     pub fn process_input(&mut self, ctx: &mut ConnCtx<'_>) {
         if !self.rx_pending {
             return;
@@ -787,7 +803,7 @@ impl Connection {
                     self.rx_paused = true;
                     return;
                 }
-                Rx::Header if budget > 0 && self.rx_pass_pdus >= budget => {
+                Rx::Header if budget > 0 && self.contended && self.rx_pass_pdus >= budget => {
                     // Fairness: the rest waits for this connection's next turn.
                     self.rx_pending = !avail.is_empty();
                     self.info.stats.rx_budget_stops.add(1);
@@ -809,7 +825,9 @@ impl Connection {
                         self.rx_pos += skip;
                         self.pdus += 1;
                         self.rx_pass_pdus += 1;
-                        self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
+                        if self.contended {
+                            self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
+                        }
                         self.on_header(info, ctx);
                     }
                 },

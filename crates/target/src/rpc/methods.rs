@@ -122,8 +122,16 @@ const SET_LIMITS: &[Param] = &[
     Param::optional("connect_timeout_ms", U64, "ICReq and Connect must be done this long after the TCP accept"),
     Param::optional("pdu_timeout_ms", U64, "a started PDU must be whole, and an R2T answered, within this long"),
     Param::optional("max_buffer_bytes_per_connection", U64, "data buffer bytes one connection may hold"),
-    Param::optional("rx_budget_pdus", U32, "fairness: PDUs one connection parses per reactor turn (0: no limit)"),
-    Param::optional("tx_batch_bytes", U64, "fairness: most bytes in one send batch (0: no limit)"),
+    Param::optional(
+        "rx_budget_pdus",
+        U32,
+        "fairness: PDUs one connection parses per reactor turn while others on the reactor have work (0: no limit)",
+    ),
+    Param::optional(
+        "tx_batch_bytes",
+        U64,
+        "fairness: most bytes in one send batch while others on the reactor have work (0: no limit)",
+    ),
     Param::optional("tx_deadline_us", U64, "fairness: a turn stops parsing input this long after it began (0: never)"),
 ];
 
