@@ -3,10 +3,12 @@
 
 mod cmd_bench;
 mod cmd_host;
+mod cmd_nbd;
 mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
+mod head_args;
 mod target_check;
 
 use clap::{Parser, Subcommand};
@@ -49,6 +51,8 @@ enum Command {
     ///
     /// Also a one-block read or write, to see what a reservation leaves this host.
     Resv(cmd_resv::ResvArgs),
+    /// Export a namespace (one multipath head) over NBD: qemu-img, QEMU, the kernel's nbd.
+    Nbd(cmd_nbd::NbdArgs),
     /// Run a fio job file (an embedded target when jobs have no filename).
     ///
     /// With the embedded target, the physical baseline of the machine and each job's
@@ -79,6 +83,7 @@ fn main() {
         Command::Connect(a) => cmd_host::connect(a),
         Command::ListSubsys(a) => cmd_host::list_subsys(a),
         Command::Resv(a) => cmd_resv::run(a),
+        Command::Nbd(a) => cmd_nbd::run(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         Command::Lab(a) => cmd_bench::lab(&a),
     };
