@@ -19,6 +19,9 @@
 //!
 //! - [`errno`]: which errno or NBD error a failed NVMe command becomes (as Linux's host).
 //! - [`nbd`]: the NBD protocol (sans I/O) and its server.
+//! - [`ublk`]: `/dev/ublkbN` devices (Linux `ublk_drv`), created, served, recovered.
+//! - [`service`], [`rpc`]: the devices of one `qpath host` process and its control socket.
+//! - [`spec`], [`device`]: a namespace's paths, and the limits a device takes from Identify.
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +29,9 @@ pub mod device;
 pub mod errno;
 pub mod error;
 pub mod nbd;
+pub mod rpc;
+pub mod service;
 pub mod spec;
+pub mod ublk;
 
 pub use error::{Error, ErrorKind, Result};

@@ -8,6 +8,7 @@ mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
+mod cmd_ublk;
 mod head_args;
 mod target_check;
 
@@ -51,6 +52,11 @@ enum Command {
     ///
     /// Also a one-block read or write, to see what a reservation leaves this host.
     Resv(cmd_resv::ResvArgs),
+    /// A namespace (one multipath head) as a Linux block device, /dev/ublkbN (add, del, list).
+    Ublk(cmd_ublk::UblkArgs),
+    /// Serve ublk devices for `qpath ublk add`, over a control socket; takes over the
+    /// devices a previous `qpath host` left.
+    Host(cmd_ublk::HostArgs),
     /// Export a namespace (one multipath head) over NBD: qemu-img, QEMU, the kernel's nbd.
     Nbd(cmd_nbd::NbdArgs),
     /// Run a fio job file (an embedded target when jobs have no filename).
@@ -84,6 +90,8 @@ fn main() {
         Command::ListSubsys(a) => cmd_host::list_subsys(a),
         Command::Resv(a) => cmd_resv::run(a),
         Command::Nbd(a) => cmd_nbd::run(a),
+        Command::Ublk(a) => cmd_ublk::run(a),
+        Command::Host(a) => cmd_ublk::host(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         Command::Lab(a) => cmd_bench::lab(&a),
     };

@@ -180,7 +180,7 @@ pub fn export_of(info: &DeviceInfo, name: &str, read_only: bool) -> Export {
 }
 
 /// Binds `path`, replacing only a stale socket (nobody answers on it).
-fn bind_unix(path: &PathBuf) -> Result<UnixListener> {
+pub(crate) fn bind_unix(path: &PathBuf) -> Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(Error::new(
