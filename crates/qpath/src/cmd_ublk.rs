@@ -91,9 +91,13 @@ struct ListArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// Control socket of a `qpath host` (its devices are shown with their namespace).
-    #[arg(long)]
+    /// Control socket of a `qpath host` (its devices are shown with their namespace);
+    /// without it, the default socket is asked if a `qpath host` answers there.
+    #[arg(long, conflicts_with = "kernel")]
     rpc_socket: Option<PathBuf>,
+    /// Only what the kernel reports (no `qpath host` is asked).
+    #[arg(long)]
+    kernel: bool,
 }
 
 /// `qpath host`.
@@ -192,10 +196,15 @@ fn del(a: &DelArgs) -> R {
 }
 
 fn list(a: &ListArgs) -> R {
-    let sock = a.rpc_socket.clone().unwrap_or_else(default_host_socket);
-    let v: Value = match call_socket(&sock, "ublk_list", &json!({}), CALL_TIMEOUT) {
-        Ok(v) => v,
-        Err(_) => serde_json::to_value(list_devices()?)?,
+    let v: Value = if a.kernel {
+        serde_json::to_value(list_devices()?)?
+    } else if let Some(sock) = &a.rpc_socket {
+        call_socket(sock, "ublk_list", &json!({}), CALL_TIMEOUT)?
+    } else {
+        match call_socket(&default_host_socket(), "ublk_list", &json!({}), CALL_TIMEOUT) {
+            Ok(v) => v,
+            Err(_) => serde_json::to_value(list_devices()?)?,
+        }
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);

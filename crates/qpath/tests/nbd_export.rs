@@ -440,3 +440,38 @@ fn bad_clients_get_their_own_errors_and_nothing_else_is_affected() {
     nbd.stop();
     blockdev::spec::disconnect(&ctrls);
 }
+
+#[test]
+fn flush_and_fua_reach_a_namespace_with_a_volatile_cache() {
+    let dir = Dir::new("flush");
+    let toml = format!(
+        "[[port]]\nid = 1\naddr = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"{}\"\nsize = \"16M\"\n",
+        dir.path("ns.img").display()
+    );
+    let server = target::config::Config::parse(&toml).unwrap().start().expect("target with a file namespace");
+    let addr = server.local_addr(1).unwrap();
+    let sock = dir.path("nbd.sock");
+    let (ctrls, nbd) = serve(&[addr], &sock, "numa");
+    let syncs = || -> u64 {
+        let s = target::metrics::stats_json(&server.state);
+        s["ports"].as_array().unwrap().iter().map(|p| p["dirs"]["sync"]["ios"].as_u64().unwrap()).sum()
+    };
+    let (mut c, _) = Raw::negotiate(&sock);
+    let before = syncs();
+    c.request(0, 3, 1, 0, 0, &[]); // NBD_CMD_FLUSH
+    assert_eq!(c.answer(), (1, 0, vec![]));
+    c.request(1, 1, 2, 8192, 4096, &[0x42; 4096]); // a write with NBD_CMD_FLAG_FUA
+    assert_eq!(c.answer(), (2, 0, vec![]));
+    let t0 = Instant::now();
+    while syncs() < before + 2 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the target saw {} flushes, want 2", syncs() - before);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.request(0, 0, 3, 8192, 4096, &[]);
+    assert_eq!(c.answer(), (3, 0, vec![0x42; 4096]));
+    drop(c);
+    nbd.stop();
+    blockdev::spec::disconnect(&ctrls);
+    server.shutdown();
+}

@@ -336,7 +336,7 @@ impl Params {
 pub struct IoDesc {
     /// [`op`].
     pub op: u8,
-    /// [`io_flags`].
+    /// [`io_flags`] (bits 8..31 of `op_flags`, in place: compare with `io_flags::*`).
     pub flags: u32,
     /// Length, 512-byte sectors.
     pub nr_sectors: u32,
@@ -648,7 +648,7 @@ impl Descriptors {
         let op_flags = le32(&b, 0);
         Some(IoDesc {
             op: op_flags.to_le_bytes()[0],
-            flags: op_flags >> 8,
+            flags: op_flags & !0xff,
             nr_sectors: le32(&b, 4),
             start_sector: le64(&b, 8),
             addr: le64(&b, 16),

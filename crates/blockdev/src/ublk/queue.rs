@@ -52,6 +52,15 @@ pub enum Planned {
 /// of Range: `EREMOTEIO`, as Linux gives), longer than the buffer (`EINVAL`), or an
 /// operation the namespace does not have (`EOPNOTSUPP`).
 pub fn plan(d: &IoDesc, info: &DeviceInfo, buf_cap: usize) -> Planned {
+    // A flush carries no range: its start sector is whatever the block layer left there
+    // (blk-flush's own requests have -1).
+    if d.op == op::FLUSH {
+        return if info.volatile_cache {
+            Planned::Submit { op: Op::Flush, offset: 0, len: 0, ok: 0 }
+        } else {
+            Planned::Done(0)
+        };
+    }
     let refused = -errno_of(Status::LBA_OUT_OF_RANGE);
     let (Some(offset), Some(len)) = (d.start_sector.checked_mul(512), u64::from(d.nr_sectors).checked_mul(512)) else {
         return Planned::Done(refused);
@@ -78,8 +87,6 @@ pub fn plan(d: &IoDesc, info: &DeviceInfo, buf_cap: usize) -> Planned {
             let op = if d.op == op::READ { Op::Read } else { Op::Write };
             Planned::Submit { op, offset, len: len32, ok: i32::try_from(len).unwrap_or(i32::MAX) }
         }
-        op::FLUSH if info.volatile_cache => Planned::Submit { op: Op::Flush, offset: 0, len: 0, ok: 0 },
-        op::FLUSH => Planned::Done(0),
         op::DISCARD | op::WRITE_ZEROES => {
             let (supported, op) =
                 if d.op == op::DISCARD { (info.discard, Op::Deallocate) } else { (info.write_zeroes, Op::WriteZeroes) };
@@ -343,6 +350,11 @@ mod tests {
         assert_eq!(plan(&d(op::FLUSH, 0, 0, 0), &i, 0), Planned::Done(0), "no volatile cache: nothing to flush");
         let vwc = DeviceInfo { volatile_cache: true, ..info() };
         assert_eq!(plan(&d(op::FLUSH, 0, 0, 0), &vwc, 0), Planned::Submit { op: Op::Flush, offset: 0, len: 0, ok: 0 });
+        // blk-flush's own flush requests start at sector -1 (blk_rq_init): not a range.
+        assert_eq!(
+            plan(&d(op::FLUSH, 0, u64::MAX, 0), &vwc, 0),
+            Planned::Submit { op: Op::Flush, offset: 0, len: 0, ok: 0 }
+        );
     }
 
     #[test]

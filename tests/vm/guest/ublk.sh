@@ -1,0 +1,142 @@
+#!/bin/sh
+# ublk scenario, guest side: `qpath host` in the guest serves /dev/ublkb0 over both paths of
+# `qpath target` on the host (netns vmlab); a file system, fstrim, fio verify under path
+# flaps, a target kill -9 + restart, and a kill -9 + restart of qpath itself (user recovery).
+# Settings: UBLK_FIO_RUNTIME (s, per fio phase).
+. /vmlab/qpath-lib.sh
+Q=/vmlab/qpath
+SOCK=/tmp/qpath-host.sock
+STATE=/tmp/qpath-state
+RT=${UBLK_FIO_RUNTIME:-30}
+export RUST_LOG=${GUEST_RUST_LOG:-info}
+HOSTS=0
+
+step "modules"
+for m in $(cat /vmlab/modules/order); do
+  insmod "/vmlab/modules/$m.ko" || fail "insmod $m"
+done
+[ -c /dev/ublk-control ] && pass "ublk_drv loaded: /dev/ublk-control" || { fail "no /dev/ublk-control"; finish; }
+
+start_host() {   # a qpath host on $SOCK; sets HOSTPID
+  HOSTS=$((HOSTS + 1))
+  $Q host --rpc-socket $SOCK --state-dir $STATE > /tmp/host.$HOSTS.log 2>&1 &
+  HOSTPID=$!
+  wait_until 30 $Q ublk list --rpc-socket $SOCK > /dev/null 2>&1
+}
+show_host_log() { echo "---- qpath host log $1 (tail)"; tail -${2:-15} /tmp/host.$1.log; }
+# fio_ok FILE WHAT: the fio run wrote and read back, no error, no verify failure
+fio_ok() {
+  if grep -q "err= 0" "$1" && ! grep -qE "err= *[1-9]|verify: bad|bad magic|crc32c:" "$1" \
+      && grep -qE "^ +read: IOPS" "$1"; then
+    pass "$2: fio err=0, no verify failure ($(grep -E '^ +(read|write): IOPS' "$1" | tr -s ' ' | tr '\n' ' '))"
+  else
+    fail "$2: fio reported errors:"; grep -E "err=|verify|error" "$1" | head -20
+  fi
+}
+FIO="fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --verify=crc32c --group_reporting"
+
+step "qpath host and ublk add over both paths"
+start_host && pass "qpath host answers on $SOCK" || { fail "qpath host did not start"; show_host_log 1; finish; }
+DEV=$($Q ublk add --rpc-socket $SOCK -a "$ADDR" -s "$PORT1" -s "$PORT2" -n "$NQN" -c 1 -l -1 \
+  --iopolicy round-robin --queues 2 --depth 64 2>/tmp/add.err)
+if [ "$DEV" = /dev/ublkb0 ] && [ -b /dev/ublkb0 ]; then pass "qpath ublk add: $DEV"
+else fail "qpath ublk add: '$DEV' $(cat /tmp/add.err)"; show_host_log 1 30; finish; fi
+$Q ublk list --rpc-socket $SOCK
+Q_=/sys/block/ublkb0/queue
+echo "limits: logical=$(cat $Q_/logical_block_size) physical=$(cat $Q_/physical_block_size)" \
+  "max_sectors_kb=$(cat $Q_/max_sectors_kb) discard_max=$(cat $Q_/discard_max_bytes)" \
+  "discard_gran=$(cat $Q_/discard_granularity) write_zeroes_max=$(cat $Q_/write_zeroes_max_bytes)" \
+  "write_cache=$(cat $Q_/write_cache) size=$(cat /sys/block/ublkb0/size)"
+[ "$(cat /sys/block/ublkb0/size)" = $((256 * 2048)) ] && pass "size: 256 MiB (the namespace's)" || fail "size $(cat /sys/block/ublkb0/size) sectors"
+[ "$(cat $Q_/discard_max_bytes)" -gt 0 ] && pass "discard offered (ONCS DSM)" || fail "no discard"
+[ "$(cat $Q_/write_zeroes_max_bytes)" -gt 0 ] && pass "write zeroes offered (ONCS Write Zeroes)" || fail "no write zeroes"
+
+step "ext4: mkfs, files, remount, verify"
+if /usr/sbin/mkfs.ext4 -q -F -b 4096 -E nodiscard /dev/ublkb0 && mkdir -p /mnt/u && mount -t ext4 /dev/ublkb0 /mnt/u; then
+  pass "mkfs.ext4 + mount"
+  for i in 1 2 3 4 5 6; do dd if=/dev/urandom of=/mnt/u/f$i bs=1M count=4 2>/dev/null; done
+  mkdir -p /mnt/u/d; for i in $(seq 50); do echo "small file $i $(cat /proc/sys/kernel/random/uuid)" > /mnt/u/d/s$i; done
+  (cd /mnt/u && md5sum f* d/*) > /tmp/sums
+  sync; umount /mnt/u && mount -t ext4 /dev/ublkb0 /mnt/u || fail "remount"
+  if (cd /mnt/u && md5sum -c /tmp/sums > /tmp/sums.out 2>&1); then
+    pass "56 files read back identical after umount + mount ($(wc -l < /tmp/sums) checksums)"
+  else fail "file verification: $(grep -v OK /tmp/sums.out | head -5)"; fi
+
+  step "fstrim reaches the target as Deallocate and the blocks read back as zeros"
+  dd if=/dev/urandom of=/mnt/u/big bs=1M count=32 2>/dev/null; sync
+  filefrag -v /mnt/u/big > /tmp/frag
+  BS=$(sed -n 's/.*blocks of \([0-9]*\) bytes.*/\1/p' /tmp/frag)
+  awk -F'[ :.]+' '/^ *[0-9]+: /{print $5, $6 - $5 + 1}' /tmp/frag > /tmp/extents
+  echo "big's extents (fs block, count; $BS B blocks): $(tr '\n' ';' < /tmp/extents)"
+  rm /mnt/u/big; sync
+  ask_host trim-before || fail "host did not take the trim counters"
+  out=$(fstrim -v /mnt/u 2>&1); echo "fstrim: $out"
+  ask_host trim-after && pass "the target counted Deallocate commands after fstrim" || fail "the target saw no Deallocate"
+  nz=0; n=0
+  while read -r start count; do
+    [ -n "$count" ] || continue
+    n=$((n + 1))
+    z=$(dd if=/dev/ublkb0 bs=$BS skip=$start count=$count iflag=direct 2>/dev/null | od -An -tx1 | tr -d ' \n*' | tr -d 0 | wc -c)
+    [ "$z" = 0 ] || nz=$((nz + 1))
+  done < /tmp/extents
+  if [ $n -gt 0 ] && [ $nz = 0 ]; then pass "all $n extents of the deleted file read back as zeros after fstrim"
+  else fail "$nz of $n trimmed extents did not read back as zeros"; fi
+  umount /mnt/u
+else
+  fail "mkfs.ext4 or mount failed"
+fi
+
+step "fio randrw crc32c verify on /dev/ublkb0 while one path flaps every 10 s"
+ask_host flap-start || fail "host did not start flapping"
+$FIO --name=flaps --rw=randrw --bs=4k --iodepth=16 --size=128m --runtime=$RT --time_based \
+  --verify_backlog=1024 > /tmp/fio.flaps 2>&1
+ask_host flap-stop && pass "the host flapped port 1 during fio" || fail "flaps did not happen"
+fio_ok /tmp/fio.flaps "path flaps"
+
+step "the target killed (-9) and restarted during fio"
+$FIO --name=restart --rw=randrw --bs=4k --iodepth=16 --size=64m --offset=128m --runtime=$RT --time_based \
+  --verify_backlog=512 > /tmp/fio.restart 2>&1 &
+F=$!
+sleep 8
+ask_host restart-target || fail "target restart"
+wait $F; echo "fio exit $?"
+fio_ok /tmp/fio.restart "target kill -9 + restart"
+
+step "qpath killed (-9) and restarted during fio: user recovery"
+$FIO --name=recovery --rw=randrw --bs=4k --iodepth=16 --size=64m --offset=192m --runtime=$RT --time_based \
+  --verify_backlog=512 > /tmp/fio.recovery 2>&1 &
+F=$!
+sleep 8
+OLD=$HOSTPID
+kill -9 $OLD; sleep 3
+st=$($Q ublk list --kernel --json 2>&1 | tr -d ' \n')
+echo "kernel view with no server: $st"
+case "$st" in *'"state":"quiesced"'*) pass "/dev/ublkb0 is quiesced while no server runs (I/O held)";;
+  *) fail "device not quiesced after the server was killed";; esac
+start_host && pass "a new qpath host started" || fail "second qpath host"
+show_host_log $HOSTS 6
+grep -q "ublkb0: taken over" /tmp/host.$HOSTS.log && pass "the new qpath host took /dev/ublkb0 over" \
+  || fail "the new qpath host did not take the device over"
+wait $F; echo "fio exit $?"
+fio_ok /tmp/fio.recovery "qpath kill -9 + restart"
+
+step "syscalls: io_uring_enter calls per request (the queue rings' own counters)"
+$Q ublk list --rpc-socket $SOCK --json > /tmp/before.json
+fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count --rw=randread --bs=4k --iodepth=16 \
+  --size=128m --runtime=10 --time_based --group_reporting > /tmp/fio.count 2>&1
+$Q ublk list --rpc-socket $SOCK --json > /tmp/after.json
+awk -F: '/"requests"/{gsub(/[ ,]/,"",$2); r+=$2} /"ring_enters"/{gsub(/[ ,]/,"",$2); e+=$2} END{print r, e}' /tmp/before.json > /tmp/b
+awk -F: '/"requests"/{gsub(/[ ,]/,"",$2); r+=$2} /"ring_enters"/{gsub(/[ ,]/,"",$2); e+=$2} END{print r, e}' /tmp/after.json > /tmp/a
+read rb eb < /tmp/b; read ra ea < /tmp/a
+R=$((ra - rb)); E=$((ea - eb))
+echo "UBLK-SYSCALLS requests=$R io_uring_enter=$E per_request=$(awk -v r=$R -v e=$E 'BEGIN{printf "%.3f", e / (r ? r : 1)}')"
+[ $R -gt 0 ] && [ $E -le $R ] && pass "at most one io_uring_enter per request ($E for $R), ublk and NVMe/TCP on the same ring" \
+  || fail "more ring enters ($E) than requests ($R)"
+
+step "qpath ublk del"
+$Q ublk del --rpc-socket $SOCK -n 0 && pass "qpath ublk del -n 0" || fail "ublk del"
+wait_until 10 sh -c '! [ -b /dev/ublkb0 ]' && pass "/dev/ublkb0 is gone" || fail "/dev/ublkb0 still there"
+kill -TERM $HOSTPID; wait_until 20 sh -c "! kill -0 $HOSTPID 2>/dev/null" && pass "qpath host stops on SIGTERM" || fail "qpath host did not stop"
+show_host_log $HOSTS 8
+dmesg | grep -i ublk | tail -5
+finish
