@@ -639,7 +639,7 @@ EOF
 # ---- the host as a block device (ublk, NBD) ---------------------------------------------
 # Tools the guest gets for these scenarios (with their libraries): ext4 tools, fstrim,
 # filefrag, the NBD client.
-BLOCKDEV_TOOLS="/usr/sbin/mkfs.ext4 /usr/sbin/fstrim /usr/sbin/filefrag /usr/sbin/nbd-client"
+BLOCKDEV_TOOLS="/usr/sbin/mkfs.ext4 /usr/sbin/fstrim /usr/sbin/filefrag /usr/sbin/nbd-client /usr/bin/strace"
 
 trim_ios() {   # Deallocate (trim) commands the target counted, all ports
   rpc stats | python3 -c 'import json,sys; print(sum(p["dirs"]["trim"]["ios"] for p in json.load(sys.stdin)["ports"]))'
@@ -712,7 +712,7 @@ scenario_ublk() {
     "vmlab.env.PORT1=4420" "vmlab.env.PORT2=4421"
   serve_guest
   check_guest
-  grep -a '^UBLK-SYSCALLS' "$SERIAL" | sed 's/^/  guest /'
+  grep -aE '^(UBLK|BENCH)-SYSCALLS|^SYSCALLS-PER-IO' "$SERIAL" | sed 's/^/  guest /'
   check_target_after
   rm -f "$img"
 }

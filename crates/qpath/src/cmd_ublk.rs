@@ -157,9 +157,14 @@ fn add(a: AddArgs) -> R {
                 m.insert("dev_id".into(), json!(id));
             }
         }
-        let r = call_socket(&sock, "ublk_add", &params, CALL_TIMEOUT).map_err(|e| {
-            format!("{e}\n(is `qpath host` running there? start one, or add --foreground to serve the device from this process)")
-        })?;
+        if std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            return Err(format!(
+                "no qpath host answers on {}: start one (`qpath host`), or add --foreground to serve the device from this process",
+                sock.display()
+            )
+            .into());
+        }
+        let r = call_socket(&sock, "ublk_add", &params, CALL_TIMEOUT)?;
         println!("{}", r["path"].as_str().unwrap_or("?"));
         return Ok(());
     }

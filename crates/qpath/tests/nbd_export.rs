@@ -475,3 +475,63 @@ fn flush_and_fua_reach_a_namespace_with_a_volatile_cache() {
     blockdev::spec::disconnect(&ctrls);
     server.shutdown();
 }
+
+#[test]
+fn io_fails_with_eio_after_fast_io_fail_tmo_and_works_again_after_the_reconnect() {
+    let (server, addrs) = loopback::target(1, "16M");
+    let dir = Dir::new("failfast");
+    let sock = dir.path("nbd.sock");
+    let mut spec = HeadSpec::new(addrs.iter().map(ToString::to_string).collect(), NQN);
+    spec.reconnect_delay = 1;
+    spec.fast_io_fail_tmo = 1;
+    spec.nr_io_queues = 2;
+    let (ctrls, head) = spec.connect().expect("connect both paths");
+    wait_live(&head, Duration::from_secs(10)).unwrap();
+    let info = DeviceInfo::probe(&head, TRANSFER_CAP_DEFAULT).unwrap();
+    let opts = ServeOptions {
+        name: "qpath".into(),
+        listen: Listen::Unix(sock.clone()),
+        clients_max: 2,
+        context: ContextOptions::default(),
+        read_only: false,
+    };
+    let nbd = NbdServer::start(head, info, opts).unwrap();
+    let (mut c, _) = Raw::negotiate(&sock);
+    c.request(0, 1, 1, 0, 4096, &[0x17; 4096]);
+    assert_eq!(c.answer(), (1, 0, vec![]));
+
+    // Every path lost: I/O waits for fast_io_fail_tmo (1 s), then fails with EIO (as Linux's
+    // multipath head fails a bio with no path left), never hangs.
+    let ports: Vec<_> = [1, 2].iter().map(|&i| server.state.port(i).unwrap()).collect();
+    for p in &ports {
+        p.faults.refuse_connects.store(true, Ordering::Relaxed);
+        p.faults.drop_generation.fetch_add(1, Ordering::Relaxed);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    c.request(0, 0, 2, 0, 4096, &[]);
+    let (cookie, err, _) = c.answer();
+    let took = t0.elapsed();
+    assert_eq!((cookie, err), (2, 5), "NBD_EIO once no path is left past fast_io_fail_tmo");
+    assert!(took < Duration::from_secs(10), "failed after {took:?}, not a hang");
+    println!("the read failed with EIO after {took:?}");
+
+    // The paths come back: the same client reads its data again.
+    for p in &ports {
+        p.faults.refuse_connects.store(false, Ordering::Relaxed);
+    }
+    let t0 = Instant::now();
+    loop {
+        c.request(0, 0, 3, 0, 4096, &[]);
+        let (_, err, data) = c.answer();
+        if err == 0 {
+            assert_eq!(data, vec![0x17; 4096]);
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the paths never came back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(c);
+    nbd.stop();
+    blockdev::spec::disconnect(&ctrls);
+}

@@ -120,18 +120,43 @@ grep -q "ublkb0: taken over" /tmp/host.$HOSTS.log && pass "the new qpath host to
 wait $F; echo "fio exit $?"
 fio_ok /tmp/fio.recovery "qpath kill -9 + restart"
 
-step "syscalls: io_uring_enter calls per request (the queue rings' own counters)"
-$Q ublk list --rpc-socket $SOCK --json > /tmp/before.json
+step "a request past the end fails, the device goes on"
+out=$(dd if=/dev/zero of=/dev/ublkb0 bs=4k seek=65536 count=1 oflag=direct 2>&1); rc=$?
+[ $rc != 0 ] && pass "a write past the end fails: $(echo "$out" | head -1)" || fail "a write past the end succeeded"
+dd if=/dev/ublkb0 of=/dev/null bs=4k count=16 iflag=direct 2>/dev/null && pass "the device serves the next request" \
+  || fail "read after the refused write"
+
+step "syscalls per I/O: the ublk server (ring counters and strace -c) and qpath bench, the same job"
+counters() {   # requests ring_enters, summed over the queues
+  $Q ublk list --rpc-socket $SOCK --json | awk -F: '/"requests"/{gsub(/[ ,]/,"",$2); r+=$2}
+    /"ring_enters"/{gsub(/[ ,]/,"",$2); e+=$2} END{print r+0, e+0}'
+}
+calls_of() { awk '/io_uring_enter/{print $4}' "$1" | tail -1; }
+counters > /tmp/c.before
+strace -c -f -e trace=io_uring_enter -p $HOSTPID -o /tmp/strace.ublk 2>/dev/null &
+ST=$!
+sleep 1
 fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count --rw=randread --bs=4k --iodepth=16 \
   --size=128m --runtime=10 --time_based --group_reporting > /tmp/fio.count 2>&1
-$Q ublk list --rpc-socket $SOCK --json > /tmp/after.json
-awk -F: '/"requests"/{gsub(/[ ,]/,"",$2); r+=$2} /"ring_enters"/{gsub(/[ ,]/,"",$2); e+=$2} END{print r, e}' /tmp/before.json > /tmp/b
-awk -F: '/"requests"/{gsub(/[ ,]/,"",$2); r+=$2} /"ring_enters"/{gsub(/[ ,]/,"",$2); e+=$2} END{print r, e}' /tmp/after.json > /tmp/a
-read rb eb < /tmp/b; read ra ea < /tmp/a
-R=$((ra - rb)); E=$((ea - eb))
-echo "UBLK-SYSCALLS requests=$R io_uring_enter=$E per_request=$(awk -v r=$R -v e=$E 'BEGIN{printf "%.3f", e / (r ? r : 1)}')"
+sleep 1; kill -INT $ST; wait $ST
+counters > /tmp/c.after
+read rb eb < /tmp/c.before; read ra ea < /tmp/c.after
+R=$((ra - rb)); E=$((ea - eb)); SU=$(calls_of /tmp/strace.ublk)
+echo "UBLK-SYSCALLS requests=$R io_uring_enter(ring counters)=$E io_uring_enter(strace)=${SU:-?} per_request=$(awk -v r=$R -v e=$E 'BEGIN{printf "%.3f", e / (r ? r : 1)}')"
 [ $R -gt 0 ] && [ $E -le $R ] && pass "at most one io_uring_enter per request ($E for $R), ublk and NVMe/TCP on the same ring" \
   || fail "more ring enters ($E) than requests ($R)"
+printf '[count]\nioengine=qpath\nfilename=nvme+tcp://%s:%s,%s:%s/%s/1?reconnect_delay=1\nmpath_policy=round-robin\nrw=randread\nbs=4k\niodepth=16\nsize=128m\nruntime=10\ntime_based\n' \
+  "$ADDR" "$PORT1" "$ADDR" "$PORT2" "$NQN" > /tmp/count.fio
+strace -c -f -e trace=io_uring_enter -o /tmp/strace.bench $Q bench /tmp/count.fio --no-baseline > /tmp/bench.count 2>&1
+BI=$(sed -n 's/.*issued rwts: total=\([0-9]*\),.*/\1/p' /tmp/bench.count | head -1)
+SB=$(calls_of /tmp/strace.bench)
+echo "BENCH-SYSCALLS ios=${BI:-?} io_uring_enter(strace)=${SB:-?}"
+if [ -n "$BI" ] && [ -n "$SB" ] && [ -n "$SU" ] && [ "$BI" -gt 0 ] && [ "$R" -gt 0 ]; then
+  echo "SYSCALLS-PER-IO ublk_server=$(awk -v c=$SU -v n=$R 'BEGIN{printf "%.3f", c / n}') qpath_bench=$(awk -v c=$SB -v n=$BI 'BEGIN{printf "%.3f", c / n}')"
+  pass "syscalls counted with strace -c: ublk server and qpath bench (SYSCALLS-PER-IO line)"
+else
+  fail "could not count syscalls: bench ios '${BI}', strace '${SB}' / '${SU}'"; tail -5 /tmp/bench.count
+fi
 
 step "qpath ublk del"
 $Q ublk del --rpc-socket $SOCK -n 0 && pass "qpath ublk del -n 0" || fail "ublk del"
