@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # scripts/install-deps.sh — install what the tests need; idempotent, quiet unless something fails.
-#   0. cargo-fuzz (cargo install), for the fuzz smoke run of scripts/test.sh; the Python
-#      prometheus-client (pip), whose parser checks the /metrics text in a test
+#   0. cargo-fuzz and cargo-deb (cargo install), for the fuzz smoke run and the Debian
+#      package (scripts/build-deb.sh) of scripts/test.sh; the Python prometheus-client (pip),
+#      whose parser checks the /metrics text in a test
 #   1. apt packages for the VM interop suite (tests/vm): QEMU, nvme-cli, fio, busybox-static,
 #      cpio, kmod, xz-utils, zstd, iproute2, netcat-openbsd, tshark, python3; for the block-device
 #      tests qemu-utils (qemu-img, qemu-io), nbd-client, e2fsprogs and util-linux (mkfs.ext4,
-#      filefrag, fstrim: copied into the guest)
+#      filefrag, fstrim: copied into the guest); for the package test (tests/package):
+#      debootstrap, systemd (systemd-analyze), systemd-container (systemd-nspawn)
 #   2. vmlab (../shared/vmlab from the repo root, or $VMLAB_DIR): a Debian kernel and a guest
 #      initramfs for KERNEL=bookworm (Linux 6.1) and KERNEL=sid (Linux 7.2), under $VMLAB_WORK
 # The Rust toolchain is not installed here. Nothing in this script fails the CI run because the
@@ -16,7 +18,8 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VMLAB_DIR=${VMLAB_DIR:-$REPO/../shared/vmlab}
 PACKAGES="qemu-system-x86 nvme-cli fio busybox-static cpio kmod xz-utils zstd gzip iproute2
-  netcat-openbsd tshark python3 qemu-utils nbd-client e2fsprogs util-linux"
+  netcat-openbsd tshark python3 qemu-utils nbd-client e2fsprogs util-linux debootstrap systemd
+  systemd-container"
 KERNELS=${QPATH_VM_KERNELS:-"bookworm sid"}
 LOG=$(mktemp "${TMPDIR:-/tmp}/qpath-install-deps.XXXXXX")
 trap 'rm -f "$LOG"' EXIT
@@ -32,6 +35,17 @@ if command -v cargo > /dev/null && ! cargo fuzz --version > /dev/null 2>&1; then
     note "installed cargo-fuzz ($((SECONDS - T0)) s)"
   else
     note "WARN: cargo install cargo-fuzz failed; the fuzz smoke run will skip:"
+    show_log
+  fi
+fi
+
+# cargo-deb builds the .deb (scripts/build-deb.sh); from crates.io, like cargo-fuzz.
+if command -v cargo > /dev/null && ! cargo deb --version > /dev/null 2>&1; then
+  t=$SECONDS
+  if cargo install cargo-deb --locked --quiet > "$LOG" 2>&1; then
+    note "installed cargo-deb ($((SECONDS - t)) s)"
+  else
+    note "WARN: cargo install cargo-deb failed; the package test will skip:"
     show_log
   fi
 fi

@@ -13,6 +13,9 @@
 #   6. the DH-HMAC-CHAP VM suite (crates/qpath/tests/vm_auth.rs -> tests/vm-auth/run.sh), same rules.
 #   7. every cargo-fuzz target for a few seconds (scripts/fuzz.sh; QPATH_FUZZ_SECS, default 5);
 #      skipped with a reason when cargo-fuzz is missing (scripts/install-deps.sh installs it).
+#   8. the Debian package (scripts/build-deb.sh) installed, run as a systemd service, removed
+#      and purged on a clean Debian booted in a container (tests/package/run.sh); skipped with
+#      a reason without cargo-deb, root or debootstrap; QPATH_SKIP_PACKAGE=1 skips it.
 # Prints the time of each phase. Measured on the 2-core CI-class machine: see tests/vm/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +54,16 @@ if cargo fuzz --version > /dev/null 2>&1; then
   CARGO_TARGET_DIR=$TARGET_DIR/fuzz scripts/fuzz.sh "${QPATH_FUZZ_SECS:-5}"
 else
   echo "SKIP: cargo-fuzz is not installed (scripts/install-deps.sh installs it); no fuzz smoke run"
+fi
+
+phase "Debian package on a clean Debian (scripts/build-deb.sh, tests/package/run.sh)"
+if [ "${QPATH_SKIP_PACKAGE:-}" = 1 ]; then
+  echo "SKIP: QPATH_SKIP_PACKAGE=1"
+elif ! cargo deb --version > /dev/null 2>&1; then
+  echo "SKIP: cargo-deb is not installed (scripts/install-deps.sh installs it); no package test"
+else
+  deb=$(scripts/build-deb.sh --fast | tail -1)
+  tests/package/run.sh "$deb"
 fi
 
 phase "all tests passed"

@@ -38,7 +38,8 @@ reauthenticate, release).";
 #[command(disable_help_flag = true, after_help = AFTER_HELP)]
 pub struct RpcArgs {
     /// Control socket of the target (default: $QPATH_RPC_SOCKET, else
-    /// $XDG_RUNTIME_DIR/qpath.sock, else /tmp/qpath.sock).
+    /// $XDG_RUNTIME_DIR/qpath.sock or /tmp/qpath.sock, else the service's
+    /// /run/qpath/qpath.sock when only that one exists).
     #[arg(long)]
     socket: Option<PathBuf>,
     /// List the methods of the process on the socket, one line each.
@@ -56,7 +57,7 @@ pub struct RpcArgs {
 }
 
 pub fn run(a: RpcArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let socket = a.socket.clone().unwrap_or_else(crate::default_rpc_socket);
+    let socket = a.socket.clone().unwrap_or_else(crate::client_rpc_socket);
     if a.list {
         return list(&socket);
     }

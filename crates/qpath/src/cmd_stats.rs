@@ -29,7 +29,7 @@ fn tail(s: &str, n: usize) -> String {
 }
 
 pub fn run(a: StatsArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let socket = a.socket.unwrap_or_else(crate::default_rpc_socket);
+    let socket = a.socket.unwrap_or_else(crate::client_rpc_socket);
     let method = if a.target { "target_stats" } else { "stats" };
     let v = target::rpc::client_call(&socket, method, serde_json::json!({}))?;
     if a.json {

@@ -8,6 +8,9 @@ use target::config::Config;
 use target::persist::{Persist, SaveMode};
 use target::reactor::PollMode;
 use target::rpc::RpcServer;
+use target::server::Server;
+
+use crate::sd_notify::{self, Notifier};
 
 /// Arguments of `qpath target`.
 #[derive(clap::Args, Debug)]
@@ -255,26 +258,59 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
+    // Under systemd (Type=notify): ready once every port listens and the RPC socket and
+    // the metrics listener are up, which is now; the signal handlers are in place too, so
+    // a reload or stop systemd sends from here on is heard.
+    let notifier = Notifier::from_env();
+    let notify = |state: &str| {
+        if let Some(n) = &notifier {
+            n.notify(state);
+        }
+    };
+    notify(&format!("READY=1\n{}", sd_notify::status(&serving(&server))));
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(std::time::Duration::from_millis(50));
         if hup.swap(false, Ordering::Relaxed) {
+            notify("RELOADING=1");
             // SIGHUP: re-read the file and apply the difference (logged line by line; a
             // file that does not parse changes nothing).
-            match target::persist::reload(&server) {
-                Ok(r) => eprintln!(
-                    "qpath target: configuration reloaded: {} change(s) applied, {} refused",
-                    r.applied.len(),
-                    r.refused.len()
-                ),
-                Err(e) => eprintln!("qpath target: configuration not reloaded, nothing changed: {e}"),
-            }
+            let outcome = match target::persist::reload(&server) {
+                Ok(r) => {
+                    let (applied, refused) = (r.applied.len(), r.refused.len());
+                    eprintln!("qpath target: configuration reloaded: {applied} change(s) applied, {refused} refused");
+                    format!("reloaded: {applied} change(s) applied, {refused} refused")
+                }
+                Err(e) => {
+                    eprintln!("qpath target: configuration not reloaded, nothing changed: {e}");
+                    // Not the error itself: `systemctl status` shows STATUS to every user,
+                    // and a file that does not parse may be quoted around a key.
+                    "the last reload failed, nothing changed (see the log)".to_string()
+                }
+            };
+            notify(&format!("READY=1\n{}", sd_notify::status(&format!("{}; {outcome}", serving(&server)))));
         }
     }
+    notify(&format!("STOPPING=1\n{}", sd_notify::status("shutting down")));
     eprintln!("qpath target: shutting down");
     if let Ok(s) = Arc::try_unwrap(server) {
         s.shutdown();
     }
     Ok(())
+}
+
+/// What the target serves, for systemd's `STATUS=` (`systemctl status`): "serving 2
+/// subsystems (3 namespaces) on 127.0.0.1:4420, 127.0.0.1:4421".
+fn serving(server: &Server) -> String {
+    let subsystems = server.state.subsystems();
+    let namespaces: usize = subsystems.iter().map(|s| s.namespaces().0.len()).sum();
+    let addrs: Vec<String> = server.state.ports().iter().map(|p| p.addr.to_string()).collect();
+    let on = if addrs.is_empty() { "no port".to_string() } else { addrs.join(", ") };
+    format!("serving {} ({}) on {on}", counted(subsystems.len(), "subsystem"), counted(namespaces, "namespace"))
+}
+
+/// "1 subsystem", "2 subsystems".
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
 }
 
 #[cfg(test)]

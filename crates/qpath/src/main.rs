@@ -2,6 +2,7 @@
 //! library crates; no logic lives here.
 
 mod cmd_bench;
+mod cmd_doc;
 mod cmd_host;
 mod cmd_nbd;
 mod cmd_resv;
@@ -10,9 +11,10 @@ mod cmd_stats;
 mod cmd_target;
 mod cmd_ublk;
 mod head_args;
+mod sd_notify;
 mod target_check;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// `qpath --version`: the crate version and the git commit it was built from.
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("QPATH_GIT_COMMIT"), ")");
@@ -69,6 +71,12 @@ enum Command {
     /// Each lab prints a table, its goals and whether they were met, and writes a plot;
     /// `qpath lab baseline` measures the machine itself.
     Lab(cmd_bench::LabArgs),
+    /// Write the manual pages (qpath.1, qpath-target.1, ...) into a directory.
+    #[command(hide = true)]
+    Man(cmd_doc::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions(cmd_doc::CompletionsArgs),
 }
 
 fn main() {
@@ -94,11 +102,30 @@ fn main() {
         Command::Host(a) => cmd_ublk::host(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         Command::Lab(a) => cmd_bench::lab(&a),
+        Command::Man(a) => cmd_doc::man(&a, Cli::command()),
+        Command::Completions(a) => cmd_doc::completions(&a, Cli::command()),
     };
     if let Err(e) = result {
         eprintln!("qpath: {e}");
         std::process::exit(1);
     }
+}
+
+/// The socket of the packaged service (`qpath-target.service`, `RuntimeDirectory=qpath`).
+pub const SERVICE_RPC_SOCKET: &str = "/run/qpath/qpath.sock";
+
+/// The socket a client (`qpath rpc`, `qpath stats`) talks to when none is given: the
+/// default a `qpath target` started by hand binds ([`default_rpc_socket`]) when it exists,
+/// else the service's, when that exists; else the default (whose absence the error names).
+pub fn client_rpc_socket() -> std::path::PathBuf {
+    let own = default_rpc_socket();
+    if std::env::var_os("QPATH_RPC_SOCKET").is_none()
+        && !own.exists()
+        && std::path::Path::new(SERVICE_RPC_SOCKET).exists()
+    {
+        return SERVICE_RPC_SOCKET.into();
+    }
+    own
 }
 
 /// The default RPC socket path: `$QPATH_RPC_SOCKET`, else `$XDG_RUNTIME_DIR/qpath.sock`, else `/tmp/qpath.sock`.

@@ -194,11 +194,6 @@ fn open_or_create(req: &FileRequest<'_>) -> Result<(File, Kind, Option<NewFile>)
     };
     let kind = kind_of(req, &meta)?;
     let key = FileKey::of(&meta, kind);
-    // Ask the table first: a block device this process claimed would otherwise answer
-    // "busy" (O_EXCL) without saying who holds it.
-    if let Some(holder) = held_by(key, req.access) {
-        return Err(in_use_here(req, &holder));
-    }
     let mut o = OpenOptions::new();
     o.read(true);
     if req.access == Access::ReadWrite {
@@ -211,10 +206,14 @@ fn open_or_create(req: &FileRequest<'_>) -> Result<(File, Kind, Option<NewFile>)
     }
     match o.open(path) {
         Ok(f) => Ok((f, kind, None)),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) && kind == Kind::Block => Err(Error::new(
-            ErrorKind::Backend,
-            format!("{}: {} is in use: {}", req.owner, path.display(), bdev_user(&meta)),
-        )),
+        // A block device this process claimed answers "busy" (O_EXCL): the table says who.
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) && kind == Kind::Block => match held_by(key, req.access) {
+            Some(holder) => Err(in_use_here(req, &holder)),
+            None => Err(Error::new(
+                ErrorKind::Backend,
+                format!("{}: {} is in use: {}", req.owner, path.display(), bdev_user(&meta)),
+            )),
+        },
         Err(e) => Err(io_err(req, e)),
     }
 }
@@ -438,15 +437,23 @@ impl Claim {
             // process racing for one file cannot both pass the check.
             let mut table = held();
             if let Some(owner) = conflict(&table, key, req.access) {
-                drop(table);
-                return Err(in_use_here(req, &owner));
+                // An entry whose file is still open holds a conflicting lock on it. If the
+                // lock can be taken, the entry's file was closed and unlinked, and this
+                // file got its inode number (the entry goes just after its file closes):
+                // a stale entry, not a holder.
+                match uring::try_lock_file(file.as_raw_fd(), lock) {
+                    Ok(()) => {
+                        table.retain(|h| h.key != key);
+                        return Ok(Claim::record(&mut table, key, req));
+                    }
+                    Err(_) => {
+                        drop(table);
+                        return Err(in_use_here(req, &owner));
+                    }
+                }
             }
             match uring::try_lock_file(file.as_raw_fd(), lock) {
-                Ok(()) => {
-                    let id = NEXT_CLAIM.fetch_add(1, Ordering::Relaxed);
-                    table.push(Held { id, key, owner: req.owner.to_string(), access: req.access, retired: false });
-                    return Ok(Claim { id });
-                }
+                Ok(()) => return Ok(Claim::record(&mut table, key, req)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => drop(table),
                 Err(e) => {
                     return Err(Error::new(
@@ -480,6 +487,13 @@ impl Claim {
             }
             std::thread::sleep(LOCK_WAIT_STEP);
         }
+    }
+
+    /// Records a hold whose lock is taken.
+    fn record(table: &mut Vec<Held>, key: FileKey, req: &FileRequest<'_>) -> Claim {
+        let id = NEXT_CLAIM.fetch_add(1, Ordering::Relaxed);
+        table.push(Held { id, key, owner: req.owner.to_string(), access: req.access, retired: false });
+        Claim { id }
     }
 
     fn retire(&self) {
@@ -1091,6 +1105,29 @@ mod tests {
             .to_string();
         assert!(e.contains("readonly namespace never changes its file"), "{e}");
         assert_eq!(len(&img), MIB);
+    }
+
+    /// A file closed and unlinked frees its inode number before its table entry goes; a new
+    /// file that gets the number is not refused for that entry (nobody holds its lock).
+    #[test]
+    fn a_stale_entry_of_a_reused_inode_number_does_not_refuse_a_new_file() {
+        let d = Dir::new("stale-entry");
+        let img = d.image("new.img", MIB);
+        let meta = std::fs::metadata(&img).unwrap();
+        let key = FileKey::of(&meta, Kind::Regular);
+        held().push(Held {
+            id: u64::MAX,
+            key,
+            owner: "namespace 9 of nqn.gone".into(),
+            access: Access::ReadWrite,
+            retired: false,
+        });
+        let b = open(&req(&img, None)).expect("the stale entry is not a holder");
+        assert_eq!(held().iter().filter(|h| h.key == key).count(), 1, "the stale entry replaced");
+        // A real holder (the lock is held) is still refused.
+        let e = open(&req(&img, None)).unwrap_err().to_string();
+        assert!(e.contains("already used by namespace 1"), "{e}");
+        drop(b);
     }
 
     #[test]
