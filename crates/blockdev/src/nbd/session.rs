@@ -147,6 +147,9 @@ pub struct Session<'a> {
     commands: usize,
     held: u64,
     pool: Vec<IoBuf>,
+    /// A turn's completions, moved out of the context; their room is taken once.
+    turn_done: Vec<host::context::Completion>,
+    turn_user: Vec<uring::Completion>,
     buf_cap: usize,
     out: SendMsg,
     spare: Option<SendMsg>,
@@ -191,6 +194,8 @@ impl<'a> Session<'a> {
             commands: 0,
             held: 0,
             pool: Vec::new(),
+            turn_done: Vec::with_capacity(REQUESTS_MAX),
+            turn_user: Vec::with_capacity(4),
             buf_cap,
             out: SendMsg::with_capacity(4096, 256),
             spare: Some(SendMsg::with_capacity(4096, 256)),
@@ -232,18 +237,22 @@ impl<'a> Session<'a> {
                 self.closing.get_or_insert_with(|| format!("ring: {e}"));
                 self.gone = true;
             }
-            let done: Vec<_> = self.ctx.completions().collect();
-            for c in done {
+            let mut done = std::mem::take(&mut self.turn_done);
+            done.extend(self.ctx.completions());
+            for c in done.drain(..) {
                 self.on_done(c.token, c.status, c.buf);
             }
-            let user: Vec<_> = self.ctx.user_completions().collect();
-            for c in user {
+            self.turn_done = done;
+            let mut user = std::mem::take(&mut self.turn_user);
+            user.extend(self.ctx.user_completions());
+            for c in user.drain(..) {
                 match Context::user_value(c.token) {
                     TOKEN_RECV => self.on_recv(c.result, c.payload),
                     TOKEN_SEND => self.on_sent(c.result, c.payload),
                     _ => {}
                 }
             }
+            self.turn_user = user;
         }
         self.report.abandoned = (REQUESTS_MAX - self.free.len()) as u64;
         self.report.end = self.closing.take().unwrap_or_default();

@@ -196,6 +196,10 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
     let mut nvme = 0usize;
     let (mut requests, mut errors) = (0u64, 0u64);
     let mut stop_at: Option<Instant> = None;
+    // A turn's completions, moved out of the context (the loop submits through it while it
+    // walks them); their room is taken once here, never per turn.
+    let mut fetched = Vec::with_capacity(usize::from(depth));
+    let mut done = Vec::with_capacity(usize::from(depth));
     loop {
         if s.stop.load(Ordering::Relaxed) && stop_at.is_none() {
             stop_at = Some(Instant::now());
@@ -216,8 +220,8 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
             tracing::warn!(queue = q, error = %e, "ublk queue ring failed");
             break;
         }
-        let fetched: Vec<_> = ctx.user_completions().collect();
-        for c in fetched {
+        fetched.extend(ctx.user_completions());
+        for c in fetched.drain(..) {
             let tag = u16::try_from(Context::user_value(c.token)).unwrap_or(u16::MAX);
             let buf = match c.payload {
                 uring::Payload::Buf(b) => b,
@@ -265,8 +269,8 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
                 }
             }
         }
-        let done: Vec<_> = ctx.completions().collect();
-        for c in done {
+        done.extend(ctx.completions());
+        for c in done.drain(..) {
             nvme -= 1;
             let tag = u16::try_from(c.token).unwrap_or(u16::MAX);
             let idx = usize::from(tag);
