@@ -205,6 +205,12 @@ impl Service {
                 m.insert("nsid".into(), json!(s.spec.nsid));
                 m.insert("paths".into(), json!(s.spec.paths));
                 m.insert("iopolicy".into(), json!(s.spec.iopolicy));
+                // The limits the device was given, from the namespace's Identify data.
+                let i = s.dev.info();
+                m.insert("max_transfer".into(), json!(i.max_transfer));
+                m.insert("discard".into(), json!(i.discard));
+                m.insert("write_zeroes".into(), json!(i.write_zeroes));
+                m.insert("volatile_cache".into(), json!(i.volatile_cache));
                 let q: Vec<Value> = s
                     .dev
                     .stats
