@@ -9,7 +9,8 @@ RT=${NBD_FIO_RUNTIME:-30}
 export RUST_LOG=${GUEST_RUST_LOG:-info}
 
 step "modules"
-insmod /vmlab/modules/nbd.ko nbds_max=2 && pass "nbd loaded" || { fail "insmod nbd"; finish; }
+{ [ -d /sys/module/nbd ] || insmod /vmlab/modules/nbd.ko nbds_max=2; } && [ -b /dev/nbd0 ] && pass "nbd loaded" \
+  || { fail "insmod nbd"; finish; }
 
 step "qpath nbd serve over both paths, nbd-client on it"
 $Q nbd serve -a "$ADDR" -s 4420 -s 4421 -n "$NQN" -c 1 -l -1 --iopolicy round-robin \

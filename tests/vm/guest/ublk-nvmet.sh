@@ -15,7 +15,7 @@ OTHER="-a 127.0.0.1 -s 4420 -n $NQN -q nqn.2014-08.org.nvmexpress:uuid:$OTHER_ID
 export RUST_LOG=${GUEST_RUST_LOG:-info}
 
 step "nvmet: brd namespace with reservations, two ports"
-insmod /vmlab/modules/ublk_drv.ko || fail "insmod ublk_drv"
+[ -c /dev/ublk-control ] || insmod /vmlab/modules/ublk_drv.ko || fail "insmod ublk_drv"
 modprobe brd rd_nr=1 rd_size=262144 || fail "brd"
 nvmet_subsys "$NQN" || fail "nvmet subsystem"
 NS=/sys/kernel/config/nvmet/subsystems/$NQN/namespaces/1
