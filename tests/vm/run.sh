@@ -639,8 +639,9 @@ EOF
 
 # ---- the host as a block device (ublk, NBD) ---------------------------------------------
 # Tools the guest gets for these scenarios (with their libraries): ext4 tools, fstrim,
-# filefrag, the NBD client.
-BLOCKDEV_TOOLS="/usr/sbin/mkfs.ext4 /usr/sbin/fstrim /usr/sbin/filefrag /usr/sbin/nbd-client /usr/bin/strace"
+# filefrag, the NBD client, strace, util-linux blkdiscard (-z: write zeroes).
+BLOCKDEV_TOOLS="/usr/sbin/mkfs.ext4 /usr/sbin/fstrim /usr/sbin/filefrag /usr/sbin/nbd-client /usr/bin/strace
+  /usr/sbin/blkdiscard"
 
 dir_ios() {    # DIR: commands of that direction the target counted, all ports (trim: Deallocate, sync: Flush)
   rpc stats | python3 -c 'import json,sys; print(sum(p["dirs"][sys.argv[1]]["ios"] for p in json.load(sys.stdin)["ports"]))' "$1"

@@ -104,6 +104,21 @@ else
   fail "mkfs.ext4 or mount failed"
 fi
 
+step "write zeroes: BLKZEROOUT on /dev/ublkb0"
+# 1 MiB of random data at 250 MiB (the fio runs below overwrite it), then zeroed by
+# util-linux blkdiscard -z (busybox's has no -z; -f: the ext4 above is still on the
+# device): the range must read zeros. The device offers write zeroes, so the kernel sends
+# REQ_OP_WRITE_ZEROES, which the server turns into NVMe Write Zeroes (queue.rs's tests);
+# the target's counters do not tell it from a write.
+nonzero() { dd if=/dev/ublkb0 bs=1M skip=250 count=1 iflag=direct 2>/dev/null | od -An -tx1 | tr -d ' \n*' | tr -d 0 | wc -c; }
+dd if=/dev/urandom of=/dev/ublkb0 bs=1M seek=250 count=1 oflag=direct 2>/dev/null
+before=$(nonzero)
+if [ -x /usr/sbin/blkdiscard ] && /usr/sbin/blkdiscard -f -z -o $((250 << 20)) -l $((1 << 20)) /dev/ublkb0; then
+  after=$(nonzero)
+  [ "$before" -gt 0 ] && [ "$after" = 0 ] && pass "blkdiscard -z: 1 MiB of random data reads back as zeros" \
+    || fail "blkdiscard -z: nonzero bytes before $before, after $after"
+else fail "blkdiscard -z on /dev/ublkb0"; fi
+
 step "fio randrw crc32c verify on /dev/ublkb0 while one path flaps every 10 s"
 ask_host flap-start || fail "host did not start flapping"
 $FIO --name=flaps --rw=randrw --bs=4k --iodepth=16 --size=128m --runtime=$RT --time_based \
@@ -208,6 +223,20 @@ if [ -n "$S8" ] && [ "$R8" -gt 0 ] && [ -n "$BI8" ] && [ -n "$SB8" ] && [ "$BI8"
 else
   fail "could not count the batched run: requests $R8, io_submit '$S8', bench '$BI8' '$SB8'"; tail -5 /tmp/fio.count8 /tmp/bench.count8
 fi
+
+step "an idle device: its queues sleep (no NVMe command in flight: 250 ms waits)"
+read r0 e0 <<EOF_C
+$(counters)
+EOF_C
+sleep 4
+read r1 e1 <<EOF_C
+$(counters)
+EOF_C
+echo "IDLE-ENTERS requests=$((r1 - r0)) io_uring_enter=$((e1 - e0)) in 4 s over 2 queues"
+# 2 queues x 4 s at one wake per 250 ms is 32 (plus a wake for a keep-alive or path event);
+# at one per 20 ms it would be 400.
+[ $((r1 - r0)) = 0 ] && [ $((e1 - e0)) -le 60 ] && pass "idle: $((e1 - e0)) ring enters in 4 s over 2 queues (at most 60)" \
+  || fail "idle: $((e1 - e0)) ring enters and $((r1 - r0)) requests in 4 s over 2 queues"
 
 step "qpath ublk del"
 $Q ublk del --rpc-socket $SOCK -n 0 && pass "qpath ublk del -n 0" || fail "ublk del"
