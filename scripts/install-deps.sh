@@ -4,9 +4,10 @@
 #      package (scripts/build-deb.sh) of scripts/test.sh; the Python prometheus-client (pip),
 #      whose parser checks the /metrics text in a test
 #   1. apt packages for the VM interop suite (tests/vm): QEMU, nvme-cli, fio, busybox-static,
-#      cpio, kmod, xz-utils, zstd, iproute2, netcat-openbsd, tshark, python3; for the package
-#      test (tests/package): debootstrap, systemd (systemd-analyze), systemd-container
-#      (systemd-nspawn)
+#      cpio, kmod, xz-utils, zstd, iproute2, netcat-openbsd, tshark, python3; for the block-device
+#      tests qemu-utils (qemu-img, qemu-io), nbd-client, e2fsprogs and util-linux (mkfs.ext4,
+#      filefrag, fstrim: copied into the guest); for the package test (tests/package):
+#      debootstrap, systemd (systemd-analyze), systemd-container (systemd-nspawn)
 #   2. vmlab (../shared/vmlab from the repo root, or $VMLAB_DIR): a Debian kernel and a guest
 #      initramfs for KERNEL=bookworm (Linux 6.1) and KERNEL=sid (Linux 7.2), under $VMLAB_WORK
 # The Rust toolchain is not installed here. Nothing in this script fails the CI run because the
@@ -17,7 +18,8 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VMLAB_DIR=${VMLAB_DIR:-$REPO/../shared/vmlab}
 PACKAGES="qemu-system-x86 nvme-cli fio busybox-static cpio kmod xz-utils zstd gzip iproute2
-  netcat-openbsd tshark python3 debootstrap systemd systemd-container"
+  netcat-openbsd tshark python3 qemu-utils nbd-client e2fsprogs util-linux debootstrap systemd
+  systemd-container"
 KERNELS=${QPATH_VM_KERNELS:-"bookworm sid"}
 LOG=$(mktemp "${TMPDIR:-/tmp}/qpath-install-deps.XXXXXX")
 trap 'rm -f "$LOG"' EXIT

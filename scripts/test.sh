@@ -8,6 +8,9 @@
 #      tests/vm/run.sh): Linux 6.1 and 7.2 kernel hosts in QEMU against qpath target.
 #      Each scenario skips with a reason where it cannot run (not root, no QEMU/vmlab);
 #      QPATH_SKIP_VM=1 skips them all.
+#      Then the block-device scenarios (crates/qpath/tests/vm_blockdev.rs: ublk, the kernel's
+#      nbd on qpath nbd serve, ublk on nvmet; one boot of the Linux 7.2 guest:
+#      5-6.5 min measured under load, tests/vm/README.md "Durations").
 #   6. the DH-HMAC-CHAP VM suite (crates/qpath/tests/vm_auth.rs -> tests/vm-auth/run.sh), same rules;
 #      then the TLS VM suite (crates/qpath/tests/vm_tls.rs -> tests/vm-tls/run.sh).
 #   7. every cargo-fuzz target for a few seconds (scripts/fuzz.sh; QPATH_FUZZ_SECS, default 5);
@@ -38,6 +41,10 @@ case "$TARGET_DIR" in /*) ;; *) TARGET_DIR=$PWD/$TARGET_DIR ;; esac
 phase "VM interop suite (tests/vm, Linux 6.1 + 7.2 hosts against qpath target)"
 QPATH_BIN=$TARGET_DIR/release/qpath \
   cargo test -p qpath --test vm_linux_host -- --ignored --test-threads=1
+
+phase "VM block-device suite (tests/vm blockdev: ublk and nbd in one Linux 7.2 guest boot)"
+QPATH_BIN=$TARGET_DIR/release/qpath \
+  cargo test -p qpath --test vm_blockdev -- --ignored --test-threads=1
 
 phase "VM DH-HMAC-CHAP suite (tests/vm-auth, Linux 7.2 host and target against qpath)"
 QPATH_BIN=$TARGET_DIR/release/qpath \

@@ -161,11 +161,49 @@ start_guest() {
   local share=() f
   [ -z "${GUEST_SHARE:-}" ] || share=(--share "$GUEST_SHARE")   # 9p: host dir at /host
   for f in ${BOOT_FILES[@]+"${BOOT_FILES[@]}"}; do share+=(--file "$f"); done   # SRC:DST, more files
-  setsid "$VMLAB_DIR/boot.sh" --net tap --script "$script" "${share[@]}" \
+  setsid "$VMLAB_DIR/boot.sh" --net tap --script "$script" "${share[@]}" ${GUEST_FILES[@]+"${GUEST_FILES[@]}"} \
     --file "$VM_DIR/guest/lib.sh:/vmlab/qpath-lib.sh" --timeout "$BOOT_TIMEOUT" \
     --append "$append" --log "$SERIAL" > "$D/boot.out" 2>&1 < /dev/null &
   BOOT_PID=$!
   STARTED+=("$BOOT_PID")
+}
+
+# guest_payload TOOL...: puts the qpath binary (/vmlab/qpath), the guest kernel's ublk_drv,
+# nbd and ext4 modules (/vmlab/modules/*.ko, load order in /vmlab/modules/order) and the
+# given host tools (e.g. /usr/sbin/mke2fs) into the next guest, each program with the shared
+# libraries ldd names, at the host's paths. Sets GUEST_FILES for start_guest.
+GUEST_FILES=()
+guest_payload() {
+  local pl=$D/payload kv kroot m f lib
+  rm -rf "$pl"; mkdir -p "$pl/modules"
+  kv=$(kver); kroot=$(kdir)/root
+  : > "$pl/modules/order"
+  for m in ublk_drv nbd crc16 mbcache jbd2 ext4; do
+    f=$(find "$kroot" -path "*/modules/$kv/*" -name "$m.ko*" | head -1)
+    [ -n "$f" ] || { say "guest payload: module $m not in $kv (skipped)"; continue; }
+    case "$f" in
+      *.xz) xz -dc "$f" > "$pl/modules/$m.ko" ;;
+      *.zst) zstd -qdc "$f" > "$pl/modules/$m.ko" ;;
+      *) cp "$f" "$pl/modules/$m.ko" ;;
+    esac
+    echo "$m" >> "$pl/modules/order"
+  done
+  GUEST_FILES=(--file "$QPATH_BIN:/vmlab/qpath" --file "$pl/modules:/vmlab/modules")
+  # Programs and libraries are copied with links followed (boot.sh copies with cp -a), to
+  # their real directory (/lib is a link to /usr/lib on the host and in the guest).
+  local progs=("$QPATH_BIN") t real n=0
+  mkdir -p "$pl/files"
+  for t in "$@"; do
+    [ -x "$t" ] || { say "guest payload: $t not on this machine (skipped)"; continue; }
+    progs+=("$t")
+    n=$((n + 1)); cp -L "$t" "$pl/files/$n"
+    GUEST_FILES+=(--file "$pl/files/$n:$t")
+  done
+  for lib in $(ldd "${progs[@]}" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u); do
+    real="$(readlink -f "$(dirname "$lib")")/$(basename "$lib")"
+    n=$((n + 1)); cp -L "$lib" "$pl/files/$n"
+    GUEST_FILES+=(--file "$pl/files/$n:$real")
+  done
 }
 
 # guest_init_ran: waits (at most 180 s) for the guest's init; fails only when the boot

@@ -39,6 +39,18 @@
 #               guest's Linux nvmet (file namespaces) and qpath target (file namespaces of the
 #               same size); tests/vm/conformance.py prints the table and fails on any
 #               difference it cannot explain
+#   ublk        our host as a block device (7.2): `qpath host` in the guest serves /dev/ublkb0
+#               over both ports of the target here; ext4 with files verified across a remount,
+#               fstrim reaching the target as Deallocate (its trim counters) with the trimmed
+#               blocks reading zeros, fio randrw crc32c verify while port 1 flaps every 10 s,
+#               during a target kill -9 + restart, and during a kill -9 + restart of qpath
+#               itself (user recovery); io_uring_enter calls per request; ublk del
+#   ublk-nvmet  the same host against the guest's Linux nvmet: /dev/ublkb0 on nvmet's namespace,
+#               fio verify, then another Host Identifier takes a reservation: the
+#               application's writes fail with EBADE at once, reads go on, release heals
+#   nbd         `qpath nbd serve` in the guest over both ports here, the guest kernel's nbd
+#               (nbd-client) on it: fio randrw crc32c verify, a path flap during it
+#   blockdev    ublk, nbd and ublk-nvmet in one boot (what `all` and CI run)
 #   all         every scenario on the kernels it applies to (6.1 interop with --capture)
 # --capture: tshark records the scenario's NVMe/TCP traffic on the tap; afterwards Wireshark's
 #   dissector must find no malformed frame, expert error, unknown PDU type or bad digest, and
@@ -66,17 +78,18 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance) ;;
+  interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance|ublk|ublk-nvmet|nbd|blockdev) ;;
   all)
     rc=0
     for s in "bookworm interop --capture" "bookworm durability" "sid interop" "sid ana" "sid durability" \
       "sid qdpolicy" "bookworm resv" "sid resv" "bookworm resize" "sid resize" \
-      "bookworm nvmet" "sid nvmet" "sid flaps" "bookworm conformance" "sid conformance"; do
+      "bookworm nvmet" "sid nvmet" "sid flaps" "bookworm conformance" "sid conformance" \
+      "sid blockdev"; do
       set -- $s
       "$0" --kernel "$1" ${3:-} "$2" || { r=$?; [ $r = "$SKIP_RC" ] || rc=1; }
     done
     exit $rc ;;
-  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance|all" >&2; exit 2 ;;
+  *) echo "usage: $0 [--kernel bookworm|sid] [--capture] interop|ana|durability|qdpolicy|nvmet|flaps|resv|resize|conformance|ublk|ublk-nvmet|nbd|blockdev|all" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
@@ -92,6 +105,8 @@ done
 case "$SCENARIO:$KERNEL" in
   ana:bookworm|qdpolicy:bookworm)
     skip "$SCENARIO needs iopolicy queue-depth (Linux >= 6.11); KERNEL=$KERNEL is 6.1" ;;
+  ublk:bookworm|ublk-nvmet:bookworm|nbd:bookworm|blockdev:bookworm)
+    skip "$SCENARIO runs on the 7.2 guest (KERNEL=sid): its scripts and tools are set up for it" ;;
 esac
 if [ "$CAPTURE" = 1 ]; then
   for t in tshark text2pcap; do command -v $t > /dev/null || skip "$t not installed (scripts/install-deps.sh)"; done
@@ -620,6 +635,147 @@ EOF
   for i in $(seq 120); do kill -0 "$BOOT_PID" 2>/dev/null || break; sleep 0.5; done
   BOOT_RC=0; wait "$BOOT_PID" || BOOT_RC=$?
   check_guest
+}
+
+# ---- the host as a block device (ublk, NBD) ---------------------------------------------
+# Tools the guest gets for these scenarios (with their libraries): ext4 tools, fstrim,
+# filefrag, the NBD client, strace, util-linux blkdiscard (-z: write zeroes).
+BLOCKDEV_TOOLS="/usr/sbin/mkfs.ext4 /usr/sbin/fstrim /usr/sbin/filefrag /usr/sbin/nbd-client /usr/bin/strace
+  /usr/sbin/blkdiscard"
+
+dir_ios() {    # DIR: commands of that direction the target counted, all ports (trim: Deallocate, sync: Flush)
+  rpc stats | python3 -c 'import json,sys; print(sum(p["dirs"][sys.argv[1]]["ios"] for p in json.load(sys.stdin)["ports"]))' "$1"
+}
+trim_ios() { dir_ios trim; }
+# A background loop that takes port 1 down (connections dropped, connects refused) for
+# FLAP_DOWN s every FLAP_PERIOD s until $D/flap.stop appears (at most 60 flaps).
+start_flapper() {
+  rm -f "$D/flap.stop" "$D/flap.count"
+  (
+    n=0
+    while [ ! -f "$D/flap.stop" ] && [ $n -lt 60 ]; do
+      sleep "$((FLAP_PERIOD - FLAP_DOWN))"
+      [ -f "$D/flap.stop" ] && break
+      rpc set_port_fault port:=1 refuse_connects:=true drop_connections:=true > /dev/null
+      n=$((n + 1)); echo $n > "$D/flap.count"
+      echo "flap $n: port 1 down $(date +%T)"
+      sleep "$FLAP_DOWN"
+      rpc set_port_fault port:=1 refuse_connects:=false > /dev/null
+      echo "flap $n: port 1 up $(date +%T)"
+    done
+  ) >> "$D/flaps.log" 2>&1 &
+  FLAPPER_PID=$!
+  STARTED+=("$FLAPPER_PID")
+}
+stop_flapper() {
+  touch "$D/flap.stop"
+  local i
+  for i in $(seq 200); do kill -0 "$FLAPPER_PID" 2>/dev/null || break; sleep 0.1; done
+  rpc set_port_fault port:=1 refuse_connects:=false > /dev/null
+  cat "$D/flaps.log"
+  local n; n=$(cat "$D/flap.count" 2>/dev/null || echo 0)
+  if [ "$n" -ge 2 ]; then pass "port 1 flapped $n times ($FLAP_DOWN s down every $FLAP_PERIOD s) during fio"
+  else fail "port 1 flapped only $n times during fio"; return 1; fi
+}
+FLAP_PERIOD=${FLAP_PERIOD:-10}
+FLAP_DOWN=${FLAP_DOWN:-5}
+restart_target_same() {   # CONFIG: kill -9 the target and start it again with CONFIG
+  local old=$TARGET_QPATH_PID wrapper=$TARGET_PID i
+  kill -KILL "$old"
+  for i in $(seq 100); do kill -0 "$wrapper" 2>/dev/null || break; sleep 0.1; done
+  wait "$wrapper" 2>/dev/null || true
+  if kill -0 "$old" 2>/dev/null; then fail "qpath target pid $old survived kill -9"; return 1; fi
+  pass "qpath target pid $old killed with SIGKILL"
+  sleep 2
+  start_target --config "$1" || return 1
+  pass "qpath target restarted with the same config (pid $TARGET_QPATH_PID)"
+}
+
+# The host's side of the ublk checks (and the flaps of nbd's): the guest's QPATH-ASKs.
+ublk_on_ask() {
+    case "$1" in
+      trim-before) TRIM_BEFORE=$(trim_ios); echo "target trim commands before fstrim: $TRIM_BEFORE" ;;
+      trim-after)
+        local i now
+        for i in $(seq 20); do now=$(trim_ios); [ "$now" -gt "$TRIM_BEFORE" ] && break; sleep 0.5; done
+        echo "target trim commands after fstrim: $now"
+        if [ "$now" -gt "$TRIM_BEFORE" ]; then pass "fstrim reached the target: $((now - TRIM_BEFORE)) Deallocate commands"
+        else fail "the target counted no Deallocate after fstrim"; return 1; fi ;;
+      flush-before) FLUSH_BEFORE=$(dir_ios sync); echo "target flush commands before fsync: $FLUSH_BEFORE" ;;
+      flush-after)
+        local j n
+        for j in $(seq 20); do n=$(dir_ios sync); [ "$n" -gt "$FLUSH_BEFORE" ] && break; sleep 0.5; done
+        echo "target flush commands after fsync: $n"
+        if [ "$n" -gt "$FLUSH_BEFORE" ]; then pass "fsync reached the target: $((n - FLUSH_BEFORE)) Flush commands"
+        else fail "the target counted no Flush after fsync"; return 1; fi ;;
+      flap-start) start_flapper ;;
+      flap-stop) stop_flapper ;;
+      restart-target) restart_target_same "$D/ublk.toml" ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+}
+
+scenario_ublk() {
+  local img=$D/ublk-ns1.img
+  file_target_toml "$D/ublk.toml" "$img"
+  on_ask() { ublk_on_ask "$@"; }
+  start_target --config "$D/ublk.toml" || return 0
+  guest_payload $BLOCKDEV_TOOLS
+  boot_guest "$VM_DIR/guest/ublk.sh" "vmlab.env.UBLK_FIO_RUNTIME=${UBLK_FIO_RUNTIME:-30}" \
+    "vmlab.env.PORT1=4420" "vmlab.env.PORT2=4421"
+  serve_guest
+  check_guest
+  grep -aE '^(UBLK|BENCH)-SYSCALLS|^SYSCALLS-PER-(IO|BATCH)' "$SERIAL" | sed 's/^/  guest /'
+  check_target_after
+  rm -f "$img"
+}
+
+scenario_nbd() {
+  local img=$D/nbd-ns1.img
+  file_target_toml "$D/nbd.toml" "$img"
+  on_ask() {
+    case "$1" in
+      flap-start) start_flapper ;;
+      flap-stop) stop_flapper ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+  }
+  start_target --config "$D/nbd.toml" || return 0
+  guest_payload $BLOCKDEV_TOOLS
+  boot_guest "$VM_DIR/guest/nbd.sh" "vmlab.env.NBD_FIO_RUNTIME=${NBD_FIO_RUNTIME:-30}"
+  serve_guest
+  check_guest
+  check_target_after
+  rm -f "$img"
+}
+
+# Our host as a block device on the guest's own Linux nvmet (no qpath target runs here).
+scenario_ublk-nvmet() {
+  QPATH_NQN=nqn.2026-11.io.qpath:ublk-nvmet
+  guest_payload $BLOCKDEV_TOOLS
+  boot_guest "$VM_DIR/guest/ublk-nvmet.sh" "vmlab.env.UBLK_FIO_RUNTIME=${UBLK_FIO_RUNTIME:-20}"
+  serve_guest
+  check_guest
+}
+
+# The three above in one boot (what CI runs: one boot instead of three saves about 50 s):
+# guest/blockdev.sh runs ublk.sh, nbd.sh and ublk-nvmet.sh one after the other. The guest's
+# nvmet serves the target's NQN on its own loopback, so nothing is shared with the target here.
+scenario_blockdev() {
+  local img=$D/ublk-ns1.img part
+  file_target_toml "$D/ublk.toml" "$img"
+  on_ask() { ublk_on_ask "$@"; }
+  start_target --config "$D/ublk.toml" || return 0
+  guest_payload $BLOCKDEV_TOOLS
+  for part in ublk nbd ublk-nvmet; do GUEST_FILES+=(--file "$VM_DIR/guest/$part.sh:/vmlab/part-$part.sh"); done
+  boot_guest "$VM_DIR/guest/blockdev.sh" "vmlab.env.UBLK_FIO_RUNTIME=${UBLK_FIO_RUNTIME:-30}" \
+    "vmlab.env.NBD_FIO_RUNTIME=${NBD_FIO_RUNTIME:-30}" "vmlab.env.UBLK_NVMET_FIO_RUNTIME=${UBLK_NVMET_FIO_RUNTIME:-20}" \
+    "vmlab.env.PORT1=4420" "vmlab.env.PORT2=4421"
+  serve_guest
+  check_guest
+  grep -aE '^(UBLK|BENCH)-SYSCALLS|^SYSCALLS-PER-(IO|BATCH)' "$SERIAL" | sed 's/^/  guest /'
+  check_target_after
+  rm -f "$img"
 }
 
 # ---- --capture ------------------------------------------------------------------------

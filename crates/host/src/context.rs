@@ -156,6 +156,8 @@ impl Default for ContextOptions {
 // Ring token: kind (4 bits) | connection generation (12) | connection key (48).
 const K_RECV: u64 = 1;
 const K_SEND: u64 = 2;
+/// Operations the context's owner queued on its ring ([`Context::ring`]).
+const K_USER: u64 = 3;
 
 fn tok(kind: u64, generation: u64, key: usize) -> u64 {
     (kind << 60) | ((generation & 0xfff) << 48) | (key as u64 & 0xffff_ffff_ffff)
@@ -403,6 +405,8 @@ pub struct Context {
     free_reqs: Vec<u32>,
     done: Vec<Completion>,
     ring_done: Vec<RingCompletion>,
+    /// Completions of the owner's own ring operations ([`Context::user_token`]).
+    user_done: Vec<RingCompletion>,
     flush_list: Vec<usize>,
     touched: Vec<usize>,
     dsm_bufs: Vec<IoBuf>,
@@ -501,6 +505,7 @@ impl Context {
             free_reqs: (0..u32::try_from(n).unwrap_or(u32::MAX)).rev().collect(),
             done: Vec::with_capacity(n),
             ring_done: Vec::with_capacity(1024),
+            user_done: Vec::with_capacity(256),
             flush_list: Vec::new(),
             touched: Vec::new(),
             dsm_bufs: Vec::new(),
@@ -1234,10 +1239,11 @@ impl Context {
     // ------------------------------------------------------------- polling
 
     /// Sends queued commands, waits per `wait`, processes what completed.
-    /// Returns how many completions are ready in [`Context::completions`].
+    /// Returns how many completions are ready in [`Context::completions`] and
+    /// [`Context::user_completions`].
     pub fn poll(&mut self, wait: Wait) -> Result<usize> {
         self.flush();
-        let wait = if self.done.is_empty() { wait } else { Wait::Poll };
+        let wait = if self.done.is_empty() && self.user_done.is_empty() { wait } else { Wait::Poll };
         let mut rd = std::mem::take(&mut self.ring_done);
         let r = self.ring.turn(wait, |_, c| rd.push(c));
         // Everything this turn reaped completed by now; what it issues goes out with the
@@ -1292,7 +1298,30 @@ impl Context {
             }
         }
         self.clock = outer;
-        Ok(self.done.len())
+        Ok(self.done.len() + self.user_done.len())
+    }
+
+    /// The context's ring, for the owner's own operations beside the NVMe/TCP queues (a
+    /// block device's commands, a client socket): one thread, one ring, no handoff. Queue
+    /// them with tokens from [`Context::user_token`]; they go to the kernel with the next
+    /// [`Context::poll`], and their completions come back in [`Context::user_completions`].
+    pub fn ring(&mut self) -> &mut Ring {
+        &mut self.ring
+    }
+
+    /// A ring token for an operation of the owner's: `value` keeps its low 60 bits.
+    pub fn user_token(value: u64) -> u64 {
+        (K_USER << 60) | (value & ((1 << 60) - 1))
+    }
+
+    /// The owner's value in a token from [`Context::user_token`].
+    pub fn user_value(token: u64) -> u64 {
+        token & ((1 << 60) - 1)
+    }
+
+    /// Completions of the owner's ring operations since the last drain.
+    pub fn user_completions(&mut self) -> std::vec::Drain<'_, RingCompletion> {
+        self.user_done.drain(..)
     }
 
     /// Stall reports since the last call (each stalled I/O is reported once).
@@ -1380,6 +1409,10 @@ impl Context {
 
     fn on_ring(&mut self, c: RingCompletion) {
         let (kind, generation, ckey) = untok(c.token);
+        if kind == K_USER {
+            self.user_done.push(c);
+            return;
+        }
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         if conn.generation != generation {
             return;

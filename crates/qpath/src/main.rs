@@ -4,11 +4,14 @@
 mod cmd_bench;
 mod cmd_doc;
 mod cmd_host;
+mod cmd_nbd;
 mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
 mod cmd_tls;
+mod cmd_ublk;
+mod head_args;
 mod sd_notify;
 mod target_check;
 
@@ -56,6 +59,13 @@ enum Command {
     GenTlsKey(cmd_tls::GenArgs),
     /// Check a TLS key (prints its hash and fingerprint, never the key), like `nvme check-tls-key`.
     CheckTlsKey(cmd_tls::CheckArgs),
+    /// A namespace (one multipath head) as a Linux block device, /dev/ublkbN (add, del, list).
+    Ublk(cmd_ublk::UblkArgs),
+    /// Serve ublk devices for `qpath ublk add`, over a control socket; takes over the
+    /// devices a previous `qpath host` left.
+    Host(cmd_ublk::HostArgs),
+    /// Export a namespace (one multipath head) over NBD: qemu-img, QEMU, the kernel's nbd.
+    Nbd(cmd_nbd::NbdArgs),
     /// Run a fio job file (an embedded target when jobs have no filename).
     ///
     /// With the embedded target, the physical baseline of the machine and each job's
@@ -94,6 +104,9 @@ fn main() {
         Command::Resv(a) => cmd_resv::run(a),
         Command::GenTlsKey(a) => cmd_tls::generate(a),
         Command::CheckTlsKey(a) => cmd_tls::check(a),
+        Command::Nbd(a) => cmd_nbd::run(a),
+        Command::Ublk(a) => cmd_ublk::run(a),
+        Command::Host(a) => cmd_ublk::host(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         Command::Lab(a) => cmd_bench::lab(&a),
         Command::Man(a) => cmd_doc::man(&a, Cli::command()),

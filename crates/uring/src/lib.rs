@@ -107,6 +107,7 @@ mod ring;
 mod send_msg;
 mod slab;
 mod sys;
+pub mod ublk;
 
 pub use buf::{IO_ALIGN, IoBuf};
 pub use error::{Error, ErrorKind};

@@ -536,7 +536,7 @@ fn round_up_to_page(len: usize) -> Result<usize, Error> {
 }
 
 /// The system page size.
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(size).unwrap_or(4096).max(4096)

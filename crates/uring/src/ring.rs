@@ -133,6 +133,8 @@ pub enum OpKind {
     Accept,
     /// [`Ring::poll_multishot`].
     Poll,
+    /// [`Ring::ublk_fetch`] or [`Ring::ublk_commit_and_fetch`].
+    UblkIo,
 }
 
 /// Whether `fsync` flushes metadata too.
@@ -301,6 +303,16 @@ enum Op {
         fd: RawFd,
         events: u32,
     },
+    /// A ublk FETCH or COMMIT_AND_FETCH; the kernel copies request data into and out of
+    /// `buf` while this op owns it.
+    UblkIo {
+        fd: RawFd,
+        cmd_op: u32,
+        q_id: u16,
+        tag: u16,
+        result: i32,
+        buf: IoBuf,
+    },
 }
 
 impl Op {
@@ -315,7 +327,8 @@ impl Op {
             | Op::Fsync { fd, .. }
             | Op::Fallocate { fd, .. }
             | Op::Accept { fd }
-            | Op::Poll { fd, .. } => Some(*fd),
+            | Op::Poll { fd, .. }
+            | Op::UblkIo { fd, .. } => Some(*fd),
         }
     }
 
@@ -330,6 +343,7 @@ impl Op {
             Op::Fallocate { .. } => OpKind::Fallocate,
             Op::Accept { .. } => OpKind::Accept,
             Op::Poll { .. } => OpKind::Poll,
+            Op::UblkIo { .. } => OpKind::UblkIo,
         }
     }
 
@@ -366,6 +380,12 @@ impl Op {
             }
             Op::Accept { fd } => opcode::AcceptMulti::new(types::Fd(*fd)).flags(libc::SOCK_CLOEXEC).build(),
             Op::Poll { fd, events } => opcode::PollAdd::new(types::Fd(*fd), *events).multi(true).build(),
+            Op::UblkIo { fd, cmd_op, q_id, tag, result, buf } => {
+                let addr = buf.as_mut_ptr() as u64;
+                opcode::UringCmd16::new(types::Fd(*fd), *cmd_op)
+                    .cmd(crate::ublk::io_cmd(*q_id, *tag, *result, addr))
+                    .build()
+            }
         };
         Ok(entry)
     }
@@ -385,7 +405,7 @@ impl Op {
                 }
                 Payload::Buf(buf)
             }
-            Op::Write { buf, .. } => Payload::Buf(buf),
+            Op::Write { buf, .. } | Op::UblkIo { buf, .. } => Payload::Buf(buf),
             Op::Send { msg, .. } => Payload::Msg(msg),
             Op::Nop | Op::Fsync { .. } | Op::Fallocate { .. } | Op::Accept { .. } => Payload::None,
             Op::Poll { .. } => Payload::None,
@@ -395,7 +415,7 @@ impl Op {
     /// The buffer of a recv/read/write op (for handing back on a failed submission).
     fn into_buf(self) -> IoBuf {
         match self {
-            Op::Recv { buf, .. } | Op::Read { buf, .. } | Op::Write { buf, .. } => buf,
+            Op::Recv { buf, .. } | Op::Read { buf, .. } | Op::Write { buf, .. } | Op::UblkIo { buf, .. } => buf,
             _ => unreachable!("into_buf on an op without a buffer"),
         }
     }
@@ -622,6 +642,59 @@ impl Ring {
     /// [`accept_multishot`](Self::accept_multishot).
     pub fn poll_multishot(&mut self, fd: RawFd, events: u32, token: u64) -> Result<(), Error> {
         self.submit_op(token, Op::Poll { fd, events }).map_err(|(error, _)| error)
+    }
+
+    /// Queues a ublk FETCH_REQ for `tag` of queue `q_id` of `dev`: it completes when the
+    /// kernel has a request for that tag (its descriptor is then in the queue's
+    /// [`crate::ublk::Descriptors`], a write's data in `buf`), or with `-ENODEV` when the
+    /// device stops. `buf` must hold the device's `max_io_buf_bytes`.
+    pub fn ublk_fetch(
+        &mut self,
+        dev: &crate::ublk::CharDev,
+        q_id: u16,
+        tag: u16,
+        buf: IoBuf,
+        token: u64,
+    ) -> Result<(), (Error, IoBuf)> {
+        self.ublk_io(dev, crate::ublk::cmd::FETCH_REQ, q_id, tag, 0, buf, token)
+    }
+
+    /// Queues a ublk COMMIT_AND_FETCH_REQ: completes `tag`'s request with `result` (bytes
+    /// done, or a negative errno; a read's data is copied out of `buf` during submission)
+    /// and waits for the tag's next request, as [`Ring::ublk_fetch`].
+    pub fn ublk_commit_and_fetch(
+        &mut self,
+        dev: &crate::ublk::CharDev,
+        q_id: u16,
+        tag: u16,
+        result: i32,
+        buf: IoBuf,
+        token: u64,
+    ) -> Result<(), (Error, IoBuf)> {
+        self.ublk_io(dev, crate::ublk::cmd::COMMIT_AND_FETCH_REQ, q_id, tag, result, buf, token)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ublk_io(
+        &mut self,
+        dev: &crate::ublk::CharDev,
+        cmd_op: u32,
+        q_id: u16,
+        tag: u16,
+        result: i32,
+        buf: IoBuf,
+        token: u64,
+    ) -> Result<(), (Error, IoBuf)> {
+        let info = dev.info();
+        if q_id >= info.nr_hw_queues || tag >= info.queue_depth {
+            return Err((Error::new(ErrorKind::InvalidArgument, "ublk queue or tag past the device's"), buf));
+        }
+        // The kernel copies up to max_io_buf_bytes into or out of the buffer.
+        if buf.capacity() < info.max_io_buf_bytes as usize {
+            return Err((Error::new(ErrorKind::InvalidArgument, "ublk buffer smaller than max_io_buf_bytes"), buf));
+        }
+        let op = Op::UblkIo { fd: dev.fd(), cmd_op, q_id, tag, result, buf };
+        self.submit_op(token, op).map_err(|(error, op)| (error, op.into_buf()))
     }
 
     /// Asks the kernel to cancel every in-flight operation submitted with `token`; returns

@@ -1,0 +1,251 @@
+//! What a device is built on: the paths of one namespace and how to connect them. A
+//! [`HeadSpec`] is what `qpath ublk add` / `qpath nbd serve` take on the command line, what
+//! the RPC takes as parameters, and what a ublk device's state file keeps so a restarted
+//! `qpath` can connect the same head again (user recovery).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use host::controller::{ConnectOptions, Controller, default_host_identity};
+use host::head::Head;
+use host::mpath::Policy;
+use nvme::Nsid;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Most paths one head may have.
+pub const PATHS_MAX: usize = 16;
+
+/// One namespace, its paths, and the connection options (nvme-cli's names and defaults).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadSpec {
+    /// Transport addresses of the paths, `HOST:PORT` each.
+    pub paths: Vec<String>,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Namespace ID.
+    #[serde(default = "one")]
+    pub nsid: u32,
+    /// I/O policy: numa, round-robin, queue-depth or latency.
+    #[serde(default = "numa")]
+    pub iopolicy: String,
+    /// Host NQN (default: /etc/nvme/hostnqn, else derived from the machine id).
+    #[serde(default)]
+    pub hostnqn: Option<String>,
+    /// Host Identifier as a UUID (default: /etc/nvme/hostid, else derived).
+    #[serde(default)]
+    pub hostid: Option<String>,
+    /// I/O queues per controller (0: one per CPU).
+    #[serde(default)]
+    pub nr_io_queues: u16,
+    /// Entries per I/O queue.
+    #[serde(default = "queue_size")]
+    pub queue_size: u16,
+    /// Keep-alive timeout, seconds.
+    #[serde(default = "kato")]
+    pub keep_alive_tmo: u32,
+    /// Seconds between reconnect attempts.
+    #[serde(default = "reconnect_delay")]
+    pub reconnect_delay: u64,
+    /// Seconds without a connection before a controller is given up (-1: never).
+    #[serde(default = "ctrl_loss_tmo")]
+    pub ctrl_loss_tmo: i64,
+    /// Seconds after which I/O waiting for a lost path fails (-1: off).
+    #[serde(default = "minus_one")]
+    pub fast_io_fail_tmo: i64,
+}
+
+fn one() -> u32 {
+    1
+}
+fn numa() -> String {
+    "numa".into()
+}
+fn queue_size() -> u16 {
+    128
+}
+fn kato() -> u32 {
+    5
+}
+fn reconnect_delay() -> u64 {
+    10
+}
+fn ctrl_loss_tmo() -> i64 {
+    600
+}
+fn minus_one() -> i64 {
+    -1
+}
+
+impl HeadSpec {
+    /// A spec with nvme-cli's defaults for `paths` of `subnqn`.
+    pub fn new(paths: Vec<String>, subnqn: &str) -> HeadSpec {
+        HeadSpec {
+            paths,
+            subnqn: subnqn.to_string(),
+            nsid: one(),
+            iopolicy: numa(),
+            hostnqn: None,
+            hostid: None,
+            nr_io_queues: 0,
+            queue_size: queue_size(),
+            keep_alive_tmo: kato(),
+            reconnect_delay: reconnect_delay(),
+            ctrl_loss_tmo: ctrl_loss_tmo(),
+            fast_io_fail_tmo: minus_one(),
+        }
+    }
+
+    /// The policy named by `iopolicy`.
+    pub fn policy(&self) -> Result<Policy> {
+        parse_policy(&self.iopolicy)
+    }
+
+    /// Checks the spec without connecting anything.
+    pub fn check(&self) -> Result<()> {
+        if self.paths.is_empty() || self.paths.len() > PATHS_MAX {
+            return Err(Error::new(ErrorKind::Invalid, format!("a head needs 1 to {PATHS_MAX} paths")));
+        }
+        if self.subnqn.is_empty() || self.subnqn.len() > 223 {
+            return Err(Error::new(ErrorKind::Invalid, "the subsystem NQN must be 1 to 223 bytes"));
+        }
+        if self.nsid == 0 || self.nsid == u32::MAX {
+            return Err(Error::new(ErrorKind::Invalid, format!("nsid {} is not a namespace", self.nsid)));
+        }
+        self.policy()?;
+        if let Some(h) = &self.hostid {
+            nvme::nqn::parse_uuid(h)
+                .ok_or_else(|| Error::new(ErrorKind::Invalid, format!("hostid {h:?}: not a UUID")))?;
+        }
+        Ok(())
+    }
+
+    fn options(&self, addr: SocketAddr) -> Result<ConnectOptions> {
+        let (nqn, id) = default_host_identity();
+        let mut o = ConnectOptions::new(addr, &self.subnqn);
+        o.hostnqn = self.hostnqn.clone().unwrap_or(nqn);
+        o.hostid = match &self.hostid {
+            Some(h) => nvme::nqn::parse_uuid(h)
+                .ok_or_else(|| Error::new(ErrorKind::Invalid, format!("hostid {h:?}: not a UUID")))?,
+            None => id,
+        };
+        o.nr_io_queues = self.nr_io_queues;
+        o.queue_size = self.queue_size;
+        o.kato_ms = self.keep_alive_tmo.saturating_mul(1000);
+        o.reconnect_delay = Duration::from_secs(self.reconnect_delay);
+        o.ctrl_loss_tmo = u64::try_from(self.ctrl_loss_tmo).ok().map(Duration::from_secs);
+        o.fast_io_fail_tmo = u64::try_from(self.fast_io_fail_tmo).ok().map(Duration::from_secs);
+        Ok(o)
+    }
+
+    /// Connects every path (in parallel) and groups them into the namespace's head. Every
+    /// path must connect, as `nvme connect` must for each; later losses are the head's to
+    /// absorb.
+    pub fn connect(&self) -> Result<(Vec<Arc<Controller>>, Arc<Head>)> {
+        self.check()?;
+        let mut opts = Vec::new();
+        for p in &self.paths {
+            let addr = p
+                .to_socket_addrs()
+                .map_err(|e| Error::new(ErrorKind::Invalid, format!("path {p}: {e}")))?
+                .next()
+                .ok_or_else(|| Error::new(ErrorKind::Invalid, format!("path {p} resolves to nothing")))?;
+            opts.push((p.clone(), self.options(addr)?));
+        }
+        let results: Vec<(String, host::Result<Arc<Controller>>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = opts.into_iter().map(|(p, o)| s.spawn(move || (p, Controller::connect(o)))).collect();
+            handles.into_iter().map(|h| h.join().expect("connect thread")).collect()
+        });
+        let mut ctrls = Vec::new();
+        let mut failed = Vec::new();
+        for (p, r) in results {
+            match r {
+                Ok(c) => ctrls.push(c),
+                Err(e) => failed.push(format!("{p}: {e}")),
+            }
+        }
+        if !failed.is_empty() {
+            for c in &ctrls {
+                c.delete();
+            }
+            return Err(Error::new(
+                ErrorKind::Host,
+                format!("connecting {} failed: {}", self.subnqn, failed.join("; ")),
+            ));
+        }
+        let nsid = Nsid(self.nsid);
+        let head = Head::build(&ctrls, self.policy()?)
+            .into_iter()
+            .find(|h| h.paths().iter().flatten().any(|(c, n)| Arc::ptr_eq(c, &ctrls[0]) && *n == nsid));
+        let Some(head) = head else {
+            for c in &ctrls {
+                c.delete();
+            }
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("{} has no namespace {} with a unique identifier through {}", self.subnqn, nsid, self.paths[0]),
+            ));
+        };
+        if head.path_count() < ctrls.len() {
+            tracing::warn!(
+                subnqn = %self.subnqn, nsid = self.nsid, paths = head.path_count(), controllers = ctrls.len(),
+                "not every controller reaches the namespace with the same identifier: fewer paths than addresses"
+            );
+        }
+        Ok((ctrls, head))
+    }
+}
+
+/// Parses an I/O policy name (Linux's iopolicy names, plus `latency`).
+pub fn parse_policy(name: &str) -> Result<Policy> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "numa" => Ok(Policy::Numa),
+        "round-robin" | "round_robin" => Ok(Policy::RoundRobin { rr_min_io: 1 }),
+        "queue-depth" | "queue_depth" => Ok(Policy::QueueDepth),
+        "latency" => Ok(Policy::LATENCY),
+        other => Err(Error::new(
+            ErrorKind::Invalid,
+            format!("iopolicy {other:?}: expected numa, round-robin, queue-depth or latency"),
+        )),
+    }
+}
+
+/// Disconnects a head's controllers.
+pub fn disconnect(ctrls: &[Arc<Controller>]) {
+    for c in ctrls {
+        c.delete();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_round_trip_and_defaults() {
+        let s: HeadSpec = serde_json::from_str(r#"{"paths": ["127.0.0.1:4420"], "subnqn": "nqn.x:y"}"#).unwrap();
+        assert_eq!(s, HeadSpec::new(vec!["127.0.0.1:4420".into()], "nqn.x:y"));
+        let back: HeadSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        assert!(serde_json::from_str::<HeadSpec>(r#"{"paths": [], "subnqn": "n", "typo": 1}"#).is_err());
+    }
+
+    #[test]
+    fn checks() {
+        let mut s = HeadSpec::new(vec!["127.0.0.1:4420".into()], "nqn.x:y");
+        assert!(s.check().is_ok());
+        s.iopolicy = "fastest".into();
+        assert!(s.check().unwrap_err().context.contains("iopolicy"));
+        s.iopolicy = "queue-depth".into();
+        s.nsid = 0;
+        assert!(s.check().is_err());
+        s.nsid = 1;
+        s.paths.clear();
+        assert!(s.check().is_err());
+        s.paths.push("a:1".into());
+        s.hostid = Some("not-a-uuid".into());
+        assert!(s.check().unwrap_err().context.contains("UUID"));
+    }
+}

@@ -1,0 +1,111 @@
+//! ublk: a multipath head as `/dev/ublkbN` (Linux `ublk_drv`, 6.0+), served by this process.
+//!
+//! - [`params`]: the namespace's limits as ublk parameters.
+//! - [`queue`]: one queue on one thread: ublk commands and NVMe/TCP on one io_uring.
+//! - [`device`]: create, serve, delete, recover after a restart.
+//! - this module: the state file each device leaves so a restarted server can take it
+//!   over (`state_dir/ublk-N.json`: the namespace's paths and the device's layout).
+
+pub mod device;
+pub mod params;
+pub mod queue;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::spec::HeadSpec;
+
+/// What a restarted server needs to take a device over.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceState {
+    /// `/dev/ublkbN`.
+    pub dev_id: u32,
+    /// The namespace and its paths.
+    pub spec: HeadSpec,
+    /// Largest transfer asked for.
+    pub max_transfer: u32,
+    /// Served read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Where device `dev_id`'s state lives in `dir`.
+pub fn state_path(dir: &Path, dev_id: u32) -> PathBuf {
+    dir.join(format!("ublk-{dev_id}.json"))
+}
+
+/// Writes a device's state atomically (a new file, fsync, rename), mode 0600: it may name
+/// a host NQN, never a key.
+pub fn save_state(dir: &Path, s: &DeviceState) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("{}: creating the state directory", dir.display()), &e))?;
+    let path = state_path(dir, s.dev_id);
+    let tmp = dir.join(format!(".ublk-{}.json.new", s.dev_id));
+    let body = serde_json::to_vec_pretty(s).map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| Error::io(tmp.display(), &e))?;
+    f.write_all(&body).and_then(|()| f.sync_all()).map_err(|e| Error::io(tmp.display(), &e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), &e))
+}
+
+/// Every device state in `dir` (unreadable files are reported, not fatal).
+pub fn load_states(dir: &Path) -> Vec<std::result::Result<DeviceState, String>> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(name.starts_with("ublk-") && name.ends_with(".json")) {
+            continue;
+        }
+        let p = e.path();
+        out.push(
+            std::fs::read(&p)
+                .map_err(|e| format!("{}: {e}", p.display()))
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))),
+        );
+    }
+    out
+}
+
+/// Removes device `dev_id`'s state.
+pub fn remove_state(dir: &Path, dev_id: u32) {
+    let _ = std::fs::remove_file(state_path(dir, dev_id));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trip() {
+        let dir = std::env::temp_dir().join(format!("qpath-ublk-state-{}", std::process::id()));
+        let s = DeviceState {
+            dev_id: 3,
+            spec: HeadSpec::new(vec!["127.0.0.1:4420".into(), "127.0.0.1:4421".into()], "nqn.x:y"),
+            max_transfer: 512 << 10,
+            read_only: false,
+        };
+        save_state(&dir, &s).unwrap();
+        std::fs::write(dir.join("ublk-9.json"), b"{not json").unwrap();
+        std::fs::write(dir.join("other.txt"), b"x").unwrap();
+        let mut got = load_states(&dir);
+        got.sort_by_key(|r| r.is_err());
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].as_ref().unwrap(), &s);
+        assert!(got[1].as_ref().unwrap_err().contains("ublk-9.json"));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(state_path(&dir, 3)).unwrap().permissions().mode() & 0o777, 0o600);
+        remove_state(&dir, 3);
+        assert!(!state_path(&dir, 3).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,173 @@
+//! The namespace a block device is built on, as `qpath ublk add` and `qpath nbd serve` take
+//! it: `-a/-s/-n` (nvme-cli's names, several paths allowed) or one multipath URI.
+
+use blockdev::spec::HeadSpec;
+
+/// The paths of one namespace and how to connect them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HeadArgs {
+    /// The namespace as a URI instead of -a/-s/-n:
+    /// nvme+tcp://ADDR[:PORT][,ADDR[:PORT]...]/NQN[/NSID][?reconnect_delay=S&ctrl_loss_tmo=S&fast_io_fail_tmo=S]
+    #[arg(long, conflicts_with_all = ["traddr", "nqn", "trsvcid"])]
+    pub uri: Option<String>,
+    /// Transport address of a path, ADDR or ADDR:PORT; repeat it for more paths.
+    #[arg(short = 'a', long = "traddr")]
+    pub traddr: Vec<String>,
+    /// Port of the paths [default: 4420]. One -s applies to every -a; with one -a and
+    /// several -s, each port is a path on that address; otherwise one -s per -a.
+    #[arg(short = 's', long = "trsvcid")]
+    pub trsvcid: Vec<u16>,
+    /// Subsystem NQN.
+    #[arg(short = 'n', long)]
+    pub nqn: Option<String>,
+    /// Namespace ID.
+    #[arg(long, default_value_t = 1)]
+    pub nsid: u32,
+    /// I/O policy over the paths: numa, round-robin, queue-depth or latency.
+    #[arg(long, default_value = "numa")]
+    pub iopolicy: String,
+    /// Host NQN (default: /etc/nvme/hostnqn, else derived from the machine id).
+    #[arg(short = 'q', long)]
+    pub hostnqn: Option<String>,
+    /// Host Identifier, a UUID (default: /etc/nvme/hostid, else derived from the machine id).
+    #[arg(short = 'I', long)]
+    pub hostid: Option<String>,
+    /// I/O queues per controller (default: one per CPU).
+    #[arg(short = 'i', long)]
+    pub nr_io_queues: Option<u16>,
+    /// Entries per I/O queue.
+    #[arg(short = 'Q', long, default_value_t = 128)]
+    pub queue_size: u16,
+    /// Keep-alive timeout in seconds.
+    #[arg(short = 'k', long, default_value_t = 5)]
+    pub keep_alive_tmo: u32,
+    /// Seconds between reconnect attempts of a lost path.
+    #[arg(short = 'c', long, default_value_t = 10)]
+    pub reconnect_delay: u64,
+    /// Seconds without a connection before a path is given up (-1 = never).
+    #[arg(short = 'l', long, default_value_t = 600, allow_hyphen_values = true)]
+    pub ctrl_loss_tmo: i64,
+    /// Seconds after which I/O waiting for a lost path fails (-1 = off: it waits for
+    /// ctrl_loss_tmo).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub fast_io_fail_tmo: i64,
+}
+
+impl HeadArgs {
+    /// The head these arguments name.
+    pub fn spec(&self) -> Result<HeadSpec, String> {
+        let mut spec = match &self.uri {
+            Some(uri) => from_uri(uri)?,
+            None => {
+                let nqn = self.nqn.clone().ok_or("-n/--nqn (or --uri) is required")?;
+                HeadSpec::new(self.paths()?, &nqn)
+            }
+        };
+        if self.uri.is_none() {
+            spec.nsid = self.nsid;
+        }
+        spec.iopolicy.clone_from(&self.iopolicy);
+        if self.hostnqn.is_some() {
+            spec.hostnqn.clone_from(&self.hostnqn);
+        }
+        spec.hostid.clone_from(&self.hostid);
+        spec.nr_io_queues = self.nr_io_queues.unwrap_or(0);
+        spec.queue_size = self.queue_size;
+        spec.keep_alive_tmo = self.keep_alive_tmo;
+        if self.uri.is_none() {
+            spec.reconnect_delay = self.reconnect_delay;
+            spec.ctrl_loss_tmo = self.ctrl_loss_tmo;
+            spec.fast_io_fail_tmo = self.fast_io_fail_tmo;
+        }
+        spec.check().map_err(|e| e.to_string())?;
+        Ok(spec)
+    }
+
+    fn paths(&self) -> Result<Vec<String>, String> {
+        if self.traddr.is_empty() {
+            return Err("-a/--traddr (or --uri) is required".into());
+        }
+        let with_port = |a: &str, p: u16| {
+            // ADDR:PORT (a name, IPv4 or [IPv6]) keeps its port; a bare IPv6 gets brackets.
+            let has_port =
+                a.parse::<std::net::SocketAddr>().is_ok() || (!a.starts_with('[') && a.matches(':').count() == 1);
+            if has_port {
+                a.to_string()
+            } else if a.contains(':') && !a.starts_with('[') {
+                format!("[{a}]:{p}")
+            } else {
+                format!("{a}:{p}")
+            }
+        };
+        let ports = &self.trsvcid;
+        Ok(match (self.traddr.len(), ports.len()) {
+            (_, 0) => self.traddr.iter().map(|a| with_port(a, nvme::tcp::IO_PORT)).collect(),
+            (_, 1) => self.traddr.iter().map(|a| with_port(a, ports[0])).collect(),
+            (1, _) => ports.iter().map(|&p| with_port(&self.traddr[0], p)).collect(),
+            (a, p) if a == p => self.traddr.iter().zip(ports).map(|(a, &p)| with_port(a, p)).collect(),
+            (a, p) => return Err(format!("{a} addresses and {p} ports: give one port, or one per address")),
+        })
+    }
+}
+
+fn from_uri(uri: &str) -> Result<HeadSpec, String> {
+    let r = bench::target::RemoteTarget::parse_uri(uri).map_err(|e| e.to_string())?;
+    let mut paths = vec![host_port(&r.traddr, r.trsvcid)];
+    paths.extend(r.more_paths.iter().map(|(a, p)| host_port(a, *p)));
+    let mut spec = HeadSpec::new(paths, &r.subnqn);
+    spec.nsid = r.nsid;
+    spec.hostnqn = r.hostnqn;
+    for (k, v) in &r.extra {
+        let bad = || format!("{uri}: {k}={v} is not a number of seconds");
+        match k.as_str() {
+            "reconnect_delay" => spec.reconnect_delay = v.parse().map_err(|_| bad())?,
+            "ctrl_loss_tmo" => spec.ctrl_loss_tmo = v.parse().map_err(|_| bad())?,
+            "fast_io_fail_tmo" => spec.fast_io_fail_tmo = v.parse().map_err(|_| bad())?,
+            _ => return Err(format!("{uri}: option {k} is not one a block device takes")),
+        }
+    }
+    if r.hdgst || r.ddgst {
+        return Err(format!("{uri}: digests are not offered for block devices yet"));
+    }
+    Ok(spec)
+}
+
+fn host_port(a: &str, p: u16) -> String {
+    if a.contains(':') { format!("[{a}]:{p}") } else { format!("{a}:{p}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        h: HeadArgs,
+    }
+
+    fn spec(args: &[&str]) -> Result<HeadSpec, String> {
+        T::try_parse_from(std::iter::once("t").chain(args.iter().copied())).map_err(|e| e.to_string())?.h.spec()
+    }
+
+    #[test]
+    fn paths_from_addresses_and_ports() {
+        let s = spec(&["-a", "127.0.0.1", "-s", "4420", "-s", "4421", "-n", "nqn.x:y"]).unwrap();
+        assert_eq!(s.paths, ["127.0.0.1:4420", "127.0.0.1:4421"]);
+        let s = spec(&["-a", "10.0.0.1", "-a", "10.0.1.1:4500", "-n", "nqn.x:y"]).unwrap();
+        assert_eq!(s.paths, ["10.0.0.1:4420", "10.0.1.1:4500"]);
+        assert!(spec(&["-a", "a", "-a", "b", "-s", "1", "-s", "2", "-s", "3", "-n", "n"]).is_err());
+        assert!(spec(&["-a", "a"]).unwrap_err().contains("--nqn"));
+    }
+
+    #[test]
+    fn uri_with_options() {
+        let s =
+            spec(&["--uri", "nvme+tcp://127.0.0.1:4420,127.0.0.1:4421/nqn.x:y/2?reconnect_delay=1&ctrl_loss_tmo=-1"])
+                .unwrap();
+        assert_eq!(s.paths, ["127.0.0.1:4420", "127.0.0.1:4421"]);
+        assert_eq!((s.nsid, s.reconnect_delay, s.ctrl_loss_tmo), (2, 1, -1));
+        assert!(spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?bogus=1"]).unwrap_err().contains("bogus"));
+    }
+}
