@@ -56,8 +56,11 @@ pub const FAILOVER_QUIESCE_NS: u64 = 300_000_000;
 const TICK_NS: u64 = 10_000_000;
 /// How often a path whose namespace is not accessible re-reads the ANA log.
 const ANA_POLL_NS: u64 = 20_000_000;
-/// Virtual time the drain after the fault phase may take.
-const DRAIN_NS: u64 = 120_000_000_000;
+/// Virtual time the drain after the fault phase may take (an I/O times out in 1 s, a
+/// reconnect takes at most 50 ms: a healed world that has not drained by then never will).
+const DRAIN_NS: u64 = 30_000_000_000;
+/// Steps the drain may take, whatever the virtual time.
+const DRAIN_STEPS: u64 = 300_000;
 /// Admin command tokens.
 const TOKEN_CC: u64 = 1;
 const TOKEN_ANA: u64 = 2;
@@ -257,6 +260,7 @@ pub struct World {
     to_issue: u64,
     faults: bool,
     step: u64,
+    drain_steps: u64,
     sum: Summary,
     violation: Option<Violation>,
     hash: u64,
@@ -314,6 +318,7 @@ impl World {
             to_issue,
             faults: true,
             step: 0,
+            drain_steps: u64::MAX,
             sum: Summary::default(),
             violation: None,
             hash: 0xcbf2_9ce4_8422_2325,
@@ -636,8 +641,13 @@ impl World {
                 }
             };
             let p = pi.get();
-            if !self.path_class(p).is_usable() {
-                self.violate(format!("I/O {ri} was sent on path {p}, which the host sees as {:?}", self.path_class(p)));
+            // Checked against the host's own view (its last ANA log and its queues), not
+            // through the selector's classes, so a wrong class is caught too.
+            let (ana, phase) = (self.paths[p].ana, self.paths[p].phase);
+            if !ana.is_accessible() || phase != Phase::Live {
+                let what =
+                    format!("I/O {ri} was sent on path {p}, whose namespace is {} ({phase:?})", ana.linux_name());
+                self.violate(what);
                 return;
             }
             let Some(tag) = self.paths[p].tags.alloc() else { return };
@@ -1158,6 +1168,7 @@ impl World {
         }
         self.heal();
         let deadline = self.now + DRAIN_NS;
+        self.drain_steps = self.step + DRAIN_STEPS;
         self.drain(deadline, &mut acts);
         // Read every block back.
         let mut lba = 0;
@@ -1165,6 +1176,9 @@ impl World {
             let nlb = MAX_NLB.min(NS_BLOCKS - lba);
             if self.start(ROp::Read, lba, nlb) {
                 lba += nlb;
+            } else if self.now >= deadline || self.step >= self.drain_steps {
+                // An I/O that never completed holds these blocks: the final checks say which.
+                break;
             }
             self.drain(deadline, &mut acts);
         }
@@ -1177,6 +1191,7 @@ impl World {
     fn drain(&mut self, deadline: u64, acts: &mut Vec<Action>) {
         while !(self.idle() && self.paths.iter().all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none()))
             && self.now < deadline
+            && self.step < self.drain_steps
             && self.violation.is_none()
         {
             if !self.one_step(acts) {
