@@ -64,6 +64,10 @@ const DRAIN_STEPS: u64 = 300_000;
 /// Admin command tokens.
 const TOKEN_CC: u64 = 1;
 const TOKEN_ANA: u64 = 2;
+const TOKEN_KA: u64 = 3;
+/// Keep Alive Timeout the admin Connect asks for; the host sends a Keep Alive every half
+/// of it (as Linux does), and the target tears the controller down when it passes.
+const KATO_MS: u32 = 1500;
 
 /// How a run is made.
 #[derive(Clone, Copy, Debug)]
@@ -107,6 +111,8 @@ pub struct Summary {
     pub path_resets: u64,
     /// Reconnects started.
     pub reconnects: u64,
+    /// Controllers the target tore down because keep-alive expired.
+    pub keep_alive_timeouts: u64,
     /// Bytes carried by the simulated links.
     pub bytes: u64,
 }
@@ -196,6 +202,9 @@ struct Path {
     /// When the ANA log read in flight was sent.
     ana_read_ns: Option<u64>,
     next_ana_poll_ns: u64,
+    /// When the Keep Alive in flight was sent.
+    ka_sent_ns: Option<u64>,
+    next_ka_ns: u64,
     generation: u64,
 }
 
@@ -233,6 +242,7 @@ enum Action {
     Submit,
     Reconnect(usize),
     AnaPoll(usize),
+    KeepAlive(usize),
     Restart,
     Fault,
 }
@@ -339,6 +349,8 @@ impl World {
                 ana: AnaState::Change,
                 ana_read_ns: None,
                 next_ana_poll_ns: 0,
+                ka_sent_ns: None,
+                next_ka_ns: 0,
                 generation: i as u64,
             });
         }
@@ -458,6 +470,7 @@ impl World {
         self.accept(port, link);
         let mut cfg = QueueConfig::io(0, 32, Cntlid::DYNAMIC, NQN, HOSTNQN, HOSTID);
         cfg.tag_space = 32;
+        cfg.kato_ms = KATO_MS;
         let path = &mut self.paths[p];
         path.admin = Some(HostConn { q: HostQueue::new(cfg), link });
         path.phase = Phase::Connecting;
@@ -479,6 +492,7 @@ impl World {
         let path = &mut self.paths[p];
         path.phase = Phase::Down { until_ns: self.now + delay };
         path.ana_read_ns = None;
+        path.ka_sent_ns = None;
         let mut links = Vec::new();
         let mut done = Vec::new();
         if let Some(mut c) = path.io.take() {
@@ -498,14 +512,26 @@ impl World {
         }
     }
 
-    /// The host closes a connection: its end resets (Linux closes with SO_LINGER 0), the
-    /// target's connection learns of it.
+    /// The host closes a connection: its end resets (Linux closes with SO_LINGER 0), and
+    /// the target's connection learns of it, unless the link toward the target is stalled
+    /// (a partition): then the reset is lost and only the target's own timers (keep-alive)
+    /// end that connection.
     fn close_link(&mut self, l: usize) {
+        let rst_lost = self.links[l].to_target.stalled_until_ns > self.now;
         self.links[l].reset();
         self.links[l].host_closed = true;
+        if rst_lost {
+            self.event(format_args!("link {l}: the host's reset is lost in the partition"));
+            return;
+        }
         if let Some(i) = self.target.conns.iter().position(|t| t.link == l) {
             self.with_conn(i, |c, _| c.close("peer closed the connection"));
         }
+    }
+
+    /// Target connections whose host end is gone.
+    fn orphans(&self) -> usize {
+        self.target.conns.iter().filter(|t| self.links[t.link].host_closed || self.links[t.link].down).count()
     }
 
     fn path_class(&self, p: usize) -> PathClass {
@@ -552,6 +578,8 @@ impl World {
                 path.phase_since_ns = self.now;
             }
             TOKEN_CC => self.fail_path(p, "enabling the controller failed"),
+            TOKEN_KA if d.cqe.status.is_success() => self.paths[p].ka_sent_ns = None,
+            TOKEN_KA => self.fail_path(p, "keep-alive failed"),
             TOKEN_ANA => {
                 self.paths[p].ana_read_ns = None;
                 let state = d
@@ -848,6 +876,9 @@ impl World {
                 }
                 _ => {}
             }
+            if path.phase == Phase::Live && path.ka_sent_ns.is_none() && path.next_ka_ns <= self.now {
+                out.push(Action::KeepAlive(p));
+            }
         }
         if self.target.restart_at_ns.is_some_and(|t| t <= self.now) {
             out.push(Action::Restart);
@@ -865,11 +896,14 @@ impl World {
             Phase::Live if !p.ana.is_accessible() => Some(p.next_ana_poll_ns),
             _ => None,
         });
+        let ka =
+            self.paths.iter().filter(|p| p.phase == Phase::Live && p.ka_sent_ns.is_none()).map(|p| Some(p.next_ka_ns));
         let held = self.queued.iter().map(|&ri| Some(self.reqs[ri].not_before_ns));
         links
             .chain(conns)
             .chain(paths)
             .chain(held)
+            .chain(ka)
             .chain([self.disk.next_due(), self.target.restart_at_ns])
             .flatten()
             .filter(|&t| t > self.now)
@@ -920,6 +954,16 @@ impl World {
             Action::AnaPoll(p) => {
                 self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
                 self.read_ana(p);
+            }
+            Action::KeepAlive(p) => {
+                let path = &mut self.paths[p];
+                path.next_ka_ns = self.now + u64::from(KATO_MS) * 1_000_000 / 2;
+                let io = Io { sqe: Sqe::keep_alive(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_KA };
+                if let Some(c) = path.admin.as_mut()
+                    && c.q.submit(2, io).is_ok()
+                {
+                    path.ka_sent_ns = Some(self.now);
+                }
             }
             Action::Restart => {
                 self.event(format_args!("target restart"));
@@ -1028,6 +1072,7 @@ impl World {
                 self.with_conn(i, |c, ctx| c.release(ctx));
                 let t = self.target.conns.swap_remove(i);
                 self.links[l].target_closed = true;
+                self.sum.keep_alive_timeouts += u64::from(t.conn.close_reason() == Some("keep-alive timeout"));
                 self.event(format_args!("target conn {} on link {l} released: {:?}", t.id, t.conn.close_reason()));
                 continue;
             }
@@ -1083,7 +1128,7 @@ impl World {
             RState::Inflight { sent_ns, .. } => Some(sent_ns),
             _ => None,
         });
-        let oldest = oldest.chain(path.ana_read_ns).min();
+        let oldest = oldest.chain(path.ana_read_ns).chain(path.ka_sent_ns).min();
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
         if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
             self.fail_path(p, "command timeout");
@@ -1189,7 +1234,9 @@ impl World {
     }
 
     fn drain(&mut self, deadline: u64, acts: &mut Vec<Action>) {
-        while !(self.idle() && self.paths.iter().all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none()))
+        while !(self.idle()
+            && self.paths.iter().all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none())
+            && self.orphans() == 0)
             && self.now < deadline
             && self.step < self.drain_steps
             && self.violation.is_none()
@@ -1228,6 +1275,17 @@ impl World {
         if self.disk.in_flight() != 0 {
             let n = self.disk.in_flight();
             self.violate(format!("{n} disk operations still in flight at the end"));
+            return;
+        }
+        if let Some(t) = self.target.conns.iter().find(|t| self.links[t.link].host_closed || self.links[t.link].down) {
+            let what = format!(
+                "target connection {} of a closed link is still held at the end ({:?}, {}, {} file operations)",
+                t.id,
+                t.conn.state(),
+                t.conn.close_reason().unwrap_or("not closed"),
+                t.conn.file_ops_in_flight()
+            );
+            self.violate(what);
             return;
         }
         let held = self.target.pool.outstanding();
