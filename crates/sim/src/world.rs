@@ -1214,7 +1214,7 @@ impl World {
         self.heal();
         let deadline = self.now + DRAIN_NS;
         self.drain_steps = self.step + DRAIN_STEPS;
-        self.drain(deadline, &mut acts);
+        self.drain(deadline, false, &mut acts);
         // Read every block back.
         let mut lba = 0;
         while lba < NS_BLOCKS && self.violation.is_none() {
@@ -1225,18 +1225,22 @@ impl World {
                 // An I/O that never completed holds these blocks: the final checks say which.
                 break;
             }
-            self.drain(deadline, &mut acts);
+            self.drain(deadline, false, &mut acts);
         }
+        // The target's own timers end what the host's lost resets did not.
+        self.drain(self.now + DRAIN_NS, true, &mut acts);
         self.final_checks();
         self.sum.steps = self.step;
         self.sum.virtual_ns = self.now;
         self.sum.bytes = self.links.iter().map(|l| l.to_target.bytes + l.to_host.bytes).sum();
     }
 
-    fn drain(&mut self, deadline: u64, acts: &mut Vec<Action>) {
+    /// Runs until the application is idle and every path is up (and, with `orphans`, no
+    /// target connection of a closed link is left), the deadline, or the step limit.
+    fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
         while !(self.idle()
             && self.paths.iter().all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none())
-            && self.orphans() == 0)
+            && (!orphans || self.orphans() == 0))
             && self.now < deadline
             && self.step < self.drain_steps
             && self.violation.is_none()
