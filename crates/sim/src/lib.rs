@@ -77,7 +77,7 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
         format!(
-            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} path resets, {} reconnects, {} keep-alive timeouts, {} bytes",
+            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} bytes",
             self.seed,
             s.steps,
             s.virtual_ns as f64 / 1e9,
@@ -89,6 +89,7 @@ impl Report {
             s.crashes,
             s.ana_changes,
             s.slow_disk,
+            s.bit_flips,
             s.path_resets,
             s.reconnects,
             s.keep_alive_timeouts,

@@ -20,12 +20,26 @@ pub struct Pipe {
     pub stalled_until_ns: u64,
     /// Bytes carried so far.
     pub bytes: u64,
+    /// Flip one bit of the next bytes sent (a fault only injected where digests cover
+    /// every byte a receiver acts on).
+    pub corrupt_next: bool,
+    /// Bits flipped so far.
+    pub flips: u64,
 }
 
 impl Pipe {
     /// Queues `data` sent at `now_ns`.
     pub fn send(&mut self, data: &[u8], now_ns: u64, rng: &mut Rng) {
+        let mut flipped;
         let mut rest = data;
+        if self.corrupt_next && !data.is_empty() {
+            self.corrupt_next = false;
+            self.flips += 1;
+            flipped = data.to_vec();
+            let b = rng.index(flipped.len());
+            flipped[b] ^= 1 << rng.below(8);
+            rest = &flipped;
+        }
         while !rest.is_empty() {
             let cut = if rest.len() > 1 && rng.chance(300_000) { 1 + rng.index(rest.len() - 1) } else { rest.len() };
             let latency = if rng.chance(10_000) { rng.range(1_000_000, 30_000_000) } else { rng.range(2_000, 40_000) };

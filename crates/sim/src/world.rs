@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use blk::{Tag, TagSet};
 use host::mpath::{LinkState, PathClass, PathIndex, PathState, Policy, Selection, Selector};
 use host::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
+use nvme::tcp::Digests;
 use nvme::{AnaGrpId, AnaState, Cid, Cntlid, Nsid, SglDescriptor, Sqe, Status};
 use target::backend::{Backend, FileBackend, FileRequest};
 use target::namespace::NamespaceSpec;
@@ -107,6 +108,8 @@ pub struct Summary {
     pub ana_changes: u64,
     /// Slow-disk periods.
     pub slow_disk: u64,
+    /// Bits flipped on the wire (only with header and data digests on).
+    pub bit_flips: u64,
     /// Path controller resets (any cause) and reconnects.
     pub path_resets: u64,
     /// Reconnects started.
@@ -243,6 +246,7 @@ enum Action {
     Reconnect(usize),
     AnaPoll(usize),
     KeepAlive(usize),
+    BitFlip,
     Restart,
     Fault,
 }
@@ -260,6 +264,10 @@ pub struct World {
     file: ScratchFile,
     paths: Vec<Path>,
     sel: Selector,
+    /// The digests every queue asks for (from the seed).
+    digests: Digests,
+    /// Where bits flip (its own stream: see `World::new`).
+    flip_rng: Rng,
     reqs: Vec<Req>,
     queued: VecDeque<usize>,
     busy: Vec<bool>,
@@ -300,6 +308,11 @@ impl World {
             _ => Policy::Numa,
         };
         let to_issue = opts.steps / 8 + 16;
+        // Choices added after seeds were recorded draw from streams of their own, so the
+        // schedules of those seeds stay as they were where the new choice changes nothing.
+        let d = Rng::new(opts.seed ^ 0xd16e_5700).below(4);
+        let digests = Digests { header: d & 1 != 0, data: d & 2 != 0 };
+        let flip_rng = Rng::new(opts.seed ^ 0xb17f_11b5);
         let mut w = World {
             opts,
             rng,
@@ -318,6 +331,8 @@ impl World {
             file,
             paths: Vec::new(),
             sel: Selector::new(policy, 0),
+            digests,
+            flip_rng,
             reqs: Vec::new(),
             queued: VecDeque::new(),
             busy: vec![false; NS_BLOCKS],
@@ -335,7 +350,7 @@ impl World {
             trace: Vec::new(),
             line: String::new(),
         };
-        w.event(format_args!("seed {} policy {policy:?} ios {to_issue}", opts.seed));
+        w.event(format_args!("seed {} policy {policy:?} {digests:?} ios {to_issue}", opts.seed));
         w.start_target();
         for (i, port) in PORTS.iter().enumerate() {
             w.paths.push(Path {
@@ -471,6 +486,7 @@ impl World {
         let mut cfg = QueueConfig::io(0, 32, Cntlid::DYNAMIC, NQN, HOSTNQN, HOSTID);
         cfg.tag_space = 32;
         cfg.kato_ms = KATO_MS;
+        cfg.digests = self.digests;
         let path = &mut self.paths[p];
         path.admin = Some(HostConn { q: HostQueue::new(cfg), link });
         path.phase = Phase::Connecting;
@@ -571,7 +587,8 @@ impl World {
                 let cntlid = self.paths[p].admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
                 let link = self.new_link();
                 self.accept(self.paths[p].port, link);
-                let cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
+                let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
+                cfg.digests = self.digests;
                 let path = &mut self.paths[p];
                 path.io = Some(HostConn { q: HostQueue::new(cfg), link });
                 path.phase = Phase::IoConnecting;
@@ -886,6 +903,11 @@ impl World {
         if self.faults && self.rng.chance(20_000) {
             out.push(Action::Fault);
         }
+        // Both digests cover every byte a receiver acts on (the ICReq/ICResp exchange
+        // aside, which carries no command): a flipped bit must be caught, never used.
+        if self.faults && self.digests.header && self.digests.data && self.flip_rng.chance(3_000) {
+            out.push(Action::BitFlip);
+        }
     }
 
     fn next_due(&self) -> Option<u64> {
@@ -970,6 +992,16 @@ impl World {
                 self.start_target();
             }
             Action::Fault => self.fault(),
+            Action::BitFlip => {
+                let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let l = live[self.flip_rng.index(live.len())];
+                let d = if self.flip_rng.chance(500_000) { Dir::ToHost } else { Dir::ToTarget };
+                self.links[l].pipe(d).corrupt_next = true;
+                self.event(format_args!("fault: link {l} {d:?} flips a bit of its next bytes"));
+            }
         }
     }
 
@@ -1233,6 +1265,7 @@ impl World {
         self.sum.steps = self.step;
         self.sum.virtual_ns = self.now;
         self.sum.bytes = self.links.iter().map(|l| l.to_target.bytes + l.to_host.bytes).sum();
+        self.sum.bit_flips = self.links.iter().map(|l| l.to_target.flips + l.to_host.flips).sum();
     }
 
     /// Runs until the application is idle and every path is up (and, with `orphans`, no
