@@ -7,6 +7,7 @@ mod cmd_host;
 mod cmd_nbd;
 mod cmd_resv;
 mod cmd_rpc;
+mod cmd_sim;
 mod cmd_stats;
 mod cmd_target;
 mod cmd_tls;
@@ -76,6 +77,9 @@ enum Command {
     /// Each lab prints a table, its goals and whether they were met, and writes a plot;
     /// `qpath lab baseline` measures the machine itself.
     Lab(cmd_bench::LabArgs),
+    /// Replay failures from a seed: the real target and host code over a simulated network,
+    /// disk and clock, with faults, checked against invariants.
+    Sim(cmd_sim::SimArgs),
     /// Write the manual pages (qpath.1, qpath-target.1, ...) into a directory.
     #[command(hide = true)]
     Man(cmd_doc::ManArgs),
@@ -85,15 +89,17 @@ enum Command {
 }
 
 fn main() {
+    let cli = Cli::parse();
+    // A simulation runs thousands of targets' lives a second: their logs only with RUST_LOG.
+    let default_filter = if matches!(cli.command, Command::Sim(_)) { "off" } else { "warn,qpath_target=info" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,qpath_target=info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Target(a) => cmd_target::run(a),
         Command::Rpc(a) => cmd_rpc::run(a),
@@ -109,6 +115,7 @@ fn main() {
         Command::Host(a) => cmd_ublk::host(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         Command::Lab(a) => cmd_bench::lab(&a),
+        Command::Sim(a) => cmd_sim::run(&a),
         Command::Man(a) => cmd_doc::man(&a, Cli::command()),
         Command::Completions(a) => cmd_doc::completions(&a, Cli::command()),
     };

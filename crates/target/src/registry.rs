@@ -302,6 +302,9 @@ pub struct TargetState {
     ana_chgcnt: AtomicU64,
     disc_genctr: AtomicU64,
     epoch: Instant,
+    /// A simulator's virtual clock (ns since the target epoch) in place of `epoch`:
+    /// `now_ns` reads it, so a simulated run never reads the wall clock.
+    virtual_now_ns: Option<Arc<AtomicU64>>,
     queues: Mutex<Vec<Weak<QueueInfo>>>,
     /// Each reactor's data buffers, published on its tick.
     buffers: Mutex<Vec<Arc<BufferStats>>>,
@@ -355,6 +358,7 @@ impl TargetState {
             ana_chgcnt: AtomicU64::new(1),
             disc_genctr: AtomicU64::new(1),
             epoch: Instant::now(),
+            virtual_now_ns: None,
             queues: Mutex::new(Vec::new()),
             buffers: Mutex::new(Vec::new()),
             port_totals: Mutex::new(std::collections::BTreeMap::new()),
@@ -364,9 +368,18 @@ impl TargetState {
         }
     }
 
+    /// An empty target whose time is `clock` (ns since its epoch), advanced by its driver:
+    /// the deterministic simulator (`qpath sim`) runs the target on virtual time.
+    pub fn with_virtual_clock(opts: TargetOptions, clock: Arc<AtomicU64>) -> TargetState {
+        TargetState { virtual_now_ns: Some(clock), ..TargetState::new(opts) }
+    }
+
     /// Nanoseconds since the target started (monotonic).
     #[inline]
     pub fn now_ns(&self) -> u64 {
+        if let Some(v) = &self.virtual_now_ns {
+            return v.load(Ordering::Relaxed);
+        }
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 

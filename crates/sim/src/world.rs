@@ -1,0 +1,1345 @@
+//! One simulated run: the real target connections and the real host queues over
+//! simulated links, a simulated disk and a virtual clock, every choice drawn from one
+//! seed. See the crate docs for what is real and what is simulated.
+
+// Every size here is bounded by the simulated namespace (64 KiB) and its two paths: the
+// casts to the wire's u16/u32 fields cannot truncate.
+#![allow(clippy::cast_possible_truncation)]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use blk::{Tag, TagSet};
+use host::mpath::{LinkState, PathClass, PathIndex, PathState, Policy, Selection, Selector};
+use host::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
+use nvme::tcp::Digests;
+use nvme::{AnaGrpId, AnaState, Cid, Cntlid, Nsid, SglDescriptor, Sqe, Status};
+use target::backend::{Backend, FileBackend, FileRequest};
+use target::namespace::NamespaceSpec;
+use target::pool::BufPool;
+use target::port::PortKind;
+use target::registry::{TargetOptions, TargetState};
+use target::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
+use target::tcp::{ConnCtx, ConnState, Connection};
+use uring::IoBuf;
+
+use crate::disk::{BLOCK, SimDisk};
+use crate::net::{Dir, Link};
+use crate::oracle::Oracle;
+use crate::rng::Rng;
+
+const NQN: &str = "nqn.2026-11.io.qpath:sim";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1d0000-0000-4000-8000-000000000001";
+const HOSTID: [u8; 16] = [0x5e; 16];
+/// Blocks of the simulated namespace: few, so I/Os meet on the same blocks.
+pub const NS_BLOCKS: usize = 128;
+/// The ports, one path each.
+const PORTS: [u16; 2] = [1, 2];
+const ANA_GROUP: AnaGrpId = AnaGrpId(1);
+/// I/O queue entries per path.
+const IO_ENTRIES: u16 = 8;
+/// Application I/Os in flight at most.
+const APP_DEPTH: usize = 6;
+/// Largest I/O in blocks (12 KiB: past the 8 KiB in-capsule limit, so writes use R2T too).
+const MAX_NLB: usize = 24;
+/// An I/O (or a bring-up step) outstanding this long resets its path's controller
+/// (Linux `io_timeout` runs error recovery).
+const IO_TIMEOUT_NS: u64 = 1_000_000_000;
+/// Path failovers per I/O before it fails to the application.
+const MAX_FAILOVERS: u32 = 1000;
+/// How long an I/O whose connection was lost waits before another path gets it: longer
+/// than the simulated disk ever takes, so the old path's copy has landed or never will
+/// (NVMe 2.1's Command Quiesce Time, which Linux's host waits for before failing over).
+pub const FAILOVER_QUIESCE_NS: u64 = 300_000_000;
+/// The target connections' periodic tick (the reactor's).
+const TICK_NS: u64 = 10_000_000;
+/// How often a path whose namespace is not accessible re-reads the ANA log.
+const ANA_POLL_NS: u64 = 20_000_000;
+/// Virtual time the drain after the fault phase may take (an I/O times out in 1 s, a
+/// reconnect takes at most 50 ms: a healed world that has not drained by then never will).
+const DRAIN_NS: u64 = 30_000_000_000;
+/// Steps the drain may take, whatever the virtual time.
+const DRAIN_STEPS: u64 = 300_000;
+/// Admin command tokens.
+const TOKEN_CC: u64 = 1;
+const TOKEN_ANA: u64 = 2;
+const TOKEN_KA: u64 = 3;
+/// Keep Alive Timeout the admin Connect asks for; the host sends a Keep Alive every half
+/// of it (as Linux does), and the target tears the controller down when it passes.
+const KATO_MS: u32 = 1500;
+
+/// How a run is made.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// The seed: the whole schedule follows from it.
+    pub seed: u64,
+    /// Scheduler steps with faults; then the run heals and drains.
+    pub steps: u64,
+    /// Keep every event's line.
+    pub trace: bool,
+    /// Hold an I/O that failed with its connection for [`FAILOVER_QUIESCE_NS`] before it is
+    /// sent on another path. Without the hold, a write still in flight at the old path's
+    /// disk can land after its retry was acknowledged and overwritten (a "ghost write").
+    pub failover_quiesce: bool,
+}
+
+/// Counts of what a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Scheduler steps taken (fault phase and drain).
+    pub steps: u64,
+    /// Virtual time at the end, ns.
+    pub virtual_ns: u64,
+    /// Application I/Os completed.
+    pub ios: u64,
+    /// Of those, failed to the application.
+    pub io_errors: u64,
+    /// I/Os sent again on a path after a path error.
+    pub requeues: u64,
+    /// Connections reset by the fault injector.
+    pub resets: u64,
+    /// Link directions stalled.
+    pub stalls: u64,
+    /// Target crashes (each followed by a restart).
+    pub crashes: u64,
+    /// ANA state changes.
+    pub ana_changes: u64,
+    /// Slow-disk periods.
+    pub slow_disk: u64,
+    /// Bits flipped on the wire (only with header and data digests on).
+    pub bit_flips: u64,
+    /// Path controller resets (any cause) and reconnects.
+    pub path_resets: u64,
+    /// Reconnects started.
+    pub reconnects: u64,
+    /// Controllers the target tore down because keep-alive expired.
+    pub keep_alive_timeouts: u64,
+    /// Bytes carried by the simulated links.
+    pub bytes: u64,
+}
+
+/// The first invariant a run broke.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The step at which it was seen.
+    pub step: u64,
+    /// What broke.
+    pub what: String,
+}
+
+/// What a run found.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Counts.
+    pub summary: Summary,
+    /// The first broken invariant, if any.
+    pub violation: Option<Violation>,
+    /// FNV-1a of every event line: equal for equal seeds.
+    pub trace_hash: u64,
+    /// Every event line, when asked for.
+    pub trace: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ROp {
+    Read,
+    Write { fua: bool },
+    Flush,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RState {
+    Queued,
+    Inflight { path: usize, tag: u16, sent_ns: u64 },
+    Done,
+}
+
+#[derive(Debug)]
+struct Req {
+    op: ROp,
+    lba: usize,
+    nlb: usize,
+    wid: u64,
+    buf: Option<IoBuf>,
+    state: RState,
+    failovers: u32,
+    submit_seq: u64,
+    /// Not sent before this time (a failover's quiesce hold).
+    not_before_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// No controller; reconnect at this time.
+    Down { until_ns: u64 },
+    /// Admin queue handshake (ICReq, Connect).
+    Connecting,
+    /// CC.EN set, waiting for its completion.
+    Enabling,
+    /// I/O queue handshake.
+    IoConnecting,
+    /// Up.
+    Live,
+}
+
+struct HostConn {
+    q: HostQueue,
+    link: usize,
+}
+
+struct Path {
+    port: u16,
+    phase: Phase,
+    phase_since_ns: u64,
+    admin: Option<HostConn>,
+    io: Option<HostConn>,
+    tags: TagSet,
+    /// Tag → application request, for the I/O queue.
+    inflight: BTreeMap<u16, usize>,
+    /// The namespace's ANA state as this path last read it (`Change` until read).
+    ana: AnaState,
+    /// When the ANA log read in flight was sent.
+    ana_read_ns: Option<u64>,
+    next_ana_poll_ns: u64,
+    /// When the Keep Alive in flight was sent.
+    ka_sent_ns: Option<u64>,
+    next_ka_ns: u64,
+    generation: u64,
+}
+
+struct TConn {
+    id: u64,
+    link: usize,
+    conn: Connection,
+    next_tick_ns: u64,
+}
+
+struct Target {
+    state: Option<Arc<TargetState>>,
+    conns: Vec<TConn>,
+    pool: BufPool,
+    restart_at_ns: Option<u64>,
+    next_conn_id: u64,
+}
+
+/// A file the namespace's real backend opens and locks (never read or written by a run),
+/// removed when the run ends.
+struct ScratchFile(std::path::PathBuf);
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Deliver(usize, Dir),
+    Disk(usize),
+    Timers(usize),
+    Tick(usize),
+    Submit,
+    Reconnect(usize),
+    AnaPoll(usize),
+    KeepAlive(usize),
+    BitFlip,
+    Restart,
+    Fault,
+}
+
+/// The simulated world.
+pub struct World {
+    opts: Options,
+    rng: Rng,
+    net_rng: Rng,
+    now: u64,
+    clock: Arc<AtomicU64>,
+    links: Vec<Link>,
+    target: Target,
+    disk: SimDisk,
+    file: ScratchFile,
+    paths: Vec<Path>,
+    sel: Selector,
+    /// The digests every queue asks for (from the seed).
+    digests: Digests,
+    /// Where bits flip (its own stream: see `World::new`).
+    flip_rng: Rng,
+    reqs: Vec<Req>,
+    queued: VecDeque<usize>,
+    busy: Vec<bool>,
+    active: usize,
+    oracle: Oracle,
+    seq: u64,
+    next_wid: u64,
+    to_issue: u64,
+    faults: bool,
+    step: u64,
+    drain_steps: u64,
+    sum: Summary,
+    violation: Option<Violation>,
+    hash: u64,
+    trace: Vec<String>,
+    line: String,
+}
+
+static RUN: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The step the run on this thread is at, for the report of a panic.
+    pub(crate) static STEP: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+impl World {
+    /// A world for `opts`, target up, paths about to connect.
+    pub fn new(opts: Options) -> World {
+        let mut rng = Rng::new(opts.seed);
+        let net_rng = rng.fork();
+        let disk = SimDisk::new(NS_BLOCKS * BLOCK, rng.fork());
+        let n = RUN.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("qpath-sim-{}-{n}.img", std::process::id()));
+        let file = ScratchFile(path);
+        let policy = match rng.below(3) {
+            0 => Policy::RoundRobin { rr_min_io: 1 },
+            1 => Policy::QueueDepth,
+            _ => Policy::Numa,
+        };
+        let to_issue = opts.steps / 8 + 16;
+        // Choices added after seeds were recorded draw from streams of their own, so the
+        // schedules of those seeds stay as they were where the new choice changes nothing.
+        let d = Rng::new(opts.seed ^ 0xd16e_5700).below(4);
+        let digests = Digests { header: d & 1 != 0, data: d & 2 != 0 };
+        let flip_rng = Rng::new(opts.seed ^ 0xb17f_11b5);
+        let mut w = World {
+            opts,
+            rng,
+            net_rng,
+            now: 0,
+            clock: Arc::new(AtomicU64::new(0)),
+            links: Vec::new(),
+            target: Target {
+                state: None,
+                conns: Vec::new(),
+                pool: BufPool::new(1 << 20, 16 << 20),
+                restart_at_ns: None,
+                next_conn_id: 1,
+            },
+            disk,
+            file,
+            paths: Vec::new(),
+            sel: Selector::new(policy, 0),
+            digests,
+            flip_rng,
+            reqs: Vec::new(),
+            queued: VecDeque::new(),
+            busy: vec![false; NS_BLOCKS],
+            active: 0,
+            oracle: Oracle::new(NS_BLOCKS),
+            seq: 0,
+            next_wid: 1,
+            to_issue,
+            faults: true,
+            step: 0,
+            drain_steps: u64::MAX,
+            sum: Summary::default(),
+            violation: None,
+            hash: 0xcbf2_9ce4_8422_2325,
+            trace: Vec::new(),
+            line: String::new(),
+        };
+        w.event(format_args!("seed {} policy {policy:?} {digests:?} ios {to_issue}", opts.seed));
+        w.start_target();
+        for (i, port) in PORTS.iter().enumerate() {
+            w.paths.push(Path {
+                port: *port,
+                phase: Phase::Down { until_ns: 0 },
+                phase_since_ns: 0,
+                admin: None,
+                io: None,
+                tags: TagSet::new(IO_ENTRIES).expect("a tag set of the I/O queue's entries"),
+                inflight: BTreeMap::new(),
+                ana: AnaState::Change,
+                ana_read_ns: None,
+                next_ana_poll_ns: 0,
+                ka_sent_ns: None,
+                next_ka_ns: 0,
+                generation: i as u64,
+            });
+        }
+        w
+    }
+
+    fn event(&mut self, args: std::fmt::Arguments<'_>) {
+        self.line.clear();
+        let _ = write!(self.line, "{} {} ", self.step, self.now);
+        let _ = self.line.write_fmt(args);
+        for b in self.line.bytes().chain([b'\n']) {
+            self.hash = (self.hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        if self.opts.trace {
+            self.trace.push(self.line.clone());
+        }
+    }
+
+    fn violate(&mut self, what: String) {
+        if self.violation.is_none() {
+            self.event(format_args!("VIOLATION {what}"));
+            self.violation = Some(Violation { step: self.step, what });
+        }
+    }
+
+    // ------------------------------------------------------------------ target
+
+    fn start_target(&mut self) {
+        let state = Arc::new(TargetState::with_virtual_clock(TargetOptions::default(), Arc::clone(&self.clock)));
+        for (i, port) in PORTS.iter().enumerate() {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16));
+            state.add_port(*port, addr, PortKind::Io).expect("a port of the simulated target");
+        }
+        let subsys = Subsystem::new(
+            NQN,
+            SubsysKind::Nvm,
+            "QPSIM0001",
+            "qpath sim",
+            HostAccess { allow_any: true, hosts: vec![] },
+            SubsysLimits::default(),
+        )
+        .expect("the simulated subsystem");
+        let subsys = state.add_subsystem(subsys).expect("the simulated subsystem");
+        let size = self.disk.size() as u64;
+        let owner = format!("namespace 1 of {NQN}");
+        let (backend, _) =
+            FileBackend::open(&FileRequest { grow: true, ..FileRequest::read_write(&self.file.0, Some(size), &owner) })
+                .expect("the simulated namespace's scratch file");
+        subsys
+            .add_namespace(NamespaceSpec {
+                nsid: 1,
+                backend: Backend::File(backend),
+                size: None,
+                block_size: BLOCK as u32,
+                anagrpid: ANA_GROUP.0,
+                uuid: None,
+                readonly: false,
+                ptpl_file: None,
+            })
+            .expect("the simulated namespace");
+        self.target.state = Some(state);
+        self.target.restart_at_ns = None;
+    }
+
+    fn with_conn<R>(&mut self, i: usize, f: impl FnOnce(&mut Connection, &mut ConnCtx<'_>) -> R) -> R {
+        let t = &mut self.target.conns[i];
+        let mut ctx = ConnCtx {
+            pool: &mut self.target.pool,
+            file_io: &mut self.disk,
+            token: t.id << 16,
+            now_ns: self.now,
+            offload: None,
+        };
+        f(&mut t.conn, &mut ctx)
+    }
+
+    fn accept(&mut self, port: u16, link: usize) {
+        let Some(state) = self.target.state.clone() else {
+            // Nobody listens: the connection is refused.
+            self.links[link].reset();
+            return;
+        };
+        let p = state.port(port).expect("the simulated port");
+        let id = self.target.next_conn_id;
+        self.target.next_conn_id += 1;
+        let conn = Connection::new(state, p, None, 0);
+        self.target.conns.push(TConn { id, link, conn, next_tick_ns: self.now + TICK_NS });
+    }
+
+    fn crash_target(&mut self) {
+        self.sum.crashes += 1;
+        for t in std::mem::take(&mut self.target.conns) {
+            self.links[t.link].reset();
+        }
+        self.target.state = None;
+        self.target.pool = BufPool::new(1 << 20, 16 << 20);
+        for what in self.disk.crash() {
+            self.event(format_args!("crash: disk {what}"));
+        }
+        self.oracle.crashed();
+        let at = self.now + self.rng.range(1_000_000, 50_000_000);
+        self.target.restart_at_ns = Some(at);
+        self.event(format_args!("target crash, restart at {at}"));
+    }
+
+    // -------------------------------------------------------------------- host
+
+    fn new_link(&mut self) -> usize {
+        self.links.push(Link::default());
+        self.links.len() - 1
+    }
+
+    fn reconnect(&mut self, p: usize) {
+        self.sum.reconnects += 1;
+        let link = self.new_link();
+        let port = self.paths[p].port;
+        self.accept(port, link);
+        let mut cfg = QueueConfig::io(0, 32, Cntlid::DYNAMIC, NQN, HOSTNQN, HOSTID);
+        cfg.tag_space = 32;
+        cfg.kato_ms = KATO_MS;
+        cfg.digests = self.digests;
+        let path = &mut self.paths[p];
+        path.admin = Some(HostConn { q: HostQueue::new(cfg), link });
+        path.phase = Phase::Connecting;
+        path.phase_since_ns = self.now;
+        path.ana = AnaState::Change;
+        path.generation += PORTS.len() as u64;
+        self.event(format_args!("path {p} reconnect (link {link})"));
+    }
+
+    /// The path's controller is reset: its queues fail (their I/O is requeued or failed),
+    /// its connections close, and it reconnects a little later.
+    fn fail_path(&mut self, p: usize, why: &str) {
+        if matches!(self.paths[p].phase, Phase::Down { .. }) {
+            return;
+        }
+        self.sum.path_resets += 1;
+        let delay = self.rng.range(1_000_000, 40_000_000);
+        self.event(format_args!("path {p} reset: {why}; reconnect in {delay}"));
+        let path = &mut self.paths[p];
+        path.phase = Phase::Down { until_ns: self.now + delay };
+        path.ana_read_ns = None;
+        path.ka_sent_ns = None;
+        let mut links = Vec::new();
+        let mut done = Vec::new();
+        if let Some(mut c) = path.io.take() {
+            c.q.set_failed(why);
+            c.q.abort_all(Status::HOST_PATH_ERROR);
+            done.append(c.q.completions());
+            links.push(c.link);
+        }
+        if let Some(c) = path.admin.take() {
+            links.push(c.link);
+        }
+        for l in links {
+            self.close_link(l);
+        }
+        for d in done {
+            self.io_done(p, d);
+        }
+    }
+
+    /// The host closes a connection: its end resets (Linux closes with SO_LINGER 0), and
+    /// the target's connection learns of it, unless the link toward the target is stalled
+    /// (a partition): then the reset is lost and only the target's own timers (keep-alive)
+    /// end that connection.
+    fn close_link(&mut self, l: usize) {
+        let rst_lost = self.links[l].to_target.stalled_until_ns > self.now;
+        self.links[l].reset();
+        self.links[l].host_closed = true;
+        if rst_lost {
+            self.event(format_args!("link {l}: the host's reset is lost in the partition"));
+            return;
+        }
+        if let Some(i) = self.target.conns.iter().position(|t| t.link == l) {
+            self.with_conn(i, |c, _| c.close("peer closed the connection"));
+        }
+    }
+
+    /// Target connections whose host end is gone.
+    fn orphans(&self) -> usize {
+        self.target.conns.iter().filter(|t| self.links[t.link].host_closed || self.links[t.link].down).count()
+    }
+
+    fn path_class(&self, p: usize) -> PathClass {
+        let path = &self.paths[p];
+        let link = match path.phase {
+            Phase::Live if path.io.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => LinkState::Live,
+            _ => LinkState::Reconnecting,
+        };
+        PathClass::of(path.ana, link)
+    }
+
+    fn refresh_paths(&mut self) {
+        let states: Vec<PathState> =
+            (0..self.paths.len()).map(|p| PathState::new(self.paths[p].generation, self.path_class(p))).collect();
+        self.sel.set_paths(&states);
+    }
+
+    fn read_ana(&mut self, p: usize) {
+        let len = nvme::log::AnaLog::size(1, 4).next_multiple_of(4);
+        let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::ANA, 0, false, len as u32, 0);
+        let io =
+            Io { sqe, buf: Some(IoBuf::new(4096)), len: len as u32, dir: DataDir::FromController, token: TOKEN_ANA };
+        let path = &mut self.paths[p];
+        if path.ana_read_ns.is_some() {
+            return;
+        }
+        if let Some(c) = &mut path.admin
+            && c.q.submit(1, io).is_ok()
+        {
+            path.ana_read_ns = Some(self.now);
+        }
+    }
+
+    fn admin_done(&mut self, p: usize, d: Done) {
+        match d.token {
+            TOKEN_CC if d.cqe.status.is_success() && self.paths[p].phase == Phase::Enabling => {
+                let cntlid = self.paths[p].admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
+                let link = self.new_link();
+                self.accept(self.paths[p].port, link);
+                let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
+                cfg.digests = self.digests;
+                let path = &mut self.paths[p];
+                path.io = Some(HostConn { q: HostQueue::new(cfg), link });
+                path.phase = Phase::IoConnecting;
+                path.phase_since_ns = self.now;
+            }
+            TOKEN_CC => self.fail_path(p, "enabling the controller failed"),
+            TOKEN_KA if d.cqe.status.is_success() => self.paths[p].ka_sent_ns = None,
+            TOKEN_KA => self.fail_path(p, "keep-alive failed"),
+            TOKEN_ANA => {
+                self.paths[p].ana_read_ns = None;
+                let state = d
+                    .buf
+                    .as_ref()
+                    .filter(|_| d.cqe.status.is_success())
+                    .and_then(|b| nvme::log::AnaLog::decode(b.as_full()).ok())
+                    .and_then(|log| log.groups.iter().find(|g| g.grpid == ANA_GROUP).map(|g| g.state));
+                match state {
+                    Some(s) => {
+                        if s != self.paths[p].ana {
+                            self.event(format_args!("path {p} reads ANA {}", s.linux_name()));
+                        }
+                        self.paths[p].ana = s;
+                        self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
+                    }
+                    None => self.fail_path(p, "the ANA log could not be read"),
+                }
+            }
+            t => self.violate(format!("path {p}: an admin completion carries token {t}, which no command had")),
+        }
+    }
+
+    fn io_done(&mut self, p: usize, d: Done) {
+        let Some(ri) = self.paths[p].inflight.remove(&d.tag) else {
+            self.violate(format!(
+                "path {p}: a completion for tag {} which carries no I/O (a stale or reused tag)",
+                d.tag
+            ));
+            return;
+        };
+        let tag = d.tag;
+        let r = &mut self.reqs[ri];
+        let RState::Inflight { path, tag: t, sent_ns } = r.state else {
+            self.violate(format!("I/O {ri} completed twice"));
+            return;
+        };
+        if (path, t) != (p, tag) || d.token != ri as u64 {
+            self.violate(format!(
+                "path {p} tag {tag}: completion of I/O {} for I/O {ri} sent on path {path} tag {t}",
+                d.token
+            ));
+            return;
+        }
+        self.paths[p].tags.free(Tag::new(tag));
+        let path_error = d.cqe.status.is_path_error();
+        let latency = self.now.saturating_sub(sent_ns);
+        let outcome = if path_error { host::mpath::Outcome::PathError } else { host::mpath::Outcome::Done };
+        self.sel.on_complete(PathIndex(p as u16), latency, outcome);
+        self.reqs[ri].buf = d.buf;
+        if self.reqs[ri].op != ROp::Flush && self.reqs[ri].buf.is_none() {
+            self.violate(format!("I/O {ri}: its buffer did not come back with its completion"));
+        }
+        let status = d.cqe.status;
+        let r = &mut self.reqs[ri];
+        if path_error && r.failovers < MAX_FAILOVERS {
+            r.failovers += 1;
+            r.state = RState::Queued;
+            if !status.is_ana_error() && self.opts.failover_quiesce {
+                // The connection failed with the command on it: the old path may still execute it.
+                r.not_before_ns = self.now + FAILOVER_QUIESCE_NS;
+            }
+            self.sum.requeues += 1;
+            self.queued.push_front(ri);
+            if status.is_ana_error() {
+                self.paths[p].ana = AnaState::Change;
+                self.read_ana(p);
+            }
+            self.event(format_args!("io {ri} requeued after {status} on path {p}"));
+            return;
+        }
+        self.app_done(ri, status);
+    }
+
+    fn dispatch(&mut self) {
+        self.refresh_paths();
+        loop {
+            let Some(qi) = self.queued.iter().position(|&ri| self.reqs[ri].not_before_ns <= self.now) else { return };
+            let ri = self.queued[qi];
+            let pi = match self.sel.select() {
+                Selection::Submit(pi) => pi,
+                Selection::Requeue => return,
+                Selection::Fail => {
+                    self.queued.remove(qi);
+                    self.app_done(ri, Status::HOST_PATH_ERROR);
+                    continue;
+                }
+            };
+            let p = pi.get();
+            // Checked against the host's own view (its last ANA log and its queues), not
+            // through the selector's classes, so a wrong class is caught too.
+            let (ana, phase) = (self.paths[p].ana, self.paths[p].phase);
+            if !ana.is_accessible() || phase != Phase::Live {
+                let what =
+                    format!("I/O {ri} was sent on path {p}, whose namespace is {} ({phase:?})", ana.linux_name());
+                self.violate(what);
+                return;
+            }
+            let Some(tag) = self.paths[p].tags.alloc() else { return };
+            let io = self.io_of(ri);
+            let Some(c) = self.paths[p].io.as_mut() else { return };
+            match c.q.submit(tag.get(), io) {
+                Ok(()) => {
+                    self.queued.remove(qi);
+                    self.sel.on_submit(pi);
+                    self.paths[p].inflight.insert(tag.get(), ri);
+                    self.reqs[ri].state = RState::Inflight { path: p, tag: tag.get(), sent_ns: self.now };
+                    self.event(format_args!("io {ri} sent on path {p} tag {}", tag.get()));
+                }
+                Err((e, io)) => {
+                    self.paths[p].tags.free(tag);
+                    self.reqs[ri].buf = io.buf;
+                    self.violate(format!("path {p}: a live queue refused I/O {ri}: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn io_of(&mut self, ri: usize) -> Io {
+        let r = &mut self.reqs[ri];
+        let len = (r.nlb * BLOCK) as u32;
+        let nlb = r.nlb as u32;
+        match r.op {
+            ROp::Flush => {
+                Io { sqe: Sqe::flush(Cid(0), Nsid(1)), buf: None, len: 0, dir: DataDir::None, token: ri as u64 }
+            }
+            ROp::Read => {
+                let sqe =
+                    Sqe::rw(nvme::opcode::io::READ, Cid(0), Nsid(1), r.lba as u64, nlb, SglDescriptor::transport(len));
+                Io { sqe, buf: r.buf.take(), len, dir: DataDir::FromController, token: ri as u64 }
+            }
+            ROp::Write { fua } => {
+                let mut sqe =
+                    Sqe::rw(nvme::opcode::io::WRITE, Cid(0), Nsid(1), r.lba as u64, nlb, SglDescriptor::transport(len));
+                sqe.set_fua(fua);
+                Io { sqe, buf: r.buf.take(), len, dir: DataDir::ToController, token: ri as u64 }
+            }
+        }
+    }
+
+    // --------------------------------------------------------------------- app
+
+    fn app_submit(&mut self) {
+        let roll = self.rng.below(100);
+        let nlb = 1 + self.rng.index(MAX_NLB);
+        let lba = self.rng.index(NS_BLOCKS - nlb + 1);
+        let op = match roll {
+            0..45 => ROp::Write { fua: self.rng.chance(300_000) },
+            45..92 => ROp::Read,
+            _ => ROp::Flush,
+        };
+        self.start(op, lba, nlb);
+    }
+
+    /// Starts an application I/O if its blocks are free; whether it started.
+    fn start(&mut self, op: ROp, lba: usize, nlb: usize) -> bool {
+        let blocks = lba..lba + nlb;
+        if op != ROp::Flush && self.busy[blocks.clone()].iter().any(|&b| b) {
+            return false;
+        }
+        let ri = self.reqs.len();
+        let mut wid = 0;
+        let buf = match op {
+            ROp::Flush => None,
+            ROp::Read => Some(IoBuf::new((nlb * BLOCK).next_multiple_of(4096))),
+            ROp::Write { .. } => {
+                wid = self.next_wid;
+                self.next_wid += 1;
+                let mut b = IoBuf::new((nlb * BLOCK).next_multiple_of(4096));
+                let mut block = [0u8; BLOCK];
+                for k in blocks.clone() {
+                    block[..8].copy_from_slice(&wid.to_le_bytes());
+                    block[8..16].copy_from_slice(&(k as u64).to_le_bytes());
+                    block[16..].fill(wid as u8);
+                    b.extend_from_slice(&block);
+                }
+                Some(b)
+            }
+        };
+        if op != ROp::Flush {
+            self.busy[blocks].fill(true);
+        }
+        self.seq += 1;
+        self.reqs.push(Req {
+            op,
+            lba,
+            nlb,
+            wid,
+            buf,
+            state: RState::Queued,
+            failovers: 0,
+            submit_seq: self.seq,
+            not_before_ns: 0,
+        });
+        self.queued.push_back(ri);
+        self.active += 1;
+        self.event(format_args!("io {ri} {op:?} lba {lba} nlb {nlb} wid {wid}"));
+        true
+    }
+
+    fn app_done(&mut self, ri: usize, status: Status) {
+        self.seq += 1;
+        self.active -= 1;
+        self.sum.ios += 1;
+        let r = &mut self.reqs[ri];
+        if r.state == RState::Done {
+            self.violate(format!("I/O {ri} completed twice to the application"));
+            return;
+        }
+        r.state = RState::Done;
+        let (op, lba, nlb, wid, submit_seq) = (r.op, r.lba, r.nlb, r.wid, r.submit_seq);
+        if op != ROp::Flush {
+            self.busy[lba..lba + nlb].fill(false);
+        }
+        self.event(format_args!("io {ri} done {status}"));
+        if !status.is_success() {
+            self.sum.io_errors += 1;
+            if let ROp::Write { .. } = op {
+                self.oracle.write_uncertain(lba..lba + nlb, wid);
+            }
+            return;
+        }
+        match op {
+            ROp::Write { fua } => {
+                if !self.disk.executed(wid) {
+                    self.violate(format!("write {wid} (I/O {ri}) was acknowledged but no path executed it"));
+                }
+                self.oracle.write_acked(lba..lba + nlb, wid, fua, self.seq);
+            }
+            ROp::Flush => self.oracle.flushed(submit_seq),
+            ROp::Read => self.check_read(ri),
+        }
+    }
+
+    fn check_read(&mut self, ri: usize) {
+        let r = &self.reqs[ri];
+        let Some(buf) = r.buf.as_ref() else { return };
+        let data = buf.as_full();
+        for k in 0..r.nlb {
+            let blk = r.lba + k;
+            let b = &data[k * BLOCK..(k + 1) * BLOCK];
+            let wid = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
+            let lba = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
+            let whole = if wid == 0 {
+                b.iter().all(|&x| x == 0)
+            } else {
+                lba == blk as u64 && b[16..].iter().all(|&x| x == wid as u8)
+            };
+            let allowed = self.oracle.allowed(blk);
+            if !whole || !allowed.contains(&wid) {
+                let what = format!(
+                    "read (I/O {ri}) of block {blk} returned write {wid}{}; the block may hold only {allowed:?}",
+                    if whole { "" } else { " (torn or misplaced)" }
+                );
+                self.violate(what);
+                return;
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- schedule
+
+    fn actions(&mut self, out: &mut Vec<Action>) {
+        out.clear();
+        for (i, l) in self.links.iter().enumerate() {
+            if l.down {
+                continue;
+            }
+            if l.to_target.ready(self.now) {
+                out.push(Action::Deliver(i, Dir::ToTarget));
+            }
+            if l.to_host.ready(self.now) {
+                out.push(Action::Deliver(i, Dir::ToHost));
+            }
+        }
+        out.extend(self.disk.due().into_iter().map(Action::Disk));
+        for (i, t) in self.target.conns.iter().enumerate() {
+            if t.conn.next_timer().is_some_and(|d| d <= self.now) {
+                out.push(Action::Timers(i));
+            }
+            if t.next_tick_ns <= self.now {
+                out.push(Action::Tick(i));
+            }
+        }
+        if self.to_issue > 0 && self.active < APP_DEPTH {
+            out.push(Action::Submit);
+        }
+        for (p, path) in self.paths.iter().enumerate() {
+            match path.phase {
+                Phase::Down { until_ns } if until_ns <= self.now => out.push(Action::Reconnect(p)),
+                Phase::Live if !path.ana.is_accessible() && path.next_ana_poll_ns <= self.now => {
+                    out.push(Action::AnaPoll(p));
+                }
+                _ => {}
+            }
+            if path.phase == Phase::Live && path.ka_sent_ns.is_none() && path.next_ka_ns <= self.now {
+                out.push(Action::KeepAlive(p));
+            }
+        }
+        if self.target.restart_at_ns.is_some_and(|t| t <= self.now) {
+            out.push(Action::Restart);
+        }
+        if self.faults && self.rng.chance(20_000) {
+            out.push(Action::Fault);
+        }
+        // Both digests cover every byte a receiver acts on (the ICReq/ICResp exchange
+        // aside, which carries no command): a flipped bit must be caught, never used.
+        if self.faults && self.digests.header && self.digests.data && self.flip_rng.chance(3_000) {
+            out.push(Action::BitFlip);
+        }
+    }
+
+    fn next_due(&self) -> Option<u64> {
+        let links = self.links.iter().filter(|l| !l.down).flat_map(|l| [l.to_target.next_due(), l.to_host.next_due()]);
+        let conns = self.target.conns.iter().flat_map(|t| [t.conn.next_timer(), Some(t.next_tick_ns)]);
+        let paths = self.paths.iter().map(|p| match p.phase {
+            Phase::Down { until_ns } => Some(until_ns),
+            Phase::Live if !p.ana.is_accessible() => Some(p.next_ana_poll_ns),
+            _ => None,
+        });
+        let ka =
+            self.paths.iter().filter(|p| p.phase == Phase::Live && p.ka_sent_ns.is_none()).map(|p| Some(p.next_ka_ns));
+        let held = self.queued.iter().map(|&ri| Some(self.reqs[ri].not_before_ns));
+        links
+            .chain(conns)
+            .chain(paths)
+            .chain(held)
+            .chain(ka)
+            .chain([self.disk.next_due(), self.target.restart_at_ns])
+            .flatten()
+            .filter(|&t| t > self.now)
+            .min()
+    }
+
+    fn run_action(&mut self, a: Action) {
+        match a {
+            Action::Deliver(l, Dir::ToTarget) => {
+                let Some(i) = self.target.conns.iter().position(|t| t.link == l) else { return };
+                let Some((mut buf, range)) = self.target.conns[i].conn.take_recv_buf() else { return };
+                let n = self.links[l].to_target.recv(&mut buf.as_full_mut()[range], &mut self.net_rng);
+                self.event(format_args!("link {l} -> target {n} bytes"));
+                self.with_conn(i, |c, ctx| c.on_recv(buf, n, ctx));
+            }
+            Action::Deliver(l, Dir::ToHost) => {
+                let Some((p, admin)) = self.host_conn_of(l) else { return };
+                let link = &mut self.links[l];
+                let path = &mut self.paths[p];
+                let c = if admin { path.admin.as_mut() } else { path.io.as_mut() };
+                let Some(c) = c else { return };
+                let Some((mut buf, range)) = c.q.take_recv_buf() else { return };
+                let n = link.to_host.recv(&mut buf.as_full_mut()[range], &mut self.net_rng);
+                c.q.on_recv(buf, n);
+                self.event(format_args!("link {l} -> host {n} bytes"));
+            }
+            Action::Disk(i) => {
+                let what = self.disk.describe(i);
+                let (token, res, buf) = self.disk.complete(i);
+                let id = token >> 16;
+                let slot = (token & 0xffff) as u16;
+                self.event(format_args!("disk {what} done (conn {id} slot {slot}) {:?}", res.as_ref().ok()));
+                if let Some(i) = self.target.conns.iter().position(|t| t.id == id) {
+                    self.with_conn(i, |c, ctx| c.on_file_done(slot, res, buf, ctx));
+                }
+            }
+            Action::Timers(i) => self.with_conn(i, |c, ctx| c.on_timers(ctx)),
+            Action::Tick(i) => {
+                self.target.conns[i].next_tick_ns = self.now + TICK_NS;
+                self.with_conn(i, |c, ctx| c.tick(ctx));
+            }
+            Action::Submit => {
+                if self.app_submit_one() {
+                    self.to_issue -= 1;
+                }
+            }
+            Action::Reconnect(p) => self.reconnect(p),
+            Action::AnaPoll(p) => {
+                self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
+                self.read_ana(p);
+            }
+            Action::KeepAlive(p) => {
+                let path = &mut self.paths[p];
+                path.next_ka_ns = self.now + u64::from(KATO_MS) * 1_000_000 / 2;
+                let io = Io { sqe: Sqe::keep_alive(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_KA };
+                if let Some(c) = path.admin.as_mut()
+                    && c.q.submit(2, io).is_ok()
+                {
+                    path.ka_sent_ns = Some(self.now);
+                }
+            }
+            Action::Restart => {
+                self.event(format_args!("target restart"));
+                self.start_target();
+            }
+            Action::Fault => self.fault(),
+            Action::BitFlip => {
+                let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let l = live[self.flip_rng.index(live.len())];
+                let d = if self.flip_rng.chance(500_000) { Dir::ToHost } else { Dir::ToTarget };
+                self.links[l].pipe(d).corrupt_next = true;
+                self.event(format_args!("fault: link {l} {d:?} flips a bit of its next bytes"));
+            }
+        }
+    }
+
+    fn app_submit_one(&mut self) -> bool {
+        let before = self.reqs.len();
+        self.app_submit();
+        self.reqs.len() > before
+    }
+
+    fn host_conn_of(&self, l: usize) -> Option<(usize, bool)> {
+        self.paths.iter().enumerate().find_map(|(p, path)| {
+            if path.admin.as_ref().is_some_and(|c| c.link == l) {
+                Some((p, true))
+            } else if path.io.as_ref().is_some_and(|c| c.link == l) {
+                Some((p, false))
+            } else {
+                None
+            }
+        })
+    }
+
+    fn fault(&mut self) {
+        match self.rng.below(100) {
+            0..30 => {
+                let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let l = live[self.rng.index(live.len())];
+                self.sum.resets += 1;
+                self.event(format_args!("fault: link {l} reset"));
+                self.links[l].reset();
+                if let Some(i) = self.target.conns.iter().position(|t| t.link == l) {
+                    self.with_conn(i, |c, _| c.close("peer closed the connection"));
+                }
+            }
+            30..50 => {
+                let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let l = live[self.rng.index(live.len())];
+                let d = if self.rng.chance(500_000) { Dir::ToHost } else { Dir::ToTarget };
+                let until = self.now + self.rng.range(1_000_000, 2_000_000_000);
+                self.sum.stalls += 1;
+                self.event(format_args!("fault: link {l} {d:?} stalls until {until}"));
+                self.links[l].pipe(d).stalled_until_ns = until;
+            }
+            50..60 => {
+                if self.target.state.is_some() {
+                    self.crash_target();
+                }
+            }
+            60..85 => {
+                let Some(state) = self.target.state.clone() else { return };
+                let port = PORTS[self.rng.index(PORTS.len())];
+                let s = [AnaState::Optimized, AnaState::NonOptimized, AnaState::Inaccessible, AnaState::Change]
+                    [self.rng.index(4)];
+                self.sum.ana_changes += 1;
+                self.event(format_args!("fault: port {port} ANA {}", s.linux_name()));
+                let _ = state.set_ana_state(port, ANA_GROUP, s);
+            }
+            _ => {
+                self.disk.slow = !self.disk.slow;
+                self.sum.slow_disk += u64::from(self.disk.slow);
+                let slow = self.disk.slow;
+                self.event(format_args!("fault: disk slow {slow}"));
+            }
+        }
+    }
+
+    /// After every action: each end sends what it queued, notices closed connections,
+    /// and the host moves its paths and dispatches.
+    fn settle(&mut self) {
+        self.settle_target();
+        for p in 0..self.paths.len() {
+            self.settle_path(p);
+        }
+        self.dispatch();
+        // What dispatch queued goes out now.
+        for p in 0..self.paths.len() {
+            self.flush_path(p);
+        }
+    }
+
+    fn settle_target(&mut self) {
+        let mut i = 0;
+        while i < self.target.conns.len() {
+            let l = self.target.conns[i].link;
+            while let Some(msg) = self.target.conns[i].conn.take_send() {
+                let ok = !self.links[l].down;
+                if ok {
+                    self.links[l].to_host.send(&msg.to_vec(), self.now, &mut self.net_rng);
+                }
+                let r = if ok { Ok(()) } else { Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) };
+                self.with_conn(i, |c, ctx| c.on_send_done(msg, r, ctx));
+            }
+            let t = &self.target.conns[i];
+            if t.conn.state() == ConnState::Closed && t.conn.file_ops_in_flight() == 0 {
+                self.with_conn(i, |c, ctx| c.release(ctx));
+                let t = self.target.conns.swap_remove(i);
+                self.links[l].target_closed = true;
+                self.sum.keep_alive_timeouts += u64::from(t.conn.close_reason() == Some("keep-alive timeout"));
+                self.event(format_args!("target conn {} on link {l} released: {:?}", t.id, t.conn.close_reason()));
+                continue;
+            }
+            i += 1;
+        }
+    }
+
+    fn flush_path(&mut self, p: usize) {
+        let path = &mut self.paths[p];
+        for c in [path.admin.as_mut(), path.io.as_mut()].into_iter().flatten() {
+            while let Some(msg) = c.q.take_send() {
+                let link = &mut self.links[c.link];
+                if link.down {
+                    c.q.on_send_done(msg, Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+                } else {
+                    link.to_target.send(&msg.to_vec(), self.now, &mut self.net_rng);
+                    c.q.on_send_done(msg, Ok(()));
+                }
+            }
+        }
+    }
+
+    fn link_lost(&self, l: usize) -> bool {
+        let link = &self.links[l];
+        link.down || (link.target_closed && link.to_host.is_empty())
+    }
+
+    fn settle_path(&mut self, p: usize) {
+        self.flush_path(p);
+        let path = &mut self.paths[p];
+        // Completions first: a queue that failed still hands back what completed.
+        let admin_done: Vec<Done> =
+            path.admin.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
+        let io_done: Vec<Done> = path.io.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
+        for d in io_done {
+            self.io_done(p, d);
+        }
+        for d in admin_done {
+            self.admin_done(p, d);
+        }
+        let path = &self.paths[p];
+        if matches!(path.phase, Phase::Down { .. }) {
+            return;
+        }
+        let lost = [path.admin.as_ref(), path.io.as_ref()].into_iter().flatten().any(|c| self.link_lost(c.link));
+        let failed =
+            [path.admin.as_ref(), path.io.as_ref()].into_iter().flatten().any(|c| c.q.state() == QueueState::Failed);
+        if lost || failed {
+            self.fail_path(p, if lost { "connection lost" } else { "queue failed" });
+            return;
+        }
+        let oldest = path.inflight.values().filter_map(|&ri| match self.reqs[ri].state {
+            RState::Inflight { sent_ns, .. } => Some(sent_ns),
+            _ => None,
+        });
+        let oldest = oldest.chain(path.ana_read_ns).chain(path.ka_sent_ns).min();
+        let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
+        if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
+            self.fail_path(p, "command timeout");
+            return;
+        }
+        let path = &mut self.paths[p];
+        match path.phase {
+            Phase::Connecting if path.admin.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => {
+                let sqe = nvme::fabrics::PropertyCmd::set_sqe(
+                    Cid(0),
+                    nvme::fabrics::prop::CC,
+                    false,
+                    u64::from(nvme::fabrics::Cc::enable_value().0),
+                );
+                let io = Io { sqe, buf: None, len: 0, dir: DataDir::None, token: TOKEN_CC };
+                if let Some(c) = path.admin.as_mut()
+                    && c.q.submit(0, io).is_ok()
+                {
+                    path.phase = Phase::Enabling;
+                }
+                self.flush_path(p);
+            }
+            Phase::IoConnecting if path.io.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => {
+                path.phase = Phase::Live;
+                self.event(format_args!("path {p} live"));
+                self.read_ana(p);
+                self.flush_path(p);
+            }
+            _ => {}
+        }
+    }
+
+    // --------------------------------------------------------------------- run
+
+    fn one_step(&mut self, acts: &mut Vec<Action>) -> bool {
+        self.step += 1;
+        STEP.set(self.step);
+        self.now += self.rng.below(20_000);
+        self.clock.store(self.now, Ordering::Relaxed);
+        self.disk.now_ns = self.now;
+        self.actions(acts);
+        if acts.is_empty() {
+            let Some(t) = self.next_due() else { return false };
+            self.now = t;
+            self.clock.store(self.now, Ordering::Relaxed);
+            self.disk.now_ns = self.now;
+            return true;
+        }
+        let a = acts[self.rng.index(acts.len())];
+        self.run_action(a);
+        self.settle();
+        true
+    }
+
+    fn heal(&mut self) {
+        self.faults = false;
+        self.disk.slow = false;
+        for l in &mut self.links {
+            l.to_target.stalled_until_ns = 0;
+            l.to_host.stalled_until_ns = 0;
+        }
+        if let Some(state) = &self.target.state {
+            for port in PORTS {
+                let _ = state.set_ana_state(port, ANA_GROUP, AnaState::Optimized);
+            }
+        }
+        self.event(format_args!("heal"));
+    }
+
+    fn idle(&self) -> bool {
+        self.active == 0 && self.to_issue == 0
+    }
+
+    /// Runs the whole schedule: the fault phase, the heal and drain, a read of every
+    /// block, and the final checks.
+    pub fn run(&mut self) {
+        let mut acts = Vec::new();
+        while self.step < self.opts.steps && self.violation.is_none() {
+            if !self.one_step(&mut acts) {
+                break;
+            }
+        }
+        self.heal();
+        let deadline = self.now + DRAIN_NS;
+        self.drain_steps = self.step + DRAIN_STEPS;
+        self.drain(deadline, false, &mut acts);
+        // Read every block back.
+        let mut lba = 0;
+        while lba < NS_BLOCKS && self.violation.is_none() {
+            let nlb = MAX_NLB.min(NS_BLOCKS - lba);
+            if self.start(ROp::Read, lba, nlb) {
+                lba += nlb;
+            } else if self.now >= deadline || self.step >= self.drain_steps {
+                // An I/O that never completed holds these blocks: the final checks say which.
+                break;
+            }
+            self.drain(deadline, false, &mut acts);
+        }
+        // The target's own timers end what the host's lost resets did not.
+        self.drain(self.now + DRAIN_NS, true, &mut acts);
+        self.final_checks();
+        self.sum.steps = self.step;
+        self.sum.virtual_ns = self.now;
+        self.sum.bytes = self.links.iter().map(|l| l.to_target.bytes + l.to_host.bytes).sum();
+        self.sum.bit_flips = self.links.iter().map(|l| l.to_target.flips + l.to_host.flips).sum();
+    }
+
+    /// Runs until the application is idle and every path is up (and, with `orphans`, no
+    /// target connection of a closed link is left), the deadline, or the step limit.
+    fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
+        while !(self.idle()
+            && self.paths.iter().all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none())
+            && (!orphans || self.orphans() == 0))
+            && self.now < deadline
+            && self.step < self.drain_steps
+            && self.violation.is_none()
+        {
+            if !self.one_step(acts) {
+                break;
+            }
+        }
+    }
+
+    fn final_checks(&mut self) {
+        if self.violation.is_some() {
+            return;
+        }
+        if let Some(ri) = self.reqs.iter().position(|r| r.state != RState::Done) {
+            self.violate(format!("I/O {ri} never completed ({:?})", self.reqs[ri].state));
+            return;
+        }
+        for p in 0..self.paths.len() {
+            let path = &self.paths[p];
+            let outstanding = path.io.as_ref().map_or(0, |c| c.q.outstanding());
+            if path.tags.in_use() != 0 || !path.inflight.is_empty() || outstanding != 0 {
+                let what = format!(
+                    "path {p}: {} tags, {} requests, {outstanding} queue commands still held at the end",
+                    path.tags.in_use(),
+                    path.inflight.len()
+                );
+                self.violate(what);
+                return;
+            }
+        }
+        if let Some(ri) = self.reqs.iter().position(|r| r.op != ROp::Flush && r.buf.is_none()) {
+            self.violate(format!("I/O {ri}: its buffer never came back"));
+            return;
+        }
+        if self.disk.in_flight() != 0 {
+            let n = self.disk.in_flight();
+            self.violate(format!("{n} disk operations still in flight at the end"));
+            return;
+        }
+        if let Some(t) = self.target.conns.iter().find(|t| self.links[t.link].host_closed || self.links[t.link].down) {
+            let what = format!(
+                "target connection {} of a closed link is still held at the end ({:?}, {}, {} file operations)",
+                t.id,
+                t.conn.state(),
+                t.conn.close_reason().unwrap_or("not closed"),
+                t.conn.file_ops_in_flight()
+            );
+            self.violate(what);
+            return;
+        }
+        let held = self.target.pool.outstanding();
+        let conn_bytes: usize = self.target.conns.iter().map(|t| t.conn.buffer_bytes()).sum();
+        if held != 0 && conn_bytes == 0 {
+            self.violate(format!("the target's buffer pool has {held} bytes handed out and no connection holds any"));
+        }
+    }
+
+    /// The report of a finished run.
+    pub fn report(self) -> Report {
+        Report {
+            seed: self.opts.seed,
+            summary: self.sum,
+            violation: self.violation,
+            trace_hash: self.hash,
+            trace: self.trace,
+        }
+    }
+}
