@@ -1,7 +1,7 @@
 //! `qpath bench`: fio job files in, fio-compatible text and JSON out.
 //!
-//! This crate owns the benchmark: parsing fio job files ([`job`]), naming targets
-//! ([`target`]), generating I/O ([`workload`]), `verify=crc32c` ([`verify`]), the engine
+//! This crate owns the benchmark: parsing fio job files ([`job`]), what a job's
+//! `filename` names ([`filename`]: a local file or a remote namespace), generating I/O ([`workload`]), `verify=crc32c` ([`verify`]), the engine
 //! interface and registry ([`engine`]) with the engines (`psync`/`sync`/`null`,
 //! `io_uring` for local files, `qpath` and `qpath-passthru` over our NVMe/TCP host),
 //! the job threads ([`mod@run`]), statistics ([`stats`]), fio 3.33's text and JSON
@@ -105,6 +105,7 @@ pub mod baseline;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod filename;
 pub mod io_u;
 pub mod job;
 pub mod lab;
@@ -114,7 +115,6 @@ pub mod report;
 pub mod run;
 pub mod stats;
 pub mod status;
-pub mod target;
 pub mod verify;
 pub mod workload;
 
@@ -124,11 +124,11 @@ use std::path::PathBuf;
 pub use baseline::Physical;
 pub use engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
 pub use error::{Error, ErrorKind, Result};
+pub use filename::{RemoteTarget, Target, TargetKind};
 pub use io_u::{Ddir, ForeignBuf, IoBuf, IoError, IoResult, IoU};
 pub use job::{JobFile, JobSpec};
 pub use report::{Baseline, Report};
 pub use run::{RunOptions, RunResult, StatusMode};
-pub use target::{RemoteTarget, Target, TargetKind};
 
 /// Report formats (`--output-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -304,7 +304,7 @@ pub fn run_file_compared(
         }
         let pairs: Vec<(&JobSpec, &str)> = file.jobs.iter().zip(names.iter().map(String::as_str)).collect();
         let headers = report::text::job_headers(&pairs, &version);
-        out.write_all(target::redact_secrets(&headers).as_bytes()).map_err(write_err)?;
+        out.write_all(filename::redact_secrets(&headers).as_bytes()).map_err(write_err)?;
         out.flush().map_err(write_err)?;
     }
     let result = run::run_jobs(file, registry, opts, &mut stderr)?;
@@ -316,7 +316,7 @@ pub fn run_file_compared(
                 j.spec.name,
                 j.spec.place.clone,
                 e.errno,
-                target::redact_secrets(&e.message)
+                filename::redact_secrets(&e.message)
             );
         }
     }
@@ -327,10 +327,10 @@ pub fn run_file_compared(
     // The reports show each job's filename: a remote URI's secrets are left out.
     if formats.json || formats.json_plus {
         let json = report::json::render(&rep, formats.json_plus);
-        out.write_all(target::redact_secrets(&json).as_bytes()).map_err(write_err)?;
+        out.write_all(filename::redact_secrets(&json).as_bytes()).map_err(write_err)?;
     }
     if formats.normal {
-        out.write_all(target::redact_secrets(&report::text::render(&rep)).as_bytes()).map_err(write_err)?;
+        out.write_all(filename::redact_secrets(&report::text::render(&rep)).as_bytes()).map_err(write_err)?;
     }
     out.flush().map_err(write_err)?;
     Ok(Outcome { failed: result.failed(), report: rep })

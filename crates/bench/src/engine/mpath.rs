@@ -165,7 +165,7 @@ pub fn paths_of(job: &JobSpec) -> Result<Option<usize>> {
         None => Ok(None),
         Some(v) => {
             let v = v.unwrap_or("");
-            let n = parse_in("paths", v, 1, super::super::target::PATHS_MAX as u64)
+            let n = parse_in("paths", v, 1, super::super::filename::PATHS_MAX as u64)
                 .map_err(|why| Error::new(ErrorKind::Option, why))?;
             Ok(Some(usize::try_from(n).unwrap_or(1)))
         }
@@ -180,7 +180,7 @@ pub fn check_option(name: &str, value: Option<&str>) -> Result<(), String> {
         "mpath_policy" => PolicyChoice::parse(v, None, None).map(|_| ()),
         "rr_min_io" => parse_in(name, v, 1, 65_535).map(|_| ()),
         "mpath_ref_queues" => parse_in(name, v, 1, REF_QUEUES_MAX as u64).map(|_| ()),
-        "paths" => parse_in(name, v, 1, super::super::target::PATHS_MAX as u64).map(|_| ()),
+        "paths" => parse_in(name, v, 1, super::super::filename::PATHS_MAX as u64).map(|_| ()),
         _ => Ok(()),
     }
 }

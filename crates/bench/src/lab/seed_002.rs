@@ -573,7 +573,7 @@ mod tests {
         let groups: std::collections::BTreeSet<usize> = f.jobs.iter().map(|j| j.place.groupid).collect();
         assert_eq!(groups.len(), 4, "one reporting group per step");
         for j in &f.jobs {
-            let crate::target::TargetKind::Remote(r) = &j.target.kind else { panic!("{:?}", j.target) };
+            let crate::filename::TargetKind::Remote(r) = &j.target.kind else { panic!("{:?}", j.target) };
             assert_eq!(r.path_count(), PATHS);
         }
     }
