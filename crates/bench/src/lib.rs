@@ -6,7 +6,8 @@
 //! `io_uring` for local files, `qpath` and `qpath-passthru` over our NVMe/TCP host),
 //! the job threads ([`mod@run`]), statistics ([`stats`]), fio 3.33's text and JSON
 //! reports ([`report`]), the physical baseline measured in the same run ([`baseline`])
-//! and what `qpath bench` does end to end, embedded target included ([`lab`]).
+//! and what `qpath bench` does end to end ([`cmd`]), with the target it embeds when a job
+//! names none ([`embedded_target`]).
 //!
 //! ```text
 //!  job file ─► job::JobFile ──► run::run_jobs ──────────────► report::Report ─► text / JSON
@@ -61,7 +62,7 @@
 //! What `qpath bench examples/quickstart.fio` does (embedded target, baseline, every engine):
 //!
 //! ```no_run
-//! let outcome = qpath_bench::lab::bench(&qpath_bench::lab::LabBenchArgs::for_jobfile("examples/quickstart.fio"))?;
+//! let outcome = qpath_bench::cmd::bench(&qpath_bench::cmd::CmdArgs::for_jobfile("examples/quickstart.fio"))?;
 //! assert!(!outcome.failed);
 //! # Ok::<(), qpath_bench::Error>(())
 //! ```
@@ -76,7 +77,7 @@
 //! need their own buffer type install it in `prepare` with [`io_u::IoBuf::foreign`]
 //! (the io_uring and NVMe/TCP engines install `uring::IoBuf`s that move into the ring
 //! or the host and back: [`engine::uring_buf`]). CPU pinning and thread CPU time come
-//! from [`run::RunOptions`] hooks ([`lab::pin_hook`] pins with `uring`).
+//! from [`run::RunOptions`] hooks ([`cmd::pin_hook`] pins with `uring`).
 //!
 //! # Where it differs from fio
 //!
@@ -102,7 +103,9 @@
 #![forbid(unsafe_code)]
 
 pub mod baseline;
+pub mod cmd;
 pub mod cpu;
+pub mod embedded_target;
 pub mod engine;
 pub mod error;
 pub mod filename;
@@ -273,7 +276,7 @@ pub struct Comparisons {
     pub target: Option<String>,
 }
 
-/// [`run_file`] with a physical baseline and a target description ([`lab::bench`]
+/// [`run_file`] with a physical baseline and a target description ([`cmd::bench`]
 /// uses it).
 pub fn run_file_compared(
     file: &JobFile,

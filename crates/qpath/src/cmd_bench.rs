@@ -73,8 +73,8 @@ enum LabCommand {
 }
 
 /// `qpath bench`: exits non-zero when a job failed.
-pub fn bench(a: &bench::lab::LabBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let outcome = bench::lab::bench(a)?;
+pub fn bench(a: &bench::cmd::CmdArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let outcome = bench::cmd::bench(a)?;
     if outcome.failed {
         return Err("some jobs failed (see err= in the report)".into());
     }

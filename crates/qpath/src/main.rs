@@ -55,7 +55,7 @@ enum Command {
     ///
     /// With the embedded target, the physical baseline of the machine and each job's
     /// ratio to it are reported too.
-    Bench(bench::lab::LabBenchArgs),
+    Bench(bench::cmd::CmdArgs),
     /// Experiments against the stack's goals: path flaps, multipath, fairness, auth, seeds.
     ///
     /// Each lab prints a table, its goals and whether they were met, and writes a plot;
