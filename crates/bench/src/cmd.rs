@@ -1,4 +1,4 @@
-//! What `qpath bench` does, end to end; the bin only parses arguments and calls [`bench`].
+//! What `qpath bench` does, end to end; the bin only parses arguments and calls [`bench()`].
 //! The labs (`qpath lab`) use its placement helpers too: [`default_cpus`],
 //! [`place_jobs`], [`pin_hook`].
 //!

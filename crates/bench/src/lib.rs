@@ -111,7 +111,6 @@ pub mod error;
 pub mod filename;
 pub mod io_u;
 pub mod job;
-pub mod lab;
 pub mod layout;
 pub mod observe;
 pub mod report;

@@ -1,6 +1,44 @@
-//! The labs (`qpath lab ...`): experiments that run jobs or connections against an
-//! embedded target and print a table and JSON with their goals. Each lab is one module;
-//! [`baseline`] measures the machine's physical baseline.
+//! The labs of `qpath lab`: experiments that reproduce a problem (a "seed": a
+//! mailing-list thread or bug report with its numbers) or stress one mechanism, each run
+//! against an embedded target in this process with the stack below, in one command,
+//! printing a table, an SVG plot and JSON that carries each goal's ratio.
+//!
+//! ```text
+//!  qpath lab NAME ──► lab module: cases ──► bench (job files, engines, reports)  ─┐
+//!                         │                 host (contexts, heads, queue pairs)   ├─► embedded
+//!                         │                 blk (shared tag sets)                 │   target
+//!                         │                 target (ports, faults, ANA, budgets) ─┘   (loopback)
+//!                         └──► result::LabResult ──► text table / SVG / JSON with goals
+//! ```
+//!
+//! | lab | what it measures |
+//! | --- | --- |
+//! | [`seed_000`], [`mpath_delay`] | path selection: the policies against seed 000's reference selectors; one path delayed |
+//! | [`seed_001`] | the block path against a user-owned queue pair |
+//! | [`seed_002`] | 1, 2 and 4 subsystems of 2 paths each (tiobench) |
+//! | [`seed_003`] | a WAL next to random-read hogs on one shared tag set, per tag policy |
+//! | [`seed_004`] | 1 queue, N queues on one context, N contexts |
+//! | [`fairness`], [`auth_stall`], [`auth_flood`] | a QD1 queue next to a flood, a DH-HMAC-CHAP step, a Negotiate flood |
+//! | [`flaps`] | path flaps (link, port faults, ANA, Linux nvmet) that lose no write |
+//! | [`baseline()`] | the machine's raw loopback TCP ping-pong and stream |
+//!
+//! A lab's result, built and checked the way every lab builds its own:
+//!
+//! ```
+//! use qpath_lab::result::{Cell, Goal, LabResult};
+//!
+//! let mut r = LabResult::new("seed-demo", "one queue against two");
+//! r.columns(&["case", "IOPS"]);
+//! r.row(vec![Cell::text("1 queue"), Cell::num(100_000.0, "IOPS")]);
+//! r.row(vec![Cell::text("2 queues"), Cell::num(125_000.0, "IOPS")]);
+//! r.goal(Goal::at_least("2 queues / 1 queue", 125_000.0, 100_000.0, 1.2));
+//! assert!(r.all_goals_met());
+//! ```
+//!
+//! Errors are the bench's ([`bench::Error`]): a lab fails where the jobs, engines or
+//! embedded target it runs fail, and adds its own context with the same kinds.
+
+#![forbid(unsafe_code)]
 
 pub mod auth_flood;
 pub mod auth_stall;
@@ -19,12 +57,10 @@ use std::time::Duration;
 
 use target::reactor::PollMode;
 
-use crate::baseline::{self, BaselineOptions, Physical, Placement, WaitMode};
-use crate::cmd::{default_cpus, seconds_up_to};
-use crate::error::{Error, Result};
+use bench::baseline::{self, BaselineOptions, Physical, Placement, WaitMode};
+use bench::{Error, Result};
 
-pub(crate) use crate::cmd::{parse_poll, pin_hook, place_jobs};
-pub(crate) use crate::embedded_target as embedded;
+pub(crate) use bench::cmd::{default_cpus, parse_poll, pin_hook, place_jobs, seconds_up_to};
 
 fn parse_wait(s: &str) -> std::result::Result<WaitMode, String> {
     match s {
@@ -100,11 +136,11 @@ pub fn baseline(args: &LabBaselineArgs, out: &mut dyn Write) -> Result<Physical>
     let p = baseline::measure(&opts)?;
     let text = if args.json {
         let mut s = String::new();
-        crate::report::json::physical_json(&p).print(&mut s, 0);
+        bench::report::json::physical_json(&p).print(&mut s, 0);
         s.push('\n');
         s
     } else {
-        crate::report::text::physical_text(&p)
+        bench::report::text::physical_text(&p)
     };
     out.write_all(text.as_bytes()).map_err(|e| Error::io("write baseline", e))?;
     Ok(p)
