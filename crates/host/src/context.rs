@@ -131,9 +131,15 @@ pub enum DepthLimitOrder {
     /// Linux SCSI's order (seed 003): a request takes a tag from the whole set
     /// first, then waits for the device's budget (`scsi_mq_get_budget`) while
     /// holding it. A device with a deep queue can then sit on every tag with
-    /// requests that wait for its own budget.
+    /// requests that wait for its own budget. A baseline for seed 003's lab: built
+    /// only with the `lab-baselines` feature.
+    #[cfg(feature = "lab-baselines")]
     AfterTag,
 }
+
+/// Whether [`DepthLimitOrder`] has its `AfterTag` baseline: without it no device has
+/// a budget, and the budget checks on the I/O path fold away.
+const AFTER_TAG_BUILT: bool = cfg!(feature = "lab-baselines");
 
 impl Default for ContextOptions {
     fn default() -> Self {
@@ -226,8 +232,7 @@ impl Multi {
     fn select(&mut self) -> Selection {
         match &self.reference {
             None => self.sel.select(),
-            Some(ReferenceSelector::SumPerQueue(r)) => r.select(),
-            Some(ReferenceSelector::SharedAtomic(r)) => r.select(),
+            Some(r) => r.select(),
         }
     }
 
@@ -240,12 +245,8 @@ impl Multi {
         self.sel.on_submit(path);
         match &self.reference {
             None => 0,
-            Some(ReferenceSelector::SumPerQueue(r)) => {
+            Some(r) => {
                 r.on_submit(path, qkey);
-                self.ref_gen
-            }
-            Some(ReferenceSelector::SharedAtomic(r)) => {
-                r.on_submit(path);
                 self.ref_gen
             }
         }
@@ -254,13 +255,11 @@ impl Multi {
     #[inline]
     fn on_complete(&mut self, path: PathIndex, qkey: usize, latency_ns: u64, outcome: Outcome, counted_by: u32) {
         self.sel.on_complete(path, latency_ns, outcome);
-        if counted_by == 0 || counted_by != self.ref_gen {
-            return;
-        }
-        match &self.reference {
-            None => {}
-            Some(ReferenceSelector::SumPerQueue(r)) => r.on_complete(path, qkey),
-            Some(ReferenceSelector::SharedAtomic(r)) => r.on_complete(path),
+        if let Some(r) = &self.reference
+            && counted_by != 0
+            && counted_by == self.ref_gen
+        {
+            r.on_complete(path, qkey);
         }
     }
 }
@@ -631,7 +630,7 @@ impl Context {
     fn new_device(&mut self, kind: DevKind, block_shift: u8, nsze: u64, depth_limit: Option<u16>) -> Result<DeviceId> {
         let id =
             DeviceId(u32::try_from(self.devices.len()).map_err(|_| Error::new(ErrorKind::Busy, "too many devices"))?);
-        let after_tag = self.opts.depth_limit_order == DepthLimitOrder::AfterTag;
+        let after_tag = self.opts.depth_limit_order != DepthLimitOrder::BeforeTag;
         let (tag_limit, budget) = if after_tag { (None, depth_limit) } else { (depth_limit, None) };
         let tags = match &self.opts.shared_tags {
             Some(set) => Some(set.register_user(tag_limit).map_err(|e| Error::new(ErrorKind::Busy, e.to_string()))?),
@@ -1046,7 +1045,7 @@ impl Context {
         r.tag = tag.get();
         r.shared_tag = shared;
         let d = &mut self.devices[dev];
-        if let Some(budget) = d.budget {
+        if AFTER_TAG_BUILT && let Some(budget) = d.budget {
             // DepthLimitOrder::AfterTag: the tag is taken; now the device's budget.
             if d.budget_used >= budget {
                 d.budget_waiting.push_back(rid);
@@ -1160,7 +1159,7 @@ impl Context {
     /// Gives back the device budget a request held (it left the wire).
     fn release_budget(&mut self, rid: u32) {
         let r = &mut self.reqs[rid as usize];
-        if r.budgeted {
+        if AFTER_TAG_BUILT && r.budgeted {
             r.budgeted = false;
             let d = &mut self.devices[r.dev as usize];
             d.budget_used -= 1;
@@ -1465,7 +1464,7 @@ impl Context {
         if self.conns[ckey].as_ref().is_some_and(|c| c.q.has_pending_send()) {
             self.send(ckey);
         }
-        if self.opts.shared_tags.is_some() {
+        if AFTER_TAG_BUILT && self.opts.shared_tags.is_some() {
             // Requests that already hold a tag go first.
             for d in 0..self.devices.len() {
                 if !self.devices[d].budget_waiting.is_empty() {

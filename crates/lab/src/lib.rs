@@ -22,6 +22,11 @@
 //! | [`flaps`] | path flaps (link, port faults, ANA, Linux nvmet) that lose no write |
 //! | [`baseline()`] | the machine's raw loopback TCP ping-pong and stream |
 //!
+//! The labs are the only users of the stack's baselines, which production builds
+//! leave out: seed 000's reference path selectors and seed 003's tag-then-budget order
+//! in `host`, and the unfair shared tag policies in `blk` (the `lab-baselines` cargo
+//! features this crate turns on; `docs/design.md`, "Lab baselines").
+//!
 //! A lab's result, built and checked the way every lab builds its own:
 //!
 //! ```
