@@ -24,8 +24,9 @@
 //!
 //! The labs are the only users of the stack's baselines, which production builds
 //! leave out: seed 000's reference path selectors and seed 003's tag-then-budget order
-//! in `host`, and the unfair shared tag policies in `blk` (the `lab-baselines` cargo
-//! features this crate turns on; `docs/design.md`, "Lab baselines").
+//! in `host`, the unfair shared tag policies in `blk` (their `lab-baselines` cargo
+//! features), and the target's per-command port faults (its `fault-injection`
+//! feature); this crate turns them on (`docs/design.md`, "Lab baselines").
 //!
 //! A lab's result, built and checked the way every lab builds its own:
 //!

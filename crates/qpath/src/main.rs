@@ -4,6 +4,7 @@
 mod cmd_bench;
 mod cmd_doc;
 mod cmd_host;
+#[cfg(feature = "lab")]
 mod cmd_lab;
 mod cmd_resv;
 mod cmd_rpc;
@@ -61,6 +62,7 @@ enum Command {
     ///
     /// Each lab prints a table, its goals and whether they were met, and writes a plot;
     /// `qpath lab baseline` measures the machine itself.
+    #[cfg(feature = "lab")]
     Lab(cmd_lab::LabArgs),
     /// Write the manual pages (qpath.1, qpath-target.1, ...) into a directory.
     #[command(hide = true)]
@@ -89,6 +91,7 @@ fn main() {
         Command::ListSubsys(a) => cmd_host::list_subsys(a),
         Command::Resv(a) => cmd_resv::run(a),
         Command::Bench(a) => cmd_bench::bench(&a),
+        #[cfg(feature = "lab")]
         Command::Lab(a) => cmd_lab::run(&a),
         Command::Man(a) => cmd_doc::man(&a, Cli::command()),
         Command::Completions(a) => cmd_doc::completions(&a, Cli::command()),
