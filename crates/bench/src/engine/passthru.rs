@@ -184,7 +184,15 @@ impl Engine for PassthruEngine {
                     return Queued::Busy(unit);
                 }
                 tracing::debug!("qpath-passthru: submit refused: {e}");
-                unit.result = IoResult::Error(IoError::Os(libc::EIO));
+                // A queue pair whose connection closed refuses new commands: that is the
+                // same lost path its in-flight commands completed with, and `explain`
+                // names the target for it. Any other refusal is the engine's own error.
+                unit.result = if self.qp.is_live() {
+                    IoResult::Error(IoError::Os(libc::EIO))
+                } else {
+                    let s = nvme::Status::HOST_PATH_ERROR;
+                    IoResult::Error(IoError::Nvme { sct: s.sct as u8, sc: s.sc })
+                };
                 Queued::Completed(unit)
             }
         }
