@@ -1557,29 +1557,32 @@ impl Context {
                     *b += u64::from(self.reqs[rid as usize].len);
                 }
             }
-            if path_error {
-                if status.is_ana_error()
-                    && let Some(Some(lp)) = m.paths.get_mut(usize::from(path))
-                {
-                    lp.ctrl.request_ana_refresh();
-                    lp.suspect_at = Some(lp.ctrl.change_count());
-                    m.seen = 0;
-                }
-                let r = &mut self.reqs[rid as usize];
-                if r.retries < self.opts.max_failovers {
-                    r.retries += 1;
-                    r.state = ReqState::Waiting;
-                    self.queues[qkey].stats.record_requeue();
-                    self.refresh_paths(dev);
-                    self.route(rid);
-                    return;
-                }
+            if path_error
+                && status.is_ana_error()
+                && let Some(Some(lp)) = m.paths.get_mut(usize::from(path))
+            {
+                lp.ctrl.request_ana_refresh();
+                lp.suspect_at = Some(lp.ctrl.change_count());
+                m.seen = 0;
             }
-        } else if status == Status::HOST_PATH_ERROR {
-            // Transport failures on a single path wait for the reconnect (Linux requeues them).
-            let ctrl_gone = self.queues[qkey].ctrl.should_fail_io();
-            let r = &mut self.reqs[rid as usize];
-            if r.retries < self.opts.max_retries && !ctrl_gone {
+        }
+        let multipath = matches!(self.devices[dev].kind, DevKind::Multi(_));
+        let retries = self.reqs[rid as usize].retries;
+        let queues = &self.queues;
+        match disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io()) {
+            Disposition::Complete => {}
+            Disposition::Failover => {
+                let r = &mut self.reqs[rid as usize];
+                r.retries += 1;
+                r.state = ReqState::Waiting;
+                self.queues[qkey].stats.record_requeue();
+                self.refresh_paths(dev);
+                self.route(rid);
+                return;
+            }
+            Disposition::Requeue => {
+                // Transport failures on a single path wait for the reconnect (Linux requeues them).
+                let r = &mut self.reqs[rid as usize];
                 r.retries += 1;
                 r.state = ReqState::Waiting;
                 self.queues[qkey].stats.record_requeue();
@@ -1824,6 +1827,40 @@ impl Context {
     }
 }
 
+/// What becomes of a request whose command came back with `status` (Linux
+/// `nvme_decide_disposition`): the caller gets it, or it goes out again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Disposition {
+    /// Complete it to the caller with the status.
+    Complete,
+    /// A multipath device: route it again (another path, or wait for one).
+    Failover,
+    /// A single path lost its connection: wait on the queue for the reconnect.
+    Requeue,
+}
+
+/// The disposition of a request that already went through `retries` path changes
+/// (multipath) or transport retries (single path). On a single path only a transport
+/// failure is retried, as Linux requeues it, and not once `ctrl_gone` (the controller is
+/// dead or past fast_io_fail_tmo; asked only then: it takes the controller's lock).
+#[inline]
+fn disposition(
+    status: Status,
+    multipath: bool,
+    retries: u32,
+    opts: &ContextOptions,
+    ctrl_gone: impl FnOnce() -> bool,
+) -> Disposition {
+    if multipath {
+        if status.is_path_error() && retries < opts.max_failovers {
+            return Disposition::Failover;
+        }
+    } else if status == Status::HOST_PATH_ERROR && retries < opts.max_retries && !ctrl_gone() {
+        return Disposition::Requeue;
+    }
+    Disposition::Complete
+}
+
 fn op_code(op: Op) -> u8 {
     match op {
         Op::Read => opc::READ,
@@ -1874,5 +1911,134 @@ impl Drop for Context {
                 _ => ctrl.release_queue(index, None),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The block core's decisions that need no ring, socket or controller.
+
+    use super::*;
+
+    fn opts(max_retries: u32, max_failovers: u32) -> ContextOptions {
+        ContextOptions { max_retries, max_failovers, ..ContextOptions::default() }
+    }
+
+    fn never_asked() -> bool {
+        panic!("the controller was asked whether it is gone for a status that does not need it")
+    }
+
+    #[test]
+    fn a_single_path_requeues_transport_failures_until_its_retries_run_out_or_the_controller_is_gone() {
+        let o = opts(2, 1000);
+        let d = |status, retries, gone: bool| disposition(status, false, retries, &o, || gone);
+        assert_eq!(d(Status::HOST_PATH_ERROR, 0, false), Disposition::Requeue);
+        assert_eq!(d(Status::HOST_PATH_ERROR, 1, false), Disposition::Requeue);
+        assert_eq!(d(Status::HOST_PATH_ERROR, 2, false), Disposition::Complete, "max_retries reached");
+        assert_eq!(d(Status::HOST_PATH_ERROR, 0, true), Disposition::Complete, "past fast_io_fail_tmo or dead");
+        // Nothing else is retried on a single path: not an ANA state (no other path to
+        // take), not a media error, not success; and the controller is not asked.
+        for status in [Status::SUCCESS, Status::LBA_OUT_OF_RANGE, Status::ANA_INACCESSIBLE, Status::INTERNAL] {
+            assert_eq!(disposition(status, false, 0, &o, never_asked), Disposition::Complete, "{status}");
+        }
+        assert_eq!(
+            disposition(Status::HOST_PATH_ERROR.with_dnr(true), false, 0, &o, never_asked),
+            Disposition::Complete
+        );
+    }
+
+    #[test]
+    fn a_multipath_device_fails_over_path_errors_until_its_failovers_run_out() {
+        let o = opts(0, 3);
+        for status in [
+            Status::HOST_PATH_ERROR,
+            Status::ANA_INACCESSIBLE,
+            Status::ANA_TRANSITION,
+            Status::ANA_PERSISTENT_LOSS,
+            Status::TRANSIENT_TRANSPORT_ERROR,
+        ] {
+            for retries in 0..3 {
+                assert_eq!(disposition(status, true, retries, &o, never_asked), Disposition::Failover, "{status}");
+            }
+            assert_eq!(disposition(status, true, 3, &o, never_asked), Disposition::Complete, "{status}");
+        }
+        for status in [Status::SUCCESS, Status::LBA_OUT_OF_RANGE, Status::INVALID_FIELD] {
+            assert_eq!(disposition(status, true, 0, &o, never_asked), Disposition::Complete, "{status}");
+        }
+    }
+
+    fn spread(n: usize, map: &[u16]) -> SpreadDev {
+        SpreadDev { nsid: Nsid(1), qkeys: (10..10 + n).collect(), map: map.into(), next: 0 }
+    }
+
+    #[test]
+    fn a_spread_device_round_robins_or_keeps_each_submitter_on_its_queue() {
+        let mut rr = spread(3, &[]);
+        let picks: Vec<usize> = (0..7).map(|_| rr.pick(5)).collect();
+        assert_eq!(picks, [10, 11, 12, 10, 11, 12, 10], "the submitter does not matter");
+        // Four submitters over two queues, contiguous (blk's CPU map): 0,1 -> 0 and 2,3 -> 1.
+        let mut by = spread(2, &[0, 0, 1, 1]);
+        assert_eq!((0..4).map(|s| by.pick(s)).collect::<Vec<_>>(), [10, 10, 11, 11]);
+        assert_eq!(by.pick(2), 11, "the same submitter, the same queue");
+        // A submitter beyond the map wraps onto it.
+        assert_eq!(by.pick(6), 11);
+        assert_eq!(by.pick(4), 10);
+    }
+
+    #[test]
+    fn ring_tokens_carry_kind_generation_and_connection() {
+        for (kind, generation, key) in [(K_RECV, 0, 0), (K_SEND, 0xfff, 7), (K_RECV, 5, 0xffff_ffff_ffff)] {
+            assert_eq!(untok(tok(kind, generation, key)), (kind, generation, key));
+        }
+        // Generations wrap at 12 bits: a stale completion differs from its successor's.
+        assert_eq!(untok(tok(K_SEND, 0x1001, 3)), (K_SEND, 1, 3));
+        assert_ne!(tok(K_RECV, 1, 3), tok(K_RECV, 2, 3));
+    }
+
+    /// A multipath device whose head runs seed 000's shared-atomic reference over two
+    /// optimized paths.
+    #[cfg(feature = "lab-baselines")]
+    fn multi_with_reference() -> (Multi, Arc<crate::mpath::reference::SharedAtomic>) {
+        let classes = [PathClass::Optimized; 2];
+        let reference = Arc::new(crate::mpath::reference::SharedAtomic::new(&classes));
+        let policy = crate::mpath::Policy::RoundRobin { rr_min_io: 1 };
+        let mut sel = Selector::new(policy, 0);
+        sel.set_paths(&[PathState::new(1, PathClass::Optimized), PathState::new(2, PathClass::Optimized)]);
+        let m = Multi {
+            head: Head::new("nqn.2026-11.io.qpath:unit", [0; 16], policy),
+            sel,
+            reference: Some(ReferenceSelector::SharedAtomic(Arc::clone(&reference))),
+            ref_gen: 1,
+            paths: vec![None, None],
+            seen: 0,
+            seen_head: 0,
+            ios: vec![0; 2],
+            bytes: vec![0; 2],
+        };
+        (m, reference)
+    }
+
+    #[test]
+    #[cfg(feature = "lab-baselines")]
+    fn a_completion_is_counted_down_only_by_the_reference_that_counted_its_submission() {
+        let (mut m, first) = multi_with_reference();
+        let counted: Vec<u32> = (0..2).map(|_| m.on_submit(PathIndex(0), 0)).collect();
+        assert_eq!(counted, [1, 1]);
+        assert_eq!(first.select(), Selection::Submit(PathIndex(1)), "path 0 holds two I/Os");
+        // The head switches to a new reference while those two are in flight.
+        let second = Arc::new(crate::mpath::reference::SharedAtomic::new(&[PathClass::Optimized; 2]));
+        m.reference = Some(ReferenceSelector::SharedAtomic(Arc::clone(&second)));
+        m.ref_gen = 2;
+        assert_eq!(m.on_submit(PathIndex(1), 0), 2);
+        for c in counted {
+            m.on_complete(PathIndex(0), 0, 1000, Outcome::Done, c);
+        }
+        // The new reference never counted them: its path 0 is idle, not below zero.
+        assert_eq!(second.select(), Selection::Submit(PathIndex(0)));
+        assert_eq!(m.select(), Selection::Submit(PathIndex(0)));
+        m.on_complete(PathIndex(1), 0, 1000, Outcome::Done, 2);
+        // Without a reference (gen 0) nothing is counted down either.
+        m.reference = None;
+        assert_eq!(m.on_submit(PathIndex(1), 0), 0);
     }
 }
