@@ -54,4 +54,4 @@ pub mod reservation;
 pub mod stats;
 pub mod sync;
 
-pub use error::{Error, ErrorKind, Result};
+pub use error::{BadTransition, Error, ErrorKind, Result};

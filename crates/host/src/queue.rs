@@ -29,6 +29,8 @@ use nvme::tcp::{
 use nvme::{Cid, Cntlid, Cqe, QueueId, SglDescriptor, Sqe, Status};
 use uring::{IoBuf, SendMsg};
 
+use crate::error::BadTransition;
+
 /// C2H data of at least this many bytes still to come is received straight into the
 /// command's buffer instead of through the queue's receive buffer (one copy, not two).
 pub const DIRECT_RECV_MIN: usize = 16 * 1024;
@@ -113,17 +115,15 @@ pub enum QueueState {
 
 impl QueueState {
     /// The one place queue lifecycle changes are decided.
-    pub fn transition(self, to: QueueState) -> QueueState {
+    #[must_use = "a refused transition leaves the state as it was"]
+    pub fn transition(self, to: QueueState) -> Result<QueueState, BadTransition<QueueState>> {
         use QueueState::*;
         match (self, to) {
             (AwaitIcResp, AwaitConnect)
             | (AwaitConnect, Live | Authenticating)
             | (Authenticating, Live)
-            | (_, Failed) => to,
-            (from, to) => {
-                debug_assert!(false, "queue state {from:?} -> {to:?} is not a transition");
-                from
-            }
+            | (_, Failed) => Ok(to),
+            (from, to) => Err(BadTransition { from, to }),
         }
     }
 }
@@ -352,8 +352,7 @@ impl HostQueue {
 
     /// The in-band authentication transaction succeeded: the queue goes live.
     pub fn authenticated(&mut self) {
-        if self.state == QueueState::Authenticating {
-            self.state = self.state.transition(QueueState::Live);
+        if self.state == QueueState::Authenticating && self.transition(QueueState::Live) {
             self.was_authenticated = true;
         }
     }
@@ -413,7 +412,26 @@ impl HostQueue {
         if self.state != QueueState::Failed {
             tracing::debug!(qid = self.cfg.qid.0, "queue failed: {why}");
             self.error = Some(why);
-            self.state = self.state.transition(QueueState::Failed);
+            // Every state may fail (QueueState::transition's `(_, Failed)`).
+            self.state = QueueState::Failed;
+        }
+    }
+
+    /// Moves the queue to `to`; whether it did. A transition its state machine refuses
+    /// is logged at error level (in release builds too) and fails the queue: its driver
+    /// and the protocol no longer agree on where the connection stands.
+    #[must_use = "a refused transition fails the queue"]
+    fn transition(&mut self, to: QueueState) -> bool {
+        match self.state.transition(to) {
+            Ok(s) => {
+                self.state = s;
+                true
+            }
+            Err(e) => {
+                tracing::error!(qid = self.cfg.qid.0, "queue state change refused: {e}");
+                self.fail(format!("internal error: {e}"));
+                false
+            }
         }
     }
 
@@ -794,8 +812,9 @@ impl HostQueue {
         if w.ddgst {
             self.tx.push_bytes(&crc32c(&data).to_le_bytes());
         }
-        self.slots[usize::from(ct)].state = SlotState::Outstanding;
-        self.state = self.state.transition(QueueState::AwaitConnect);
+        if self.transition(QueueState::AwaitConnect) {
+            self.slots[usize::from(ct)].state = SlotState::Outstanding;
+        }
     }
 
     fn on_cqe(&mut self, cqe: Cqe) {
@@ -815,7 +834,10 @@ impl HostQueue {
                 } else {
                     QueueState::Live
                 };
-                self.state = self.state.transition(next);
+                if !self.transition(next) {
+                    // Refused (logged): the queue failed instead.
+                    return;
+                }
             } else {
                 self.fail(format!("Connect refused: {} (dw0 {:#x})", cqe.status, cqe.dw0));
             }
@@ -1127,6 +1149,31 @@ mod tests {
     /// (token, tag, status, buffer capacity) of the completions so far.
     fn drain(q: &mut HostQueue) -> Vec<(u64, u16, Status, Option<usize>)> {
         q.completions().drain(..).map(|d| (d.token, d.tag, d.cqe.status, d.buf.as_ref().map(IoBuf::capacity))).collect()
+    }
+
+    #[test]
+    fn queue_states_change_only_along_the_handshake_and_any_state_may_fail() {
+        use QueueState::*;
+        let all = [AwaitIcResp, AwaitConnect, Authenticating, Live, Failed];
+        let legal =
+            [(AwaitIcResp, AwaitConnect), (AwaitConnect, Live), (AwaitConnect, Authenticating), (Authenticating, Live)];
+        for from in all {
+            for to in all {
+                let got = from.transition(to);
+                if to == Failed || legal.contains(&(from, to)) {
+                    assert_eq!(got, Ok(to), "{from:?} -> {to:?}");
+                } else {
+                    assert_eq!(got, Err(BadTransition { from, to }), "{from:?} -> {to:?}");
+                }
+            }
+        }
+        // A failed queue stays failed.
+        assert!(Failed.transition(Live).is_err());
+        // On the queue: `authenticated` on a live queue changes nothing.
+        let mut q = live();
+        q.authenticated();
+        assert_eq!(q.state(), Live);
+        assert!(!q.was_authenticated());
     }
 
     #[test]
