@@ -2041,4 +2041,94 @@ mod tests {
         m.reference = None;
         assert_eq!(m.on_submit(PathIndex(1), 0), 0);
     }
+
+    /// A context (an io_uring, no socket) with one multipath device of `nsze` 512-byte
+    /// blocks whose two paths the selector sees as `class`, and no controller behind them.
+    fn pathless(max_requests: usize, nsze: u64, class: PathClass) -> (Context, DeviceId) {
+        let mut ctx = Context::new(ContextOptions { max_requests, ..ContextOptions::default() }).unwrap();
+        let policy = crate::mpath::Policy::RoundRobin { rr_min_io: 1 };
+        let head = Head::new("nqn.2026-11.io.qpath:unit", [0; 16], policy);
+        let mut sel = Selector::new(policy, 0);
+        sel.set_paths(&[PathState::new(1, class), PathState::new(2, class)]);
+        let seen_head = head.generation();
+        let m = Multi {
+            head,
+            sel,
+            reference: None,
+            ref_gen: 1,
+            paths: vec![None, None],
+            // The view key of a head with no local paths (`refresh_paths`): the selector
+            // keeps `class` until the test says otherwise.
+            seen: seen_head.wrapping_mul(0x100_0000_01b3) | 1,
+            seen_head,
+            ios: vec![0; 2],
+            bytes: vec![0; 2],
+        };
+        ctx.has_multi = true;
+        let dev = ctx.new_device(DevKind::Multi(Box::new(m)), 9, nsze, None).unwrap();
+        (ctx, dev)
+    }
+
+    fn buf() -> Option<IoBuf> {
+        Some(IoBuf::new(4096))
+    }
+
+    #[test]
+    fn submissions_are_checked_against_the_device_before_taking_a_request() {
+        let (mut ctx, dev) = pathless(4, 16, PathClass::Transient);
+        let refused = |r: std::result::Result<(), (Error, Option<IoBuf>)>| {
+            let (e, b) = r.unwrap_err();
+            (e.kind, e.to_string(), b.is_some())
+        };
+        let (kind, why, back) = refused(ctx.submit(DeviceId(7), Op::Read, 0, 512, buf(), 1));
+        assert_eq!((kind, why.as_str(), back), (ErrorKind::Invalid, "no such device", true));
+        let (kind, why, back) = refused(ctx.submit(dev, Op::Read, 100, 512, buf(), 1));
+        assert!(kind == ErrorKind::Invalid && why.contains("not multiples of 512") && back, "{why}");
+        let (kind, why, _) = refused(ctx.submit(dev, Op::Read, 0, 0, buf(), 1));
+        assert!(kind == ErrorKind::Invalid && why.contains("length 0"), "{why}");
+        let (_, why, _) = refused(ctx.submit(dev, Op::Write, 15 * 512, 1024, buf(), 1));
+        assert_eq!(why, "beyond the end of the device");
+        let (_, why, back) = refused(ctx.submit(dev, Op::Read, 0, 4096, None, 1));
+        assert_eq!((why.as_str(), back), ("buffer smaller than the transfer", false));
+        let (_, why, _) = refused(ctx.submit(dev, Op::Read, 0, 8192, buf(), 1));
+        assert_eq!(why, "buffer smaller than the transfer");
+        // A flush has no range, so no end to pass.
+        ctx.submit(dev, Op::Flush, 0, 0, None, 2).map_err(|(e, _)| e).unwrap();
+        assert_eq!(ctx.in_flight(), 1, "only the flush took a request");
+    }
+
+    #[test]
+    fn requests_wait_for_a_path_run_out_at_max_requests_and_fail_in_order_when_no_path_can_come_back() {
+        let (mut ctx, dev) = pathless(3, 1 << 20, PathClass::Transient);
+        for token in 10..13 {
+            ctx.submit(dev, Op::Read, token * 4096, 4096, buf(), token).map_err(|(e, _)| e).unwrap();
+        }
+        // Every request waits for a path that may come back: none completes.
+        assert_eq!(ctx.in_flight(), 3);
+        assert_eq!(ctx.poll(Wait::Poll).unwrap(), 0);
+        // The request table is full: the next is refused at once, its buffer handed back.
+        let (e, b) = ctx.submit(dev, Op::Write, 0, 4096, buf(), 13).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Busy);
+        assert!(b.is_some());
+        // Both paths are gone for good (the view changes): the waiting requests fail with a
+        // path error, in the order they were submitted, each with its buffer.
+        let DevKind::Multi(m) = &mut ctx.devices[dev.0 as usize].kind else { unreachable!() };
+        m.seen = 0;
+        assert_eq!(ctx.poll(Wait::Poll).unwrap(), 3);
+        let done: Vec<(u64, Status, bool)> = ctx.completions().map(|c| (c.token, c.status, c.buf.is_some())).collect();
+        assert_eq!(
+            done,
+            [
+                (10, Status::HOST_PATH_ERROR, true),
+                (11, Status::HOST_PATH_ERROR, true),
+                (12, Status::HOST_PATH_ERROR, true)
+            ]
+        );
+        assert_eq!(ctx.in_flight(), 0);
+        // The requests are free again; with no path, a new one fails at once.
+        ctx.submit(dev, Op::Read, 0, 4096, buf(), 14).map_err(|(e, _)| e).unwrap();
+        assert_eq!(ctx.in_flight(), 0);
+        let c = ctx.completions().next().unwrap();
+        assert_eq!((c.token, c.status), (14, Status::HOST_PATH_ERROR));
+    }
 }
