@@ -10,7 +10,8 @@
 #      tests/vm/run.sh): Linux 6.1 and 7.2 kernel hosts in QEMU against qpath target.
 #      Each scenario skips with a reason where it cannot run (not root, no QEMU/vmlab);
 #      QPATH_SKIP_VM=1 skips them all.
-#   6. the DH-HMAC-CHAP VM suite (crates/qpath/tests/vm_auth.rs -> tests/vm-auth/run.sh), same rules.
+#   6. the DH-HMAC-CHAP VM suite (crates/qpath/tests/vm_auth.rs -> tests/vm-auth/run.sh), same rules;
+#      then the TLS VM suite (crates/qpath/tests/vm_tls.rs -> tests/vm-tls/run.sh).
 #   7. every cargo-fuzz target for a few seconds (scripts/fuzz.sh; QPATH_FUZZ_SECS, default 5);
 #      skipped with a reason when cargo-fuzz is missing (scripts/install-deps.sh installs it).
 #   8. the Debian package (scripts/build-deb.sh) installed, run as a systemd service, removed
@@ -50,6 +51,10 @@ QPATH_BIN=$TARGET_DIR/release/qpath \
 phase "VM DH-HMAC-CHAP suite (tests/vm-auth, Linux 7.2 host and target against qpath)"
 QPATH_BIN=$TARGET_DIR/release/qpath \
   cargo test -p qpath --test vm_auth -- --ignored --test-threads=1
+
+phase "VM TLS suite (tests/vm-tls, Linux 7.2 host against qpath target over TLS 1.3)"
+QPATH_BIN=$TARGET_DIR/release/qpath \
+  cargo test -p qpath --test vm_tls -- --ignored --test-threads=1
 
 phase "fuzz smoke run (scripts/fuzz.sh, every target ${QPATH_FUZZ_SECS:-5} s)"
 if cargo fuzz --version > /dev/null 2>&1; then

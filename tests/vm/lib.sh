@@ -158,8 +158,9 @@ start_guest() {
   local append="vmlab.env.NQN=$QPATH_NQN vmlab.env.EXPECT_KVER=$(kver) $*"
   SERIAL=$D/serial.log
   say "booting KERNEL=$KERNEL guest with $(basename "$script") (serial log $SERIAL)"
-  local share=()
+  local share=() f
   [ -z "${GUEST_SHARE:-}" ] || share=(--share "$GUEST_SHARE")   # 9p: host dir at /host
+  for f in ${BOOT_FILES[@]+"${BOOT_FILES[@]}"}; do share+=(--file "$f"); done   # SRC:DST, more files
   setsid "$VMLAB_DIR/boot.sh" --net tap --script "$script" "${share[@]}" \
     --file "$VM_DIR/guest/lib.sh:/vmlab/qpath-lib.sh" --timeout "$BOOT_TIMEOUT" \
     --append "$append" --log "$SERIAL" > "$D/boot.out" 2>&1 < /dev/null &

@@ -16,7 +16,9 @@
 //!   [`crate::engine::remote::DEFAULT_FAST_IO_FAIL_TMO`]);
 //!   `tcp_congestion=NAME` the connections' TCP congestion control (`cubic`, `bbr`, ...;
 //!   default the system's); `dhchap_secret=DHHC-1:..` and `dhchap_ctrl_secret=DHHC-1:..`
-//!   DH-HMAC-CHAP as `nvme connect --dhchap-secret/--dhchap-ctrl-secret`; other keys
+//!   DH-HMAC-CHAP as `nvme connect --dhchap-secret/--dhchap-ctrl-secret`;
+//!   `tls_key=NVMeTLSkey-1:..` runs every queue inside TLS 1.3 as `nvme connect --tls
+//!   --tls-key` (redacted from reports like the secrets); other keys
 //!   are kept in [`RemoteTarget::extra`] for the engine.
 //!
 //! Multipath: a URI may name several transport addresses of the same subsystem, comma
@@ -413,11 +415,11 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// `s` with the values of `dhchap_secret=` and `dhchap_ctrl_secret=` (a remote URI's
-/// DH-HMAC-CHAP secrets) replaced by `<redacted>`: what a report or a log line may show
+/// `s` with the values of `dhchap_secret=`, `dhchap_ctrl_secret=` and `tls_key=` (a remote
+/// URI's secrets) replaced by `<redacted>`: what a report or a log line may show
 /// of a job's filename.
 pub fn redact_secrets(s: &str) -> std::borrow::Cow<'_, str> {
-    const KEYS: [&str; 2] = ["dhchap_secret=", "dhchap_ctrl_secret="];
+    const KEYS: [&str; 3] = ["dhchap_secret=", "dhchap_ctrl_secret=", "tls_key="];
     if !KEYS.iter().any(|k| s.contains(k)) {
         return std::borrow::Cow::Borrowed(s);
     }
@@ -451,6 +453,8 @@ mod tests {
         let spdk = "trtype=TCP traddr=h dhchap_secret=DHHC-1:00:q: ns=1";
         assert_eq!(redact_secrets(spdk), "trtype=TCP traddr=h dhchap_secret=<redacted> ns=1");
         assert!(matches!(redact_secrets("nvme+tcp://h/n/1"), std::borrow::Cow::Borrowed(_)));
+        let tls = "nvme+tcp://h/nqn.x:a/1?tls_key=NVMeTLSkey-1:01:AAAA+/==:&ddgst=1";
+        assert_eq!(redact_secrets(tls), "nvme+tcp://h/nqn.x:a/1?tls_key=<redacted>&ddgst=1");
     }
 
     #[test]

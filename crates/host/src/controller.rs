@@ -80,6 +80,9 @@ pub struct ConnectOptions {
     /// `cubic`, `bbr`, ...; `None` = the system's). BBR paces its sends, which on short
     /// round trips costs a request/response stream bandwidth (BENCHMARKS.md).
     pub tcp_congestion: Option<String>,
+    /// Run every queue inside a TLS 1.3 channel with this key (`nvme connect --tls
+    /// --tls-key`; see [`crate::tls`]).
+    pub tls: Option<crate::tls::HostTls>,
 }
 
 impl ConnectOptions {
@@ -106,6 +109,7 @@ impl ConnectOptions {
             disable_sqflow: true,
             tag_space: None,
             tcp_congestion: None,
+            tls: None,
         }
     }
 }
@@ -816,6 +820,7 @@ fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> Q
     c.disable_sqflow = opts.disable_sqflow;
     c.tag_space = opts.tag_space.unwrap_or(entries).max(entries);
     c.tcp_congestion.clone_from(&opts.tcp_congestion);
+    c.tls = opts.tls.as_ref().map(|t| t.for_queue(&opts.hostnqn, &opts.subnqn));
     c
 }
 

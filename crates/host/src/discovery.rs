@@ -19,8 +19,21 @@ pub fn discovery_log(
     hostid: [u8; 16],
     timeout: Duration,
 ) -> Result<Vec<DiscoveryEntry>> {
+    discovery_log_tls(addr, hostnqn, hostid, timeout, None)
+}
+
+/// [`discovery_log`], inside a TLS channel made with `tls` when given (a discovery port
+/// that requires TLS: the identity names the discovery NQN).
+pub fn discovery_log_tls(
+    addr: SocketAddr,
+    hostnqn: &str,
+    hostid: [u8; 16],
+    timeout: Duration,
+    tls: Option<&crate::tls::HostTls>,
+) -> Result<Vec<DiscoveryEntry>> {
     let mut cfg = QueueConfig::io(0, 32, nvme::Cntlid::DYNAMIC, nvme::nqn::DISCOVERY_NQN, hostnqn, hostid);
     cfg.disable_sqflow = false;
+    cfg.tls = tls.map(|t| t.for_queue(hostnqn, nvme::nqn::DISCOVERY_NQN));
     let mut q = SyncQueue::connect(addr, cfg, timeout)?;
     admin::enable(&mut q)?;
     let log = admin::discovery_log(&mut q)?;
@@ -60,6 +73,19 @@ pub fn discover_all(
     timeout: Duration,
     max_services: usize,
 ) -> Result<Vec<Found>> {
+    discover_all_tls(addr, hostnqn, hostid, timeout, max_services, None)
+}
+
+/// [`discover_all`], each discovery controller reached inside a TLS channel made with `tls`
+/// when given.
+pub fn discover_all_tls(
+    addr: SocketAddr,
+    hostnqn: &str,
+    hostid: [u8; 16],
+    timeout: Duration,
+    max_services: usize,
+    tls: Option<&crate::tls::HostTls>,
+) -> Result<Vec<Found>> {
     let mut seen = BTreeSet::new();
     let mut todo = vec![addr];
     let mut out = Vec::new();
@@ -68,7 +94,7 @@ pub fn discover_all(
         if !seen.insert(a) || seen.len() > max_services {
             continue;
         }
-        match discovery_log(a, hostnqn, hostid, timeout) {
+        match discovery_log_tls(a, hostnqn, hostid, timeout, tls) {
             Ok(entries) => {
                 for e in entries {
                     if e.subtype == subtype::REFERRAL

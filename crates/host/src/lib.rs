@@ -53,5 +53,6 @@ pub mod queue;
 pub mod reservation;
 pub mod stats;
 pub mod sync;
+pub mod tls;
 
 pub use error::{BadTransition, Error, ErrorKind, Result};

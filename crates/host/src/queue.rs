@@ -31,6 +31,8 @@ use uring::{IoBuf, SendMsg};
 
 use crate::error::BadTransition;
 
+mod secure;
+
 /// C2H data of at least this many bytes still to come is received straight into the
 /// command's buffer instead of through the queue's receive buffer (one copy, not two).
 pub const DIRECT_RECV_MIN: usize = 16 * 1024;
@@ -73,6 +75,8 @@ pub struct QueueConfig {
     pub dhchap: Option<crate::auth::DhchapKeys>,
     /// TCP congestion control of the connection by its kernel name (`None` = the system's).
     pub tcp_congestion: Option<String>,
+    /// Run the queue inside a TLS 1.3 channel with this identity and PSK ([`crate::tls`]).
+    pub tls: Option<crate::tls::QueueTls>,
 }
 
 impl QueueConfig {
@@ -93,6 +97,7 @@ impl QueueConfig {
             tag_space: entries,
             dhchap: None,
             tcp_congestion: None,
+            tls: None,
         }
     }
 }
@@ -286,6 +291,8 @@ pub struct HostQueue {
     /// A control command holds the reserved tag (the Connect, which also uses it, is
     /// not one: it is not counted as outstanding and never completes to the caller).
     control_inflight: bool,
+    /// The secure channel the queue runs in (`crate::tls`): the ICReq waits for its handshake.
+    tls: Option<Box<tls::Channel>>,
 }
 
 impl std::fmt::Debug for HostQueue {
@@ -333,8 +340,15 @@ impl HostQueue {
             pending_cmds: 0,
             was_authenticated: false,
             control_inflight: false,
+            tls: None,
             cfg,
         };
+        if let Some(t) = q.cfg.tls.clone() {
+            match t.channel() {
+                Ok(ch) => q.tls = Some(Box::new(ch)),
+                Err(e) => q.fail(format!("TLS: {e}")),
+            }
+        }
         let icreq = IcReq { pfv: 0, hpda: 0, digests: q.cfg.digests, maxr2t: 0 };
         q.tx.push_bytes(&icreq.encode());
         q
@@ -537,6 +551,9 @@ impl HostQueue {
         if self.state == QueueState::Failed {
             return None;
         }
+        if let Some(ch) = self.tls.as_mut() {
+            return ch.take_recv_buf();
+        }
         if let Some(direct) = self.take_direct() {
             return Some(direct);
         }
@@ -629,6 +646,9 @@ impl HostQueue {
 
     /// `n` bytes arrived after the buffer's current length (0 = the controller closed).
     pub fn on_recv(&mut self, mut buf: IoBuf, n: usize) {
+        if self.tls.is_some() {
+            return self.tls_recv(buf, n);
+        }
         if let Some(d) = self.direct.take() {
             return self.on_direct(d, buf, n, n == 0);
         }
@@ -646,6 +666,9 @@ impl HostQueue {
 
     /// The receive buffer comes back without data (a timeout or a cancelled receive).
     pub fn on_recv_none(&mut self, buf: IoBuf) {
+        if let Some(ch) = self.tls.as_mut() {
+            return ch.on_recv_none(buf);
+        }
         if let Some(d) = self.direct.take() {
             return self.on_direct(d, buf, 0, false);
         }
@@ -987,12 +1010,28 @@ impl HostQueue {
                 }
             }
         }
+        // A batch the channel holds with no send in flight will not be sent now: its
+        // write buffers come back to their commands.
+        if let Some(ch) = self.tls.as_mut()
+            && !ch.send_in_flight()
+            && let Some(b) = ch.take_batch()
+        {
+            self.plain_send_done(b, Err(std::io::Error::other("queue failed")));
+        }
     }
 
     // ------------------------------------------------------------------ send
 
     /// The next batch to send, if any and none is in flight.
     pub fn take_send(&mut self) -> Option<SendMsg> {
+        if self.tls.is_some() {
+            return self.tls_take_send();
+        }
+        self.take_plain_send()
+    }
+
+    /// The next batch of the queue's own (plaintext) bytes.
+    fn take_plain_send(&mut self) -> Option<SendMsg> {
         if self.tx_inflight || self.tx.is_empty() {
             return None;
         }
@@ -1006,11 +1045,19 @@ impl HostQueue {
 
     /// Whether bytes wait to be sent.
     pub fn has_pending_send(&self) -> bool {
-        !self.tx.is_empty()
+        !self.tx.is_empty() || self.tls.as_ref().is_some_and(|ch| ch.has_output())
     }
 
     /// A batch was sent (or failed); write buffers it carried go back to their commands.
-    pub fn on_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>) {
+    pub fn on_send_done(&mut self, msg: SendMsg, result: std::io::Result<()>) {
+        if self.tls.is_some() {
+            return self.tls_send_done(msg, result);
+        }
+        self.plain_send_done(msg, result);
+    }
+
+    /// The queue's own batch went out (or failed).
+    fn plain_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>) {
         self.tx_inflight = false;
         let mut owners = std::mem::take(&mut self.inflight_owners);
         for (b, tag) in msg.drain_bufs().zip(owners.iter().copied()) {

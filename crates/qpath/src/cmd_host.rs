@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use host::controller::{ConnectOptions, Controller, default_host_identity};
-use host::discovery::{discover_all, entry_addr, subtype_name};
+use host::discovery::{discover_all_tls, entry_addr, subtype_name};
+use host::tls::HostTls;
 use nvme::log::subtype;
 
 /// Transport arguments shared by the host commands (nvme-cli's names).
@@ -85,10 +86,58 @@ pub struct ConnArgs {
     /// DH-HMAC-CHAP controller secret: the controller must authenticate too.
     #[arg(short = 'C', long)]
     dhchap_ctrl_secret: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// The secure channel (TLS 1.3 with a pre-shared key), as `nvme connect --tls`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// Run every queue inside TLS 1.3 (needs --tls-key). `list-subsys` also uses TLS for
+    /// the subsystems whose discovery entries require it.
+    #[arg(long)]
+    tls: bool,
+    /// The configured TLS PSK: `NVMeTLSkey-1:01:...:` (`qpath gen-tls-key`, `nvme
+    /// gen-tls-key`), or the path of a file holding it. Never printed.
+    #[arg(long)]
+    tls_key: Option<String>,
+    /// The PSK identity version to present: 1 (with the PSK digest; Linux 6.14+) or 0.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    tls_identity: u8,
+}
+
+impl TlsArgs {
+    /// The key, when one was given (`--tls` without a key is an error).
+    pub(crate) fn host_tls(&self) -> Result<Option<HostTls>, String> {
+        let Some(k) = &self.tls_key else {
+            return if self.tls {
+                Err("--tls needs --tls-key (a key, or a file holding one)".into())
+            } else {
+                Ok(None)
+            };
+        };
+        let text = if k.trim_start().starts_with("NVMeTLSkey-") {
+            k.clone()
+        } else {
+            std::fs::read_to_string(k).map_err(|e| format!("TLS key file {k}: {e}"))?
+        };
+        let mut t = HostTls::parse(&text).map_err(|e| format!("TLS key: {e}"))?;
+        if self.tls_identity == 0 {
+            t.identity = tls::psk::IdentityVersion::V0;
+        }
+        Ok(Some(t))
+    }
 }
 
 impl ConnArgs {
-    fn options(&self, addr: SocketAddr, nqn: &str, hostnqn: &str, hostid: [u8; 16]) -> ConnectOptions {
+    fn options(
+        &self,
+        addr: SocketAddr,
+        nqn: &str,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        tls: Option<&HostTls>,
+    ) -> ConnectOptions {
         let mut o = ConnectOptions::new(addr, nqn);
         o.hostnqn = hostnqn.to_string();
         o.hostid = hostid;
@@ -102,6 +151,7 @@ impl ConnArgs {
         o.fast_io_fail_tmo = u64::try_from(self.fast_io_fail_tmo).ok().map(Duration::from_secs);
         o.dhchap_secret.clone_from(&self.dhchap_secret);
         o.dhchap_ctrl_secret.clone_from(&self.dhchap_ctrl_secret);
+        o.tls = tls.cloned();
         o
     }
 }
@@ -111,6 +161,8 @@ impl ConnArgs {
 pub struct DiscoverArgs {
     #[command(flatten)]
     transport: Transport,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 /// `qpath connect`.
@@ -159,7 +211,8 @@ const DEFAULT_DISCOVERY_PORT: u16 = nvme::tcp::IO_PORT;
 pub fn discover(a: DiscoverArgs) -> R {
     let addr = a.transport.addr(DEFAULT_DISCOVERY_PORT)?;
     let (hostnqn, hostid) = a.transport.identity();
-    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)
+    let tls = a.tls.host_tls()?;
+    let found = discover_all_tls(addr, &hostnqn, hostid, Duration::from_secs(5), 16, tls.as_ref())
         .map_err(|e| format!("discovery at {addr}: {e}"))?;
     println!("\nDiscovery Log Number of Records {}", found.len());
     for (i, f) in found.iter().enumerate() {
@@ -169,6 +222,7 @@ pub fn discover(a: DiscoverArgs) -> R {
         println!("adrfam:  {}", if e.adrfam == nvme::log::adrfam::IPV6 { "ipv6" } else { "ipv4" });
         println!("subtype: {}", subtype_name(e.subtype));
         println!("treq:    {}", if e.treq & 3 == 1 { "required" } else { "not required" });
+        println!("sectype: {}", if e.tsas[0] == 2 { "tls13" } else { "none" });
         println!("portid:  {}", e.portid);
         println!("trsvcid: {}", e.trsvcid);
         println!("subnqn:  {}", e.subnqn);
@@ -200,7 +254,8 @@ fn print_ctrl(c: &Controller) {
 pub fn connect(a: ConnectArgs) -> R {
     let addr = a.transport.addr(nvme::tcp::IO_PORT)?;
     let (hostnqn, hostid) = a.transport.identity();
-    let ctrl = Controller::connect(a.conn.options(addr, &a.nqn, &hostnqn, hostid))?;
+    let tls = a.conn.tls.host_tls()?;
+    let ctrl = Controller::connect(a.conn.options(addr, &a.nqn, &hostnqn, hostid, tls.as_ref()))?;
     print_ctrl(&ctrl);
     if a.reauthenticate {
         let keys = host::auth::DhchapKeys::parse(a.reauth_secret.as_deref(), a.reauth_ctrl_secret.as_deref())?;
@@ -235,12 +290,25 @@ pub fn connect(a: ConnectArgs) -> R {
 pub fn list_subsys(a: ListSubsysArgs) -> R {
     let addr = a.transport.addr(DEFAULT_DISCOVERY_PORT)?;
     let (hostnqn, hostid) = a.transport.identity();
-    let found = discover_all(addr, &hostnqn, hostid, Duration::from_secs(5), 16)
+    let key = a.conn.tls.host_tls()?;
+    // Discovery itself inside TLS only when asked (--tls): a TLS discovery port needs it.
+    let disc_tls = if a.conn.tls.tls { key.as_ref() } else { None };
+    let found = discover_all_tls(addr, &hostnqn, hostid, Duration::from_secs(5), 16, disc_tls)
         .map_err(|e| format!("discovery at {addr}: {e}"))?;
     let mut ctrls: Vec<Arc<Controller>> = Vec::new();
     for f in found.iter().filter(|f| f.entry.subtype == subtype::NVM) {
         let ea = entry_addr(&f.entry)?;
-        match Controller::connect(a.conn.options(ea, &f.entry.subnqn, &hostnqn, hostid)) {
+        // TREQ says whether the subsystem requires TLS there (NVMe-oF 1.1 Figure 38).
+        let required = f.entry.treq & 3 == 1;
+        let tls = match (&key, required || a.conn.tls.tls) {
+            (Some(k), true) => Some(k),
+            (None, true) if required => {
+                eprintln!("{} {}: requires TLS: give --tls-key", ea, f.entry.subnqn);
+                continue;
+            }
+            _ => None,
+        };
+        match Controller::connect(a.conn.options(ea, &f.entry.subnqn, &hostnqn, hostid, tls)) {
             Ok(c) => ctrls.push(c),
             Err(e) => eprintln!("{} {}: {e}", ea, f.entry.subnqn),
         }

@@ -35,10 +35,10 @@ pub struct TargetArgs {
     /// 10.0.1.1:4420 for a network namespace).
     #[arg(long = "listen", value_name = "IP:PORT")]
     listen: Vec<String>,
-    /// Fairness: PDUs one connection parses per reactor turn (overrides the config; 0 = no limit).
+    /// Fairness: PDUs one connection parses per reactor turn while other connections on the reactor have work (overrides the config; 0 = no limit).
     #[arg(long = "rx-budget-pdus", value_name = "PDUS")]
     rx_budget_pdus: Option<u32>,
-    /// Fairness: most bytes in one send batch of a connection (overrides the config; 0 = no limit).
+    /// Fairness: most bytes in one send batch of a connection while other connections on the reactor have work (overrides the config; 0 = no limit).
     #[arg(long = "tx-batch-bytes", value_name = "BYTES")]
     tx_batch_bytes: Option<usize>,
     /// TCP congestion control of the connections: system (default), reno, cubic, bbr or dctcp.

@@ -10,6 +10,7 @@ mod cmd_resv;
 mod cmd_rpc;
 mod cmd_stats;
 mod cmd_target;
+mod cmd_tls;
 mod sd_notify;
 mod target_check;
 
@@ -53,6 +54,10 @@ enum Command {
     ///
     /// Also a one-block read or write, to see what a reservation leaves this host.
     Resv(cmd_resv::ResvArgs),
+    /// Make a TLS pre-shared key in the PSK interchange format, like `nvme gen-tls-key`.
+    GenTlsKey(cmd_tls::GenArgs),
+    /// Check a TLS key (prints its hash and fingerprint, never the key), like `nvme check-tls-key`.
+    CheckTlsKey(cmd_tls::CheckArgs),
     /// Run a fio job file (an embedded target when jobs have no filename).
     ///
     /// With the embedded target, the physical baseline of the machine and each job's
@@ -90,6 +95,8 @@ fn main() {
         Command::Connect(a) => cmd_host::connect(a),
         Command::ListSubsys(a) => cmd_host::list_subsys(a),
         Command::Resv(a) => cmd_resv::run(a),
+        Command::GenTlsKey(a) => cmd_tls::generate(a),
+        Command::CheckTlsKey(a) => cmd_tls::check(a),
         Command::Bench(a) => cmd_bench::bench(&a),
         #[cfg(feature = "lab")]
         Command::Lab(a) => cmd_lab::run(&a),

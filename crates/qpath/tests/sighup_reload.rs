@@ -3,13 +3,16 @@
 //! host gets the Namespace Attribute Changed event and finds the NSID in the Changed
 //! Namespace List; our host's controller rescans and sees it), a host removed from the file
 //! loses its controllers, and another host's verified writes and reads go on throughout,
-//! without an error or a reconnect. A file that does not parse changes nothing, and under
+//! without an error or a reconnect: both its own I/O loop and a `qpath bench` job with
+//! crc32c verification, each on its half of the namespace. A file that does not parse changes nothing, and under
 //! `--persist` a reload never rewrites the operator's file.
 
 mod loopback;
 mod operated_target;
+mod run_bounded;
 
 use std::net::SocketAddr;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,7 +24,7 @@ use host::sync::SyncQueue;
 use nvme::features::{AsyncEvent, fid};
 use nvme::{Nsid, Sqe};
 use operated_target::{Dir, TargetProcess, wait_for};
-use serde_json::json;
+use serde_json::{Value, json};
 use uring::{IoBuf, Wait};
 
 const NQN: &str = "nqn.2026-11.io.qpath:reloaded";
@@ -46,8 +49,9 @@ fn connect(addr: SocketAddr, hostnqn: &str) -> Arc<Controller> {
     Controller::connect(o).unwrap_or_else(|e| panic!("{hostnqn} connects: {e}"))
 }
 
-/// Verified I/O until `stop` (at most 60 s): writes a block, reads it back, compares; counts
-/// the round trips and the errors (a failed command or a block that came back different).
+/// Verified I/O until `stop` (at most 60 s) on the namespace's first 8 MiB (the bench job
+/// has the rest): writes a block, reads it back, compares; counts the round trips and the
+/// errors (a failed command or a block that came back different).
 fn io_loop(ctrl: &Arc<Controller>, stop: &AtomicBool, done: &AtomicU64) -> u64 {
     let mut ctx = Context::new(ContextOptions::default()).unwrap();
     let dev = ctx.open(ctrl, Nsid(1)).unwrap();
@@ -68,7 +72,7 @@ fn io_loop(ctrl: &Arc<Controller>, stop: &AtomicBool, done: &AtomicU64) -> u64 {
     };
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        let offset = (i % 4096) * 4096;
+        let offset = (i % 2048) * 4096;
         let byte = u8::try_from(i % 251).unwrap();
         let mut b = IoBuf::new(4096);
         b.set_len(4096);
@@ -116,6 +120,32 @@ fn sighup_adds_a_namespace_and_drops_a_removed_host_while_io_goes_on() {
     // Host B: to be removed.
     let b = connect(addr, HOST_B);
     wait_for("host A's I/O is under way", 20, || done.load(Ordering::Relaxed) >= 20);
+    // Host A's bench job: randrw with crc32c verification on the namespace's second half,
+    // running across the reload.
+    let bench_sock = d.path("bench.sock");
+    let uri = format!("nvme+tcp://127.0.0.1:{port}/{NQN}/1?hostnqn={HOST_A}");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qpath"));
+    cmd.args(["bench", "--output-format=json", "--rpc-socket"]).arg(&bench_sock).args([
+        "--",
+        "--name=across-reload",
+        "--ioengine=qpath",
+        "--rw=randrw",
+        "--bs=4k",
+        "--iodepth=8",
+        "--offset=8M",
+        "--size=8M",
+        "--time_based",
+        "--runtime=6",
+        "--verify=crc32c",
+        &format!("--filename={uri}"),
+    ]);
+    let job = std::thread::spawn(move || run_bounded::run(cmd, Duration::from_secs(120)));
+    let hosts_a_ctrls = || -> Vec<Value> {
+        let list = t.call("list_controllers", json!({}));
+        list.as_array().unwrap().iter().filter(|c| c["hostnqn"] == HOST_A).cloned().collect()
+    };
+    wait_for("the bench job's controller is connected", 30, || hosts_a_ctrls().len() >= 3);
+    let cntlids_before: Vec<Value> = hosts_a_ctrls().iter().map(|c| c["cntlid"].clone()).collect();
 
     // The operator edits the file: a namespace added, host B removed. SIGHUP.
     let edited = config(port, &[HOST_A], "[[subsystem.namespace]]\nnsid = 2\nbackend = \"ram\"\nsize = \"8M\"\n");
@@ -147,11 +177,19 @@ fn sighup_adds_a_namespace_and_drops_a_removed_host_while_io_goes_on() {
 
     // Host A's I/O went on through it all.
     wait_for("host A's I/O goes on after the reload", 20, || done.load(Ordering::Relaxed) >= before_hup + 200);
+    let cntlids_after: Vec<Value> = hosts_a_ctrls().iter().map(|c| c["cntlid"].clone()).collect();
+    assert_eq!(cntlids_after, cntlids_before, "host A's controllers (its own and the job's) are the same ones");
     stop.store(true, Ordering::Relaxed);
     let errors = io.join().unwrap();
     assert_eq!(errors, 0, "host A's verified I/O had errors across the reload");
     assert_eq!(a.generation(), generation, "host A never reconnected");
     assert!(a.is_live());
+    let (status, stdout, stderr) = job.join().unwrap();
+    assert!(status.success(), "the bench job failed across the reload\nstderr:\n{stderr}");
+    let out: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("JSON: {e}\n{stdout}"));
+    let j = &out["jobs"][0];
+    assert_eq!(j["error"], 0, "{j}");
+    assert!(j["read"]["total_ios"].as_u64().unwrap() > 0 && j["write"]["total_ios"].as_u64().unwrap() > 0, "{j}");
 
     // Under --persist, a reload does not write the operator's file.
     assert_eq!(std::fs::read_to_string(&f).unwrap(), edited);

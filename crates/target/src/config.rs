@@ -203,6 +203,14 @@ pub struct PortConfig {
     /// What it serves.
     #[serde(default = "default_kind")]
     pub kind: PortKind,
+    /// TLS: "none" (default), "required" (TLS 1.3 only) or "allowed" (both); see
+    /// `crate::tls`. Hosts need a `tls_key` in the subsystems they reach.
+    #[serde(default, skip_serializing_if = "is_no_tls")]
+    pub tls: crate::tls::TlsMode,
+}
+
+fn is_no_tls(t: &crate::tls::TlsMode) -> bool {
+    *t == crate::tls::TlsMode::None
 }
 
 fn default_kind() -> PortKind {
@@ -212,7 +220,7 @@ fn default_kind() -> PortKind {
 impl PortConfig {
     /// An I/O port (with discovery) on `addr` ("127.0.0.1:4420"; port 0 picks a free one).
     pub fn io(id: u16, addr: impl Into<String>) -> PortConfig {
-        PortConfig { id, addr: addr.into(), kind: PortKind::Io }
+        PortConfig { id, addr: addr.into(), kind: PortKind::Io, tls: crate::tls::TlsMode::None }
     }
 }
 
@@ -284,9 +292,32 @@ pub struct HostAuthConfig {
     pub hash: Option<String>,
     /// Required DH group: null (default), ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192.
     pub dhgroup: Option<String>,
+    /// The host's configured TLS PSK, `NVMeTLSkey-1:<hh>:<base64>:` (`qpath gen-tls-key`,
+    /// `nvme gen-tls-key`), for TLS ports.
+    pub tls_key: Option<String>,
+    /// A file holding the TLS PSK (instead of `tls_key`), read at start and at every
+    /// reload: a saved configuration names the file again, never the key.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl HostAuthConfig {
+    /// The host's TLS PSK, if it has one (reading the key file). Errors name the host and
+    /// the file, never the key.
+    pub fn to_tls_key(&self) -> Result<Option<crate::tls::HostTlsKey>, Error> {
+        let bad = |what: &str, e: String| Error::new(ErrorKind::Config, format!("host {}: {what}: {e}", self.nqn));
+        let key = match (&self.tls_key, &self.tls_key_file) {
+            (Some(_), Some(_)) => return Err(bad("tls_key", "give tls_key or tls_key_file, not both".into())),
+            (Some(k), None) => tls::psk::ConfiguredPsk::parse(k).map_err(|e| bad("tls_key", e.to_string()))?,
+            (None, Some(f)) => {
+                let what = format!("tls_key_file {}", f.display());
+                let text = zeroize::Zeroizing::new(std::fs::read_to_string(f).map_err(|e| bad(&what, e.to_string()))?);
+                tls::psk::ConfiguredPsk::parse(&text).map_err(|e| bad(&what, e.to_string()))?
+            }
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(crate::tls::HostTlsKey { key, file: self.tls_key_file.clone() }))
+    }
+
     /// Checks the settings (reading the key files): `None` when the host has no key (it
     /// does not authenticate). Errors name the host and the file, never a secret.
     pub fn to_host_auth(&self) -> Result<Option<HostAuth>, Error> {
@@ -655,7 +686,7 @@ impl Config {
     fn serve(&self, server: &Server) -> Result<(), Error> {
         for p in &self.ports {
             let addr = crate::server::parse_addr(&p.addr)?;
-            server.add_port(p.id, addr, p.kind)?;
+            server.add_port_tls(p.id, addr, p.kind, p.tls)?;
         }
         for a in &self.ana {
             let st = AnaState::parse(&a.state)
@@ -691,6 +722,7 @@ fn add_subsystem_into(state: &TargetState, s: &SubsystemConfig, new: &mut NewFil
     for h in &s.hosts {
         if let HostEntry::Auth(a) = h {
             sub.set_host_auth(&a.nqn, a.to_host_auth()?);
+            sub.set_host_tls_key(&a.nqn, a.to_tls_key()?);
         }
     }
     sub.set_ports(s.ports.clone());

@@ -76,6 +76,7 @@ pub mod stats;
 pub mod subsystem;
 pub mod supported;
 pub mod tcp;
+pub mod tls;
 
 pub use error::{Error, ErrorKind, Result};
 

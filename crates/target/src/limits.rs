@@ -41,9 +41,9 @@ pub struct LimitSettings {
     pub pdu_timeout_ms: Option<u64>,
     /// Data buffer bytes one connection may hold (R2T, read and admin data).
     pub max_buffer_bytes_per_connection: Option<usize>,
-    /// Fairness: PDUs one connection parses per reactor turn (0 = no limit).
+    /// Fairness: PDUs one connection parses per reactor turn while others have work (0 = no limit).
     pub rx_budget_pdus: Option<u32>,
-    /// Fairness: most bytes in one send batch (0 = no limit).
+    /// Fairness: most bytes in one send batch while others have work (0 = no limit).
     pub tx_batch_bytes: Option<usize>,
     /// Fairness: a reactor turn stops parsing input this many µs after it began (0 = never).
     pub tx_deadline_us: Option<u64>,

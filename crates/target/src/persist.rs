@@ -128,7 +128,10 @@ pub fn running_config(server: &Server) -> Result<Config, Error> {
         options,
         reactor: server.reactor_options().clone(),
         rpc: server.persist().map(|p| p.rpc.clone()).unwrap_or_default(),
-        ports: ports.iter().map(|p| PortConfig { id: p.id, addr: p.addr.to_string(), kind: p.kind }).collect(),
+        ports: ports
+            .iter()
+            .map(|p| PortConfig { id: p.id, addr: p.addr.to_string(), kind: p.kind, tls: p.tls.get() })
+            .collect(),
         subsystems,
         ana,
         referrals: st
@@ -139,30 +142,50 @@ pub fn running_config(server: &Server) -> Result<Config, Error> {
     })
 }
 
+/// A host's entry as a save writes it: its NQN, or a table with its DH-HMAC-CHAP keys.
+fn host_entry(a: Option<&Arc<crate::auth::HostAuth>>, nqn: String) -> HostEntry {
+    let Some(a) = a else { return HostEntry::Nqn(nqn) };
+    HostEntry::Auth(HostAuthConfig {
+        dhchap_key: a.key_files.host.is_none().then(|| a.host_key.to_string()),
+        dhchap_key_file: a.key_files.host.clone(),
+        dhchap_ctrl_key: if a.key_files.ctrl.is_none() { a.ctrl_key.as_ref().map(ToString::to_string) } else { None },
+        dhchap_ctrl_key_file: a.key_files.ctrl.clone(),
+        hash: Some(a.hash.linux_name().to_string()),
+        dhgroup: Some(a.dhgroup.name().to_string()),
+        nqn,
+        tls_key: None,
+        tls_key_file: None,
+    })
+}
+
 fn subsystem_config(s: &Subsystem) -> Result<SubsystemConfig, Error> {
     let access = s.access();
     let auths: BTreeMap<String, _> = s.host_auths().into_iter().collect();
+    let tls_keys: BTreeMap<String, _> = s.host_tls_keys().into_iter().collect();
     let mut listed: Vec<String> = access.hosts.clone();
     // Keys of a host not in the list (it gets in through allow_any_host): listed on
     // restore, which lets in no one more than allow_any_host already does.
-    listed.extend(auths.keys().filter(|h| !access.hosts.contains(h)).cloned());
+    for h in auths.keys().chain(tls_keys.keys()) {
+        if !listed.contains(h) {
+            listed.push(h.clone());
+        }
+    }
     let hosts = listed
         .into_iter()
-        .map(|nqn| match auths.get(&nqn) {
-            None => HostEntry::Nqn(nqn),
-            Some(a) => HostEntry::Auth(HostAuthConfig {
-                dhchap_key: a.key_files.host.is_none().then(|| a.host_key.to_string()),
-                dhchap_key_file: a.key_files.host.clone(),
-                dhchap_ctrl_key: if a.key_files.ctrl.is_none() {
-                    a.ctrl_key.as_ref().map(ToString::to_string)
-                } else {
-                    None
-                },
-                dhchap_ctrl_key_file: a.key_files.ctrl.clone(),
-                hash: Some(a.hash.linux_name().to_string()),
-                dhgroup: Some(a.dhgroup.name().to_string()),
-                nqn,
-            }),
+        .map(|nqn| {
+            let mut e = host_entry(auths.get(&nqn), nqn);
+            if let HostEntry::Nqn(n) = &e
+                && tls_keys.contains_key(n)
+            {
+                e = HostEntry::Auth(HostAuthConfig { nqn: n.clone(), ..HostAuthConfig::default() });
+            }
+            let key = tls_keys.get(e.nqn()).cloned();
+            if let (HostEntry::Auth(a), Some(k)) = (&mut e, key) {
+                // A key from a file stays a reference to its file; an inline key is written inline.
+                a.tls_key_file = k.file.clone();
+                a.tls_key = k.file.is_none().then(|| k.key.to_interchange().to_string());
+            }
+            e
         })
         .collect();
     let (map, _) = s.namespaces();
@@ -221,7 +244,7 @@ fn subsystem_config(s: &Subsystem) -> Result<SubsystemConfig, Error> {
 pub fn has_inline_secrets(c: &Config) -> bool {
     c.subsystems.iter().flat_map(|s| &s.hosts).any(|h| match h {
         HostEntry::Nqn(_) => false,
-        HostEntry::Auth(a) => a.dhchap_key.is_some() || a.dhchap_ctrl_key.is_some(),
+        HostEntry::Auth(a) => a.dhchap_key.is_some() || a.dhchap_ctrl_key.is_some() || a.tls_key.is_some(),
     })
 }
 
@@ -442,6 +465,7 @@ struct Checked {
     ana: BTreeMap<(u16, u32), AnaState>,
     referrals: Vec<crate::registry::Referral>,
     auth: BTreeMap<(String, String), Option<crate::auth::HostAuth>>,
+    tls_keys: BTreeMap<(String, String), Option<crate::tls::HostTlsKey>>,
     addrs: BTreeMap<u16, std::net::SocketAddr>,
 }
 
@@ -472,6 +496,7 @@ fn check(c: &Config) -> Result<Checked, Error> {
     }
     let referrals = c.referrals.iter().map(ReferralConfig::to_referral).collect::<Result<Vec<_>, _>>()?;
     let mut auth = BTreeMap::new();
+    let mut tls_keys = BTreeMap::new();
     let mut nqns = BTreeSet::new();
     for s in &c.subsystems {
         if !nqns.insert(s.nqn.as_str()) {
@@ -483,6 +508,11 @@ fn check(c: &Config) -> Result<Checked, Error> {
                 HostEntry::Auth(a) => a.to_host_auth()?,
             };
             auth.insert((s.nqn.clone(), h.nqn().to_string()), a);
+            let k = match h {
+                HostEntry::Nqn(_) => None,
+                HostEntry::Auth(a) => a.to_tls_key()?,
+            };
+            tls_keys.insert((s.nqn.clone(), h.nqn().to_string()), k);
         }
         for n in &s.namespaces {
             n.visibility()?;
@@ -490,7 +520,7 @@ fn check(c: &Config) -> Result<Checked, Error> {
             n.max_size.as_ref().map(SizeValue::bytes).transpose()?;
         }
     }
-    Ok(Checked { ana, referrals, auth, addrs })
+    Ok(Checked { ana, referrals, auth, tls_keys, addrs })
 }
 
 /// The NSIDs a start would give `namespaces` (0 = the first one free, in order).
@@ -599,14 +629,26 @@ fn apply_ports(server: &Server, now: &Config, next: &Config, checked: &Checked, 
     };
     for p in &now.ports {
         match next.ports.iter().find(|n| n.id == p.id) {
-            Some(n) if same(p, n) => {}
+            Some(n) if same(p, n) => {
+                if let Some(port) = server.state.port(p.id)
+                    && port.tls.get() != n.tls
+                {
+                    // New connections follow it; open ones keep what they have.
+                    port.tls.set(n.tls);
+                    server.state.discovery_changed();
+                    out.applied(format!("port {}: tls {}", p.id, n.tls.name()));
+                }
+            }
             _ => out.result(format!("port {} ({}) removed", p.id, p.addr), server.remove_port(p.id)),
         }
     }
     for n in &next.ports {
         if server.state.port(n.id).is_none() {
             let addr = checked.addrs[&n.id];
-            out.result(format!("port {} ({}) added", n.id, n.addr), server.add_port(n.id, addr, n.kind).map(|_| ()));
+            out.result(
+                format!("port {} ({}) added", n.id, n.addr),
+                server.add_port_tls(n.id, addr, n.kind, n.tls).map(|_| ()),
+            );
         }
     }
 }
@@ -663,6 +705,19 @@ fn apply_subsystem(
     for h in keys.keys().filter(|h| !access.hosts.contains(h)) {
         sub.set_host_auth(h, None);
         out.applied(format!("subsystem {nqn}: host {h}: DH-HMAC-CHAP keys cleared"));
+    }
+    let tls_now: BTreeMap<String, _> = sub.host_tls_keys().into_iter().collect();
+    for h in &access.hosts {
+        let want = checked.tls_keys.get(&(nqn.clone(), h.clone())).cloned().flatten();
+        if tls_now.get(h).map(|k| k.as_ref()) != want.as_ref() {
+            let what = if want.is_some() { "set" } else { "cleared" };
+            sub.set_host_tls_key(h, want);
+            out.applied(format!("subsystem {nqn}: host {h}: TLS key {what}"));
+        }
+    }
+    for h in tls_now.keys().filter(|h| !access.hosts.contains(h)) {
+        sub.set_host_tls_key(h, None);
+        out.applied(format!("subsystem {nqn}: host {h}: TLS key cleared"));
     }
     if sub.ports() != new.ports {
         sub.set_ports(new.ports.clone());

@@ -55,6 +55,8 @@ pub struct Port {
     ana_chgcnt: [AtomicU64; ANA_GROUPS as usize + 1],
     /// Injected faults.
     pub faults: PortFaults,
+    /// Whether it speaks TLS ([`crate::tls`]).
+    pub tls: crate::tls::PortTls,
     /// Set when the port is removed: its connections close on their next tick.
     removed: AtomicBool,
 }
@@ -69,6 +71,7 @@ impl Port {
             ana: std::array::from_fn(|_| AtomicU8::new(AnaState::Optimized as u8)),
             ana_chgcnt: std::array::from_fn(|_| AtomicU64::new(0)),
             faults: PortFaults::default(),
+            tls: crate::tls::PortTls::default(),
             removed: AtomicBool::new(false),
         }
     }

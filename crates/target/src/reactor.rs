@@ -24,7 +24,9 @@
 //! Fairness (seed 002; Linux nvmet-tcp's receive/send budgets and nvme-tcp's io_work
 //! deadline): a connection parses at most `rx_budget_pdus` PDUs per turn and sends at
 //! most `tx_batch_bytes` per batch, one batch in flight, so a flooded queue cannot hold
-//! the reactor. Queues whose host keeps few commands in flight ([`Connection::is_deep`])
+//! the reactor. The budgets are work-conserving: they apply while more than one
+//! connection has work (and for 1 ms after); a connection alone on its reactor parses all
+//! it has and sends in the largest batches. Queues whose host keeps few commands in flight ([`Connection::is_deep`])
 //! are parsed, and their sends queued in the ring, before deep ones: a QD1 command waits
 //! for at most one budget of a flood's work, not for its whole queue.
 
@@ -289,6 +291,10 @@ struct Reactor {
     ready_served: Vec<usize>,
     /// Loop turns so far.
     turn: u64,
+    /// When a turn last found more than one connection with work, and whether that was
+    /// within [`CONTENDED_FOR`]: the budgets of each connection apply only then.
+    contended_at: Option<Instant>,
+    contended: bool,
     timer_keys: Vec<usize>,
     last_tick: Instant,
     last_activity: Instant,
@@ -296,6 +302,11 @@ struct Reactor {
 }
 
 const TICK: Duration = Duration::from_millis(10);
+
+/// How long after a turn with two or more busy connections the reactor still counts as
+/// shared: the fairness budgets stay on across the gaps of a QD1 host's round trips
+/// (tens of µs), and come off once a lone stream has had the reactor to itself this long.
+const CONTENDED_FOR: Duration = Duration::from_millis(1);
 
 impl Reactor {
     fn new(
@@ -327,6 +338,8 @@ impl Reactor {
             ready_deep: VecDeque::with_capacity(256),
             ready_served: Vec::with_capacity(256),
             turn: 0,
+            contended_at: None,
+            contended: true,
             timer_keys: Vec::new(),
             last_tick: Instant::now(),
             last_activity: Instant::now(),
@@ -365,6 +378,7 @@ impl Reactor {
             for m in msgs {
                 self.on_msg(m);
             }
+            self.note_contention(turn_start);
             self.process_ready(turn_start);
             let touched = std::mem::take(&mut self.touched);
             // Shallow queues' sends go into the ring, and out of it, first.
@@ -387,6 +401,20 @@ impl Reactor {
             }
         }
         tracing::debug!(reactor = self.index, "reactor stopped");
+    }
+
+    /// Work-conserving fairness: the reactor is shared when this turn has more than one
+    /// connection with completions or input to parse, and for [`CONTENDED_FOR`] after.
+    fn note_contention(&mut self, now: Instant) {
+        let ready = self.ready_shallow.len() + self.ready_deep.len();
+        let first_ready = self.ready_shallow.front().or(self.ready_deep.front());
+        let busy = self.touched.len() > 1
+            || ready > 1
+            || (self.touched.len() == 1 && first_ready.is_some_and(|k| *k != self.touched[0]));
+        if busy {
+            self.contended_at = Some(now);
+        }
+        self.contended = self.contended_at.is_some_and(|t| now.saturating_duration_since(t) < CONTENDED_FOR);
     }
 
     fn wait_mode(&self) -> Wait {
@@ -417,6 +445,7 @@ impl Reactor {
     fn with_conn(&mut self, key: usize, f: impl FnOnce(&mut Entry, &mut ConnCtx<'_>)) {
         let now = self.target.now_ns();
         let Some(Some(e)) = self.conns.get_mut(key) else { return };
+        e.conn.set_contended(self.contended);
         let base = token(KIND_FILE, e.generation, key, 0);
         let mut io = RingFileIo { ring: &mut self.ring };
         let offload = ReactorOffload { workers: &self.target.auth_workers, reply: &self.to_self };

@@ -98,11 +98,13 @@ pub struct TargetOptions {
     /// is bounded by the queue size times `in_capsule_data_size`.
     pub max_buffer_bytes_per_connection: usize,
     /// Fairness: PDUs one connection parses per reactor turn; the rest of its input waits
-    /// for its next turn, after the other ready connections' (0 = no limit). Linux nvmet-tcp
-    /// receives 8 per pass.
+    /// for its next turn, after the other ready connections' (0 = no limit). It applies only
+    /// while another connection of the reactor has work (work-conserving; see `reactor`).
+    /// Linux nvmet-tcp receives 8 per pass, always.
     pub rx_budget_pdus: u32,
     /// Fairness: most bytes in one send batch, and so sent per connection per turn (one
     /// batch in flight each); responses beyond it wait for the next batch (0 = no limit).
+    /// Like the PDU budget, only while another connection of the reactor has work.
     pub tx_batch_bytes: usize,
     /// Fairness: a reactor turn stops parsing received input this many µs after it began
     /// and goes back to the ring to send what is ready (at least one connection is served
@@ -157,6 +159,8 @@ pub struct QueueInfo {
     pub reactor: usize,
     /// Counters.
     pub stats: QueueStats,
+    /// The secure channel, once its handshake is done: record path and cipher suite.
+    pub secure_channel: std::sync::OnceLock<String>,
     binding: Mutex<Option<(String, Cntlid, u16)>>,
     /// Latency histograms and the exact latency sums of their I/Os, merged in by the owner
     /// on its tick.
@@ -186,6 +190,8 @@ pub struct QueueReport {
     pub cntlid: u16,
     /// Queue id.
     pub qid: u16,
+    /// The secure channel ("tls1.3-user TLS_AES_128_GCM_SHA256"), none for plaintext.
+    pub secure_channel: Option<String>,
     /// Counters.
     pub stats: QueueStatsSnapshot,
 }
@@ -234,6 +240,7 @@ impl QueueInfo {
             subnqn,
             cntlid: cntlid.0,
             qid,
+            secure_channel: self.secure_channel.get().cloned(),
             stats: self.stats.snapshot(),
         }
     }
@@ -305,6 +312,8 @@ pub struct TargetState {
     pub auth_workers: crate::offload::AuthWorkers,
     /// How in-band authentication transactions ended.
     pub auth_outcomes: crate::auth::AuthCounters,
+    /// The TLS server configuration, made on the first TLS connection ([`crate::tls`]).
+    pub tls: crate::tls::TargetTls,
 }
 
 /// One reactor's data buffer pool, as its reactor last published it (every 10 ms tick;
@@ -351,6 +360,7 @@ impl TargetState {
             port_totals: Mutex::new(std::collections::BTreeMap::new()),
             auth_workers: crate::offload::AuthWorkers::new(opts.auth_workers),
             auth_outcomes: crate::auth::AuthCounters::default(),
+            tls: crate::tls::TargetTls::default(),
         }
     }
 
@@ -561,8 +571,8 @@ impl TargetState {
             trtype: trtype::TCP,
             adrfam: if p.addr.is_ipv4() { adrfam::IPV4 } else { adrfam::IPV6 },
             subtype: st,
-            // TREQ: secure channel not required.
-            treq: 0x02,
+            // TREQ and TSAS's SECTYPE: what the port's TLS setting promises.
+            treq: p.tls.get().treq(),
             portid: p.id,
             cntlid: Cntlid::DYNAMIC,
             asqsz: 32,
@@ -570,7 +580,11 @@ impl TargetState {
             trsvcid: p.trsvcid(),
             subnqn: nqn.to_string(),
             traddr: p.traddr(),
-            tsas: [0; 256],
+            tsas: {
+                let mut t = [0u8; 256];
+                t[0] = p.tls.get().sectype();
+                t
+            },
         };
         for s in self.subsystems() {
             if s.kind != SubsysKind::Nvm || !s.allows_host(hostnqn) {
@@ -617,6 +631,7 @@ impl TargetState {
             peer,
             reactor,
             stats: QueueStats::default(),
+            secure_channel: std::sync::OnceLock::new(),
             binding: Mutex::new(None),
             published: Mutex::new(Published::default()),
         });

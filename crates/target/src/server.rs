@@ -103,6 +103,17 @@ impl Server {
     /// Binds `addr` (port 0 picks a free port) and serves it as port `id`.
     /// Returns the bound address.
     pub fn add_port(&self, id: u16, addr: SocketAddr, kind: PortKind) -> Result<SocketAddr, Error> {
+        self.add_port_tls(id, addr, kind, crate::tls::TlsMode::None)
+    }
+
+    /// [`Server::add_port`] for a port with TLS setting `tls`, in force before it accepts.
+    pub fn add_port_tls(
+        &self,
+        id: u16,
+        addr: SocketAddr,
+        kind: PortKind,
+        tls: crate::tls::TlsMode,
+    ) -> Result<SocketAddr, Error> {
         let listener = TcpListener::bind(addr).map_err(|e| Error::io(format!("listen on {addr}"), e))?;
         if let Some(cc) = self.state.opts.tcp_congestion.name() {
             // Accepted connections inherit it from the listening socket.
@@ -111,6 +122,7 @@ impl Server {
         }
         let local = listener.local_addr().map_err(|e| Error::io("local_addr", e))?;
         let port = self.state.add_port(id, local, kind)?;
+        port.tls.set(tls);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = Arc::clone(&stop);
@@ -123,7 +135,7 @@ impl Server {
                 .spawn(move || accept_loop(&listener, &port, &state, &senders, &next, &stop))
                 .map_err(|e| Error::io("spawn acceptor", e))?
         };
-        tracing::info!(port = id, %local, ?kind, "listening");
+        tracing::info!(port = id, %local, ?kind, tls = tls.name(), "listening");
         self.acceptors.lock().unwrap_or_else(|e| e.into_inner()).push(Acceptor { port, stop, thread: Some(thread) });
         Ok(local)
     }

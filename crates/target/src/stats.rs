@@ -38,7 +38,8 @@ pub struct QueueStats {
     pub latency_ns_sum: Counter,
     /// Input passes the PDU budget (`rx_budget_pdus`) cut short.
     pub rx_budget_stops: Counter,
-    /// Most PDUs one input pass parsed (at most `rx_budget_pdus` when it is set).
+    /// Most PDUs one input pass parsed while other queues of the reactor had work (at most
+    /// `rx_budget_pdus` when it is set; a queue alone on its reactor is not cut).
     pub rx_pass_pdus_max: Counter,
     /// Most reactor turns this queue's received input waited, other queues served first.
     pub ready_wait_turns_max: Counter,
@@ -96,7 +97,7 @@ pub struct QueueStatsSnapshot {
     pub latency_ns_sum: u64,
     /// Input passes the PDU budget cut short.
     pub rx_budget_stops: u64,
-    /// Most PDUs one input pass parsed.
+    /// Most PDUs one input pass parsed while other queues of the reactor had work.
     pub rx_pass_pdus_max: u64,
     /// Most reactor turns received input waited for this queue's turn.
     pub ready_wait_turns_max: u64,

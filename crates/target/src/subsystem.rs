@@ -101,6 +101,8 @@ pub struct Subsystem {
     access: RwLock<HostAccess>,
     /// DH-HMAC-CHAP keys by host NQN (hosts without an entry do not authenticate).
     auth: RwLock<BTreeMap<String, Arc<HostAuth>>>,
+    /// TLS PSKs by host NQN ([`crate::tls`]): hosts without one cannot open a TLS channel.
+    tls_keys: RwLock<BTreeMap<String, Arc<crate::tls::HostTlsKey>>>,
     /// Port ids this subsystem is exposed on (empty: every I/O port).
     ports: RwLock<Vec<u16>>,
     ns: Mutex<Arc<NsMap>>,
@@ -140,6 +142,7 @@ impl Subsystem {
             limits,
             access: RwLock::new(access),
             auth: RwLock::new(BTreeMap::new()),
+            tls_keys: RwLock::new(BTreeMap::new()),
             ports: RwLock::new(Vec::new()),
             ns: Mutex::new(Arc::new(NsMap::default())),
             ns_gen: AtomicU64::new(1),
@@ -185,6 +188,31 @@ impl Subsystem {
             Some(a) => m.insert(hostnqn.to_string(), Arc::new(a)),
             None => m.remove(hostnqn),
         };
+    }
+
+    /// Sets (or with `None` removes) a host's TLS PSK. Handshakes from now on use it;
+    /// channels already open keep theirs (as Linux's keyring keys).
+    pub fn set_host_tls_key(&self, hostnqn: &str, key: Option<crate::tls::HostTlsKey>) {
+        let mut m = self.tls_keys.write().unwrap_or_else(|e| e.into_inner());
+        match key {
+            Some(k) => m.insert(hostnqn.to_string(), Arc::new(k)),
+            None => m.remove(hostnqn),
+        };
+    }
+
+    /// A host's TLS PSK, if it has one here.
+    pub fn host_tls_key(&self, hostnqn: &str) -> Option<Arc<crate::tls::HostTlsKey>> {
+        self.tls_keys.read().unwrap_or_else(|e| e.into_inner()).get(hostnqn).cloned()
+    }
+
+    /// Every host's TLS PSK, by host NQN.
+    pub fn host_tls_keys(&self) -> Vec<(String, Arc<crate::tls::HostTlsKey>)> {
+        self.tls_keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(h, k)| (h.clone(), Arc::clone(k)))
+            .collect()
     }
 
     /// A host's DH-HMAC-CHAP keys, if it must authenticate.

@@ -54,6 +54,7 @@ mod abort;
 #[cfg(feature = "fault-injection")]
 mod fault;
 mod nvm;
+mod secure;
 
 /// What a connection needs from its driver while it handles input.
 pub struct ConnCtx<'a> {
@@ -355,6 +356,10 @@ pub struct Connection {
     rx_ns: u64,
     /// PDUs the last input pass parsed: how deep the host drives this queue.
     rx_pass_pdus: u32,
+    /// Whether other connections of the driver want its time: the PDU budget and the send
+    /// batch size bite only then (work-conserving fairness). A driver that does not say
+    /// leaves it on, the conservative choice.
+    contended: bool,
     scratch: Vec<u8>,
     binding: Option<Binding>,
     /// The queue's place under the per-host-NQN limit.
@@ -414,6 +419,8 @@ pub struct Connection {
     /// Abort commands of this admin queue waiting for their I/O queue's answer: (slot, the
     /// answer, when to stop waiting in ns).
     aborts: Vec<(u16, Arc<crate::controller::AbortAnswer>, u64)>,
+    /// The secure channel the queue runs in, on a TLS port ([`crate::tls`], `tcp/secure.rs`).
+    tls: Option<crate::tls::Link>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -436,6 +443,7 @@ impl Connection {
         let now = target.now_ns();
         let drop_generation = port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
         let buf_cap = target.limits.max_buffer_bytes_per_connection();
+        let tls = crate::tls::link_for(port.tls.get());
         let mut c = Connection {
             state: ConnState::AwaitIcReq,
             target,
@@ -456,6 +464,7 @@ impl Connection {
             rx_pending: false,
             rx_ns: 0,
             rx_pass_pdus: 0,
+            contended: true,
             scratch: Vec::with_capacity(256),
             binding: None,
             host_ticket: None,
@@ -497,6 +506,7 @@ impl Connection {
             stats_dirty: false,
             close_reason: None,
             aborts: Vec::new(),
+            tls,
         };
         c.resize_slots(INITIAL_SLOTS);
         c
@@ -551,7 +561,7 @@ impl Connection {
         }
         self.close_reason = Some(why.to_string());
         self.set_state(ConnState::Closing);
-        if !self.tx_pending() && !self.tx_inflight {
+        if !self.tx_pending() && !self.tx_inflight && !self.tls_send_in_flight() {
             self.set_state(ConnState::Closed);
         }
     }
@@ -602,7 +612,7 @@ impl Connection {
     // ------------------------------------------------------------ send queue
 
     fn tx_pending(&self) -> bool {
-        !self.tx.is_empty() || !self.tx_full.is_empty()
+        !self.tx.is_empty() || !self.tx_full.is_empty() || self.tls_has_output()
     }
 
     /// Makes room for `segments` more segments in the current batch, queueing it when full.
@@ -622,10 +632,11 @@ impl Connection {
 
     /// Fairness: queues the batch being filled if `more` bytes would take it past
     /// `TargetOptions::tx_batch_bytes`, so one send never carries a whole flood (a batch
-    /// holds at least one response, however large).
+    /// holds at least one response, however large). Only while other connections want the
+    /// driver ([`Connection::set_contended`]): a lone stream sends in the largest batches.
     fn tx_seal_batch(&mut self, more: usize) {
         let cap = self.target.limits.tx_batch_bytes();
-        if cap == 0 || self.tx.is_empty() || self.tx.len() + more <= cap {
+        if cap == 0 || !self.contended || self.tx.is_empty() || self.tx.len() + more <= cap {
             return;
         }
         let fresh = self.tx_spares.pop().unwrap_or_default();
@@ -642,6 +653,15 @@ impl Connection {
     /// The buffer to receive into and the range to fill, if the connection
     /// wants input. The driver gives it back with [`Connection::on_recv`].
     pub fn take_recv_buf(&mut self) -> Option<(IoBuf, std::ops::Range<usize>)> {
+        if let Some(crate::tls::Link::Tls(ch)) = self.tls.as_mut() {
+            if self.rx_pending
+                || self.rx_paused
+                || !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live)
+            {
+                return None;
+            }
+            return ch.take_recv_buf();
+        }
         if self.rx_pending {
             // What was received is parsed first (no receive buffer to lend meanwhile).
             return None;
@@ -683,6 +703,9 @@ impl Connection {
     /// by [`Connection::process_input`] when the driver gives this connection its turn;
     /// no receive is wanted until then.
     pub fn queue_input(&mut self, mut buf: IoBuf, n: usize, now_ns: u64) {
+        if matches!(self.tls, Some(crate::tls::Link::Tls(_))) {
+            return self.tls_input(buf, n, now_ns);
+        }
         if n == 0 {
             self.rx = Some(buf);
             self.close("peer closed the connection");
@@ -698,11 +721,23 @@ impl Connection {
         }
         self.rx = Some(buf);
         self.rx_pending = true;
+        if matches!(self.tls, Some(crate::tls::Link::Sniff | crate::tls::Link::Require)) {
+            self.tls_sniff(now_ns);
+        }
     }
 
     /// Whether received bytes wait for [`Connection::process_input`].
     pub fn has_input(&self) -> bool {
         self.rx_pending && matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live)
+    }
+
+    /// The driver says whether other connections want its time now. While they do, the PDU
+    /// budget (`rx_budget_pdus`) and the send batch size (`tx_batch_bytes`) apply; while
+    /// none does, the connection parses all its input and sends it in the largest batches,
+    /// since no one waits for the turn it would give back (Linux nvmet-tcp's budgets
+    /// always apply; a lone deep queue paid for fairness it did not need).
+    pub fn set_contended(&mut self, contended: bool) {
+        self.contended = contended;
     }
 
     /// Whether the host keeps this queue busy: its last pass parsed more than
@@ -713,8 +748,9 @@ impl Connection {
         self.rx_pass_pdus > SHALLOW_PDUS_MAX || !self.tx_full.is_empty()
     }
 
-    /// Parses buffered input: at most `TargetOptions::rx_budget_pdus` PDUs, so one busy
-    /// queue cannot hold its reactor; what is left stays pending ([`Connection::has_input`]).
+    /// Parses buffered input: at most `TargetOptions::rx_budget_pdus` PDUs while other
+    /// connections want the driver, so one busy queue cannot hold its reactor; what is left
+    /// stays pending ([`Connection::has_input`]). Alone, it parses all it has.
     pub fn process_input(&mut self, ctx: &mut ConnCtx<'_>) {
         if !self.rx_pending {
             return;
@@ -724,6 +760,8 @@ impl Connection {
         self.process(&mut buf, ctx);
         self.note_rx(&buf);
         self.rx = Some(buf);
+        // Records already received are opened into the buffer as the queue makes room.
+        self.tls_fill();
     }
 
     /// Remembers whether a PDU is partly received (for the PDU timeout, checked on the tick).
@@ -769,7 +807,7 @@ impl Connection {
                     self.rx_paused = true;
                     return;
                 }
-                Rx::Header if budget > 0 && self.rx_pass_pdus >= budget => {
+                Rx::Header if budget > 0 && self.contended && self.rx_pass_pdus >= budget => {
                     // Fairness: the rest waits for this connection's next turn.
                     self.rx_pending = !avail.is_empty();
                     self.info.stats.rx_budget_stops.add(1);
@@ -791,7 +829,9 @@ impl Connection {
                         self.rx_pos += skip;
                         self.pdus += 1;
                         self.rx_pass_pdus += 1;
-                        self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
+                        if self.contended {
+                            self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
+                        }
                         self.on_header(info, ctx);
                     }
                 },
@@ -1322,7 +1362,10 @@ impl Connection {
     fn exec_connect(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         let sqe = self.reqs[usize::from(slot)].sqe;
         let data = self.reqs[usize::from(slot)].buf.take();
-        let result = fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[]));
+        let result = match self.tls_connect_check(data.as_deref().unwrap_or(&[])) {
+            Some(e) => Err(e),
+            None => fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[])),
+        };
         if let Some(b) = data {
             self.buf_put(ctx, b);
         }
@@ -2136,7 +2179,16 @@ impl Connection {
 
     /// The next batch to send, if any and if none is in flight.
     pub fn take_send(&mut self) -> Option<SendMsg> {
-        if self.tx_inflight || !self.tx_pending() || self.state == ConnState::Closed {
+        if matches!(self.tls, Some(crate::tls::Link::Tls(_))) {
+            return self.tls_take_send();
+        }
+        self.take_plain_send()
+    }
+
+    /// The next batch of the queue's own (plaintext) output.
+    fn take_plain_send(&mut self) -> Option<SendMsg> {
+        let plain_pending = !self.tx.is_empty() || !self.tx_full.is_empty();
+        if self.tx_inflight || !plain_pending || self.state == ConnState::Closed {
             return None;
         }
         self.tx_inflight = true;
@@ -2149,7 +2201,15 @@ impl Connection {
 
     /// A batch was sent (or failed). Resumes input parsing paused for output, and
     /// commands that waited for this connection's buffers.
-    pub fn on_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
+    pub fn on_send_done(&mut self, msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
+        if matches!(self.tls, Some(crate::tls::Link::Tls(_))) {
+            return self.tls_send_done(msg, result, ctx);
+        }
+        self.plain_send_done(msg, result, ctx);
+    }
+
+    /// The queue's own batch is sent (or failed).
+    fn plain_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>, ctx: &mut ConnCtx<'_>) {
         self.tx_inflight = false;
         for b in msg.drain_bufs() {
             self.buf_put(ctx, b);
@@ -2177,6 +2237,7 @@ impl Connection {
                 self.note_rx(&buf);
                 self.rx = Some(buf);
             }
+            self.tls_fill();
         }
     }
 
@@ -2299,6 +2360,11 @@ impl Connection {
         // Output never sent (a failed send, a dropped connection) gives its buffers back too.
         let mut unsent: Vec<SendMsg> = self.tx_full.drain(..).collect();
         unsent.push(std::mem::take(&mut self.tx));
+        if let Some(crate::tls::Link::Tls(ch)) = self.tls.as_mut()
+            && let Some(b) = ch.take_batch()
+        {
+            unsent.push(b);
+        }
         for mut m in unsent {
             for b in m.drain_bufs() {
                 self.buf_put(ctx, b);

@@ -245,3 +245,52 @@ fn service_time_counts_the_turns_a_command_waited_behind_the_budget() {
     let s = q.conn.info().stats.snapshot();
     assert_eq!(s.latency_ns_mean, 112_000_000 / 42, "the 41st read added 0 ns to the sum");
 }
+
+#[test]
+fn a_connection_alone_on_its_driver_is_not_held_by_the_budgets() {
+    // The defaults (16 PDUs a pass, 64 KiB batches) with no other connection waiting: the
+    // whole input is parsed in one pass and the responses leave in one batch.
+    let opts = TargetOptions::default();
+    let (_admin, mut q) = io_queue(opts);
+    q.conn.set_contended(false);
+    let input = reads(&mut q, 40, 4096);
+    receive(&mut q, &input);
+    pass(&mut q);
+    assert!(!q.conn.has_input(), "one pass parses all 40 PDUs");
+    let lens = drain_sends(&mut q);
+    assert_eq!(completions(&mut q), 40);
+    assert_eq!(lens.len(), 1, "one batch of 40 responses: {lens:?}");
+    assert!(lens[0] > 64 * 1024, "the batch is not cut at tx_batch_bytes: {lens:?}");
+    let s = q.conn.info().stats.snapshot();
+    // Only the Connect's pass, before the driver said the queue was alone, counts.
+    assert_eq!((s.rx_pass_pdus_max, s.rx_budget_stops), (1, 0), "the passes alone are not counted, none cut");
+
+    // Another connection wants the driver: small reads are parsed 16 PDUs a pass, and 4 KiB
+    // reads' responses leave in batches of at most 64 KiB.
+    q.conn.set_contended(true);
+    let input = reads(&mut q, 40, 512);
+    receive(&mut q, &input);
+    let mut per_pass = Vec::new();
+    while q.conn.has_input() && per_pass.len() < 10 {
+        pass(&mut q);
+        drain_sends(&mut q);
+        per_pass.push(completions(&mut q));
+    }
+    assert_eq!(per_pass, [16, 16, 8], "PDUs parsed per pass while contended");
+    let s = q.conn.info().stats.snapshot();
+    assert_eq!((s.rx_pass_pdus_max, s.rx_budget_stops), (16, 2));
+    let input = reads(&mut q, 40, 4096);
+    receive(&mut q, &input);
+    let mut batches = Vec::new();
+    let mut done = 0;
+    for _ in 0..100 {
+        pass(&mut q);
+        batches.extend(drain_sends(&mut q));
+        done += completions(&mut q);
+        if !q.conn.has_input() && !q.conn.input_paused() {
+            break;
+        }
+    }
+    assert_eq!(done, 40);
+    assert!(batches.len() >= 3 && batches.iter().all(|&b| b <= 64 * 1024), "batches {batches:?}");
+}

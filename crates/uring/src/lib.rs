@@ -116,7 +116,7 @@ pub use ring::{
     Completion, Features, FsyncMode, OpKind, Payload, RING_ENTRIES_MAX, Ring, RingConfig, RingStats, TaskRun, Wait,
     Waker,
 };
-pub use send_msg::{SEND_BYTES_MAX, SEND_SEGMENTS_MAX, SendMsg};
+pub use send_msg::{Piece, SEND_BYTES_MAX, SEND_SEGMENTS_MAX, SendMsg};
 pub use sys::{
     CpuTime, EventFd, FileLock, LockHolder, PeerCredentials, congestion_control, current_affinity, current_thread_nice,
     enter_netns, fadvise_dontneed, fallocate, file_lock_holder, online_cpus, peer_credentials, physical_memory,

@@ -25,6 +25,15 @@ enum Segment {
     Region { index: usize, start: usize, end: usize },
 }
 
+/// A piece of a [`SendMsg`], in send order ([`SendMsg::pieces`]).
+#[derive(Debug)]
+pub enum Piece<'a> {
+    /// Bytes the message owns (copied header bytes or a buffer's range).
+    Bytes(&'a [u8]),
+    /// Bytes `range` of a shared region.
+    Region(&'a Arc<SharedRegion>, Range<usize>),
+}
+
 /// The kernel-facing view of a message: the iovec array and the `msghdr` pointing at it.
 ///
 /// Both live on the heap (`iov` in its vector, `hdr` inside the boxed [`Parts`]), so their
@@ -238,6 +247,18 @@ impl SendMsg {
         self.p.regions.clear();
     }
 
+    /// The message's bytes in send order, piece by piece, without copying: slices of its
+    /// header area and buffers, and ranges of its regions (which may change under a reader,
+    /// so they are named rather than lent: read them with `SharedRegion::copy_from_region`).
+    /// A record layer encrypts a message from here (the `tls` crate).
+    pub fn pieces(&self) -> impl Iterator<Item = Piece<'_>> + '_ {
+        self.p.segments.iter().map(move |segment| match *segment {
+            Segment::Header { start, end } => Piece::Bytes(&self.p.header[start..end]),
+            Segment::Buf { index, start, end } => Piece::Bytes(&self.p.bufs[index][start..end]),
+            Segment::Region { index, start, end } => Piece::Region(&self.p.regions[index], start..end),
+        })
+    }
+
     /// Copies the message's bytes into a new vector, in send order (tests, debugging).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = vec![0; self.p.len];
@@ -396,6 +417,30 @@ mod tests {
         assert_eq!(msg.to_vec(), b"abcd234ef");
         msg.prepare().expect("prepare");
         assert_eq!(iov_bytes(&msg), b"abcd234ef");
+    }
+
+    #[test]
+    fn pieces_walk_every_segment_in_order() {
+        let region = Arc::new(SharedRegion::new(4096).expect("map"));
+        region.copy_to_region(10, b"RR").expect("write");
+        let mut msg = SendMsg::new();
+        msg.push_bytes(b"h1");
+        msg.push_buf(buf_with(b"0123"), 1..3).expect("in range");
+        msg.push_region(&region, 10..12).expect("in range");
+        msg.push_bytes(b"h2");
+        let mut out = Vec::new();
+        for p in msg.pieces() {
+            match p {
+                Piece::Bytes(b) => out.extend_from_slice(b),
+                Piece::Region(r, range) => {
+                    let mut tmp = vec![0; range.len()];
+                    r.copy_from_region(range.start, &mut tmp).expect("in range");
+                    out.extend_from_slice(&tmp);
+                }
+            }
+        }
+        assert_eq!(out, msg.to_vec());
+        assert_eq!(out, b"h112RRh2");
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub struct ControllerKey {
     pub dhchap_secret: Option<Secret>,
     /// `dhchap_ctrl_secret=DHHC-1:..` from the URI (`--dhchap-ctrl-secret`).
     pub dhchap_ctrl_secret: Option<Secret>,
+    /// `tls_key=NVMeTLSkey-1:..` from the URI (`nvme connect --tls --tls-key`): every
+    /// queue runs inside TLS 1.3.
+    pub tls_key: Option<Secret>,
 }
 
 /// A DH-HMAC-CHAP secret from a URI: compared as written, never printed.
@@ -103,6 +106,7 @@ impl ControllerKey {
             tcp_congestion: uri_option(remote, "tcp_congestion"),
             dhchap_secret: uri_option(remote, "dhchap_secret").map(Secret),
             dhchap_ctrl_secret: uri_option(remote, "dhchap_ctrl_secret").map(Secret),
+            tls_key: uri_option(remote, "tls_key").map(Secret),
         }
     }
 }
@@ -317,6 +321,13 @@ impl Controllers {
         o.tcp_congestion = key.tcp_congestion.clone().or_else(|| self.tcp_congestion.clone());
         o.dhchap_secret = key.dhchap_secret.as_ref().map(|s| s.0.clone());
         o.dhchap_ctrl_secret = key.dhchap_ctrl_secret.as_ref().map(|s| s.0.clone());
+        o.tls = match &key.tls_key {
+            Some(k) => Some(
+                host::tls::HostTls::parse(&k.0)
+                    .map_err(|e| Error::new(ErrorKind::Target, format!("{}: tls_key: {e}", key.addr)))?,
+            ),
+            None => None,
+        };
         o.nr_io_queues = plan.nr_io_queues;
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
@@ -379,6 +390,7 @@ mod tests {
             tcp_congestion: None,
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tls_key: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");

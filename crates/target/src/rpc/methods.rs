@@ -79,7 +79,11 @@ const HOST_AUTH: &[Param] = &[
     Param::optional("dhchap_ctrl_key_file", Type::String, "a file holding the controller's secret"),
     Param::optional("hash", Type::String, "preferred hash: sha256 (default), sha384, sha512"),
     Param::optional("dhgroup", Type::String, "required DH group: null (default), ffdhe2048 ... ffdhe8192"),
+    Param::optional("tls_key", Type::String, "the host's TLS PSK, NVMeTLSkey-1:hh:base64: (for TLS ports)").secret(),
+    Param::optional("tls_key_file", Type::String, "a file holding the host's TLS PSK (saved as the file's name)"),
 ];
+const SET_HOST_TLS_KEY: &[Param] = &[NQN, HOST, HOST_AUTH[7], HOST_AUTH[8]];
+const TLS_MODE: Type = Type::Enum(&["none", "required", "allowed"]);
 const SET_HOST_AUTH: &[Param] =
     &[NQN, HOST, HOST_AUTH[1], HOST_AUTH[2], HOST_AUTH[3], HOST_AUTH[4], HOST_AUTH[5], HOST_AUTH[6]];
 
@@ -118,8 +122,16 @@ const SET_LIMITS: &[Param] = &[
     Param::optional("connect_timeout_ms", U64, "ICReq and Connect must be done this long after the TCP accept"),
     Param::optional("pdu_timeout_ms", U64, "a started PDU must be whole, and an R2T answered, within this long"),
     Param::optional("max_buffer_bytes_per_connection", U64, "data buffer bytes one connection may hold"),
-    Param::optional("rx_budget_pdus", U32, "fairness: PDUs one connection parses per reactor turn (0: no limit)"),
-    Param::optional("tx_batch_bytes", U64, "fairness: most bytes in one send batch (0: no limit)"),
+    Param::optional(
+        "rx_budget_pdus",
+        U32,
+        "fairness: PDUs one connection parses per reactor turn while others on the reactor have work (0: no limit)",
+    ),
+    Param::optional(
+        "tx_batch_bytes",
+        U64,
+        "fairness: most bytes in one send batch while others on the reactor have work (0: no limit)",
+    ),
     Param::optional("tx_deadline_us", U64, "fairness: a turn stops parsing input this long after it began (0: never)"),
 ];
 
@@ -307,10 +319,30 @@ pub static TARGET: &[Method<Run>] = &[
             Param::required("id", PORT_ID, "the new port's id"),
             Param::required("addr", Type::String, "IP:PORT to listen on (port 0: a free one)"),
             Param::default("kind", Type::Enum(&["io", "discovery"]), "\"io\"", "I/O and discovery, or discovery only"),
+            Param::default("tls", TLS_MODE, "\"none\"", "TLS 1.3: none, required, or allowed (both)"),
         ],
         add_port,
         "Listens on a new port",
         "{addr}"
+    ),
+    method!(
+        "set_port_tls",
+        Configures,
+        &[
+            Param::required("id", PORT_ID, "the port's id"),
+            Param::required("tls", TLS_MODE, "none, required or allowed")
+        ],
+        set_port_tls,
+        "Sets whether a port speaks TLS 1.3; connections accepted from now on follow it, open ones keep theirs",
+        "{}"
+    ),
+    method!(
+        "set_host_tls_key",
+        Configures,
+        SET_HOST_TLS_KEY,
+        set_host_tls_key,
+        "Allows a host and sets (adds or rotates) its TLS PSK in a subsystem (no key: removes it); the key is never answered or logged",
+        "{fingerprint}"
     ),
     method!(
         "remove_port",
@@ -461,6 +493,10 @@ fn list_subsystems(server: &Server, _: &Value) -> Result<Value, Error> {
                 json!({
                     "nqn": s.nqn, "serial": s.serial, "model": s.model,
                     "allow_any_host": a.allow_any, "hosts": a.hosts, "auth_hosts": s.auth_hosts(), "host_keys": s.host_keys(),
+                    "tls_keys": s.host_tls_keys().iter().map(|(h, k)| json!({
+                        "host": h, "fingerprint": k.key.fingerprint(), "hash": k.key.hash().name(),
+                        "key_file": k.file.as_ref().map(|f| f.display().to_string()),
+                    })).collect::<Vec<_>>(),
                     "namespaces": ns.iter().map(|n| json!({
                         "nsid": n.nsid.0, "backend": format!("{:?}", n.backend), "size": n.size_bytes(),
                         "block_size": n.block_size(), "ana_group": n.anagrpid.0,
@@ -547,6 +583,7 @@ fn host_list(server: &Server, p: &Value, add: bool) -> Result<Value, Error> {
     } else {
         // A removed host keeps no DH-HMAC-CHAP keys either.
         s.set_host_auth(&host, None);
+        s.set_host_tls_key(&host, None);
     }
     let failed = server.state.set_host_access(&s, a);
     Ok(json!({"controllers_failed": failed}))
@@ -580,6 +617,8 @@ fn set_host_auth(server: &Server, p: &Value) -> Result<Value, Error> {
         dhgroup: opt(p, "dhgroup")?,
         dhchap_key_file: opt(p, "dhchap_key_file")?,
         dhchap_ctrl_key_file: opt(p, "dhchap_ctrl_key_file")?,
+        tls_key: None,
+        tls_key_file: None,
     };
     let auth = cfg.to_host_auth()?;
     let mut a: HostAccess = s.access();
@@ -638,8 +677,39 @@ fn clear_reservation(server: &Server, p: &Value) -> Result<Value, Error> {
 fn add_port(server: &Server, p: &Value) -> Result<Value, Error> {
     let kind: PortKind = opt(p, "kind")?.unwrap_or(PortKind::Io);
     let addr = crate::server::parse_addr(&param::<String>(p, "addr")?)?;
-    let bound = server.add_port(param(p, "id")?, addr, kind)?;
+    let tls: crate::tls::TlsMode = opt(p, "tls")?.unwrap_or_default();
+    let bound = server.add_port_tls(param(p, "id")?, addr, kind, tls)?;
     Ok(json!({"addr": bound.to_string()}))
+}
+
+fn set_port_tls(server: &Server, p: &Value) -> Result<Value, Error> {
+    let id: u16 = param(p, "id")?;
+    let tls: crate::tls::TlsMode = param(p, "tls")?;
+    let port = server.state.port(id).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("port {id}")))?;
+    port.tls.set(tls);
+    server.state.discovery_changed();
+    Ok(json!({}))
+}
+
+fn set_host_tls_key(server: &Server, p: &Value) -> Result<Value, Error> {
+    // Allows the host and sets (or, without a key, removes) its TLS PSK.
+    let s = subsystem(server, p)?;
+    let host: String = param(p, "host")?;
+    let cfg = crate::config::HostAuthConfig {
+        nqn: host.clone(),
+        tls_key: opt(p, "tls_key")?,
+        tls_key_file: opt(p, "tls_key_file")?,
+        ..Default::default()
+    };
+    let key = cfg.to_tls_key()?;
+    let fingerprint = key.as_ref().map(|k| k.key.fingerprint());
+    let mut a: HostAccess = s.access();
+    if key.is_some() && !a.hosts.contains(&host) {
+        a.hosts.push(host.clone());
+        server.state.set_host_access(&s, a);
+    }
+    s.set_host_tls_key(&host, key);
+    Ok(json!({"fingerprint": fingerprint}))
 }
 
 fn remove_port(server: &Server, p: &Value) -> Result<Value, Error> {
@@ -765,7 +835,8 @@ mod tests {
         assert_eq!(names(QOS), fields(&QosSettings::default()));
         let r = crate::config::ReferralConfig { address: "10.0.0.1".into(), port: 8009, subnqn: None };
         assert_eq!(names(REFERRAL), fields(&r));
-        assert_eq!(names(&SET_HOST_AUTH[2..]), names(&HOST_AUTH[1..]));
+        assert_eq!(names(&SET_HOST_AUTH[2..]), names(&HOST_AUTH[1..7]));
+        assert_eq!(names(&SET_HOST_TLS_KEY[2..]), names(&HOST_AUTH[7..]));
     }
 
     #[test]
@@ -797,6 +868,6 @@ mod tests {
             .filter(|(_, p)| p.secret)
             .map(|(m, p)| format!("{m}.{}", p.name))
             .collect();
-        assert_eq!(secret, ["set_host_auth.dhchap_key", "set_host_auth.dhchap_ctrl_key"]);
+        assert_eq!(secret, ["set_host_auth.dhchap_key", "set_host_auth.dhchap_ctrl_key", "set_host_tls_key.tls_key"]);
     }
 }

@@ -1,0 +1,51 @@
+//! NVMe/TCP over TLS 1.3 with Linux 7.2 in a vmlab QEMU guest: one test per scenario of
+//! `tests/vm-tls/run.sh` (what each checks: that script's header).
+//!
+//! ```text
+//!   netns vmlab                                       QEMU guest (Linux 7.2, KERNEL=sid)
+//!   qpath target 10.213.0.1:4420/4421 (tls=required) ◄── tap ── nvme connect --tls (tlshd, kTLS)
+//!   qpath connect/bench --tls ── tap ──► nvmet 10.213.0.2:4420/4421 (addr_treq required, tlshd)
+//!   tshark on the tap: TLS records only              tests/vm-tls/guest/*.sh
+//! ```
+//!
+//! Like `vm_auth.rs` they need root, QEMU, `/dev/net/tun` and a prepared vmlab
+//! (`scripts/install-deps.sh`; the guest's tlshd and nvme-cli come from Debian sid through
+//! `tests/vm-tls/guest-tools.sh`), take a few minutes and share the network namespace, so a
+//! plain `cargo test` ignores them:
+//!
+//! ```sh
+//! cargo build --release -p qpath
+//! QPATH_BIN=target/release/qpath cargo test -p qpath --test vm_tls -- --ignored --test-threads=1
+//! ```
+//!
+//! Each test skips with a printed reason (and passes) when not root, without QEMU or vmlab,
+//! or with `QPATH_SKIP_VM=1`; `tests/vm-tls/run.sh` exits 77 for the finer reasons (no sid
+//! kernel, no TLS in it, the guest tools cannot be fetched) and the test skips on that too.
+
+mod vm_script;
+
+/// Upper bound for one scenario, seconds.
+const SCENARIO_TIMEOUT_S: u32 = 1500;
+
+fn run_scenario(scenario: &str) {
+    let what = format!("vm-tls {scenario}");
+    vm_script::run("tests/vm-tls/run.sh", &["--kernel", "sid", scenario], &what, SCENARIO_TIMEOUT_S);
+}
+
+/// The Linux 7.2 kernel host (`nvme connect --tls`, tlshd) discovers and connects to `qpath
+/// target` over TLS on two ports, verifies I/O across an ANA flip and a target restart, and
+/// the capture shows TLS records only.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_linux_host_to_qpath_target_needs_root_and_qemu() {
+    run_scenario("linux-host");
+}
+
+/// `qpath connect --tls` and a two-path `qpath bench` job reach the Linux 7.2 kernel target
+/// (nvmet, TLS required on both ports, tlshd serving), a wrong key is refused, and the job
+/// keeps its data (crc32c verify) across the loss of one path.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_qpath_host_to_linux_target_needs_root_and_qemu() {
+    run_scenario("linux-target");
+}

@@ -1,0 +1,440 @@
+//! TLS 1.3 record protection (RFC 8446 §5), one direction at a time.
+//!
+//! ```text
+//!   record     = type 23 || 0x0303 || be16 length || AEAD(inner) || tag(16)
+//!   inner      = content || content type || zero padding        (at most 2^14 + 1 bytes + padding)
+//!   nonce      = iv XOR be64(sequence number), left-padded to 12 bytes
+//!   aad        = the 5-byte record header
+//!   key, iv    = HKDF-Expand-Label(traffic secret, "key" | "iv", "", len)
+//!   KeyUpdate  : secret' = HKDF-Expand-Label(secret, "traffic upd", "", hash length)
+//! ```
+//!
+//! The AEAD is AES-GCM from the system's OpenSSL (AES-NI and carry-less multiply where the
+//! CPU has them). One cipher context per direction is initialised with the key once; each
+//! record only sets its nonce, so sealing and opening allocate nothing. Plaintext is
+//! encrypted from where it lies into the record, and ciphertext decrypted from the receive
+//! buffer into its destination: the one copy the cipher makes.
+
+use openssl::cipher::{Cipher, CipherRef};
+use openssl::cipher_ctx::CipherCtx;
+use zeroize::Zeroizing;
+
+use crate::Error;
+use crate::psk::{PskHash, hkdf_expand_label};
+
+/// Record header bytes.
+pub const HEADER_LEN: usize = 5;
+/// AEAD tag bytes.
+pub const TAG_LEN: usize = 16;
+/// Most plaintext bytes one record carries (RFC 8446 §5.1).
+pub const PLAINTEXT_MAX: usize = 16384;
+/// Most bytes after the header of a protected record (RFC 8446 §5.2).
+pub const CIPHERTEXT_MAX: usize = PLAINTEXT_MAX + 256;
+/// Bytes a full record adds to its content: header, content type, tag.
+pub const OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
+
+/// TLS content types (RFC 8446 §5.1).
+pub mod content {
+    /// Legacy change_cipher_spec (compatibility mode, handshake only).
+    pub const CHANGE_CIPHER_SPEC: u8 = 20;
+    /// Alert.
+    pub const ALERT: u8 = 21;
+    /// Handshake.
+    pub const HANDSHAKE: u8 = 22;
+    /// Application data (and the outer type of every protected record).
+    pub const APPLICATION_DATA: u8 = 23;
+}
+
+/// Alert descriptions this crate sends (RFC 8446 §6).
+pub mod alert {
+    /// close_notify.
+    pub const CLOSE_NOTIFY: u8 = 0;
+    /// unexpected_message.
+    pub const UNEXPECTED_MESSAGE: u8 = 10;
+    /// bad_record_mac.
+    pub const BAD_RECORD_MAC: u8 = 20;
+    /// record_overflow.
+    pub const RECORD_OVERFLOW: u8 = 22;
+    /// decode_error.
+    pub const DECODE_ERROR: u8 = 50;
+    /// internal_error.
+    pub const INTERNAL_ERROR: u8 = 80;
+}
+
+/// A TLS 1.3 cipher suite NVMe/TCP uses (NVMe/TCP 1.1 §3.6.1.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    /// TLS_AES_128_GCM_SHA256 (0x1301).
+    Aes128GcmSha256,
+    /// TLS_AES_256_GCM_SHA384 (0x1302).
+    Aes256GcmSha384,
+}
+
+impl Suite {
+    /// From the two-byte suite id.
+    pub fn from_id(id: [u8; 2]) -> Option<Suite> {
+        match id {
+            [0x13, 0x01] => Some(Suite::Aes128GcmSha256),
+            [0x13, 0x02] => Some(Suite::Aes256GcmSha384),
+            _ => None,
+        }
+    }
+
+    /// The hash of its key schedule.
+    pub fn hash(self) -> PskHash {
+        match self {
+            Suite::Aes128GcmSha256 => PskHash::Sha256,
+            Suite::Aes256GcmSha384 => PskHash::Sha384,
+        }
+    }
+
+    /// The IANA name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::Aes128GcmSha256 => "TLS_AES_128_GCM_SHA256",
+            Suite::Aes256GcmSha384 => "TLS_AES_256_GCM_SHA384",
+        }
+    }
+
+    fn key_len(self) -> usize {
+        match self {
+            Suite::Aes128GcmSha256 => 16,
+            Suite::Aes256GcmSha384 => 32,
+        }
+    }
+
+    fn cipher(self) -> &'static CipherRef {
+        match self {
+            Suite::Aes128GcmSha256 => Cipher::aes_128_gcm(),
+            Suite::Aes256GcmSha384 => Cipher::aes_256_gcm(),
+        }
+    }
+}
+
+/// Which way a direction's records go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// Records this end sends.
+    Seal,
+    /// Records this end receives.
+    Open,
+}
+
+/// One direction's traffic keys and sequence number.
+pub struct Keys {
+    suite: Suite,
+    dir: Dir,
+    secret: Zeroizing<Vec<u8>>,
+    iv: [u8; 12],
+    seq: u64,
+    ctx: CipherCtx,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys").field("suite", &self.suite).field("dir", &self.dir).field("seq", &self.seq).finish()
+    }
+}
+
+fn ossl(what: &str, e: openssl::error::ErrorStack) -> Error {
+    Error::internal(format!("{what}: {e}"))
+}
+
+impl Keys {
+    /// Keys from a traffic secret (from the handshake, or a KeyUpdate).
+    pub fn new(suite: Suite, dir: Dir, secret: &[u8]) -> Result<Keys, Error> {
+        let ctx = CipherCtx::new().map_err(|e| ossl("cipher context", e))?;
+        let mut k = Keys { suite, dir, secret: Zeroizing::new(secret.to_vec()), iv: [0; 12], seq: 0, ctx };
+        k.install()?;
+        Ok(k)
+    }
+
+    fn install(&mut self) -> Result<(), Error> {
+        let h = self.suite.hash();
+        let key = hkdf_expand_label(h, &self.secret, "key", &[], self.suite.key_len());
+        let iv = hkdf_expand_label(h, &self.secret, "iv", &[], 12);
+        self.iv.copy_from_slice(&iv);
+        let cipher = Some(self.suite.cipher());
+        match self.dir {
+            Dir::Seal => self.ctx.encrypt_init(cipher, Some(&key), None),
+            Dir::Open => self.ctx.decrypt_init(cipher, Some(&key), None),
+        }
+        .map_err(|e| ossl("AES-GCM key", e))?;
+        self.seq = 0;
+        Ok(())
+    }
+
+    /// The suite.
+    pub fn suite(&self) -> Suite {
+        self.suite
+    }
+
+    /// Records protected with these keys so far.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// KeyUpdate (RFC 8446 §7.2): the next traffic secret, keys and a fresh sequence.
+    pub fn update(&mut self) -> Result<(), Error> {
+        let h = self.suite.hash();
+        self.secret = hkdf_expand_label(h, &self.secret, "traffic upd", &[], h.len());
+        self.install()
+    }
+
+    fn begin(&mut self, header: &[u8; HEADER_LEN]) -> Result<(), Error> {
+        // RFC 8446 §5.3: a sequence number never wraps; the connection must end before.
+        if self.seq == u64::MAX {
+            return Err(Error::record(alert::INTERNAL_ERROR, "record sequence number exhausted"));
+        }
+        let mut nonce = self.iv;
+        for (n, s) in nonce[4..].iter_mut().zip(self.seq.to_be_bytes()) {
+            *n ^= s;
+        }
+        self.seq += 1;
+        match self.dir {
+            Dir::Seal => self.ctx.encrypt_init(None, None, Some(&nonce)),
+            Dir::Open => self.ctx.decrypt_init(None, None, Some(&nonce)),
+        }
+        .map_err(|e| ossl("AES-GCM nonce", e))?;
+        self.ctx.cipher_update(header, None).map_err(|e| ossl("AES-GCM aad", e))?;
+        Ok(())
+    }
+}
+
+/// The header of a protected record whose inner plaintext is `inner_len` bytes.
+pub fn header(inner_len: usize) -> [u8; HEADER_LEN] {
+    let len = u16::try_from(inner_len + TAG_LEN).unwrap_or(u16::MAX).to_be_bytes();
+    [content::APPLICATION_DATA, 0x03, 0x03, len[0], len[1]]
+}
+
+/// Seals one record into `out` (which must hold `HEADER_LEN + inner + TAG_LEN` bytes).
+/// The content is given piece by piece to `fill`, which calls [`Sealer::copy`] or
+/// [`Sealer::in_place`] for `content_len` bytes in all; the content type is appended.
+pub struct Sealer<'a> {
+    keys: &'a mut Keys,
+    out: &'a mut [u8],
+    at: usize,
+    end: usize,
+}
+
+impl<'a> Sealer<'a> {
+    /// Starts a record of `content_len` content bytes at the front of `out`.
+    pub fn begin(keys: &'a mut Keys, out: &'a mut [u8], content_len: usize) -> Result<Sealer<'a>, Error> {
+        debug_assert!(content_len <= PLAINTEXT_MAX, "a record carries at most 2^14 bytes");
+        let h = header(content_len + 1);
+        let need = HEADER_LEN + content_len + 1 + TAG_LEN;
+        if out.len() < need {
+            return Err(Error::internal("record buffer too small"));
+        }
+        out[..HEADER_LEN].copy_from_slice(&h);
+        keys.begin(&h)?;
+        Ok(Sealer { keys, out, at: HEADER_LEN, end: HEADER_LEN + content_len })
+    }
+
+    /// Encrypts `src` into the record.
+    pub fn copy(&mut self, src: &[u8]) -> Result<(), Error> {
+        let to = self.at + src.len();
+        debug_assert!(to <= self.end, "more content than the record was begun with");
+        let n = self.keys.ctx.cipher_update(src, Some(&mut self.out[self.at..to])).map_err(|e| ossl("seal", e))?;
+        debug_assert_eq!(n, src.len(), "GCM is a stream mode");
+        self.at = to;
+        Ok(())
+    }
+
+    /// The next `len` bytes of the record's content area, for the caller to fill with
+    /// plaintext that is then encrypted in place (content that is not in a slice, such as
+    /// a shared RAM region).
+    pub fn in_place(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), Error>) -> Result<(), Error> {
+        let to = self.at + len;
+        debug_assert!(to <= self.end, "more content than the record was begun with");
+        fill(&mut self.out[self.at..to])?;
+        self.keys.ctx.cipher_update_inplace(&mut self.out[self.at..to], len).map_err(|e| ossl("seal", e))?;
+        self.at = to;
+        Ok(())
+    }
+
+    /// Ends the record with its content type; returns its length on the wire.
+    pub fn finish(mut self, content_type: u8) -> Result<usize, Error> {
+        debug_assert_eq!(self.at, self.end, "record content not all given");
+        let mut t = [0u8; 1];
+        self.keys.ctx.cipher_update(&[content_type], Some(&mut t)).map_err(|e| ossl("seal", e))?;
+        self.out[self.at] = t[0];
+        self.at += 1;
+        self.keys.ctx.cipher_final(&mut []).map_err(|e| ossl("seal", e))?;
+        self.keys.ctx.tag(&mut self.out[self.at..self.at + TAG_LEN]).map_err(|e| ossl("tag", e))?;
+        Ok(self.at + TAG_LEN)
+    }
+}
+
+/// Seals a record of one piece of content (alerts, handshake messages, tests).
+pub fn seal_bytes(keys: &mut Keys, content_type: u8, content: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+    let start = out.len();
+    out.resize(start + content.len() + OVERHEAD, 0);
+    let mut s = Sealer::begin(keys, &mut out[start..], content.len())?;
+    s.copy(content)?;
+    s.finish(content_type)?;
+    Ok(())
+}
+
+/// A record's header, checked: the length of what follows it.
+pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<usize, Error> {
+    if h[0] != content::APPLICATION_DATA {
+        return Err(Error::record(alert::UNEXPECTED_MESSAGE, "a record that is not protected application data"));
+    }
+    // RFC 8446 §5.1: legacy_record_version is 0x0303 for protected records.
+    if h[1] != 3 || h[2] != 3 {
+        return Err(Error::record(alert::DECODE_ERROR, "a record with a version other than TLS 1.2's number"));
+    }
+    let len = usize::from(u16::from_be_bytes([h[3], h[4]]));
+    if len > CIPHERTEXT_MAX {
+        return Err(Error::record(alert::RECORD_OVERFLOW, "a record longer than 2^14 + 256 bytes"));
+    }
+    if len < TAG_LEN + 1 {
+        return Err(Error::record(alert::DECODE_ERROR, "a record too short for its tag"));
+    }
+    Ok(len)
+}
+
+/// Opens one record: `record` is its header and body. The inner plaintext goes to `dst`
+/// when given (it must hold body length − 16 bytes), else it is decrypted in place in the
+/// body. Returns the content type and the content's length (padding removed); nothing
+/// in `dst` or the body is plaintext the caller may use unless this returns `Ok`.
+pub fn open(keys: &mut Keys, record: &mut [u8], dst: Option<&mut [u8]>) -> Result<(u8, usize), Error> {
+    let h: [u8; HEADER_LEN] = record[..HEADER_LEN].try_into().map_err(|_| Error::internal("short record"))?;
+    let body_len = record.len() - HEADER_LEN;
+    let ct_len = body_len - TAG_LEN;
+    keys.begin(&h)?;
+    let (ct, tag) = record[HEADER_LEN..].split_at_mut(ct_len);
+    keys.ctx.set_tag(tag).map_err(|e| ossl("tag", e))?;
+    let plain: &mut [u8] = match dst {
+        Some(d) => {
+            let d = &mut d[..ct_len];
+            keys.ctx.cipher_update(ct, Some(d)).map_err(|e| ossl("open", e))?;
+            d
+        }
+        None => {
+            keys.ctx.cipher_update_inplace(ct, ct_len).map_err(|e| ossl("open", e))?;
+            ct
+        }
+    };
+    if keys.ctx.cipher_final(&mut []).is_err() {
+        return Err(Error::record(alert::BAD_RECORD_MAC, "a record failed its authentication (bad record MAC)"));
+    }
+    // RFC 8446 §5.4: the content type is the last non-zero byte.
+    let Some(pos) = plain.iter().rposition(|&b| b != 0) else {
+        return Err(Error::record(alert::UNEXPECTED_MESSAGE, "a record with no content type"));
+    };
+    if pos > PLAINTEXT_MAX {
+        return Err(Error::record(alert::RECORD_OVERFLOW, "a record with more than 2^14 bytes of content"));
+    }
+    Ok((plain[pos], pos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(suite: Suite) -> (Keys, Keys) {
+        let secret = vec![0x42; suite.hash().len()];
+        (Keys::new(suite, Dir::Seal, &secret).unwrap(), Keys::new(suite, Dir::Open, &secret).unwrap())
+    }
+
+    /// RFC 8448 §3 (simple 1-RTT handshake): the server's application traffic secret gives
+    /// this key and IV, and its first application record (sequence 0) these bytes.
+    #[test]
+    fn rfc8448_server_application_keys() {
+        let secret = hexv("a11af9f05531f856ad47116b45a950328204b4f44bfb6b3a4b4f1f3fcb631643");
+        let k = Keys::new(Suite::Aes128GcmSha256, Dir::Seal, &secret).unwrap();
+        assert_eq!(hex(&k.iv), "cf782b88dd83549aadf1e984");
+        let key = hkdf_expand_label(PskHash::Sha256, &secret, "key", &[], 16);
+        assert_eq!(hex(&key), "9f02283b6c9c07efc26bb9f2ac92e356");
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    fn hexv(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    #[test]
+    fn seal_then_open_both_suites_and_directly() {
+        for suite in [Suite::Aes128GcmSha256, Suite::Aes256GcmSha384] {
+            let (mut s, mut o) = pair(suite);
+            let mut wire = Vec::new();
+            seal_bytes(&mut s, content::APPLICATION_DATA, b"hello", &mut wire).unwrap();
+            seal_bytes(&mut s, content::HANDSHAKE, b"second", &mut wire).unwrap();
+            assert_eq!(wire.len(), 2 * OVERHEAD + 11);
+            let first = HEADER_LEN + parse_header(wire[..5].try_into().unwrap()).unwrap();
+            let mut dst = [0u8; 64];
+            let (t, n) = open(&mut o, &mut wire[..first], Some(&mut dst)).unwrap();
+            assert_eq!((t, &dst[..n]), (content::APPLICATION_DATA, &b"hello"[..]));
+            let (t, n) = open(&mut o, &mut wire[first..], None).unwrap();
+            assert_eq!((t, &wire[first + HEADER_LEN..first + HEADER_LEN + n]), (content::HANDSHAKE, &b"second"[..]));
+        }
+    }
+
+    #[test]
+    fn tampering_reordering_and_replay_fail() {
+        let (mut s, mut o) = pair(Suite::Aes128GcmSha256);
+        let mut a = Vec::new();
+        seal_bytes(&mut s, content::APPLICATION_DATA, b"aaaa", &mut a).unwrap();
+        let mut b = Vec::new();
+        seal_bytes(&mut s, content::APPLICATION_DATA, b"bbbb", &mut b).unwrap();
+        // Out of order: record 1 opened as record 0.
+        let e = open(&mut o, &mut b.clone(), None).unwrap_err();
+        assert_eq!(e.alert(), Some(alert::BAD_RECORD_MAC));
+        // Every bit flipped in turn in a fresh copy fails (header bits are the AAD).
+        for bit in 0..a.len() * 8 {
+            let (_, mut o2) = pair(Suite::Aes128GcmSha256);
+            let mut t = a.clone();
+            t[bit / 8] ^= 1 << (bit % 8);
+            assert!(open(&mut o2, &mut t, None).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        assert!(parse_header(&[22, 3, 3, 0, 40]).is_err(), "handshake type after the handshake");
+        assert!(parse_header(&[23, 3, 1, 0, 40]).is_err());
+        assert_eq!(parse_header(&[23, 3, 3, 0x41, 0x01]).unwrap_err().alert(), Some(alert::RECORD_OVERFLOW));
+        assert!(parse_header(&[23, 3, 3, 0, 16]).is_err());
+        assert_eq!(parse_header(&[23, 3, 3, 0x40, 0xff]).unwrap(), 0x40ff);
+    }
+
+    #[test]
+    fn padding_and_empty_inner_plaintext() {
+        let (mut s, mut o) = pair(Suite::Aes128GcmSha256);
+        // Content "x", type 23, then three zero bytes of padding.
+        let mut out = vec![0u8; HEADER_LEN + 5 + TAG_LEN];
+        let h = header(5);
+        out[..5].copy_from_slice(&h);
+        s.begin(&h).unwrap();
+        let mut sealer = Sealer { keys: &mut s, out: &mut out, at: HEADER_LEN, end: HEADER_LEN + 5 };
+        sealer.copy(&[b'x', 23, 0, 0, 0]).unwrap();
+        let n = {
+            let Sealer { keys, out, at, .. } = sealer;
+            keys.ctx.cipher_final(&mut []).unwrap();
+            keys.ctx.tag(&mut out[at..at + TAG_LEN]).unwrap();
+            at + TAG_LEN
+        };
+        assert_eq!(open(&mut o, &mut out[..n], None).unwrap(), (23, 1));
+        // All zeros: no content type.
+        let mut z = Vec::new();
+        seal_bytes(&mut s, 0, &[0, 0], &mut z).unwrap();
+        assert!(open(&mut o, &mut z, None).is_err());
+    }
+
+    #[test]
+    fn key_update_moves_both_ends() {
+        let (mut s, mut o) = pair(Suite::Aes256GcmSha384);
+        s.update().unwrap();
+        let mut w = Vec::new();
+        seal_bytes(&mut s, content::APPLICATION_DATA, b"after", &mut w).unwrap();
+        assert!(open(&mut o, &mut w.clone(), None).is_err(), "old keys cannot open");
+        let (_, mut o2) = pair(Suite::Aes256GcmSha384);
+        o2.update().unwrap();
+        assert_eq!(open(&mut o2, &mut w, None).unwrap(), (content::APPLICATION_DATA, 5));
+    }
+}

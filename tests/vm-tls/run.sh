@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# run.sh — NVMe/TCP over TLS 1.3 with Linux, in a vmlab QEMU guest (Linux 7.2, KERNEL=sid).
+#
+#   tests/vm-tls/run.sh [--kernel sid] linux-host|linux-target
+#
+# linux-host  the guest's kernel NVMe/TCP host (tlshd from ktls-utils runs its handshakes;
+#             sid's nvme-cli derives and inserts the PSK) reaches `qpath target`, whose two
+#             ports require TLS, with a key from `qpath gen-tls-key`: discovery inside TLS,
+#             both ports connected, fio randrw + 128k writes with crc32c verify, an ANA flip
+#             (ana-inaccessible / ana-optimized), a target kill -9 and restart (reconnect over
+#             TLS), disconnect-all (tests/vm-tls/guest/linux-host.sh). tshark records the tap
+#             the whole time (both scenarios): every record must be TLS (handshake, then
+#             application data) and no NVMe/TCP PDU may show in the clear.
+# linux-target  `qpath` against the guest's kernel target (nvmet: addr_tsas tls1.3, addr_treq
+#             required on 4420 and 4421; the PSK inserted with `nvme check-tls-key --insert`,
+#             tlshd serving the handshakes): qpath connect --tls succeeds, a wrong key is
+#             refused, and a two-path qpath bench job (randrw 4k, crc32c verify) keeps its data
+#             while the guest takes port 4420's path away for 10 s and gives it back
+#             (tests/vm-tls/guest/linux-target.sh).
+# The guest's tools come from Debian sid (tests/vm-tls/guest-tools.sh: tlshd, nvme-cli 2.x,
+# keyctl and their libraries, run in the guest through sid's loader); the kernel's TLS needs
+# gcm(aes), whose modules (ctr, gcm) the vmlab initramfs lacks: they come from the same
+# kernel package. The helpers are tests/vm/lib.sh's. Measured on the 2-core machine (with
+# other guests running): linux-host about 2 min, linux-target about 5 min once the VM
+# lock is taken, most of it tshark reading the capture. Environment: KERNEL (sid), QPATH_BIN (default: cargo build --release),
+# VMLAB_DIR, VMLAB_WORK. Exit status: 0 passed, 1 failed, 77 cannot run here ("SKIP: reason").
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/vm/lib.sh
+. "$HERE/../vm/lib.sh"
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kernel) KERNEL=$2; shift ;;
+    -h|--help) sed -n '2,/^# VMLAB_DIR/p' "$0"; exit 0 ;;
+    -*) echo "unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+  shift
+done
+SCENARIO=${1:-}
+case "$SCENARIO" in
+  linux-host|linux-target) ;;
+  *) echo "usage: $0 [--kernel sid] linux-host|linux-target" >&2; exit 2 ;;
+esac
+export KERNEL=${KERNEL:-sid}
+case "$KERNEL" in
+  bookworm) skip "KERNEL=bookworm is Linux 6.1: no NVMe/TCP TLS (6.7+ has it)" ;;
+esac
+[ "$(id -u)" = 0 ] || skip "needs root (network namespace, tap device, QEMU on the tap)"
+[ -f "$VMLAB_DIR/lib.sh" ] && [ -x "$VMLAB_DIR/boot.sh" ] || skip "no vmlab at $VMLAB_DIR (set VMLAB_DIR)"
+for t in qemu-system-x86_64 ip python3 setsid ps flock timeout cpio gzip xz tshark; do
+  command -v "$t" > /dev/null || skip "$t not installed (scripts/install-deps.sh)"
+done
+[ -c /dev/net/tun ] || skip "/dev/net/tun missing (tap networking)"
+[ -f "$(initrd)" ] && [ -f "$(kdir)/KVER" ] \
+  || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
+grep -q '^CONFIG_NVME_TCP_TLS=y' "$(kdir)"/root/*/lib/modules/*/config "$(kdir)"/root/boot/config-* 2> /dev/null \
+  || skip "the KERNEL=$KERNEL image has no NVMe/TCP TLS (CONFIG_NVME_TCP_TLS)"
+TOOLS=$(VMLAB_DIR=$VMLAB_DIR "$HERE/guest-tools.sh" | tail -1) || skip "guest TLS tools: $TOOLS"
+[ -s "$TOOLS" ] || skip "guest TLS tools were not made"
+
+if [ -z "${QPATH_BIN:-}" ]; then
+  say "building qpath (release)"
+  (cd "$REPO" && cargo build --release -q -p qpath)
+  QPATH_BIN=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/qpath
+fi
+[ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
+QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
+
+mkdir -p "$VMLAB_WORK"
+exec 9> "$VMLAB_WORK/qpath-vm.lock"
+flock -w 900 9 || { echo "FAIL: host: another qpath VM run holds $VMLAB_WORK/qpath-vm.lock"; exit 1; }
+D=$(mktemp -d "$VMLAB_WORK/qpath-vm-tls-$SCENARIO-$KERNEL.XXXXXX")
+T0=$SECONDS
+say "scenario $SCENARIO, KERNEL=$KERNEL ($(kver)), qpath $QPATH_BIN, logs in $D"
+"$VMLAB_DIR/netns.sh" up > /dev/null
+
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01
+QPATH_NQN=nqn.2026-11.io.qpath:tls
+
+# A fresh key for this run, in a file only root reads; the target and the guest read it
+# from their files (never from a command line or a log).
+umask 077
+"$QPATH_BIN" gen-tls-key > "$D/tls.key"
+cat > "$D/target.toml" <<TOML
+[[port]]
+id = 1
+addr = "$VMLAB_HOST_IP:4420"
+tls = "required"
+
+[[port]]
+id = 2
+addr = "$VMLAB_HOST_IP:4421"
+tls = "required"
+
+[[subsystem]]
+nqn = "$QPATH_NQN"
+hosts = [{ nqn = "$HOSTNQN", tls_key_file = "$D/tls.key" }]
+
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "1G"
+TOML
+umask 022
+
+start_capture() {
+  PCAP=$D/capture.pcap
+  local i
+  setsid timeout -k 5 $((BOOT_TIMEOUT + 300)) ip netns exec "$VMLAB_NETNS" tshark -q -n -i "$VMLAB_TAP" \
+    -B 64 -f 'tcp port 4420 or tcp port 4421' -a filesize:4000000 -w "$PCAP" > "$D/tshark.log" 2>&1 < /dev/null &
+  TSHARK_PID=$!
+  STARTED+=("$TSHARK_PID")
+  for i in $(seq 100); do grep -q "Capturing on" "$D/tshark.log" 2>/dev/null && return 0; sleep 0.2; done
+  fail "capture: tshark did not start capturing:"; cat "$D/tshark.log"; return 1
+}
+
+# check_capture: the capture holds TLS handshakes and application data on both ports, only
+# TLS record types, and not one NVMe/TCP PDU in the clear. (TLS 1.3 protected records show
+# as tls.record.opaque_type 23; handshake, change_cipher_spec and plaintext alerts as
+# tls.record.content_type 22, 20, 21. Decoded as NVMe/TCP instead, every connection starts
+# with a TLS record type (0x16), never with a PDU type 0-9 such as an ICReq.)
+check_capture() {
+  local i
+  sleep 1
+  kill -INT "$TSHARK_PID" 2>/dev/null || true
+  for i in $(seq 100); do kill -0 "$TSHARK_PID" 2>/dev/null || break; sleep 0.2; done
+  stop_group "$TSHARK_PID"
+  say "capture: $(du -h "$PCAP" | cut -f1) in $PCAP"
+  local tls=(-r "$PCAP" -d tcp.port==4420,tls -d tcp.port==4421,tls)
+  local hello app other pdus ports
+  hello=$(tshark "${tls[@]}" -Y 'tls.handshake.type == 1' 2>/dev/null | wc -l)
+  app=$(tshark "${tls[@]}" -Y 'tls.record.opaque_type == 23' 2>/dev/null | wc -l)
+  # Every record's type: content types 20-22 in the clear, opaque type 23 when protected.
+  other=$(tshark "${tls[@]}" -Y 'tls.record' -T fields -e tls.record.content_type -e tls.record.opaque_type 2>/dev/null \
+    | awk -F'\t' '{ n = split($1, c, ","); for (i = 1; i <= n; i++) if (c[i] != 20 && c[i] != 21 && c[i] != 22) bad++
+                    n = split($2, o, ","); for (i = 1; i <= n; i++) if (o[i] != 23) bad++ }
+                  END { print bad + 0 }')
+  ports=$(tshark "${tls[@]}" -Y 'tls.record.opaque_type == 23' -T fields -e tcp.dstport -e tcp.srcport 2>/dev/null \
+    | tr '\t' '\n' | grep -E '^442[01]$' | sort -u | tr '\n' ' ')
+  pdus=$(tshark -r "$PCAP" -d tcp.port==4420,nvme-tcp -d tcp.port==4421,nvme-tcp -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
+  say "capture: $hello ClientHello(s), $app frames of TLS application data (ports $ports), $other other record types, $pdus clear NVMe/TCP PDUs"
+  [ "$hello" -ge 4 ] && pass "capture: $hello TLS ClientHellos (every queue, and again after the restart or the path loss)" \
+    || fail "capture: $hello ClientHellos"
+  [ "$app" -gt 100 ] && [ "$ports" = "4420 4421 " ] && pass "capture: TLS application data on both ports ($app frames)" \
+    || fail "capture: TLS application data: $app frames on ports $ports"
+  [ "$other" = 0 ] && pass "capture: only TLS record types (handshake, change_cipher_spec, alert, application data)" \
+    || fail "capture: $other frames with other record types"
+  [ "$pdus" = 0 ] && pass "capture: no NVMe/TCP PDU in the clear (no ICReq, ICResp, capsule or data PDU)" \
+    || fail "capture: $pdus clear NVMe/TCP PDUs"
+  if [ "$pdus" = 0 ] && [ "$app" -gt 100 ]; then rm -f "$PCAP"; fi
+}
+
+scenario_linux-host() {
+  on_ask() {
+    case "$1" in
+      ana-inaccessible) rpc set_ana_state port=1 group=1 state=inaccessible > /dev/null ;;
+      ana-optimized) rpc set_ana_state port=1 group=1 state=optimized > /dev/null ;;
+      restart-target)
+        kill -9 "$TARGET_QPATH_PID"
+        stop_group "$TARGET_PID"
+        say "target killed (-9); starting it again with the same configuration"
+        start_target --config "$D/target.toml" ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+  }
+  start_target --config "$D/target.toml" || return 0
+  boot_guest "$HERE/guest/linux-host.sh" "vmlab.env.HOSTNQN=$HOSTNQN"
+  serve_guest
+  check_guest
+  local q
+  q=$(grep -c "TLS channel open" "$D/target.log" || true)
+  [ "$q" -ge 4 ] && pass "target: $q queues opened a TLS channel" || fail "target: $q TLS channels opened"
+  if grep -aq "NVMeTLSkey-1" "$D/target.log" "$SERIAL"; then fail "a TLS key is printed in a log"; else pass "no TLS key in the target log or the serial log"; fi
+  check_target_after
+}
+
+scenario_linux-target() {
+  QPATH_NQN=nqn.2024-01.io.vmlab:tls
+  local g=$VMLAB_GUEST_IP bench_pid=
+  on_host() { ip netns exec "$VMLAB_NETNS" timeout 300 env RUST_LOG=info "$QPATH_BIN" "$@"; }
+  on_ask() {
+    local out rc
+    case "$1" in
+      connect-tls)
+        out=$(on_host connect -a "$g" -s 4420 -n "$QPATH_NQN" -q "$HOSTNQN" -i 2 --tls --tls-key "$D/tls.key" 2>&1); rc=$?
+        printf '%s\n' "$out" | tail -5 | sed 's/^/    /'
+        if [ $rc = 0 ] && printf '%s' "$out" | grep -q 'nsid *1 '; then
+          pass "qpath connect --tls to Linux nvmet: live, namespace listed"
+        else fail "qpath connect --tls to Linux nvmet: rc=$rc"; return 1; fi ;;
+      connect-wrong-key)
+        umask 077; "$QPATH_BIN" gen-tls-key > "$D/wrong.key"; umask 022
+        out=$(on_host connect -a "$g" -s 4420 -n "$QPATH_NQN" -q "$HOSTNQN" -i 2 --tls --tls-key "$D/wrong.key" -l 0 2>&1); rc=$?
+        printf '%s\n' "$out" | tail -3 | sed 's/^/    /'
+        if [ $rc != 0 ] && printf '%s' "$out" | grep -q 'TLS'; then pass "qpath connect with a wrong key: refused in the TLS handshake"
+        else fail "qpath connect with a wrong key: rc=$rc"; return 1; fi ;;
+      bench-start)
+        umask 077
+        cat > "$D/bench.fio" <<FIO
+[tls-paths]
+ioengine=qpath
+filename=nvme+tcp://$g:4420,$g:4421/$QPATH_NQN/1?hostnqn=$HOSTNQN&tls_key=$(cat "$D/tls.key")&reconnect_delay=1&ctrl_loss_tmo=120
+rw=randrw
+bs=4k
+iodepth=16
+size=64m
+time_based
+runtime=45
+verify=crc32c
+mpath_policy=round-robin
+FIO
+        umask 022
+        setsid timeout -k 5 240 ip netns exec "$VMLAB_NETNS" env RUST_LOG=info "$QPATH_BIN" bench --output-format=json \
+          "$D/bench.fio" > "$D/bench.json" 2> "$D/bench.log" < /dev/null &
+        bench_pid=$!
+        STARTED+=("$bench_pid")
+        sleep 5
+        kill -0 "$bench_pid" 2>/dev/null && pass "qpath bench (two TLS paths, randrw crc32c verify) running" \
+          || { fail "qpath bench exited at once"; tail -5 "$D/bench.log"; return 1; } ;;
+      bench-check)
+        local i verdict
+        for i in $(seq 200); do kill -0 "$bench_pid" 2>/dev/null || break; sleep 1; done
+        rc=0; wait "$bench_pid" || rc=$?
+        verdict=$(python3 - "$D/bench.json" "$rc" <<'PY'
+import json, sys
+try:
+    out = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print("no JSON report (rc %s): %s" % (sys.argv[2], e)); sys.exit(1)
+j, q = out["jobs"][0], out["qpath"]["jobs"][0]
+v = q.get("verify", {})
+paths = [p.get("ios", p.get("completed", 0)) for p in q.get("multipath", {}).get("paths", [])]
+r, w = j["read"]["total_ios"], j["write"]["total_ios"]
+print("rc %s, error %s, %d reads, %d writes, verify checked %s failures %s, per-path %s" % (
+    sys.argv[2], j["error"], r, w, v.get("checked"), v.get("failures"), paths))
+sys.exit(0 if (sys.argv[2] == "0" and j["error"] == 0 and r > 0 and w > 0 and v.get("failures") == 0
+               and v.get("checked", 0) > 0) else 1)
+PY
+)
+        local ok=$?
+        grep -vE '^ *$' "$D/bench.log" | tail -4 | sed 's/^/    bench: /'
+        if grep -q 'NVMeTLSkey-1' "$D/bench.json" "$D/bench.log"; then fail "the TLS key is printed in the bench's report or log"; fi
+        if [ $ok = 0 ]; then pass "bench across the path loss: $verdict"; else fail "bench: $verdict"; return 1; fi ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+  }
+  boot_guest "$HERE/guest/linux-target.sh" "vmlab.env.HOSTNQN=$HOSTNQN"
+  serve_guest
+  check_guest
+}
+
+set +e
+start_capture && {
+  # The key reaches the guest as a file (boot.sh --file), not on its command line.
+  BOOT_FILES=("$TOOLS:/vmlab/tls-tools.tar" "$D/tls.key:/vmlab/tls.key")
+  # The kernel's TLS (tlshd keys it after the handshake) needs gcm(aes), whose modules the
+  # vmlab initramfs does not hold: they come from the same kernel package, unpacked.
+  mkdir -p "$D/mods"
+  for m in ctr gcm; do
+    ko=$(find "$(kdir)/root" -name "$m.ko*" -path '*/kernel/crypto/*' | head -1)
+    if [ -z "$ko" ]; then fail "host: no $m module in the KERNEL=$KERNEL package"; continue; fi
+    case "$ko" in *.xz) xz -dc "$ko" > "$D/mods/$m.ko" ;; *.zst) zstd -qdc "$ko" > "$D/mods/$m.ko" ;; *) cp "$ko" "$D/mods/$m.ko" ;; esac
+    BOOT_FILES+=("$D/mods/$m.ko:/vmlab/mods/$m.ko")
+  done
+  "scenario_$SCENARIO"
+  check_capture
+}
+cleanup
+echo
+say "scenario $SCENARIO on KERNEL=$KERNEL ($(kver)): $NPASS host checks passed, $NFAIL failed, $((SECONDS - T0)) s"
+say "serial log: ${SERIAL:-none}   target log: $D/target.log"
+grep -aE '^(PASS|FAIL): ' "${SERIAL:-/dev/null}" | sed 's/^/  guest /' || true
+if [ "$NFAIL" = 0 ]; then
+  echo "RESULT: PASS $SCENARIO KERNEL=$KERNEL ($((SECONDS - T0)) s)"
+  exit 0
+fi
+echo "RESULT: FAIL $SCENARIO KERNEL=$KERNEL: see $D (serial log ${SERIAL:-none})"
+exit 1
