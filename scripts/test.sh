@@ -3,6 +3,8 @@
 #   1. cargo fmt --all --check
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace                      (debug; the VM tests are #[ignore]d here)
+#      and the production configuration: blk, host, target and bench without the labs'
+#      features (clippy and tests), the qpath binary without its default features (clippy)
 #   4. cargo build --release -p qpath              (the binary the VM tests run as the target)
 #   5. the VM interop suite, one scenario at a time (crates/qpath/tests/vm_linux_host.rs ->
 #      tests/vm/run.sh): Linux 6.1 and 7.2 kernel hosts in QEMU against qpath target.
@@ -32,6 +34,13 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 phase "cargo test --workspace"
 cargo test --workspace
+
+# The workspace build turns on every crate's lab features (the lab crate is a member);
+# production builds leave them out (docs/design.md, "Lab baselines"): check that build too.
+phase "production configuration: blk, host, target, bench without the labs' features"
+cargo clippy -p blk -p qpath-host -p qpath-target -p qpath-bench --all-targets -- -D warnings
+cargo clippy -p qpath --no-default-features -- -D warnings
+cargo test -p blk -p qpath-host -p qpath-target -p qpath-bench
 
 phase "cargo build --release -p qpath"
 cargo build --release -p qpath

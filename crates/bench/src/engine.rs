@@ -36,9 +36,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::filename::{Target, TargetKind};
 use crate::io_u::IoU;
 use crate::job::JobSpec;
-use crate::target::{Target, TargetKind};
 
 /// What an engine can do; the runner adapts its loop to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

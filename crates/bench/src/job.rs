@@ -16,7 +16,7 @@ use std::time::Duration;
 pub use value::CpuSet;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::target::{Target, TargetKind};
+use crate::filename::{Target, TargetKind};
 
 /// Most job threads one run may start (fio's REAL_MAX_JOBS is 4096).
 pub const THREADS_MAX: usize = 4096;

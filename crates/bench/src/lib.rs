@@ -1,12 +1,13 @@
 //! `qpath bench`: fio job files in, fio-compatible text and JSON out.
 //!
-//! This crate owns the benchmark: parsing fio job files ([`job`]), naming targets
-//! ([`target`]), generating I/O ([`workload`]), `verify=crc32c` ([`verify`]), the engine
+//! This crate owns the benchmark: parsing fio job files ([`job`]), what a job's
+//! `filename` names ([`filename`]: a local file or a remote namespace), generating I/O ([`workload`]), `verify=crc32c` ([`verify`]), the engine
 //! interface and registry ([`engine`]) with the engines (`psync`/`sync`/`null`,
 //! `io_uring` for local files, `qpath` and `qpath-passthru` over our NVMe/TCP host),
 //! the job threads ([`mod@run`]), statistics ([`stats`]), fio 3.33's text and JSON
 //! reports ([`report`]), the physical baseline measured in the same run ([`baseline`])
-//! and what `qpath bench` does end to end, embedded target included ([`lab`]).
+//! and what `qpath bench` does end to end ([`cmd`]), with the target it embeds when a job
+//! names none ([`embedded_target`]).
 //!
 //! ```text
 //!  job file ─► job::JobFile ──► run::run_jobs ──────────────► report::Report ─► text / JSON
@@ -61,7 +62,7 @@
 //! What `qpath bench examples/quickstart.fio` does (embedded target, baseline, every engine):
 //!
 //! ```no_run
-//! let outcome = qpath_bench::lab::bench(&qpath_bench::lab::LabBenchArgs::for_jobfile("examples/quickstart.fio"))?;
+//! let outcome = qpath_bench::cmd::bench(&qpath_bench::cmd::CmdArgs::for_jobfile("examples/quickstart.fio"))?;
 //! assert!(!outcome.failed);
 //! # Ok::<(), qpath_bench::Error>(())
 //! ```
@@ -76,7 +77,7 @@
 //! need their own buffer type install it in `prepare` with [`io_u::IoBuf::foreign`]
 //! (the io_uring and NVMe/TCP engines install `uring::IoBuf`s that move into the ring
 //! or the host and back: [`engine::uring_buf`]). CPU pinning and thread CPU time come
-//! from [`run::RunOptions`] hooks ([`lab::pin_hook`] pins with `uring`).
+//! from [`run::RunOptions`] hooks ([`cmd::pin_hook`] pins with `uring`).
 //!
 //! # Where it differs from fio
 //!
@@ -102,19 +103,20 @@
 #![forbid(unsafe_code)]
 
 pub mod baseline;
+pub mod cmd;
 pub mod cpu;
+pub mod embedded_target;
 pub mod engine;
 pub mod error;
+pub mod filename;
 pub mod io_u;
 pub mod job;
-pub mod lab;
 pub mod layout;
 pub mod observe;
 pub mod report;
 pub mod run;
 pub mod stats;
 pub mod status;
-pub mod target;
 pub mod verify;
 pub mod workload;
 
@@ -124,11 +126,11 @@ use std::path::PathBuf;
 pub use baseline::Physical;
 pub use engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
 pub use error::{Error, ErrorKind, Result};
+pub use filename::{RemoteTarget, Target, TargetKind};
 pub use io_u::{Ddir, ForeignBuf, IoBuf, IoError, IoResult, IoU};
 pub use job::{JobFile, JobSpec};
 pub use report::{Baseline, Report};
 pub use run::{RunOptions, RunResult, StatusMode};
-pub use target::{RemoteTarget, Target, TargetKind};
 
 /// Report formats (`--output-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -273,7 +275,7 @@ pub struct Comparisons {
     pub target: Option<String>,
 }
 
-/// [`run_file`] with a physical baseline and a target description ([`lab::bench`]
+/// [`run_file`] with a physical baseline and a target description ([`cmd::bench`]
 /// uses it).
 pub fn run_file_compared(
     file: &JobFile,
@@ -304,7 +306,7 @@ pub fn run_file_compared(
         }
         let pairs: Vec<(&JobSpec, &str)> = file.jobs.iter().zip(names.iter().map(String::as_str)).collect();
         let headers = report::text::job_headers(&pairs, &version);
-        out.write_all(target::redact_secrets(&headers).as_bytes()).map_err(write_err)?;
+        out.write_all(filename::redact_secrets(&headers).as_bytes()).map_err(write_err)?;
         out.flush().map_err(write_err)?;
     }
     let result = run::run_jobs(file, registry, opts, &mut stderr)?;
@@ -316,7 +318,7 @@ pub fn run_file_compared(
                 j.spec.name,
                 j.spec.place.clone,
                 e.errno,
-                target::redact_secrets(&e.message)
+                filename::redact_secrets(&e.message)
             );
         }
     }
@@ -327,10 +329,10 @@ pub fn run_file_compared(
     // The reports show each job's filename: a remote URI's secrets are left out.
     if formats.json || formats.json_plus {
         let json = report::json::render(&rep, formats.json_plus);
-        out.write_all(target::redact_secrets(&json).as_bytes()).map_err(write_err)?;
+        out.write_all(filename::redact_secrets(&json).as_bytes()).map_err(write_err)?;
     }
     if formats.normal {
-        out.write_all(target::redact_secrets(&report::text::render(&rep)).as_bytes()).map_err(write_err)?;
+        out.write_all(filename::redact_secrets(&report::text::render(&rep)).as_bytes()).map_err(write_err)?;
     }
     out.flush().map_err(write_err)?;
     Ok(Outcome { failed: result.failed(), report: rep })

@@ -71,7 +71,7 @@ pub struct JobReport {
 
 /// A remote job's `fast_io_fail_tmo` in seconds, -1 when off (`None`: not remote).
 fn fast_io_fail_tmo_s(spec: &crate::job::JobSpec) -> Option<i64> {
-    let crate::target::TargetKind::Remote(r) = &spec.target.kind else { return None };
+    let crate::filename::TargetKind::Remote(r) = &spec.target.kind else { return None };
     let path = r.paths().into_iter().next()?;
     let key = crate::engine::remote::ControllerKey::of(&path, Some(spec));
     let tmo = crate::engine::remote::fast_io_fail_tmo(&key).ok()?;

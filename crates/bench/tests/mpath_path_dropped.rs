@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use qpath_bench::embedded_target::{self as embedded, Embedded, EmbeddedOptions};
 use qpath_bench::engine::EngineRegistry;
 use qpath_bench::engine::remote::Controllers;
-use qpath_bench::lab::embedded::{self, Embedded, EmbeddedOptions};
 use qpath_bench::{JobFile, Report, RunOptions, StatusMode};
 use target::reactor::PollMode;
 

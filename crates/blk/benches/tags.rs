@@ -12,7 +12,8 @@
 //!   sharing nothing.
 //! - `queue_map/lookup`: `QueueMaps::queue` for a CPU.
 //!
-//! Run: `CARGO_TARGET_DIR=/tmp/target-blk cargo bench -p blk --bench tags`
+//! Run: `cargo bench -p blk --bench tags` (the production build: `windows` only), and
+//! with `--features lab-baselines` for the `unfair` and `linux_fair` baselines too.
 
 #![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
 
@@ -28,11 +29,16 @@ use criterion::{Criterion, criterion_group, criterion_main};
 
 const SHARED_DEPTH: u16 = 128;
 const QD: usize = 32;
+/// The baselines exist only with the `lab-baselines` feature (`cargo bench -p blk --bench
+/// tags --features lab-baselines`); without it only `windows` is measured.
+#[cfg(feature = "lab-baselines")]
 const POLICIES: [(SharedTagPolicy, &str); 3] = [
     (SharedTagPolicy::Unfair, "unfair"),
     (SharedTagPolicy::LinuxFair, "linux_fair"),
     (SharedTagPolicy::Windows, "windows"),
 ];
+#[cfg(not(feature = "lab-baselines"))]
+const POLICIES: [(SharedTagPolicy, &str); 1] = [(SharedTagPolicy::Windows, "windows")];
 
 /// Fills `ring` to `QD` tags. A second user of a shared set may have to wait
 /// for the first to give back its window (on its next free), so retry a while.

@@ -27,8 +27,9 @@
 //! in the common case no cache line another thread uses is written. (A
 //! shared tag set under the `Windows` policy keeps that rule; `Unfair` and
 //! `LinuxFair` write a shared bitmap word per I/O, as Linux does, and exist
-//! to measure against.) Set-up (`new`, `add_queue`, `register_user`) may
-//! allocate and lock.
+//! to measure against: only with the `lab-baselines` cargo feature, which
+//! production builds leave off.) Set-up (`new`, `add_queue`, `register_user`)
+//! may allocate and lock.
 //!
 //! ```
 //! use blk::{

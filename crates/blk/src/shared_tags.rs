@@ -26,6 +26,11 @@
 //!   owner thread, so that count is a plain integer.)
 //! - [`SharedTagPolicy::Windows`] (the default): per-user allocation windows.
 //!
+//! `Unfair` and `LinuxFair` are baselines to measure `Windows` against (seed 003's
+//! lab, `benches/tags.rs`): they exist only with the `lab-baselines` cargo feature.
+//! Without it `SharedTagPolicy` has the one variant, so the per-I/O policy checks
+//! below fold away and a production build carries none of the bitmap paths.
+//!
 //! # The `Windows` policy
 //!
 //! Every tag value is in exactly one of three places: the shared **pool**
@@ -100,13 +105,31 @@ use crate::tag::{Bits, Tag, TagAllocator, TagStack};
 /// How a shared tag set divides its tags among its users.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SharedTagPolicy {
-    /// First come, first served (only per-user depth limits apply).
+    /// First come, first served (only per-user depth limits apply). A baseline
+    /// (feature `lab-baselines`).
+    #[cfg(feature = "lab-baselines")]
     Unfair,
-    /// blk-mq's `hctx_may_queue`: in flight below `max(ceil(D / active), 4)`, checked per allocation.
+    /// blk-mq's `hctx_may_queue`: in flight below `max(ceil(D / active), 4)`, checked per
+    /// allocation. A baseline (feature `lab-baselines`).
+    #[cfg(feature = "lab-baselines")]
     LinuxFair,
     /// Per-user windows with quotas re-balanced when users come and go.
     #[default]
     Windows,
+}
+
+impl SharedTagPolicy {
+    /// Whether users go active and idle under this policy (every policy but `Unfair`).
+    #[inline]
+    const fn counts_active_users(self) -> bool {
+        match self {
+            SharedTagPolicy::Windows => true,
+            #[cfg(feature = "lab-baselines")]
+            SharedTagPolicy::LinuxFair => true,
+            #[cfg(feature = "lab-baselines")]
+            SharedTagPolicy::Unfair => false,
+        }
+    }
 }
 
 /// Tunables of a shared tag set.
@@ -173,6 +196,7 @@ impl Pool {
     }
 
     /// Takes one tag, starting at word `*hint`; leaves `*hint` at the word it came from.
+    #[cfg(any(feature = "lab-baselines", test))]
     #[inline]
     fn take_one(&self, hint: &mut usize) -> Option<u16> {
         let n = self.words.len();
@@ -226,6 +250,7 @@ impl Pool {
 
     /// Puts one tag back.
     #[inline]
+    #[cfg(any(feature = "lab-baselines", test))]
     fn put(&self, tag: u16) {
         let (w, bit) = self.split(tag);
         let old = self.words[w].0.fetch_or(bit, Ordering::Release);
@@ -505,16 +530,16 @@ impl TagUser {
     #[inline(always)]
     pub fn alloc(&mut self) -> Option<Tag> {
         // Only the window pop is inline: the bitmap policies pay for atomics anyway.
-        let tag = if self.policy == SharedTagPolicy::Windows {
-            match self.window.pop() {
+        let tag = match self.policy {
+            SharedTagPolicy::Windows => match self.window.pop() {
                 Some(tag) => {
                     debug_assert!(self.in_flight < self.limit, "a window tag while at the depth limit");
                     tag
                 }
                 None => self.alloc_windows_slow()?,
-            }
-        } else {
-            self.alloc_from_bitmap()?
+            },
+            #[cfg(feature = "lab-baselines")]
+            SharedTagPolicy::Unfair | SharedTagPolicy::LinuxFair => self.alloc_from_bitmap()?,
         };
         if self.owned.set(tag) {
             broken_uniqueness(tag);
@@ -548,6 +573,7 @@ impl TagUser {
     }
 
     /// `Unfair` and `LinuxFair`: one tag straight from the shared bitmap.
+    #[cfg(feature = "lab-baselines")]
     #[inline(never)]
     fn alloc_from_bitmap(&mut self) -> Option<u16> {
         if self.in_flight >= self.limit {
@@ -593,11 +619,13 @@ impl TagUser {
                     self.shed();
                 }
             }
+            #[cfg(feature = "lab-baselines")]
             SharedTagPolicy::LinuxFair | SharedTagPolicy::Unfair => self.free_to_bitmap(raw),
         }
     }
 
     /// `Unfair` and `LinuxFair`: the tag goes straight back to the shared bitmap.
+    #[cfg(feature = "lab-baselines")]
     #[inline(never)]
     fn free_to_bitmap(&self, raw: u16) {
         self.set.pool.put(raw);
@@ -621,7 +649,7 @@ impl TagUser {
     /// allocation for `idle_ticks` ticks goes idle (`Windows`: returning its
     /// window). `Windows`: window tags beyond a lowered quota go back.
     pub fn tick(&mut self) {
-        if self.policy != SharedTagPolicy::Unfair && self.active {
+        if self.policy.counts_active_users() && self.active {
             if self.in_flight == 0 && !self.busy {
                 self.idle_ticks += 1;
             } else {
@@ -635,7 +663,8 @@ impl TagUser {
                         self.window.remove_bottom(usize::MAX, |tags| set.give_back(tags.iter().copied()));
                         self.set_active(false);
                     }
-                    _ => {
+                    #[cfg(feature = "lab-baselines")]
+                    SharedTagPolicy::LinuxFair | SharedTagPolicy::Unfair => {
                         self.active = false;
                         self.set.active_users.0.fetch_sub(1, Ordering::Relaxed);
                     }
@@ -681,7 +710,8 @@ impl TagUser {
     pub fn quota(&self) -> u16 {
         match self.policy {
             SharedTagPolicy::Windows => u16::try_from(self.quota.0.load(Ordering::Relaxed)).unwrap_or(u16::MAX),
-            _ => self.limit,
+            #[cfg(feature = "lab-baselines")]
+            SharedTagPolicy::LinuxFair | SharedTagPolicy::Unfair => self.limit,
         }
     }
 
@@ -766,7 +796,8 @@ impl Drop for TagUser {
         if self.active {
             match self.policy {
                 SharedTagPolicy::Windows => self.set.rebalance(&mut reg),
-                _ => {
+                #[cfg(feature = "lab-baselines")]
+                SharedTagPolicy::LinuxFair | SharedTagPolicy::Unfair => {
                     self.set.active_users.0.fetch_sub(1, Ordering::Relaxed);
                 }
             }
@@ -782,8 +813,16 @@ mod tests {
         SharedTagSet::new(depth, policy).unwrap()
     }
 
+    #[cfg(feature = "lab-baselines")]
     const POLICIES: [SharedTagPolicy; 3] =
         [SharedTagPolicy::Unfair, SharedTagPolicy::LinuxFair, SharedTagPolicy::Windows];
+    #[cfg(not(feature = "lab-baselines"))]
+    const POLICIES: [SharedTagPolicy; 1] = [SharedTagPolicy::Windows];
+    /// The policies that count active users and go idle.
+    #[cfg(feature = "lab-baselines")]
+    const COUNTING: [SharedTagPolicy; 2] = [SharedTagPolicy::LinuxFair, SharedTagPolicy::Windows];
+    #[cfg(not(feature = "lab-baselines"))]
+    const COUNTING: [SharedTagPolicy; 1] = [SharedTagPolicy::Windows];
 
     #[test]
     fn pool_layout_follows_sbitmap() {
@@ -934,7 +973,7 @@ mod tests {
 
     #[test]
     fn a_user_waiting_for_tags_stays_active() {
-        for policy in [SharedTagPolicy::LinuxFair, SharedTagPolicy::Windows] {
+        for policy in COUNTING {
             let opts = SharedTagOptions { batch_max: 8, idle_ticks: 2 };
             let s = SharedTagSet::with_options(8, policy, opts).unwrap();
             let mut a = s.register_user(None).unwrap();
@@ -970,6 +1009,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "lab-baselines")]
     fn linux_share_has_a_floor_of_four() {
         let s = set(10, SharedTagPolicy::LinuxFair);
         let mut users: Vec<TagUser> = (0..5).map(|_| s.register_user(None).unwrap()).collect();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use blk::{SharedTagOptions, SharedTagPolicy, SharedTagSet, Tag, TagUser};
+use blk::{SharedTagOptions, SharedTagSet, Tag, TagUser};
 use common::Rng;
 
 const DEPTH: u16 = 64;
@@ -101,7 +101,7 @@ fn light(mut user: TagUser, check: &Checker) -> usize {
 
 #[test]
 fn three_threads_never_share_a_tag_or_exceed_the_depth() {
-    for policy in [SharedTagPolicy::Unfair, SharedTagPolicy::LinuxFair, SharedTagPolicy::Windows] {
+    for policy in common::policies() {
         let options = SharedTagOptions { batch_max: 8, idle_ticks: 2 };
         let set = SharedTagSet::with_options(DEPTH, policy, options).unwrap();
         let check = Arc::new(Checker {

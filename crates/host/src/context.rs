@@ -131,9 +131,15 @@ pub enum DepthLimitOrder {
     /// Linux SCSI's order (seed 003): a request takes a tag from the whole set
     /// first, then waits for the device's budget (`scsi_mq_get_budget`) while
     /// holding it. A device with a deep queue can then sit on every tag with
-    /// requests that wait for its own budget.
+    /// requests that wait for its own budget. A baseline for seed 003's lab: built
+    /// only with the `lab-baselines` feature.
+    #[cfg(feature = "lab-baselines")]
     AfterTag,
 }
+
+/// Whether [`DepthLimitOrder`] has its `AfterTag` baseline: without it no device has
+/// a budget, and the budget checks on the I/O path fold away.
+const AFTER_TAG_BUILT: bool = cfg!(feature = "lab-baselines");
 
 impl Default for ContextOptions {
     fn default() -> Self {
@@ -228,8 +234,7 @@ impl Multi {
     fn select(&mut self) -> Selection {
         match &self.reference {
             None => self.sel.select(),
-            Some(ReferenceSelector::SumPerQueue(r)) => r.select(),
-            Some(ReferenceSelector::SharedAtomic(r)) => r.select(),
+            Some(r) => r.select(),
         }
     }
 
@@ -242,12 +247,8 @@ impl Multi {
         self.sel.on_submit(path);
         match &self.reference {
             None => 0,
-            Some(ReferenceSelector::SumPerQueue(r)) => {
+            Some(r) => {
                 r.on_submit(path, qkey);
-                self.ref_gen
-            }
-            Some(ReferenceSelector::SharedAtomic(r)) => {
-                r.on_submit(path);
                 self.ref_gen
             }
         }
@@ -256,13 +257,11 @@ impl Multi {
     #[inline]
     fn on_complete(&mut self, path: PathIndex, qkey: usize, latency_ns: u64, outcome: Outcome, counted_by: u32) {
         self.sel.on_complete(path, latency_ns, outcome);
-        if counted_by == 0 || counted_by != self.ref_gen {
-            return;
-        }
-        match &self.reference {
-            None => {}
-            Some(ReferenceSelector::SumPerQueue(r)) => r.on_complete(path, qkey),
-            Some(ReferenceSelector::SharedAtomic(r)) => r.on_complete(path),
+        if let Some(r) = &self.reference
+            && counted_by != 0
+            && counted_by == self.ref_gen
+        {
+            r.on_complete(path, qkey);
         }
     }
 }
@@ -636,7 +635,7 @@ impl Context {
     fn new_device(&mut self, kind: DevKind, block_shift: u8, nsze: u64, depth_limit: Option<u16>) -> Result<DeviceId> {
         let id =
             DeviceId(u32::try_from(self.devices.len()).map_err(|_| Error::new(ErrorKind::Busy, "too many devices"))?);
-        let after_tag = self.opts.depth_limit_order == DepthLimitOrder::AfterTag;
+        let after_tag = self.opts.depth_limit_order != DepthLimitOrder::BeforeTag;
         let (tag_limit, budget) = if after_tag { (None, depth_limit) } else { (depth_limit, None) };
         let tags = match &self.opts.shared_tags {
             Some(set) => Some(set.register_user(tag_limit).map_err(|e| Error::new(ErrorKind::Busy, e.to_string()))?),
@@ -1051,7 +1050,7 @@ impl Context {
         r.tag = tag.get();
         r.shared_tag = shared;
         let d = &mut self.devices[dev];
-        if let Some(budget) = d.budget {
+        if AFTER_TAG_BUILT && let Some(budget) = d.budget {
             // DepthLimitOrder::AfterTag: the tag is taken; now the device's budget.
             if d.budget_used >= budget {
                 d.budget_waiting.push_back(rid);
@@ -1165,7 +1164,7 @@ impl Context {
     /// Gives back the device budget a request held (it left the wire).
     fn release_budget(&mut self, rid: u32) {
         let r = &mut self.reqs[rid as usize];
-        if r.budgeted {
+        if AFTER_TAG_BUILT && r.budgeted {
             r.budgeted = false;
             let d = &mut self.devices[r.dev as usize];
             d.budget_used -= 1;
@@ -1498,7 +1497,7 @@ impl Context {
         if self.conns[ckey].as_ref().is_some_and(|c| c.q.has_pending_send()) {
             self.send(ckey);
         }
-        if self.opts.shared_tags.is_some() {
+        if AFTER_TAG_BUILT && self.opts.shared_tags.is_some() {
             // Requests that already hold a tag go first.
             for d in 0..self.devices.len() {
                 if !self.devices[d].budget_waiting.is_empty() {
@@ -1591,29 +1590,32 @@ impl Context {
                     *b += u64::from(self.reqs[rid as usize].len);
                 }
             }
-            if path_error {
-                if status.is_ana_error()
-                    && let Some(Some(lp)) = m.paths.get_mut(usize::from(path))
-                {
-                    lp.ctrl.request_ana_refresh();
-                    lp.suspect_at = Some(lp.ctrl.change_count());
-                    m.seen = 0;
-                }
-                let r = &mut self.reqs[rid as usize];
-                if r.retries < self.opts.max_failovers {
-                    r.retries += 1;
-                    r.state = ReqState::Waiting;
-                    self.queues[qkey].stats.record_requeue();
-                    self.refresh_paths(dev);
-                    self.route(rid);
-                    return;
-                }
+            if path_error
+                && status.is_ana_error()
+                && let Some(Some(lp)) = m.paths.get_mut(usize::from(path))
+            {
+                lp.ctrl.request_ana_refresh();
+                lp.suspect_at = Some(lp.ctrl.change_count());
+                m.seen = 0;
             }
-        } else if status == Status::HOST_PATH_ERROR {
-            // Transport failures on a single path wait for the reconnect (Linux requeues them).
-            let ctrl_gone = self.queues[qkey].ctrl.should_fail_io();
-            let r = &mut self.reqs[rid as usize];
-            if r.retries < self.opts.max_retries && !ctrl_gone {
+        }
+        let multipath = matches!(self.devices[dev].kind, DevKind::Multi(_));
+        let retries = self.reqs[rid as usize].retries;
+        let queues = &self.queues;
+        match disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io()) {
+            Disposition::Complete => {}
+            Disposition::Failover => {
+                let r = &mut self.reqs[rid as usize];
+                r.retries += 1;
+                r.state = ReqState::Waiting;
+                self.queues[qkey].stats.record_requeue();
+                self.refresh_paths(dev);
+                self.route(rid);
+                return;
+            }
+            Disposition::Requeue => {
+                // Transport failures on a single path wait for the reconnect (Linux requeues them).
+                let r = &mut self.reqs[rid as usize];
                 r.retries += 1;
                 r.state = ReqState::Waiting;
                 self.queues[qkey].stats.record_requeue();
@@ -1858,6 +1860,40 @@ impl Context {
     }
 }
 
+/// What becomes of a request whose command came back with `status` (Linux
+/// `nvme_decide_disposition`): the caller gets it, or it goes out again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Disposition {
+    /// Complete it to the caller with the status.
+    Complete,
+    /// A multipath device: route it again (another path, or wait for one).
+    Failover,
+    /// A single path lost its connection: wait on the queue for the reconnect.
+    Requeue,
+}
+
+/// The disposition of a request that already went through `retries` path changes
+/// (multipath) or transport retries (single path). On a single path only a transport
+/// failure is retried, as Linux requeues it, and not once `ctrl_gone` (the controller is
+/// dead or past fast_io_fail_tmo; asked only then: it takes the controller's lock).
+#[inline]
+fn disposition(
+    status: Status,
+    multipath: bool,
+    retries: u32,
+    opts: &ContextOptions,
+    ctrl_gone: impl FnOnce() -> bool,
+) -> Disposition {
+    if multipath {
+        if status.is_path_error() && retries < opts.max_failovers {
+            return Disposition::Failover;
+        }
+    } else if status == Status::HOST_PATH_ERROR && retries < opts.max_retries && !ctrl_gone() {
+        return Disposition::Requeue;
+    }
+    Disposition::Complete
+}
+
 fn op_code(op: Op) -> u8 {
     match op {
         Op::Read => opc::READ,
@@ -1908,5 +1944,224 @@ impl Drop for Context {
                 _ => ctrl.release_queue(index, None),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The block core's decisions that need no ring, socket or controller.
+
+    use super::*;
+
+    fn opts(max_retries: u32, max_failovers: u32) -> ContextOptions {
+        ContextOptions { max_retries, max_failovers, ..ContextOptions::default() }
+    }
+
+    fn never_asked() -> bool {
+        panic!("the controller was asked whether it is gone for a status that does not need it")
+    }
+
+    #[test]
+    fn a_single_path_requeues_transport_failures_until_its_retries_run_out_or_the_controller_is_gone() {
+        let o = opts(2, 1000);
+        let d = |status, retries, gone: bool| disposition(status, false, retries, &o, || gone);
+        assert_eq!(d(Status::HOST_PATH_ERROR, 0, false), Disposition::Requeue);
+        assert_eq!(d(Status::HOST_PATH_ERROR, 1, false), Disposition::Requeue);
+        assert_eq!(d(Status::HOST_PATH_ERROR, 2, false), Disposition::Complete, "max_retries reached");
+        assert_eq!(d(Status::HOST_PATH_ERROR, 0, true), Disposition::Complete, "past fast_io_fail_tmo or dead");
+        // Nothing else is retried on a single path: not an ANA state (no other path to
+        // take), not a media error, not success; and the controller is not asked.
+        for status in [Status::SUCCESS, Status::LBA_OUT_OF_RANGE, Status::ANA_INACCESSIBLE, Status::INTERNAL] {
+            assert_eq!(disposition(status, false, 0, &o, never_asked), Disposition::Complete, "{status}");
+        }
+        assert_eq!(
+            disposition(Status::HOST_PATH_ERROR.with_dnr(true), false, 0, &o, never_asked),
+            Disposition::Complete
+        );
+    }
+
+    #[test]
+    fn a_multipath_device_fails_over_path_errors_until_its_failovers_run_out() {
+        let o = opts(0, 3);
+        for status in [
+            Status::HOST_PATH_ERROR,
+            Status::ANA_INACCESSIBLE,
+            Status::ANA_TRANSITION,
+            Status::ANA_PERSISTENT_LOSS,
+            Status::TRANSIENT_TRANSPORT_ERROR,
+        ] {
+            for retries in 0..3 {
+                assert_eq!(disposition(status, true, retries, &o, never_asked), Disposition::Failover, "{status}");
+            }
+            assert_eq!(disposition(status, true, 3, &o, never_asked), Disposition::Complete, "{status}");
+        }
+        for status in [Status::SUCCESS, Status::LBA_OUT_OF_RANGE, Status::INVALID_FIELD] {
+            assert_eq!(disposition(status, true, 0, &o, never_asked), Disposition::Complete, "{status}");
+        }
+    }
+
+    fn spread(n: usize, map: &[u16]) -> SpreadDev {
+        SpreadDev { nsid: Nsid(1), qkeys: (10..10 + n).collect(), map: map.into(), next: 0 }
+    }
+
+    #[test]
+    fn a_spread_device_round_robins_or_keeps_each_submitter_on_its_queue() {
+        let mut rr = spread(3, &[]);
+        let picks: Vec<usize> = (0..7).map(|_| rr.pick(5)).collect();
+        assert_eq!(picks, [10, 11, 12, 10, 11, 12, 10], "the submitter does not matter");
+        // Four submitters over two queues, contiguous (blk's CPU map): 0,1 -> 0 and 2,3 -> 1.
+        let mut by = spread(2, &[0, 0, 1, 1]);
+        assert_eq!((0..4).map(|s| by.pick(s)).collect::<Vec<_>>(), [10, 10, 11, 11]);
+        assert_eq!(by.pick(2), 11, "the same submitter, the same queue");
+        // A submitter beyond the map wraps onto it.
+        assert_eq!(by.pick(6), 11);
+        assert_eq!(by.pick(4), 10);
+    }
+
+    #[test]
+    fn ring_tokens_carry_kind_generation_and_connection() {
+        for (kind, generation, key) in [(K_RECV, 0, 0), (K_SEND, 0xfff, 7), (K_RECV, 5, 0xffff_ffff_ffff)] {
+            assert_eq!(untok(tok(kind, generation, key)), (kind, generation, key));
+        }
+        // Generations wrap at 12 bits: a stale completion differs from its successor's.
+        assert_eq!(untok(tok(K_SEND, 0x1001, 3)), (K_SEND, 1, 3));
+        assert_ne!(tok(K_RECV, 1, 3), tok(K_RECV, 2, 3));
+    }
+
+    /// A multipath device whose head runs seed 000's shared-atomic reference over two
+    /// optimized paths.
+    #[cfg(feature = "lab-baselines")]
+    fn multi_with_reference() -> (Multi, Arc<crate::mpath::reference::SharedAtomic>) {
+        let classes = [PathClass::Optimized; 2];
+        let reference = Arc::new(crate::mpath::reference::SharedAtomic::new(&classes));
+        let policy = crate::mpath::Policy::RoundRobin { rr_min_io: 1 };
+        let mut sel = Selector::new(policy, 0);
+        sel.set_paths(&[PathState::new(1, PathClass::Optimized), PathState::new(2, PathClass::Optimized)]);
+        let m = Multi {
+            head: Head::new("nqn.2026-11.io.qpath:unit", [0; 16], policy),
+            sel,
+            reference: Some(ReferenceSelector::SharedAtomic(Arc::clone(&reference))),
+            ref_gen: 1,
+            paths: vec![None, None],
+            seen: 0,
+            seen_head: 0,
+            ios: vec![0; 2],
+            bytes: vec![0; 2],
+        };
+        (m, reference)
+    }
+
+    #[test]
+    #[cfg(feature = "lab-baselines")]
+    fn a_completion_is_counted_down_only_by_the_reference_that_counted_its_submission() {
+        let (mut m, first) = multi_with_reference();
+        let counted: Vec<u32> = (0..2).map(|_| m.on_submit(PathIndex(0), 0)).collect();
+        assert_eq!(counted, [1, 1]);
+        assert_eq!(first.select(), Selection::Submit(PathIndex(1)), "path 0 holds two I/Os");
+        // The head switches to a new reference while those two are in flight.
+        let second = Arc::new(crate::mpath::reference::SharedAtomic::new(&[PathClass::Optimized; 2]));
+        m.reference = Some(ReferenceSelector::SharedAtomic(Arc::clone(&second)));
+        m.ref_gen = 2;
+        assert_eq!(m.on_submit(PathIndex(1), 0), 2);
+        for c in counted {
+            m.on_complete(PathIndex(0), 0, 1000, Outcome::Done, c);
+        }
+        // The new reference never counted them: its path 0 is idle, not below zero.
+        assert_eq!(second.select(), Selection::Submit(PathIndex(0)));
+        assert_eq!(m.select(), Selection::Submit(PathIndex(0)));
+        m.on_complete(PathIndex(1), 0, 1000, Outcome::Done, 2);
+        // Without a reference (gen 0) nothing is counted down either.
+        m.reference = None;
+        assert_eq!(m.on_submit(PathIndex(1), 0), 0);
+    }
+
+    /// A context (an io_uring, no socket) with one multipath device of `nsze` 512-byte
+    /// blocks whose two paths the selector sees as `class`, and no controller behind them.
+    fn pathless(max_requests: usize, nsze: u64, class: PathClass) -> (Context, DeviceId) {
+        let mut ctx = Context::new(ContextOptions { max_requests, ..ContextOptions::default() }).unwrap();
+        let policy = crate::mpath::Policy::RoundRobin { rr_min_io: 1 };
+        let head = Head::new("nqn.2026-11.io.qpath:unit", [0; 16], policy);
+        let mut sel = Selector::new(policy, 0);
+        sel.set_paths(&[PathState::new(1, class), PathState::new(2, class)]);
+        let seen_head = head.generation();
+        let m = Multi {
+            head,
+            sel,
+            reference: None,
+            ref_gen: 1,
+            paths: vec![None, None],
+            // The view key of a head with no local paths (`refresh_paths`): the selector
+            // keeps `class` until the test says otherwise.
+            seen: seen_head.wrapping_mul(0x100_0000_01b3) | 1,
+            seen_head,
+            ios: vec![0; 2],
+            bytes: vec![0; 2],
+        };
+        ctx.has_multi = true;
+        let dev = ctx.new_device(DevKind::Multi(Box::new(m)), 9, nsze, None).unwrap();
+        (ctx, dev)
+    }
+
+    fn buf() -> Option<IoBuf> {
+        Some(IoBuf::new(4096))
+    }
+
+    #[test]
+    fn submissions_are_checked_against_the_device_before_taking_a_request() {
+        let (mut ctx, dev) = pathless(4, 16, PathClass::Transient);
+        let refused = |r: std::result::Result<(), (Error, Option<IoBuf>)>| {
+            let (e, b) = r.unwrap_err();
+            (e.kind, e.to_string(), b.is_some())
+        };
+        let (kind, why, back) = refused(ctx.submit(DeviceId(7), Op::Read, 0, 512, buf(), 1));
+        assert_eq!((kind, why.as_str(), back), (ErrorKind::Invalid, "no such device", true));
+        let (kind, why, back) = refused(ctx.submit(dev, Op::Read, 100, 512, buf(), 1));
+        assert!(kind == ErrorKind::Invalid && why.contains("not multiples of 512") && back, "{why}");
+        let (kind, why, _) = refused(ctx.submit(dev, Op::Read, 0, 0, buf(), 1));
+        assert!(kind == ErrorKind::Invalid && why.contains("length 0"), "{why}");
+        let (_, why, _) = refused(ctx.submit(dev, Op::Write, 15 * 512, 1024, buf(), 1));
+        assert_eq!(why, "beyond the end of the device");
+        let (_, why, back) = refused(ctx.submit(dev, Op::Read, 0, 4096, None, 1));
+        assert_eq!((why.as_str(), back), ("buffer smaller than the transfer", false));
+        let (_, why, _) = refused(ctx.submit(dev, Op::Read, 0, 8192, buf(), 1));
+        assert_eq!(why, "buffer smaller than the transfer");
+        // A flush has no range, so no end to pass.
+        ctx.submit(dev, Op::Flush, 0, 0, None, 2).map_err(|(e, _)| e).unwrap();
+        assert_eq!(ctx.in_flight(), 1, "only the flush took a request");
+    }
+
+    #[test]
+    fn requests_wait_for_a_path_run_out_at_max_requests_and_fail_in_order_when_no_path_can_come_back() {
+        let (mut ctx, dev) = pathless(3, 1 << 20, PathClass::Transient);
+        for token in 10..13 {
+            ctx.submit(dev, Op::Read, token * 4096, 4096, buf(), token).map_err(|(e, _)| e).unwrap();
+        }
+        // Every request waits for a path that may come back: none completes.
+        assert_eq!(ctx.in_flight(), 3);
+        assert_eq!(ctx.poll(Wait::Poll).unwrap(), 0);
+        // The request table is full: the next is refused at once, its buffer handed back.
+        let (e, b) = ctx.submit(dev, Op::Write, 0, 4096, buf(), 13).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Busy);
+        assert!(b.is_some());
+        // Both paths are gone for good (the view changes): the waiting requests fail with a
+        // path error, in the order they were submitted, each with its buffer.
+        let DevKind::Multi(m) = &mut ctx.devices[dev.0 as usize].kind else { unreachable!() };
+        m.seen = 0;
+        assert_eq!(ctx.poll(Wait::Poll).unwrap(), 3);
+        let done: Vec<(u64, Status, bool)> = ctx.completions().map(|c| (c.token, c.status, c.buf.is_some())).collect();
+        assert_eq!(
+            done,
+            [
+                (10, Status::HOST_PATH_ERROR, true),
+                (11, Status::HOST_PATH_ERROR, true),
+                (12, Status::HOST_PATH_ERROR, true)
+            ]
+        );
+        assert_eq!(ctx.in_flight(), 0);
+        // The requests are free again; with no path, a new one fails at once.
+        ctx.submit(dev, Op::Read, 0, 4096, buf(), 14).map_err(|(e, _)| e).unwrap();
+        assert_eq!(ctx.in_flight(), 0);
+        let c = ctx.completions().next().unwrap();
+        assert_eq!((c.token, c.status), (14, Status::HOST_PATH_ERROR));
     }
 }

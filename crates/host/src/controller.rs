@@ -28,7 +28,7 @@ use nvme::{AnaGrpId, AnaState, Cntlid, Nsid, Sqe};
 use uring::MailboxSender;
 
 use crate::admin::{self, ADMIN_TIMEOUT};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{BadTransition, Error, ErrorKind, Result};
 use crate::queue::{DataDir, Done, HostQueue, Io, QueueConfig};
 use crate::sync::SyncQueue;
 
@@ -147,7 +147,8 @@ pub enum CtrlState {
 
 impl CtrlState {
     /// The one place controller lifecycle changes are decided (Linux `nvme_change_ctrl_state`).
-    pub fn transition(self, to: CtrlState) -> Option<CtrlState> {
+    #[must_use = "a refused transition leaves the state as it was"]
+    pub fn transition(self, to: CtrlState) -> std::result::Result<CtrlState, BadTransition<CtrlState>> {
         use CtrlState::*;
         let ok = matches!(
             (self, to),
@@ -159,7 +160,7 @@ impl CtrlState {
                 | (Connecting | Live | Resetting | New, Deleting)
                 | (Connecting | Deleting, Dead)
         );
-        ok.then_some(to)
+        if ok { Ok(to) } else { Err(BadTransition { from: self, to }) }
     }
 }
 
@@ -769,25 +770,40 @@ impl Controller {
         }
     }
 
-    fn set_state(&self, to: CtrlState) -> bool {
+    /// Moves the controller to `to` if its state machine allows it. A refusal is logged
+    /// at error level (in release builds too) and leaves the state as it was; the caller
+    /// decides what to do instead.
+    #[must_use = "a refused transition leaves the state as it was"]
+    fn transition(&self, to: CtrlState) -> std::result::Result<CtrlState, BadTransition<CtrlState>> {
         let mut g = self.lock();
-        match g.state.transition(to) {
-            Some(s) => {
-                if s != g.state {
-                    tracing::info!(traddr = %self.opts.traddr, from = ?g.state, to = ?s, "controller state");
-                }
-                g.state = s;
-                let live = s == CtrlState::Live;
-                if !live && g.failed_at.is_none() {
-                    g.failed_at = Some(Instant::now());
-                }
-                if live {
-                    g.failed_at = None;
-                }
-                self.live.store(live, Ordering::Release);
-                true
+        let s = match g.state.transition(to) {
+            Ok(s) => s,
+            Err(e) => {
+                drop(g);
+                tracing::error!(traddr = %self.opts.traddr, from = ?e.from, to = ?e.to, "controller state change refused");
+                return Err(e);
             }
-            None => false,
+        };
+        if s != g.state {
+            tracing::info!(traddr = %self.opts.traddr, from = ?g.state, to = ?s, "controller state");
+        }
+        g.state = s;
+        let live = s == CtrlState::Live;
+        if !live && g.failed_at.is_none() {
+            g.failed_at = Some(Instant::now());
+        }
+        if live {
+            g.failed_at = None;
+        }
+        self.live.store(live, Ordering::Release);
+        Ok(s)
+    }
+
+    /// Deleting, then Dead (a delete, or ctrl_loss_tmo expired): the admin thread ends
+    /// after this either way; a refusal (logged) stops the sequence where it is.
+    fn retire(&self) {
+        if self.transition(CtrlState::Deleting).is_ok() && self.transition(CtrlState::Dead).is_err() {
+            tracing::error!(traddr = %self.opts.traddr, "controller deleted but not marked dead");
         }
     }
 }
@@ -963,7 +979,11 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
         match ctrl.state() {
             CtrlState::Live => {
                 let Some(q) = admin.as_mut() else {
-                    ctrl.set_state(CtrlState::Resetting);
+                    if ctrl.transition(CtrlState::Resetting).is_err() {
+                        // Live without an admin queue and no way to reset: end the thread
+                        // rather than spin (the refusal is logged).
+                        return;
+                    }
                     continue;
                 };
                 // Control requests.
@@ -994,15 +1014,13 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                     }
                     Ok(AdminReq::Delete { reply }) => {
                         let _ = admin::shutdown(q);
-                        ctrl.set_state(CtrlState::Deleting);
-                        ctrl.set_state(CtrlState::Dead);
+                        ctrl.retire();
                         let _ = reply.send(());
                         return;
                     }
                     Err(RecvTimeoutError::Disconnected) => {
                         let _ = admin::shutdown(q);
-                        ctrl.set_state(CtrlState::Deleting);
-                        ctrl.set_state(CtrlState::Dead);
+                        ctrl.retire();
                         return;
                     }
                     Err(RecvTimeoutError::Timeout) => {}
@@ -1056,7 +1074,11 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                     if let Err(e) = &pumped {
                         ctrl.lock().last_error = Some(e.to_string());
                     }
-                    ctrl.set_state(CtrlState::Resetting);
+                    if ctrl.transition(CtrlState::Resetting).is_err() {
+                        // The refusal is logged; the admin queue is lost or unanswered, and
+                        // without a reset nothing can bring it back.
+                        return;
+                    }
                 }
             }
             CtrlState::Resetting => {
@@ -1069,20 +1091,20 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                 for slot in &mut ctrl.lock().slots {
                     slot.parked = None;
                 }
-                ctrl.set_state(CtrlState::Connecting);
+                if ctrl.transition(CtrlState::Connecting).is_err() {
+                    return;
+                }
             }
             CtrlState::Connecting => {
                 if let Ok(AdminReq::Delete { reply }) = rx.try_recv() {
-                    ctrl.set_state(CtrlState::Deleting);
-                    ctrl.set_state(CtrlState::Dead);
+                    ctrl.retire();
                     let _ = reply.send(());
                     return;
                 }
                 let down = ctrl.down_for().unwrap_or_default();
                 if ctrl.opts.ctrl_loss_tmo.is_some_and(|t| down >= t) {
                     tracing::warn!(traddr = %ctrl.opts.traddr, "ctrl_loss_tmo expired: controller deleted");
-                    ctrl.set_state(CtrlState::Deleting);
-                    ctrl.set_state(CtrlState::Dead);
+                    ctrl.retire();
                     ctrl.change_count.fetch_add(1, Ordering::AcqRel);
                     return;
                 }
@@ -1106,7 +1128,10 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                         }
                         drop(g);
                         ctrl.io_failed.store(false, Ordering::Release);
-                        ctrl.set_state(CtrlState::Live);
+                        if ctrl.transition(CtrlState::Live).is_err() {
+                            // The new connections are dropped with `to_send` and `b.admin`.
+                            return;
+                        }
                         ctrl.change_count.fetch_add(1, Ordering::AcqRel);
                         for (owner, index, (stream, queue)) in to_send {
                             let _ = owner.send(QueueMsg::Queue {
@@ -1137,8 +1162,7 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                         while Instant::now() < until {
                             if let Ok(AdminReq::Delete { reply }) = rx.recv_timeout(Duration::from_millis(20)) {
                                 if let Some(c) = weak.upgrade() {
-                                    c.set_state(CtrlState::Deleting);
-                                    c.set_state(CtrlState::Dead);
+                                    c.retire();
                                 }
                                 let _ = reply.send(());
                                 return;
@@ -1212,6 +1236,40 @@ pub fn refresh_ana(ctrl: &Controller) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn controller_states_follow_linux_and_refuse_the_rest_with_both_states() {
+        use CtrlState::*;
+        let all = [New, Connecting, Live, Resetting, Deleting, Dead];
+        let legal = [
+            (New, Connecting),
+            (Connecting, Live),
+            (Connecting, Connecting),
+            (Live, Resetting),
+            (Resetting, Connecting),
+            (New, Deleting),
+            (Connecting, Deleting),
+            (Live, Deleting),
+            (Resetting, Deleting),
+            (Connecting, Dead),
+            (Deleting, Dead),
+        ];
+        for from in all {
+            for to in all {
+                let got = from.transition(to);
+                if legal.contains(&(from, to)) {
+                    assert_eq!(got, Ok(to), "{from:?} -> {to:?}");
+                } else {
+                    assert_eq!(got, Err(BadTransition { from, to }), "{from:?} -> {to:?}");
+                }
+            }
+        }
+        // A dead controller never comes back; a live one must reset before it reconnects.
+        assert!(Dead.transition(Connecting).is_err());
+        assert!(Live.transition(Connecting).is_err());
+        let e = Live.transition(Live).unwrap_err();
+        assert_eq!(e.to_string(), "state Live cannot change to Live");
+    }
 
     #[test]
     fn parallel_connects_keep_queue_order_and_report_the_first_failure() {

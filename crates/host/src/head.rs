@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use nvme::Nsid;
 
 use crate::controller::{Controller, CtrlState};
-use crate::mpath::{LinkState, PathClass, PathState, Policy};
+use crate::mpath::{LinkState, PathClass, PathIndex, PathState, Policy, Selection};
 
 /// A multipath namespace.
 pub struct Head {
@@ -36,12 +36,57 @@ struct HeadInner {
 /// Seed 000's two queue-depth selectors, to run real I/O through them in the
 /// same experiment as qpath's policies (`qpath lab seed-000`). Shared by every
 /// context that opens the head, as Linux's counters are shared by every CPU.
+///
+/// Its variants exist only with the `lab-baselines` cargo feature. Without it the
+/// enum has none, so a head never holds one and a context's per-I/O checks for
+/// one fold away (docs/design.md, "Lab baselines").
 #[derive(Clone, Debug)]
 pub enum ReferenceSelector {
     /// Per-queue counters summed over every queue of every path at each selection.
+    #[cfg(feature = "lab-baselines")]
     SumPerQueue(Arc<crate::mpath::reference::SumPerQueue>),
     /// One shared atomic in-flight counter per path.
+    #[cfg(feature = "lab-baselines")]
     SharedAtomic(Arc<crate::mpath::reference::SharedAtomic>),
+}
+
+impl ReferenceSelector {
+    /// Linux's scan over the shared counters.
+    #[inline]
+    pub(crate) fn select(&self) -> Selection {
+        match *self {
+            #[cfg(feature = "lab-baselines")]
+            ReferenceSelector::SumPerQueue(ref r) => r.select(),
+            #[cfg(feature = "lab-baselines")]
+            ReferenceSelector::SharedAtomic(ref r) => r.select(),
+        }
+    }
+
+    /// An I/O went out on `path` through the context's queue `queue`.
+    #[inline]
+    pub(crate) fn on_submit(&self, path: PathIndex, queue: usize) {
+        #[cfg(not(feature = "lab-baselines"))]
+        let _ = (path, queue);
+        match *self {
+            #[cfg(feature = "lab-baselines")]
+            ReferenceSelector::SumPerQueue(ref r) => r.on_submit(path, queue),
+            #[cfg(feature = "lab-baselines")]
+            ReferenceSelector::SharedAtomic(ref r) => r.on_submit(path),
+        }
+    }
+
+    /// That I/O completed.
+    #[inline]
+    pub(crate) fn on_complete(&self, path: PathIndex, queue: usize) {
+        #[cfg(not(feature = "lab-baselines"))]
+        let _ = (path, queue);
+        match *self {
+            #[cfg(feature = "lab-baselines")]
+            ReferenceSelector::SumPerQueue(ref r) => r.on_complete(path, queue),
+            #[cfg(feature = "lab-baselines")]
+            ReferenceSelector::SharedAtomic(ref r) => r.on_complete(path),
+        }
+    }
 }
 
 impl std::fmt::Debug for Head {

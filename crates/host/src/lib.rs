@@ -32,6 +32,11 @@
 //! assert!(done.status.is_success());
 //! # Ok::<(), qpath_host::error::Error>(())
 //! ```
+//!
+//! The `lab-baselines` cargo feature adds what only the labs use: seed 000's reference
+//! path selectors in a head ([`head::ReferenceSelector`]) and seed 003's tag-then-budget
+//! order ([`context::DepthLimitOrder`]'s `AfterTag`). Without it (production builds) a
+//! context's I/O path carries no check for either.
 
 pub mod admin;
 pub mod auth;
@@ -50,4 +55,4 @@ pub mod stats;
 pub mod sync;
 pub mod tls;
 
-pub use error::{Error, ErrorKind, Result};
+pub use error::{BadTransition, Error, ErrorKind, Result};

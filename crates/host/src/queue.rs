@@ -29,6 +29,8 @@ use nvme::tcp::{
 use nvme::{Cid, Cntlid, Cqe, QueueId, SglDescriptor, Sqe, Status};
 use uring::{IoBuf, SendMsg};
 
+use crate::error::BadTransition;
+
 mod secure;
 
 /// C2H data of at least this many bytes still to come is received straight into the
@@ -118,17 +120,15 @@ pub enum QueueState {
 
 impl QueueState {
     /// The one place queue lifecycle changes are decided.
-    pub fn transition(self, to: QueueState) -> QueueState {
+    #[must_use = "a refused transition leaves the state as it was"]
+    pub fn transition(self, to: QueueState) -> Result<QueueState, BadTransition<QueueState>> {
         use QueueState::*;
         match (self, to) {
             (AwaitIcResp, AwaitConnect)
             | (AwaitConnect, Live | Authenticating)
             | (Authenticating, Live)
-            | (_, Failed) => to,
-            (from, to) => {
-                debug_assert!(false, "queue state {from:?} -> {to:?} is not a transition");
-                from
-            }
+            | (_, Failed) => Ok(to),
+            (from, to) => Err(BadTransition { from, to }),
         }
     }
 }
@@ -366,8 +366,7 @@ impl HostQueue {
 
     /// The in-band authentication transaction succeeded: the queue goes live.
     pub fn authenticated(&mut self) {
-        if self.state == QueueState::Authenticating {
-            self.state = self.state.transition(QueueState::Live);
+        if self.state == QueueState::Authenticating && self.transition(QueueState::Live) {
             self.was_authenticated = true;
         }
     }
@@ -427,7 +426,26 @@ impl HostQueue {
         if self.state != QueueState::Failed {
             tracing::debug!(qid = self.cfg.qid.0, "queue failed: {why}");
             self.error = Some(why);
-            self.state = self.state.transition(QueueState::Failed);
+            // Every state may fail (QueueState::transition's `(_, Failed)`).
+            self.state = QueueState::Failed;
+        }
+    }
+
+    /// Moves the queue to `to`; whether it did. A transition its state machine refuses
+    /// is logged at error level (in release builds too) and fails the queue: its driver
+    /// and the protocol no longer agree on where the connection stands.
+    #[must_use = "a refused transition fails the queue"]
+    fn transition(&mut self, to: QueueState) -> bool {
+        match self.state.transition(to) {
+            Ok(s) => {
+                self.state = s;
+                true
+            }
+            Err(e) => {
+                tracing::error!(qid = self.cfg.qid.0, "queue state change refused: {e}");
+                self.fail(format!("internal error: {e}"));
+                false
+            }
         }
     }
 
@@ -817,8 +835,9 @@ impl HostQueue {
         if w.ddgst {
             self.tx.push_bytes(&crc32c(&data).to_le_bytes());
         }
-        self.slots[usize::from(ct)].state = SlotState::Outstanding;
-        self.state = self.state.transition(QueueState::AwaitConnect);
+        if self.transition(QueueState::AwaitConnect) {
+            self.slots[usize::from(ct)].state = SlotState::Outstanding;
+        }
     }
 
     fn on_cqe(&mut self, cqe: Cqe) {
@@ -838,7 +857,10 @@ impl HostQueue {
                 } else {
                     QueueState::Live
                 };
-                self.state = self.state.transition(next);
+                if !self.transition(next) {
+                    // Refused (logged): the queue failed instead.
+                    return;
+                }
             } else {
                 self.fail(format!("Connect refused: {} (dw0 {:#x})", cqe.status, cqe.dw0));
             }
@@ -1057,5 +1079,426 @@ impl HostQueue {
         }
         owners.clear();
         self.inflight_owners = owners;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The queue without a socket: the controller's bytes are encoded here and fed in,
+    //! the host's batches are taken and decoded by their common headers.
+
+    use nvme::Nsid;
+    use nvme::opcode::io as opc;
+    use nvme::tcp::{CommonHeader, IcResp, PduType, R2t};
+
+    use super::*;
+
+    const ENTRIES: u16 = 4;
+
+    fn config(entries: u16, tag_space: u16) -> QueueConfig {
+        let cfg = QueueConfig::io(
+            1,
+            entries,
+            Cntlid(1),
+            "nqn.2026-11.io.qpath:unit",
+            "nqn.2014-08.org.nvmexpress:uuid:unit",
+            [0; 16],
+        );
+        QueueConfig { tag_space, ..cfg }
+    }
+
+    /// Everything the queue has to send, each batch completed at once.
+    fn sent(q: &mut HostQueue) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Some(m) = q.take_send() {
+            out.extend_from_slice(&m.to_vec());
+            q.on_send_done(m, Ok(()));
+        }
+        out
+    }
+
+    /// The PDU types in a byte stream, in order.
+    fn pdu_types(mut b: &[u8]) -> Vec<u8> {
+        let mut types = Vec::new();
+        while let Some(ch) = CommonHeader::peek(b) {
+            types.push(ch.pdu_type);
+            b = &b[ch.plen as usize..];
+        }
+        types
+    }
+
+    fn ic_resp(q: &mut HostQueue) {
+        q.feed(&IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 65536 }.encode());
+    }
+
+    fn respond(q: &mut HostQueue, cqe: Cqe) {
+        let mut out = Vec::new();
+        EncoderConfig::default().capsule_resp(&mut out, &cqe);
+        q.feed(&out);
+    }
+
+    fn connect_response(q: &mut HostQueue, dw0: u32) {
+        let mut cqe = Cqe::success(Cid(q.tag_space()));
+        cqe.dw0 = dw0;
+        respond(q, cqe);
+    }
+
+    fn live_with(cfg: QueueConfig) -> HostQueue {
+        let mut q = HostQueue::new(cfg);
+        sent(&mut q);
+        ic_resp(&mut q);
+        sent(&mut q);
+        connect_response(&mut q, 0);
+        assert_eq!(q.state(), QueueState::Live, "{:?}", q.error());
+        q
+    }
+
+    fn live() -> HostQueue {
+        live_with(config(ENTRIES, ENTRIES))
+    }
+
+    fn flush_io(token: u64) -> Io {
+        Io { sqe: Sqe::flush(Cid(0), Nsid(1)), buf: None, len: 0, dir: DataDir::None, token }
+    }
+
+    fn read_io(len: u32, token: u64) -> Io {
+        let sqe = Sqe::rw(opc::READ, Cid(0), Nsid(1), 0, len / 512 - 1, SglDescriptor::transport(len));
+        Io { sqe, buf: Some(IoBuf::new(len as usize)), len, dir: DataDir::FromController, token }
+    }
+
+    fn write_io(len: u32, token: u64) -> Io {
+        let sqe = Sqe::rw(opc::WRITE, Cid(0), Nsid(1), 0, len / 512 - 1, SglDescriptor::transport(len));
+        let mut buf = IoBuf::new((len as usize).next_multiple_of(4096));
+        buf.set_len(len as usize);
+        buf.fill(0xa5);
+        Io { sqe, buf: Some(buf), len, dir: DataDir::ToController, token }
+    }
+
+    fn submit(q: &mut HostQueue, tag: u16, io: Io) {
+        q.submit(tag, io).map_err(|(e, _)| e).unwrap();
+    }
+
+    fn c2h(tag: u16, datao: u32, data: &[u8], last: bool, success: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        let datal = u32::try_from(data.len()).unwrap();
+        let d = DataHeader { cccid: Cid(tag), ttag: 0, datao, datal, last, success };
+        EncoderConfig::default().c2h_data(&mut out, &d);
+        out.extend_from_slice(data);
+        out
+    }
+
+    fn r2t(tag: u16, r2to: u32, r2tl: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        EncoderConfig::default().r2t(&mut out, &R2t { cccid: Cid(tag), ttag: 1, r2to, r2tl });
+        out
+    }
+
+    /// (token, tag, status, buffer capacity) of the completions so far.
+    fn drain(q: &mut HostQueue) -> Vec<(u64, u16, Status, Option<usize>)> {
+        q.completions().drain(..).map(|d| (d.token, d.tag, d.cqe.status, d.buf.as_ref().map(IoBuf::capacity))).collect()
+    }
+
+    #[test]
+    fn queue_states_change_only_along_the_handshake_and_any_state_may_fail() {
+        use QueueState::*;
+        let all = [AwaitIcResp, AwaitConnect, Authenticating, Live, Failed];
+        let legal =
+            [(AwaitIcResp, AwaitConnect), (AwaitConnect, Live), (AwaitConnect, Authenticating), (Authenticating, Live)];
+        for from in all {
+            for to in all {
+                let got = from.transition(to);
+                if to == Failed || legal.contains(&(from, to)) {
+                    assert_eq!(got, Ok(to), "{from:?} -> {to:?}");
+                } else {
+                    assert_eq!(got, Err(BadTransition { from, to }), "{from:?} -> {to:?}");
+                }
+            }
+        }
+        // A failed queue stays failed.
+        assert!(Failed.transition(Live).is_err());
+        // On the queue: `authenticated` on a live queue changes nothing.
+        let mut q = live();
+        q.authenticated();
+        assert_eq!(q.state(), Live);
+        assert!(!q.was_authenticated());
+    }
+
+    #[test]
+    fn the_handshake_sends_icreq_then_connect_and_only_then_takes_commands() {
+        let mut q = HostQueue::new(config(ENTRIES, ENTRIES));
+        assert_eq!(q.state(), QueueState::AwaitIcResp);
+        assert_eq!(pdu_types(&sent(&mut q)), [PduType::IcReq as u8]);
+        assert_eq!(q.submit(0, flush_io(1)).unwrap_err().0, SubmitError::NotLive);
+
+        ic_resp(&mut q);
+        assert_eq!(q.state(), QueueState::AwaitConnect);
+        let connect = sent(&mut q);
+        assert_eq!(pdu_types(&connect), [PduType::CapsuleCmd as u8]);
+        // The Connect rides on the reserved tag, one past the caller's (SQE CID at bytes 2..4).
+        let sqe = &connect[8..];
+        assert_eq!(u16::from_le_bytes([sqe[2], sqe[3]]), ENTRIES);
+        assert_eq!(q.maxh2cdata(), 65536);
+        assert_eq!(q.submit(0, flush_io(1)).unwrap_err().0, SubmitError::NotLive);
+
+        connect_response(&mut q, 0);
+        assert_eq!(q.state(), QueueState::Live);
+        assert!(drain(&mut q).is_empty(), "the Connect is not the caller's command");
+        assert!(!q.was_authenticated());
+        submit(&mut q, 0, flush_io(1));
+        assert_eq!(pdu_types(&sent(&mut q)), [PduType::CapsuleCmd as u8]);
+    }
+
+    #[test]
+    fn a_refused_connect_fails_the_queue_with_its_status() {
+        let mut q = HostQueue::new(config(ENTRIES, ENTRIES));
+        sent(&mut q);
+        ic_resp(&mut q);
+        sent(&mut q);
+        respond(&mut q, Cqe::with_status(Cid(ENTRIES), Status::INVALID_FIELD));
+        assert_eq!(q.state(), QueueState::Failed);
+        assert!(q.error().unwrap().starts_with("Connect refused"), "{:?}", q.error());
+        assert!(q.take_recv_buf().is_none(), "a failed queue wants no more input");
+    }
+
+    #[test]
+    fn an_authenticating_queue_takes_only_authentication_commands_until_authenticated() {
+        let mut q = HostQueue::new(config(ENTRIES, ENTRIES));
+        sent(&mut q);
+        ic_resp(&mut q);
+        sent(&mut q);
+        connect_response(&mut q, nvme::auth::CONNECT_AUTHREQ_ATR);
+        assert_eq!(q.state(), QueueState::Authenticating);
+        assert_eq!(q.submit(0, flush_io(1)).unwrap_err().0, SubmitError::NotLive);
+        let auth = Io {
+            sqe: Sqe::fabrics(Cid(0), nvme::opcode::fctype::AUTH_SEND),
+            buf: None,
+            len: 0,
+            dir: DataDir::None,
+            token: 2,
+        };
+        submit(&mut q, 0, auth);
+        respond(&mut q, Cqe::success(Cid(0)));
+        assert_eq!(drain(&mut q), [(2, 0, Status::SUCCESS, None)]);
+        q.authenticated();
+        assert_eq!(q.state(), QueueState::Live);
+        assert!(q.was_authenticated());
+        submit(&mut q, 0, flush_io(3));
+    }
+
+    #[test]
+    fn a_second_icresp_is_a_sequence_error_answered_with_a_termreq() {
+        let mut q = live();
+        ic_resp(&mut q);
+        assert_eq!(q.state(), QueueState::Failed);
+        assert_eq!(pdu_types(&sent(&mut q)), [PduType::H2CTermReq as u8]);
+        assert!(q.error().unwrap().contains("protocol error"), "{:?}", q.error());
+    }
+
+    #[test]
+    fn completions_come_in_the_order_responses_arrive_with_their_tokens_and_statuses() {
+        let mut q = live();
+        for tag in 0..ENTRIES {
+            submit(&mut q, tag, flush_io(100 + u64::from(tag)));
+        }
+        assert_eq!(pdu_types(&sent(&mut q)), [PduType::CapsuleCmd as u8; ENTRIES as usize]);
+        assert_eq!(q.outstanding(), usize::from(ENTRIES));
+        let mut order = Vec::new();
+        for (tag, status) in [(2, Status::SUCCESS), (0, Status::LBA_OUT_OF_RANGE), (3, Status::SUCCESS)] {
+            respond(&mut q, Cqe::with_status(Cid(tag), status));
+            order.extend(drain(&mut q));
+        }
+        assert_eq!(
+            order,
+            [
+                (102, 2, Status::SUCCESS, None),
+                (100, 0, Status::LBA_OUT_OF_RANGE, None),
+                (103, 3, Status::SUCCESS, None)
+            ]
+        );
+        assert_eq!(q.outstanding(), 1);
+        assert_eq!(q.sqe_of(1).map(Sqe::opcode), Some(opc::FLUSH));
+        assert!(q.sqe_of(2).is_none(), "a finished tag carries no command");
+        // A finished tag is free again; the outstanding one is not.
+        submit(&mut q, 2, flush_io(200));
+        assert_eq!(q.submit(1, flush_io(201)).unwrap_err().0, SubmitError::BadTag(1));
+        // Several responses in one receive complete in their order in it.
+        let mut both = Vec::new();
+        EncoderConfig::default().capsule_resp(&mut both, &Cqe::success(Cid(1)));
+        EncoderConfig::default().capsule_resp(&mut both, &Cqe::success(Cid(2)));
+        q.feed(&both);
+        assert_eq!(drain(&mut q).iter().map(|d| d.0).collect::<Vec<_>>(), [101, 200]);
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn tags_run_out_at_the_queue_size_and_a_refused_command_comes_back_whole() {
+        // Eight tags (a share of a larger set) over a queue of four entries.
+        let mut q = live_with(config(ENTRIES, 8));
+        assert_eq!(q.tag_space(), 8);
+        for tag in [0, 5, 6, 7] {
+            submit(&mut q, tag, flush_io(u64::from(tag)));
+        }
+        // Every entry is taken: a free tag is refused too.
+        let (e, io) = q.submit(1, read_io(4096, 41)).unwrap_err();
+        assert_eq!(e, SubmitError::Full);
+        assert_eq!((io.token, io.buf.as_ref().map(IoBuf::capacity)), (41, Some(4096)), "the command comes back");
+        // Out of range: the reserved tag and beyond.
+        assert_eq!(q.submit(8, flush_io(8)).unwrap_err().0, SubmitError::BadTag(8));
+        assert_eq!(q.submit(9, flush_io(9)).unwrap_err().0, SubmitError::BadTag(9));
+        respond(&mut q, Cqe::success(Cid(6)));
+        assert_eq!(drain(&mut q).len(), 1);
+        submit(&mut q, 1, io);
+        // A buffer smaller than the transfer is refused before anything is sent.
+        respond(&mut q, Cqe::success(Cid(7)));
+        drain(&mut q);
+        let mut short = read_io(4096, 3);
+        short.len = 8192;
+        assert_eq!(q.submit(2, short).unwrap_err().0, SubmitError::BadLength);
+        assert_eq!(q.outstanding(), 3);
+    }
+
+    #[test]
+    fn a_read_completes_on_its_last_c2h_with_success_and_its_data_in_the_buffer() {
+        let mut q = live();
+        submit(&mut q, 1, read_io(8192, 7));
+        sent(&mut q);
+        let data: Vec<u8> = (0..8192u32).map(|i| u8::try_from(i % 251).unwrap()).collect();
+        q.feed(&c2h(1, 0, &data[..4096], false, false));
+        assert!(drain(&mut q).is_empty(), "half the data");
+        q.feed(&c2h(1, 4096, &data[4096..], true, true));
+        let d = q.completions().pop().expect("completed without a response capsule");
+        assert_eq!((d.token, d.tag, d.cqe.status), (7, 1, Status::SUCCESS));
+        let buf = d.buf.unwrap();
+        assert_eq!(&buf[..], &data[..], "the data, and the buffer's length set to what arrived");
+        // Without SUCCESS the response capsule finishes the read.
+        submit(&mut q, 1, read_io(4096, 8));
+        q.feed(&c2h(1, 0, &data[..4096], true, false));
+        assert!(drain(&mut q).is_empty());
+        respond(&mut q, Cqe::success(Cid(1)));
+        assert_eq!(drain(&mut q), [(8, 1, Status::SUCCESS, Some(4096))]);
+    }
+
+    #[test]
+    fn c2h_data_for_an_idle_tag_or_out_of_order_fails_the_queue() {
+        let mut q = live();
+        q.feed(&c2h(2, 0, &[0; 512], true, true));
+        assert_eq!(q.state(), QueueState::Failed);
+        assert_eq!(pdu_types(&sent(&mut q)), [PduType::H2CTermReq as u8]);
+
+        let mut q = live();
+        submit(&mut q, 0, read_io(8192, 1));
+        q.feed(&c2h(0, 4096, &[0; 4096], true, true));
+        assert_eq!(q.state(), QueueState::Failed, "data offset past what was received");
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert_eq!(drain(&mut q), [(1, 0, Status::HOST_PATH_ERROR, Some(8192))]);
+    }
+
+    #[test]
+    fn a_write_completes_only_once_its_response_and_its_buffer_are_both_back() {
+        let mut q = live();
+        // Larger than the in-capsule limit: the controller asks for it with an R2T.
+        submit(&mut q, 3, write_io(16384, 9));
+        let cmd = sent(&mut q);
+        let ch = CommonHeader::peek(&cmd).unwrap();
+        assert_eq!((ch.pdu_type, ch.plen), (PduType::CapsuleCmd as u8, 72), "no data in the capsule");
+        q.feed(&r2t(3, 0, 16384));
+        let batch = q.take_send().expect("H2CData");
+        let bytes = batch.to_vec();
+        assert_eq!(pdu_types(&bytes), [PduType::H2CData as u8]);
+        assert!(bytes[bytes.len() - 16384..].iter().all(|&b| b == 0xa5), "the caller's data");
+        // The response overtakes the send's completion: the buffer is still in the batch.
+        respond(&mut q, Cqe::success(Cid(3)));
+        assert!(drain(&mut q).is_empty(), "completed while the buffer was in flight");
+        assert_eq!(q.outstanding(), 1);
+        q.on_send_done(batch, Ok(()));
+        assert_eq!(drain(&mut q), [(9, 3, Status::SUCCESS, Some(16384))]);
+        assert_eq!(q.outstanding(), 0);
+
+        // A small write travels in the capsule and its buffer stays with the command.
+        submit(&mut q, 0, write_io(512, 10));
+        let cmd = sent(&mut q);
+        assert_eq!(CommonHeader::peek(&cmd).unwrap().plen, 72 + 512);
+        respond(&mut q, Cqe::success(Cid(0)));
+        assert_eq!(drain(&mut q), [(10, 0, Status::SUCCESS, Some(4096))]);
+    }
+
+    #[test]
+    fn an_r2t_for_a_read_or_beyond_the_write_fails_the_queue() {
+        let mut q = live();
+        submit(&mut q, 0, read_io(4096, 1));
+        q.feed(&r2t(0, 0, 4096));
+        assert_eq!(q.state(), QueueState::Failed);
+
+        let mut q = live();
+        submit(&mut q, 0, write_io(16384, 1));
+        sent(&mut q);
+        q.feed(&r2t(0, 8192, 16384));
+        assert_eq!(q.state(), QueueState::Failed);
+    }
+
+    #[test]
+    fn losing_the_connection_aborts_every_command_and_hands_every_buffer_back() {
+        let mut q = live();
+        submit(&mut q, 0, read_io(4096, 1));
+        submit(&mut q, 1, flush_io(2));
+        submit(&mut q, 2, write_io(16384, 3));
+        sent(&mut q);
+        q.feed(&r2t(2, 0, 16384));
+        let batch = q.take_send().expect("H2CData");
+        // The controller closes the connection (a receive of 0 bytes).
+        let (buf, _) = q.take_recv_buf().unwrap();
+        q.on_recv(buf, 0);
+        assert_eq!(q.state(), QueueState::Failed);
+        assert!(q.error().unwrap().contains("closed"), "{:?}", q.error());
+        assert!(q.take_recv_buf().is_none());
+        assert_eq!(q.submit(3, flush_io(4)).unwrap_err().0, SubmitError::NotLive);
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert_eq!(
+            drain(&mut q),
+            [(1, 0, Status::HOST_PATH_ERROR, Some(4096)), (2, 1, Status::HOST_PATH_ERROR, None)],
+            "the write's buffer is still in the send batch"
+        );
+        assert_eq!(q.outstanding(), 1);
+        q.on_send_done(batch, Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe)));
+        assert_eq!(drain(&mut q), [(3, 2, Status::HOST_PATH_ERROR, Some(16384))]);
+        assert_eq!(q.outstanding(), 0);
+        // Aborting again finds nothing.
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert!(drain(&mut q).is_empty());
+    }
+
+    #[test]
+    fn a_failed_send_or_a_response_for_an_unknown_command_fails_the_queue() {
+        let mut q = live();
+        submit(&mut q, 0, flush_io(1));
+        let batch = q.take_send().unwrap();
+        assert!(q.take_send().is_none(), "one batch in flight at a time");
+        q.on_send_done(batch, Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        assert_eq!(q.state(), QueueState::Failed);
+        assert!(q.error().unwrap().starts_with("send failed"), "{:?}", q.error());
+
+        let mut q = live();
+        respond(&mut q, Cqe::success(Cid(3)));
+        assert_eq!(q.state(), QueueState::Failed);
+        assert!(q.error().unwrap().contains("unknown command id 3"), "{:?}", q.error());
+        // The first reason stays.
+        q.set_failed("later");
+        assert!(q.error().unwrap().contains("unknown command id 3"));
+    }
+
+    #[test]
+    fn a_termreq_from_the_controller_fails_the_queue_after_its_data() {
+        let mut q = live();
+        submit(&mut q, 0, flush_io(1));
+        let mut term = Vec::new();
+        EncoderConfig::term_req(&mut term, Role::Controller, FatalError::field(4), &[1, 2, 3, 4]);
+        // Cut in two: the queue keeps skipping the error data, then fails.
+        q.feed(&term[..term.len() - 2]);
+        assert_eq!(q.state(), QueueState::Live);
+        q.feed(&term[term.len() - 2..]);
+        assert_eq!(q.state(), QueueState::Failed);
+        assert!(q.error().unwrap().contains("C2HTermReq"), "{:?}", q.error());
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert_eq!(drain(&mut q), [(1, 0, Status::HOST_PATH_ERROR, None)]);
     }
 }

@@ -111,7 +111,7 @@ impl HeadArgs {
 }
 
 fn from_uri(uri: &str) -> Result<HeadSpec, String> {
-    let r = bench::target::RemoteTarget::parse_uri(uri).map_err(|e| e.to_string())?;
+    let r = bench::filename::RemoteTarget::parse_uri(uri).map_err(|e| e.to_string())?;
     let mut paths = vec![host_port(&r.traddr, r.trsvcid)];
     paths.extend(r.more_paths.iter().map(|(a, p)| host_port(a, *p)));
     let mut spec = HeadSpec::new(paths, &r.subnqn);

@@ -4,6 +4,8 @@
 mod cmd_bench;
 mod cmd_doc;
 mod cmd_host;
+#[cfg(feature = "lab")]
+mod cmd_lab;
 mod cmd_nbd;
 mod cmd_resv;
 mod cmd_rpc;
@@ -71,12 +73,13 @@ enum Command {
     ///
     /// With the embedded target, the physical baseline of the machine and each job's
     /// ratio to it are reported too.
-    Bench(bench::lab::LabBenchArgs),
+    Bench(bench::cmd::CmdArgs),
     /// Experiments against the stack's goals: path flaps, multipath, fairness, auth, seeds.
     ///
     /// Each lab prints a table, its goals and whether they were met, and writes a plot;
     /// `qpath lab baseline` measures the machine itself.
-    Lab(cmd_bench::LabArgs),
+    #[cfg(feature = "lab")]
+    Lab(cmd_lab::LabArgs),
     /// Replay failures from a seed: the real target and host code over a simulated network,
     /// disk and clock, with faults, checked against invariants.
     Sim(cmd_sim::SimArgs),
@@ -114,7 +117,8 @@ fn main() {
         Command::Ublk(a) => cmd_ublk::run(a),
         Command::Host(a) => cmd_ublk::host(a),
         Command::Bench(a) => cmd_bench::bench(&a),
-        Command::Lab(a) => cmd_bench::lab(&a),
+        #[cfg(feature = "lab")]
+        Command::Lab(a) => cmd_lab::run(&a),
         Command::Sim(a) => cmd_sim::run(&a),
         Command::Man(a) => cmd_doc::man(&a, Cli::command()),
         Command::Completions(a) => cmd_doc::completions(&a, Cli::command()),

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use bench::lab::fairness::{Budgets, run_case};
+use lab::fairness::{Budgets, run_case};
 
 #[test]
 fn a_flooded_queue_does_not_starve_a_qd1_queue_on_the_same_reactor() {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use host::context::{Completion, Context, ContextOptions, DeviceId, Op};
 use host::controller::{ConnectOptions, Controller};
 use host::head::Head;
-use host::mpath::{PathClass, Policy};
+use host::mpath::{PathClass, PathIndex, Policy, Selection};
 use nvme::{AnaGrpId, AnaState};
 use uring::{IoBuf, Wait};
 
@@ -122,8 +122,22 @@ fn head_fails_over_on_ana_and_link_loss() {
     let classes = [PathClass::Optimized, PathClass::Optimized];
     head.set_reference(Some(ReferenceSelector::SumPerQueue(Arc::new(SumPerQueue::new(&classes, 32)))));
     run_io(&mut ctx, dev, 100, 5);
-    head.set_reference(Some(ReferenceSelector::SharedAtomic(Arc::new(SharedAtomic::new(&classes)))));
+    let shared = Arc::new(SharedAtomic::new(&classes));
+    head.set_reference(Some(ReferenceSelector::SharedAtomic(Arc::clone(&shared))));
     run_io(&mut ctx, dev, 100, 6);
+    // The context counts its I/O in the reference: up while a write is in flight (on the
+    // first path, ties going to the first), down when it completes.
+    assert_eq!(shared.select(), Selection::Submit(PathIndex(0)), "nothing in flight");
+    let mut b = IoBuf::new(4096);
+    b.set_len(4096);
+    ctx.submit(dev, Op::Write, 0, 4096, Some(b), 99).map_err(|(e, _)| e).unwrap();
+    assert_eq!(shared.select(), Selection::Submit(PathIndex(1)), "the write counted on the first path");
+    let t = Instant::now();
+    while ctx.completions().next().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the write completes");
+        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(2)) }).unwrap();
+    }
+    assert_eq!(shared.select(), Selection::Submit(PathIndex(0)), "counted down at completion");
     head.set_reference(None);
     run_io(&mut ctx, dev, 50, 7);
     drop(ctx);

@@ -61,10 +61,23 @@ fn reap(ctx: &mut Context) -> Vec<Completion> {
     ctx.completions().collect()
 }
 
-/// Submits `BUSY_IOS` reads on the busy device and one on the other; returns
-/// (busy tags held, other tags held) right after submission and how many busy reads
-/// had completed when the other one did.
-fn run(order: DepthLimitOrder) -> (u16, u16, u64) {
+/// Commands the target has outstanding now, over every queue.
+fn target_outstanding(server: &target::server::Server) -> u64 {
+    server.state.queue_infos().iter().map(|q| q.stats.outstanding.get()).sum()
+}
+
+/// What [`run`] saw.
+struct Seen {
+    /// Tags the busy device and the other held right after submission.
+    held: (u16, u16),
+    /// Busy reads completed when the other read completed.
+    busy_done_before_other: u64,
+    /// Most commands the target had outstanding at once.
+    on_the_wire_max: u64,
+}
+
+/// Submits `BUSY_IOS` reads on the busy device and one on the other, and runs them.
+fn run(order: DepthLimitOrder) -> Seen {
     let server = start_target();
     let mut o = ConnectOptions::new(server.local_addr(1).unwrap(), NQN);
     o.nr_io_queues = 2;
@@ -80,7 +93,7 @@ fn run(order: DepthLimitOrder) -> (u16, u16, u64) {
     }
     read(&mut other, other_dev, 0);
     let held = (busy.tags_held(busy_dev).unwrap(), other.tags_held(other_dev).unwrap());
-    let (mut busy_done, mut other_done_at) = (0u64, None);
+    let (mut busy_done, mut other_done_at, mut on_the_wire_max) = (0u64, None, 0);
     let deadline = Instant::now() + Duration::from_secs(30);
     while busy_done < BUSY_IOS || other_done_at.is_none() {
         assert!(Instant::now() < deadline, "{order:?}: I/O did not finish ({busy_done} busy, other {other_done_at:?})");
@@ -92,27 +105,34 @@ fn run(order: DepthLimitOrder) -> (u16, u16, u64) {
             assert!(c.status.is_success(), "{order:?}: read failed: {:?}", c.status);
             other_done_at = Some(busy_done);
         }
+        on_the_wire_max = on_the_wire_max.max(target_outstanding(&server));
     }
     assert_eq!(busy.tags_held(busy_dev), Some(0), "{order:?}: unfair users keep no tags when done");
     assert_eq!(set.pooled(), u32::from(DEPTH), "{order:?}: every tag back in the pool");
     drop((busy, other));
     ctrl.delete();
     server.shutdown();
-    (held.0, held.1, other_done_at.unwrap())
+    Seen { held, busy_done_before_other: other_done_at.unwrap(), on_the_wire_max }
 }
 
 #[test]
 fn lun_depth_before_tag_leaves_the_rest_of_the_set_free() {
-    let (busy, other, _) = run(DepthLimitOrder::BeforeTag);
-    assert_eq!(busy, LUN_DEPTH, "the busy device holds only its LUN depth");
-    assert_eq!(other, 1, "the other device got a tag at once");
+    let seen = run(DepthLimitOrder::BeforeTag);
+    assert_eq!(seen.held.0, LUN_DEPTH, "the busy device holds only its LUN depth");
+    assert_eq!(seen.held.1, 1, "the other device got a tag at once");
+    let most = u64::from(LUN_DEPTH) + 1;
+    assert!(seen.on_the_wire_max <= most, "{} on the wire, at most {most}", seen.on_the_wire_max);
 }
 
 #[test]
 fn lun_depth_after_tag_lets_a_busy_device_hold_every_tag() {
-    let (busy, other, busy_done) = run(DepthLimitOrder::AfterTag);
-    assert_eq!(busy, DEPTH, "the busy device holds the whole set, {LUN_DEPTH} on the wire");
-    assert_eq!(other, 0, "nothing left for the other device");
+    let seen = run(DepthLimitOrder::AfterTag);
+    assert_eq!(seen.held.0, DEPTH, "the busy device holds the whole set");
+    assert_eq!(seen.held.1, 0, "nothing left for the other device");
+    // The budget still holds what goes out: LUN_DEPTH busy reads (and the other's one).
+    let most = u64::from(LUN_DEPTH) + 1;
+    assert!(seen.on_the_wire_max <= most, "{} on the wire, at most {most}", seen.on_the_wire_max);
+    let busy_done = seen.busy_done_before_other;
     // Without fairness the busy context takes every tag back as it frees it while it
     // has requests waiting: the other device gets one only when fewer than DEPTH
     // busy reads are left.

@@ -21,6 +21,11 @@
 //! I/O path takes no lock, allocates nothing and never hands work to another
 //! thread (see `docs/design.md`).
 //!
+//! The `fault-injection` cargo feature adds the faults a port injects per command
+//! (`set_port_fault`'s `stall_opcode` and `delay_us`, [`port::PortFaults`]); without it
+//! the command path does not read them and the RPC refuses them. The `qpath` binary
+//! turns it on by default.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use qpath_target::registry::{TargetOptions, TargetState};

@@ -19,6 +19,11 @@ pub enum PortKind {
 }
 
 /// Faults injected on a port, for failover tests (settable by RPC).
+///
+/// `delay_us` and `stall_opcode` act on each command, so connections read them only when
+/// the target is built with the `fault-injection` feature ([`PortFaults::PER_COMMAND`]);
+/// without it they stay 0 (the RPC refuses other values). `refuse_connects` and
+/// `drop_generation` act per accept and per tick, and always work.
 #[derive(Debug, Default)]
 pub struct PortFaults {
     /// Latency added to every I/O command on this port, in microseconds.
@@ -29,6 +34,12 @@ pub struct PortFaults {
     pub drop_generation: AtomicU64,
     /// Commands with this opcode+1 (0 = none) are never completed (a stuck command).
     pub stall_opcode: AtomicU64,
+}
+
+impl PortFaults {
+    /// Whether connections act on `delay_us` and `stall_opcode` (the `fault-injection`
+    /// feature).
+    pub const PER_COMMAND: bool = cfg!(feature = "fault-injection");
 }
 
 /// A listen address.

@@ -452,6 +452,39 @@ mod tests {
         }
     }
 
+    /// `delay_us` and `stall_opcode` act per command, only with the `fault-injection`
+    /// feature: without it the RPC refuses them and changes nothing (not even the faults
+    /// the same call asks for that would work); with it they are set. `-1`/0 ask for no
+    /// fault and are always taken.
+    #[test]
+    fn set_port_fault_refuses_per_command_faults_it_cannot_inject() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let server = target();
+        let port = server.state.port(1).unwrap();
+        let r = call(&server, "set_port_fault", &json!({"port": 1, "delay_us": 5, "refuse_connects": true}));
+        if crate::port::PortFaults::PER_COMMAND {
+            r.unwrap();
+            assert_eq!(port.faults.delay_us.load(Relaxed), 5);
+            call(&server, "set_port_fault", &json!({"port": 1, "stall_opcode": 2})).unwrap();
+            assert_eq!(port.faults.stall_opcode.load(Relaxed), 3);
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("port 1: delay_us") && e.contains("fault-injection"), "{e}");
+            assert!(!port.faults.refuse_connects.load(Relaxed), "a refused call changes nothing");
+            let e = call(&server, "set_port_fault", &json!({"port": 1, "stall_opcode": 2})).unwrap_err().to_string();
+            assert!(e.contains("port 1: stall_opcode"), "{e}");
+            let none = json!({"port": 1, "delay_us": 0, "stall_opcode": -1, "refuse_connects": true});
+            call(&server, "set_port_fault", &none).unwrap();
+            assert!(port.faults.refuse_connects.load(Relaxed));
+        }
+        assert_eq!(
+            call(&server, "list_ports", &json!({})).unwrap()[0]["delay_us"],
+            port.faults.delay_us.load(Relaxed),
+            "list_ports shows what is in force"
+        );
+        server.shutdown();
+    }
+
     #[test]
     fn rpc_get_methods_answers_the_table_without_secrets() {
         let server = target();

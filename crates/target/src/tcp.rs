@@ -51,6 +51,8 @@ use crate::registry::{QueueInfo, TargetState};
 use crate::reservation::{self, AccessCache};
 
 mod abort;
+#[cfg(feature = "fault-injection")]
+mod fault;
 mod nvm;
 mod secure;
 
@@ -111,11 +113,13 @@ enum ReqState {
     AwaitH2C,
     /// A file operation is in flight.
     Executing,
-    /// Done; completion held until its due time (QoS or injected delay).
+    /// Done; completion held until its due time (an injected delay).
+    #[cfg(feature = "fault-injection")]
     Delayed,
     /// An Asynchronous Event Request waiting for an event.
     Aer,
     /// Injected fault: never completes.
+    #[cfg(feature = "fault-injection")]
     Stalled,
     /// Data received; waiting for the other command of its fused operation (or its data).
     FusedWait,
@@ -1484,12 +1488,8 @@ impl Connection {
             // Failed while it waited (its fused operation was aborted): it does not run.
             return self.respond(slot, ctx);
         }
-        let stall = self.port.faults.stall_opcode.load(std::sync::atomic::Ordering::Relaxed);
-        let r = &self.reqs[usize::from(slot)];
-        if stall != 0 && stall == u64::from(r.sqe.opcode()) + 1 && r.hold == Hold::None && r.step == Step::Idle {
-            // Injected fault: this command never completes (stall detection tests); one
-            // that has started (a retry from the timers) goes on.
-            self.reqs[usize::from(slot)].state = ReqState::Stalled;
+        #[cfg(feature = "fault-injection")]
+        if self.injected_stall(slot) {
             return;
         }
         if self.qos_hold(slot, &ns, ctx) {
@@ -1898,18 +1898,15 @@ impl Connection {
         self.file_ops_done(slot, ctx);
     }
 
-    /// Applies provisioned limits and injected delay, then responds (now or at the due time).
+    /// Responds, now or (an injected delay) at the due time.
     fn finish_io(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
         // The data is written: a held completion keeps no blocks from other writers.
         self.range_release(slot);
-        // Injected delay (a fault): the completion is held after execution.
-        let delay_us = self.port.faults.delay_us.load(std::sync::atomic::Ordering::Relaxed);
-        if delay_us > 0 {
-            self.reqs[usize::from(slot)].state = ReqState::Delayed;
-            self.timers.push(Reverse((ctx.now_ns + delay_us * 1000, slot)));
-        } else {
-            self.respond(slot, ctx);
+        #[cfg(feature = "fault-injection")]
+        if self.injected_delay(slot, ctx) {
+            return;
         }
+        self.respond(slot, ctx);
     }
 
     /// A provisioned namespace's rate ([`crate::qos`]): the command waits, not executed yet,
@@ -1943,6 +1940,7 @@ impl Connection {
             }
             self.timers.pop();
             match self.reqs[usize::from(slot)].state {
+                #[cfg(feature = "fault-injection")]
                 ReqState::Delayed => self.respond(slot, ctx),
                 ReqState::RangeWait | ReqState::QosWait => self.execute(slot, ctx),
                 ReqState::AbortWait => self.abort_poll(slot, ctx),

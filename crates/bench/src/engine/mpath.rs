@@ -20,7 +20,9 @@
 //! | `mpath_ref_queues` | hardware queues per path that `ref-sum-queues` sums over, 1..=1024 | 64 (seed 000's target) |
 //! | `paths` | with the embedded target: how many of its ports to use, 1 or 2 | 1 |
 //!
-//! The two `ref-*` values are seed 000's reference selectors ([`host::mpath::reference`]):
+//! The two `ref-*` values are seed 000's reference selectors ([`host::mpath::reference`]),
+//! built only with the `lab-baselines` feature (the `lab` crate turns it on, so the `qpath`
+//! binary has them; a build without it refuses them, saying so):
 //! the kernel patch's queue-depth path selector that sums every hardware queue's
 //! in-flight count of every path at each I/O, and the fix that keeps one shared atomic
 //! per path. They are shared by every job thread on the head, as the kernel's counters
@@ -35,8 +37,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use host::controller::Controller;
-use host::head::{Head, ReferenceSelector};
+use host::head::Head;
+#[cfg(feature = "lab-baselines")]
+use host::head::ReferenceSelector;
 use host::mpath::Policy;
+#[cfg(feature = "lab-baselines")]
 use host::mpath::reference::{SharedAtomic, SumPerQueue};
 use nvme::Nsid;
 
@@ -64,11 +69,13 @@ pub enum PolicyChoice {
     Policy(Policy),
     /// Seed 000's first queue-depth selector: per-queue counters summed over `queues`
     /// hardware queues of every path at each selection.
+    #[cfg(feature = "lab-baselines")]
     RefSumQueues {
         /// Hardware queues per path.
         queues: usize,
     },
     /// Seed 000's fix: one shared atomic in-flight counter per path.
+    #[cfg(feature = "lab-baselines")]
     RefSharedAtomic,
 }
 
@@ -89,6 +96,7 @@ impl PolicyChoice {
             }
             "queue-depth" | "queue_depth" => PolicyChoice::Policy(Policy::QueueDepth),
             "latency" => PolicyChoice::Policy(Policy::LATENCY),
+            #[cfg(feature = "lab-baselines")]
             "ref-sum-queues" | "queue-depth-ewan" => {
                 let queues = match ref_queues {
                     Some(v) => parse_in("mpath_ref_queues", v, 1, REF_QUEUES_MAX as u64)?,
@@ -96,7 +104,15 @@ impl PolicyChoice {
                 };
                 PolicyChoice::RefSumQueues { queues: usize::try_from(queues).unwrap_or(REF_QUEUES_DEFAULT) }
             }
+            #[cfg(feature = "lab-baselines")]
             "ref-shared-atomic" | "queue-depth-atomic" => PolicyChoice::RefSharedAtomic,
+            #[cfg(not(feature = "lab-baselines"))]
+            name @ ("ref-sum-queues" | "queue-depth-ewan" | "ref-shared-atomic" | "queue-depth-atomic") => {
+                return Err(format!(
+                    "mpath_policy={name}: seed 000's reference selectors are not in this build \
+                     (they come with the lab-baselines feature, which qpath lab needs)"
+                ));
+            }
             other => {
                 return Err(format!(
                     "mpath_policy={other}: expected numa, round-robin, queue-depth, latency, \
@@ -107,7 +123,7 @@ impl PolicyChoice {
         if rr_min_io.is_some() && !matches!(choice, PolicyChoice::Policy(Policy::RoundRobin { .. })) {
             return Err("rr_min_io applies to mpath_policy=round-robin only".into());
         }
-        if ref_queues.is_some() && !matches!(choice, PolicyChoice::RefSumQueues { .. }) {
+        if ref_queues.is_some() && !choice.sums_queues() {
             return Err("mpath_ref_queues applies to mpath_policy=ref-sum-queues only".into());
         }
         Ok(choice)
@@ -122,8 +138,11 @@ impl PolicyChoice {
             PolicyChoice::Policy(Policy::QueueDepth) => "queue-depth".into(),
             PolicyChoice::Policy(Policy::Latency(p)) if *p == host::mpath::LatencyParams::DEFAULT => "latency".into(),
             PolicyChoice::Policy(Policy::Latency(p)) => format!("latency({p:?})"),
+            #[cfg(feature = "lab-baselines")]
             PolicyChoice::RefSumQueues { queues } if *queues == REF_QUEUES_DEFAULT => "ref-sum-queues".into(),
+            #[cfg(feature = "lab-baselines")]
             PolicyChoice::RefSumQueues { queues } => format!("ref-sum-queues(mpath_ref_queues={queues})"),
+            #[cfg(feature = "lab-baselines")]
             PolicyChoice::RefSharedAtomic => "ref-shared-atomic".into(),
         }
     }
@@ -133,7 +152,17 @@ impl PolicyChoice {
     fn policy(&self) -> Policy {
         match self {
             PolicyChoice::Policy(p) => *p,
+            #[cfg(feature = "lab-baselines")]
             PolicyChoice::RefSumQueues { .. } | PolicyChoice::RefSharedAtomic => Policy::QueueDepth,
+        }
+    }
+
+    /// Whether this is `ref-sum-queues` (the one choice `mpath_ref_queues` applies to).
+    fn sums_queues(&self) -> bool {
+        match self {
+            #[cfg(feature = "lab-baselines")]
+            PolicyChoice::RefSumQueues { .. } => true,
+            _ => false,
         }
     }
 }
@@ -165,7 +194,7 @@ pub fn paths_of(job: &JobSpec) -> Result<Option<usize>> {
         None => Ok(None),
         Some(v) => {
             let v = v.unwrap_or("");
-            let n = parse_in("paths", v, 1, super::super::target::PATHS_MAX as u64)
+            let n = parse_in("paths", v, 1, super::super::filename::PATHS_MAX as u64)
                 .map_err(|why| Error::new(ErrorKind::Option, why))?;
             Ok(Some(usize::try_from(n).unwrap_or(1)))
         }
@@ -180,7 +209,7 @@ pub fn check_option(name: &str, value: Option<&str>) -> Result<(), String> {
         "mpath_policy" => PolicyChoice::parse(v, None, None).map(|_| ()),
         "rr_min_io" => parse_in(name, v, 1, 65_535).map(|_| ()),
         "mpath_ref_queues" => parse_in(name, v, 1, REF_QUEUES_MAX as u64).map(|_| ()),
-        "paths" => parse_in(name, v, 1, super::super::target::PATHS_MAX as u64).map(|_| ()),
+        "paths" => parse_in(name, v, 1, super::super::filename::PATHS_MAX as u64).map(|_| ()),
         _ => Ok(()),
     }
 }
@@ -251,14 +280,16 @@ impl Heads {
         for c in ctrls {
             head.add_path(Arc::clone(c), Nsid(nsid));
         }
-        let classes: Vec<_> = head.path_states().iter().map(|p| p.class).collect();
-        match *choice {
-            PolicyChoice::Policy(_) => {}
-            PolicyChoice::RefSumQueues { queues } => {
-                head.set_reference(Some(ReferenceSelector::SumPerQueue(Arc::new(SumPerQueue::new(&classes, queues)))));
-            }
-            PolicyChoice::RefSharedAtomic => {
-                head.set_reference(Some(ReferenceSelector::SharedAtomic(Arc::new(SharedAtomic::new(&classes)))));
+        #[cfg(feature = "lab-baselines")]
+        {
+            let classes: Vec<_> = head.path_states().iter().map(|p| p.class).collect();
+            match *choice {
+                PolicyChoice::Policy(_) => {}
+                PolicyChoice::RefSumQueues { queues } => head
+                    .set_reference(Some(ReferenceSelector::SumPerQueue(Arc::new(SumPerQueue::new(&classes, queues))))),
+                PolicyChoice::RefSharedAtomic => {
+                    head.set_reference(Some(ReferenceSelector::SharedAtomic(Arc::new(SharedAtomic::new(&classes)))));
+                }
             }
         }
         heads.insert(key, Arc::clone(&head));
@@ -342,15 +373,27 @@ mod tests {
         );
         assert_eq!(p("Queue-Depth", None, None).unwrap(), PolicyChoice::Policy(Policy::QueueDepth));
         assert_eq!(p("latency", None, None).unwrap(), PolicyChoice::Policy(Policy::LATENCY));
-        assert_eq!(p("ref-sum-queues", None, None).unwrap(), PolicyChoice::RefSumQueues { queues: 64 });
-        assert_eq!(p("queue-depth-ewan", None, Some("32")).unwrap(), PolicyChoice::RefSumQueues { queues: 32 });
-        assert_eq!(p("queue-depth-atomic", None, None).unwrap(), PolicyChoice::RefSharedAtomic);
         assert!(p("fastest", None, None).unwrap_err().contains("expected numa"));
         assert!(p("numa", Some("2"), None).unwrap_err().contains("round-robin only"));
         assert!(p("round-robin", Some("0"), None).is_err());
-        assert!(p("ref-shared-atomic", None, Some("4")).unwrap_err().contains("ref-sum-queues only"));
-        for s in ["numa", "round-robin", "queue-depth", "latency", "ref-sum-queues", "ref-shared-atomic"] {
+        assert!(p("numa", None, Some("4")).unwrap_err().contains("ref-sum-queues only"));
+        for s in ["numa", "round-robin", "queue-depth", "latency"] {
             assert_eq!(p(s, None, None).unwrap().name(), s);
+        }
+        #[cfg(feature = "lab-baselines")]
+        {
+            assert_eq!(p("ref-sum-queues", None, None).unwrap(), PolicyChoice::RefSumQueues { queues: 64 });
+            assert_eq!(p("queue-depth-ewan", None, Some("32")).unwrap(), PolicyChoice::RefSumQueues { queues: 32 });
+            assert_eq!(p("queue-depth-atomic", None, None).unwrap(), PolicyChoice::RefSharedAtomic);
+            assert!(p("ref-shared-atomic", None, Some("4")).unwrap_err().contains("ref-sum-queues only"));
+            for s in ["ref-sum-queues", "ref-shared-atomic"] {
+                assert_eq!(p(s, None, None).unwrap().name(), s);
+            }
+        }
+        #[cfg(not(feature = "lab-baselines"))]
+        for s in ["ref-sum-queues", "queue-depth-atomic"] {
+            let e = p(s, None, None).unwrap_err();
+            assert!(e.contains("not in this build") && e.contains("lab-baselines"), "{e}");
         }
         assert_eq!(p("round-robin", Some("8"), None).unwrap().name(), "round-robin(rr_min_io=8)");
     }

@@ -26,8 +26,8 @@ use super::qpath::{Spinner, io_result};
 use super::remote::Controllers;
 use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
 use crate::error::{Error, ErrorKind, Result};
+use crate::filename::TargetKind;
 use crate::io_u::{Ddir, IoError, IoResult, IoU};
-use crate::target::TargetKind;
 
 /// Factory for `ioengine=qpath-passthru` / `io_uring_cmd` on remote targets.
 #[derive(Debug)]

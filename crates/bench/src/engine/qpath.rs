@@ -30,8 +30,8 @@ use super::mpath::{self, Heads, MultipathStats, PathStat, PolicyChoice};
 use super::remote::{ControllerKey, Controllers};
 use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
 use crate::error::{Error, ErrorKind, Result};
+use crate::filename::TargetKind;
 use crate::io_u::{Ddir, IoError, IoResult, IoU};
-use crate::target::TargetKind;
 
 /// Spin this long without a completion before sleeping in the kernel (unless `hipri`).
 /// A loopback round trip here is ~15 µs, so a spinning waiter normally sees its

@@ -23,8 +23,8 @@ use host::controller::{ConnectOptions, Controller};
 use host::stats::HostStats;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::filename::{RemoteTarget, TargetKind};
 use crate::job::{JobFile, JobSpec};
-use crate::target::{RemoteTarget, TargetKind};
 
 /// Linux's default I/O queue size (REFERENCE: "queue size: host 128").
 pub const QUEUE_SIZE_MIN: u16 = 128;

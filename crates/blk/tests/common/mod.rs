@@ -2,6 +2,31 @@
 
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
+use blk::SharedTagPolicy;
+
+/// The shared tag policies of this build, `Windows` last: the two baselines (`Unfair`,
+/// `LinuxFair`) exist only with the `lab-baselines` feature (`cargo test -p blk
+/// --features lab-baselines`; `cargo test --workspace` has it). Without them the
+/// comparisons that need them are skipped, and this says so.
+pub fn policies() -> Vec<SharedTagPolicy> {
+    #[cfg(feature = "lab-baselines")]
+    return vec![SharedTagPolicy::Unfair, SharedTagPolicy::LinuxFair, SharedTagPolicy::Windows];
+    #[cfg(not(feature = "lab-baselines"))]
+    {
+        println!("SKIP: the Unfair and LinuxFair baselines (built only with the lab-baselines feature)");
+        vec![SharedTagPolicy::Windows]
+    }
+}
+
+/// Whether `policy` is first come, first served (it starves a light user).
+pub fn is_unfair(policy: SharedTagPolicy) -> bool {
+    match policy {
+        #[cfg(feature = "lab-baselines")]
+        SharedTagPolicy::Unfair => true,
+        _ => false,
+    }
+}
+
 /// SplitMix64: tiny, seeded, good enough to pick interleavings.
 pub struct Rng(u64);
 

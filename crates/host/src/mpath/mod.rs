@@ -16,7 +16,10 @@
 //! per-queue counters cost 46 µs per I/O and one shared atomic per path
 //! still bounces between cores. The policies are [`Policy::Numa`],
 //! [`Policy::RoundRobin`], [`Policy::QueueDepth`] and [`Policy::Latency`];
-//! [`reference`] keeps the seed's two selectors for the benchmark.
+//! [`mod@reference`] keeps the seed's two selectors for the benchmark, and
+//! for `qpath lab seed-000` through a head ([`crate::head::ReferenceSelector`],
+//! only with the `lab-baselines` feature: production builds carry no check
+//! for them on the I/O path).
 //!
 //! ```
 //! use qpath_host::mpath::{Outcome, PathClass, PathIndex, PathState, Policy, Selection, Selector};

@@ -1,8 +1,10 @@
 //! **Reference selectors, for the benchmark only.** They reproduce the two
 //! queue-depth selectors of seed 000 (the linux-nvme thread of October 2023)
 //! so `benches/path_select.rs` can measure [`super::Selector`] against them
-//! on the same machine. Do not use them for I/O: they are shared between
-//! threads by design, which is what makes them slow.
+//! on the same machine, and `qpath lab seed-000` can run I/O through them (a
+//! head's [`crate::head::ReferenceSelector`], `lab-baselines` feature). Do not
+//! use them for production I/O: they are shared between threads by design,
+//! which is what makes them slow.
 //!
 //! - [`SumPerQueue`]: every path has one in-flight counter per hardware
 //!   queue (blk-mq's per-hctx `nr_active`); selection sums all queues of all

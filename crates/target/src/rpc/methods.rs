@@ -366,13 +366,17 @@ pub static TARGET: &[Method<Run>] = &[
         Acts,
         &[
             Param::required("port", PORT_ID, "the port's id"),
-            Param::optional("delay_us", U64, "latency added to every I/O command on the port, in microseconds"),
+            Param::optional(
+                "delay_us",
+                U64,
+                "latency added to every I/O command on the port, in microseconds (needs fault injection built in)",
+            ),
             Param::optional("refuse_connects", Type::Boolean, "refuse new connections"),
             Param::default("drop_connections", Type::Boolean, "false", "close every connection of the port now"),
             Param::optional(
                 "stall_opcode",
                 Type::Integer { min: -1, max: 255 },
-                "never answer I/O commands with this opcode (-1: answer them again)",
+                "never answer I/O commands with this opcode, -1: answer them again (needs fault injection built in)",
             ),
         ],
         set_port_fault,
@@ -735,7 +739,21 @@ fn remove_referral(server: &Server, p: &Value) -> Result<Value, Error> {
 fn set_port_fault(server: &Server, p: &Value) -> Result<Value, Error> {
     let id: u16 = param(p, "port")?;
     let port = server.state.port(id).ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no port {id}")))?;
-    if let Some(d) = opt::<u64>(p, "delay_us")? {
+    let delay_us = opt::<u64>(p, "delay_us")?;
+    let stall_opcode = opt::<i64>(p, "stall_opcode")?.map(|o| u64::try_from(o + 1).unwrap_or(0));
+    // Checked before anything changes: a refused call changes nothing.
+    for (name, value) in [("delay_us", delay_us), ("stall_opcode", stall_opcode)] {
+        if value.is_some_and(|v| v != 0) && !crate::port::PortFaults::PER_COMMAND {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "port {id}: {name}: this target was built without per-command fault injection \
+                     (the fault-injection feature); drop_connections and refuse_connects work"
+                ),
+            ));
+        }
+    }
+    if let Some(d) = delay_us {
         port.faults.delay_us.store(d, Ordering::Relaxed);
     }
     if let Some(r) = opt::<bool>(p, "refuse_connects")? {
@@ -744,8 +762,7 @@ fn set_port_fault(server: &Server, p: &Value) -> Result<Value, Error> {
     if opt::<bool>(p, "drop_connections")?.unwrap_or(false) {
         port.faults.drop_generation.fetch_add(1, Ordering::Relaxed);
     }
-    if let Some(o) = opt::<i64>(p, "stall_opcode")? {
-        let v = u64::try_from(o + 1).unwrap_or(0);
+    if let Some(v) = stall_opcode {
         port.faults.stall_opcode.store(v, Ordering::Relaxed);
     }
     Ok(json!({}))

@@ -27,8 +27,8 @@ use target::registry::TcpCongestion;
 use target::server::Server;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::filename::{RemoteTarget, Target, TargetKind};
 use crate::job::JobFile;
-use crate::target::{RemoteTarget, Target, TargetKind};
 
 /// Smallest RAM namespace (the embedded default's size).
 pub const NAMESPACE_BYTES_MIN: u64 = 1 << 30;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::netns::Topology;
-use crate::error::{Error, ErrorKind, Result};
+use bench::{Error, ErrorKind, Result};
 
 /// How often the schedule thread samples the host's view of the paths.
 const PROBE_EVERY: Duration = Duration::from_millis(10);

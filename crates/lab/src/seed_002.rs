@@ -32,13 +32,13 @@ use target::config::{Config, SizeValue};
 use target::reactor::{PollMode, ReactorOptions};
 use target::registry::TcpCongestion;
 
-use super::result::{Cell, Goal, LabOutputArgs, LabResult};
-use crate::engine::EngineRegistry;
-use crate::engine::remote::Controllers;
-use crate::error::{Error, ErrorKind, Result};
-use crate::job::JobFile;
-use crate::report::{Report, group_stats};
-use crate::run::{self, RunOptions, StatusMode};
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use bench::engine::EngineRegistry;
+use bench::engine::remote::Controllers;
+use bench::job::JobFile;
+use bench::report::{Report, group_stats};
+use bench::run::{self, RunOptions, StatusMode};
+use bench::{Error, ErrorKind, Result};
 
 /// The seed's subsystem counts.
 pub const SUBSYSTEMS: [usize; 3] = [1, 2, 4];
@@ -90,7 +90,7 @@ pub struct Seed002Args {
     #[arg(long, default_value = "round-robin")]
     pub policy: String,
     /// How the target's reactor waits: adaptive (spin, then sleep), busy or block.
-    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = super::parse_poll)]
+    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = crate::parse_poll)]
     pub target_poll: PollMode,
     /// TCP congestion control of the target's and the host's connections: system
     /// (default), reno, cubic, bbr or dctcp. BBR's pacing makes the runs noisier here.
@@ -298,7 +298,7 @@ fn mibs(bytes_per_sec: u64) -> f64 {
 
 /// Runs one configuration on a fresh target.
 fn run_config(subsystems: usize, args: &Seed002Args, diag: &mut dyn std::io::Write) -> Result<ConfigResult> {
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     let server =
         target_config(subsystems, reactor_cpu, args.target_poll, args.tcp_congestion, !args.lazy_ram, args.huge_pages)
             .start()
@@ -310,10 +310,10 @@ fn run_config(subsystems: usize, args: &Seed002Args, diag: &mut dyn std::io::Wri
         let addrs = [addr(1)?, addr(2)?];
         let mut file = JobFile::parse(&job_text(subsystems, addrs, args), "seed-002")?;
         file.check_strict()?;
-        super::place_jobs(&mut file, &job_cpus);
+        crate::place_jobs(&mut file, &job_cpus);
         let ctrls = Arc::new(Controllers::for_jobs(&file).with_tcp_congestion(args.tcp_congestion.name()));
         let registry = EngineRegistry::with_all_engines(&ctrls);
-        let opts = RunOptions { pin: Some(super::pin_hook()), status: StatusMode::Never, ..RunOptions::default() };
+        let opts = RunOptions { pin: Some(crate::pin_hook()), status: StatusMode::Never, ..RunOptions::default() };
         let run = run::run_jobs(&file, &registry, &opts, diag);
         drop(registry);
         // Every job's context is gone: the host's statistics are final.
@@ -334,7 +334,7 @@ fn summarize(subsystems: usize, args: &Seed002Args, report: &Report, snap: &host
         .map(|(i, (_, rw))| {
             let dir = usize::from(!rw.contains("read"));
             let g = groups.get(i);
-            let pick = |f: &dyn Fn(&crate::report::GroupStats) -> u64| g.map_or(0, f);
+            let pick = |f: &dyn Fn(&bench::report::GroupStats) -> u64| g.map_or(0, f);
             let min = pick(&|g| g.min_bw[dir]);
             #[allow(clippy::cast_precision_loss)]
             let seconds = pick(&|g| g.max_run[dir]) as f64 / 1000.0;
@@ -518,7 +518,7 @@ fn build(args: &Seed002Args, configs: &[ConfigResult]) -> LabResult {
         // The goal compares each configuration's median round; the ratio within each round
         // (its configurations ran back to back) says how much of that is the machine's drift.
         let paired = paired_ratios(&one.rounds_mibs, &four.rounds_mibs);
-        if let Some(m) = super::median(paired.clone()) {
+        if let Some(m) = crate::median(paired.clone()) {
             let list: Vec<String> = paired.iter().map(|x| format!("{x:.3}")).collect();
             r.note(format!(
                 "all steps 4 subsystems / 1 within each round: {} (median {m:.3}); rounds_ratio_4_1 in the JSON",
@@ -558,9 +558,9 @@ mod tests {
     fn paired_ratios_and_their_median() {
         let r = paired_ratios(&[200.0, 250.0, 0.0, 190.0], &[210.0, 200.0, 5.0, 190.0]);
         assert_eq!(r, [1.05, 0.8, 1.0], "a round without a baseline is skipped");
-        assert_eq!(crate::lab::median(r), Some(1.0));
-        assert_eq!(crate::lab::median(vec![1.2, 0.8, 1.0, 0.9]), Some(0.95), "even count: the middle two's mean");
-        assert_eq!(crate::lab::median(Vec::new()), None);
+        assert_eq!(crate::median(r), Some(1.0));
+        assert_eq!(crate::median(vec![1.2, 0.8, 1.0, 0.9]), Some(0.95), "even count: the middle two's mean");
+        assert_eq!(crate::median(Vec::new()), None);
     }
 
     #[test]
@@ -573,7 +573,7 @@ mod tests {
         let groups: std::collections::BTreeSet<usize> = f.jobs.iter().map(|j| j.place.groupid).collect();
         assert_eq!(groups.len(), 4, "one reporting group per step");
         for j in &f.jobs {
-            let crate::target::TargetKind::Remote(r) = &j.target.kind else { panic!("{:?}", j.target) };
+            let bench::filename::TargetKind::Remote(r) = &j.target.kind else { panic!("{:?}", j.target) };
             assert_eq!(r.path_count(), PATHS);
         }
     }

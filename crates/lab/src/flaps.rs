@@ -41,8 +41,8 @@ use target::port::PortKind;
 use target::reactor::{PollMode, ReactorOptions};
 use target::server::Server;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::lab::result::{Cell, Goal, LabOutputArgs, LabResult};
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use bench::{Error, ErrorKind, Result};
 use flapper::{FlapRecord, Flapper, LinkFlapper, NvmetFlapper, PathProbe, RpcFault, RpcFlapper, Schedule};
 use netns::Topology;
 use writer::{WriterOptions, WriterReport};
@@ -91,13 +91,13 @@ pub struct FlapsArgs {
     #[arg(long, value_enum)]
     pub mode: FlapMode,
     /// Seconds of random writes (the issue: 2 minutes); the read-back pass follows.
-    #[arg(long, default_value = "120", value_parser = super::seconds_up_to::<86400>)]
+    #[arg(long, default_value = "120", value_parser = crate::seconds_up_to::<86400>)]
     pub runtime: f64,
     /// One outage starts every PERIOD seconds.
-    #[arg(long, default_value = "10", value_parser = super::seconds_up_to::<86400>)]
+    #[arg(long, default_value = "10", value_parser = crate::seconds_up_to::<86400>)]
     pub period: f64,
     /// Each outage lasts DOWN seconds.
-    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<86400>)]
+    #[arg(long, default_value = "5", value_parser = crate::seconds_up_to::<86400>)]
     pub down: f64,
     /// A short run: 20 s of writes, a 2 s outage every 4 s.
     #[arg(long)]
@@ -113,11 +113,11 @@ pub struct FlapsArgs {
     pub policy: Policy,
     /// Keep-alive timeout, seconds (`nvme connect -k`; Linux's default 5): a keep-alive
     /// unanswered this long resets the controller, which is how a lost link is noticed.
-    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<86400>)]
+    #[arg(long, default_value = "5", value_parser = crate::seconds_up_to::<86400>)]
     pub kato: f64,
     /// Seconds between reconnect attempts (`nvme connect --reconnect-delay`; Linux's
     /// default 10 would keep a path down for longer than the outage).
-    #[arg(long = "reconnect-delay", default_value = "1", value_parser = super::seconds_up_to::<86400>)]
+    #[arg(long = "reconnect-delay", default_value = "1", value_parser = crate::seconds_up_to::<86400>)]
     pub reconnect_delay: f64,
     /// nvmet: the target's two addresses, path 1 then path 2.
     #[arg(long = "path", value_name = "ADDR:PORT")]
@@ -192,7 +192,12 @@ fn target_err(what: &str, e: &impl std::fmt::Display) -> Error {
 
 fn reactor_options() -> ReactorOptions {
     let cpu0 = if uring::online_cpus() > 1 { vec![0] } else { Vec::new() };
-    ReactorOptions { reactors: 1, cpus: cpu0, poll: PollMode::Adaptive, spin_us: super::embedded::ADAPTIVE_SPIN_US }
+    ReactorOptions {
+        reactors: 1,
+        cpus: cpu0,
+        poll: PollMode::Adaptive,
+        spin_us: bench::embedded_target::ADAPTIVE_SPIN_US,
+    }
 }
 
 /// The embedded default target, one RAM namespace of `bytes`, on `ports` (id, address).

@@ -2,9 +2,9 @@
 //! multipath head for a fixed time, then a read-back pass that checks every block the
 //! writes left, both at a fixed queue depth on one [`host::context::Context`].
 //!
-//! It uses the bench's own verify code ([`crate::verify`]: fio's header layout, a
+//! It uses the bench's own verify code ([`bench::verify`]: fio's header layout, a
 //! generation per write so a lost or stale write is told from an intact one) and its
-//! latency statistics ([`crate::stats`]). Two writes to one block are never in flight at
+//! latency statistics ([`bench::stats`]). Two writes to one block are never in flight at
 //! once, so the last completed write of each block is the one the read-back must find.
 //! Latency is the host's, from `submit` to the completion the caller sees: time spent
 //! waiting for a path and being failed over included.
@@ -17,10 +17,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use uring::IoBuf;
 
-use crate::engine::qpath::Spinner;
-use crate::error::{Error, ErrorKind, Result};
-use crate::stats::{LatHist, LatStat};
-use crate::verify::{self, GenerationMap};
+use bench::engine::qpath::Spinner;
+use bench::stats::{LatHist, LatStat};
+use bench::verify::{self, GenerationMap};
+use bench::{Error, ErrorKind, Result};
 
 /// How the writer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! same way whichever seed it is.
 //!
 //! ```
-//! use qpath_bench::lab::result::{Cell, Goal, LabResult};
+//! use qpath_lab::result::{Cell, Goal, LabResult};
 //!
 //! let mut r = LabResult::new("seed-demo", "WAL throughput next to random-read hogs");
 //! r.note("scaled to this machine: limits divided by 4");
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::error::{Error, Result};
+use bench::{Error, Result};
 
 /// Options every lab takes: `--json`, `--plot FILE`, `--output FILE`.
 #[derive(Debug, Clone, Default, clap::Args)]

@@ -35,8 +35,8 @@ use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, Subsyst
 use target::reactor::PollMode;
 use uring::{IoBuf, Wait};
 
-use super::result::{Cell, LabOutputArgs, LabResult};
-use crate::error::{Error, ErrorKind, Result};
+use crate::result::{Cell, LabOutputArgs, LabResult};
+use bench::{Error, ErrorKind, Result};
 
 const BS: u32 = 4096;
 const AUTH_NQN: &str = "nqn.2026-11.io.qpath:auth-stall";
@@ -53,7 +53,7 @@ const STALL_NS: u64 = 1_000_000;
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuthStallArgs {
     /// Seconds of QD1 alone in each case.
-    #[arg(long, default_value = "2", value_parser = super::seconds_up_to::<600>)]
+    #[arg(long, default_value = "2", value_parser = crate::seconds_up_to::<600>)]
     pub runtime: f64,
     /// Connects of the authenticating controller in each case.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -179,7 +179,7 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 fn target_config(auth_workers: usize, reactor_cpu: Option<usize>, key: &Secret, ctrl_key: &Secret) -> Config {
-    let mut cfg = super::one_reactor_target(reactor_cpu, PollMode::Busy);
+    let mut cfg = crate::one_reactor_target(reactor_cpu, PollMode::Busy);
     cfg.options.auth_workers = auth_workers;
     cfg.subsystems.push(SubsystemConfig {
         allow_any_host: false,
@@ -198,7 +198,7 @@ fn target_config(auth_workers: usize, reactor_cpu: Option<usize>, key: &Secret, 
 
 /// Runs one case on a fresh target.
 pub fn run_case(auth_workers: usize, args: &AuthStallArgs) -> Result<CaseResult> {
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     let secret = |h| Secret::generate(Some(h), 64).map_err(|e| err("key", e));
     let (key, ctrl_key) = (secret(HashId::Sha512)?, secret(HashId::Sha512)?);
     let server = target_config(auth_workers, reactor_cpu, &key, &ctrl_key).start().map_err(|e| err("target", e))?;
@@ -341,7 +341,7 @@ fn report(args: &AuthStallArgs, results: &[CaseResult]) -> LabResult {
         "a QD1 queue while another host authenticates on the same reactor"
     };
     let mut r = LabResult::new("auth-stall", title);
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     let cpu = |c: Option<usize>| c.map_or_else(|| "unpinned".into(), |c| c.to_string());
     if args.reauth {
         r.note(format!(

@@ -32,8 +32,8 @@ use serde_json::json;
 use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, SubsystemConfig};
 use target::reactor::PollMode;
 
-use super::result::{Cell, LabOutputArgs, LabResult};
-use crate::error::{Error, ErrorKind, Result};
+use crate::result::{Cell, LabOutputArgs, LabResult};
+use bench::{Error, ErrorKind, Result};
 
 const NQN: &str = "nqn.2026-11.io.qpath:auth-flood";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:3c1f6a2e-8b7d-4e05-a9c4-5d6e7f809112";
@@ -65,10 +65,10 @@ pub struct AuthFloodArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub flood_nice: i32,
     /// Seconds the flood runs before the measured host starts connecting.
-    #[arg(long, default_value = "1", value_parser = super::seconds_up_to::<60>)]
+    #[arg(long, default_value = "1", value_parser = crate::seconds_up_to::<60>)]
     pub head_start: f64,
     /// Most seconds the flood lasts (it ends when the measured connects are done).
-    #[arg(long, default_value = "30", value_parser = super::seconds_up_to::<600>)]
+    #[arg(long, default_value = "30", value_parser = crate::seconds_up_to::<600>)]
     pub flood_max: f64,
     /// Text/JSON and plot output.
     #[command(flatten)]
@@ -128,7 +128,7 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 fn target_config(key: &Secret, ctrl_key: &Secret) -> Config {
-    let mut cfg = super::one_reactor_target(None, PollMode::Adaptive);
+    let mut cfg = crate::one_reactor_target(None, PollMode::Adaptive);
     let entry = |nqn: &str| {
         HostEntry::Auth(HostAuthConfig {
             nqn: nqn.into(),

@@ -50,9 +50,9 @@ use target::config::{Config, NamespaceConfig, SizeValue};
 use target::reactor::{PollMode, ReactorOptions};
 use uring::IoBuf;
 
-use super::result::{Cell, Goal, LabOutputArgs, LabResult};
-use crate::engine::qpath::Spinner;
-use crate::error::{Error, ErrorKind, Result};
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use bench::engine::qpath::Spinner;
+use bench::{Error, ErrorKind, Result};
 
 const NQN: &str = "nqn.2026-11.io.qpath:seed-004";
 /// The namespace the streams read (RAM, mapped lazily: reads of never-written
@@ -73,10 +73,10 @@ fn parse_cpus(s: &str) -> std::result::Result<Vec<usize>, String> {
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed004Args {
     /// Seconds each case is measured, after its warm-up.
-    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<3600>)]
+    #[arg(long, default_value = "5", value_parser = crate::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Seconds of warm-up per case.
-    #[arg(long, default_value = "1", value_parser = super::seconds_up_to::<3600>)]
+    #[arg(long, default_value = "1", value_parser = crate::seconds_up_to::<3600>)]
     pub warmup: f64,
     /// Runs of every case, interleaved ((i), (ii), (iii), (i), ...); the table shows
     /// the run with the median IOPS of each case.
@@ -107,7 +107,7 @@ pub struct Seed004Args {
     #[arg(long = "host-cpus", value_parser = parse_cpus)]
     pub host_cpus: Option<Vec<usize>>,
     /// How the target's reactors wait: busy, adaptive or block.
-    #[arg(long = "target-poll", default_value = "busy", value_parser = super::parse_poll)]
+    #[arg(long = "target-poll", default_value = "busy", value_parser = crate::parse_poll)]
     pub target_poll: PollMode,
     /// Host contexts never sleep (fio's hipri); otherwise they spin 50 us, then sleep.
     #[arg(long)]
@@ -177,7 +177,7 @@ impl Seed004Args {
 
     /// Default placement: the target on CPU 0, the host on the others (as `qpath bench`).
     fn placement(&self) -> (Vec<usize>, Vec<usize>) {
-        let (reactor_cpu, host) = super::default_cpus(uring::online_cpus());
+        let (reactor_cpu, host) = crate::default_cpus(uring::online_cpus());
         let target = self.target_cpus.clone().unwrap_or_else(|| reactor_cpu.into_iter().collect());
         let host = self.host_cpus.clone().unwrap_or(host);
         (target, host)
@@ -244,7 +244,7 @@ const STOP: u8 = 2;
 type Mark = (Instant, Duration);
 
 fn cpu_time() -> Option<Duration> {
-    crate::cpu::proc_thread_usage().map(|u| u.user + u.system)
+    bench::cpu::proc_thread_usage().map(|u| u.user + u.system)
 }
 
 /// What a context thread runs: its CPU, its queues, and its streams.
@@ -426,7 +426,7 @@ fn target_config(args: &Seed004Args, target_cpus: &[usize]) -> Config {
     let mut cfg = Config::embedded_default();
     cfg.ports.truncate(1);
     cfg.ports[0].addr = "127.0.0.1:0".into();
-    let spin_us = if args.target_poll == PollMode::Adaptive { super::embedded::ADAPTIVE_SPIN_US } else { 0 };
+    let spin_us = if args.target_poll == PollMode::Adaptive { bench::embedded_target::ADAPTIVE_SPIN_US } else { 0 };
     cfg.reactor =
         ReactorOptions { reactors: args.reactors, cpus: target_cpus.to_vec(), poll: args.target_poll, spin_us };
     let sub = &mut cfg.subsystems[0];

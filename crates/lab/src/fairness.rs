@@ -25,8 +25,8 @@ use target::registry::TargetOptions;
 use target::stats::QueueStatsSnapshot;
 use uring::{IoBuf, Wait};
 
-use super::result::{Cell, Goal, LabOutputArgs, LabResult};
-use crate::error::{Error, ErrorKind, Result};
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use bench::{Error, ErrorKind, Result};
 
 /// Block size of both jobs.
 const BS: u32 = 4096;
@@ -46,7 +46,7 @@ pub const GOAL_RATIO: f64 = 2.0;
 #[derive(Debug, Clone, clap::Args)]
 pub struct FairnessArgs {
     /// Seconds of each phase (QD1 alone, QD1 under the flood) of each case.
-    #[arg(long, default_value = "3", value_parser = super::seconds_up_to::<600>)]
+    #[arg(long, default_value = "3", value_parser = crate::seconds_up_to::<600>)]
     pub runtime: f64,
     /// Reads the flooded queue keeps outstanding.
     #[arg(long = "flood-iodepth", default_value_t = 64)]
@@ -174,7 +174,7 @@ impl CaseResult {
 fn target_config(budgets: Budgets, reactor_cpu: Option<usize>) -> Config {
     // Both queues on one reactor, busy-polling: the latency alone is the wire's, so what
     // the flood adds is the reactor's work for the other queue.
-    let mut cfg = super::one_reactor_target(reactor_cpu, PollMode::Busy);
+    let mut cfg = crate::one_reactor_target(reactor_cpu, PollMode::Busy);
     budgets.apply(&mut cfg.options);
     cfg
 }
@@ -190,7 +190,7 @@ pub fn run_case(name: &'static str, budgets: Budgets, runtime: Duration, flood_i
     if flood_iodepth == 0 || flood_iodepth > FLOOD_QD_MAX {
         return Err(Error::new(ErrorKind::Option, format!("--flood-iodepth {flood_iodepth}: 1..={FLOOD_QD_MAX}")));
     }
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     let server = target_config(budgets, reactor_cpu).start().map_err(|e| err("target", e))?;
     let result = (|| {
         let addr = server.local_addr(1).ok_or_else(|| err("target", "no port 1"))?;
@@ -370,7 +370,7 @@ fn budget_label(b: Budgets) -> String {
 
 fn report(args: &FairnessArgs, results: &[CaseResult]) -> LabResult {
     let mut r = LabResult::new("fairness", "a QD1 queue next to a flooded queue on one target reactor");
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     r.note(format!(
         "4k reads, QD1 (block 0 again and again) on one controller's I/O queue, \
          QD{} (64 MiB in order) on another's, \

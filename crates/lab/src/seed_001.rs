@@ -35,14 +35,14 @@ use serde_json::{Value, json};
 use target::reactor::PollMode;
 use target::registry::TcpCongestion;
 
-use super::embedded::{Embedded, EmbeddedOptions, NAMESPACE_BYTES_MIN};
-use super::result::{Cell, Goal, LabOutputArgs, LabResult};
-use crate::engine::remote::Controllers;
-use crate::engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
-use crate::error::{Error, ErrorKind, Result};
-use crate::io_u::IoU;
-use crate::job::JobFile;
-use crate::run::{RunOptions, StatusMode};
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use bench::embedded_target::{Embedded, EmbeddedOptions, NAMESPACE_BYTES_MIN};
+use bench::engine::remote::Controllers;
+use bench::engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
+use bench::io_u::IoU;
+use bench::job::JobFile;
+use bench::run::{RunOptions, StatusMode};
+use bench::{Error, ErrorKind, Result};
 
 /// The seed's queue depth (`-d128`).
 pub const IODEPTH: u32 = 128;
@@ -55,7 +55,7 @@ pub const BLOCK_SIZES: [u32; 2] = [512, 4096];
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed001Args {
     /// Seconds each job runs (the seed's t/io_uring ran until stopped).
-    #[arg(long, default_value = "5", value_parser = super::seconds_up_to::<3600>)]
+    #[arg(long, default_value = "5", value_parser = crate::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Runs of every case, interleaved (block, passthru, block, ...); the table shows
     /// the median of each case.
@@ -65,7 +65,7 @@ pub struct Seed001Args {
     #[arg(long)]
     pub quick: bool,
     /// How the embedded target's reactor waits: busy (default, as SPDK), adaptive or block.
-    #[arg(long = "target-poll", default_value = "busy", value_parser = super::parse_poll)]
+    #[arg(long = "target-poll", default_value = "busy", value_parser = crate::parse_poll)]
     pub target_poll: PollMode,
     /// Text/JSON and plot output.
     #[command(flatten)]
@@ -345,8 +345,8 @@ fn run_one(
     let inner =
         all.get(path.engine()).ok_or_else(|| Error::new(ErrorKind::Engine, format!("no {} engine", path.engine())))?;
     registry.register(Arc::new(MeteredFactory::new(inner, Arc::clone(&meter))));
-    let opts = RunOptions { pin: Some(super::pin_hook()), status: StatusMode::Never, ..RunOptions::default() };
-    let result = crate::run::run_jobs(&file, &registry, &opts, &mut std::io::sink());
+    let opts = RunOptions { pin: Some(crate::pin_hook()), status: StatusMode::Never, ..RunOptions::default() };
+    let result = bench::run::run_jobs(&file, &registry, &opts, &mut std::io::sink());
     drop(registry);
     drop(all);
     ctrls.disconnect_all();
@@ -372,7 +372,7 @@ fn run_one(
 /// Runs every case and builds the report (does not print it).
 pub fn run(args: &Seed001Args, progress: &mut dyn std::io::Write) -> Result<LabResult> {
     let (runtime, rounds) = args.plan()?;
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     let job_cpu = job_cpus.first().copied();
     let server = Embedded::start(EmbeddedOptions {
         poll: args.target_poll,
@@ -415,7 +415,7 @@ pub fn run(args: &Seed001Args, progress: &mut dyn std::io::Write) -> Result<LabR
 
 /// The median of `f` over the samples of one case.
 fn med(samples: &[Sample], path: Path, bs: u32, f: impl Fn(&Sample) -> f64) -> f64 {
-    super::median(samples.iter().filter(|s| s.path == path && s.bs == bs).map(f).collect()).unwrap_or(f64::NAN)
+    crate::median(samples.iter().filter(|s| s.path == path && s.bs == bs).map(f).collect()).unwrap_or(f64::NAN)
 }
 
 fn report(samples: &[Sample], runtime: Duration, rounds: u32, target: &str, job_cpu: Option<usize>) -> LabResult {

@@ -26,16 +26,16 @@ use serde_json::json;
 use target::reactor::PollMode;
 use target::registry::TcpCongestion;
 
-use super::embedded::{self, Embedded, EmbeddedOptions};
-use super::result::{Cell, Goal, LabOutputArgs, LabResult};
-use crate::engine::EngineRegistry;
-use crate::engine::mpath::{MultipathStats, PolicyChoice, REF_QUEUES_DEFAULT};
-use crate::engine::remote::Controllers;
-use crate::error::{Error, ErrorKind, Result};
-use crate::job::JobFile;
-use crate::report::Report;
-use crate::run::{self, RunOptions, StatusMode};
-use crate::stats::ThreadStat;
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use bench::embedded_target::{self, Embedded, EmbeddedOptions};
+use bench::engine::EngineRegistry;
+use bench::engine::mpath::{MultipathStats, PolicyChoice, REF_QUEUES_DEFAULT};
+use bench::engine::remote::Controllers;
+use bench::job::JobFile;
+use bench::report::Report;
+use bench::run::{self, RunOptions, StatusMode};
+use bench::stats::ThreadStat;
+use bench::{Error, ErrorKind, Result};
 use host::mpath::reference::{SharedAtomic, SumPerQueue};
 use host::mpath::{Outcome, PathClass, PathState, Policy, Selection, Selector};
 
@@ -78,7 +78,7 @@ paths=2
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed000Args {
     /// Seconds each case runs (the seed ran 15).
-    #[arg(long, value_name = "SECONDS", default_value = "15", value_parser = super::seconds_up_to::<3600>)]
+    #[arg(long, value_name = "SECONDS", default_value = "15", value_parser = crate::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Rounds: every case runs `runtime / rounds` seconds per round, cases interleaved,
     /// so drift in the machine's load spreads over all cases instead of favouring one.
@@ -88,7 +88,7 @@ pub struct Seed000Args {
     #[arg(long = "ref-queues", value_name = "N", default_value_t = REF_QUEUES_DEFAULT)]
     pub ref_queues: usize,
     /// How the embedded target's reactor waits: adaptive (spin 200 us, then sleep), busy or block.
-    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = super::parse_poll)]
+    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = crate::parse_poll)]
     pub target_poll: PollMode,
     /// Output: --json, --plot FILE, --no-plot, --output FILE.
     #[command(flatten)]
@@ -142,11 +142,11 @@ pub struct LabTarget {
 impl LabTarget {
     /// Starts the embedded target with one 1 GiB RAM namespace.
     pub fn start(poll: PollMode) -> Result<LabTarget> {
-        let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+        let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
         let target = Embedded::start(EmbeddedOptions {
             poll,
             reactor_cpu,
-            namespaces: vec![(1, embedded::NAMESPACE_BYTES_MIN)],
+            namespaces: vec![(1, embedded_target::NAMESPACE_BYTES_MIN)],
             tcp_congestion: TcpCongestion::System,
         })?;
         Ok(LabTarget { target, job_cpus })
@@ -157,12 +157,12 @@ impl LabTarget {
     pub fn run(&self, text: &str, name: &str, diag: &mut dyn Write) -> Result<Report> {
         let mut file = JobFile::parse(text, name)?;
         file.check_strict()?;
-        super::place_jobs(&mut file, &self.job_cpus);
-        let jobs = embedded::embedded_jobs(&file, false);
+        crate::place_jobs(&mut file, &self.job_cpus);
+        let jobs = embedded_target::embedded_jobs(&file, false);
         self.target.redirect(&mut file, &jobs)?;
         let ctrls = Arc::new(Controllers::for_jobs(&file));
         let registry = EngineRegistry::with_all_engines(&ctrls);
-        let opts = RunOptions { pin: Some(super::pin_hook()), status: StatusMode::Never, ..RunOptions::default() };
+        let opts = RunOptions { pin: Some(crate::pin_hook()), status: StatusMode::Never, ..RunOptions::default() };
         let result = run::run_jobs(&file, &registry, &opts, diag);
         drop(registry);
         ctrls.disconnect_all();
@@ -229,7 +229,7 @@ impl CaseResult {
         Ok(())
     }
 
-    fn reads(&self) -> &crate::stats::DirStats {
+    fn reads(&self) -> &bench::stats::DirStats {
         &self.stat.dirs[0]
     }
 
@@ -460,10 +460,10 @@ pub fn run_rounds(
 
 /// Runs the lab. Progress goes to `diag`.
 pub fn run(args: &Seed000Args, diag: &mut dyn Write) -> Result<LabResult> {
-    if args.ref_queues == 0 || args.ref_queues > crate::engine::mpath::REF_QUEUES_MAX {
+    if args.ref_queues == 0 || args.ref_queues > bench::engine::mpath::REF_QUEUES_MAX {
         return Err(Error::new(
             ErrorKind::Option,
-            format!("--ref-queues {}: 1..={}", args.ref_queues, crate::engine::mpath::REF_QUEUES_MAX),
+            format!("--ref-queues {}: 1..={}", args.ref_queues, bench::engine::mpath::REF_QUEUES_MAX),
         ));
     }
     let cases = cases(args.ref_queues);
@@ -682,8 +682,8 @@ mod tests {
             assert!(text.contains("runtime=1\n"), "the runtime placeholder is filled");
             let f = JobFile::parse(&text, "t").unwrap();
             f.check_strict().unwrap();
-            assert_eq!(crate::engine::mpath::policy_of(&f.jobs[0]).unwrap(), Some(c), "{}", c.name());
-            assert_eq!(crate::engine::mpath::paths_of(&f.jobs[0]).unwrap(), Some(2));
+            assert_eq!(bench::engine::mpath::policy_of(&f.jobs[0]).unwrap(), Some(c), "{}", c.name());
+            assert_eq!(bench::engine::mpath::paths_of(&f.jobs[0]).unwrap(), Some(2));
         }
     }
 

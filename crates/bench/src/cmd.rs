@@ -1,5 +1,6 @@
-//! What `qpath bench` and `qpath lab baseline` do, end to end; the bin only parses
-//! arguments and calls [`bench`] or [`baseline`].
+//! What `qpath bench` does, end to end; the bin only parses arguments and calls [`bench()`].
+//! The labs (`qpath lab`) use its placement helpers too: [`default_cpus`],
+//! [`place_jobs`], [`pin_hook`].
 //!
 //! ```text
 //! qpath bench JOBFILE
@@ -14,19 +15,6 @@
 //!   disconnect, stop the target
 //! ```
 
-pub mod auth_flood;
-pub mod auth_stall;
-pub mod embedded;
-pub mod fairness;
-pub mod flaps;
-pub mod mpath_delay;
-pub mod result;
-pub mod seed_000;
-pub mod seed_001;
-pub mod seed_002;
-pub mod seed_003;
-pub mod seed_004;
-
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,7 +23,8 @@ use std::time::Duration;
 use target::reactor::PollMode;
 use target::registry::TcpCongestion;
 
-use crate::baseline::{self, BaselineOptions, Physical, Placement, WaitMode};
+use crate::baseline::{self, BaselineOptions, Placement, WaitMode};
+use crate::embedded_target::{self, Embedded, EmbeddedOptions};
 use crate::engine::EngineRegistry;
 use crate::engine::remote::Controllers;
 use crate::error::{Error, ErrorKind, Result};
@@ -43,26 +32,17 @@ use crate::job::{CpuPolicy, CpuSet, JobFile};
 use crate::report::Baseline;
 use crate::run::{PinFn, RunOptions};
 use crate::{BenchArgs, Comparisons, Outcome};
-use embedded::{Embedded, EmbeddedOptions};
 
 /// Environment variable that caps job runtimes like `--runtime-cap` (seconds).
 pub const RUNTIME_CAP_ENV: &str = "QPATH_BENCH_RUNTIME_CAP";
 
 /// `busy`, `adaptive` or `block`: the `--target-poll` option of `bench` and every lab.
-pub(crate) fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
+pub fn parse_poll(s: &str) -> std::result::Result<PollMode, String> {
     s.parse()
 }
 
-fn parse_wait(s: &str) -> std::result::Result<WaitMode, String> {
-    match s {
-        "busy" => Ok(WaitMode::Busy),
-        "block" => Ok(WaitMode::Block),
-        _ => Err(format!("{s:?}: busy or block")),
-    }
-}
-
 /// A number of seconds in (0, `MAX`]: the `--runtime`-style options of every lab.
-pub(crate) fn seconds_up_to<const MAX: u32>(s: &str) -> std::result::Result<f64, String> {
+pub fn seconds_up_to<const MAX: u32>(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= f64::from(MAX) => Ok(v),
         _ => Err(format!("{s:?}: a number of seconds in (0, {MAX}]")),
@@ -75,7 +55,7 @@ fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
 
 /// Arguments of `qpath bench`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct LabBenchArgs {
+pub struct CmdArgs {
     /// The job file, output format and output file.
     #[command(flatten)]
     pub bench: BenchArgs,
@@ -119,10 +99,10 @@ pub struct LabBenchArgs {
     pub linger: Option<f64>,
 }
 
-impl LabBenchArgs {
+impl CmdArgs {
     /// Arguments for running `path` as `qpath bench path` would.
-    pub fn for_jobfile(path: impl Into<std::path::PathBuf>) -> LabBenchArgs {
-        LabBenchArgs {
+    pub fn for_jobfile(path: impl Into<std::path::PathBuf>) -> CmdArgs {
+        CmdArgs {
             bench: BenchArgs::for_jobfile(path),
             runtime_cap: None,
             baseline: false,
@@ -165,35 +145,10 @@ pub fn pin_hook() -> Arc<PinFn> {
     })
 }
 
-/// The median of the finite values of `v` (the mean of the middle two for an even
-/// count); `None` when there is none.
-pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    match v.len() {
-        0 => None,
-        n if n % 2 == 1 => Some(v[m]),
-        _ => Some(f64::midpoint(v[m - 1], v[m])),
-    }
-}
-
 /// Where the embedded target's reactor and the job threads run: the reactor on CPU 0
 /// and jobs on the others when there is more than one CPU; nothing pinned otherwise.
 pub fn default_cpus(online: usize) -> (Option<usize>, Vec<usize>) {
     if online > 1 { (Some(0), (1..online).collect()) } else { (None, Vec::new()) }
-}
-
-/// The embedded target's default reduced to one loopback port (ephemeral) and one
-/// reactor on `reactor_cpu`, polling as `poll`: the target of the labs that put every
-/// queue they measure on one reactor (fairness, seed-003, auth-stall, auth-flood).
-pub(crate) fn one_reactor_target(reactor_cpu: Option<usize>, poll: PollMode) -> target::config::Config {
-    let mut cfg = target::config::Config::embedded_default();
-    cfg.ports.truncate(1);
-    cfg.ports[0].addr = "127.0.0.1:0".into();
-    cfg.reactor =
-        target::reactor::ReactorOptions { reactors: 1, cpus: reactor_cpu.into_iter().collect(), poll, spin_us: 0 };
-    cfg
 }
 
 /// Jobs without `cpus_allowed` run on `cpus` (clone *i* on the *i*-th, round robin).
@@ -214,21 +169,21 @@ pub fn place_jobs(file: &mut JobFile, cpus: &[usize]) -> usize {
 }
 
 /// Run a job file as `qpath bench` does. Diagnostics go to stderr.
-pub fn bench(args: &LabBenchArgs) -> Result<Outcome> {
+pub fn bench(args: &CmdArgs) -> Result<Outcome> {
     let mut stderr = std::io::stderr();
     let mut file = args.bench.load_jobs()?;
     if let Some(cap) = args.runtime_cap()? {
         file.cap_runtime(cap);
     }
     let online = uring::online_cpus();
-    let jobs = embedded::embedded_jobs(&file, args.embedded_target);
+    let jobs = embedded_target::embedded_jobs(&file, args.embedded_target);
     let want_embedded = !jobs.is_empty();
     let (reactor_cpu, job_cpus) = default_cpus(online);
     let mut target_desc = None;
     let mut embedded_opts = None;
     if want_embedded {
         place_jobs(&mut file, &job_cpus);
-        let (namespaces, notes) = embedded::plan_namespaces(&file, &jobs, embedded::memory_available());
+        let (namespaces, notes) = embedded_target::plan_namespaces(&file, &jobs, embedded_target::memory_available());
         file.notes.extend(notes);
         embedded_opts = Some(EmbeddedOptions {
             poll: args.target_poll,
@@ -312,53 +267,6 @@ pub fn bench(args: &LabBenchArgs) -> Result<Outcome> {
     outcome
 }
 
-/// Arguments of `qpath lab baseline`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct LabBaselineArgs {
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// CPU of the server side (where a target reactor would run); default 0 on a multi-CPU machine.
-    #[arg(long = "server-cpu")]
-    pub server_cpu: Option<usize>,
-    /// CPU of the client side (where a job would run); default 1 on a multi-CPU machine.
-    #[arg(long = "client-cpu")]
-    pub client_cpu: Option<usize>,
-    /// How the server waits: busy or block.
-    #[arg(long = "server-wait", default_value = "busy", value_parser = parse_wait)]
-    pub server_wait: WaitMode,
-    /// How the client waits: busy or block.
-    #[arg(long = "client-wait", default_value = "busy", value_parser = parse_wait)]
-    pub client_wait: WaitMode,
-    /// Seconds each measurement runs.
-    #[arg(long, default_value = "1", value_parser = parse_seconds)]
-    pub seconds: f64,
-}
-
-/// Measure and print the physical baseline (`qpath lab baseline`).
-pub fn baseline(args: &LabBaselineArgs, out: &mut dyn Write) -> Result<Physical> {
-    let (server, client) = default_cpus(uring::online_cpus());
-    let placement = Placement {
-        server_cpu: args.server_cpu.or(server),
-        client_cpu: args.client_cpu.or(client.first().copied()),
-        server_wait: args.server_wait,
-        client_wait: args.client_wait,
-    };
-    let time = Duration::from_secs_f64(args.seconds);
-    let opts = BaselineOptions { placement, ping_pong_time: time, stream_time: time, ..BaselineOptions::default() };
-    let p = baseline::measure(&opts)?;
-    let text = if args.json {
-        let mut s = String::new();
-        crate::report::json::physical_json(&p).print(&mut s, 0);
-        s.push('\n');
-        s
-    } else {
-        crate::report::text::physical_text(&p)
-    };
-    out.write_all(text.as_bytes()).map_err(|e| Error::io("write baseline", e))?;
-    Ok(p)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,7 +284,7 @@ mod tests {
 
     #[test]
     fn runtime_cap_from_option() {
-        let mut a = LabBenchArgs::for_jobfile("x.fio");
+        let mut a = CmdArgs::for_jobfile("x.fio");
         a.runtime_cap = Some(1.5);
         assert_eq!(a.runtime_cap().unwrap(), Some(Duration::from_millis(1500)));
         assert!(parse_seconds("0").is_err());

@@ -22,17 +22,17 @@ use std::time::Duration;
 use serde_json::json;
 use target::reactor::PollMode;
 
-use super::result::{Cell, Goal, LabOutputArgs, LabResult};
-use super::seed_000::{CaseResult, LabTarget, policy_lines, run_rounds};
-use crate::engine::mpath::PolicyChoice;
-use crate::error::{Error, ErrorKind, Result};
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use crate::seed_000::{CaseResult, LabTarget, policy_lines, run_rounds};
+use bench::engine::mpath::PolicyChoice;
+use bench::{Error, ErrorKind, Result};
 use host::mpath::Policy;
 
 /// Arguments of `qpath lab mpath-delay`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MpathDelayArgs {
     /// Seconds each case runs.
-    #[arg(long, value_name = "SECONDS", default_value = "12", value_parser = super::seconds_up_to::<3600>)]
+    #[arg(long, value_name = "SECONDS", default_value = "12", value_parser = crate::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Rounds: every case runs `runtime / rounds` seconds per round, cases interleaved.
     /// On a shared 2-core machine one case moved by up to 2x between 2 s slices, so the
@@ -52,7 +52,7 @@ pub struct MpathDelayArgs {
     #[arg(long, default_value = "4k")]
     pub bs: String,
     /// How the embedded target's reactor waits: adaptive (spin 200 us, then sleep), busy or block.
-    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = super::parse_poll)]
+    #[arg(long = "target-poll", value_name = "MODE", default_value = "adaptive", value_parser = crate::parse_poll)]
     pub target_poll: PollMode,
     /// Output: --json, --plot FILE, --no-plot, --output FILE.
     #[command(flatten)]
@@ -235,10 +235,10 @@ mod tests {
     fn job_text_parses_for_every_case() {
         let a = MpathDelayArgs::with_runtime(0.5);
         for (_, c, _) in cases() {
-            let f = crate::job::JobFile::parse(&job_text(&a, &c).replace("{runtime}", "1s"), "t").unwrap();
+            let f = bench::job::JobFile::parse(&job_text(&a, &c).replace("{runtime}", "1s"), "t").unwrap();
             f.check_strict().unwrap();
             assert_eq!(f.jobs.len(), 2);
-            assert_eq!(crate::engine::mpath::policy_of(&f.jobs[0]).unwrap(), Some(c));
+            assert_eq!(bench::engine::mpath::policy_of(&f.jobs[0]).unwrap(), Some(c));
         }
     }
 }

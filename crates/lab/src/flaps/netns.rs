@@ -19,7 +19,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::error::{Error, ErrorKind, Result};
+use bench::{Error, ErrorKind, Result};
 
 /// Prefix of every namespace this module creates.
 const PREFIX: &str = "qpflap-";

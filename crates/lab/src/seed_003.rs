@@ -40,8 +40,8 @@ use target::qos::QosSettings;
 use target::reactor::PollMode;
 use uring::{IoBuf, Wait};
 
-use super::result::{Cell, Goal, LabOutputArgs, LabResult};
-use crate::error::{Error, ErrorKind, Result};
+use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
+use bench::{Error, ErrorKind, Result};
 
 /// The seed's host tag set depth (`nr_requests`).
 pub const TAG_DEPTH: u16 = 170;
@@ -81,10 +81,10 @@ const NQN: &str = "nqn.2026-11.io.qpath:seed-003";
 #[derive(Debug, Clone, clap::Args)]
 pub struct Seed003Args {
     /// Seconds each case is measured, after its warm-up (the seed ran 1000 s).
-    #[arg(long, default_value = "10", value_parser = super::seconds_up_to::<3600>)]
+    #[arg(long, default_value = "10", value_parser = crate::seconds_up_to::<3600>)]
     pub runtime: f64,
     /// Seconds of warm-up per case, after the WAL started.
-    #[arg(long, default_value = "1", value_parser = super::seconds_up_to::<3600>)]
+    #[arg(long, default_value = "1", value_parser = crate::seconds_up_to::<3600>)]
     pub warmup: f64,
     /// A short run for smoke tests: 1 s per case, 0.3 s warm-up.
     #[arg(long)]
@@ -403,7 +403,7 @@ struct CaseResult {
 }
 
 fn target_config(latency_us: u64, reactor_cpu: Option<usize>) -> Config {
-    let mut cfg = super::one_reactor_target(reactor_cpu, PollMode::Block);
+    let mut cfg = crate::one_reactor_target(reactor_cpu, PollMode::Block);
     let sub = &mut cfg.subsystems[0];
     sub.nqn = NQN.into();
     let template = sub.namespaces[0].clone();
@@ -420,7 +420,7 @@ fn target_config(latency_us: u64, reactor_cpu: Option<usize>) -> Config {
 }
 
 fn run_case(case: Case, args: &Seed003Args, runtime: Duration, warmup: Duration) -> Result<CaseResult> {
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     let job_cpu = job_cpus.first().copied();
     let server = target_config(args.latency_us, reactor_cpu)
         .start()
@@ -548,7 +548,7 @@ fn report(
     hog_outstanding: usize,
 ) -> LabResult {
     let mut r = LabResult::new("seed-003", "WAL writes next to random-read hogs on one tag set of 170");
-    let (reactor_cpu, job_cpus) = super::default_cpus(uring::online_cpus());
+    let (reactor_cpu, job_cpus) = crate::default_cpus(uring::online_cpus());
     let cpu = |c: Option<usize>| c.map_or_else(|| "unpinned".to_string(), |c| format!("CPU {c}"));
     r.note(format!(
         "seed: 16-core VM, 32 hog threads x iodepth 10000 + 1 WAL thread, 1000 s. Here {} CPUs shared with the \
