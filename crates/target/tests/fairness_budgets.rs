@@ -74,6 +74,22 @@ fn drain_sends(q: &mut Host) -> Vec<usize> {
     lens
 }
 
+/// Turns of parsing and sending until the received input is all served (at most 100):
+/// each batch's length, and the reads completed.
+fn serve_input(q: &mut Host) -> (Vec<usize>, usize) {
+    let mut batches = Vec::new();
+    let mut done = 0;
+    for _ in 0..100 {
+        pass(q);
+        batches.extend(drain_sends(q));
+        done += completions(q);
+        if !q.conn.has_input() && !q.conn.input_paused() {
+            break;
+        }
+    }
+    (batches, done)
+}
+
 /// Successful read completions in the inbox (C2HData data with its CapsuleResp).
 fn completions(q: &mut Host) -> usize {
     let mut n = 0;
@@ -142,15 +158,8 @@ fn tx_batch_bytes_splits_a_flood_into_bounded_batches() {
     let (_admin, mut q) = io_queue(opts);
     let input = reads(&mut q, 32, 4096);
     receive(&mut q, &input);
-    let mut batches = Vec::new();
-    for _ in 0..100 {
-        pass(&mut q);
-        batches.extend(drain_sends(&mut q));
-        if !q.conn.has_input() && !q.conn.input_paused() {
-            break;
-        }
-    }
-    assert_eq!(completions(&mut q), 32);
+    let (batches, done) = serve_input(&mut q);
+    assert_eq!(done, 32);
     // 4 KiB responses (4,096 + 48 bytes): three fit under 16 KiB, a fourth would not.
     assert!(batches.len() >= 32 / 3, "batches {batches:?}");
     for &b in &batches {
@@ -198,16 +207,7 @@ fn budgets_changed_at_run_time_apply_to_the_next_pass() {
         .unwrap();
     let input = reads(&mut q, 16, 4096);
     receive(&mut q, &input);
-    let mut batches = Vec::new();
-    let mut done = 0;
-    for _ in 0..100 {
-        pass(&mut q);
-        batches.extend(drain_sends(&mut q));
-        done += completions(&mut q);
-        if !q.conn.has_input() && !q.conn.input_paused() {
-            break;
-        }
-    }
+    let (batches, done) = serve_input(&mut q);
     assert_eq!(done, 16);
     assert!(batches.len() >= 8, "16 responses of 4 KiB in batches of 8 KiB: {batches:?}");
     assert!(batches.iter().all(|&l| l <= cap + 4096 + 128), "batches bounded by the new size: {batches:?}");
@@ -281,16 +281,7 @@ fn a_connection_alone_on_its_driver_is_not_held_by_the_budgets() {
     assert_eq!((s.rx_pass_pdus_max, s.rx_budget_stops), (16, 2));
     let input = reads(&mut q, 40, 4096);
     receive(&mut q, &input);
-    let mut batches = Vec::new();
-    let mut done = 0;
-    for _ in 0..100 {
-        pass(&mut q);
-        batches.extend(drain_sends(&mut q));
-        done += completions(&mut q);
-        if !q.conn.has_input() && !q.conn.input_paused() {
-            break;
-        }
-    }
+    let (batches, done) = serve_input(&mut q);
     assert_eq!(done, 40);
     assert!(batches.len() >= 3 && batches.iter().all(|&b| b <= 64 * 1024), "batches {batches:?}");
 }
