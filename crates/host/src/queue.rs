@@ -558,18 +558,9 @@ impl HostQueue {
             return Some(direct);
         }
         let mut buf = self.rx.take()?;
-        let end = buf.len();
-        if self.rx_pos == end {
-            self.rx_pos = 0;
-            buf.set_len(0);
-        } else if self.rx_pos > 0 && buf.capacity() - end < buf.capacity() / 4 {
-            let pos = self.rx_pos;
-            buf.as_full_mut().copy_within(pos..end, 0);
-            buf.set_len(end - pos);
-            self.rx_pos = 0;
-        }
-        let start = buf.len();
         let cap = buf.capacity();
+        buf.compact(&mut self.rx_pos, cap / 4);
+        let start = buf.len();
         let end = if cap - start > self.rx_limit { start + self.rx_limit } else { cap };
         Some((buf, start..end))
     }

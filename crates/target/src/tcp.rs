@@ -671,18 +671,9 @@ impl Connection {
         }
         let mut buf = self.rx.take()?;
         // Compact: move the unparsed tail to the front when space runs low.
-        let end = buf.len();
-        if self.rx_pos == end {
-            self.rx_pos = 0;
-            buf.set_len(0);
-        } else if self.rx_pos > 0 && buf.capacity() - end < buf.capacity() / 4 {
-            let pos = self.rx_pos;
-            buf.as_full_mut().copy_within(pos..end, 0);
-            buf.set_len(end - pos);
-            self.rx_pos = 0;
-        }
-        let start = buf.len();
         let cap = buf.capacity();
+        buf.compact(&mut self.rx_pos, cap / 4);
+        let start = buf.len();
         if start == cap {
             // Cannot happen: a header is at most 255 bytes and data is streamed out.
             self.rx = Some(buf);

@@ -239,16 +239,8 @@ impl Channel {
             return None;
         }
         let mut buf = self.rx.take()?;
-        let end = buf.len();
-        if self.rx_pos == end {
-            self.rx_pos = 0;
-            buf.set_len(0);
-        } else if self.rx_pos > 0 && buf.capacity() - end < HEADER_LEN + CIPHERTEXT_MAX {
-            // Compact so a whole record always fits after the unread part.
-            let pos = self.rx_pos;
-            buf.as_full_mut().copy_within(pos..end, 0);
-            buf.set_len(end - pos);
-            self.rx_pos = 0;
+        // Compact so a whole record always fits after the unread part.
+        if buf.compact(&mut self.rx_pos, HEADER_LEN + CIPHERTEXT_MAX) {
             self.plain = 0..0;
         }
         let start = buf.len();

@@ -113,6 +113,28 @@ impl IoBuf {
         &mut self.as_full_mut()[len..]
     }
 
+    /// Makes room for more input after a reader consumed `*pos` bytes from the front: when
+    /// everything is consumed the buffer empties; otherwise, when fewer than `min_spare`
+    /// bytes are free after `len`, the unconsumed tail moves to the front. Either way `*pos`
+    /// becomes 0. Returns whether the tail moved (offsets into the old tail are stale).
+    /// The one compaction of every receive buffer (both NVMe/TCP ends and the TLS channel).
+    pub fn compact(&mut self, pos: &mut usize, min_spare: usize) -> bool {
+        let end = self.len;
+        if *pos == end {
+            *pos = 0;
+            self.len = 0;
+            false
+        } else if *pos > 0 && self.capacity - end < min_spare {
+            let from = *pos;
+            self.as_full_mut().copy_within(from..end, 0);
+            self.len = end - from;
+            *pos = 0;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Raw pointer to the start of the allocation, for handing to the kernel. Derived from
     /// the raw `NonNull` (never from a reference), so it stays valid when `self` moves.
     pub(crate) fn as_mut_ptr(&self) -> *mut u8 {
@@ -160,6 +182,28 @@ mod tests {
         assert_eq!(buf.capacity(), 2 * IO_ALIGN);
         assert!(buf.is_empty());
         assert!(buf.as_full().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn compact_empties_moves_or_keeps() {
+        let cap = IO_ALIGN;
+        let mut buf = IoBuf::new(cap);
+        buf.extend_from_slice(b"abcdef");
+        // All consumed: empty, nothing moved.
+        let mut pos = 6;
+        assert!(!buf.compact(&mut pos, cap));
+        assert_eq!((pos, buf.len()), (0, 0));
+        // Room enough after the tail: kept where it is.
+        buf.extend_from_slice(b"abcdef");
+        let mut pos = 2;
+        assert!(!buf.compact(&mut pos, cap - 6));
+        assert_eq!((pos, &buf[..]), (2, &b"abcdef"[..]));
+        // Too little room: the unconsumed tail moves to the front.
+        assert!(buf.compact(&mut pos, cap - 5));
+        assert_eq!((pos, &buf[..]), (0, &b"cdef"[..]));
+        // Nothing consumed: nothing to move, however full.
+        assert!(!buf.compact(&mut pos, cap));
+        assert_eq!(&buf[..], b"cdef");
     }
 
     #[test]

@@ -49,16 +49,8 @@ impl HostQueue {
             }
             let Some(ch) = self.tls.as_mut() else { return };
             let Some(mut buf) = self.rx.take() else { return };
-            let end = buf.len();
-            if self.rx_pos == end {
-                self.rx_pos = 0;
-                buf.set_len(0);
-            } else if self.rx_pos > 0 && buf.capacity() - end < buf.capacity() / 2 {
-                let pos = self.rx_pos;
-                buf.as_full_mut().copy_within(pos..end, 0);
-                buf.set_len(end - pos);
-                self.rx_pos = 0;
-            }
+            let cap = buf.capacity();
+            buf.compact(&mut self.rx_pos, cap / 2);
             let start = buf.len();
             let n = ch.read(&mut buf.as_full_mut()[start..]);
             buf.set_len(start + n);
