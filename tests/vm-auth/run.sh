@@ -57,34 +57,12 @@ case "$KERNEL" in
   bookworm) skip "KERNEL=bookworm is Linux 6.1: its nvmet has no DH-HMAC-CHAP (6.12+ has)" ;;
 esac
 
-[ "$(id -u)" = 0 ] || skip "needs root (network namespace, tap device, QEMU on the tap)"
-[ -f "$VMLAB_DIR/lib.sh" ] && [ -x "$VMLAB_DIR/boot.sh" ] || skip "no vmlab at $VMLAB_DIR (set VMLAB_DIR)"
-for t in qemu-system-x86_64 ip python3 setsid ps flock timeout cpio gzip; do
-  command -v "$t" > /dev/null || skip "$t not installed (scripts/install-deps.sh)"
-done
-[ -c /dev/net/tun ] || skip "/dev/net/tun missing (tap networking)"
-[ -f "$(initrd)" ] && [ -f "$(kdir)/KVER" ] \
-  || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
+require_vm_host
 find "$(kdir)" -name 'nvme-auth.ko*' | grep -q . \
   || skip "the KERNEL=$KERNEL image has no nvme-auth module"
 
-if [ -z "${QPATH_BIN:-}" ]; then
-  say "building qpath (release)"
-  (cd "$REPO" && cargo build --release -q -p qpath)
-  QPATH_BIN=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/qpath
-fi
-[ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
-QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
-
-# The same lock as tests/vm/run.sh: both suites use the netns, the tap and the ports.
-mkdir -p "$VMLAB_WORK"
-exec 9> "$VMLAB_WORK/qpath-vm.lock"
-flock -w 900 9 || { echo "FAIL: host: another qpath VM run holds $VMLAB_WORK/qpath-vm.lock"; exit 1; }
-D=$(mktemp -d "$VMLAB_WORK/qpath-vm-auth-$SCENARIO-$KERNEL.XXXXXX")
-T0=$SECONDS
-say "scenario $SCENARIO, KERNEL=$KERNEL ($(kver)), qpath $QPATH_BIN, logs in $D"
-"$VMLAB_DIR/netns.sh" up > /dev/null
+resolve_qpath_bin
+begin_vm_run "qpath-vm-auth-$SCENARIO-$KERNEL" 900
 
 # auth_line NAME: the guest's "QPATH-AUTH case=N ..." line for QPATH-ASK NAME (N = NAME's number).
 auth_field() {   # auth_field CASE FIELD: one field of that line

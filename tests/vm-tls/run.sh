@@ -47,35 +47,14 @@ export KERNEL=${KERNEL:-sid}
 case "$KERNEL" in
   bookworm) skip "KERNEL=bookworm is Linux 6.1: no NVMe/TCP TLS (6.7+ has it)" ;;
 esac
-[ "$(id -u)" = 0 ] || skip "needs root (network namespace, tap device, QEMU on the tap)"
-[ -f "$VMLAB_DIR/lib.sh" ] && [ -x "$VMLAB_DIR/boot.sh" ] || skip "no vmlab at $VMLAB_DIR (set VMLAB_DIR)"
-for t in qemu-system-x86_64 ip python3 setsid ps flock timeout cpio gzip xz tshark; do
-  command -v "$t" > /dev/null || skip "$t not installed (scripts/install-deps.sh)"
-done
-[ -c /dev/net/tun ] || skip "/dev/net/tun missing (tap networking)"
-[ -f "$(initrd)" ] && [ -f "$(kdir)/KVER" ] \
-  || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
+require_vm_host xz tshark
 grep -q '^CONFIG_NVME_TCP_TLS=y' "$(kdir)"/root/*/lib/modules/*/config "$(kdir)"/root/boot/config-* 2> /dev/null \
   || skip "the KERNEL=$KERNEL image has no NVMe/TCP TLS (CONFIG_NVME_TCP_TLS)"
 TOOLS=$(VMLAB_DIR=$VMLAB_DIR "$HERE/guest-tools.sh" | tail -1) || skip "guest TLS tools: $TOOLS"
 [ -s "$TOOLS" ] || skip "guest TLS tools were not made"
 
-if [ -z "${QPATH_BIN:-}" ]; then
-  say "building qpath (release)"
-  (cd "$REPO" && cargo build --release -q -p qpath)
-  QPATH_BIN=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/qpath
-fi
-[ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
-QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
-
-mkdir -p "$VMLAB_WORK"
-exec 9> "$VMLAB_WORK/qpath-vm.lock"
-flock -w 900 9 || { echo "FAIL: host: another qpath VM run holds $VMLAB_WORK/qpath-vm.lock"; exit 1; }
-D=$(mktemp -d "$VMLAB_WORK/qpath-vm-tls-$SCENARIO-$KERNEL.XXXXXX")
-T0=$SECONDS
-say "scenario $SCENARIO, KERNEL=$KERNEL ($(kver)), qpath $QPATH_BIN, logs in $D"
-"$VMLAB_DIR/netns.sh" up > /dev/null
+resolve_qpath_bin
+begin_vm_run "qpath-vm-tls-$SCENARIO-$KERNEL" 900
 
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01
 QPATH_NQN=nqn.2026-11.io.qpath:tls

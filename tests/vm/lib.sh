@@ -21,6 +21,48 @@ fail() { NFAIL=$((NFAIL + 1)); echo "FAIL: host: $*"; }
 SKIP_RC=77                       # "cannot run here" (automake convention); the Rust tests map it to a skip
 skip() { echo "SKIP: $*"; exit $SKIP_RC; }
 
+# ---- the run's preamble, shared by tests/vm, tests/vm-auth and tests/vm-tls ------------
+# require_vm_host [TOOL...]: skip (exit 77 with the reason) unless this machine can boot a
+# vmlab guest for $KERNEL on a tap: root, the vmlab scripts, the tools (plus each TOOL),
+# /dev/net/tun, and the guest's kernel and initramfs.
+require_vm_host() {
+  [ "$(id -u)" = 0 ] || skip "needs root (network namespace, tap device, QEMU on the tap)"
+  [ -f "$VMLAB_DIR/lib.sh" ] && [ -x "$VMLAB_DIR/boot.sh" ] || skip "no vmlab at $VMLAB_DIR (set VMLAB_DIR)"
+  local t
+  for t in qemu-system-x86_64 ip python3 setsid ps flock timeout cpio gzip "$@"; do
+    command -v "$t" > /dev/null || skip "$t not installed (scripts/install-deps.sh)"
+  done
+  [ -c /dev/net/tun ] || skip "/dev/net/tun missing (tap networking)"
+  [ -f "$(initrd)" ] && [ -f "$(kdir)/KVER" ] \
+    || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
+}
+
+# resolve_qpath_bin: QPATH_BIN as an absolute path; unset, the repository's release build
+# (built here first).
+resolve_qpath_bin() {
+  if [ -z "${QPATH_BIN:-}" ]; then
+    say "building qpath (release)"
+    (cd "$REPO" && cargo build --release -q -p qpath)
+    QPATH_BIN=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/qpath
+  fi
+  [ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
+  QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
+}
+
+# begin_vm_run NAME WAIT_S: one suite run at a time on this machine (they share the netns,
+# the tap and the ports): wait up to WAIT_S for the lock (held on fd 9 until the shell
+# exits), make the run's log folder D, start the clock T0 and bring the netns up.
+begin_vm_run() {
+  mkdir -p "$VMLAB_WORK"
+  exec 9> "$VMLAB_WORK/qpath-vm.lock"
+  flock -w "$2" 9 || { echo "FAIL: host: another qpath VM run holds $VMLAB_WORK/qpath-vm.lock"; exit 1; }
+  D=$(mktemp -d "$VMLAB_WORK/$1.XXXXXX")
+  T0=$SECONDS
+  say "scenario $SCENARIO, KERNEL=$KERNEL ($(kver)), qpath $QPATH_BIN, logs in $D"
+  "$VMLAB_DIR/netns.sh" up > /dev/null
+}
+
 # ---- process bookkeeping --------------------------------------------------------------
 # Every background process is started with setsid, so it leads a process group of its
 # own. stop_group signals that group and, by PID, every descendant it has at that moment:

@@ -94,14 +94,7 @@ esac
 export KERNEL=${KERNEL:-bookworm}     # boot.sh and setup.sh read it from the environment
 
 # ---- can this machine run it? ----------------------------------------------------------
-[ "$(id -u)" = 0 ] || skip "needs root (network namespace, tap device, QEMU on the tap)"
-[ -f "$VMLAB_DIR/lib.sh" ] && [ -x "$VMLAB_DIR/boot.sh" ] || skip "no vmlab at $VMLAB_DIR (set VMLAB_DIR)"
-for t in qemu-system-x86_64 ip python3 setsid ps flock timeout cpio gzip; do
-  command -v "$t" > /dev/null || skip "$t not installed (scripts/install-deps.sh)"
-done
-[ -c /dev/net/tun ] || skip "/dev/net/tun missing (tap networking)"
-[ -f "$(initrd)" ] && [ -f "$(kdir)/KVER" ] \
-  || skip "no vmlab kernel/initramfs for KERNEL=$KERNEL under $VMLAB_WORK (KERNEL=$KERNEL $VMLAB_DIR/setup.sh)"
+require_vm_host
 case "$SCENARIO:$KERNEL" in
   ana:bookworm|qdpolicy:bookworm)
     skip "$SCENARIO needs iopolicy queue-depth (Linux >= 6.11); KERNEL=$KERNEL is 6.1" ;;
@@ -112,23 +105,8 @@ if [ "$CAPTURE" = 1 ]; then
   for t in tshark text2pcap; do command -v $t > /dev/null || skip "$t not installed (scripts/install-deps.sh)"; done
 fi
 
-if [ -z "${QPATH_BIN:-}" ]; then
-  say "building qpath (release)"
-  (cd "$REPO" && cargo build --release -q -p qpath)
-  QPATH_BIN=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/qpath
-fi
-[ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
-QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
-
-# One suite run at a time on this machine: they share the netns, the tap and the ports.
-mkdir -p "$VMLAB_WORK"
-exec 9> "$VMLAB_WORK/qpath-vm.lock"
-flock -w 600 9 || { echo "FAIL: host: another qpath VM run holds $VMLAB_WORK/qpath-vm.lock"; exit 1; }
-D=$(mktemp -d "$VMLAB_WORK/qpath-vm-$SCENARIO-$KERNEL.XXXXXX")
-T0=$SECONDS
-say "scenario $SCENARIO, KERNEL=$KERNEL ($(kver)), qpath $QPATH_BIN, logs in $D"
-"$VMLAB_DIR/netns.sh" up > /dev/null
+resolve_qpath_bin
+begin_vm_run "qpath-vm-$SCENARIO-$KERNEL" 600
 
 # ---- scenarios --------------------------------------------------------------------------
 # file_target_toml OUT IMG [LINE...]: a target config serving $QPATH_NQN on both ports with
