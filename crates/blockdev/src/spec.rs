@@ -4,6 +4,7 @@
 //! `qpath` can connect the same head again (user recovery).
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +56,27 @@ pub struct HeadSpec {
     /// Seconds after which I/O waiting for a lost path fails (-1: off).
     #[serde(default = "minus_one")]
     pub fast_io_fail_tmo: i64,
+    /// Header digest on every queue (`nvme connect -g`).
+    #[serde(default)]
+    pub hdr_digest: bool,
+    /// Data digest on every queue (`nvme connect -G`).
+    #[serde(default)]
+    pub data_digest: bool,
+    /// File holding the DH-HMAC-CHAP host secret (`DHHC-1:..`). The spec keeps the path,
+    /// never the secret: it is read at each connect, so a spec can be printed, sent over the
+    /// control socket and kept in a device's state file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret_file: Option<PathBuf>,
+    /// File holding the DH-HMAC-CHAP controller secret: the controller must prove itself too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret_file: Option<PathBuf>,
+    /// File holding the TLS PSK in the interchange format (`NVMeTLSkey-1:..`): every queue
+    /// runs inside TLS 1.3 (`nvme connect --tls --tls-key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// The TLS PSK identity to present: 1 (with the PSK digest; Linux 6.14+) or 0.
+    #[serde(default = "tls_identity")]
+    pub tls_identity: u8,
 }
 
 fn one() -> u32 {
@@ -78,6 +100,24 @@ fn ctrl_loss_tmo() -> i64 {
 fn minus_one() -> i64 {
     -1
 }
+fn tls_identity() -> u8 {
+    1
+}
+
+/// Reads a secret from `file` (surrounding whitespace dropped). Errors name the file and
+/// the reason, never what the file holds.
+fn read_secret(file: &Path, what: &str) -> Result<String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::new(ErrorKind::Invalid, format!("{what} file {}: {e}", file.display())))?;
+    Ok(text.trim().to_string())
+}
+
+/// Secrets read from a spec's files for one connect.
+struct Secrets {
+    dhchap: Option<String>,
+    dhchap_ctrl: Option<String>,
+    tls: Option<host::tls::HostTls>,
+}
 
 impl HeadSpec {
     /// A spec with nvme-cli's defaults for `paths` of `subnqn`.
@@ -95,6 +135,12 @@ impl HeadSpec {
             reconnect_delay: reconnect_delay(),
             ctrl_loss_tmo: ctrl_loss_tmo(),
             fast_io_fail_tmo: minus_one(),
+            hdr_digest: false,
+            data_digest: false,
+            dhchap_secret_file: None,
+            dhchap_ctrl_secret_file: None,
+            tls_key_file: None,
+            tls_identity: tls_identity(),
         }
     }
 
@@ -119,10 +165,63 @@ impl HeadSpec {
             nvme::nqn::parse_uuid(h)
                 .ok_or_else(|| Error::new(ErrorKind::Invalid, format!("hostid {h:?}: not a UUID")))?;
         }
+        if self.tls_identity > 1 {
+            return Err(Error::new(ErrorKind::Invalid, format!("tls_identity {}: expected 0 or 1", self.tls_identity)));
+        }
+        for (f, what) in [
+            (&self.dhchap_secret_file, "DH-HMAC-CHAP secret file"),
+            (&self.dhchap_ctrl_secret_file, "DH-HMAC-CHAP controller secret file"),
+            (&self.tls_key_file, "TLS key file"),
+        ] {
+            // A secret given where its file's path belongs would be kept and shown as a
+            // path: refused without repeating it.
+            let p = f.as_deref().map(Path::to_string_lossy).unwrap_or_default();
+            if p.contains("DHHC-1:") || p.contains("NVMeTLSkey-") {
+                return Err(Error::new(
+                    ErrorKind::Invalid,
+                    format!("{what}: give the path of a file that holds the secret, not the secret itself"),
+                ));
+            }
+        }
+        if self.dhchap_ctrl_secret_file.is_some() && self.dhchap_secret_file.is_none() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "a DH-HMAC-CHAP controller secret needs a host secret too (the host authenticates first)",
+            ));
+        }
         Ok(())
     }
 
-    fn options(&self, addr: SocketAddr) -> Result<ConnectOptions> {
+    /// Reads and checks the secrets the spec's files hold.
+    fn secrets(&self) -> Result<Secrets> {
+        let file = |f: &Option<PathBuf>, what| f.as_deref().map(|f| read_secret(f, what)).transpose();
+        let dhchap = file(&self.dhchap_secret_file, "DH-HMAC-CHAP secret")?;
+        let dhchap_ctrl = file(&self.dhchap_ctrl_secret_file, "DH-HMAC-CHAP controller secret")?;
+        // Checked here so a bad file is refused before any path connects; the parse error
+        // says what is wrong with the format, never what the secret is.
+        let check = |secret: &Option<String>, f: &Option<PathBuf>| match (secret, f) {
+            (Some(secret), Some(f)) => nvme::auth::Secret::parse(secret)
+                .map(drop)
+                .map_err(|e| Error::new(ErrorKind::Invalid, format!("DH-HMAC-CHAP secret file {}: {e}", f.display()))),
+            _ => Ok(()),
+        };
+        check(&dhchap, &self.dhchap_secret_file)?;
+        check(&dhchap_ctrl, &self.dhchap_ctrl_secret_file)?;
+        let tls = match &self.tls_key_file {
+            None => None,
+            Some(f) => {
+                let mut t = host::tls::HostTls::parse(&read_secret(f, "TLS key")?)
+                    .map_err(|e| Error::new(ErrorKind::Invalid, format!("TLS key file {}: {e}", f.display())))?;
+                if self.tls_identity == 0 {
+                    t.identity = tls::psk::IdentityVersion::V0;
+                }
+                Some(t)
+            }
+        };
+        Ok(Secrets { dhchap, dhchap_ctrl, tls })
+    }
+
+    fn options(&self, addr: SocketAddr, secrets: &Secrets) -> Result<ConnectOptions> {
         let (nqn, id) = default_host_identity();
         let mut o = ConnectOptions::new(addr, &self.subnqn);
         o.hostnqn = self.hostnqn.clone().unwrap_or(nqn);
@@ -137,6 +236,11 @@ impl HeadSpec {
         o.reconnect_delay = Duration::from_secs(self.reconnect_delay);
         o.ctrl_loss_tmo = u64::try_from(self.ctrl_loss_tmo).ok().map(Duration::from_secs);
         o.fast_io_fail_tmo = u64::try_from(self.fast_io_fail_tmo).ok().map(Duration::from_secs);
+        o.hdr_digest = self.hdr_digest;
+        o.data_digest = self.data_digest;
+        o.dhchap_secret.clone_from(&secrets.dhchap);
+        o.dhchap_ctrl_secret.clone_from(&secrets.dhchap_ctrl);
+        o.tls.clone_from(&secrets.tls);
         Ok(o)
     }
 
@@ -145,6 +249,7 @@ impl HeadSpec {
     /// absorb.
     pub fn connect(&self) -> Result<(Vec<Arc<Controller>>, Arc<Head>)> {
         self.check()?;
+        let secrets = self.secrets()?;
         let mut opts = Vec::new();
         for p in &self.paths {
             let addr = p
@@ -152,7 +257,7 @@ impl HeadSpec {
                 .map_err(|e| Error::new(ErrorKind::Invalid, format!("path {p}: {e}")))?
                 .next()
                 .ok_or_else(|| Error::new(ErrorKind::Invalid, format!("path {p} resolves to nothing")))?;
-            opts.push((p.clone(), self.options(addr)?));
+            opts.push((p.clone(), self.options(addr, &secrets)?));
         }
         let results: Vec<(String, host::Result<Arc<Controller>>)> = std::thread::scope(|s| {
             let handles: Vec<_> = opts.into_iter().map(|(p, o)| s.spawn(move || (p, Controller::connect(o)))).collect();
@@ -247,5 +352,45 @@ mod tests {
         s.paths.push("a:1".into());
         s.hostid = Some("not-a-uuid".into());
         assert!(s.check().unwrap_err().context.contains("UUID"));
+        s.hostid = None;
+        s.tls_key_file = Some("/home/u/NVMeTLSkey-1:01:AAAA:".into());
+        let e = s.check().unwrap_err().context;
+        assert!(e.contains("not the secret itself") && !e.contains("AAAA"), "{e}");
+        s.tls_key_file = None;
+        s.tls_identity = 2;
+        assert!(s.check().is_err());
+        s.tls_identity = 1;
+        s.dhchap_ctrl_secret_file = Some("/c".into());
+        assert!(s.check().unwrap_err().context.contains("host secret"));
+    }
+
+    /// A spec keeps secret files by path: its JSON (device state files, RPC answers) never
+    /// holds a secret, and a file that holds something else is refused naming the file only.
+    #[test]
+    fn secrets_are_read_from_files_and_never_kept() {
+        let dir = std::env::temp_dir().join(format!("qpath-spec-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("host.key");
+        let secret = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        std::fs::write(&good, format!("{secret}\n")).unwrap();
+        let bad = dir.join("bad.key");
+        std::fs::write(&bad, "hunter2-not-a-secret\n").unwrap();
+        let mut s = HeadSpec::new(vec!["127.0.0.1:4420".into()], "nqn.x:y");
+        s.dhchap_secret_file = Some(good.clone());
+        let got = s.secrets().unwrap();
+        assert_eq!(got.dhchap.as_deref(), Some(secret), "read and trimmed");
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("host.key") && !json.contains("DHHC"), "{json}");
+        assert_eq!(serde_json::from_str::<HeadSpec>(&json).unwrap(), s);
+        s.dhchap_secret_file = Some(bad.clone());
+        let e = s.secrets().err().unwrap().context;
+        assert!(e.contains("bad.key") && !e.contains("hunter2"), "{e}");
+        s.dhchap_secret_file = None;
+        s.tls_key_file = Some(bad);
+        let e = s.secrets().err().unwrap().context;
+        assert!(e.contains("TLS key file") && e.contains("bad.key") && !e.contains("hunter2"), "{e}");
+        s.tls_key_file = Some(dir.join("missing.key"));
+        assert!(s.secrets().err().unwrap().context.contains("missing.key"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -646,7 +646,13 @@ impl HostQueue {
         self.rx_limit = usize::MAX;
         if n == 0 {
             self.rx = Some(buf);
-            self.fail("connection closed by the controller".into());
+            let why = if self.state == QueueState::AwaitIcResp {
+                // What a port that requires TLS does with a plaintext ICReq (and nvmet too).
+                "connection closed by the controller before its ICResp (does the port require TLS?)"
+            } else {
+                "connection closed by the controller"
+            };
+            self.fail(why.into());
             return;
         }
         let len = (buf.len() + n).min(buf.capacity());

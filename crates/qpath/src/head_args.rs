@@ -1,6 +1,8 @@
 //! The namespace a block device is built on, as `qpath ublk add` and `qpath nbd serve` take
 //! it: `-a/-s/-n` (nvme-cli's names, several paths allowed) or one multipath URI.
 
+use std::path::PathBuf;
+
 use blockdev::spec::HeadSpec;
 
 /// The paths of one namespace and how to connect them.
@@ -51,6 +53,27 @@ pub struct HeadArgs {
     /// ctrl_loss_tmo).
     #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
     pub fast_io_fail_tmo: i64,
+    /// Header digest on every queue.
+    #[arg(short = 'g', long)]
+    pub hdr_digest: bool,
+    /// Data digest on every queue.
+    #[arg(short = 'G', long)]
+    pub data_digest: bool,
+    /// File holding the DH-HMAC-CHAP host secret (DHHC-1:...), for targets that require
+    /// in-band authentication. Only the file's path is kept (device state, `list`); the
+    /// secret is read at each connect and never printed.
+    #[arg(long, value_name = "FILE")]
+    pub dhchap_secret_file: Option<PathBuf>,
+    /// File holding the DH-HMAC-CHAP controller secret: the controller must prove itself too.
+    #[arg(long, value_name = "FILE")]
+    pub dhchap_ctrl_secret_file: Option<PathBuf>,
+    /// File holding a TLS PSK (NVMeTLSkey-1:..., from `qpath gen-tls-key`): every queue runs
+    /// inside TLS 1.3. Only the file's path is kept; the key is never printed.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// The TLS PSK identity to present: 1 (with the PSK digest; Linux 6.14+) or 0.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub tls_identity: u8,
 }
 
 impl HeadArgs {
@@ -79,6 +102,16 @@ impl HeadArgs {
             spec.ctrl_loss_tmo = self.ctrl_loss_tmo;
             spec.fast_io_fail_tmo = self.fast_io_fail_tmo;
         }
+        spec.hdr_digest |= self.hdr_digest;
+        spec.data_digest |= self.data_digest;
+        // Absolute, so a `qpath host` service started elsewhere reads the same files.
+        let absolute = |f: &Option<PathBuf>| {
+            f.as_deref().map(|f| std::path::absolute(f).map_err(|e| format!("{}: {e}", f.display()))).transpose()
+        };
+        spec.dhchap_secret_file = absolute(&self.dhchap_secret_file)?;
+        spec.dhchap_ctrl_secret_file = absolute(&self.dhchap_ctrl_secret_file)?;
+        spec.tls_key_file = absolute(&self.tls_key_file)?;
+        spec.tls_identity = self.tls_identity;
         spec.check().map_err(|e| e.to_string())?;
         Ok(spec)
     }
@@ -117,18 +150,26 @@ fn from_uri(uri: &str) -> Result<HeadSpec, String> {
     let mut spec = HeadSpec::new(paths, &r.subnqn);
     spec.nsid = r.nsid;
     spec.hostnqn = r.hostnqn;
+    // Errors quote the URI with any secret in it redacted.
+    let shown = bench::filename::redact_secrets(uri);
     for (k, v) in &r.extra {
-        let bad = || format!("{uri}: {k}={v} is not a number of seconds");
+        let bad = || format!("{shown}: {k}={v} is not a number of seconds");
         match k.as_str() {
             "reconnect_delay" => spec.reconnect_delay = v.parse().map_err(|_| bad())?,
             "ctrl_loss_tmo" => spec.ctrl_loss_tmo = v.parse().map_err(|_| bad())?,
             "fast_io_fail_tmo" => spec.fast_io_fail_tmo = v.parse().map_err(|_| bad())?,
-            _ => return Err(format!("{uri}: option {k} is not one a block device takes")),
+            "dhchap_secret" | "dhchap_ctrl_secret" | "tls_key" => {
+                return Err(format!(
+                    "{shown}: a block device keeps its settings (device state, `list`), so it takes \
+                     secrets only from files: give --{}-file instead of {k}= in the URI",
+                    k.replace('_', "-")
+                ));
+            }
+            _ => return Err(format!("{shown}: option {k} is not one a block device takes")),
         }
     }
-    if r.hdgst || r.ddgst {
-        return Err(format!("{uri}: digests are not offered for block devices yet"));
-    }
+    spec.hdr_digest = r.hdgst;
+    spec.data_digest = r.ddgst;
     Ok(spec)
 }
 
@@ -169,5 +210,38 @@ mod tests {
         assert_eq!(s.paths, ["127.0.0.1:4420", "127.0.0.1:4421"]);
         assert_eq!((s.nsid, s.reconnect_delay, s.ctrl_loss_tmo), (2, 1, -1));
         assert!(spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?bogus=1"]).unwrap_err().contains("bogus"));
+        let s = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?hdgst=1&ddgst=1"]).unwrap();
+        assert!(s.hdr_digest && s.data_digest);
+    }
+
+    #[test]
+    fn digests_and_secret_files() {
+        let s = spec(&["-a", "h", "-n", "nqn.x:y"]).unwrap();
+        assert!(!s.hdr_digest && !s.data_digest && s.tls_key_file.is_none() && s.dhchap_secret_file.is_none());
+        let s = spec(&["-a", "h", "-n", "nqn.x:y", "-g", "-G", "--tls-key-file", "k", "--tls-identity", "0"]).unwrap();
+        assert!(s.hdr_digest && s.data_digest);
+        let k = s.tls_key_file.unwrap();
+        assert!(k.is_absolute() && k.ends_with("k"), "{k:?}");
+        assert_eq!(s.tls_identity, 0);
+        assert!(spec(&["-a", "h", "-n", "n", "--tls-identity", "2"]).is_err());
+        let s = spec(&["-a", "h", "-n", "n", "--dhchap-secret-file", "/s", "--dhchap-ctrl-secret-file", "/c"]).unwrap();
+        assert_eq!(
+            (s.dhchap_secret_file.as_deref(), s.dhchap_ctrl_secret_file.as_deref()),
+            (Some("/s".as_ref()), Some("/c".as_ref()))
+        );
+        // A controller secret alone: the host authenticates first.
+        assert!(spec(&["-a", "h", "-n", "n", "--dhchap-ctrl-secret-file", "/c"]).unwrap_err().contains("host secret"));
+    }
+
+    #[test]
+    fn secrets_in_a_uri_are_refused_without_being_echoed() {
+        for (opt, file_flag) in [
+            ("dhchap_secret=DHHC-1:00:c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTIzNDU2Nzg=:", "--dhchap-secret-file"),
+            ("tls_key=NVMeTLSkey-1:01:AAAA:", "--tls-key-file"),
+        ] {
+            let e = spec(&["--uri", &format!("nvme+tcp://h/nqn.x:y/1?{opt}")]).unwrap_err();
+            assert!(e.contains(file_flag), "{e}");
+            assert!(!e.contains("DHHC-1") && !e.contains("NVMeTLSkey"), "the error echoes the secret: {e}");
+        }
     }
 }

@@ -577,3 +577,41 @@ fn keys_rotate_over_rpc_and_persist_by_reference() {
     let _ = std::fs::remove_dir_all(&dir);
     t.server.shutdown();
 }
+
+/// A block device's head (`qpath ublk add`, `qpath nbd serve`, the `qpath host` service)
+/// reads its TLS key from a file at connect and runs every queue inside TLS, with both
+/// digests; a file that holds no key is refused naming the file, not what it holds.
+#[test]
+fn a_block_device_head_connects_inside_tls_with_its_key_from_a_file() {
+    let key = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+    let t = start(&key);
+    let dir = std::env::temp_dir().join(format!("qpath-tls-head-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("tls.key");
+    std::fs::write(&key_file, format!("{}\n", key.to_interchange().as_str())).unwrap();
+    let mut spec = blockdev::spec::HeadSpec::new(vec![t.required.to_string()], NQN);
+    spec.hostnqn = Some(HOST.into());
+    spec.nr_io_queues = 2;
+    spec.ctrl_loss_tmo = 0;
+    spec.hdr_digest = true;
+    spec.data_digest = true;
+    spec.tls_key_file = Some(key_file.clone());
+    let (ctrls, head) = spec.connect().unwrap();
+    assert_eq!(head.path_count(), 1);
+    verified_io(&ctrls[0], 5, 8);
+    let queues: Vec<_> = t.server.state.queues().into_iter().filter(|q| q.port == 1).collect();
+    assert_eq!(queues.len(), 3, "admin + 2 I/O queues");
+    assert!(queues.iter().all(|q| q.secure_channel.is_some()), "{queues:?}");
+    blockdev::spec::disconnect(&ctrls);
+
+    std::fs::write(&key_file, "no-key-here\n").unwrap();
+    let e = spec.connect().err().unwrap().to_string();
+    assert!(e.contains("tls.key") && !e.contains("no-key-here"), "{e}");
+    // Without its key the head cannot reach a port that requires TLS, and the error says
+    // what the port probably wants.
+    spec.tls_key_file = None;
+    let e = spec.connect().err().unwrap().to_string();
+    assert!(e.contains("does the port require TLS"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    t.server.shutdown();
+}
