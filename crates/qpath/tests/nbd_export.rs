@@ -91,10 +91,20 @@ fn serve(
     sock: &Path,
     iopolicy: &str,
 ) -> (Vec<Arc<host::controller::Controller>>, NbdServer) {
+    serve_with(addrs, sock, |spec| spec.iopolicy = iopolicy.into())
+}
+
+/// [`serve`] with the head's spec adjusted by `tune` (after the tests' defaults: a 1 s
+/// reconnect delay, 2 I/O queues).
+fn serve_with(
+    addrs: &[std::net::SocketAddr],
+    sock: &Path,
+    tune: impl FnOnce(&mut HeadSpec),
+) -> (Vec<Arc<host::controller::Controller>>, NbdServer) {
     let mut spec = HeadSpec::new(addrs.iter().map(ToString::to_string).collect(), NQN);
-    spec.iopolicy = iopolicy.into();
     spec.reconnect_delay = 1;
     spec.nr_io_queues = 2;
+    tune(&mut spec);
     let (ctrls, head) = spec.connect().expect("connect both paths");
     wait_live(&head, Duration::from_secs(10)).unwrap();
     let info = DeviceInfo::probe(&head, TRANSFER_CAP_DEFAULT).unwrap();
@@ -481,21 +491,7 @@ fn io_fails_with_eio_after_fast_io_fail_tmo_and_works_again_after_the_reconnect(
     let (server, addrs) = loopback::target(1, "16M");
     let dir = Dir::new("failfast");
     let sock = dir.path("nbd.sock");
-    let mut spec = HeadSpec::new(addrs.iter().map(ToString::to_string).collect(), NQN);
-    spec.reconnect_delay = 1;
-    spec.fast_io_fail_tmo = 1;
-    spec.nr_io_queues = 2;
-    let (ctrls, head) = spec.connect().expect("connect both paths");
-    wait_live(&head, Duration::from_secs(10)).unwrap();
-    let info = DeviceInfo::probe(&head, TRANSFER_CAP_DEFAULT).unwrap();
-    let opts = ServeOptions {
-        name: "qpath".into(),
-        listen: Listen::Unix(sock.clone()),
-        clients_max: 2,
-        context: ContextOptions::default(),
-        read_only: false,
-    };
-    let nbd = NbdServer::start(head, info, opts).unwrap();
+    let (ctrls, nbd) = serve_with(&addrs, &sock, |spec| spec.fast_io_fail_tmo = 1);
     let (mut c, _) = Raw::negotiate(&sock);
     c.request(0, 1, 1, 0, 4096, &[0x17; 4096]);
     assert_eq!(c.answer(), (1, 0, vec![]));
