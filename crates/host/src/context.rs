@@ -366,6 +366,12 @@ struct Req {
     via_reference: u32,
     /// Who submitted it (a spread device's queue map key).
     submitter: u32,
+    /// Held after its connection failed, not sent again before this time
+    /// ([`crate::failover`]); in [`Context::held`] meanwhile.
+    held_until: Option<Instant>,
+    /// The hold outlasts the controller's `ctrl_loss_tmo`: the request fails at
+    /// `held_until` instead of being sent again.
+    hold_fails: bool,
 }
 
 /// An I/O that has been outstanding longer than the stall threshold.
@@ -409,6 +415,10 @@ pub struct Context {
     flush_list: Vec<usize>,
     touched: Vec<usize>,
     dsm_bufs: Vec<IoBuf>,
+    /// Requests that change data, held after their connection failed until the old
+    /// controller can no longer execute them ([`crate::failover`]). Allocated for every
+    /// request at creation: holding one never allocates.
+    held: VecDeque<u32>,
     last_tick: Instant,
     /// The time of the poll turn or submission in progress, read once for all its
     /// requests (None outside them). fio likewise reads the clock once per batch of
@@ -489,6 +499,8 @@ impl Context {
                 stall_reported: false,
                 via_reference: 0,
                 submitter: 0,
+                held_until: None,
+                hold_fails: false,
             })
             .collect();
         Ok(Context {
@@ -508,6 +520,7 @@ impl Context {
             flush_list: Vec::new(),
             touched: Vec::new(),
             dsm_bufs: Vec::new(),
+            held: VecDeque::with_capacity(n),
             last_tick: now,
             clock: None,
             has_multi: false,
@@ -1602,7 +1615,20 @@ impl Context {
         let multipath = matches!(self.devices[dev].kind, DevKind::Multi(_));
         let retries = self.reqs[rid as usize].retries;
         let queues = &self.queues;
-        match disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io()) {
+        let disposition = disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io());
+        if disposition != Disposition::Complete
+            && crate::failover::must_hold(op_code(self.reqs[rid as usize].op), status)
+        {
+            // NVMe Base 2.1 §3.9 (TP4129): the lost controller may still execute this
+            // write; sent again before it quiesced, the old copy could land after a newer
+            // acknowledged write (the simulator's seed 0).
+            let hold = self.queues[qkey].ctrl.failover_hold();
+            if !hold.is_zero() {
+                self.hold(rid, hold, now);
+                return;
+            }
+        }
+        match disposition {
             Disposition::Complete => {}
             Disposition::Failover => {
                 let r = &mut self.reqs[rid as usize];
@@ -1628,6 +1654,59 @@ impl Context {
         let total = nanos_since(r.start, now);
         self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
         self.complete(rid, status);
+    }
+
+    /// Holds a request whose command may still execute on its lost controller for
+    /// `hold` ([`crate::failover`]), within the controller's `ctrl_loss_tmo`.
+    fn hold(&mut self, rid: u32, hold: Duration, now: Instant) {
+        let qkey = self.reqs[rid as usize].qkey;
+        let ctrl = &self.queues[qkey].ctrl;
+        // A held request ends within ctrl_loss_tmo, and never by being sent early: a hold
+        // longer than that fails it then.
+        let (until, fails) = match ctrl.opts.ctrl_loss_tmo {
+            Some(tmo) if tmo < hold => (now + tmo, true),
+            _ => (now + hold, false),
+        };
+        tracing::debug!(
+            traddr = %ctrl.opts.traddr,
+            hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
+            "a write's connection failed: held until the controller has quiesced it"
+        );
+        let r = &mut self.reqs[rid as usize];
+        r.retries += 1;
+        r.state = ReqState::Waiting;
+        r.held_until = Some(until);
+        r.hold_fails = fails;
+        self.queues[qkey].stats.record_requeue();
+        self.held.push_back(rid);
+    }
+
+    /// Sends again (or fails) the held requests whose hold is over; a single-path
+    /// request whose controller is past fast_io_fail_tmo or gone fails at once (failing
+    /// is always safe, sending early is not).
+    fn release_held(&mut self, now: Instant) {
+        for _ in 0..self.held.len() {
+            let Some(rid) = self.held.pop_front() else { return };
+            let r = &self.reqs[rid as usize];
+            let (qkey, dev) = (r.qkey, r.dev as usize);
+            let single = !matches!(self.devices[dev].kind, DevKind::Multi(_));
+            let due = r.held_until.is_none_or(|t| t <= now);
+            let fail = (due && r.hold_fails) || (single && self.queues[qkey].ctrl.should_fail_io());
+            if !due && !fail {
+                self.held.push_back(rid);
+                continue;
+            }
+            let r = &mut self.reqs[rid as usize];
+            r.held_until = None;
+            if fail {
+                self.complete(rid, Status::HOST_PATH_ERROR);
+            } else if single {
+                self.queues[qkey].waiting.push_back(rid);
+                self.dispatch_queue_waiting(qkey);
+            } else {
+                self.route(rid);
+            }
+        }
     }
 
     fn complete(&mut self, rid: u32, status: Status) {
@@ -1794,6 +1873,9 @@ impl Context {
                     }
                 }
             }
+        }
+        if !self.held.is_empty() {
+            self.release_held(now);
         }
         for d in &mut self.devices {
             if let Some(u) = d.tags.as_mut() {

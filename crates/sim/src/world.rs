@@ -49,10 +49,11 @@ const MAX_NLB: usize = 24;
 const IO_TIMEOUT_NS: u64 = 1_000_000_000;
 /// Path failovers per I/O before it fails to the application.
 const MAX_FAILOVERS: u32 = 1000;
-/// How long an I/O whose connection was lost waits before another path gets it: longer
-/// than the simulated disk ever takes, so the old path's copy has landed or never will
-/// (NVMe 2.1's Command Quiesce Time, which Linux's host waits for before failing over).
-pub const FAILOVER_QUIESCE_NS: u64 = 300_000_000;
+/// The Command Quiesce Time the stand-in host assumes when the controller reports none
+/// (the production host's `ConnectOptions::command_quiesce_time`; our target reports
+/// none): `None`, one KATO, as in production. The hold itself is the production
+/// [`host::failover::hold_time`] of what the real target's Identify Controller says.
+const QUIESCE_DEFAULT: Option<std::time::Duration> = None;
 /// The target connections' periodic tick (the reactor's).
 const TICK_NS: u64 = 10_000_000;
 /// How often a path whose namespace is not accessible re-reads the ANA log.
@@ -79,9 +80,10 @@ pub struct Options {
     pub steps: u64,
     /// Keep every event's line.
     pub trace: bool,
-    /// Hold an I/O that failed with its connection for [`FAILOVER_QUIESCE_NS`] before it is
-    /// sent on another path. Without the hold, a write still in flight at the old path's
-    /// disk can land after its retry was acknowledged and overwritten (a "ghost write").
+    /// Hold a write that failed with its connection for the controller's failover hold
+    /// ([`host::failover`], the production host's rule and time) before it is sent again.
+    /// Without the hold, a write still in flight at the old path's disk can land after its
+    /// retry was acknowledged and overwritten (a "ghost write").
     pub failover_quiesce: bool,
 }
 
@@ -209,6 +211,9 @@ struct Path {
     ka_sent_ns: Option<u64>,
     next_ka_ns: u64,
     generation: u64,
+    /// The failover hold of the path's controller, ns ([`host::failover::hold_time`] of
+    /// its Identify Controller data, read when it was enabled).
+    hold_ns: u64,
 }
 
 struct TConn {
@@ -367,6 +372,7 @@ impl World {
                 ka_sent_ns: None,
                 next_ka_ns: 0,
                 generation: i as u64,
+                hold_ns: 0,
             });
         }
         w
@@ -565,6 +571,25 @@ impl World {
         self.sel.set_paths(&states);
     }
 
+    /// The production host's failover hold for the target controller `cntlid`, from
+    /// the Identify Controller data the real target builds for it.
+    fn failover_hold_ns(&self, cntlid: Cntlid) -> u64 {
+        let state = self.target.state.as_ref().expect("a running target enabled the controller");
+        let ctrl = state
+            .subsystem(NQN)
+            .and_then(|s| s.controller(cntlid))
+            .expect("the controller the host just enabled exists on the target");
+        let id = nvme::identify::IdentifyController::decode(&target::admin::identify_controller(state, &ctrl)[..]);
+        let hold = host::failover::hold_time(host::failover::HoldInputs {
+            kato_ms: KATO_MS,
+            kas: id.kas,
+            ctratt: id.ctratt,
+            cqt_ms: id.cqt,
+            quiesce_default: QUIESCE_DEFAULT,
+        });
+        u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     fn read_ana(&mut self, p: usize) {
         let len = nvme::log::AnaLog::size(1, 4).next_multiple_of(4);
         let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::ANA, 0, false, len as u32, 0);
@@ -585,6 +610,7 @@ impl World {
         match d.token {
             TOKEN_CC if d.cqe.status.is_success() && self.paths[p].phase == Phase::Enabling => {
                 let cntlid = self.paths[p].admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
+                self.paths[p].hold_ns = self.failover_hold_ns(cntlid);
                 let link = self.new_link();
                 self.accept(self.paths[p].port, link);
                 let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
@@ -655,9 +681,14 @@ impl World {
         if path_error && r.failovers < MAX_FAILOVERS {
             r.failovers += 1;
             r.state = RState::Queued;
-            if !status.is_ana_error() && self.opts.failover_quiesce {
-                // The connection failed with the command on it: the old path may still execute it.
-                r.not_before_ns = self.now + FAILOVER_QUIESCE_NS;
+            let opcode = match r.op {
+                ROp::Read => nvme::opcode::io::READ,
+                ROp::Write { .. } => nvme::opcode::io::WRITE,
+                ROp::Flush => nvme::opcode::io::FLUSH,
+            };
+            if self.opts.failover_quiesce && host::failover::must_hold(opcode, status) {
+                // The connection failed with the write on it: the old path may still execute it.
+                r.not_before_ns = self.now + self.paths[p].hold_ns;
             }
             self.sum.requeues += 1;
             self.queued.push_front(ri);
