@@ -39,6 +39,7 @@ use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload
 use crate::control::Control;
 use crate::controller::{Controller, QueueMsg};
 use crate::error::{Error, ErrorKind, Result};
+use crate::failover::{Disposition, disposition};
 use crate::head::{Head, ReferenceSelector, class_of, path_id};
 use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection, Selector};
 use crate::queue::{DataDir, HostQueue, Io, QueueState};
@@ -1940,40 +1941,6 @@ impl Context {
             }
         }
     }
-}
-
-/// What becomes of a request whose command came back with `status` (Linux
-/// `nvme_decide_disposition`): the caller gets it, or it goes out again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Disposition {
-    /// Complete it to the caller with the status.
-    Complete,
-    /// A multipath device: route it again (another path, or wait for one).
-    Failover,
-    /// A single path lost its connection: wait on the queue for the reconnect.
-    Requeue,
-}
-
-/// The disposition of a request that already went through `retries` path changes
-/// (multipath) or transport retries (single path). On a single path only a transport
-/// failure is retried, as Linux requeues it, and not once `ctrl_gone` (the controller is
-/// dead or past fast_io_fail_tmo; asked only then: it takes the controller's lock).
-#[inline]
-fn disposition(
-    status: Status,
-    multipath: bool,
-    retries: u32,
-    opts: &ContextOptions,
-    ctrl_gone: impl FnOnce() -> bool,
-) -> Disposition {
-    if multipath {
-        if status.is_path_error() && retries < opts.max_failovers {
-            return Disposition::Failover;
-        }
-    } else if status == Status::HOST_PATH_ERROR && retries < opts.max_retries && !ctrl_gone() {
-        return Disposition::Requeue;
-    }
-    Disposition::Complete
 }
 
 fn op_code(op: Op) -> u8 {

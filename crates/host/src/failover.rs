@@ -33,6 +33,8 @@
 use std::time::Duration;
 
 use nvme::Status;
+
+use crate::context::ContextOptions;
 use nvme::opcode::io as opc;
 
 /// CTRATT bit 6: the controller restarts its keep-alive timer on any command (TBKAS).
@@ -96,6 +98,40 @@ pub fn hold_time(i: HoldInputs) -> Duration {
         i.quiesce_default.unwrap_or(Duration::from_millis(kato_ms))
     };
     Duration::from_millis(detect_ms) + quiesce
+}
+
+/// What becomes of a request whose command came back with `status` (Linux
+/// `nvme_decide_disposition`): the caller gets it, or it goes out again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Complete it to the caller with the status.
+    Complete,
+    /// A multipath device: route it again (another path, or wait for one).
+    Failover,
+    /// A single path lost its connection: wait on the queue for the reconnect.
+    Requeue,
+}
+
+/// The disposition of a request that already went through `retries` path changes
+/// (multipath) or transport retries (single path). On a single path only a transport
+/// failure is retried, as Linux requeues it, and not once `ctrl_gone` (the controller is
+/// dead or past fast_io_fail_tmo; asked only then: it takes the controller's lock).
+#[inline]
+pub fn disposition(
+    status: Status,
+    multipath: bool,
+    retries: u32,
+    opts: &ContextOptions,
+    ctrl_gone: impl FnOnce() -> bool,
+) -> Disposition {
+    if multipath {
+        if status.is_path_error() && retries < opts.max_failovers {
+            return Disposition::Failover;
+        }
+    } else if status == Status::HOST_PATH_ERROR && retries < opts.max_retries && !ctrl_gone() {
+        return Disposition::Requeue;
+    }
+    Disposition::Complete
 }
 
 #[cfg(test)]

@@ -678,7 +678,11 @@ impl World {
         }
         let status = d.cqe.status;
         let r = &mut self.reqs[ri];
-        if path_error && r.failovers < MAX_FAILOVERS {
+        // The production block core's decision (a multipath head: fail over or complete).
+        let limits = host::context::ContextOptions { max_failovers: MAX_FAILOVERS, ..Default::default() };
+        if host::failover::disposition(status, true, r.failovers, &limits, || false)
+            == host::failover::Disposition::Failover
+        {
             r.failovers += 1;
             r.state = RState::Queued;
             let opcode = match r.op {
