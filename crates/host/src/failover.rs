@@ -14,7 +14,7 @@
 //! completion lost on the way back. Sent again at once on another path, a write can be
 //! acknowledged, overwritten by a newer write, and then overtaken by the first copy still
 //! landing on the old path: an acknowledged write is lost. The simulator found exactly
-//! that (`qpath sim --seed 0 --no-failover-quiesce`).
+//! that (first seed 0; `qpath sim --seed 18 --no-failover-quiesce` shows it now).
 //!
 //! NVMe Base 2.1 §3.9 (TP4129, "Command Quiesce Time"): after communication loss the
 //! host waits until the controller must have noticed it (Keep Alive Timeout: 2 × KATO
