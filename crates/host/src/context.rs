@@ -39,6 +39,7 @@ use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload
 use crate::control::Control;
 use crate::controller::{Controller, QueueMsg};
 use crate::error::{Error, ErrorKind, Result};
+use crate::failover::{Disposition, disposition};
 use crate::head::{Head, ReferenceSelector, class_of, path_id};
 use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection, Selector};
 use crate::queue::{DataDir, HostQueue, Io, QueueState};
@@ -366,6 +367,12 @@ struct Req {
     via_reference: u32,
     /// Who submitted it (a spread device's queue map key).
     submitter: u32,
+    /// Held after its connection failed, not sent again before this time
+    /// ([`crate::failover`]); in [`Context::held`] meanwhile.
+    held_until: Option<Instant>,
+    /// The hold outlasts the controller's `ctrl_loss_tmo`: the request fails at
+    /// `held_until` instead of being sent again.
+    hold_fails: bool,
 }
 
 /// An I/O that has been outstanding longer than the stall threshold.
@@ -409,6 +416,10 @@ pub struct Context {
     flush_list: Vec<usize>,
     touched: Vec<usize>,
     dsm_bufs: Vec<IoBuf>,
+    /// Requests that change data, held after their connection failed until the old
+    /// controller can no longer execute them ([`crate::failover`]). Allocated for every
+    /// request at creation: holding one never allocates.
+    held: VecDeque<u32>,
     last_tick: Instant,
     /// The time of the poll turn or submission in progress, read once for all its
     /// requests (None outside them). fio likewise reads the clock once per batch of
@@ -489,6 +500,8 @@ impl Context {
                 stall_reported: false,
                 via_reference: 0,
                 submitter: 0,
+                held_until: None,
+                hold_fails: false,
             })
             .collect();
         Ok(Context {
@@ -508,6 +521,7 @@ impl Context {
             flush_list: Vec::new(),
             touched: Vec::new(),
             dsm_bufs: Vec::new(),
+            held: VecDeque::with_capacity(n),
             last_tick: now,
             clock: None,
             has_multi: false,
@@ -1602,7 +1616,20 @@ impl Context {
         let multipath = matches!(self.devices[dev].kind, DevKind::Multi(_));
         let retries = self.reqs[rid as usize].retries;
         let queues = &self.queues;
-        match disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io()) {
+        let disposition = disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io());
+        if disposition != Disposition::Complete
+            && crate::failover::must_hold(op_code(self.reqs[rid as usize].op), status)
+        {
+            // NVMe Base 2.1 §3.9 (TP4129): the lost controller may still execute this
+            // write; sent again before it quiesced, the old copy could land after a newer
+            // acknowledged write (the simulator's seed 0).
+            let hold = self.queues[qkey].ctrl.failover_hold();
+            if !hold.is_zero() {
+                self.hold(rid, hold, now);
+                return;
+            }
+        }
+        match disposition {
             Disposition::Complete => {}
             Disposition::Failover => {
                 let r = &mut self.reqs[rid as usize];
@@ -1628,6 +1655,59 @@ impl Context {
         let total = nanos_since(r.start, now);
         self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
         self.complete(rid, status);
+    }
+
+    /// Holds a request whose command may still execute on its lost controller for
+    /// `hold` ([`crate::failover`]), within the controller's `ctrl_loss_tmo`.
+    fn hold(&mut self, rid: u32, hold: Duration, now: Instant) {
+        let qkey = self.reqs[rid as usize].qkey;
+        let ctrl = &self.queues[qkey].ctrl;
+        // A held request ends within ctrl_loss_tmo, and never by being sent early: a hold
+        // longer than that fails it then.
+        let (until, fails) = match ctrl.opts.ctrl_loss_tmo {
+            Some(tmo) if tmo < hold => (now + tmo, true),
+            _ => (now + hold, false),
+        };
+        tracing::debug!(
+            traddr = %ctrl.opts.traddr,
+            hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
+            "a write's connection failed: held until the controller has quiesced it"
+        );
+        let r = &mut self.reqs[rid as usize];
+        r.retries += 1;
+        r.state = ReqState::Waiting;
+        r.held_until = Some(until);
+        r.hold_fails = fails;
+        self.queues[qkey].stats.record_requeue();
+        self.held.push_back(rid);
+    }
+
+    /// Sends again (or fails) the held requests whose hold is over; a single-path
+    /// request whose controller is past fast_io_fail_tmo or gone fails at once (failing
+    /// is always safe, sending early is not).
+    fn release_held(&mut self, now: Instant) {
+        for _ in 0..self.held.len() {
+            let Some(rid) = self.held.pop_front() else { return };
+            let r = &self.reqs[rid as usize];
+            let (qkey, dev) = (r.qkey, r.dev as usize);
+            let single = !matches!(self.devices[dev].kind, DevKind::Multi(_));
+            let due = r.held_until.is_none_or(|t| t <= now);
+            let fail = (due && r.hold_fails) || (single && self.queues[qkey].ctrl.should_fail_io());
+            if !due && !fail {
+                self.held.push_back(rid);
+                continue;
+            }
+            let r = &mut self.reqs[rid as usize];
+            r.held_until = None;
+            if fail {
+                self.complete(rid, Status::HOST_PATH_ERROR);
+            } else if single {
+                self.queues[qkey].waiting.push_back(rid);
+                self.dispatch_queue_waiting(qkey);
+            } else {
+                self.route(rid);
+            }
+        }
     }
 
     fn complete(&mut self, rid: u32, status: Status) {
@@ -1795,6 +1875,9 @@ impl Context {
                 }
             }
         }
+        if !self.held.is_empty() {
+            self.release_held(now);
+        }
         for d in &mut self.devices {
             if let Some(u) = d.tags.as_mut() {
                 u.tick();
@@ -1858,40 +1941,6 @@ impl Context {
             }
         }
     }
-}
-
-/// What becomes of a request whose command came back with `status` (Linux
-/// `nvme_decide_disposition`): the caller gets it, or it goes out again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Disposition {
-    /// Complete it to the caller with the status.
-    Complete,
-    /// A multipath device: route it again (another path, or wait for one).
-    Failover,
-    /// A single path lost its connection: wait on the queue for the reconnect.
-    Requeue,
-}
-
-/// The disposition of a request that already went through `retries` path changes
-/// (multipath) or transport retries (single path). On a single path only a transport
-/// failure is retried, as Linux requeues it, and not once `ctrl_gone` (the controller is
-/// dead or past fast_io_fail_tmo; asked only then: it takes the controller's lock).
-#[inline]
-fn disposition(
-    status: Status,
-    multipath: bool,
-    retries: u32,
-    opts: &ContextOptions,
-    ctrl_gone: impl FnOnce() -> bool,
-) -> Disposition {
-    if multipath {
-        if status.is_path_error() && retries < opts.max_failovers {
-            return Disposition::Failover;
-        }
-    } else if status == Status::HOST_PATH_ERROR && retries < opts.max_retries && !ctrl_gone() {
-        return Disposition::Requeue;
-    }
-    Disposition::Complete
 }
 
 fn op_code(op: Op) -> u8 {

@@ -83,6 +83,11 @@ pub struct ConnectOptions {
     /// Run every queue inside a TLS 1.3 channel with this key (`nvme connect --tls
     /// --tls-key`; see [`crate::tls`]).
     pub tls: Option<crate::tls::HostTls>,
+    /// The Command Quiesce Time assumed when the controller reports none (CQT 0 in
+    /// Identify Controller); `None`: one keep-alive timeout. Part of the failover hold
+    /// ([`crate::failover::hold_time`]): a write whose connection failed is sent again
+    /// only after it.
+    pub command_quiesce_time: Option<Duration>,
 }
 
 impl ConnectOptions {
@@ -110,6 +115,7 @@ impl ConnectOptions {
             tag_space: None,
             tcp_congestion: None,
             tls: None,
+            command_quiesce_time: None,
         }
     }
 }
@@ -306,6 +312,9 @@ pub struct Controller {
     io_failed: AtomicBool,
     /// Set by a context that saw an ANA status: the admin thread re-reads the ANA log.
     ana_refresh: AtomicBool,
+    /// The failover hold of this controller's connection, ns ([`crate::failover`]): set
+    /// from Identify Controller at every (re)connect, read by contexts with one load.
+    failover_hold_ns: AtomicU64,
     admin_tx: Mutex<Option<SyncSender<AdminReq>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// DH-HMAC-CHAP secrets: `opts`' at first, replaced by [`Controller::reauthenticate`]
@@ -416,6 +425,7 @@ impl Controller {
         }
         let keys = crate::auth::DhchapKeys::parse(opts.dhchap_secret.as_deref(), opts.dhchap_ctrl_secret.as_deref())?;
         let b = bring_up(&opts, keys.as_ref(), None)?;
+        let hold = hold_ns(&opts, &b.id);
         let nq = b.io.len();
         let nuser = usize::from(opts.nr_user_queues).min(nq.saturating_sub(1));
         let ctrl = Arc::new(Controller {
@@ -441,6 +451,7 @@ impl Controller {
             live: AtomicBool::new(true),
             io_failed: AtomicBool::new(false),
             ana_refresh: AtomicBool::new(false),
+            failover_hold_ns: AtomicU64::new(hold),
             admin_tx: Mutex::new(None),
             thread: Mutex::new(None),
             keys: Mutex::new(keys),
@@ -488,6 +499,14 @@ impl Controller {
     /// Connection generation (bumped at every reconnect).
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// How long a command that changes data and whose connection to this controller
+    /// failed is held before it is sent again ([`crate::failover::hold_time`] of the
+    /// controller's KATO, CTRATT and CQT). One relaxed load.
+    #[inline]
+    pub fn failover_hold(&self) -> Duration {
+        Duration::from_nanos(self.failover_hold_ns.load(Ordering::Relaxed))
     }
 
     /// Bumped when namespaces or ANA states change.
@@ -826,6 +845,18 @@ fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> Q
 
 /// Brings up the admin queue and every I/O queue. `want_queues` keeps the
 /// queue count of an earlier connection across reconnects.
+/// The failover hold for a controller that identified itself with `id`, in ns.
+fn hold_ns(opts: &ConnectOptions, id: &IdentifyController) -> u64 {
+    let hold = crate::failover::hold_time(crate::failover::HoldInputs {
+        kato_ms: opts.kato_ms,
+        kas: id.kas,
+        ctratt: id.ctratt,
+        cqt_ms: id.cqt,
+        quiesce_default: opts.command_quiesce_time,
+    });
+    u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn bring_up(
     opts: &ConnectOptions,
     dhchap: Option<&crate::auth::DhchapKeys>,
@@ -1115,6 +1146,7 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
                         let generation = ctrl.generation();
                         let mut g = ctrl.lock();
                         g.cntlid = b.cntlid;
+                        ctrl.failover_hold_ns.store(hold_ns(&ctrl.opts, &b.id), Ordering::Relaxed);
                         g.id = b.id;
                         g.namespaces = b.namespaces;
                         g.reconnects += 1;

@@ -45,6 +45,7 @@ mod control;
 pub mod controller;
 pub mod discovery;
 pub mod error;
+pub mod failover;
 pub mod head;
 pub mod metrics;
 pub mod mpath;

@@ -192,6 +192,11 @@ pub struct IdentifyController {
     pub nanagrpid: u32,
     /// Persistent event log size in 64 KiB units.
     pub pels: u32,
+    /// Command Quiesce Time, ms (NVMe Base 2.1 §3.9, TP4129): the worst case for the
+    /// controller to quiesce its outstanding commands once it detected a communication
+    /// loss; 0 = not reported. Hosts hold a retry of a command whose fate is unknown at
+    /// least this long after the loss was detected.
+    pub cqt: u16,
     /// SQ entry size: required (3:0) and maximum (7:4) as powers of two.
     pub sqes: u8,
     /// CQ entry size, same encoding.
@@ -282,6 +287,7 @@ impl IdentifyController {
         put_u32(b_, 344, self.anagrpmax);
         put_u32(b_, 348, self.nanagrpid);
         put_u32(b_, 352, self.pels);
+        put_u16(b_, 386, self.cqt);
         put_u8(b_, 512, self.sqes);
         put_u8(b_, 513, self.cqes);
         put_u16(b_, 514, self.maxcmd);
@@ -342,6 +348,7 @@ impl IdentifyController {
             anagrpmax: get_u32(b, 344),
             nanagrpid: get_u32(b, 348),
             pels: get_u32(b, 352),
+            cqt: get_u16(b, 386),
             sqes: get_u8(b, 512),
             cqes: get_u8(b, 513),
             maxcmd: get_u16(b, 514),
@@ -638,6 +645,7 @@ mod tests {
             iorcsz: 1,
             anagrpmax: 4,
             nanagrpid: 4,
+            cqt: 1234,
             oncs: oncs::COMPARE | oncs::VERIFY | oncs::COPY,
             fuses: fuses::COMPARE_AND_WRITE,
             ocfs: ocfs::FORMAT_0,
@@ -653,6 +661,7 @@ mod tests {
         assert_eq!(b[76], 0x0b);
         assert_eq!(b[77], 8);
         assert_eq!(get_u32(&b[..], 1792), (64 + 8192) / 16);
+        assert_eq!(get_u16(&b[..], 386), 1234, "CQT");
         let d = IdentifyController::decode(&b[..]);
         assert_eq!(d, c);
         assert_eq!(d.in_capsule_data_size(), 8192);

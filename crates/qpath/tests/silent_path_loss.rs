@@ -1,13 +1,14 @@
 //! A path that goes silent (a link lost: no FIN, no RST, the socket stays open) must not
 //! hold the I/O sent on it: the unanswered keep-alive resets the controller after KATO,
 //! the context fails that controller's queues, and their writes complete on the other
-//! path with no error. Without root there are no veth links to take down, so a TCP relay
+//! path with no error once the failover hold is over (3 × KATO + the quiesce time: the
+//! target may still execute them until then, `host::failover`). Without root there are no veth links to take down, so a TCP relay
 //! in front of port 1 stops relaying (and leaves every socket open) for the outage; when
 //! it resumes, the connections that lived through the outage are closed, as the first
 //! packet after a real link comes back would find them gone.
 //!
 //! ```text
-//!   Context ── head (round-robin) ─┬─ ctrl 1 ─► relay (frozen 4 s) ─► target port 1
+//!   Context ── head (round-robin) ─┬─ ctrl 1 ─► relay (frozen 6.5 s) ─► target port 1
 //!                                  └─ ctrl 2 ───────────────────────► target port 2
 //! ```
 
@@ -38,6 +39,8 @@ fn writes_on_a_silent_path_fail_over_after_the_keep_alive_timeout() {
             o.nr_io_queues = 1;
             o.kato_ms = 1000;
             o.reconnect_delay = Duration::from_millis(200);
+            // The hold: 3 × KATO (our target's traffic-based keep-alive) + 200 ms.
+            o.command_quiesce_time = Some(Duration::from_millis(200));
             Controller::connect(o).unwrap()
         })
         .collect();
@@ -55,9 +58,10 @@ fn writes_on_a_silent_path_fail_over_after_the_keep_alive_timeout() {
     let mut errors = Vec::new();
     let t0 = Instant::now();
     let (freeze_at, thaw_at, end_at) =
-        (Duration::from_millis(500), Duration::from_millis(4500), Duration::from_secs(6));
+        (Duration::from_millis(500), Duration::from_millis(7000), Duration::from_millis(8500));
     // Completions in the last 1.5 s of the outage: only a failover can give them, since
-    // round-robin puts every slot on the frozen path within a few I/Os.
+    // round-robin puts every slot on the frozen path within a few I/Os (the keep-alive
+    // notices the loss by about 2 s, the hold ends about 3.2 s later).
     let mut late_in_outage = 0u64;
     let mut frozen = false;
     let mut thawed = false;

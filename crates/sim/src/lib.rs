@@ -77,7 +77,7 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
         format!(
-            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} bytes",
+            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} bytes, trace {:016x}",
             self.seed,
             s.steps,
             s.virtual_ns as f64 / 1e9,
@@ -93,7 +93,9 @@ impl Report {
             s.path_resets,
             s.reconnects,
             s.keep_alive_timeouts,
-            s.bytes
+            s.preemptions,
+            s.bytes,
+            self.trace_hash
         )
     }
 }

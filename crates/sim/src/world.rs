@@ -33,6 +33,14 @@ use crate::rng::Rng;
 const NQN: &str = "nqn.2026-11.io.qpath:sim";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1d0000-0000-4000-8000-000000000001";
 const HOSTID: [u8; 16] = [0x5e; 16];
+/// Another host of the namespace: a cluster peer that preempts this host's reservation.
+const OTHER_HOSTID: [u8; 16] = [0x07; 16];
+/// Reservation keys of this host and of the other.
+const KEY: u64 = 0x5e5e_0001;
+const OTHER_KEY: u64 = 0x0707_0002;
+/// Reservation type Write Exclusive (NVMe Base 2.x §8.1.22): only the holder writes,
+/// everyone reads.
+const RESV_WRITE_EXCLUSIVE: u8 = 1;
 /// Blocks of the simulated namespace: few, so I/Os meet on the same blocks.
 pub const NS_BLOCKS: usize = 128;
 /// The ports, one path each.
@@ -49,10 +57,11 @@ const MAX_NLB: usize = 24;
 const IO_TIMEOUT_NS: u64 = 1_000_000_000;
 /// Path failovers per I/O before it fails to the application.
 const MAX_FAILOVERS: u32 = 1000;
-/// How long an I/O whose connection was lost waits before another path gets it: longer
-/// than the simulated disk ever takes, so the old path's copy has landed or never will
-/// (NVMe 2.1's Command Quiesce Time, which Linux's host waits for before failing over).
-pub const FAILOVER_QUIESCE_NS: u64 = 300_000_000;
+/// The Command Quiesce Time the stand-in host assumes when the controller reports none
+/// (the production host's `ConnectOptions::command_quiesce_time`; our target reports
+/// none): `None`, one KATO, as in production. The hold itself is the production
+/// [`host::failover::hold_time`] of what the real target's Identify Controller says.
+const QUIESCE_DEFAULT: Option<std::time::Duration> = None;
 /// The target connections' periodic tick (the reactor's).
 const TICK_NS: u64 = 10_000_000;
 /// How often a path whose namespace is not accessible re-reads the ANA log.
@@ -79,9 +88,10 @@ pub struct Options {
     pub steps: u64,
     /// Keep every event's line.
     pub trace: bool,
-    /// Hold an I/O that failed with its connection for [`FAILOVER_QUIESCE_NS`] before it is
-    /// sent on another path. Without the hold, a write still in flight at the old path's
-    /// disk can land after its retry was acknowledged and overwritten (a "ghost write").
+    /// Hold a write that failed with its connection for the controller's failover hold
+    /// ([`host::failover`], the production host's rule and time) before it is sent again.
+    /// Without the hold, a write still in flight at the old path's disk can land after its
+    /// retry was acknowledged and overwritten (a "ghost write").
     pub failover_quiesce: bool,
 }
 
@@ -118,6 +128,8 @@ pub struct Summary {
     pub keep_alive_timeouts: u64,
     /// Bytes carried by the simulated links.
     pub bytes: u64,
+    /// Times another host preempted this host's reservation (and it took it back).
+    pub preemptions: u64,
 }
 
 /// The first invariant a run broke.
@@ -170,6 +182,9 @@ struct Req {
     submit_seq: u64,
     /// Not sent before this time (a failover's quiesce hold).
     not_before_ns: u64,
+    /// The reservation epoch its last attempt was sent in, if the other host held the
+    /// reservation then.
+    sent_preempted: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,6 +224,9 @@ struct Path {
     ka_sent_ns: Option<u64>,
     next_ka_ns: u64,
     generation: u64,
+    /// The failover hold of the path's controller, ns ([`host::failover::hold_time`] of
+    /// its Identify Controller data, read when it was enabled).
+    hold_ns: u64,
 }
 
 struct TConn {
@@ -268,6 +286,13 @@ pub struct World {
     digests: Digests,
     /// Where bits flip (its own stream: see `World::new`).
     flip_rng: Rng,
+    /// Reservation faults: their own stream, on in about half the seeds.
+    resv_rng: Rng,
+    reservations: bool,
+    /// This host holds the namespace's reservation (else the other host preempted it).
+    resv_ours: bool,
+    /// Bumped whenever the reservation changes hands.
+    resv_epoch: u64,
     reqs: Vec<Req>,
     queued: VecDeque<usize>,
     busy: Vec<bool>,
@@ -313,6 +338,8 @@ impl World {
         let d = Rng::new(opts.seed ^ 0xd16e_5700).below(4);
         let digests = Digests { header: d & 1 != 0, data: d & 2 != 0 };
         let flip_rng = Rng::new(opts.seed ^ 0xb17f_11b5);
+        let mut resv_rng = Rng::new(opts.seed ^ 0x7e5e_7a71);
+        let reservations = resv_rng.chance(500_000);
         let mut w = World {
             opts,
             rng,
@@ -333,6 +360,10 @@ impl World {
             sel: Selector::new(policy, 0),
             digests,
             flip_rng,
+            resv_rng,
+            reservations,
+            resv_ours: false,
+            resv_epoch: 0,
             reqs: Vec::new(),
             queued: VecDeque::new(),
             busy: vec![false; NS_BLOCKS],
@@ -367,6 +398,7 @@ impl World {
                 ka_sent_ns: None,
                 next_ka_ns: 0,
                 generation: i as u64,
+                hold_ns: 0,
             });
         }
         w
@@ -428,6 +460,56 @@ impl World {
             .expect("the simulated namespace");
         self.target.state = Some(state);
         self.target.restart_at_ns = None;
+        if self.reservations {
+            // Reservations are volatile here (no PTPL file): the host's bring-up registers
+            // and reserves again after every start.
+            self.resv_ours = false;
+            self.reservation_change();
+        }
+    }
+
+    /// The reservation changes hands: this host registers and reserves the namespace
+    /// (Write Exclusive), taking it back from the other host if it has it; or the other
+    /// host registers and preempts it. The target's real reservation logic, called as
+    /// its command handlers call it (the hosts' Reservation commands are not sent over
+    /// the simulated links).
+    fn reservation_change(&mut self) {
+        let Some(ns) = self
+            .target
+            .state
+            .as_ref()
+            .and_then(|s| s.subsystem(NQN))
+            .and_then(|s| s.namespaces().0.get(Nsid(1)).cloned())
+        else {
+            return;
+        };
+        let keys = |c: u64, p: u64| {
+            let mut d = [0u8; 16];
+            d[..8].copy_from_slice(&c.to_le_bytes());
+            d[8..].copy_from_slice(&p.to_le_bytes());
+            d
+        };
+        // RACQA 0 acquires, 1 preempts; RTYPE Write Exclusive; no key to preempt at first.
+        let (who, key, other_key, racqa) = if self.resv_ours {
+            (OTHER_HOSTID, OTHER_KEY, KEY, 1)
+        } else {
+            let held = ns.resv.snapshot().rtype != 0;
+            (HOSTID, KEY, OTHER_KEY, u32::from(held))
+        };
+        let registered = ns.resv.register(&who, 0, &keys(0, key));
+        let acquired = ns.resv.acquire(&who, racqa | (u32::from(RESV_WRITE_EXCLUSIVE) << 8), &keys(key, other_key));
+        if !registered.is_success() || !acquired.is_success() {
+            self.violate(format!("the reservation did not change hands: register {registered}, acquire {acquired}"));
+            return;
+        }
+        self.resv_ours = !self.resv_ours;
+        self.resv_epoch += 1;
+        if self.resv_ours {
+            self.event(format_args!("reservation: this host holds it"));
+        } else {
+            self.sum.preemptions += 1;
+            self.event(format_args!("fault: another host preempts the reservation"));
+        }
     }
 
     fn with_conn<R>(&mut self, i: usize, f: impl FnOnce(&mut Connection, &mut ConnCtx<'_>) -> R) -> R {
@@ -565,6 +647,25 @@ impl World {
         self.sel.set_paths(&states);
     }
 
+    /// The production host's failover hold for the target controller `cntlid`, from
+    /// the Identify Controller data the real target builds for it.
+    fn failover_hold_ns(&self, cntlid: Cntlid) -> u64 {
+        let state = self.target.state.as_ref().expect("a running target enabled the controller");
+        let ctrl = state
+            .subsystem(NQN)
+            .and_then(|s| s.controller(cntlid))
+            .expect("the controller the host just enabled exists on the target");
+        let id = nvme::identify::IdentifyController::decode(&target::admin::identify_controller(state, &ctrl)[..]);
+        let hold = host::failover::hold_time(host::failover::HoldInputs {
+            kato_ms: KATO_MS,
+            kas: id.kas,
+            ctratt: id.ctratt,
+            cqt_ms: id.cqt,
+            quiesce_default: QUIESCE_DEFAULT,
+        });
+        u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     fn read_ana(&mut self, p: usize) {
         let len = nvme::log::AnaLog::size(1, 4).next_multiple_of(4);
         let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::ANA, 0, false, len as u32, 0);
@@ -585,6 +686,7 @@ impl World {
         match d.token {
             TOKEN_CC if d.cqe.status.is_success() && self.paths[p].phase == Phase::Enabling => {
                 let cntlid = self.paths[p].admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
+                self.paths[p].hold_ns = self.failover_hold_ns(cntlid);
                 let link = self.new_link();
                 self.accept(self.paths[p].port, link);
                 let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
@@ -652,12 +754,21 @@ impl World {
         }
         let status = d.cqe.status;
         let r = &mut self.reqs[ri];
-        if path_error && r.failovers < MAX_FAILOVERS {
+        // The production block core's decision (a multipath head: fail over or complete).
+        let limits = host::context::ContextOptions { max_failovers: MAX_FAILOVERS, ..Default::default() };
+        if host::failover::disposition(status, true, r.failovers, &limits, || false)
+            == host::failover::Disposition::Failover
+        {
             r.failovers += 1;
             r.state = RState::Queued;
-            if !status.is_ana_error() && self.opts.failover_quiesce {
-                // The connection failed with the command on it: the old path may still execute it.
-                r.not_before_ns = self.now + FAILOVER_QUIESCE_NS;
+            let opcode = match r.op {
+                ROp::Read => nvme::opcode::io::READ,
+                ROp::Write { .. } => nvme::opcode::io::WRITE,
+                ROp::Flush => nvme::opcode::io::FLUSH,
+            };
+            if self.opts.failover_quiesce && host::failover::must_hold(opcode, status) {
+                // The connection failed with the write on it: the old path may still execute it.
+                r.not_before_ns = self.now + self.paths[p].hold_ns;
             }
             self.sum.requeues += 1;
             self.queued.push_front(ri);
@@ -704,6 +815,7 @@ impl World {
                     self.sel.on_submit(pi);
                     self.paths[p].inflight.insert(tag.get(), ri);
                     self.reqs[ri].state = RState::Inflight { path: p, tag: tag.get(), sent_ns: self.now };
+                    self.reqs[ri].sent_preempted = (self.reservations && !self.resv_ours).then_some(self.resv_epoch);
                     self.event(format_args!("io {ri} sent on path {p} tag {}", tag.get()));
                 }
                 Err((e, io)) => {
@@ -791,6 +903,7 @@ impl World {
             failovers: 0,
             submit_seq: self.seq,
             not_before_ns: 0,
+            sent_preempted: None,
         });
         self.queued.push_back(ri);
         self.active += 1;
@@ -815,7 +928,30 @@ impl World {
         self.event(format_args!("io {ri} done {status}"));
         if !status.is_success() {
             self.sum.io_errors += 1;
+            if status == Status::RESERVATION_CONFLICT {
+                // NVMe Base 2.x §8.1.22: a command refused for a conflict did nothing.
+                let failovers = self.reqs[ri].failovers;
+                match op {
+                    ROp::Read => {
+                        self.violate(format!(
+                            "read (I/O {ri}) refused for a reservation conflict: Write Exclusive allows reads"
+                        ));
+                        return;
+                    }
+                    ROp::Write { .. } if failovers == 0 => {
+                        if self.disk.executed(wid) {
+                            self.violate(format!(
+                                "write {wid} (I/O {ri}) was refused for a reservation conflict but the disk executed it"
+                            ));
+                        }
+                        // Not executed: the blocks keep what they held (no uncertainty).
+                        return;
+                    }
+                    _ => {}
+                }
+            }
             if let ROp::Write { .. } = op {
+                // An earlier attempt (lost with its connection) may have landed.
                 self.oracle.write_uncertain(lba..lba + nlb, wid);
             }
             return;
@@ -824,6 +960,12 @@ impl World {
             ROp::Write { fua } => {
                 if !self.disk.executed(wid) {
                     self.violate(format!("write {wid} (I/O {ri}) was acknowledged but no path executed it"));
+                }
+                if self.reqs[ri].sent_preempted == Some(self.resv_epoch) {
+                    self.violate(format!(
+                        "write {wid} (I/O {ri}) succeeded, though another host held the reservation (Write \
+                         Exclusive) from its send to its completion"
+                    ));
                 }
                 self.oracle.write_acked(lba..lba + nlb, wid, fua, self.seq);
             }
@@ -1071,6 +1213,9 @@ impl World {
                 self.event(format_args!("fault: disk slow {slow}"));
             }
         }
+        if self.reservations && self.resv_rng.chance(100_000) {
+            self.reservation_change();
+        }
     }
 
     /// After every action: each end sends what it queued, notices closed connections,
@@ -1226,6 +1371,9 @@ impl World {
             for port in PORTS {
                 let _ = state.set_ana_state(port, ANA_GROUP, AnaState::Optimized);
             }
+        }
+        if self.reservations && !self.resv_ours {
+            self.reservation_change();
         }
         self.event(format_args!("heal"));
     }

@@ -219,6 +219,10 @@ pub fn identify_controller(target: &TargetState, ctrl: &Controller) -> Box<[u8; 
         anagrpmax: if disc { 0 } else { ANA_GROUPS },
         nanagrpid: if disc { 0 } else { ANA_GROUPS },
         pels: 0,
+        // No Command Quiesce Time is promised: a file namespace's write handed to the
+        // kernel before the loss was noticed finishes when the kernel says, with no bound
+        // this target can give (docs/design.md, "Failover hold"). Hosts then assume one KATO.
+        cqt: 0,
         sqes: (6 << 4) | 6,
         cqes: (4 << 4) | 4,
         maxcmd: s.limits.max_queue_entries,
