@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use nvme::opcode::fctype;
 use nvme::tcp::{
-    DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Header, IcResp, PduInfo, R2t,
-    Role, crc32c, crc32c_append,
+    DataHeader, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Frame, Framer, Header, IcResp, PduInfo, R2t,
+    Role, crc32c,
 };
 use nvme::{Cqe, Nsid, QueueId, SglKind, Sqe, Status};
 use uring::{IoBuf, SendMsg};
@@ -295,13 +295,6 @@ enum Sink {
     Term,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Rx {
-    Header,
-    Data { sink: Sink, remaining: usize, ddgst: bool, crc: u32 },
-    Digest { sink: Sink, crc: u32 },
-}
-
 /// Most bytes of one write of zeros (Write Zeroes where the file system has no ZERO_RANGE);
 /// also bounded by the largest transfer, so the buffer comes from the pool.
 const ZERO_CHUNK_BYTES_MAX: usize = 128 * 1024;
@@ -333,11 +326,12 @@ pub struct Connection {
     port: Arc<Port>,
     peer: Option<SocketAddr>,
     info: Arc<QueueInfo>,
-    dec: Decoder,
+    framer: Framer,
     enc: EncoderConfig,
     rx: Option<IoBuf>,
     rx_pos: usize,
-    rx_state: Rx,
+    /// Where the data of the PDU being received goes.
+    rx_sink: Sink,
     tx: SendMsg,
     /// Full batches waiting for their turn, oldest first.
     tx_full: VecDeque<SendMsg>,
@@ -450,11 +444,11 @@ impl Connection {
             port,
             peer,
             info,
-            dec: Decoder::new(DecoderConfig::initial(Role::Controller)),
+            framer: Framer::new(DecoderConfig::initial(Role::Controller)),
             enc: EncoderConfig { digests: Digests::default(), data_align: 4 },
             rx: Some(rx),
             rx_pos: 0,
-            rx_state: Rx::Header,
+            rx_sink: Sink::Discard,
             tx: SendMsg::with_capacity(4096, 64),
             tx_full: VecDeque::new(),
             tx_spares: vec![SendMsg::with_capacity(4096, 64)],
@@ -758,7 +752,7 @@ impl Connection {
     /// Remembers whether a PDU is partly received (for the PDU timeout, checked on the tick).
     fn note_rx(&mut self, buf: &IoBuf) {
         // Paused input is our choice, not the peer's slowness.
-        self.mid_pdu = !self.rx_paused && (self.rx_pos < buf.len() || self.rx_state != Rx::Header);
+        self.mid_pdu = !self.rx_paused && (self.rx_pos < buf.len() || !self.framer.at_header());
     }
 
     /// Feeds bytes that are not in the connection's own buffer (loopback, fuzzing).
@@ -787,76 +781,54 @@ impl Connection {
     fn process(&mut self, buf: &mut IoBuf, ctx: &mut ConnCtx<'_>) {
         let budget = self.target.limits.rx_budget_pdus();
         self.rx_pass_pdus = 0;
-        loop {
-            if !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
+        while matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
+            let avail = &buf[self.rx_pos..];
+            if self.framer.at_header() && self.rx_stops_here(budget, avail) {
                 return;
             }
-            let avail = &buf[self.rx_pos..];
-            match self.rx_state {
-                Rx::Header if self.tx_over() => {
-                    // The peer is not taking its responses: stop here until a send completes.
-                    self.rx_paused = true;
+            let (n, frame) = match self.framer.next(avail) {
+                Ok(step) => step,
+                Err(e) => {
+                    let n = avail.len().min(nvme::tcp::pdu::TERM_MAX_DATA);
+                    let offending = avail[..n].to_vec();
+                    self.fail(e, &offending);
                     return;
                 }
-                Rx::Header if budget > 0 && self.contended && self.rx_pass_pdus >= budget => {
-                    // Fairness: the rest waits for this connection's next turn.
-                    self.rx_pending = !avail.is_empty();
-                    self.info.stats.rx_budget_stops.add(1);
-                    return;
+            };
+            self.rx_pos += n;
+            match frame {
+                Frame::NeedMore(_) => return,
+                Frame::Header(info) => {
+                    self.pdus += 1;
+                    self.rx_pass_pdus += 1;
+                    if self.contended {
+                        self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
+                    }
+                    self.on_header(info, ctx);
                 }
-                Rx::Header => match self.dec.decode_header(avail) {
-                    Err(e) => {
-                        let n = avail.len().min(nvme::tcp::pdu::TERM_MAX_DATA);
-                        let offending = avail[..n].to_vec();
-                        self.fail(e, &offending);
-                        return;
-                    }
-                    Ok(Decoded::NeedMore(_)) => return,
-                    Ok(Decoded::Pdu(info)) => {
-                        let skip = info.layout.data_offset.min(info.layout.plen);
-                        if avail.len() < skip {
-                            return;
-                        }
-                        self.rx_pos += skip;
-                        self.pdus += 1;
-                        self.rx_pass_pdus += 1;
-                        if self.contended {
-                            self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
-                        }
-                        self.on_header(info, ctx);
-                    }
-                },
-                Rx::Data { sink, remaining, ddgst, crc } => {
-                    let n = avail.len().min(remaining);
-                    if n == 0 {
-                        return;
-                    }
-                    let chunk = &buf[self.rx_pos..self.rx_pos + n];
-                    let crc = if ddgst { crc32c_append(crc, chunk) } else { crc };
-                    self.sink_data(sink, chunk);
-                    self.rx_pos += n;
-                    let remaining = remaining - n;
-                    self.rx_state = if remaining > 0 {
-                        Rx::Data { sink, remaining, ddgst, crc }
-                    } else if ddgst {
-                        Rx::Digest { sink, crc }
-                    } else {
-                        self.rx_state = Rx::Header;
-                        self.data_done(sink, true, ctx);
-                        continue;
-                    };
-                }
-                Rx::Digest { sink, crc } => {
-                    if avail.len() < 4 {
-                        return;
-                    }
-                    let got = u32::from_le_bytes([avail[0], avail[1], avail[2], avail[3]]);
-                    self.rx_pos += 4;
-                    self.rx_state = Rx::Header;
-                    self.data_done(sink, got == crc, ctx);
+                Frame::Data(chunk) => self.sink_data(self.rx_sink, chunk),
+                Frame::DataEnd { digest_ok } => {
+                    let sink = std::mem::replace(&mut self.rx_sink, Sink::Discard);
+                    self.data_done(sink, digest_ok, ctx);
                 }
             }
         }
+    }
+
+    /// Whether parsing stops before the next PDU: the peer is not taking its responses
+    /// (until a send completes), or this pass used its budget while other connections
+    /// wait (the rest waits for this connection's next turn).
+    fn rx_stops_here(&mut self, budget: u32, avail: &[u8]) -> bool {
+        if self.tx_over() {
+            self.rx_paused = true;
+            return true;
+        }
+        if budget > 0 && self.contended && self.rx_pass_pdus >= budget {
+            self.rx_pending = !avail.is_empty();
+            self.info.stats.rx_budget_stops.add(1);
+            return true;
+        }
+        false
     }
 
     fn sink_data(&mut self, sink: Sink, chunk: &[u8]) {
@@ -878,7 +850,6 @@ impl Connection {
 
     fn on_header(&mut self, info: PduInfo, ctx: &mut ConnCtx<'_>) {
         let data_len = info.layout.data_len;
-        let ddgst = info.layout.ddgst;
         let sink = match info.header {
             Header::IcReq(r) => {
                 // HPDA: C2H data alignment the host asks for; MAXR2T: we issue one R2T per command.
@@ -887,7 +858,7 @@ impl Connection {
                 let maxh2cdata = self.target.opts.maxh2cdata;
                 let resp = IcResp { pfv: 0, cpda: 0, digests: r.digests, maxh2cdata };
                 self.tx_bytes(&resp.encode());
-                self.dec.config = DecoderConfig {
+                self.framer.decoder.config = DecoderConfig {
                     receiver: Role::Controller,
                     digests: r.digests,
                     established: true,
@@ -924,9 +895,8 @@ impl Connection {
             }
         };
         match sink {
-            Some(sink) if data_len > 0 => {
-                self.rx_state = Rx::Data { sink, remaining: data_len, ddgst, crc: crc32c(&[]) };
-            }
+            // The framer hands over the data next and ends it with DataEnd.
+            Some(sink) if data_len > 0 => self.rx_sink = sink,
             Some(sink) => self.data_done(sink, true, ctx),
             None => {}
         }
@@ -1378,7 +1348,7 @@ impl Connection {
                 self.resize_slots(usize::from(c.entries) + extra);
                 if !qid.is_admin() {
                     let icd = self.target.opts.in_capsule_data_size as usize;
-                    self.dec.config.max_in_capsule = icd;
+                    self.framer.decoder.config.max_in_capsule = icd;
                 }
                 let (m, g) = ctrl.subsys.namespaces_of(&ctrl);
                 self.ns = m;
