@@ -1470,7 +1470,15 @@ impl Connection {
                 return self.respond(slot, ctx);
             }
         }
-        let token = ctx.token | u64::from(slot);
+        if self.run_io(slot, io, &ns, ctx) {
+            self.finish_io(slot, ctx);
+        }
+    }
+
+    /// Runs an I/O command that passed every gate on `ns`'s backend. Whether it is done
+    /// (status set, to be finished now); false when it went to the backend's ring, waits
+    /// (for a buffer, a batch step) or already answered.
+    fn run_io(&mut self, slot: u16, io: IoKind, ns: &Arc<crate::namespace::Namespace>, ctx: &mut ConnCtx<'_>) -> bool {
         match io {
             IoKind::Read { offset, .. }
                 if matches!(ns.backend, Backend::Ram(_))
@@ -1479,113 +1487,182 @@ impl Connection {
             {
                 // The response gathers the bytes from the region itself (`respond`).
                 self.reqs[usize::from(slot)].ram_src = Some(crate::us(offset));
+                true
             }
-            IoKind::Read { offset, len } => {
-                if !self.has_c2h_buf(slot, len as usize, ctx) {
-                    return;
-                }
-                let r = &mut self.reqs[usize::from(slot)];
-                match &ns.backend {
-                    Backend::Null => {
-                        if let Some(b) = r.buf.as_mut() {
-                            b.fill(0);
-                        }
-                    }
-                    Backend::Ram(region) => {
-                        if let Some(b) = r.buf.as_mut()
-                            && region.copy_from_region(crate::us(offset), &mut b[..len as usize]).is_err()
-                        {
-                            r.status = Status::INTERNAL;
-                        }
-                    }
-                    Backend::File(f) => {
-                        let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
-                        let op = FileOp::Read { file: f.file(), buf, len: len as usize, offset };
-                        return self.submit_file(slot, op, token, ctx);
-                    }
-                }
-            }
-            IoKind::Write { offset, len, fua } => {
-                let r = &mut self.reqs[usize::from(slot)];
-                match &ns.backend {
-                    Backend::Null => {}
-                    Backend::Ram(region) => {
-                        if let Some(b) = r.buf.as_ref()
-                            && region.copy_to_region(crate::us(offset), &b[..len as usize]).is_err()
-                        {
-                            r.status = Status::INTERNAL;
-                        }
-                    }
-                    Backend::File(f) => {
-                        let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
-                        r.after = if fua { After::Sync } else { After::Respond };
-                        let op = FileOp::Write { file: f.file(), buf, len: len as usize, offset };
-                        return self.submit_file(slot, op, token, ctx);
-                    }
-                }
-            }
+            IoKind::Read { offset, len } => self.run_read(slot, offset, len, ns, ctx),
+            IoKind::Write { offset, len, fua } => self.run_write(slot, offset, len, fua, ns, ctx),
             IoKind::Flush => {
                 if let Backend::File(f) = &ns.backend {
-                    return self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
+                    let token = ctx.token | u64::from(slot);
+                    self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
+                    return false;
+                }
+                true
+            }
+            IoKind::WriteZeroes { offset, len, deallocate, fua } => {
+                self.run_write_zeroes(slot, offset, len, deallocate, fua, ns, ctx)
+            }
+            IoKind::Reservation { op, len } => self.exec_reservation(slot, op, len, ns, ctx),
+            IoKind::Dsm { nr, deallocate, .. } => self.run_dsm(slot, nr, deallocate, ns, ctx),
+            IoKind::Compare { .. } => {
+                self.compare_exec(slot, ns, ctx);
+                false
+            }
+            IoKind::Verify { .. } => {
+                self.verify_exec(slot, ns, ctx);
+                false
+            }
+            IoKind::Copy { .. } => {
+                self.copy_exec(slot, ns, ctx);
+                false
+            }
+        }
+    }
+
+    /// A Read into the request's buffer: zeros (null), a copy (RAM) or the file's ring.
+    fn run_read(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: u32,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        let token = ctx.token | u64::from(slot);
+        if !self.has_c2h_buf(slot, len as usize, ctx) {
+            return false;
+        }
+        let r = &mut self.reqs[usize::from(slot)];
+        match &ns.backend {
+            Backend::Null => {
+                if let Some(b) = r.buf.as_mut() {
+                    b.fill(0);
                 }
             }
-            IoKind::WriteZeroes { offset, len, deallocate, fua } => match &ns.backend {
+            Backend::Ram(region) => {
+                if let Some(b) = r.buf.as_mut()
+                    && region.copy_from_region(crate::us(offset), &mut b[..len as usize]).is_err()
+                {
+                    r.status = Status::INTERNAL;
+                }
+            }
+            Backend::File(f) => {
+                let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
+                let op = FileOp::Read { file: f.file(), buf, len: len as usize, offset };
+                self.submit_file(slot, op, token, ctx);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A Write from the request's buffer: dropped (null), copied (RAM) or to the file's
+    /// ring, followed by a sync when FUA.
+    fn run_write(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        let token = ctx.token | u64::from(slot);
+        let r = &mut self.reqs[usize::from(slot)];
+        match &ns.backend {
+            Backend::Null => {}
+            Backend::Ram(region) => {
+                if let Some(b) = r.buf.as_ref()
+                    && region.copy_to_region(crate::us(offset), &b[..len as usize]).is_err()
+                {
+                    r.status = Status::INTERNAL;
+                }
+            }
+            Backend::File(f) => {
+                let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
+                r.after = if fua { After::Sync } else { After::Respond };
+                let op = FileOp::Write { file: f.file(), buf, len: len as usize, offset };
+                self.submit_file(slot, op, token, ctx);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Write Zeroes: zeros written into RAM, or a batch of file steps (zero range, punch
+    /// or writes of zeros, [`Method::for_write_zeroes`]).
+    #[allow(clippy::too_many_arguments, reason = "the command's fields, unpacked by the caller's match")]
+    fn run_write_zeroes(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+        fua: bool,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        match &ns.backend {
+            Backend::Null => {}
+            Backend::Ram(region) => {
+                let end = crate::us(offset.saturating_add(len));
+                if region.fill_zero(crate::us(offset)..end).is_err() {
+                    self.reqs[usize::from(slot)].status = Status::INTERNAL;
+                }
+            }
+            Backend::File(f) => {
+                let r = &mut self.reqs[usize::from(slot)];
+                r.after = if fua { After::Sync } else { After::Respond };
+                r.batch = Batch::zeroes(Method::for_write_zeroes(f, deallocate), offset, len);
+                self.batch_pump(slot, ctx);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Dataset Management: the ranges checked; with Deallocate, zeroed (RAM) or punched
+    /// (a file that reads punched blocks back as zeros), else only hints.
+    fn run_dsm(
+        &mut self,
+        slot: u16,
+        nr: u32,
+        deallocate: bool,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        let r = &mut self.reqs[usize::from(slot)];
+        let data = r.buf.as_deref().unwrap_or(&[]);
+        match io_cmd::dsm_check(data, nr, ns) {
+            Err(s) => r.status = s,
+            Ok(()) if deallocate => match &ns.backend {
                 Backend::Null => {}
                 Backend::Ram(region) => {
-                    let end = crate::us(offset.saturating_add(len));
-                    if region.fill_zero(crate::us(offset)..end).is_err() {
-                        self.reqs[usize::from(slot)].status = Status::INTERNAL;
+                    for i in 0..nr as usize {
+                        if let Some((o, l)) = io_cmd::dsm_bytes(data, i, ns)
+                            && region.fill_zero(crate::us(o)..crate::us(o + l)).is_err()
+                        {
+                            r.status = Status::INTERNAL;
+                        }
                     }
                 }
-                Backend::File(f) => {
-                    let r = &mut self.reqs[usize::from(slot)];
-                    r.after = if fua { After::Sync } else { After::Respond };
-                    r.batch = Batch::zeroes(Method::for_write_zeroes(f, deallocate), offset, len);
-                    return self.batch_pump(slot, ctx);
+                // The data stays with the request until the last range is punched.
+                Backend::File(f) if f.zeroing.punch() => {
+                    r.batch = Batch::deallocate(nr);
+                    self.batch_pump(slot, ctx);
+                    return false;
                 }
+                // A punch would not read back as zeros here (DLFEAT 00h): Deallocate
+                // is advisory, and left undone.
+                Backend::File(_) => {}
             },
-            IoKind::Reservation { op, len } => {
-                if !self.exec_reservation(slot, op, len, &ns, ctx) {
-                    return;
-                }
-            }
-            IoKind::Dsm { nr, deallocate, .. } => {
-                let r = &mut self.reqs[usize::from(slot)];
-                let data = r.buf.as_deref().unwrap_or(&[]);
-                match io_cmd::dsm_check(data, nr, &ns) {
-                    Err(s) => r.status = s,
-                    Ok(()) if deallocate => match &ns.backend {
-                        Backend::Null => {}
-                        Backend::Ram(region) => {
-                            for i in 0..nr as usize {
-                                if let Some((o, l)) = io_cmd::dsm_bytes(data, i, &ns)
-                                    && region.fill_zero(crate::us(o)..crate::us(o + l)).is_err()
-                                {
-                                    r.status = Status::INTERNAL;
-                                }
-                            }
-                        }
-                        // The data stays with the request until the last range is punched.
-                        Backend::File(f) if f.zeroing.punch() => {
-                            r.batch = Batch::deallocate(nr);
-                            return self.batch_pump(slot, ctx);
-                        }
-                        // A punch would not read back as zeros here (DLFEAT 00h): Deallocate
-                        // is advisory, and left undone.
-                        Backend::File(_) => {}
-                    },
-                    // Only the hints (IDR, IDW): nothing to do.
-                    Ok(()) => {}
-                }
-                if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
-                    self.buf_put(ctx, b);
-                }
-            }
-            IoKind::Compare { .. } => return self.compare_exec(slot, &ns, ctx),
-            IoKind::Verify { .. } => return self.verify_exec(slot, &ns, ctx),
-            IoKind::Copy { .. } => return self.copy_exec(slot, &ns, ctx),
+            // Only the hints (IDR, IDW): nothing to do.
+            Ok(()) => {}
         }
-        self.finish_io(slot, ctx);
+        if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
+            self.buf_put(ctx, b);
+        }
+        true
     }
 
     /// A reservation command (NVMe Base 2.x §7.x, [`crate::reservation`]). Returns false
