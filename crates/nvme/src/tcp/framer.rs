@@ -170,7 +170,12 @@ mod tests {
 
     /// An H2CData PDU carrying `data`, as the host encodes it.
     fn h2c(digests: Digests, data: &[u8]) -> Vec<u8> {
-        let enc = EncoderConfig { digests, data_align: 4 };
+        h2c_aligned(digests, data, 4)
+    }
+
+    /// The same with the data at a multiple of `align` bytes (padding after the header).
+    fn h2c_aligned(digests: Digests, data: &[u8], align: usize) -> Vec<u8> {
+        let enc = EncoderConfig { digests, data_align: align };
         let mut out = Vec::new();
         let hdr = DataHeader {
             cccid: Cid(3),
@@ -250,6 +255,23 @@ mod tests {
             assert_eq!(whole.ends, vec![true]);
             for step in 1..stream.len() {
                 assert_eq!(run(config(digests), &stream, step).unwrap(), whole, "{digests:?}, {step} bytes at a time");
+            }
+        }
+    }
+
+    #[test]
+    fn padding_up_to_pdo_is_consumed_with_the_header() {
+        for digests in [Digests::default(), Digests { header: true, data: true }] {
+            let cfg = DecoderConfig { data_align: 32, ..config(digests) };
+            let data = payload(40);
+            let stream = h2c_aligned(digests, &data, 32);
+            let mut f = Framer::new(cfg);
+            // Header (and digest) complete, padding not yet: nothing is consumed.
+            assert_eq!(f.next(&stream[..31]).unwrap(), (0, Frame::NeedMore(32)), "{digests:?}");
+            assert!(matches!(f.next(&stream[..32]).unwrap(), (32, Frame::Header(_))), "{digests:?}");
+            for step in 1..stream.len() {
+                let seen = run(cfg, &stream, step).unwrap();
+                assert_eq!((seen.data.as_slice(), seen.ends.as_slice()), (&data[..], &[true][..]), "{step}");
             }
         }
     }
