@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the project's single test command (CI: .ci/run = install-deps + this).
-#   1. cargo fmt --all --check
+#   1. cargo fmt --all --check; .ci/long-fns.sh (no function over 100 lines in host, target,
+#      uring, nvme, blk)
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace                      (debug; the VM tests are #[ignore]d here)
 #      and the production configuration: blk, host, target and bench without the labs'
@@ -28,6 +29,9 @@ phase() { echo; echo "==== [$((SECONDS - T0)) s] $*"; }
 
 phase "cargo fmt --all --check"
 cargo fmt --all --check
+
+phase "no function over 100 lines in the I/O path crates (.ci/long-fns.sh)"
+.ci/long-fns.sh
 
 phase "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings

@@ -1,7 +1,7 @@
 //! Tags: the u16 a request is known by while it is in flight.
 //!
 //! A tag is the NVMe command id the host puts in the SQE, and the index of
-//! the request's slot in its [`RequestPool`](crate::request::RequestPool).
+//! the request slot the host keeps for it (`host::Context`).
 //! [`TagSet`] hands out tags `0..depth` to one owner thread: a LIFO free
 //! list (the tag freed last is reused first, so its request slot is still in
 //! cache), O(1) both ways, no atomics. A bitmap beside it records which tags

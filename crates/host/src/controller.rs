@@ -16,6 +16,7 @@
 //! connection of queue `i` goes to the same owner.
 
 use std::net::{SocketAddr, TcpStream};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -999,213 +1000,273 @@ fn submit_aer(admin: &mut SyncQueue) -> Option<u64> {
         .ok()
 }
 
+/// Whether the admin thread goes on (`Break`: it ends).
+type Step = ControlFlow<()>;
+
+/// The admin thread: serves control requests, sends keep-alives, keeps an AER
+/// outstanding and refreshes ANA state while the controller is live; resets and
+/// reconnects it when the admin queue or an I/O queue fails.
 fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Receiver<AdminReq>) {
     let mut admin = Some(admin);
-    let mut aer: Option<u64> = admin.as_mut().and_then(submit_aer);
-    let mut last_ka = Instant::now();
-    let mut ka_token: Option<u64> = None;
+    let aer = admin.as_mut().and_then(submit_aer);
+    let mut a = AdminLoop { admin, aer, ka: KeepAlive { last: Instant::now(), token: None } };
     loop {
         let Some(ctrl) = weak.upgrade() else { return };
-        let kato = Duration::from_millis(u64::from(ctrl.opts.kato_ms));
-        match ctrl.state() {
-            CtrlState::Live => {
-                let Some(q) = admin.as_mut() else {
-                    if ctrl.transition(CtrlState::Resetting).is_err() {
-                        // Live without an admin queue and no way to reset: end the thread
-                        // rather than spin (the refusal is logged).
-                        return;
-                    }
-                    continue;
-                };
-                // Control requests.
-                match rx.recv_timeout(Duration::from_millis(20)) {
-                    Ok(AdminReq::Command { io, reply }) => {
-                        let _ = reply.send(q.execute(io, ADMIN_TIMEOUT));
-                    }
-                    Ok(AdminReq::Authenticate { deadline, reply }) => {
-                        let r = if q.queue().was_authenticated() {
-                            let keys = ctrl.keys();
-                            let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
-                            crate::auth::authenticate(
-                                q,
-                                keys.as_ref(),
-                                hostnqn,
-                                subnqn,
-                                deadline,
-                                crate::auth::Occasion::Reauthentication,
-                            )
-                        } else {
-                            // Linux re-authenticates only queues that authenticated at connect.
-                            Err(Error::new(
-                                ErrorKind::Invalid,
-                                "the controller did not ask for authentication at connect: nothing to renew",
-                            ))
-                        };
-                        let _ = reply.send(r);
-                    }
-                    Ok(AdminReq::Delete { reply }) => {
-                        let _ = admin::shutdown(q);
-                        ctrl.retire();
-                        let _ = reply.send(());
-                        return;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => {
-                        let _ = admin::shutdown(q);
-                        ctrl.retire();
-                        return;
-                    }
-                    Err(RecvTimeoutError::Timeout) => {}
-                }
-                // Keep-alive at half the timeout (Linux sends every kato/2 since 6.x).
-                if !kato.is_zero() && last_ka.elapsed() >= kato / 2 && ka_token.is_none() {
-                    let io = Io { sqe: Sqe::keep_alive(nvme::Cid(0)), buf: None, len: 0, dir: DataDir::None, token: 0 };
-                    ka_token = q.submit(io).ok();
-                    last_ka = Instant::now();
-                }
-                let pumped = q.pump(Instant::now() + Duration::from_millis(20));
-                if let Some(t) = ka_token
-                    && let Some(d) = q.take(t)
-                {
-                    ka_token = None;
-                    if !d.cqe.status.is_success() {
-                        tracing::warn!("keep-alive failed: {}", d.cqe.status);
-                    }
-                }
-                // A keep-alive unanswered for KATO means the link or the controller is gone
-                // (Linux gives the keep-alive request a timeout of KATO; its expiry starts
-                // error recovery): reset, so the I/O of this path fails over now instead of
-                // waiting for TCP to give up, which takes about 15 minutes. Checked after the
-                // pump, so a reply that has already arrived counts.
-                let ka_expired = ka_token.is_some() && !kato.is_zero() && last_ka.elapsed() >= kato;
-                if ka_expired {
-                    tracing::warn!(traddr = %ctrl.opts.traddr, kato_ms = ctrl.opts.kato_ms, "keep-alive timed out");
-                    ctrl.lock().last_error = Some(format!("keep-alive timed out after {} ms", ctrl.opts.kato_ms));
-                }
-                if ctrl.ana_refresh.swap(false, Ordering::AcqRel) {
-                    let id = ctrl.identify();
-                    if let Ok(ns) = scan_namespaces(q, &id) {
-                        ctrl.lock().namespaces = ns;
-                        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
-                    }
-                }
-                if let Some(t) = aer
-                    && let Some(d) = q.take(t)
-                {
-                    aer = None;
-                    if d.cqe.status.is_success() {
-                        handle_event(&ctrl, q, AsyncEvent::from_dw0(d.cqe.dw0));
-                        aer = submit_aer(q);
-                    }
-                }
-                let failed = ka_expired
-                    || pumped.as_ref().is_err_and(|e| e.kind != ErrorKind::Timeout)
-                    || q.queue().state() == crate::queue::QueueState::Failed
-                    || ctrl.io_failed.swap(false, Ordering::AcqRel);
-                if failed {
-                    if let Err(e) = &pumped {
-                        ctrl.lock().last_error = Some(e.to_string());
-                    }
-                    if ctrl.transition(CtrlState::Resetting).is_err() {
-                        // The refusal is logged; the admin queue is lost or unanswered, and
-                        // without a reset nothing can bring it back.
-                        return;
-                    }
-                }
-            }
-            CtrlState::Resetting => {
-                admin = None;
-                aer = None;
-                ka_token = None;
-                ctrl.generation.fetch_add(1, Ordering::AcqRel);
-                // Queues no context has claimed yet belong to the old connection: a context
-                // that claims one during the reconnect gets the new one instead.
-                for slot in &mut ctrl.lock().slots {
-                    slot.parked = None;
-                }
-                if ctrl.transition(CtrlState::Connecting).is_err() {
-                    return;
-                }
-            }
-            CtrlState::Connecting => {
-                if let Ok(AdminReq::Delete { reply }) = rx.try_recv() {
-                    ctrl.retire();
-                    let _ = reply.send(());
-                    return;
-                }
-                let down = ctrl.down_for().unwrap_or_default();
-                if ctrl.opts.ctrl_loss_tmo.is_some_and(|t| down >= t) {
-                    tracing::warn!(traddr = %ctrl.opts.traddr, "ctrl_loss_tmo expired: controller deleted");
-                    ctrl.retire();
-                    ctrl.change_count.fetch_add(1, Ordering::AcqRel);
-                    return;
-                }
-                let nq = ctrl.io_queue_count();
-                let keys = ctrl.keys();
-                match bring_up(&ctrl.opts, keys.as_ref(), Some(nq)) {
-                    Ok(b) if b.io.len() == nq => {
-                        let generation = ctrl.generation();
-                        let mut g = ctrl.lock();
-                        g.cntlid = b.cntlid;
-                        ctrl.failover_hold_ns.store(hold_ns(&ctrl.opts, &b.id), Ordering::Relaxed);
-                        g.id = b.id;
-                        g.namespaces = b.namespaces;
-                        g.reconnects += 1;
-                        let mut to_send = Vec::new();
-                        for (i, conn) in b.io.into_iter().enumerate() {
-                            let slot = &mut g.slots[i];
-                            match &slot.owner {
-                                Some(o) => to_send.push((o.clone(), u16::try_from(i).unwrap_or(0), conn)),
-                                None => slot.parked = Some(conn),
-                            }
-                        }
-                        drop(g);
-                        ctrl.io_failed.store(false, Ordering::Release);
-                        if ctrl.transition(CtrlState::Live).is_err() {
-                            // The new connections are dropped with `to_send` and `b.admin`.
-                            return;
-                        }
-                        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
-                        for (owner, index, (stream, queue)) in to_send {
-                            let _ = owner.send(QueueMsg::Queue {
-                                ctrl: Arc::clone(&ctrl),
-                                index,
-                                generation,
-                                stream,
-                                queue,
-                            });
-                        }
-                        admin = Some(b.admin);
-                        aer = admin.as_mut().and_then(submit_aer);
-                        last_ka = Instant::now();
-                        tracing::info!(traddr = %ctrl.opts.traddr, "controller reconnected");
-                    }
-                    Ok(b) => {
-                        ctrl.lock().last_error = Some(format!("reconnect got {} I/O queues, had {nq}", b.io.len()));
-                        drop(ctrl);
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    Err(e) => {
-                        tracing::debug!(traddr = %ctrl.opts.traddr, "reconnect failed: {e}");
-                        ctrl.lock().last_error = Some(e.to_string());
-                        let delay = ctrl.opts.reconnect_delay;
-                        drop(ctrl);
-                        // Sleep in slices so a delete is noticed.
-                        let until = Instant::now() + delay;
-                        while Instant::now() < until {
-                            if let Ok(AdminReq::Delete { reply }) = rx.recv_timeout(Duration::from_millis(20)) {
-                                if let Some(c) = weak.upgrade() {
-                                    c.retire();
-                                }
-                                let _ = reply.send(());
-                                return;
-                            }
-                        }
-                    }
-                }
-            }
+        let step = match ctrl.state() {
+            CtrlState::Live => a.live(&ctrl, rx),
+            CtrlState::Resetting => a.reset(&ctrl),
+            CtrlState::Connecting => a.reconnect(ctrl, weak, rx),
             CtrlState::New | CtrlState::Deleting | CtrlState::Dead => return,
+        };
+        if step.is_break() {
+            return;
         }
     }
+}
+
+/// What the admin thread holds across turns.
+struct AdminLoop {
+    admin: Option<SyncQueue>,
+    /// The outstanding Asynchronous Event Request.
+    aer: Option<u64>,
+    ka: KeepAlive,
+}
+
+/// The keep-alive in flight and when the last one went out.
+struct KeepAlive {
+    last: Instant,
+    token: Option<u64>,
+}
+
+impl KeepAlive {
+    /// Sends one at half the timeout (Linux sends every kato/2 since 6.x), one at a time.
+    fn send_when_due(&mut self, q: &mut SyncQueue, kato: Duration) {
+        if !kato.is_zero() && self.last.elapsed() >= kato / 2 && self.token.is_none() {
+            let io = Io { sqe: Sqe::keep_alive(nvme::Cid(0)), buf: None, len: 0, dir: DataDir::None, token: 0 };
+            self.token = q.submit(io).ok();
+            self.last = Instant::now();
+        }
+    }
+
+    /// Takes the answer if it came; whether the keep-alive has gone unanswered for KATO.
+    ///
+    /// That means the link or the controller is gone (Linux gives the keep-alive request a
+    /// timeout of KATO; its expiry starts error recovery): the caller resets, so the I/O of
+    /// this path fails over now instead of waiting for TCP to give up, which takes about 15
+    /// minutes. Called after the pump, so a reply that has already arrived counts.
+    fn expired(&mut self, ctrl: &Controller, q: &mut SyncQueue, kato: Duration) -> bool {
+        if let Some(t) = self.token
+            && let Some(d) = q.take(t)
+        {
+            self.token = None;
+            if !d.cqe.status.is_success() {
+                tracing::warn!("keep-alive failed: {}", d.cqe.status);
+            }
+        }
+        let expired = self.token.is_some() && !kato.is_zero() && self.last.elapsed() >= kato;
+        if expired {
+            tracing::warn!(traddr = %ctrl.opts.traddr, kato_ms = ctrl.opts.kato_ms, "keep-alive timed out");
+            ctrl.lock().last_error = Some(format!("keep-alive timed out after {} ms", ctrl.opts.kato_ms));
+        }
+        expired
+    }
+}
+
+impl AdminLoop {
+    /// One turn of a live controller: a control request (up to 20 ms), the keep-alive,
+    /// the admin queue pumped, ANA and AER handled; a reset when anything failed.
+    fn live(&mut self, ctrl: &Arc<Controller>, rx: &Receiver<AdminReq>) -> Step {
+        let Some(q) = self.admin.as_mut() else {
+            // Live without an admin queue: reset; with no way to reset, end the thread
+            // rather than spin (the refusal is logged).
+            return if ctrl.transition(CtrlState::Resetting).is_err() { Step::Break(()) } else { Step::Continue(()) };
+        };
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(req) => serve_request(ctrl, q, req)?,
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = admin::shutdown(q);
+                ctrl.retire();
+                return Step::Break(());
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        let kato = Duration::from_millis(u64::from(ctrl.opts.kato_ms));
+        self.ka.send_when_due(q, kato);
+        let pumped = q.pump(Instant::now() + Duration::from_millis(20));
+        let ka_expired = self.ka.expired(ctrl, q, kato);
+        if ctrl.ana_refresh.swap(false, Ordering::AcqRel) {
+            let id = ctrl.identify();
+            if let Ok(ns) = scan_namespaces(q, &id) {
+                ctrl.lock().namespaces = ns;
+                ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        if let Some(t) = self.aer
+            && let Some(d) = q.take(t)
+        {
+            self.aer = None;
+            if d.cqe.status.is_success() {
+                handle_event(ctrl, q, AsyncEvent::from_dw0(d.cqe.dw0));
+                self.aer = submit_aer(q);
+            }
+        }
+        let failed = ka_expired
+            || pumped.as_ref().is_err_and(|e| e.kind != ErrorKind::Timeout)
+            || q.queue().state() == crate::queue::QueueState::Failed
+            || ctrl.io_failed.swap(false, Ordering::AcqRel);
+        if failed {
+            if let Err(e) = &pumped {
+                ctrl.lock().last_error = Some(e.to_string());
+            }
+            if ctrl.transition(CtrlState::Resetting).is_err() {
+                // The refusal is logged; the admin queue is lost or unanswered, and
+                // without a reset nothing can bring it back.
+                return Step::Break(());
+            }
+        }
+        Step::Continue(())
+    }
+
+    /// Drops the old connection's admin queue and unclaimed I/O queues, then reconnects.
+    fn reset(&mut self, ctrl: &Controller) -> Step {
+        self.admin = None;
+        self.aer = None;
+        self.ka.token = None;
+        ctrl.generation.fetch_add(1, Ordering::AcqRel);
+        // Queues no context has claimed yet belong to the old connection: a context
+        // that claims one during the reconnect gets the new one instead.
+        for slot in &mut ctrl.lock().slots {
+            slot.parked = None;
+        }
+        if ctrl.transition(CtrlState::Connecting).is_err() { Step::Break(()) } else { Step::Continue(()) }
+    }
+
+    /// One reconnect attempt: ends the controller on delete or after ctrl_loss_tmo; on
+    /// success hands the new I/O queues to their contexts, else waits reconnect_delay.
+    fn reconnect(
+        &mut self,
+        ctrl: Arc<Controller>,
+        weak: &std::sync::Weak<Controller>,
+        rx: &Receiver<AdminReq>,
+    ) -> Step {
+        if let Ok(AdminReq::Delete { reply }) = rx.try_recv() {
+            ctrl.retire();
+            let _ = reply.send(());
+            return Step::Break(());
+        }
+        let down = ctrl.down_for().unwrap_or_default();
+        if ctrl.opts.ctrl_loss_tmo.is_some_and(|t| down >= t) {
+            tracing::warn!(traddr = %ctrl.opts.traddr, "ctrl_loss_tmo expired: controller deleted");
+            ctrl.retire();
+            ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+            return Step::Break(());
+        }
+        let nq = ctrl.io_queue_count();
+        let keys = ctrl.keys();
+        match bring_up(&ctrl.opts, keys.as_ref(), Some(nq)) {
+            Ok(b) if b.io.len() == nq => self.reconnected(&ctrl, b),
+            Ok(b) => {
+                ctrl.lock().last_error = Some(format!("reconnect got {} I/O queues, had {nq}", b.io.len()));
+                drop(ctrl);
+                std::thread::sleep(Duration::from_millis(100));
+                Step::Continue(())
+            }
+            Err(e) => {
+                tracing::debug!(traddr = %ctrl.opts.traddr, "reconnect failed: {e}");
+                ctrl.lock().last_error = Some(e.to_string());
+                let delay = ctrl.opts.reconnect_delay;
+                drop(ctrl);
+                wait_for_retry(weak, rx, delay)
+            }
+        }
+    }
+
+    /// A reconnect brought up every I/O queue: each goes to the context that owns its
+    /// slot (or is parked until one claims it), and the controller is live again.
+    fn reconnected(&mut self, ctrl: &Arc<Controller>, b: Bringup) -> Step {
+        let generation = ctrl.generation();
+        let mut g = ctrl.lock();
+        g.cntlid = b.cntlid;
+        ctrl.failover_hold_ns.store(hold_ns(&ctrl.opts, &b.id), Ordering::Relaxed);
+        g.id = b.id;
+        g.namespaces = b.namespaces;
+        g.reconnects += 1;
+        let mut to_send = Vec::new();
+        for (i, conn) in b.io.into_iter().enumerate() {
+            let slot = &mut g.slots[i];
+            match &slot.owner {
+                Some(o) => to_send.push((o.clone(), u16::try_from(i).unwrap_or(0), conn)),
+                None => slot.parked = Some(conn),
+            }
+        }
+        drop(g);
+        ctrl.io_failed.store(false, Ordering::Release);
+        if ctrl.transition(CtrlState::Live).is_err() {
+            // The new connections are dropped with `to_send` and `b.admin`.
+            return Step::Break(());
+        }
+        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+        for (owner, index, (stream, queue)) in to_send {
+            let _ = owner.send(QueueMsg::Queue { ctrl: Arc::clone(ctrl), index, generation, stream, queue });
+        }
+        self.admin = Some(b.admin);
+        self.aer = self.admin.as_mut().and_then(submit_aer);
+        self.ka.last = Instant::now();
+        tracing::info!(traddr = %ctrl.opts.traddr, "controller reconnected");
+        Step::Continue(())
+    }
+}
+
+/// Serves one control request on the live admin queue (`Break` after a delete).
+fn serve_request(ctrl: &Controller, q: &mut SyncQueue, req: AdminReq) -> Step {
+    match req {
+        AdminReq::Command { io, reply } => {
+            let _ = reply.send(q.execute(io, ADMIN_TIMEOUT));
+        }
+        AdminReq::Authenticate { deadline, reply } => {
+            let r = if q.queue().was_authenticated() {
+                let keys = ctrl.keys();
+                let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
+                crate::auth::authenticate(
+                    q,
+                    keys.as_ref(),
+                    hostnqn,
+                    subnqn,
+                    deadline,
+                    crate::auth::Occasion::Reauthentication,
+                )
+            } else {
+                // Linux re-authenticates only queues that authenticated at connect.
+                Err(Error::new(
+                    ErrorKind::Invalid,
+                    "the controller did not ask for authentication at connect: nothing to renew",
+                ))
+            };
+            let _ = reply.send(r);
+        }
+        AdminReq::Delete { reply } => {
+            let _ = admin::shutdown(q);
+            ctrl.retire();
+            let _ = reply.send(());
+            return Step::Break(());
+        }
+    }
+    Step::Continue(())
+}
+
+/// Sleeps `delay` before the next reconnect attempt, in slices so a delete is noticed.
+fn wait_for_retry(weak: &std::sync::Weak<Controller>, rx: &Receiver<AdminReq>, delay: Duration) -> Step {
+    let until = Instant::now() + delay;
+    while Instant::now() < until {
+        if let Ok(AdminReq::Delete { reply }) = rx.recv_timeout(Duration::from_millis(20)) {
+            if let Some(c) = weak.upgrade() {
+                c.retire();
+            }
+            let _ = reply.send(());
+            return Step::Break(());
+        }
+    }
+    Step::Continue(())
 }
 
 fn handle_event(ctrl: &Controller, q: &mut SyncQueue, ev: AsyncEvent) {

@@ -219,18 +219,30 @@ pub fn render(hub: &HostStats) -> String {
 /// A snapshot in Prometheus text exposition format 0.0.4.
 pub fn render_snapshot(s: &HostSnapshot) -> String {
     let mut out = String::with_capacity(4096 + 2048 * s.queues.len());
+    queue_families(&mut out, s);
+    controller_families(&mut out, s);
+    path_families(&mut out, s);
+    namespace_families(&mut out, s);
+    help(&mut out, "qpath_host_contexts", "gauge", "Contexts publishing statistics now.");
+    let _ = writeln!(out, "qpath_host_contexts {}", s.contexts_live);
+    out
+}
+
+/// Per queue: I/Os, bytes, errors, outstanding, waiting, requeues, busy, connects,
+/// failures and latency.
+fn queue_families(out: &mut String, s: &HostSnapshot) {
     let qlabels: Vec<String> = s
         .queues
         .iter()
         .map(|q| format!("ctrl=\"{}\",traddr=\"{}\",subnqn=\"{}\",qid=\"{}\"", q.ctrl, q.traddr, esc(&q.subnqn), q.qid))
         .collect();
-    help(&mut out, "qpath_host_queue_ios_total", "counter", "I/Os completed on the queue, by direction.");
+    help(out, "qpath_host_queue_ios_total", "counter", "I/Os completed on the queue, by direction.");
     for (q, l) in s.queues.iter().zip(&qlabels) {
-        per_dir(&mut out, "qpath_host_queue_ios_total", l, &q.totals.stats, false);
+        per_dir(out, "qpath_host_queue_ios_total", l, &q.totals.stats, false);
     }
-    help(&mut out, "qpath_host_queue_bytes_total", "counter", "Bytes moved by successful I/Os, by direction.");
+    help(out, "qpath_host_queue_bytes_total", "counter", "Bytes moved by successful I/Os, by direction.");
     for (q, l) in s.queues.iter().zip(&qlabels) {
-        per_dir(&mut out, "qpath_host_queue_bytes_total", l, &q.totals.stats, true);
+        per_dir(out, "qpath_host_queue_bytes_total", l, &q.totals.stats, true);
     }
     let scalar =
         |out: &mut String, name: &str, kind: &str, text: &str, f: &dyn Fn(&crate::stats::QueueSnapshot) -> u64| {
@@ -239,51 +251,52 @@ pub fn render_snapshot(s: &HostSnapshot) -> String {
                 let _ = writeln!(out, "{name}{{{l}}} {}", f(q));
             }
         };
-    scalar(&mut out, "qpath_host_queue_errors_total", "counter", "I/Os completed with an error status.", &|q| {
+    scalar(out, "qpath_host_queue_errors_total", "counter", "I/Os completed with an error status.", &|q| {
         q.totals.stats.errors()
     });
-    scalar(&mut out, "qpath_host_queue_outstanding", "gauge", "Commands on the wire.", &|q| q.outstanding);
-    scalar(&mut out, "qpath_host_queue_waiting", "gauge", "Requests waiting for a tag or a connection.", &|q| {
-        q.waiting
-    });
-    scalar(&mut out, "qpath_host_queue_requeues_total", "counter", "Requests sent around again.", &|q| {
+    scalar(out, "qpath_host_queue_outstanding", "gauge", "Commands on the wire.", &|q| q.outstanding);
+    scalar(out, "qpath_host_queue_waiting", "gauge", "Requests waiting for a tag or a connection.", &|q| q.waiting);
+    scalar(out, "qpath_host_queue_requeues_total", "counter", "Requests sent around again.", &|q| {
         q.totals.stats.requeues
     });
-    scalar(&mut out, "qpath_host_queue_busy_total", "counter", "Submissions that found no free tag.", &|q| {
+    scalar(out, "qpath_host_queue_busy_total", "counter", "Submissions that found no free tag.", &|q| {
         q.totals.stats.busy
     });
-    scalar(&mut out, "qpath_host_queue_connects_total", "counter", "Connections installed on the queue.", &|q| {
+    scalar(out, "qpath_host_queue_connects_total", "counter", "Connections installed on the queue.", &|q| {
         q.totals.connects
     });
-    scalar(&mut out, "qpath_host_queue_failures_total", "counter", "Connections that failed under I/O.", &|q| {
+    scalar(out, "qpath_host_queue_failures_total", "counter", "Connections that failed under I/O.", &|q| {
         q.totals.failures
     });
-    help(&mut out, "qpath_host_queue_latency_seconds", "summary", "I/O latency, submit to completion.");
+    help(out, "qpath_host_queue_latency_seconds", "summary", "I/O latency, submit to completion.");
     for (q, l) in s.queues.iter().zip(&qlabels) {
-        quantiles(&mut out, "qpath_host_queue_latency_seconds", l, &q.totals.stats);
+        quantiles(out, "qpath_host_queue_latency_seconds", l, &q.totals.stats);
     }
+}
 
+/// Per controller: identity and state, liveness, reconnects, re-authentications, I/Os, errors.
+fn controller_families(out: &mut String, s: &HostSnapshot) {
     let clabels: Vec<String> = s
         .controllers
         .iter()
         .map(|c| format!("ctrl=\"{}\",traddr=\"{}\",subnqn=\"{}\"", c.ctrl, c.traddr, esc(&c.subnqn)))
         .collect();
-    help(&mut out, "qpath_host_controller_info", "gauge", "Controller identity and state (always 1).");
+    help(out, "qpath_host_controller_info", "gauge", "Controller identity and state (always 1).");
     for (c, l) in s.controllers.iter().zip(&clabels) {
         let state = format!("{:?}", c.state).to_lowercase();
         let _ = writeln!(out, "qpath_host_controller_info{{{l},cntlid=\"{}\",state=\"{state}\"}} 1", c.cntlid);
     }
-    help(&mut out, "qpath_host_controller_live", "gauge", "1 when the controller is live.");
+    help(out, "qpath_host_controller_live", "gauge", "1 when the controller is live.");
     for (c, l) in s.controllers.iter().zip(&clabels) {
         let live = u8::from(c.present && c.state == crate::controller::CtrlState::Live);
         let _ = writeln!(out, "qpath_host_controller_live{{{l}}} {live}");
     }
-    help(&mut out, "qpath_host_controller_reconnects_total", "counter", "Association resets that reconnected.");
+    help(out, "qpath_host_controller_reconnects_total", "counter", "Association resets that reconnected.");
     for (c, l) in s.controllers.iter().zip(&clabels) {
         let _ = writeln!(out, "qpath_host_controller_reconnects_total{{{l}}} {}", c.reconnects);
     }
     help(
-        &mut out,
+        out,
         "qpath_host_controller_reauths_total",
         "counter",
         "Re-authentications of the live controller, by result (failed: a queue's transaction failed).",
@@ -292,15 +305,18 @@ pub fn render_snapshot(s: &HostSnapshot) -> String {
         let _ = writeln!(out, "qpath_host_controller_reauths_total{{{l},result=\"ok\"}} {}", c.reauths);
         let _ = writeln!(out, "qpath_host_controller_reauths_total{{{l},result=\"failed\"}} {}", c.reauth_failures);
     }
-    help(&mut out, "qpath_host_controller_ios_total", "counter", "I/Os completed over the controller's queues.");
+    help(out, "qpath_host_controller_ios_total", "counter", "I/Os completed over the controller's queues.");
     for (c, l) in s.controllers.iter().zip(&clabels) {
-        per_dir(&mut out, "qpath_host_controller_ios_total", l, &c.totals.stats, false);
+        per_dir(out, "qpath_host_controller_ios_total", l, &c.totals.stats, false);
     }
-    help(&mut out, "qpath_host_controller_errors_total", "counter", "Errors over the controller's queues.");
+    help(out, "qpath_host_controller_errors_total", "counter", "Errors over the controller's queues.");
     for (c, l) in s.controllers.iter().zip(&clabels) {
         let _ = writeln!(out, "qpath_host_controller_errors_total{{{l}}} {}", c.totals.stats.errors());
     }
+}
 
+/// Per path of a namespace: I/Os, bytes, errors and latency.
+fn path_families(out: &mut String, s: &HostSnapshot) {
     let plabels: Vec<String> = s
         .paths
         .iter()
@@ -309,44 +325,44 @@ pub fn render_snapshot(s: &HostSnapshot) -> String {
             format!("subnqn=\"{}\",nsid=\"{}\",ctrl=\"{}\",traddr=\"{traddr}\"", esc(&p.subnqn), p.nsid, p.ctrl)
         })
         .collect();
-    help(&mut out, "qpath_host_path_ios_total", "counter", "I/Os whose last try was this path, by direction.");
+    help(out, "qpath_host_path_ios_total", "counter", "I/Os whose last try was this path, by direction.");
     for (p, l) in s.paths.iter().zip(&plabels) {
-        per_dir(&mut out, "qpath_host_path_ios_total", l, &p.stats, false);
+        per_dir(out, "qpath_host_path_ios_total", l, &p.stats, false);
     }
-    help(&mut out, "qpath_host_path_bytes_total", "counter", "Bytes moved through the path, by direction.");
+    help(out, "qpath_host_path_bytes_total", "counter", "Bytes moved through the path, by direction.");
     for (p, l) in s.paths.iter().zip(&plabels) {
-        per_dir(&mut out, "qpath_host_path_bytes_total", l, &p.stats, true);
+        per_dir(out, "qpath_host_path_bytes_total", l, &p.stats, true);
     }
-    help(&mut out, "qpath_host_path_errors_total", "counter", "I/Os that failed after their last try on the path.");
+    help(out, "qpath_host_path_errors_total", "counter", "I/Os that failed after their last try on the path.");
     for (p, l) in s.paths.iter().zip(&plabels) {
         let _ = writeln!(out, "qpath_host_path_errors_total{{{l}}} {}", p.stats.errors());
     }
-    help(&mut out, "qpath_host_path_latency_seconds", "summary", "I/O latency through the path, submit to completion.");
+    help(out, "qpath_host_path_latency_seconds", "summary", "I/O latency through the path, submit to completion.");
     for (p, l) in s.paths.iter().zip(&plabels) {
-        quantiles(&mut out, "qpath_host_path_latency_seconds", l, &p.stats);
+        quantiles(out, "qpath_host_path_latency_seconds", l, &p.stats);
     }
+}
 
+/// Per namespace: I/Os, bytes, errors and latency.
+fn namespace_families(out: &mut String, s: &HostSnapshot) {
     let nlabels: Vec<String> =
         s.namespaces.iter().map(|n| format!("subnqn=\"{}\",nsid=\"{}\"", esc(&n.subnqn), n.nsid)).collect();
-    help(&mut out, "qpath_host_namespace_ios_total", "counter", "I/Os of the namespace, by direction.");
+    help(out, "qpath_host_namespace_ios_total", "counter", "I/Os of the namespace, by direction.");
     for (n, l) in s.namespaces.iter().zip(&nlabels) {
-        per_dir(&mut out, "qpath_host_namespace_ios_total", l, &n.stats, false);
+        per_dir(out, "qpath_host_namespace_ios_total", l, &n.stats, false);
     }
-    help(&mut out, "qpath_host_namespace_bytes_total", "counter", "Bytes moved on the namespace, by direction.");
+    help(out, "qpath_host_namespace_bytes_total", "counter", "Bytes moved on the namespace, by direction.");
     for (n, l) in s.namespaces.iter().zip(&nlabels) {
-        per_dir(&mut out, "qpath_host_namespace_bytes_total", l, &n.stats, true);
+        per_dir(out, "qpath_host_namespace_bytes_total", l, &n.stats, true);
     }
-    help(&mut out, "qpath_host_namespace_errors_total", "counter", "I/Os of the namespace that failed to the caller.");
+    help(out, "qpath_host_namespace_errors_total", "counter", "I/Os of the namespace that failed to the caller.");
     for (n, l) in s.namespaces.iter().zip(&nlabels) {
         let _ = writeln!(out, "qpath_host_namespace_errors_total{{{l}}} {}", n.errors());
     }
-    help(&mut out, "qpath_host_namespace_latency_seconds", "summary", "I/O latency, submit to completion.");
+    help(out, "qpath_host_namespace_latency_seconds", "summary", "I/O latency, submit to completion.");
     for (n, l) in s.namespaces.iter().zip(&nlabels) {
-        quantiles(&mut out, "qpath_host_namespace_latency_seconds", l, &n.stats);
+        quantiles(out, "qpath_host_namespace_latency_seconds", l, &n.stats);
     }
-    help(&mut out, "qpath_host_contexts", "gauge", "Contexts publishing statistics now.");
-    let _ = writeln!(out, "qpath_host_contexts {}", s.contexts_live);
-    out
 }
 
 #[cfg(test)]

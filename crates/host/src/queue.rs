@@ -23,8 +23,7 @@ use std::ops::Range;
 use nvme::fabrics::{ConnectCmd, ConnectData};
 use nvme::tcp::pdu::TERM_MAX_DATA;
 use nvme::tcp::{
-    DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, FatalError, Header, IcReq, PduInfo, Role,
-    crc32c, crc32c_append,
+    DataHeader, DecoderConfig, Digests, EncoderConfig, FatalError, Frame, Framer, Header, IcReq, PduInfo, Role, crc32c,
 };
 use nvme::{Cid, Cntlid, Cqe, QueueId, SglDescriptor, Sqe, Status};
 use uring::{IoBuf, SendMsg};
@@ -226,29 +225,15 @@ impl Slot {
     }
 }
 
+/// What the PDU being received means to the queue (the framer knows where it is in it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Rx {
-    Header,
-    /// C2H data for `tag` at `offset`; `Discard` data nobody owns.
-    Data {
-        tag: Option<u16>,
-        offset: u32,
-        remaining: usize,
-        ddgst: bool,
-        crc: u32,
-        success: bool,
-        last: bool,
-    },
-    Digest {
-        tag: Option<u16>,
-        crc: u32,
-        success: bool,
-        last: bool,
-    },
-    /// A C2HTermReq's error data: skip it, then fail.
-    Term {
-        remaining: usize,
-    },
+enum RxPdu {
+    /// Nothing beyond its header.
+    Other,
+    /// C2H data for `tag`; the next bytes go to `offset` in its buffer.
+    C2H { tag: u16, offset: u32, success: bool, last: bool },
+    /// A C2HTermReq's error data: skipped, then the queue fails.
+    Term,
 }
 
 /// A receive in flight into a command's own buffer.
@@ -263,12 +248,12 @@ struct Direct {
 pub struct HostQueue {
     cfg: QueueConfig,
     state: QueueState,
-    dec: Decoder,
+    framer: Framer,
     enc: EncoderConfig,
     maxh2cdata: u32,
     rx: Option<IoBuf>,
     rx_pos: usize,
-    rx_state: Rx,
+    rx_pdu: RxPdu,
     /// The receive in flight goes into a command's buffer, not `rx`.
     direct: Option<Direct>,
     /// Most bytes the next receive into `rx` asks for.
@@ -317,12 +302,12 @@ impl HostQueue {
     pub fn new(cfg: QueueConfig) -> HostQueue {
         let entries = usize::from(cfg.tag_space.max(cfg.entries));
         let mut q = HostQueue {
-            dec: Decoder::new(DecoderConfig::initial(Role::Host)),
+            framer: Framer::new(DecoderConfig::initial(Role::Host)),
             enc: EncoderConfig::default(),
             maxh2cdata: nvme::tcp::pdu::MIN_MAXH2CDATA,
             rx: Some(IoBuf::new(cfg.rx_buffer_size.max(8192).next_multiple_of(4096))),
             rx_pos: 0,
-            rx_state: Rx::Header,
+            rx_pdu: RxPdu::Other,
             direct: None,
             rx_limit: usize::MAX,
             tx: SendMsg::with_capacity(4096, 64),
@@ -569,7 +554,9 @@ impl HostQueue {
     /// are a large payload and none of it waits in the receive buffer. The buffer counts
     /// as in flight (like a write's buffer in a send batch) until the receive returns it.
     fn take_direct(&mut self) -> Option<(IoBuf, Range<usize>)> {
-        let Rx::Data { tag: Some(tag), offset, remaining, .. } = self.rx_state else { return None };
+        let (RxPdu::C2H { tag, offset, .. }, Some(remaining)) = (self.rx_pdu, self.framer.data_remaining()) else {
+            return None;
+        };
         if remaining < DIRECT_RECV_MIN || self.direct.is_some() {
             return None;
         }
@@ -597,20 +584,14 @@ impl HostQueue {
         if closed {
             self.fail("connection closed by the controller".into());
         } else if n > 0
-            && let Rx::Data { tag: Some(tag), offset, remaining, ddgst, crc, .. } = self.rx_state
+            && let (RxPdu::C2H { tag, .. }, Some(remaining)) = (self.rx_pdu, self.framer.data_remaining())
             && tag == d.tag
         {
             let n = n.min(remaining);
-            let s = &mut self.slots[usize::from(tag)];
-            let crc = match s.buf.as_ref() {
-                Some(b) if ddgst => crc32c_append(crc, &b.as_full()[offset as usize..offset as usize + n]),
-                _ => crc,
-            };
-            s.received += u32::try_from(n).unwrap_or(u32::MAX);
             if n == remaining {
                 self.rx_limit = RECV_AFTER_DIRECT;
             }
-            self.data_advanced(n, crc);
+            self.data_placed(n);
         }
         // A command aborted while its buffer was out finishes now that it is back.
         let s = &self.slots[usize::from(d.tag)];
@@ -619,19 +600,21 @@ impl HostQueue {
         }
     }
 
-    /// `n` more bytes of the C2H payload being received (`rx_state` is `Rx::Data`) went to
-    /// its command's buffer, and `crc` covers them: the state after them.
-    fn data_advanced(&mut self, n: usize, crc: u32) {
-        let Rx::Data { tag, offset, remaining, ddgst, success, last, .. } = self.rx_state else { return };
-        let remaining = remaining - n;
-        let offset = offset + u32::try_from(n).unwrap_or(0);
-        if remaining > 0 {
-            self.rx_state = Rx::Data { tag, offset, remaining, ddgst, crc, success, last };
-        } else if ddgst {
-            self.rx_state = Rx::Digest { tag, crc, success, last };
-        } else {
-            self.rx_state = Rx::Header;
-            self.c2h_done(tag, true, success, last);
+    /// `n` more bytes of the C2H payload being received went straight to its command's
+    /// buffer (a direct receive): the framer counts them into the digest, and a payload
+    /// that ends without a digest completes now.
+    pub(super) fn data_placed(&mut self, n: usize) {
+        let RxPdu::C2H { tag, offset, .. } = &mut self.rx_pdu else { return };
+        let s = &mut self.slots[usize::from(*tag)];
+        let o = *offset as usize;
+        let ended = match s.buf.as_ref() {
+            Some(b) => self.framer.data_placed(&b.as_full()[o..o + n]),
+            None => false,
+        };
+        s.received += u32::try_from(n).unwrap_or(u32::MAX);
+        *offset += u32::try_from(n).unwrap_or(0);
+        if ended && let Ok((_, Frame::DataEnd { digest_ok })) = self.framer.next(&[]) {
+            self.data_end(digest_ok);
         }
     }
 
@@ -684,68 +667,46 @@ impl HostQueue {
     }
 
     fn process(&mut self, buf: &IoBuf) {
-        loop {
-            if self.state == QueueState::Failed {
-                return;
-            }
+        while self.state != QueueState::Failed {
             let avail = &buf[self.rx_pos..];
-            match self.rx_state {
-                Rx::Header => match self.dec.decode_header(avail) {
-                    Err(e) => {
-                        let n = avail.len().min(TERM_MAX_DATA);
-                        let off = avail[..n].to_vec();
-                        self.fatal(e, &off);
-                        return;
-                    }
-                    Ok(Decoded::NeedMore(_)) => return,
-                    Ok(Decoded::Pdu(info)) => {
-                        let skip = info.layout.data_offset.min(info.layout.plen);
-                        if avail.len() < skip {
-                            return;
-                        }
-                        self.rx_pos += skip;
-                        self.on_header(info);
-                    }
-                },
-                Rx::Data { tag, offset, remaining, ddgst, crc, .. } => {
-                    let n = avail.len().min(remaining);
-                    if n == 0 {
-                        return;
-                    }
-                    let chunk = &buf[self.rx_pos..self.rx_pos + n];
-                    let crc = if ddgst { crc32c_append(crc, chunk) } else { crc };
-                    if let Some(t) = tag {
-                        let s = &mut self.slots[usize::from(t)];
-                        if let Some(b) = s.buf.as_mut() {
-                            let o = offset as usize;
-                            b.as_full_mut()[o..o + n].copy_from_slice(chunk);
-                        }
-                        s.received += u32::try_from(n).unwrap_or(u32::MAX);
-                    }
-                    self.rx_pos += n;
-                    self.data_advanced(n, crc);
-                }
-                Rx::Digest { tag, crc, success, last } => {
-                    if avail.len() < 4 {
-                        return;
-                    }
-                    let got = u32::from_le_bytes([avail[0], avail[1], avail[2], avail[3]]);
-                    self.rx_pos += 4;
-                    self.rx_state = Rx::Header;
-                    self.c2h_done(tag, got == crc, success, last);
-                }
-                Rx::Term { remaining } => {
-                    let n = avail.len().min(remaining);
-                    self.rx_pos += n;
-                    if remaining - n > 0 {
-                        self.rx_state = Rx::Term { remaining: remaining - n };
-                        return;
-                    }
-                    self.rx_state = Rx::Header;
-                    self.fail("controller terminated the connection (C2HTermReq)".into());
+            let (n, frame) = match self.framer.next(avail) {
+                Ok(step) => step,
+                Err(e) => {
+                    let n = avail.len().min(TERM_MAX_DATA);
+                    let off = avail[..n].to_vec();
+                    self.fatal(e, &off);
                     return;
                 }
+            };
+            self.rx_pos += n;
+            match frame {
+                Frame::NeedMore(_) => return,
+                Frame::Header(info) => self.on_header(info),
+                Frame::Data(chunk) => self.c2h_chunk(chunk),
+                Frame::DataEnd { digest_ok } => self.data_end(digest_ok),
             }
+        }
+    }
+
+    /// The next bytes of the PDU's data, received into the receive buffer.
+    fn c2h_chunk(&mut self, chunk: &[u8]) {
+        let RxPdu::C2H { tag, offset, .. } = &mut self.rx_pdu else { return };
+        let s = &mut self.slots[usize::from(*tag)];
+        if let Some(b) = s.buf.as_mut() {
+            let o = *offset as usize;
+            b.as_full_mut()[o..o + chunk.len()].copy_from_slice(chunk);
+        }
+        let n = u32::try_from(chunk.len()).unwrap_or(u32::MAX);
+        s.received += n;
+        *offset += n;
+    }
+
+    /// The PDU's data is all in (and its digest checked, if it has one).
+    fn data_end(&mut self, digest_ok: bool) {
+        match std::mem::replace(&mut self.rx_pdu, RxPdu::Other) {
+            RxPdu::C2H { tag, success, last, .. } => self.c2h_done(Some(tag), digest_ok, success, last),
+            RxPdu::Term => self.fail("controller terminated the connection (C2HTermReq)".into()),
+            RxPdu::Other => {}
         }
     }
 
@@ -761,7 +722,7 @@ impl HostQueue {
                 }
                 self.maxh2cdata = r.maxh2cdata;
                 self.enc = EncoderConfig { digests: r.digests, data_align: (usize::from(r.cpda) + 1) * 4 };
-                self.dec.config = DecoderConfig {
+                self.framer.decoder.config = DecoderConfig {
                     receiver: Role::Host,
                     digests: r.digests,
                     established: true,
@@ -773,9 +734,9 @@ impl HostQueue {
             }
             Header::C2HTermReq(t) => {
                 tracing::warn!(qid = self.cfg.qid.0, fes = t.fes, fei = t.fei, "C2HTermReq from controller");
-                self.rx_state = Rx::Term { remaining: info.layout.data_len };
+                self.rx_pdu = RxPdu::Term;
                 if info.layout.data_len == 0 {
-                    self.rx_state = Rx::Header;
+                    self.rx_pdu = RxPdu::Other;
                     self.fail(format!("controller terminated the connection (FES {}, FEI {})", t.fes, t.fei));
                 }
             }
@@ -791,15 +752,7 @@ impl HostQueue {
                 if !ok {
                     return self.fatal(FatalError { fes: nvme::tcp::Fes::DataOutOfRange, fei: 0 }, &[]);
                 }
-                self.rx_state = Rx::Data {
-                    tag: Some(tag),
-                    offset: d.datao,
-                    remaining: info.layout.data_len,
-                    ddgst: info.layout.ddgst,
-                    crc: crc32c(&[]),
-                    success: d.success,
-                    last: d.last,
-                };
+                self.rx_pdu = RxPdu::C2H { tag, offset: d.datao, success: d.success, last: d.last };
             }
             Header::R2T(r) => self.on_r2t(r),
             Header::IcReq(_) | Header::H2CTermReq(_) | Header::CapsuleCmd(_) | Header::H2CData(_) => {

@@ -336,36 +336,7 @@ impl HostStats {
             });
         }
         queues.sort_by_key(|q| (q.ctrl, q.qid));
-        let controllers = g
-            .controllers
-            .iter()
-            .map(|c| {
-                let mut totals = QueueTotals::default();
-                let mut outstanding = 0;
-                let mut nq = 0;
-                for q in queues.iter().filter(|q| q.ctrl == c.id) {
-                    totals.merge(&q.totals);
-                    outstanding += q.outstanding;
-                    nq += 1;
-                }
-                ControllerSnapshot {
-                    ctrl: c.id,
-                    traddr: c.traddr,
-                    subnqn: c.subnqn.clone(),
-                    cntlid: c.seen.cntlid,
-                    state: c.seen.state,
-                    present: c.ctrl.strong_count() > 0,
-                    reconnects: c.seen.reconnects,
-                    reauths: c.seen.reauths,
-                    reauth_failures: c.seen.reauth_failures,
-                    io_queues: c.seen.io_queues,
-                    queues_used: nq,
-                    outstanding,
-                    last_error: c.seen.last_error.clone(),
-                    totals,
-                }
-            })
-            .collect();
+        let controllers = g.controllers.iter().map(|c| controller_snapshot(c, &queues)).collect();
         // Paths and namespaces: the retired totals plus every live device.
         let mut paths = g.retired_paths.clone();
         let mut no_path = g.retired_no_path.clone();
@@ -412,6 +383,34 @@ impl HostStats {
             paths: path_list,
             namespaces: namespaces.into_values().collect(),
         }
+    }
+}
+
+/// A controller's snapshot: what it last showed, and its queues' totals merged.
+fn controller_snapshot(c: &CtrlEntry, queues: &[QueueSnapshot]) -> ControllerSnapshot {
+    let mut totals = QueueTotals::default();
+    let mut outstanding = 0;
+    let mut nq = 0;
+    for q in queues.iter().filter(|q| q.ctrl == c.id) {
+        totals.merge(&q.totals);
+        outstanding += q.outstanding;
+        nq += 1;
+    }
+    ControllerSnapshot {
+        ctrl: c.id,
+        traddr: c.traddr,
+        subnqn: c.subnqn.clone(),
+        cntlid: c.seen.cntlid,
+        state: c.seen.state,
+        present: c.ctrl.strong_count() > 0,
+        reconnects: c.seen.reconnects,
+        reauths: c.seen.reauths,
+        reauth_failures: c.seen.reauth_failures,
+        io_queues: c.seen.io_queues,
+        queues_used: nq,
+        outstanding,
+        last_error: c.seen.last_error.clone(),
+        totals,
     }
 }
 

@@ -205,24 +205,7 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
             let (offset, len) = range(sqe.slba(), u64::from(sqe.nlb()))?;
             Ok(IoKind::WriteZeroes { offset, len, deallocate: sqe.wz_deallocate(), fua: sqe.fua() })
         }
-        io::DATASET_MANAGEMENT => {
-            if ns.write_protected() {
-                return Err(Status::NS_WRITE_PROTECTED);
-            }
-            // NVM Command Set 1.0 §3.2.3: NR (CDW10 bits 7:0) is 0's based; of the attributes
-            // (CDW11) only Deallocate (bit 2) asks for anything, IDR and IDW are hints.
-            let nr = (sqe.cdw(10) & 0xff) + 1;
-            // The data holds NR ranges, but Linux always sends room for 256 (4096 bytes:
-            // `nvme_setup_discard` allocates NVME_DSM_MAX_RANGES ranges because some devices
-            // read that much whatever NR says). As Linux nvmet (`nvmet_check_data_len_lte`)
-            // and SPDK do, an SGL of NR x 16 up to 4096 bytes is taken and its first NR x 16
-            // bytes read; a shorter or a longer one is refused.
-            let len = sqe.sgl().length;
-            if (len as usize) < nr as usize * DSM_RANGE_BYTES || len > DSM_DATA_MAX {
-                return Err(Status::DATA_SGL_LENGTH_INVALID);
-            }
-            Ok(IoKind::Dsm { nr, len, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
-        }
+        io::DATASET_MANAGEMENT => plan_dsm(sqe, ns),
         io::COMPARE => {
             let (offset, len) = range(sqe.slba(), u64::from(sqe.nlb()))?;
             match u32::try_from(len) {
@@ -236,21 +219,7 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
             let (offset, len) = range(sqe.slba(), u64::from(sqe.nlb()))?;
             Ok(IoKind::Verify { offset, len, fua: sqe.fua() })
         }
-        io::COPY => {
-            if ns.readonly {
-                return Err(Status::NS_WRITE_PROTECTED);
-            }
-            // NVM Command Set 1.0 §3.2.2: a format OCFS does not advertise is an invalid
-            // field; more ranges than MSRC allows exceed the command size limit.
-            if sqe.copy_format() != nvme::copy::FORMAT_0 {
-                return Err(Status::INVALID_FIELD);
-            }
-            let nr = sqe.copy_ranges();
-            if nr > COPY_RANGES_MAX {
-                return Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED);
-            }
-            Ok(IoKind::Copy { sdlba: sqe.copy_sdlba(), nr, len: 0, fua: sqe.fua() })
-        }
+        io::COPY => plan_copy(sqe, ns),
         io::RESV_REGISTER => Ok(IoKind::Reservation { op: ResvOp::Register, len: 16 }),
         io::RESV_ACQUIRE => Ok(IoKind::Reservation { op: ResvOp::Acquire, len: 16 }),
         io::RESV_RELEASE => Ok(IoKind::Reservation { op: ResvOp::Release, len: 8 }),
@@ -263,6 +232,43 @@ pub fn plan(sqe: &Sqe, ns: Option<&Namespace>, port: &Port, max_transfer: u32) -
         }
         _ => Err(Status::INVALID_OPCODE),
     }
+}
+
+/// Dataset Management: the number of ranges and the length of their data checked.
+fn plan_dsm(sqe: &Sqe, ns: &Namespace) -> Result<IoKind, Status> {
+    if ns.write_protected() {
+        return Err(Status::NS_WRITE_PROTECTED);
+    }
+    // NVM Command Set 1.0 §3.2.3: NR (CDW10 bits 7:0) is 0's based; of the attributes
+    // (CDW11) only Deallocate (bit 2) asks for anything, IDR and IDW are hints.
+    let nr = (sqe.cdw(10) & 0xff) + 1;
+    // The data holds NR ranges, but Linux always sends room for 256 (4096 bytes:
+    // `nvme_setup_discard` allocates NVME_DSM_MAX_RANGES ranges because some devices
+    // read that much whatever NR says). As Linux nvmet (`nvmet_check_data_len_lte`)
+    // and SPDK do, an SGL of NR x 16 up to 4096 bytes is taken and its first NR x 16
+    // bytes read; a shorter or a longer one is refused.
+    let len = sqe.sgl().length;
+    if (len as usize) < nr as usize * DSM_RANGE_BYTES || len > DSM_DATA_MAX {
+        return Err(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    Ok(IoKind::Dsm { nr, len, deallocate: sqe.cdw(11) & (1 << 2) != 0 })
+}
+
+/// Copy: the descriptor format and the number of source ranges checked.
+fn plan_copy(sqe: &Sqe, ns: &Namespace) -> Result<IoKind, Status> {
+    if ns.readonly {
+        return Err(Status::NS_WRITE_PROTECTED);
+    }
+    // NVM Command Set 1.0 §3.2.2: a format OCFS does not advertise is an invalid
+    // field; more ranges than MSRC allows exceed the command size limit.
+    if sqe.copy_format() != nvme::copy::FORMAT_0 {
+        return Err(Status::INVALID_FIELD);
+    }
+    let nr = sqe.copy_ranges();
+    if nr > COPY_RANGES_MAX {
+        return Err(Status::COMMAND_SIZE_LIMIT_EXCEEDED);
+    }
+    Ok(IoKind::Copy { sdlba: sqe.copy_sdlba(), nr, len: 0, fua: sqe.fua() })
 }
 
 /// Bytes of one Dataset Management range (NVM Command Set 1.0 §3.2.3.1, Figure 40): context

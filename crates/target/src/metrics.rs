@@ -208,6 +208,21 @@ fn secs(ns: u64) -> f64 {
 pub fn render(state: &TargetState) -> String {
     let mut out = String::with_capacity(4096);
     let infos = state.queue_infos();
+    queue_families(&mut out, &infos);
+    port_families(&mut out, state, &infos);
+    namespace_families(&mut out, state);
+    buffer_families(&mut out, state);
+    family(&mut out, "qpath_target_controllers", "gauge", "Live controllers of the subsystem.", |o| {
+        for s in state.subsystems() {
+            let _ = writeln!(o, "qpath_target_controllers{{subnqn=\"{}\"}} {}", esc(&s.nqn), s.controllers().len());
+        }
+    });
+    auth_families(&mut out, state);
+    out
+}
+
+/// Per queue: commands, outstanding, errors, I/Os, bytes and latency by direction.
+fn queue_families(out: &mut String, infos: &[Arc<QueueInfo>]) {
     let label = |q: &QueueInfo| {
         let (subnqn, cntlid, qid) = q.binding().map_or((String::new(), 0, 0), |(s, c, q)| (s, c.0, q));
         format!(
@@ -223,24 +238,24 @@ pub fn render(state: &TargetState) -> String {
             let _ = writeln!(out, "{name}{{{l}}} {}", v(q));
         }
     };
-    family(&mut out, "qpath_target_queue_commands_total", "counter", "Commands received by the queue.", |o| {
+    family(out, "qpath_target_queue_commands_total", "counter", "Commands received by the queue.", |o| {
         counter(o, "qpath_target_queue_commands_total", &|q| q.stats.commands.get());
     });
-    family(&mut out, "qpath_target_queue_outstanding", "gauge", "Commands in progress on the queue.", |o| {
+    family(out, "qpath_target_queue_outstanding", "gauge", "Commands in progress on the queue.", |o| {
         counter(o, "qpath_target_queue_outstanding", &|q| q.stats.outstanding.get());
     });
-    family(&mut out, "qpath_target_queue_errors_total", "counter", "Commands completed with an error status.", |o| {
+    family(out, "qpath_target_queue_errors_total", "counter", "Commands completed with an error status.", |o| {
         counter(o, "qpath_target_queue_errors_total", &|q| q.stats.errors.get());
     });
     let lats: Vec<(blk::QueueStats, [u64; 4])> = infos.iter().map(|q| q.latency_with_sums()).collect();
-    family(&mut out, "qpath_target_queue_ios_total", "counter", "Completed I/O commands by direction.", |o| {
+    family(out, "qpath_target_queue_ios_total", "counter", "Completed I/O commands by direction.", |o| {
         for (l, (s, _)) in labels.iter().zip(&lats) {
             for (d, name) in DIRS {
                 let _ = writeln!(o, "qpath_target_queue_ios_total{{{l},dir=\"{name}\"}} {}", s.direction(d).ios);
             }
         }
     });
-    family(&mut out, "qpath_target_queue_bytes_total", "counter", "Bytes moved by direction.", |o| {
+    family(out, "qpath_target_queue_bytes_total", "counter", "Bytes moved by direction.", |o| {
         for (l, (s, _)) in labels.iter().zip(&lats) {
             for (d, name) in DIRS {
                 let _ = writeln!(o, "qpath_target_queue_bytes_total{{{l},dir=\"{name}\"}} {}", s.direction(d).bytes);
@@ -248,7 +263,7 @@ pub fn render(state: &TargetState) -> String {
         }
     });
     let name = "qpath_target_queue_latency_seconds";
-    family(&mut out, name, "summary", "Service time of the successful I/O commands.", |o| {
+    family(out, name, "summary", "Service time of the successful I/O commands.", |o| {
         for (l, (s, sums)) in labels.iter().zip(&lats) {
             for (i, (d, dir)) in DIRS.iter().enumerate() {
                 let sum = s.direction(*d).summary();
@@ -263,7 +278,11 @@ pub fn render(state: &TargetState) -> String {
             }
         }
     });
-    let ports = port_rows(state, &infos);
+}
+
+/// Per port: I/Os, bytes and errors by direction, and connections.
+fn port_families(out: &mut String, state: &TargetState, infos: &[Arc<QueueInfo>]) {
+    let ports = port_rows(state, infos);
     let per_port_dir = |o: &mut String, name: &str, v: &dyn Fn(&PortCounters) -> [u64; 4]| {
         for p in &ports {
             for (i, (_, dir)) in DIRS.iter().enumerate() {
@@ -271,40 +290,44 @@ pub fn render(state: &TargetState) -> String {
             }
         }
     };
-    family(&mut out, "qpath_target_port_ios_total", "counter", "Completed I/O commands through the port.", |o| {
+    family(out, "qpath_target_port_ios_total", "counter", "Completed I/O commands through the port.", |o| {
         per_port_dir(o, "qpath_target_port_ios_total", &|t| t.ios);
     });
-    family(&mut out, "qpath_target_port_bytes_total", "counter", "Bytes moved through the port.", |o| {
+    family(out, "qpath_target_port_bytes_total", "counter", "Bytes moved through the port.", |o| {
         per_port_dir(o, "qpath_target_port_bytes_total", &|t| t.bytes);
     });
-    family(&mut out, "qpath_target_port_errors_total", "counter", "Failed I/O commands through the port.", |o| {
+    family(out, "qpath_target_port_errors_total", "counter", "Failed I/O commands through the port.", |o| {
         per_port_dir(o, "qpath_target_port_errors_total", &|t| t.errors);
     });
-    family(&mut out, "qpath_target_port_connections", "gauge", "Connections on the port.", |o| {
+    family(out, "qpath_target_port_connections", "gauge", "Connections on the port.", |o| {
         for p in &ports {
             let _ = writeln!(o, "qpath_target_port_connections{{port=\"{}\"}} {}", p.id, p.connections);
         }
     });
+}
+
+/// Per namespace: I/Os, bytes, errors and the reservation's type, registrants and conflicts.
+fn namespace_families(out: &mut String, state: &TargetState) {
     let nss: Vec<(String, NsCounters)> = namespace_rows(state)
         .into_iter()
         .map(|(nqn, c)| (format!("subnqn=\"{}\",nsid=\"{}\"", esc(&nqn), c.nsid), c))
         .collect();
     let ns_help = "Completed reads and writes of the namespace.";
-    family(&mut out, "qpath_target_namespace_ios_total", "counter", ns_help, |o| {
+    family(out, "qpath_target_namespace_ios_total", "counter", ns_help, |o| {
         for (l, c) in &nss {
             let _ = writeln!(o, "qpath_target_namespace_ios_total{{{l},dir=\"read\"}} {}", c.reads);
             let _ = writeln!(o, "qpath_target_namespace_ios_total{{{l},dir=\"write\"}} {}", c.writes);
         }
     });
     let ns_help = "Bytes read and written on the namespace.";
-    family(&mut out, "qpath_target_namespace_bytes_total", "counter", ns_help, |o| {
+    family(out, "qpath_target_namespace_bytes_total", "counter", ns_help, |o| {
         for (l, c) in &nss {
             let _ = writeln!(o, "qpath_target_namespace_bytes_total{{{l},dir=\"read\"}} {}", c.read_bytes);
             let _ = writeln!(o, "qpath_target_namespace_bytes_total{{{l},dir=\"write\"}} {}", c.write_bytes);
         }
     });
     let ns_help = "I/O commands on the namespace that failed.";
-    family(&mut out, "qpath_target_namespace_errors_total", "counter", ns_help, |o| {
+    family(out, "qpath_target_namespace_errors_total", "counter", ns_help, |o| {
         for (l, c) in &nss {
             let _ = writeln!(o, "qpath_target_namespace_errors_total{{{l}}} {}", c.errors);
         }
@@ -319,27 +342,31 @@ pub fn render(state: &TargetState) -> String {
         }
     }
     let name = "qpath_target_namespace_reservation_type";
-    family(&mut out, name, "gauge", "Type of the reservation held (0: none).", |o| {
+    family(out, name, "gauge", "Type of the reservation held (0: none).", |o| {
         for (l, rtype, _, _) in &resv {
             let _ = writeln!(o, "{name}{{{l}}} {rtype}");
         }
     });
     let name = "qpath_target_namespace_reservation_registrants";
-    family(&mut out, name, "gauge", "Hosts registered on the namespace.", |o| {
+    family(out, name, "gauge", "Hosts registered on the namespace.", |o| {
         for (l, _, n, _) in &resv {
             let _ = writeln!(o, "{name}{{{l}}} {n}");
         }
     });
     let name = "qpath_target_namespace_reservation_conflicts_total";
-    family(&mut out, name, "counter", "Commands refused with Reservation Conflict.", |o| {
+    family(out, name, "counter", "Commands refused with Reservation Conflict.", |o| {
         for (l, _, _, c) in &resv {
             let _ = writeln!(o, "{name}{{{l}}} {c}");
         }
     });
+}
+
+/// Per reactor: data buffer bytes, allocations and releases.
+fn buffer_families(out: &mut String, state: &TargetState) {
     let buffers = state.buffer_stats();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let name = "qpath_target_reactor_buffer_bytes";
-    family(&mut out, name, "gauge", "Data buffer bytes handed out or kept idle.", |o| {
+    family(out, name, "gauge", "Data buffer bytes handed out or kept idle.", |o| {
         for b in &buffers {
             let id = b.reactor;
             let _ = writeln!(o, "{name}{{reactor=\"{id}\",state=\"outstanding\"}} {}", load(&b.outstanding_bytes));
@@ -347,35 +374,35 @@ pub fn render(state: &TargetState) -> String {
         }
     });
     let name = "qpath_target_reactor_buffer_allocations_total";
-    family(&mut out, name, "counter", "Data buffers allocated.", |o| {
+    family(out, name, "counter", "Data buffers allocated.", |o| {
         for b in &buffers {
             let _ = writeln!(o, "{name}{{reactor=\"{}\"}} {}", b.reactor, load(&b.allocations));
         }
     });
     let name = "qpath_target_reactor_buffer_released_total";
-    family(&mut out, name, "counter", "Returned buffers freed (idle cache full).", |o| {
+    family(out, name, "counter", "Returned buffers freed (idle cache full).", |o| {
         for b in &buffers {
             let _ = writeln!(o, "{name}{{reactor=\"{}\"}} {}", b.reactor, load(&b.released));
         }
     });
-    family(&mut out, "qpath_target_controllers", "gauge", "Live controllers of the subsystem.", |o| {
-        for s in state.subsystems() {
-            let _ = writeln!(o, "qpath_target_controllers{{subnqn=\"{}\"}} {}", esc(&s.nqn), s.controllers().len());
-        }
-    });
+}
+
+/// The DH-HMAC-CHAP workers and transactions.
+fn auth_families(out: &mut String, state: &TargetState) {
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let w = &state.auth_workers;
     let name = "qpath_target_auth_dh_steps_total";
-    family(&mut out, name, "counter", "DH steps the authentication workers finished.", |o| {
+    family(out, name, "counter", "DH steps the authentication workers finished.", |o| {
         let _ = writeln!(o, "{name} {}", w.computed());
     });
     let name = "qpath_target_auth_dh_steps_abandoned_total";
-    family(&mut out, name, "counter", "DH steps skipped because their connection closed first.", |o| {
+    family(out, name, "counter", "DH steps skipped because their connection closed first.", |o| {
         let _ = writeln!(o, "{name} {}", w.abandoned());
     });
     let a = &state.auth_outcomes;
     let name = "qpath_target_auth_transactions_total";
     let help = "DH-HMAC-CHAP transactions ended, by result and whether they re-authenticated a live queue.";
-    family(&mut out, name, "counter", help, |o| {
+    family(out, name, "counter", help, |o| {
         for (result, all, renewals) in
             [("accepted", &a.accepted, &a.renewed), ("refused", &a.refused, &a.renewals_refused)]
         {
@@ -386,14 +413,13 @@ pub fn render(state: &TargetState) -> String {
         }
     });
     let name = "qpath_target_auth_dh_steps_pending";
-    family(&mut out, name, "gauge", "DH steps queued or running on the workers.", |o| {
+    family(out, name, "gauge", "DH steps queued or running on the workers.", |o| {
         let _ = writeln!(o, "{name} {}", w.pending());
     });
     let name = "qpath_target_auth_dh_hosts_waiting";
-    family(&mut out, name, "gauge", "Host NQNs with DH steps queued for the workers.", |o| {
+    family(out, name, "gauge", "Host NQNs with DH steps queued for the workers.", |o| {
         let _ = writeln!(o, "{name} {}", w.hosts_waiting());
     });
-    out
 }
 
 /// Renders metrics text on request.

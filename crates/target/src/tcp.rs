@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use nvme::opcode::fctype;
 use nvme::tcp::{
-    DataHeader, Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Header, IcResp, PduInfo, R2t,
-    Role, crc32c, crc32c_append,
+    DataHeader, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Frame, Framer, Header, IcResp, PduInfo, R2t,
+    Role, crc32c,
 };
 use nvme::{Cqe, Nsid, QueueId, SglKind, Sqe, Status};
 use uring::{IoBuf, SendMsg};
@@ -295,13 +295,6 @@ enum Sink {
     Term,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Rx {
-    Header,
-    Data { sink: Sink, remaining: usize, ddgst: bool, crc: u32 },
-    Digest { sink: Sink, crc: u32 },
-}
-
 /// Most bytes of one write of zeros (Write Zeroes where the file system has no ZERO_RANGE);
 /// also bounded by the largest transfer, so the buffer comes from the pool.
 const ZERO_CHUNK_BYTES_MAX: usize = 128 * 1024;
@@ -333,11 +326,12 @@ pub struct Connection {
     port: Arc<Port>,
     peer: Option<SocketAddr>,
     info: Arc<QueueInfo>,
-    dec: Decoder,
+    framer: Framer,
     enc: EncoderConfig,
     rx: Option<IoBuf>,
     rx_pos: usize,
-    rx_state: Rx,
+    /// Where the data of the PDU being received goes.
+    rx_sink: Sink,
     tx: SendMsg,
     /// Full batches waiting for their turn, oldest first.
     tx_full: VecDeque<SendMsg>,
@@ -450,11 +444,11 @@ impl Connection {
             port,
             peer,
             info,
-            dec: Decoder::new(DecoderConfig::initial(Role::Controller)),
+            framer: Framer::new(DecoderConfig::initial(Role::Controller)),
             enc: EncoderConfig { digests: Digests::default(), data_align: 4 },
             rx: Some(rx),
             rx_pos: 0,
-            rx_state: Rx::Header,
+            rx_sink: Sink::Discard,
             tx: SendMsg::with_capacity(4096, 64),
             tx_full: VecDeque::new(),
             tx_spares: vec![SendMsg::with_capacity(4096, 64)],
@@ -758,7 +752,7 @@ impl Connection {
     /// Remembers whether a PDU is partly received (for the PDU timeout, checked on the tick).
     fn note_rx(&mut self, buf: &IoBuf) {
         // Paused input is our choice, not the peer's slowness.
-        self.mid_pdu = !self.rx_paused && (self.rx_pos < buf.len() || self.rx_state != Rx::Header);
+        self.mid_pdu = !self.rx_paused && (self.rx_pos < buf.len() || !self.framer.at_header());
     }
 
     /// Feeds bytes that are not in the connection's own buffer (loopback, fuzzing).
@@ -787,76 +781,54 @@ impl Connection {
     fn process(&mut self, buf: &mut IoBuf, ctx: &mut ConnCtx<'_>) {
         let budget = self.target.limits.rx_budget_pdus();
         self.rx_pass_pdus = 0;
-        loop {
-            if !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
+        while matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live) {
+            let avail = &buf[self.rx_pos..];
+            if self.framer.at_header() && self.rx_stops_here(budget, avail) {
                 return;
             }
-            let avail = &buf[self.rx_pos..];
-            match self.rx_state {
-                Rx::Header if self.tx_over() => {
-                    // The peer is not taking its responses: stop here until a send completes.
-                    self.rx_paused = true;
+            let (n, frame) = match self.framer.next(avail) {
+                Ok(step) => step,
+                Err(e) => {
+                    let n = avail.len().min(nvme::tcp::pdu::TERM_MAX_DATA);
+                    let offending = avail[..n].to_vec();
+                    self.fail(e, &offending);
                     return;
                 }
-                Rx::Header if budget > 0 && self.contended && self.rx_pass_pdus >= budget => {
-                    // Fairness: the rest waits for this connection's next turn.
-                    self.rx_pending = !avail.is_empty();
-                    self.info.stats.rx_budget_stops.add(1);
-                    return;
+            };
+            self.rx_pos += n;
+            match frame {
+                Frame::NeedMore(_) => return,
+                Frame::Header(info) => {
+                    self.pdus += 1;
+                    self.rx_pass_pdus += 1;
+                    if self.contended {
+                        self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
+                    }
+                    self.on_header(info, ctx);
                 }
-                Rx::Header => match self.dec.decode_header(avail) {
-                    Err(e) => {
-                        let n = avail.len().min(nvme::tcp::pdu::TERM_MAX_DATA);
-                        let offending = avail[..n].to_vec();
-                        self.fail(e, &offending);
-                        return;
-                    }
-                    Ok(Decoded::NeedMore(_)) => return,
-                    Ok(Decoded::Pdu(info)) => {
-                        let skip = info.layout.data_offset.min(info.layout.plen);
-                        if avail.len() < skip {
-                            return;
-                        }
-                        self.rx_pos += skip;
-                        self.pdus += 1;
-                        self.rx_pass_pdus += 1;
-                        if self.contended {
-                            self.info.stats.rx_pass_pdus_max.max(u64::from(self.rx_pass_pdus));
-                        }
-                        self.on_header(info, ctx);
-                    }
-                },
-                Rx::Data { sink, remaining, ddgst, crc } => {
-                    let n = avail.len().min(remaining);
-                    if n == 0 {
-                        return;
-                    }
-                    let chunk = &buf[self.rx_pos..self.rx_pos + n];
-                    let crc = if ddgst { crc32c_append(crc, chunk) } else { crc };
-                    self.sink_data(sink, chunk);
-                    self.rx_pos += n;
-                    let remaining = remaining - n;
-                    self.rx_state = if remaining > 0 {
-                        Rx::Data { sink, remaining, ddgst, crc }
-                    } else if ddgst {
-                        Rx::Digest { sink, crc }
-                    } else {
-                        self.rx_state = Rx::Header;
-                        self.data_done(sink, true, ctx);
-                        continue;
-                    };
-                }
-                Rx::Digest { sink, crc } => {
-                    if avail.len() < 4 {
-                        return;
-                    }
-                    let got = u32::from_le_bytes([avail[0], avail[1], avail[2], avail[3]]);
-                    self.rx_pos += 4;
-                    self.rx_state = Rx::Header;
-                    self.data_done(sink, got == crc, ctx);
+                Frame::Data(chunk) => self.sink_data(self.rx_sink, chunk),
+                Frame::DataEnd { digest_ok } => {
+                    let sink = std::mem::replace(&mut self.rx_sink, Sink::Discard);
+                    self.data_done(sink, digest_ok, ctx);
                 }
             }
         }
+    }
+
+    /// Whether parsing stops before the next PDU: the peer is not taking its responses
+    /// (until a send completes), or this pass used its budget while other connections
+    /// wait (the rest waits for this connection's next turn).
+    fn rx_stops_here(&mut self, budget: u32, avail: &[u8]) -> bool {
+        if self.tx_over() {
+            self.rx_paused = true;
+            return true;
+        }
+        if budget > 0 && self.contended && self.rx_pass_pdus >= budget {
+            self.rx_pending = !avail.is_empty();
+            self.info.stats.rx_budget_stops.add(1);
+            return true;
+        }
+        false
     }
 
     fn sink_data(&mut self, sink: Sink, chunk: &[u8]) {
@@ -878,7 +850,6 @@ impl Connection {
 
     fn on_header(&mut self, info: PduInfo, ctx: &mut ConnCtx<'_>) {
         let data_len = info.layout.data_len;
-        let ddgst = info.layout.ddgst;
         let sink = match info.header {
             Header::IcReq(r) => {
                 // HPDA: C2H data alignment the host asks for; MAXR2T: we issue one R2T per command.
@@ -887,7 +858,7 @@ impl Connection {
                 let maxh2cdata = self.target.opts.maxh2cdata;
                 let resp = IcResp { pfv: 0, cpda: 0, digests: r.digests, maxh2cdata };
                 self.tx_bytes(&resp.encode());
-                self.dec.config = DecoderConfig {
+                self.framer.decoder.config = DecoderConfig {
                     receiver: Role::Controller,
                     digests: r.digests,
                     established: true,
@@ -924,9 +895,8 @@ impl Connection {
             }
         };
         match sink {
-            Some(sink) if data_len > 0 => {
-                self.rx_state = Rx::Data { sink, remaining: data_len, ddgst, crc: crc32c(&[]) };
-            }
+            // The framer hands over the data next and ends it with DataEnd.
+            Some(sink) if data_len > 0 => self.rx_sink = sink,
             Some(sink) => self.data_done(sink, true, ctx),
             None => {}
         }
@@ -1378,7 +1348,7 @@ impl Connection {
                 self.resize_slots(usize::from(c.entries) + extra);
                 if !qid.is_admin() {
                     let icd = self.target.opts.in_capsule_data_size as usize;
-                    self.dec.config.max_in_capsule = icd;
+                    self.framer.decoder.config.max_in_capsule = icd;
                 }
                 let (m, g) = ctrl.subsys.namespaces_of(&ctrl);
                 self.ns = m;
@@ -1500,7 +1470,15 @@ impl Connection {
                 return self.respond(slot, ctx);
             }
         }
-        let token = ctx.token | u64::from(slot);
+        if self.run_io(slot, io, &ns, ctx) {
+            self.finish_io(slot, ctx);
+        }
+    }
+
+    /// Runs an I/O command that passed every gate on `ns`'s backend. Whether it is done
+    /// (status set, to be finished now); false when it went to the backend's ring, waits
+    /// (for a buffer, a batch step) or already answered.
+    fn run_io(&mut self, slot: u16, io: IoKind, ns: &Arc<crate::namespace::Namespace>, ctx: &mut ConnCtx<'_>) -> bool {
         match io {
             IoKind::Read { offset, .. }
                 if matches!(ns.backend, Backend::Ram(_))
@@ -1509,113 +1487,182 @@ impl Connection {
             {
                 // The response gathers the bytes from the region itself (`respond`).
                 self.reqs[usize::from(slot)].ram_src = Some(crate::us(offset));
+                true
             }
-            IoKind::Read { offset, len } => {
-                if !self.has_c2h_buf(slot, len as usize, ctx) {
-                    return;
-                }
-                let r = &mut self.reqs[usize::from(slot)];
-                match &ns.backend {
-                    Backend::Null => {
-                        if let Some(b) = r.buf.as_mut() {
-                            b.fill(0);
-                        }
-                    }
-                    Backend::Ram(region) => {
-                        if let Some(b) = r.buf.as_mut()
-                            && region.copy_from_region(crate::us(offset), &mut b[..len as usize]).is_err()
-                        {
-                            r.status = Status::INTERNAL;
-                        }
-                    }
-                    Backend::File(f) => {
-                        let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
-                        let op = FileOp::Read { file: f.file(), buf, len: len as usize, offset };
-                        return self.submit_file(slot, op, token, ctx);
-                    }
-                }
-            }
-            IoKind::Write { offset, len, fua } => {
-                let r = &mut self.reqs[usize::from(slot)];
-                match &ns.backend {
-                    Backend::Null => {}
-                    Backend::Ram(region) => {
-                        if let Some(b) = r.buf.as_ref()
-                            && region.copy_to_region(crate::us(offset), &b[..len as usize]).is_err()
-                        {
-                            r.status = Status::INTERNAL;
-                        }
-                    }
-                    Backend::File(f) => {
-                        let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
-                        r.after = if fua { After::Sync } else { After::Respond };
-                        let op = FileOp::Write { file: f.file(), buf, len: len as usize, offset };
-                        return self.submit_file(slot, op, token, ctx);
-                    }
-                }
-            }
+            IoKind::Read { offset, len } => self.run_read(slot, offset, len, ns, ctx),
+            IoKind::Write { offset, len, fua } => self.run_write(slot, offset, len, fua, ns, ctx),
             IoKind::Flush => {
                 if let Backend::File(f) = &ns.backend {
-                    return self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
+                    let token = ctx.token | u64::from(slot);
+                    self.submit_file(slot, FileOp::Sync { file: f.file() }, token, ctx);
+                    return false;
+                }
+                true
+            }
+            IoKind::WriteZeroes { offset, len, deallocate, fua } => {
+                self.run_write_zeroes(slot, offset, len, deallocate, fua, ns, ctx)
+            }
+            IoKind::Reservation { op, len } => self.exec_reservation(slot, op, len, ns, ctx),
+            IoKind::Dsm { nr, deallocate, .. } => self.run_dsm(slot, nr, deallocate, ns, ctx),
+            IoKind::Compare { .. } => {
+                self.compare_exec(slot, ns, ctx);
+                false
+            }
+            IoKind::Verify { .. } => {
+                self.verify_exec(slot, ns, ctx);
+                false
+            }
+            IoKind::Copy { .. } => {
+                self.copy_exec(slot, ns, ctx);
+                false
+            }
+        }
+    }
+
+    /// A Read into the request's buffer: zeros (null), a copy (RAM) or the file's ring.
+    fn run_read(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: u32,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        let token = ctx.token | u64::from(slot);
+        if !self.has_c2h_buf(slot, len as usize, ctx) {
+            return false;
+        }
+        let r = &mut self.reqs[usize::from(slot)];
+        match &ns.backend {
+            Backend::Null => {
+                if let Some(b) = r.buf.as_mut() {
+                    b.fill(0);
                 }
             }
-            IoKind::WriteZeroes { offset, len, deallocate, fua } => match &ns.backend {
+            Backend::Ram(region) => {
+                if let Some(b) = r.buf.as_mut()
+                    && region.copy_from_region(crate::us(offset), &mut b[..len as usize]).is_err()
+                {
+                    r.status = Status::INTERNAL;
+                }
+            }
+            Backend::File(f) => {
+                let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
+                let op = FileOp::Read { file: f.file(), buf, len: len as usize, offset };
+                self.submit_file(slot, op, token, ctx);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A Write from the request's buffer: dropped (null), copied (RAM) or to the file's
+    /// ring, followed by a sync when FUA.
+    fn run_write(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        let token = ctx.token | u64::from(slot);
+        let r = &mut self.reqs[usize::from(slot)];
+        match &ns.backend {
+            Backend::Null => {}
+            Backend::Ram(region) => {
+                if let Some(b) = r.buf.as_ref()
+                    && region.copy_to_region(crate::us(offset), &b[..len as usize]).is_err()
+                {
+                    r.status = Status::INTERNAL;
+                }
+            }
+            Backend::File(f) => {
+                let buf = r.buf.take().unwrap_or_else(|| IoBuf::new(4096));
+                r.after = if fua { After::Sync } else { After::Respond };
+                let op = FileOp::Write { file: f.file(), buf, len: len as usize, offset };
+                self.submit_file(slot, op, token, ctx);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Write Zeroes: zeros written into RAM, or a batch of file steps (zero range, punch
+    /// or writes of zeros, [`Method::for_write_zeroes`]).
+    #[allow(clippy::too_many_arguments, reason = "the command's fields, unpacked by the caller's match")]
+    fn run_write_zeroes(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+        fua: bool,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        match &ns.backend {
+            Backend::Null => {}
+            Backend::Ram(region) => {
+                let end = crate::us(offset.saturating_add(len));
+                if region.fill_zero(crate::us(offset)..end).is_err() {
+                    self.reqs[usize::from(slot)].status = Status::INTERNAL;
+                }
+            }
+            Backend::File(f) => {
+                let r = &mut self.reqs[usize::from(slot)];
+                r.after = if fua { After::Sync } else { After::Respond };
+                r.batch = Batch::zeroes(Method::for_write_zeroes(f, deallocate), offset, len);
+                self.batch_pump(slot, ctx);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Dataset Management: the ranges checked; with Deallocate, zeroed (RAM) or punched
+    /// (a file that reads punched blocks back as zeros), else only hints.
+    fn run_dsm(
+        &mut self,
+        slot: u16,
+        nr: u32,
+        deallocate: bool,
+        ns: &crate::namespace::Namespace,
+        ctx: &mut ConnCtx<'_>,
+    ) -> bool {
+        let r = &mut self.reqs[usize::from(slot)];
+        let data = r.buf.as_deref().unwrap_or(&[]);
+        match io_cmd::dsm_check(data, nr, ns) {
+            Err(s) => r.status = s,
+            Ok(()) if deallocate => match &ns.backend {
                 Backend::Null => {}
                 Backend::Ram(region) => {
-                    let end = crate::us(offset.saturating_add(len));
-                    if region.fill_zero(crate::us(offset)..end).is_err() {
-                        self.reqs[usize::from(slot)].status = Status::INTERNAL;
+                    for i in 0..nr as usize {
+                        if let Some((o, l)) = io_cmd::dsm_bytes(data, i, ns)
+                            && region.fill_zero(crate::us(o)..crate::us(o + l)).is_err()
+                        {
+                            r.status = Status::INTERNAL;
+                        }
                     }
                 }
-                Backend::File(f) => {
-                    let r = &mut self.reqs[usize::from(slot)];
-                    r.after = if fua { After::Sync } else { After::Respond };
-                    r.batch = Batch::zeroes(Method::for_write_zeroes(f, deallocate), offset, len);
-                    return self.batch_pump(slot, ctx);
+                // The data stays with the request until the last range is punched.
+                Backend::File(f) if f.zeroing.punch() => {
+                    r.batch = Batch::deallocate(nr);
+                    self.batch_pump(slot, ctx);
+                    return false;
                 }
+                // A punch would not read back as zeros here (DLFEAT 00h): Deallocate
+                // is advisory, and left undone.
+                Backend::File(_) => {}
             },
-            IoKind::Reservation { op, len } => {
-                if !self.exec_reservation(slot, op, len, &ns, ctx) {
-                    return;
-                }
-            }
-            IoKind::Dsm { nr, deallocate, .. } => {
-                let r = &mut self.reqs[usize::from(slot)];
-                let data = r.buf.as_deref().unwrap_or(&[]);
-                match io_cmd::dsm_check(data, nr, &ns) {
-                    Err(s) => r.status = s,
-                    Ok(()) if deallocate => match &ns.backend {
-                        Backend::Null => {}
-                        Backend::Ram(region) => {
-                            for i in 0..nr as usize {
-                                if let Some((o, l)) = io_cmd::dsm_bytes(data, i, &ns)
-                                    && region.fill_zero(crate::us(o)..crate::us(o + l)).is_err()
-                                {
-                                    r.status = Status::INTERNAL;
-                                }
-                            }
-                        }
-                        // The data stays with the request until the last range is punched.
-                        Backend::File(f) if f.zeroing.punch() => {
-                            r.batch = Batch::deallocate(nr);
-                            return self.batch_pump(slot, ctx);
-                        }
-                        // A punch would not read back as zeros here (DLFEAT 00h): Deallocate
-                        // is advisory, and left undone.
-                        Backend::File(_) => {}
-                    },
-                    // Only the hints (IDR, IDW): nothing to do.
-                    Ok(()) => {}
-                }
-                if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
-                    self.buf_put(ctx, b);
-                }
-            }
-            IoKind::Compare { .. } => return self.compare_exec(slot, &ns, ctx),
-            IoKind::Verify { .. } => return self.verify_exec(slot, &ns, ctx),
-            IoKind::Copy { .. } => return self.copy_exec(slot, &ns, ctx),
+            // Only the hints (IDR, IDW): nothing to do.
+            Ok(()) => {}
         }
-        self.finish_io(slot, ctx);
+        if let Some(b) = self.reqs[usize::from(slot)].buf.take() {
+            self.buf_put(ctx, b);
+        }
+        true
     }
 
     /// A reservation command (NVMe Base 2.x §7.x, [`crate::reservation`]). Returns false

@@ -5,10 +5,9 @@
 //! buffer once nothing of it waits in the receive buffer (as the plaintext queue receives
 //! it there), so its bytes are written once, by the cipher.
 
-use nvme::tcp::crc32c_append;
 use uring::{IoBuf, SendMsg};
 
-use super::{DIRECT_RECV_MIN, HostQueue, QueueState, Rx};
+use super::{DIRECT_RECV_MIN, HostQueue, QueueState, RxPdu};
 
 impl HostQueue {
     /// Ciphertext arrived (`n` bytes after the buffer's length; 0: the controller closed).
@@ -72,7 +71,9 @@ impl HostQueue {
     /// Opens records straight into the command's buffer when the bytes due next are a large
     /// C2H payload and none of it waits in the receive buffer; whether it moved any.
     fn tls_read_direct(&mut self) -> bool {
-        let Rx::Data { tag: Some(tag), offset, remaining, ddgst, crc, .. } = self.rx_state else { return false };
+        let (RxPdu::C2H { tag, offset, .. }, Some(remaining)) = (self.rx_pdu, self.framer.data_remaining()) else {
+            return false;
+        };
         if remaining < DIRECT_RECV_MIN || self.rx.as_ref().is_none_or(|rx| self.rx_pos != rx.len()) {
             return false;
         }
@@ -81,8 +82,6 @@ impl HostQueue {
         let Some(end) = start.checked_add(remaining) else { return false };
         let Some(b) = s.buf.as_mut().filter(|b| !s.buf_in_flight && end <= b.capacity()) else { return false };
         let n = ch.read(&mut b.as_full_mut()[start..end]);
-        let crc = if ddgst { crc32c_append(crc, &b.as_full()[start..start + n]) } else { crc };
-        s.received += u32::try_from(n).unwrap_or(u32::MAX);
         if let Some(e) = ch.error() {
             let why = format!("TLS: {e}");
             self.fail(why);
@@ -91,7 +90,7 @@ impl HostQueue {
         if n == 0 {
             return false;
         }
-        self.data_advanced(n, crc);
+        self.data_placed(n);
         true
     }
 

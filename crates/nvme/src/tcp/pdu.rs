@@ -506,59 +506,7 @@ impl Decoder {
         if ty.has_hdgst() && c.established && ((ch.flags & flags::HDGSTF != 0) != hdgst) {
             return Err(FatalError::field(ch_offset::FLAGS));
         }
-        let has_data_region = plen > hdr_total;
-        let layout = match ty {
-            PduType::IcReq | PduType::IcResp => {
-                if plen != IC_LEN {
-                    return Err(FatalError::field(ch_offset::PLEN));
-                }
-                PduLayout { data_offset: IC_LEN, data_len: 0, ddgst: false, plen }
-            }
-            PduType::H2CTermReq | PduType::C2HTermReq => {
-                if plen > TERM_HLEN + TERM_MAX_DATA + 24 {
-                    return Err(FatalError::field(ch_offset::PLEN));
-                }
-                PduLayout { data_offset: TERM_HLEN, data_len: plen - TERM_HLEN, ddgst: false, plen }
-            }
-            PduType::CapsuleResp | PduType::R2T => {
-                if plen != hdr_total {
-                    return Err(FatalError::field(ch_offset::PLEN));
-                }
-                PduLayout { data_offset: hdr_total, data_len: 0, ddgst: false, plen }
-            }
-            PduType::CapsuleCmd | PduType::H2CData | PduType::C2HData => {
-                if !has_data_region {
-                    if matches!(ty, PduType::H2CData | PduType::C2HData) {
-                        // A data PDU without data.
-                        return Err(FatalError::field(ch_offset::PLEN));
-                    }
-                    PduLayout { data_offset: hdr_total, data_len: 0, ddgst: false, plen }
-                } else {
-                    let ddgst = c.digests.data;
-                    if (ch.flags & flags::DDGSTF != 0) != ddgst {
-                        return Err(FatalError::field(ch_offset::FLAGS));
-                    }
-                    let pdo = usize::from(ch.pdo);
-                    if pdo < hdr_total || pdo % c.data_align.max(4) != 0 {
-                        return Err(FatalError::field(ch_offset::PDO));
-                    }
-                    let tail = pdo + if ddgst { DIGEST_LEN } else { 0 };
-                    if plen <= tail {
-                        return Err(FatalError::field(ch_offset::PLEN));
-                    }
-                    let data_len = plen - tail;
-                    let limit = if ty == PduType::CapsuleCmd { c.max_in_capsule } else { c.max_data_pdu };
-                    if data_len > limit {
-                        return Err(if ty == PduType::H2CData {
-                            FatalError { fes: Fes::DataLimitExceeded, fei: 0 }
-                        } else {
-                            FatalError::field(ch_offset::PLEN)
-                        });
-                    }
-                    PduLayout { data_offset: pdo, data_len, ddgst, plen }
-                }
-            }
-        };
+        let layout = data_layout(c, ty, &ch, plen, hdr_total)?;
         if buf.len() < hdr_total {
             return Ok(Decoded::NeedMore(hdr_total));
         }
@@ -568,71 +516,138 @@ impl Decoder {
                 return Err(FatalError { fes: Fes::HeaderDigestError, fei: 0 });
             }
         }
-        let h = &buf[..hlen];
-        let header = match ty {
-            PduType::IcReq => {
-                let r = IcReq::decode(h);
-                if r.pfv != 0 {
-                    return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 8 });
-                }
-                if r.hpda > 31 {
-                    return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 10 });
-                }
-                Header::IcReq(r)
-            }
-            PduType::IcResp => {
-                let r = IcResp::decode(h);
-                if r.pfv != 0 {
-                    return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 8 });
-                }
-                if r.cpda > 31 {
-                    return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 10 });
-                }
-                if r.maxh2cdata < MIN_MAXH2CDATA || !r.maxh2cdata.is_multiple_of(4) {
-                    return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 12 });
-                }
-                Header::IcResp(r)
-            }
-            PduType::H2CTermReq => Header::H2CTermReq(TermReq { fes: get_u16(h, 8), fei: get_u32(h, 10) }),
-            PduType::C2HTermReq => Header::C2HTermReq(TermReq { fes: get_u16(h, 8), fei: get_u32(h, 10) }),
-            PduType::CapsuleCmd => Header::CapsuleCmd(Sqe::from_bytes(&h[CH_LEN..])),
-            PduType::CapsuleResp => Header::CapsuleResp(Cqe::decode(&h[CH_LEN..])),
-            PduType::H2CData | PduType::C2HData => {
-                let d = DataHeader {
-                    cccid: Cid(get_u16(h, 8)),
-                    ttag: get_u16(h, 10),
-                    datao: get_u32(h, 12),
-                    datal: get_u32(h, 16),
-                    last: ch.flags & flags::LAST_PDU != 0,
-                    success: ch.flags & flags::SUCCESS != 0,
-                };
-                if d.datal as usize != layout.data_len {
-                    return Err(FatalError::field(16));
-                }
-                if ty == PduType::H2CData {
-                    if d.success {
-                        return Err(FatalError::field(ch_offset::FLAGS));
-                    }
-                    Header::H2CData(d)
-                } else {
-                    if d.success && !d.last {
-                        // SUCCESS is only valid with LAST_PDU (§3.6.2.8).
-                        return Err(FatalError::field(ch_offset::FLAGS));
-                    }
-                    Header::C2HData(d)
-                }
-            }
-            PduType::R2T => {
-                let r =
-                    R2t { cccid: Cid(get_u16(h, 8)), ttag: get_u16(h, 10), r2to: get_u32(h, 12), r2tl: get_u32(h, 16) };
-                if r.r2tl == 0 {
-                    return Err(FatalError::field(16));
-                }
-                Header::R2T(r)
-            }
-        };
+        let header = header_fields(ty, &ch, &buf[..hlen], &layout)?;
         Ok(Decoded::Pdu(PduInfo { header, layout }))
     }
+}
+
+/// Where a PDU's data starts and how long it is, from its common header, checked against
+/// the negotiated limits (NVMe/TCP 1.0 §3.6.2: each type's PLEN, PDO and digest rules).
+fn data_layout(
+    c: &DecoderConfig,
+    ty: PduType,
+    ch: &CommonHeader,
+    plen: usize,
+    hdr_total: usize,
+) -> Result<PduLayout, FatalError> {
+    let has_data_region = plen > hdr_total;
+    Ok(match ty {
+        PduType::IcReq | PduType::IcResp => {
+            if plen != IC_LEN {
+                return Err(FatalError::field(ch_offset::PLEN));
+            }
+            PduLayout { data_offset: IC_LEN, data_len: 0, ddgst: false, plen }
+        }
+        PduType::H2CTermReq | PduType::C2HTermReq => {
+            if plen > TERM_HLEN + TERM_MAX_DATA + 24 {
+                return Err(FatalError::field(ch_offset::PLEN));
+            }
+            PduLayout { data_offset: TERM_HLEN, data_len: plen - TERM_HLEN, ddgst: false, plen }
+        }
+        PduType::CapsuleResp | PduType::R2T => {
+            if plen != hdr_total {
+                return Err(FatalError::field(ch_offset::PLEN));
+            }
+            PduLayout { data_offset: hdr_total, data_len: 0, ddgst: false, plen }
+        }
+        PduType::CapsuleCmd | PduType::H2CData | PduType::C2HData => {
+            if !has_data_region {
+                if matches!(ty, PduType::H2CData | PduType::C2HData) {
+                    // A data PDU without data.
+                    return Err(FatalError::field(ch_offset::PLEN));
+                }
+                PduLayout { data_offset: hdr_total, data_len: 0, ddgst: false, plen }
+            } else {
+                let ddgst = c.digests.data;
+                if (ch.flags & flags::DDGSTF != 0) != ddgst {
+                    return Err(FatalError::field(ch_offset::FLAGS));
+                }
+                let pdo = usize::from(ch.pdo);
+                if pdo < hdr_total || pdo % c.data_align.max(4) != 0 {
+                    return Err(FatalError::field(ch_offset::PDO));
+                }
+                let tail = pdo + if ddgst { DIGEST_LEN } else { 0 };
+                if plen <= tail {
+                    return Err(FatalError::field(ch_offset::PLEN));
+                }
+                let data_len = plen - tail;
+                let limit = if ty == PduType::CapsuleCmd { c.max_in_capsule } else { c.max_data_pdu };
+                if data_len > limit {
+                    return Err(if ty == PduType::H2CData {
+                        FatalError { fes: Fes::DataLimitExceeded, fei: 0 }
+                    } else {
+                        FatalError::field(ch_offset::PLEN)
+                    });
+                }
+                PduLayout { data_offset: pdo, data_len, ddgst, plen }
+            }
+        }
+    })
+}
+
+/// The type-specific header fields of a complete header `h`, checked.
+fn header_fields(ty: PduType, ch: &CommonHeader, h: &[u8], layout: &PduLayout) -> Result<Header, FatalError> {
+    Ok(match ty {
+        PduType::IcReq => {
+            let r = IcReq::decode(h);
+            if r.pfv != 0 {
+                return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 8 });
+            }
+            if r.hpda > 31 {
+                return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 10 });
+            }
+            Header::IcReq(r)
+        }
+        PduType::IcResp => {
+            let r = IcResp::decode(h);
+            if r.pfv != 0 {
+                return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 8 });
+            }
+            if r.cpda > 31 {
+                return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 10 });
+            }
+            if r.maxh2cdata < MIN_MAXH2CDATA || !r.maxh2cdata.is_multiple_of(4) {
+                return Err(FatalError { fes: Fes::UnsupportedParameter, fei: 12 });
+            }
+            Header::IcResp(r)
+        }
+        PduType::H2CTermReq => Header::H2CTermReq(TermReq { fes: get_u16(h, 8), fei: get_u32(h, 10) }),
+        PduType::C2HTermReq => Header::C2HTermReq(TermReq { fes: get_u16(h, 8), fei: get_u32(h, 10) }),
+        PduType::CapsuleCmd => Header::CapsuleCmd(Sqe::from_bytes(&h[CH_LEN..])),
+        PduType::CapsuleResp => Header::CapsuleResp(Cqe::decode(&h[CH_LEN..])),
+        PduType::H2CData | PduType::C2HData => {
+            let d = DataHeader {
+                cccid: Cid(get_u16(h, 8)),
+                ttag: get_u16(h, 10),
+                datao: get_u32(h, 12),
+                datal: get_u32(h, 16),
+                last: ch.flags & flags::LAST_PDU != 0,
+                success: ch.flags & flags::SUCCESS != 0,
+            };
+            if d.datal as usize != layout.data_len {
+                return Err(FatalError::field(16));
+            }
+            if ty == PduType::H2CData {
+                if d.success {
+                    return Err(FatalError::field(ch_offset::FLAGS));
+                }
+                Header::H2CData(d)
+            } else {
+                if d.success && !d.last {
+                    // SUCCESS is only valid with LAST_PDU (§3.6.2.8).
+                    return Err(FatalError::field(ch_offset::FLAGS));
+                }
+                Header::C2HData(d)
+            }
+        }
+        PduType::R2T => {
+            let r = R2t { cccid: Cid(get_u16(h, 8)), ttag: get_u16(h, 10), r2to: get_u32(h, 12), r2tl: get_u32(h, 16) };
+            if r.r2tl == 0 {
+                return Err(FatalError::field(16));
+            }
+            Header::R2T(r)
+        }
+    })
 }
 
 /// Encoding options of the sending side of a connection.

@@ -724,23 +724,7 @@ impl Connection {
         let failed = result.is_err();
         let read_error = Status::UNRECOVERED_READ_ERROR;
         match step {
-            Step::CompareRead => {
-                let r = &self.reqs[usize::from(slot)];
-                let len = r.op_len;
-                let equal = match (&r.buf, &r.aux) {
-                    (Some(d), Some(a)) if !failed => Some(d[..len] == a[..len]),
-                    _ => None,
-                };
-                if failed {
-                    self.reqs[usize::from(slot)].status = read_error;
-                    self.reqs[usize::from(slot)].step = Step::Idle;
-                    if let Some(b) = self.reqs[usize::from(slot)].aux.take() {
-                        self.buf_put(ctx, b);
-                    }
-                    return self.finish_io(slot, ctx);
-                }
-                self.compared(slot, equal, ctx);
-            }
+            Step::CompareRead => self.compare_read_done(slot, failed, ctx),
             Step::CawRead | Step::CawWrite | Step::CawSync => self.caw_step_done(slot, step, failed, &ns, ctx),
             Step::VerifySync | Step::VerifyRead => {
                 let r = &mut self.reqs[usize::from(slot)];
@@ -751,44 +735,70 @@ impl Connection {
                 }
                 self.verify_next(slot, &ns, ctx);
             }
-            Step::CopyRead => {
-                let r = &mut self.reqs[usize::from(slot)];
-                if failed {
-                    r.status = read_error;
-                    return self.copy_end(slot, ctx);
-                }
-                let n = r.op_len;
-                if r.cursor > 0 {
-                    let pos = crate::us(r.pos);
-                    if let (Some(a2), Some(a)) = (r.aux2.as_ref(), r.aux.as_mut()) {
-                        a.as_full_mut()[pos..pos + n].copy_from_slice(&a2[..n]);
-                    }
-                }
-                r.pos += n as u64;
-                // The range is done once the gathered bytes reach its end.
-                let data = r.buf.as_ref().map_or(&[][..], |b| &b[..]);
-                let end: u64 = (0..=r.cursor).map(|j| u64::from(copy_range(data, j).nlb) << ns.block_shift).sum();
-                if r.pos >= end {
-                    r.cursor += 1;
-                }
-                self.copy_read_next(slot, &ns, ctx);
-            }
-            Step::CopyWrite | Step::CopySync => {
-                let IoKind::Copy { fua, .. } = self.io_kind(slot) else { return };
-                let r = &mut self.reqs[usize::from(slot)];
-                if failed {
-                    r.status = Status::WRITE_FAULT;
-                } else if step == Step::CopyWrite
-                    && fua
-                    && let Backend::File(f) = &ns.backend
-                {
-                    r.step = Step::CopySync;
-                    return self.step_submit(slot, &ns, FileOp::Sync { file: f.file() }, ctx);
-                }
-                self.copy_end(slot, ctx);
-            }
+            Step::CopyRead => self.copy_read_done(slot, failed, &ns, ctx),
+            Step::CopyWrite | Step::CopySync => self.copy_write_done(slot, step, failed, &ns, ctx),
             Step::Idle | Step::CopyGate | Step::PreemptDrain => {}
         }
+    }
+
+    /// Compare's read of the blocks finished: compare them with the host's data, or fail.
+    fn compare_read_done(&mut self, slot: u16, failed: bool, ctx: &mut ConnCtx<'_>) {
+        let r = &self.reqs[usize::from(slot)];
+        let len = r.op_len;
+        let equal = match (&r.buf, &r.aux) {
+            (Some(d), Some(a)) if !failed => Some(d[..len] == a[..len]),
+            _ => None,
+        };
+        if failed {
+            self.reqs[usize::from(slot)].status = Status::UNRECOVERED_READ_ERROR;
+            self.reqs[usize::from(slot)].step = Step::Idle;
+            if let Some(b) = self.reqs[usize::from(slot)].aux.take() {
+                self.buf_put(ctx, b);
+            }
+            return self.finish_io(slot, ctx);
+        }
+        self.compared(slot, equal, ctx);
+    }
+
+    /// One read of Copy's source ranges finished: gather it, move to the next range once
+    /// this one is all read, and read on.
+    fn copy_read_done(&mut self, slot: u16, failed: bool, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+        let r = &mut self.reqs[usize::from(slot)];
+        if failed {
+            r.status = Status::UNRECOVERED_READ_ERROR;
+            return self.copy_end(slot, ctx);
+        }
+        let n = r.op_len;
+        if r.cursor > 0 {
+            let pos = crate::us(r.pos);
+            if let (Some(a2), Some(a)) = (r.aux2.as_ref(), r.aux.as_mut()) {
+                a.as_full_mut()[pos..pos + n].copy_from_slice(&a2[..n]);
+            }
+        }
+        r.pos += n as u64;
+        // The range is done once the gathered bytes reach its end.
+        let data = r.buf.as_ref().map_or(&[][..], |b| &b[..]);
+        let end: u64 = (0..=r.cursor).map(|j| u64::from(copy_range(data, j).nlb) << ns.block_shift).sum();
+        if r.pos >= end {
+            r.cursor += 1;
+        }
+        self.copy_read_next(slot, ns, ctx);
+    }
+
+    /// Copy's write (or its FUA sync) finished: sync when FUA asks for it, else the end.
+    fn copy_write_done(&mut self, slot: u16, step: Step, failed: bool, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+        let IoKind::Copy { fua, .. } = self.io_kind(slot) else { return };
+        let r = &mut self.reqs[usize::from(slot)];
+        if failed {
+            r.status = Status::WRITE_FAULT;
+        } else if step == Step::CopyWrite
+            && fua
+            && let Backend::File(f) = &ns.backend
+        {
+            r.step = Step::CopySync;
+            return self.step_submit(slot, ns, FileOp::Sync { file: f.file() }, ctx);
+        }
+        self.copy_end(slot, ctx);
     }
 
     fn caw_step_done(&mut self, second: u16, step: Step, failed: bool, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
