@@ -550,9 +550,7 @@ fn seal_range(keys: &mut Keys, batch: &SendMsg, range: Range<usize>, out: &mut [
             let n = (plen - off).min(left);
             match p {
                 Piece::Bytes(b) => s.copy(&b[off..off + n])?,
-                Piece::Region(region, r) => s.in_place(n, |dst| {
-                    region.copy_from_region(r.start + off, dst).map_err(|e| Error::internal(e.to_string()))
-                })?,
+                Piece::Region(region, r) => s.from_region(region, r.start + off, n)?,
             }
             pos += n;
             left -= n;
