@@ -30,8 +30,13 @@ pub const SEAL_CHUNK: usize = 8 * PLAINTEXT_MAX + 4096;
 /// Receive buffer: eight full records (one receive takes a 128 KiB payload).
 const RX_CAPACITY: usize = (8 * (HEADER_LEN + CIPHERTEXT_MAX)).next_multiple_of(uring::IO_ALIGN);
 
+/// Most records one send's chunk is sealed into: each record but the last is full or ends
+/// where a piece of at least 2^14 bytes begins ([`seal_range`]), and a chunk holds at most
+/// `SEAL_CHUNK / 2^14` (rounded up) of either.
+const TX_RECORDS_MAX: usize = 2 * SEAL_CHUNK.div_ceil(PLAINTEXT_MAX) + 1;
+
 /// Ciphertext of one send: a chunk and the overhead of its records.
-const TX_CAPACITY: usize = (SEAL_CHUNK + 9 * OVERHEAD).next_multiple_of(uring::IO_ALIGN);
+const TX_CAPACITY: usize = (SEAL_CHUNK + TX_RECORDS_MAX * OVERHEAD).next_multiple_of(uring::IO_ALIGN);
 
 /// Handshake message types handled after the handshake (RFC 8446 §4).
 const NEW_SESSION_TICKET: u8 = 4;
@@ -522,8 +527,44 @@ impl Channel {
     }
 }
 
-/// Seals `batch[range]` into `out` as records of at most 2^14 bytes; returns the bytes
-/// written and the number of records.
+fn piece_len(p: &Piece<'_>) -> usize {
+    match p {
+        Piece::Bytes(b) => b.len(),
+        Piece::Region(_, r) => r.len(),
+    }
+}
+
+/// Content bytes of the record that starts at `pos`, inside `cur` (which starts at
+/// `piece_start`; `rest` follows it): at most 2^14 and at most `end - pos`, and ending
+/// where a piece of at least 2^14 bytes (a large read's data) begins, so that its data
+/// starts a record. The peer can then open those records straight into the command's
+/// buffer (our host does, for C2H data of 16 KiB and more) instead of into its receive
+/// buffer and copying from there; it costs one short record before each such piece.
+fn record_content<'a>(
+    cur: Option<&Piece<'a>>,
+    mut rest: impl Iterator<Item = Piece<'a>>,
+    piece_start: usize,
+    pos: usize,
+    end: usize,
+) -> usize {
+    let limit = (end - pos).min(PLAINTEXT_MAX);
+    let mut start = piece_start;
+    let mut len = cur.map(piece_len);
+    while let Some(plen) = len {
+        if start >= pos + limit {
+            break;
+        }
+        if start > pos && plen >= PLAINTEXT_MAX {
+            return start - pos;
+        }
+        start += plen;
+        len = rest.next().as_ref().map(piece_len);
+    }
+    limit
+}
+
+/// Seals `batch[range]` into `out` as records of at most 2^14 bytes ([`record_content`]);
+/// returns the bytes written and the number of records.
 fn seal_range(keys: &mut Keys, batch: &SendMsg, range: Range<usize>, out: &mut [u8]) -> Result<(usize, u64), Error> {
     let mut written = 0;
     let mut records = 0;
@@ -532,15 +573,12 @@ fn seal_range(keys: &mut Keys, batch: &SendMsg, range: Range<usize>, out: &mut [
     let mut piece_start = 0usize;
     let mut cur: Option<Piece<'_>> = pieces.next();
     while pos < range.end {
-        let content = (range.end - pos).min(PLAINTEXT_MAX);
+        let content = record_content(cur.as_ref(), pieces.clone(), piece_start, pos, range.end);
         let mut s = record::Sealer::begin(keys, &mut out[written..], content)?;
         let mut left = content;
         while left > 0 {
             let Some(p) = cur.as_ref() else { return Err(Error::internal("batch shorter than its length")) };
-            let plen = match p {
-                Piece::Bytes(b) => b.len(),
-                Piece::Region(_, r) => r.len(),
-            };
+            let plen = piece_len(p);
             if pos >= piece_start + plen {
                 piece_start += plen;
                 cur = pieces.next();
@@ -550,9 +588,7 @@ fn seal_range(keys: &mut Keys, batch: &SendMsg, range: Range<usize>, out: &mut [
             let n = (plen - off).min(left);
             match p {
                 Piece::Bytes(b) => s.copy(&b[off..off + n])?,
-                Piece::Region(region, r) => s.in_place(n, |dst| {
-                    region.copy_from_region(r.start + off, dst).map_err(|e| Error::internal(e.to_string()))
-                })?,
+                Piece::Region(region, r) => s.from_region(region, r.start + off, n)?,
             }
             pos += n;
             left -= n;
@@ -676,6 +712,56 @@ mod tests {
             assert_eq!(through(&mut s, &mut c, b"answer"), b"answer");
             assert!(s.stats().records_opened >= 13);
         }
+    }
+
+    /// The content lengths of the records in `wire`.
+    fn record_contents(wire: &[u8]) -> Vec<usize> {
+        let mut at = 0;
+        let mut lens = Vec::new();
+        while at < wire.len() {
+            let body = record::parse_header(wire[at..at + HEADER_LEN].try_into().unwrap()).unwrap();
+            lens.push(body - record::TAG_LEN - 1);
+            at += HEADER_LEN + body;
+        }
+        lens
+    }
+
+    /// A piece of 2^14 bytes or more (a large read's data, from a buffer or a RAM
+    /// namespace's region) starts a record, so the host can open its records straight into
+    /// the command's buffer; smaller pieces share records; the bytes arrive unchanged.
+    #[test]
+    fn a_large_piece_starts_a_record() {
+        let (mut c, mut s) = pair_with(6, 6, IdentityVersion::V1, SUB);
+        let region = std::sync::Arc::new(uring::SharedRegion::new(1 << 20).unwrap());
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
+        region.copy_to_region(4096, &data).unwrap();
+        let small: Vec<u8> = (0..4096u32).map(|i| (i % 7) as u8).collect();
+        let mut m = SendMsg::new();
+        m.push_bytes(&[1; 16]); // a response capsule
+        m.push_bytes(&[2; 24]); // a C2HData header
+        m.push_region(&region, 4096..4096 + 40_000).unwrap(); // its data
+        m.push_bytes(&[3; 24]);
+        m.push_bytes(&small); // a 4 KiB read's data shares its record
+        m.push_bytes(&[4; 24]);
+        // Exactly 2^14 bytes from a buffer (a read from a file namespace). (Bytes pushed
+        // with `push_bytes` join the header bytes before them: one piece.)
+        let mut buf = IoBuf::new(PLAINTEXT_MAX);
+        buf.extend_from_slice(&data[..PLAINTEXT_MAX]);
+        m.push_buf(buf, 0..PLAINTEXT_MAX).unwrap();
+        let want = m.to_vec();
+        let mut pending = Some(m);
+        let msg = c.take_send(|| pending.take()).unwrap().unwrap();
+        let wire = msg.to_vec();
+        assert_eq!(record_contents(&wire), [40, 16384, 16384, 7232 + 24 + 4096 + 24, 16384]);
+        feed(&mut s, &wire);
+        let mut got = vec![0u8; want.len()];
+        let mut n = 0;
+        while n < want.len() {
+            let k = s.read(&mut got[n..]);
+            assert!(k > 0, "{:?}", s.error());
+            n += k;
+        }
+        assert!(got == want, "the bytes arrive unchanged");
     }
 
     #[test]

@@ -43,7 +43,9 @@ pub struct RegionOptions {
 /// through the raw base pointer, as `&AtomicU64` / `&[AtomicU64]` for the duration of one
 /// copy. The kernel also reads it when a [`SendMsg`](crate::SendMsg) sends from the region;
 /// that access is outside the Rust memory model (like DMA) and sees, per word, old or new
-/// bytes.
+/// bytes. [`SharedRegion::lend_for_read`] lends a range the same way to other code outside
+/// it (the TLS record layer gives it to OpenSSL's AES-GCM, which encrypts straight from the
+/// region instead of from a copy): a raw pointer, never a Rust reference.
 ///
 /// # Torn writes
 ///
@@ -341,6 +343,22 @@ impl SharedRegion {
             tail.copy_from_slice(&bytes[..tail.len()]);
         }
         Ok(())
+    }
+
+    /// The address of `offset..offset + length`, checked against the region, for code
+    /// outside the Rust abstract machine that reads it as the kernel does during a send (an
+    /// FFI call into a separately compiled library or assembly, e.g. a cipher that encrypts
+    /// from it). The pointer stays valid for reads of `length` bytes while `&self` lives
+    /// (the mapping is only unmapped on drop; a shrink leaves it mapped, reading zeros).
+    ///
+    /// Whoever dereferences it must never form a Rust reference to the bytes (other threads
+    /// may store to them at any time, see the type docs) and must treat what it reads as a
+    /// racing reader does: per aligned word, old or new bytes.
+    pub fn lend_for_read(&self, offset: usize, length: usize) -> Result<*const u8, Error> {
+        self.check(offset, length)?;
+        // SAFETY: `offset + length <= len <= mapped` (checked above), so the offset stays
+        // inside this region's own mapping.
+        Ok(unsafe { self.base.as_ptr().add(offset) }.cast_const())
     }
 
     /// Copies `src` into the region starting at `offset`.

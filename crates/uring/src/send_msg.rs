@@ -249,9 +249,10 @@ impl SendMsg {
 
     /// The message's bytes in send order, piece by piece, without copying: slices of its
     /// header area and buffers, and ranges of its regions (which may change under a reader,
-    /// so they are named rather than lent: read them with `SharedRegion::copy_from_region`).
-    /// A record layer encrypts a message from here (the `tls` crate).
-    pub fn pieces(&self) -> impl Iterator<Item = Piece<'_>> + '_ {
+    /// so they are named rather than lent: read them with `SharedRegion::copy_from_region`,
+    /// or lend them to code outside Rust with `SharedRegion::lend_for_read`). A record layer
+    /// encrypts a message from here (the `tls` crate); the iterator clones, to look ahead.
+    pub fn pieces(&self) -> impl Iterator<Item = Piece<'_>> + Clone + '_ {
         self.p.segments.iter().map(move |segment| match *segment {
             Segment::Header { start, end } => Piece::Bytes(&self.p.header[start..end]),
             Segment::Buf { index, start, end } => Piece::Bytes(&self.p.bufs[index][start..end]),
