@@ -4,13 +4,13 @@
 # be split into named steps. Counts on rustfmt'd code: a function ends at the first line that
 # is its own indentation followed by `}`. Test modules (`#[cfg(test)]` then `mod` at the start
 # of a line, up to the next `}` there) are not the I/O path and are left out.
-#   .ci/long-fns.sh [LIMIT] [CRATE...]     (default: host target uring nvme blk)
+#   .ci/long-fns.sh [LIMIT] [CRATE...]     (default: qpath-host qpath-target uring nvme blk)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 limit=${1:-100}
 shift || true
 crates=("$@")
-[ ${#crates[@]} -gt 0 ] || crates=(host target uring nvme blk)
+[ ${#crates[@]} -gt 0 ] || crates=(qpath-host qpath-target uring nvme blk)
 files=()
 for c in "${crates[@]}"; do
     while IFS= read -r f; do files+=("$f"); done < <(find "crates/$c/src" -name '*.rs' | sort)

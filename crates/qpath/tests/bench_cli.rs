@@ -241,6 +241,6 @@ fn unknown_job_options_are_refused_unless_lenient() {
     );
     assert!(stdout.contains("typo: (groupid=0"), "{stdout}");
     // Every job file of examples/ still runs without --lenient: they parse strictly
-    // (crates/bench/tests/examples_parse.rs checks each one).
+    // (crates/qpath-bench/tests/examples_parse.rs checks each one).
     let _ = std::fs::remove_dir_all(&dir);
 }
