@@ -118,6 +118,12 @@ pub struct ContextOptions {
     /// With a shared tag set: whether a device's depth limit (`open_limited`)
     /// caps the tags it holds, or is a dispatch budget taken after the tag.
     pub depth_limit_order: DepthLimitOrder,
+    /// How long a blocking [`Context::poll`] that sends commands may hold the sends'
+    /// completions while it waits for a response or a request of the owner's
+    /// ([`uring::RingConfig::send_hold`]): a batch's send completes inside the system
+    /// call that submits it, and waking for that alone cost a second system call per
+    /// batch (ublk, NBD). Linux 6.12+; `None` wakes for the send alone.
+    pub send_hold: Option<Duration>,
 }
 
 /// Where a device's queue-depth limit (its LUN queue depth, [`Context::open_limited`])
@@ -155,6 +161,7 @@ impl Default for ContextOptions {
             stats_interval: STATS_INTERVAL_DEFAULT,
             shared_tags: None,
             depth_limit_order: DepthLimitOrder::BeforeTag,
+            send_hold: Some(uring::SEND_HOLD_DEFAULT),
         }
     }
 }
@@ -461,8 +468,8 @@ impl Context {
         if let Some(cpu) = opts.cpu {
             uring::pin_current_thread(cpu).map_err(|e| Error::io(format!("pin to CPU {cpu}"), &e))?;
         }
-        let mut ring = Ring::new(RingConfig { entries: opts.ring_entries, ..RingConfig::default() })
-            .map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
+        let config = RingConfig { entries: opts.ring_entries, send_hold: opts.send_hold, ..RingConfig::default() };
+        let mut ring = Ring::new(config).map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
         let (sender, mailbox) =
             Mailbox::new(&mut ring).map_err(|e| Error::new(ErrorKind::Io, format!("mailbox: {e}")))?;
         let n = opts.max_requests.clamp(1, 1 << 20);
