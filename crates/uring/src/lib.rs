@@ -99,6 +99,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod alloc_count;
 mod buf;
 mod error;
 mod mailbox;
