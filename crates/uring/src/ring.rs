@@ -61,9 +61,9 @@ pub struct RingConfig {
     pub send_hold: Option<Duration>,
 }
 
-/// A [`RingConfig::send_hold`] for request/response loops: far above a loopback or LAN round trip (tens of
-/// µs), so a batch's send and its first response are reaped by one wake-up, and short
-/// beside the 20 ms idle waits of the serving loops.
+/// A [`RingConfig::send_hold`] for request/response loops: far above a loopback or LAN
+/// round trip (tens of µs), so a batch's send and its first response are reaped by one
+/// wake-up, and short beside the 20 ms idle waits of the serving loops.
 pub const SEND_HOLD_DEFAULT: Duration = Duration::from_millis(2);
 
 /// How the kernel runs completion work, from most to least wanted. [`Ring::new`] starts at
@@ -510,6 +510,8 @@ pub struct Ring {
     ring_index: u32,
     /// [`RingConfig::send_hold`], when the kernel has the minimum wait.
     send_hold: Option<Duration>,
+    /// The owner's say for the next turns ([`Ring::hold_sends`]).
+    hold_now: bool,
     /// Sends (and resubmitted short sends) queued since the last turn's wait: each posts
     /// one completion that the next [`Wait::Block`] turn need not wake for alone.
     sends_unwaited: u32,
@@ -553,6 +555,7 @@ impl Ring {
             ring_index: ring_index.unwrap_or(0),
             send_hold: config.send_hold.filter(|_| features.min_wait),
             sends_unwaited: 0,
+            hold_now: true,
             cq_capacity,
             wake: None,
             closing: false,
@@ -569,6 +572,16 @@ impl Ring {
     /// Counters since the ring was built.
     pub fn stats(&self) -> RingStats {
         self.stats
+    }
+
+    /// Whether the next [`Wait::Block`] turns may hold their sends' completions
+    /// ([`RingConfig::send_hold`], which must be set too; on by default). The owner turns it
+    /// off when the one completion that would follow a send is the one it waits for:
+    /// holding then saves the system call but puts the thread to sleep inside the
+    /// submitting call, and a response a few µs away then costs a wake-up from idle that
+    /// returning to user space and entering again would often have missed.
+    pub fn hold_sends(&mut self, on: bool) {
+        self.hold_now = on;
     }
 
     /// Operations submitted and not yet finished (multishot ones count while armed).
@@ -856,7 +869,7 @@ impl Ring {
                 let to_submit = self.sq_len();
                 let sends = std::mem::take(&mut self.sends_unwaited);
                 match (self.send_hold, timeout) {
-                    (Some(hold), Some(timeout)) if sends > 0 && timeout > hold => {
+                    (Some(hold), Some(timeout)) if sends > 0 && self.hold_now && timeout > hold => {
                         self.stats.held_waits += 1;
                         self.enter_getevents_min(to_submit, sends.saturating_add(1), Some(timeout), hold)
                     }
