@@ -100,6 +100,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod alloc_count;
 mod buf;
 mod error;
 mod mailbox;
@@ -115,8 +116,8 @@ pub use error::{Error, ErrorKind};
 pub use mailbox::{Mailbox, MailboxSender};
 pub use region::{RegionOptions, SharedRegion};
 pub use ring::{
-    Completion, Features, FsyncMode, OpKind, Payload, RING_ENTRIES_MAX, Ring, RingConfig, RingStats, TaskRun, Wait,
-    Waker,
+    Completion, Features, FsyncMode, OpKind, Payload, RING_ENTRIES_MAX, Ring, RingConfig, RingStats, SEND_HOLD_DEFAULT,
+    TaskRun, Wait, Waker,
 };
 pub use send_msg::{Piece, SEND_BYTES_MAX, SEND_SEGMENTS_MAX, SendMsg};
 pub use sys::{

@@ -48,7 +48,23 @@ pub struct RingConfig {
     /// The most capable completion mode to try; the ring falls back from it to the next
     /// one when the kernel refuses. Lower it only to test the fallbacks.
     pub task_run: TaskRun,
+    /// How long a [`Wait::Block`] turn that submits sends may hold their completions while
+    /// it waits for one completion more (a response, a new request). A send's completion
+    /// alone only hands its message back: waking for it costs a system call per batch,
+    /// since a send that fits the socket buffer completes during the very
+    /// `io_uring_enter` that submits it. The turn waits for `1 + sends` completions with
+    /// this as io_uring's minimum wait (`min_wait_usec`, Linux 6.12): once it passes, any
+    /// completion ends the wait, so a send the socket holds back never delays a response
+    /// longer than this. `None`, a kernel without the minimum wait, or a turn whose
+    /// timeout is not longer than this: the turn wakes for the first completion (the
+    /// default: a loop opts in).
+    pub send_hold: Option<Duration>,
 }
+
+/// A [`RingConfig::send_hold`] for request/response loops: far above a loopback or LAN
+/// round trip (tens of µs), so a batch's send and its first response are reaped by one
+/// wake-up, and short beside the 20 ms idle waits of the serving loops.
+pub const SEND_HOLD_DEFAULT: Duration = Duration::from_millis(2);
 
 /// How the kernel runs completion work, from most to least wanted. [`Ring::new`] starts at
 /// [`RingConfig::task_run`] and falls back down this list.
@@ -74,6 +90,7 @@ impl Default for RingConfig {
             slots_initial: 256,
             ops_in_flight_max: 65_536,
             task_run: TaskRun::Deferred,
+            send_hold: None,
         }
     }
 }
@@ -96,6 +113,9 @@ pub struct Features {
     pub submit_all: bool,
     /// The ring fd is registered, so `io_uring_enter` skips the fd table lookup.
     pub registered_ring_fd: bool,
+    /// `IORING_FEAT_MIN_TIMEOUT` (Linux 6.12): a wait for several completions can end
+    /// early once a minimum wait has passed ([`RingConfig::send_hold`]).
+    pub min_wait: bool,
 }
 
 /// How long a turn may sleep.
@@ -220,6 +240,9 @@ pub struct RingStats {
     pub rearms: u64,
     /// Early `io_uring_enter` calls because the submission queue was full.
     pub sq_flushes: u64,
+    /// [`Wait::Block`] turns that waited for their sends' completions and one more
+    /// ([`RingConfig::send_hold`]).
+    pub held_waits: u64,
 }
 
 /// The ring's own SQEs (cancel, close, the waker's poll) carry `kind << 32 | u32::MAX`.
@@ -485,6 +508,13 @@ pub struct Ring {
     ops_in_flight_max: usize,
     /// Registered ring index, when `features.registered_ring_fd`.
     ring_index: u32,
+    /// [`RingConfig::send_hold`], when the kernel has the minimum wait.
+    send_hold: Option<Duration>,
+    /// The owner's say for the next turns ([`Ring::hold_sends`]).
+    hold_now: bool,
+    /// Sends (and resubmitted short sends) queued since the last turn's wait: each posts
+    /// one completion that the next [`Wait::Block`] turn need not wake for alone.
+    sends_unwaited: u32,
     cq_capacity: usize,
     /// The waker's eventfd, once [`Ring::waker`] has been called.
     wake: Option<Arc<EventFd>>,
@@ -508,6 +538,7 @@ impl Ring {
         check_kernel(&uring)?;
         let ring_index = register_ring_fd(&uring);
         features.registered_ring_fd = ring_index.is_some();
+        features.min_wait = uring.params().is_feature_min_timeout();
         let cq_capacity = uring.params().cq_entries() as usize;
         let mut send_flags = libc::MSG_NOSIGNAL;
         if config.send_waitall {
@@ -522,6 +553,9 @@ impl Ring {
             send_flags,
             ops_in_flight_max: config.ops_in_flight_max,
             ring_index: ring_index.unwrap_or(0),
+            send_hold: config.send_hold.filter(|_| features.min_wait),
+            sends_unwaited: 0,
+            hold_now: true,
             cq_capacity,
             wake: None,
             closing: false,
@@ -538,6 +572,16 @@ impl Ring {
     /// Counters since the ring was built.
     pub fn stats(&self) -> RingStats {
         self.stats
+    }
+
+    /// Whether the next [`Wait::Block`] turns may hold their sends' completions
+    /// ([`RingConfig::send_hold`], which must be set too; on by default). The owner turns it
+    /// off when the one completion that would follow a send is the one it waits for:
+    /// holding then saves the system call but puts the thread to sleep inside the
+    /// submitting call, and a response a few µs away then costs a wake-up from idle that
+    /// returning to user space and entering again would often have missed.
+    pub fn hold_sends(&mut self, on: bool) {
+        self.hold_now = on;
     }
 
     /// Operations submitted and not yet finished (multishot ones count while armed).
@@ -823,7 +867,14 @@ impl Ring {
             Wait::Block { timeout } if self.busy_poll => self.spin(timeout),
             Wait::Block { timeout } => {
                 let to_submit = self.sq_len();
-                self.enter_getevents(to_submit, 1, timeout)
+                let sends = std::mem::take(&mut self.sends_unwaited);
+                match (self.send_hold, timeout) {
+                    (Some(hold), Some(timeout)) if sends > 0 && self.hold_now && timeout > hold => {
+                        self.stats.held_waits += 1;
+                        self.enter_getevents_min(to_submit, sends.saturating_add(1), Some(timeout), hold)
+                    }
+                    _ => self.enter_getevents(to_submit, 1, timeout),
+                }
             }
         }
     }
@@ -852,6 +903,7 @@ impl Ring {
             self.stats.enters_skipped += 1;
             return Ok(());
         }
+        self.sends_unwaited = 0;
         let to_submit = u32::try_from(to_submit).expect("SQ length fits u32");
         self.enter_getevents(to_submit, 0, None)
     }
@@ -871,7 +923,24 @@ impl Ring {
     }
 
     fn enter_getevents(&mut self, to_submit: u32, min_complete: u32, timeout: Option<Duration>) -> Result<(), Error> {
+        self.enter_getevents_min(to_submit, min_complete, timeout, Duration::ZERO)
+    }
+
+    /// A wait for `min_complete` completions that any completion ends once `min_wait` has
+    /// passed (io_uring_enter's `min_wait_usec`, ignored when zero:
+    /// `io_cqring_min_timer_wakeup` in Linux's io_uring/io_uring.c wakes at the minimum
+    /// wait if the completion queue holds anything, else on the next completion). A
+    /// non-zero `min_wait` needs a `timeout` longer than it: without one, the kernel ends
+    /// the whole wait at the minimum.
+    fn enter_getevents_min(
+        &mut self,
+        to_submit: u32,
+        min_complete: u32,
+        timeout: Option<Duration>,
+        min_wait: Duration,
+    ) -> Result<(), Error> {
         self.stats.enters += 1;
+        self.sends_unwaited = 0;
         let result = match timeout {
             None => self.enter_raw(to_submit, min_complete, IORING_ENTER_GETEVENTS, None),
             Some(timeout) => {
@@ -879,7 +948,8 @@ impl Ring {
                     tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
                     tv_nsec: i64::from(timeout.subsec_nanos()),
                 };
-                let arg = GetEventsArg { sigmask: 0, sigmask_sz: 0, min_wait_usec: 0, ts: (&raw const ts) as u64 };
+                let min_wait_usec = u32::try_from(min_wait.as_micros()).unwrap_or(u32::MAX);
+                let arg = GetEventsArg { sigmask: 0, sigmask_sz: 0, min_wait_usec, ts: (&raw const ts) as u64 };
                 self.enter_raw(to_submit, min_complete, IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG, Some(&arg))
             }
         };
@@ -959,6 +1029,7 @@ impl Ring {
                 op,
             ));
         }
+        let is_send = matches!(op, Op::Send { .. });
         let key = self.ops.insert(InFlight { token, op, cancelled: false });
         let send_flags = self.send_flags;
         let built = self.ops.get_mut(key).expect("slot just inserted").op.sqe(send_flags);
@@ -971,7 +1042,12 @@ impl Ring {
             Err(error) => Err(error),
         };
         match pushed {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if is_send {
+                    self.sends_unwaited += 1;
+                }
+                Ok(())
+            }
             Err(error) => {
                 let op = self.ops.remove(key).expect("slot just inserted").op;
                 Err((error, op))
@@ -1026,6 +1102,7 @@ impl Ring {
                     return Next::Finish(-libc::ECANCELED);
                 }
                 self.stats.short_sends += 1;
+                self.sends_unwaited += 1;
                 Next::Resubmit { entry: send_sqe(*fd, msg.header_ptr(), send_flags), report: None }
             }
             // A stream send that accepts nothing of a non-empty message will never finish.
