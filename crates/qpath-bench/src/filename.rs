@@ -14,6 +14,8 @@
 //!   `fast_io_fail_tmo=SECS|-1` how long I/O waits for a lost controller before failing
 //!   (default 5 s for bench jobs, off when the URI asks for reconnects: see
 //!   [`crate::engine::remote::DEFAULT_FAST_IO_FAIL_TMO`]);
+//!   `keep_alive_tmo=SECS` the keep-alive timeout (`nvme connect -k`, default 5; it also
+//!   sets how long a write whose connection was lost is held before it is sent again);
 //!   `tcp_congestion=NAME` the connections' TCP congestion control (`cubic`, `bbr`, ...;
 //!   default the system's); `dhchap_secret=DHHC-1:..` and `dhchap_ctrl_secret=DHHC-1:..`
 //!   DH-HMAC-CHAP as `nvme connect --dhchap-secret/--dhchap-ctrl-secret`;
@@ -162,9 +164,23 @@ fn parse_local(raw: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(out))
 }
 
+/// An error about a filename, quoted with its secrets redacted.
 fn target_err(raw: &str, why: impl std::fmt::Display) -> Error {
-    Error::new(ErrorKind::Target, format!("filename={raw}: {why}"))
+    Error::new(ErrorKind::Target, format!("filename={}: {why}", redact_secrets(raw)))
 }
+
+/// What a URI's query may hold besides the transport ID's own keys (`hostnqn`, `hdgst`,
+/// `ddgst`, `adrfam`...): the engines read these from [`RemoteTarget::extra`].
+pub const URI_OPTIONS: [&str; 8] = [
+    "reconnect_delay",
+    "ctrl_loss_tmo",
+    "fast_io_fail_tmo",
+    "keep_alive_tmo",
+    "tcp_congestion",
+    "dhchap_secret",
+    "dhchap_ctrl_secret",
+    "tls_key",
+];
 
 fn parse_bool_flag(raw: &str, key: &str, v: &str) -> Result<bool> {
     match v.to_ascii_lowercase().as_str() {
@@ -294,6 +310,20 @@ impl RemoteTarget {
             let (k, v) = pair.split_once('=').unwrap_or((pair, "1"));
             let v = percent_decode(v).ok_or_else(|| target_err(raw, format!("bad %-escape in {k}")))?;
             t.set(raw, &k.to_ascii_lowercase(), &v, &mut saw_adrfam)?;
+        }
+        // A misspelt option would otherwise be carried along and never read.
+        if let Some((k, _)) = t.extra.iter().find(|(k, _)| !URI_OPTIONS.contains(&k.as_str())) {
+            let hint = match target::rpc::schema::closest(k, URI_OPTIONS) {
+                Some(c) => format!(" (did you mean {c}?)"),
+                None => String::new(),
+            };
+            return Err(target_err(
+                raw,
+                format!(
+                    "unknown option {k}{hint}; a URI takes hostnqn, hdgst, ddgst, adrfam, {}",
+                    URI_OPTIONS.join(", ")
+                ),
+            ));
         }
         t.finish(raw, saw_adrfam)
     }
@@ -482,6 +512,21 @@ mod tests {
         assert_eq!(r.hostnqn.as_deref(), Some("nqn.h"));
         assert!(r.hdgst && r.ddgst);
         assert_eq!(r.extra, vec![("priority".to_string(), "3".to_string())]);
+    }
+
+    #[test]
+    fn a_uri_refuses_options_it_does_not_know_and_never_echoes_a_secret() {
+        let e = RemoteTarget::parse_uri("nvme+tcp://h/nqn.x:a/1?ctrl_los_tmo=-1").unwrap_err().to_string();
+        assert!(e.contains("unknown option ctrl_los_tmo (did you mean ctrl_loss_tmo?)"), "{e}");
+        let e = RemoteTarget::parse_uri("nvme+tcp://h/nqn.x:a/1?priority=3").unwrap_err().to_string();
+        assert!(e.contains("unknown option priority;"), "{e}");
+        for k in URI_OPTIONS {
+            assert!(RemoteTarget::parse_uri(&format!("nvme+tcp://h/nqn.x:a/1?{k}=1")).is_ok(), "{k}");
+        }
+        let e = RemoteTarget::parse_uri("nvme+tcp://h/nqn.x:a/1?tls_key=NVMeTLSkey-1:01:AAAA:&hdgst=maybe")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hdgst=maybe is not a boolean") && !e.contains("AAAA"), "{e}");
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub struct ControllerKey {
     /// `fast_io_fail_tmo=SECS` from the URI or the job option (`nvme connect
     /// --fast_io_fail_tmo`; -1 = off), checked at connect; `None`: see [`fast_io_fail_tmo`].
     pub fast_io_fail_tmo: Option<String>,
+    /// `keep_alive_tmo=SECS` from the URI (`nvme connect -k`; default 5), checked at connect.
+    pub keep_alive_tmo: Option<String>,
     /// `tcp_congestion=NAME` from the URI: the connections' TCP congestion control.
     pub tcp_congestion: Option<String>,
     /// `dhchap_secret=DHHC-1:..` from the URI (`nvme connect --dhchap-secret`).
@@ -103,6 +105,7 @@ impl ControllerKey {
             ctrl_loss_tmo: uri_option(remote, "ctrl_loss_tmo"),
             fast_io_fail_tmo: uri_option(remote, "fast_io_fail_tmo")
                 .or_else(|| job.and_then(|j| j.engine_option("fast_io_fail_tmo").flatten()).map(str::to_string)),
+            keep_alive_tmo: uri_option(remote, "keep_alive_tmo"),
             tcp_congestion: uri_option(remote, "tcp_congestion"),
             dhchap_secret: uri_option(remote, "dhchap_secret").map(Secret),
             dhchap_ctrl_secret: uri_option(remote, "dhchap_ctrl_secret").map(Secret),
@@ -125,6 +128,15 @@ pub fn fast_io_fail_tmo(key: &ControllerKey) -> Result<Option<Duration>> {
         None if key.reconnect_delay.is_some() || key.ctrl_loss_tmo.is_some() => Ok(None),
         None => Ok(Some(DEFAULT_FAST_IO_FAIL_TMO)),
     }
+}
+
+/// The keep-alive timeout a controller of `key` asks for, ms (`None`: the default). 0 turns
+/// keep-alive off, as `nvme connect -k 0` does, and with it the part of a write's failover
+/// hold that waits for the target to notice a lost connection.
+pub fn kato_ms(key: &ControllerKey) -> Result<Option<u32>> {
+    let Some(v) = &key.keep_alive_tmo else { return Ok(None) };
+    let kato = parse_secs("keep_alive_tmo", v, false)?.unwrap_or_default();
+    Ok(Some(u32::try_from(kato.as_millis()).unwrap_or(u32::MAX)))
 }
 
 /// Checks a `fast_io_fail_tmo` job option (seconds, or -1 = off) when the job file is read.
@@ -318,6 +330,9 @@ impl Controllers {
             o.ctrl_loss_tmo = parse_secs("ctrl_loss_tmo", v, true)?;
         }
         o.fast_io_fail_tmo = fast_io_fail_tmo(key)?;
+        if let Some(ms) = kato_ms(key)? {
+            o.kato_ms = ms;
+        }
         o.tcp_congestion = key.tcp_congestion.clone().or_else(|| self.tcp_congestion.clone());
         o.dhchap_secret = key.dhchap_secret.as_ref().map(|s| s.0.clone());
         o.dhchap_ctrl_secret = key.dhchap_ctrl_secret.as_ref().map(|s| s.0.clone());
@@ -387,6 +402,7 @@ mod tests {
             reconnect_delay: None,
             ctrl_loss_tmo: None,
             fast_io_fail_tmo: None,
+            keep_alive_tmo: None,
             tcp_congestion: None,
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
@@ -400,6 +416,22 @@ mod tests {
         assert_eq!(p[&d].queue_size, QUEUE_SIZE_MIN);
         assert!(p[&d].nr_io_queues >= 1);
         assert!(p.contains_key(&ControllerKey { hdgst: true, ..k }));
+    }
+
+    #[test]
+    fn keep_alive_tmo_from_the_uri() {
+        let key = |q: &str| {
+            let f = JobFile::parse(&format!("[a]\nsize=1m\nfilename=nvme+tcp://127.0.0.1:4420/nqn.x:a/1{q}\n"), "t")
+                .unwrap();
+            plan(&f).into_keys().next().unwrap()
+        };
+        assert_eq!(kato_ms(&key("")).unwrap(), None, "the controller's default");
+        assert_eq!(kato_ms(&key("?keep_alive_tmo=2")).unwrap(), Some(2_000));
+        assert_eq!(kato_ms(&key("?keep_alive_tmo=0")).unwrap(), Some(0), "off, as nvme connect -k 0");
+        for bad in ["?keep_alive_tmo=-1", "?keep_alive_tmo=soon", "?keep_alive_tmo=100000"] {
+            let e = kato_ms(&key(bad)).unwrap_err().to_string();
+            assert!(e.contains("keep_alive_tmo"), "{bad}: {e}");
+        }
     }
 
     #[test]
