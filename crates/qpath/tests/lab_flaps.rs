@@ -2,8 +2,8 @@
 //! one path down 2 s every 4 s, then the read-back) runs end to end in each local mode:
 //! port faults and ANA flips by RPC, and link loss on veth links in network namespaces
 //! (root only; it skips with the lab's reason otherwise). Each must end with zero I/O
-//! errors, zero verify failures, every written block read back, both paths used and every
-//! outage run. Latency and IOPS are the lab's to report, not this test's.
+//! errors, zero verify failures, every written block read back, both paths used (in a
+//! phase longer than an outage cycle) and every outage run. Latency and IOPS are the lab's to report, not this test's.
 
 use std::process::Command;
 use std::time::Duration;
@@ -37,7 +37,16 @@ fn check(v: &Value, mode: &str, expect_reconnects: bool) {
         assert_eq!(r["errors"], 0.0, "{r}");
         assert_eq!(r["verify failures"], 0.0, "{r}");
         assert!(r["I/Os"].as_f64().unwrap() > 0.0, "{r}");
-        assert!(r["path 1 I/Os"].as_f64().unwrap() > 0.0 && r["path 2 I/Os"].as_f64().unwrap() > 0.0, "{r}");
+        // Both paths carry I/O over a phase that outlasts an outage cycle (4 s with
+        // --quick). A shorter phase (the read-back takes 1-2 s) may fall inside one path's
+        // outage: then the other path carries all of it.
+        let (p1, p2) = (r["path 1 I/Os"].as_f64().unwrap(), r["path 2 I/Os"].as_f64().unwrap());
+        let secs = r["I/Os"].as_f64().unwrap() / r["IOPS"].as_f64().unwrap();
+        if secs >= 4.0 {
+            assert!(p1 > 0.0 && p2 > 0.0, "{r}");
+        } else {
+            assert!(p1 + p2 > 0.0, "{r}");
+        }
         assert!(r["max us"].as_f64().unwrap() >= r["p99.99 us"].as_f64().unwrap() * 0.999, "{r}");
     }
     assert_eq!(v["write"]["errors"], 0);
