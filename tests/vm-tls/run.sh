@@ -105,6 +105,11 @@ id = 1
 addr = "$VMLAB_HOST_IP:4420"
 tls = "allowed"
 
+[[port]]
+id = 2
+addr = "$VMLAB_HOST_IP:4421"
+tls = "allowed"
+
 [[subsystem]]
 nqn = "$QPATH_NQN"
 hosts = [{ nqn = "$HOSTNQN", dhchap_key_file = "$D/dhchap.key", dhgroup = "ffdhe2048" }]
