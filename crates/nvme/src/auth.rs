@@ -49,6 +49,19 @@ pub const AUTHID_DHCHAP: u8 = 0x01;
 /// Most hash or DH group ids a descriptor may list (its 60-byte list is split 30 / 30).
 pub const MAX_IDS: usize = 30;
 
+/// Secure channel concatenation (SC_C, AUTH_Negotiate byte 6; NVMe Base 2.1 §8.3.4.5.2,
+/// Linux `NVME_AUTH_SECP_*`).
+pub mod sc_c {
+    /// No secure channel concatenation.
+    pub const NOSC: u8 = 0x00;
+    /// A secure channel is already in place (not concatenation; refused by Linux nvmet too).
+    pub const SC: u8 = 0x01;
+    /// Generate a new TLS PSK from this transaction (on a queue not inside TLS).
+    pub const NEWTLSPSK: u8 = 0x02;
+    /// Replace the TLS PSK the channel was set up with (on a queue inside TLS).
+    pub const REPLACETLSPSK: u8 = 0x03;
+}
+
 /// Message families (AUTH_TYPE, byte 0).
 pub mod auth_type {
     /// Common messages: AUTH_Negotiate and the failures.

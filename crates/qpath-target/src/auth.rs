@@ -18,6 +18,15 @@
 //!                      any protocol error ─► SendFailure1 ─Recv(Failure1)─► Failed ─► queue closed
 //! ```
 //!
+//! Secure channel concatenation (NVMe Base 2.1 §8.3.4.5, TP 8018; Linux
+//! `nvmet_auth_negotiate`, `nvmet_auth_insert_psk`): a Negotiate with SC_C `NEWTLSPSK`
+//! (admin queue, not inside TLS, on a port that takes TLS) or `REPLACETLSPSK` (admin
+//! queue inside TLS) makes the transaction generate a TLS PSK, `HMAC(Ks, C1 || C2)`: it
+//! needs a DH group (the session key Ks) and the host's C2, which the host sends with
+//! SEQNUM 0 when it does not ask the controller to authenticate. The host's R1 covers
+//! the SC_C. On success [`QueueAuth::take_generated_psk`] hands the PSK to the
+//! connection, which keeps it for the host and subsystem ([`crate::tls`]).
+//!
 //! The connection ([`crate::tcp`]) only routes the two commands here and asks
 //! [`QueueAuth::is_authenticated`] / [`QueueAuth::is_failed`].
 //!
@@ -68,6 +77,19 @@ impl HostAuth {
     pub fn new(host_key: Secret, ctrl_key: Option<Secret>) -> HostAuth {
         HostAuth { host_key, ctrl_key, hash: HashId::Sha256, dhgroup: DhGroup::Null, key_files: KeyFiles::default() }
     }
+}
+
+/// Where a queue runs, as far as secure channel concatenation cares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Channel {
+    /// The admin queue: concatenation is negotiated only there (Linux nvmet refuses it on
+    /// I/O queues).
+    pub admin: bool,
+    /// The queue runs inside a TLS channel (`REPLACETLSPSK` only; `NEWTLSPSK` never).
+    pub tls: bool,
+    /// The queue's port takes TLS connections (`tls = "allowed"` or `"required"`): a new
+    /// PSK is generated only where the host can use it.
+    pub port_tls: bool,
 }
 
 /// The largest Authentication Send/Receive transfer the target takes.
@@ -172,6 +194,13 @@ pub struct QueueAuth {
     revoked: bool,
     hostnqn: String,
     subnqn: String,
+    channel: Channel,
+    /// SC_C of the transaction's Negotiate (00h: no concatenation).
+    sc_c: u8,
+    /// The host's C2 kept for the generated PSK (concatenation only).
+    psk_c2: Option<Vec<u8>>,
+    /// The PSK the last concatenating transaction generated, until the connection takes it.
+    generated: Option<tls::psk::RetainedPsk>,
     /// When the last transaction message arrived (the Connect, at first).
     step_ns: u64,
     tid: u16,
@@ -277,7 +306,13 @@ impl std::fmt::Debug for QueueAuth {
 }
 
 /// The queue a Connect binds must authenticate if the host has keys there.
-pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_ns: u64) -> Option<QueueAuth> {
+pub fn on_connect(
+    keys: Option<Arc<HostAuth>>,
+    hostnqn: &str,
+    subnqn: &str,
+    channel: Channel,
+    now_ns: u64,
+) -> Option<QueueAuth> {
     keys.map(|keys| QueueAuth {
         state: AuthState::AwaitNegotiate,
         authenticated: false,
@@ -286,6 +321,10 @@ pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_
         revoked: false,
         hostnqn: hostnqn.to_string(),
         subnqn: subnqn.to_string(),
+        channel,
+        sc_c: nvme::auth::sc_c::NOSC,
+        psk_c2: None,
+        generated: None,
         step_ns: now_ns,
         tid: 0,
         dh: None,
@@ -298,6 +337,23 @@ pub fn on_connect(keys: Option<Arc<HostAuth>>, hostnqn: &str, subnqn: &str, now_
         renewal: false,
         outcome: None,
     })
+}
+
+/// A queue inside a TLS channel keyed with the PSK a concatenating transaction generated
+/// for this host and subsystem: the channel already proves the host (Linux nvmet asks
+/// no DH-HMAC-CHAP of a queue inside TLS, `nvmet_has_auth`). It starts authenticated and
+/// may still re-authenticate, on the admin queue with `REPLACETLSPSK`.
+pub fn on_connect_generated(
+    keys: Option<Arc<HostAuth>>,
+    hostnqn: &str,
+    subnqn: &str,
+    channel: Channel,
+    now_ns: u64,
+) -> Option<QueueAuth> {
+    let mut a = on_connect(keys, hostnqn, subnqn, channel, now_ns)?;
+    a.authenticated = true;
+    a.state = AuthState::Done;
+    Some(a)
 }
 
 /// Whether an Authentication Send's data is an AUTH_Negotiate (a transaction starts).
@@ -369,9 +425,40 @@ impl QueueAuth {
         }
     }
 
+    /// The subsystem NQN the queue's Connect named.
+    pub fn subnqn(&self) -> &str {
+        &self.subnqn
+    }
+
     /// A transaction message arrived at `now_ns`: the step timer restarts.
     pub fn touch(&mut self, now_ns: u64) {
         self.step_ns = now_ns;
+    }
+
+    /// The PSK a concatenating transaction generated, once, when it succeeded (the
+    /// connection keeps it for the host and subsystem). Never logged.
+    pub fn take_generated_psk(&mut self) -> Option<tls::psk::RetainedPsk> {
+        self.generated.take()
+    }
+
+    /// The transaction succeeded: with concatenation, the generated PSK
+    /// (Linux `nvmet_auth_insert_psk`, at the same two points).
+    fn succeeded(&mut self) {
+        self.authenticated = true;
+        let c2 = self.psk_c2.take();
+        if self.sc_c == nvme::auth::sc_c::NOSC {
+            return;
+        }
+        // Negotiate refused concatenation without a DH group or with a hash TLS has no suite for.
+        let (Some(ks), Some(c2), Some(hash)) =
+            (self.session_key.as_deref(), c2, tls::psk::PskHash::from_id(self.hash.id()))
+        else {
+            tracing::warn!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, "no TLS PSK generated: the transaction lacks its inputs");
+            return;
+        };
+        let psk = zeroize::Zeroizing::new(dhchap::generated_psk(self.hash, ks, &self.c1, &c2));
+        self.generated = Some(tls::psk::RetainedPsk::from_bytes(hash, &psk));
+        tracing::info!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, "TLS PSK generated by secure channel concatenation");
     }
 
     /// How the last transaction ended, once (the connection counts it).
@@ -455,7 +542,7 @@ impl QueueAuth {
             },
             Message::Success2(_) if self.state == AuthState::AwaitSuccess2 => {
                 tracing::debug!(hostnqn = %self.hostnqn, "host accepted the controller's response");
-                self.authenticated = true;
+                self.succeeded();
                 self.set(AuthState::Done);
             }
             Message::Failure2(f) => {
@@ -502,14 +589,40 @@ impl QueueAuth {
         if self.revoked {
             return Err(failure::FAILED);
         }
-        if n.sc_c != 0 {
-            // Secure channel concatenation (TLS from the transaction) is not offered.
-            return Err(failure::CONCAT_MISMATCH);
+        use nvme::auth::sc_c;
+        self.sc_c = sc_c::NOSC;
+        self.psk_c2 = None;
+        self.generated = None;
+        let concat = n.sc_c != sc_c::NOSC;
+        if concat {
+            // NVMe Base 2.1 §8.3.4.5.2; Linux `nvmet_auth_negotiate`: only on the admin queue,
+            // a new PSK outside TLS, a replacement inside it; SC (01h) and reserved values never.
+            let ok = self.channel.admin
+                && match n.sc_c {
+                    sc_c::NEWTLSPSK => !self.channel.tls && self.channel.port_tls,
+                    sc_c::REPLACETLSPSK => self.channel.tls,
+                    _ => false,
+                };
+            if !ok {
+                tracing::info!(
+                    hostnqn = %self.hostnqn, subnqn = %self.subnqn, sc_c = n.sc_c, admin = self.channel.admin,
+                    inside_tls = self.channel.tls, port_tls = self.channel.port_tls,
+                    "secure channel concatenation refused on this queue"
+                );
+                return Err(failure::CONCAT_MISMATCH);
+            }
         }
         if n.napd == 0 || n.authid != nvme::auth::AUTHID_DHCHAP {
             return Err(failure::INCORRECT_PAYLOAD);
         }
-        let offered: Vec<HashId> = n.hash_ids.iter().filter_map(|&i| HashId::from_id(i)).collect();
+        let offered: Vec<HashId> = n
+            .hash_ids
+            .iter()
+            .filter_map(|&i| HashId::from_id(i))
+            // The generated PSK keys the channel's TLS 1.3 suite, and the TLS here takes
+            // SHA-256 PSKs only (TLS_AES_128_GCM_SHA256; README "TLS").
+            .filter(|h| !concat || *h == HashId::Sha256)
+            .collect();
         // The configured hash if the host offers it, else the host's first (Linux nvmet does the same).
         self.hash = if offered.contains(&self.keys.hash) {
             self.keys.hash
@@ -520,6 +633,12 @@ impl QueueAuth {
         if !n.dh_groups.contains(&group.id()) {
             return Err(failure::DHGROUP_UNUSABLE);
         }
+        if concat && group == DhGroup::Null {
+            // The PSK is keyed with the session key: no DH group, no PSK (Linux refuses the same).
+            tracing::info!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, "secure channel concatenation needs a DH group for this host");
+            return Err(failure::CONCAT_MISMATCH);
+        }
+        self.sc_c = n.sc_c;
         self.dh = None;
         self.session_key = None;
         self.bidi = None;
@@ -544,7 +663,7 @@ impl QueueAuth {
         let hl = self.hash.len();
         let key = self.keys.host_key.transformed(&self.hostnqn);
         let ca = dhchap::challenge(self.hash, self.session_key.as_deref(), &self.c1);
-        let expect = dhchap::response(
+        let expect = dhchap::response_sc(
             Role::Host,
             &ResponseInput {
                 hash: self.hash,
@@ -555,10 +674,18 @@ impl QueueAuth {
                 hostnqn: &self.hostnqn,
                 subnqn: &self.subnqn,
             },
+            self.sc_c,
         );
         if !dhchap::ct_eq(&expect, &r.r1) {
             tracing::info!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, "host response mismatch");
             return Err(failure::FAILED);
+        }
+        if self.sc_c != nvme::auth::sc_c::NOSC {
+            // The PSK takes C2: a concatenating host always sends one (Linux refuses the same).
+            match &r.c2 {
+                Some(c2) if c2.len() == hl => self.psk_c2 = Some(c2.clone()),
+                _ => return Err(failure::FAILED),
+            }
         }
         // S2 = 0 with a C2: no controller authentication (the C2 only seeds a TLS PSK).
         self.bidi = match &r.c2 {
@@ -611,7 +738,7 @@ impl QueueAuth {
                 if s.r2.is_some() {
                     self.set(AuthState::AwaitSuccess2);
                 } else {
-                    self.authenticated = true;
+                    self.succeeded();
                     self.set(AuthState::Done);
                 }
             }
@@ -703,7 +830,7 @@ mod tests {
     /// Runs the host side by hand; `tamper` spoils R1.
     fn run(group: DhGroup, bidi: bool, tamper: bool) -> (QueueAuth, Message) {
         let k = keys(group, bidi);
-        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, Channel::default(), 0).unwrap();
         let m = transact(&mut a, &k, tamper);
         (a, m)
     }
@@ -764,7 +891,7 @@ mod tests {
     #[test]
     fn a_negotiate_takes_the_keys_the_subsystem_holds_now() {
         let old = keys(DhGroup::Null, false);
-        let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, Channel::default(), 0).unwrap();
         assert!(matches!(transact(&mut a, &old, false), Message::Success1(_)));
         assert_eq!(a.take_outcome(), Some(Outcome::Accepted { renewal: false }));
         assert_eq!(a.take_outcome(), None, "counted once");
@@ -793,7 +920,7 @@ mod tests {
         assert_eq!([load(&counters.accepted), load(&counters.renewed)], [2, 1]);
         assert_eq!([load(&counters.refused), load(&counters.renewals_refused)], [1, 1]);
         // Keys removed since the Connect: the next transaction is refused at its Negotiate.
-        let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(Arc::clone(&old)), HOST, SUB, Channel::default(), 0).unwrap();
         assert!(matches!(transact(&mut a, &old, false), Message::Success1(_)));
         a.rekey(None);
         assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(10)).encode()), Status::SUCCESS);
@@ -813,13 +940,13 @@ mod tests {
 
     #[test]
     fn out_of_order_and_garbage() {
-        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, Channel::default(), 0).unwrap();
         // A Receive before Negotiate: Failure1, then refused.
         assert!(matches!(read(&mut a), Message::Failure1(_)));
         assert!(a.is_failed());
         assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::AUTH_REQUIRED);
 
-        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, Channel::default(), 0).unwrap();
         assert_eq!(send(&mut a, &[0xff; 20]), Status::SUCCESS);
         // A Negotiate after the failure does not restart the transaction.
         assert_eq!(send(&mut a, &Message::Negotiate(Negotiate::offer_all(1)).encode()), Status::SUCCESS);
@@ -829,7 +956,7 @@ mod tests {
         assert!(a.is_failed());
 
         // A required DH group the host does not offer: no downgrade.
-        let mut a = on_connect(Some(keys(DhGroup::Ffdhe3072, false)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe3072, false)), HOST, SUB, Channel::default(), 0).unwrap();
         let mut n = Negotiate::offer_all(1);
         n.dh_groups = vec![0, 1];
         send(&mut a, &Message::Negotiate(n).encode());
@@ -839,7 +966,7 @@ mod tests {
         // Bidirectional asked of a controller without a key.
         let (_, m) = {
             let k = keys(DhGroup::Null, false);
-            let mut a = on_connect(Some(k), HOST, SUB, 0).unwrap();
+            let mut a = on_connect(Some(k), HOST, SUB, Channel::default(), 0).unwrap();
             send(&mut a, &Message::Negotiate(Negotiate::offer_all(2)).encode());
             let Message::Challenge(_) = read(&mut a) else { panic!() };
             let reply = Reply { tid: 2, r1: vec![0; 48], c2: Some(vec![1; 48]), seqnum: 5, dhv: vec![] };
@@ -852,7 +979,7 @@ mod tests {
 
     #[test]
     fn step_timer() {
-        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, Channel::default(), 0).unwrap();
         assert!(!a.expired(5_000_000_000, 5_000));
         assert!(a.expired(5_000_000_001 + 1_000_000, 5_000));
         a.touch(4_000_000_000);
@@ -861,7 +988,7 @@ mod tests {
 
     #[test]
     fn dh_steps_are_handed_out_and_answered_when_computed() {
-        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, Channel::default(), 0).unwrap();
         let SendOutcome::Compute(work) = a.on_send(&Message::Negotiate(Negotiate::offer_all(4)).encode()) else {
             panic!("a DH group's Negotiate needs a key pair made first");
         };
@@ -875,7 +1002,7 @@ mod tests {
         assert_eq!(c.dhv.len(), DhGroup::Ffdhe2048.value_len());
 
         // A Receive while the key pair is computed: out of step, and the late result is dropped.
-        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, Channel::default(), 0).unwrap();
         let SendOutcome::Compute(work) = a.on_send(&Message::Negotiate(Negotiate::offer_all(4)).encode()) else {
             panic!("no work");
         };
@@ -884,7 +1011,7 @@ mod tests {
         assert!(a.is_failed(), "{:?}", a.state());
 
         // A host public value out of range fails the shared secret: DHGROUP_UNUSABLE.
-        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, 0).unwrap();
+        let mut a = on_connect(Some(keys(DhGroup::Ffdhe2048, false)), HOST, SUB, Channel::default(), 0).unwrap();
         let _ = send(&mut a, &Message::Negotiate(Negotiate::offer_all(5)).encode());
         let Message::Challenge(_) = read(&mut a) else { panic!("no challenge") };
         let reply = Reply { tid: 5, r1: vec![0; 48], c2: None, seqnum: 0, dhv: vec![0; 256] };
@@ -892,6 +1019,172 @@ mod tests {
         assert_eq!(a.on_computed(work.run()), Status::SUCCESS);
         let Message::Failure1(f) = read(&mut a) else { panic!("no Failure1") };
         assert_eq!(f.rescode_exp, failure::DHGROUP_UNUSABLE);
+    }
+
+    const ADMIN_PLAIN: Channel = Channel { admin: true, tls: false, port_tls: true };
+
+    /// A concatenating host by hand: Negotiate with `sc_c`, the DH step, and R1 assembled
+    /// byte by byte from NVMe Base 2.1 §8.3.4.5.5 (`Ca || le32 S1 || le16 T || SC_C ||
+    /// "HostHost" || NQNh || 00h || NQNc`) with `r1_sc_c` as its SC_C byte; C2 with SEQNUM
+    /// `s2`. Returns the controller's last message and the PSK the host computes,
+    /// `HMAC(Ks, C1 || C2)`.
+    fn concat_host(a: &mut QueueAuth, k: &HostAuth, sc_c: u8, r1_sc_c: u8, s2: u32) -> (Message, Vec<u8>) {
+        let mut n = Negotiate::offer_all(21);
+        n.sc_c = sc_c;
+        assert_eq!(send(a, &Message::Negotiate(n).encode()), Status::SUCCESS);
+        let c = match read(a) {
+            Message::Challenge(c) => c,
+            m => return (m, Vec::new()),
+        };
+        let hash = HashId::from_id(c.hash_id).unwrap();
+        let mine = DhKeyPair::generate(k.dhgroup).unwrap().expect("a DH group");
+        let ks = mine.shared_secret(&c.dhv).unwrap();
+        let ca = dhchap::hmac(hash, &dhchap::digest(hash, &ks), &[&c.c1]);
+        let mut m = ca.clone();
+        m.extend_from_slice(&c.seqnum.to_le_bytes());
+        m.extend_from_slice(&21u16.to_le_bytes());
+        m.push(r1_sc_c);
+        m.extend_from_slice(b"HostHost");
+        m.extend_from_slice(HOST.as_bytes());
+        m.push(0);
+        m.extend_from_slice(SUB.as_bytes());
+        let r1 = dhchap::hmac(hash, &k.host_key.transformed(HOST), &[&m]);
+        let c2 = vec![0xc2; hash.len()];
+        let reply = Reply { tid: 21, r1, c2: Some(c2.clone()), seqnum: s2, dhv: mine.public().to_vec() };
+        assert_eq!(send(a, &Message::Reply(reply).encode()), Status::SUCCESS);
+        let last = read(a);
+        if let (Message::Success1(s1), Some(ck)) = (&last, &k.ctrl_key) {
+            assert!(s2 != 0 && s1.r2.is_some());
+            // R2 keeps 00h for SC_C.
+            let key = ck.transformed(SUB);
+            let cc = dhchap::challenge(hash, Some(&ks), &c2);
+            let r2 = dhchap::response(
+                Role::Controller,
+                &ResponseInput { hash, key: &key, challenge: &cc, seqnum: s2, tid: 21, hostnqn: HOST, subnqn: SUB },
+            );
+            assert_eq!(s1.r2.as_deref(), Some(&r2[..]));
+            assert!(a.take_generated_psk().is_none(), "no PSK before Success2");
+            assert_eq!(send(a, &Message::Success2(21).encode()), Status::SUCCESS);
+        }
+        let mut psk = c.c1.clone();
+        psk.extend_from_slice(&c2);
+        (last, dhchap::hmac(hash, &ks, &[&psk]))
+    }
+
+    fn same_psk(got: &tls::psk::RetainedPsk, want: &[u8]) -> bool {
+        let want = tls::psk::RetainedPsk::from_bytes(got.hash(), want);
+        got.digest(HOST, SUB) == want.digest(HOST, SUB)
+    }
+
+    #[test]
+    fn newtlspsk_on_a_plaintext_admin_queue_generates_the_psk() {
+        use nvme::auth::sc_c::NEWTLSPSK;
+        for ctrl in [false, true] {
+            let k = keys(DhGroup::Ffdhe2048, ctrl);
+            let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, ADMIN_PLAIN, 0).unwrap();
+            // SEQNUM 0 with C2 (the Linux host's way), or bidirectional with a controller key.
+            let s2 = if ctrl { 77 } else { 0 };
+            let (m, psk) = concat_host(&mut a, &k, NEWTLSPSK, NEWTLSPSK, s2);
+            assert!(matches!(m, Message::Success1(_)), "{m:?}");
+            assert!(a.is_authenticated() && a.state() == AuthState::Done);
+            let got = a.take_generated_psk().expect("a generated PSK");
+            assert_eq!(got.hash(), tls::psk::PskHash::Sha256, "SHA-256, the suite TLS here takes");
+            assert!(same_psk(&got, &psk), "the PSK is HMAC(Ks, C1 || C2)");
+            assert!(a.take_generated_psk().is_none(), "handed over once");
+        }
+        // R1 computed with SC_C 00h does not pass a concatenating transaction.
+        let k = keys(DhGroup::Ffdhe2048, false);
+        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, ADMIN_PLAIN, 0).unwrap();
+        let (m, _) = concat_host(&mut a, &k, NEWTLSPSK, 0, 0);
+        assert!(matches!(m, Message::Failure1(Failure { rescode_exp: failure::FAILED, .. })), "{m:?}");
+        assert!(a.is_failed() && a.take_generated_psk().is_none());
+        // Without concatenation no PSK is made, C2 with SEQNUM 0 or not.
+        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, ADMIN_PLAIN, 0).unwrap();
+        let (m, _) = concat_host(&mut a, &k, 0, 0, 0);
+        assert!(matches!(m, Message::Success1(_)), "{m:?}");
+        assert!(a.take_generated_psk().is_none());
+    }
+
+    #[test]
+    fn concatenation_is_refused_where_it_cannot_apply() {
+        use nvme::auth::sc_c::{NEWTLSPSK, REPLACETLSPSK, SC};
+        let k = keys(DhGroup::Ffdhe2048, false);
+        let io = Channel { admin: false, ..ADMIN_PLAIN };
+        let in_tls = Channel { tls: true, ..ADMIN_PLAIN };
+        let no_tls_port = Channel { port_tls: false, ..ADMIN_PLAIN };
+        for (channel, sc_c) in [
+            (io, NEWTLSPSK),
+            (Channel { tls: true, ..io }, REPLACETLSPSK),
+            (in_tls, NEWTLSPSK),
+            (no_tls_port, NEWTLSPSK),
+            (ADMIN_PLAIN, REPLACETLSPSK),
+            (ADMIN_PLAIN, SC),
+            (ADMIN_PLAIN, 0x04),
+        ] {
+            let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, channel, 0).unwrap();
+            let (m, _) = concat_host(&mut a, &k, sc_c, sc_c, 0);
+            assert_eq!(
+                m,
+                Message::Failure1(Failure { tid: 21, rescode: 1, rescode_exp: failure::CONCAT_MISMATCH }),
+                "{channel:?} {sc_c}"
+            );
+        }
+        // The null DH group makes no session key, so no PSK.
+        let null = keys(DhGroup::Null, false);
+        let mut a = on_connect(Some(Arc::clone(&null)), HOST, SUB, ADMIN_PLAIN, 0).unwrap();
+        let mut n = Negotiate::offer_all(3);
+        n.sc_c = NEWTLSPSK;
+        send(&mut a, &Message::Negotiate(n).encode());
+        assert!(matches!(read(&mut a), Message::Failure1(Failure { rescode_exp: failure::CONCAT_MISMATCH, .. })));
+        // SHA-384 and SHA-512 only: no suite the TLS here takes for the PSK's hash.
+        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, ADMIN_PLAIN, 0).unwrap();
+        let mut n = Negotiate::offer_all(4);
+        n.sc_c = NEWTLSPSK;
+        n.hash_ids = vec![2, 3];
+        send(&mut a, &Message::Negotiate(n).encode());
+        assert!(matches!(read(&mut a), Message::Failure1(Failure { rescode_exp: failure::HASH_UNUSABLE, .. })));
+        // A concatenating Reply without C2.
+        let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, ADMIN_PLAIN, 0).unwrap();
+        let mut n = Negotiate::offer_all(5);
+        n.sc_c = NEWTLSPSK;
+        send(&mut a, &Message::Negotiate(n).encode());
+        let Message::Challenge(c) = read(&mut a) else { panic!("no challenge") };
+        let mine = DhKeyPair::generate(DhGroup::Ffdhe2048).unwrap().unwrap();
+        let ks = mine.shared_secret(&c.dhv).unwrap();
+        let ca = dhchap::challenge(HashId::Sha256, Some(&ks), &c.c1);
+        let r1 = dhchap::response_sc(
+            Role::Host,
+            &ResponseInput {
+                hash: HashId::Sha256,
+                key: &k.host_key.transformed(HOST),
+                challenge: &ca,
+                seqnum: c.seqnum,
+                tid: 5,
+                hostnqn: HOST,
+                subnqn: SUB,
+            },
+            NEWTLSPSK,
+        );
+        let reply = Reply { tid: 5, r1, c2: None, seqnum: 0, dhv: mine.public().to_vec() };
+        send(&mut a, &Message::Reply(reply).encode());
+        assert!(matches!(read(&mut a), Message::Failure1(Failure { rescode_exp: failure::FAILED, .. })));
+        assert!(a.take_generated_psk().is_none());
+    }
+
+    #[test]
+    fn replacetlspsk_inside_tls_and_generated_channels_start_authenticated() {
+        use nvme::auth::sc_c::REPLACETLSPSK;
+        let k = keys(DhGroup::Ffdhe2048, false);
+        let in_tls = Channel { tls: true, ..ADMIN_PLAIN };
+        // A queue inside a channel keyed with a generated PSK owes no transaction...
+        let mut a = on_connect_generated(Some(Arc::clone(&k)), HOST, SUB, in_tls, 0).unwrap();
+        assert!(a.is_authenticated() && a.state() == AuthState::Done);
+        assert!(!a.expired(u64::MAX, 1), "nothing to wait for");
+        // ...and may replace the PSK by re-authenticating.
+        let (m, psk) = concat_host(&mut a, &k, REPLACETLSPSK, REPLACETLSPSK, 0);
+        assert!(matches!(m, Message::Success1(_)), "{m:?}");
+        assert!(same_psk(&a.take_generated_psk().expect("a replacement PSK"), &psk));
+        assert_eq!(a.take_outcome(), Some(Outcome::Accepted { renewal: true }));
     }
 
     #[test]

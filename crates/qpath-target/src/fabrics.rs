@@ -72,8 +72,15 @@ pub struct Connected {
     pub host_ticket: HostTicket,
 }
 
-/// Handles a Connect command arriving on `port` with its 1024 bytes of data.
-pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -> Result<Connected, ConnectError> {
+/// Handles a Connect command arriving on `port` with its 1024 bytes of data; `tls` is the
+/// PSK identity of the TLS channel the queue runs in, if it does.
+pub fn connect(
+    target: &TargetState,
+    port: &Arc<Port>,
+    sqe: &Sqe,
+    data: &[u8],
+    tls: Option<&tls::psk::Identity>,
+) -> Result<Connected, ConnectError> {
     let cmd = ConnectCmd::from_sqe(sqe);
     if cmd.recfmt != 0 {
         return Err(ConnectError { status: Status::CONNECT_INCOMPATIBLE_FORMAT, dw0: 0 });
@@ -136,7 +143,7 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
             cntlid = ctrl.cntlid.0, subnqn = %subsys.nqn, hostnqn = %d.hostnqn, port = port.id, kato_ms = kato,
             "controller created"
         );
-        let auth = auth::on_connect(subsys.host_auth(&d.hostnqn), &d.hostnqn, &subsys.nqn, target.now_ns());
+        let auth = queue_auth(target, port, &subsys, &d.hostnqn, true, tls);
         Ok(Connected {
             binding: Binding::Admin(ctrl),
             entries,
@@ -161,7 +168,7 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
         }
         ctrl.touch(now);
         // Every I/O queue authenticates too (as Linux does without secure channel concatenation).
-        let auth = auth::on_connect(subsys.host_auth(&d.hostnqn), &d.hostnqn, &subsys.nqn, target.now_ns());
+        let auth = queue_auth(target, port, &subsys, &d.hostnqn, false, tls);
         Ok(Connected {
             binding: Binding::Io(Arc::clone(&ctrl), cmd.qid, generation),
             entries,
@@ -169,6 +176,30 @@ pub fn connect(target: &TargetState, port: &Arc<Port>, sqe: &Sqe, data: &[u8]) -
             auth,
             host_ticket,
         })
+    }
+}
+
+/// The authentication a new queue of `hostnqn` owes, if the host has DH-HMAC-CHAP keys in
+/// `subsys`: none yet inside a TLS channel keyed with the PSK secure channel concatenation
+/// generated for this host and subsystem (the channel proves the host, as in Linux nvmet);
+/// a full transaction otherwise, inside a TLS channel with a configured PSK too.
+fn queue_auth(
+    target: &TargetState,
+    port: &Port,
+    subsys: &Arc<crate::subsystem::Subsystem>,
+    hostnqn: &str,
+    admin: bool,
+    tls: Option<&tls::psk::Identity>,
+) -> Option<QueueAuth> {
+    let channel = auth::Channel { admin, tls: tls.is_some(), port_tls: port.tls.get() != crate::tls::TlsMode::None };
+    let keys = subsys.host_auth(hostnqn);
+    let now = target.now_ns();
+    if tls.is_some_and(|id| id.generated && id.subnqn == subsys.nqn) {
+        // The handshake found the identity's generated PSK (`crate::tls`), and the Connect
+        // names the identity's host and subsystem (`tls_connect_check`).
+        auth::on_connect_generated(keys, hostnqn, &subsys.nqn, channel, now)
+    } else {
+        auth::on_connect(keys, hostnqn, &subsys.nqn, channel, now)
     }
 }
 

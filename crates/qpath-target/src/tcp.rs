@@ -1313,6 +1313,12 @@ impl Connection {
         if let Some(o) = self.auth.as_mut().and_then(QueueAuth::take_outcome) {
             self.target.auth_outcomes.record(o);
         }
+        if let Some(a) = self.auth.as_mut()
+            && let Some(psk) = a.take_generated_psk()
+        {
+            // Secure channel concatenation: the host reconnects inside TLS with this PSK.
+            self.target.tls.generated.insert(a.hostnqn(), a.subnqn(), psk);
+        }
         let failed = self.auth.as_ref().is_some_and(QueueAuth::is_failed);
         self.respond(slot, ctx);
         if failed {
@@ -1325,7 +1331,9 @@ impl Connection {
         let data = self.reqs[usize::from(slot)].buf.take();
         let result = match self.tls_connect_check(data.as_deref().unwrap_or(&[])) {
             Some(e) => Err(e),
-            None => fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[])),
+            None => {
+                fabrics::connect(&self.target, &self.port, &sqe, data.as_deref().unwrap_or(&[]), self.tls_identity())
+            }
         };
         if let Some(b) = data {
             self.buf_put(ctx, b);
@@ -1335,7 +1343,7 @@ impl Connection {
             Ok(c) => {
                 let ctrl = Arc::clone(c.binding.controller());
                 r.dw0 = u32::from(ctrl.cntlid.0);
-                if c.auth.is_some() {
+                if c.auth.as_ref().is_some_and(|a| !a.is_authenticated()) {
                     r.dw0 |= nvme::auth::CONNECT_AUTHREQ_ATR;
                 }
                 self.auth = c.auth;

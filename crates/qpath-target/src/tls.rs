@@ -10,6 +10,10 @@
 //!   ClientHello identity "NVMe<v>R01 <hostnqn> <subnqn> [<digest>]"
 //!     └─ the subsystem's key for that host (discovery: any subsystem's key for the host)
 //!        → retained PSK → TLS PSK; no key: the handshake fails (alert), nothing else runs
+//!   ClientHello identity "NVMe1G<hh> <hostnqn> <subnqn> <digest>"
+//!     └─ the PSK the host's last secure channel concatenation generated in that subsystem
+//!        (held in memory only, while the host keeps its DH-HMAC-CHAP keys there)
+//!        → TLS PSK; its queues owe no second DH-HMAC-CHAP transaction
 //!   Connect inside the channel: its host and subsystem NQNs must be the identity's
 //! ```
 //!
@@ -128,11 +132,14 @@ struct KeyStore(Weak<TargetState>);
 
 impl PskLookup for KeyStore {
     fn lookup(&self, id: &Identity) -> Option<TlsPsk> {
-        // Generated PSKs come from secure channel concatenation, which this target does not do.
-        if id.generated {
-            return None;
-        }
         let target = self.0.upgrade()?;
+        if id.generated {
+            // Secure channel concatenation made it; its identity is always of version 1
+            // (Linux `nvme_tls_psk_refresh`), whose digest `tls_psk` checks.
+            id.digest.as_ref()?;
+            target.subsystem(&id.subnqn)?.host_auth(&id.hostnqn)?;
+            return target.tls.generated.get(&id.hostnqn, &id.subnqn)?.tls_psk(id);
+        }
         let key = if id.subnqn == nvme::nqn::DISCOVERY_NQN {
             target.subsystems().iter().find_map(|s| s.host_tls_key(&id.hostnqn))
         } else {
@@ -146,6 +153,47 @@ impl PskLookup for KeyStore {
 #[derive(Debug, Default)]
 pub struct TargetTls {
     server: OnceLock<Result<Arc<ServerConfig>, String>>,
+    /// The PSKs secure channel concatenation generated.
+    pub generated: GeneratedPsks,
+}
+
+/// The PSK secure channel concatenation last generated for each host and subsystem (NVMe
+/// Base 2.1 §8.3.4.5.9; Linux nvmet keeps it in its keyring and `ctrl->tls_key`). In
+/// memory only: never saved, logged or answered over RPC, gone with the process (the host
+/// then authenticates again on plaintext). One per pair, a new one replacing the last, and
+/// only hosts with DH-HMAC-CHAP keys make them, so the configuration bounds the map.
+/// Control plane: touched per transaction and per TLS handshake, never per I/O.
+#[derive(Default)]
+pub struct GeneratedPsks(std::sync::Mutex<std::collections::HashMap<(String, String), tls::psk::RetainedPsk>>);
+
+impl std::fmt::Debug for GeneratedPsks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GeneratedPsks").field("pairs", &self.len()).finish_non_exhaustive()
+    }
+}
+
+impl GeneratedPsks {
+    /// Keeps `psk` for the pair, replacing the one before.
+    pub fn insert(&self, hostnqn: &str, subnqn: &str, psk: tls::psk::RetainedPsk) {
+        let mut m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.insert((hostnqn.to_string(), subnqn.to_string()), psk);
+    }
+
+    /// The pair's PSK.
+    pub fn get(&self, hostnqn: &str, subnqn: &str) -> Option<tls::psk::RetainedPsk> {
+        let m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.get(&(hostnqn.to_string(), subnqn.to_string())).cloned()
+    }
+
+    /// How many pairs hold one.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    /// None held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl TargetTls {

@@ -4,6 +4,7 @@
 //! ```text
 //!   netns vmlab                                       QEMU guest (Linux 7.2, KERNEL=sid)
 //!   qpath target 10.213.0.1:4420/4421 (tls=required) ◄── tap ── nvme connect --tls (tlshd, kTLS)
+//!   qpath target 10.213.0.1:4420 (tls=allowed)       ◄── tap ── nvme connect --concat (DH-HMAC-CHAP, then TLS)
 //!   qpath connect/bench --tls ── tap ──► nvmet 10.213.0.2:4420/4421 (addr_treq required, tlshd)
 //!   tshark on the tap: TLS records only              tests/vm-tls/guest/*.sh
 //! ```
@@ -48,4 +49,14 @@ fn vm_tls_linux_host_to_qpath_target_needs_root_and_qemu() {
 #[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
 fn vm_tls_qpath_host_to_linux_target_needs_root_and_qemu() {
     run_scenario("linux-target");
+}
+
+/// The Linux 7.2 kernel host connects with secure channel concatenation (`nvme connect
+/// --concat --dhchap-secret`): DH-HMAC-CHAP on a plaintext admin queue, then the admin and
+/// I/O queues inside TLS with the generated PSK; verified I/O, a reconnect and a target
+/// restart.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_linux_host_concat_to_qpath_target_needs_root_and_qemu() {
+    run_scenario("linux-concat");
 }

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!   Ca   = C1, or HMAC(H(Ks), C1) with a DH group (augmented challenge)
-//!   R1   = HMAC(Kh', Ca || le32 S1 || le16 T || 0x00 || "HostHost"   || NQNh || 0x00 || NQNc)
+//!   R1   = HMAC(Kh', Ca || le32 S1 || le16 T || SC_C || "HostHost"   || NQNh || 0x00 || NQNc)
 //!   R2   = HMAC(Kc', Ca || le32 S2 || le16 T || 0x00 || "Controller" || NQNc || 0x00 || NQNh)
 //!   Kh'  = HMAC(Kh, NQNh || "NVMe-over-Fabrics")  (the transformed host key, see [`super::Secret`])
 //!   Kc'  = HMAC(Kc, NQNc || "NVMe-over-Fabrics")
@@ -86,15 +86,28 @@ pub struct ResponseInput<'a> {
     pub subnqn: &'a str,
 }
 
-/// R1 or R2.
+/// R1 or R2 of a transaction without secure channel concatenation (SC_C 00h).
 pub fn response(role: Role, i: &ResponseInput<'_>) -> Vec<u8> {
+    response_sc(role, i, super::sc_c::NOSC)
+}
+
+/// R1 or R2 with the transaction's SC_C: the host's response R1 covers the SC_C the host
+/// negotiated, so the request for a new TLS PSK cannot be stripped on the way (NVMe Base
+/// 2.1 §8.3.4.5.5; Linux `nvmet_auth_host_hash` and the host's
+/// `nvme_auth_dhchap_setup_host_response` put `sc_c` there). The controller's R2 keeps 00h
+/// (Linux `nvmet_auth_ctrl_hash`).
+pub fn response_sc(role: Role, i: &ResponseInput<'_>, sc_c: u8) -> Vec<u8> {
+    let sc_c = match role {
+        Role::Host => sc_c,
+        Role::Controller => super::sc_c::NOSC,
+    };
     let seq = i.seqnum.to_le_bytes();
     let tid = i.tid.to_le_bytes();
     let (label, first, second): (&[u8], &str, &str) = match role {
         Role::Host => (b"HostHost", i.hostnqn, i.subnqn),
         Role::Controller => (b"Controller", i.subnqn, i.hostnqn),
     };
-    hmac(i.hash, i.key, &[i.challenge, &seq, &tid, &[0], label, first.as_bytes(), &[0], second.as_bytes()])
+    hmac(i.hash, i.key, &[i.challenge, &seq, &tid, &[sc_c], label, first.as_bytes(), &[0], second.as_bytes()])
 }
 
 /// Constant-time equality of two responses.
@@ -102,9 +115,9 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
-/// The generated PSK for TLS, `HMAC(Ks, C1 || C2)` (NVMe 2.x §8.13.5.9). Not used
-/// without secure channel concatenation; here because Linux's KUnit vectors for
-/// it check the HMAC plumbing of all three hashes.
+/// The generated PSK of secure channel concatenation, `HMAC(Ks, C1 || C2)` (NVMe 2.x
+/// §8.13.5.9; Linux `nvme_auth_generate_psk`): the TLS channel that follows the
+/// transaction is keyed from it.
 pub fn generated_psk(hash: HashId, session_key: &[u8], c1: &[u8], c2: &[u8]) -> Vec<u8> {
     hmac(hash, session_key, &[c1, c2])
 }
@@ -174,6 +187,30 @@ mod tests {
         m.extend_from_slice(b"Controllernqn.s\0nqn.h");
         assert_eq!(response(Role::Controller, &i), hmac(HashId::Sha256, &key, &[&m]));
         assert!(ct_eq(&[1, 2], &[1, 2]) && !ct_eq(&[1, 2], &[1, 3]) && !ct_eq(&[1], &[1, 2]));
+    }
+
+    /// R1 of a concatenating transaction (SC_C 02h, NEWTLSPSK) against a value computed
+    /// apart from this code, with Python's `hmac` over the bytes the spec lists:
+    /// `hmac.new(b"\x07"*32, b"\x09"*32 + bytes([4,3,2,1,6,5,2]) + b"HostHostnqn.h\0nqn.s", sha256)`.
+    #[test]
+    fn host_response_covers_sc_c() {
+        let key = [7u8; 32];
+        let c = [9u8; 32];
+        let i = ResponseInput {
+            hash: HashId::Sha256,
+            key: &key,
+            challenge: &c,
+            seqnum: 0x0102_0304,
+            tid: 0x0506,
+            hostnqn: "nqn.h",
+            subnqn: "nqn.s",
+        };
+        let r1 = response_sc(Role::Host, &i, super::super::sc_c::NEWTLSPSK);
+        let hex: String = r1.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "0378e58a80eeb6ffefabf019a9255829f8db6923b8a5e430a950486043519ad2");
+        assert_ne!(r1, response(Role::Host, &i), "SC_C changes R1");
+        // The controller's response does not take SC_C.
+        assert_eq!(response_sc(Role::Controller, &i, 3), response(Role::Controller, &i));
     }
 
     #[test]

@@ -158,6 +158,14 @@ impl Connection {
         }
     }
 
+    /// The PSK identity of the TLS channel the queue runs in, if it does.
+    pub(super) fn tls_identity(&self) -> Option<&tls::psk::Identity> {
+        match &self.tls {
+            Some(Link::Tls(ch)) => ch.identity(),
+            _ => None,
+        }
+    }
+
     /// Inside a TLS channel the Connect must be the identity's host and subsystem.
     pub(super) fn tls_connect_check(&self, data: &[u8]) -> Option<ConnectError> {
         let Some(Link::Tls(ch)) = &self.tls else { return None };
