@@ -14,7 +14,7 @@ use crate::controller::Controller;
 use crate::limits::HostTicket;
 use crate::port::{Port, PortKind};
 use crate::registry::TargetState;
-use crate::subsystem::SubsysKind;
+use crate::subsystem::{SubsysKind, Subsystem};
 
 /// What a successful Connect bound the queue to.
 #[derive(Clone, Debug)]
@@ -118,7 +118,30 @@ pub fn connect(
         ConnectError { status: Status::CONNECT_CONTROLLER_BUSY, dw0: 0 }
     })?;
     let now = target.now_ms();
+    let admitted = Admitted { target, port, subsys: &subsys, cmd: &cmd, data: &d, tls, now };
     if cmd.qid.is_admin() {
+        admitted.admin_queue(entries, host_ticket)
+    } else {
+        admitted.io_queue(entries, host_ticket)
+    }
+}
+
+/// A Connect whose format, subsystem, host and queue size were accepted: what is left
+/// depends on the queue it makes.
+struct Admitted<'a> {
+    target: &'a TargetState,
+    port: &'a Arc<Port>,
+    subsys: &'a Arc<Subsystem>,
+    cmd: &'a ConnectCmd,
+    data: &'a ConnectData,
+    tls: Option<&'a tls::psk::Identity>,
+    now: u64,
+}
+
+impl Admitted<'_> {
+    /// An admin queue: a new controller (dynamic controller model).
+    fn admin_queue(&self, entries: u16, host_ticket: HostTicket) -> Result<Connected, ConnectError> {
+        let (d, cmd, subsys, port, now) = (self.data, self.cmd, self.subsys, self.port, self.now);
         if d.cntlid != Cntlid::DYNAMIC {
             return Err(ConnectError::invalid(ConnectInvalid::data(connect_data_offset::CNTLID)));
         }
@@ -127,7 +150,7 @@ pub fn connect(
             .register_controller(|id| {
                 Arc::new(Controller::new(
                     id,
-                    Arc::clone(&subsys),
+                    Arc::clone(subsys),
                     Arc::clone(port),
                     d.hostnqn.clone(),
                     d.hostid,
@@ -143,7 +166,7 @@ pub fn connect(
             cntlid = ctrl.cntlid.0, subnqn = %subsys.nqn, hostnqn = %d.hostnqn, port = port.id, kato_ms = kato,
             "controller created"
         );
-        let auth = queue_auth(target, port, &subsys, &d.hostnqn, true, tls);
+        let auth = queue_auth(self.target, port, subsys, &d.hostnqn, true, self.tls);
         Ok(Connected {
             binding: Binding::Admin(ctrl),
             entries,
@@ -151,7 +174,11 @@ pub fn connect(
             auth,
             host_ticket,
         })
-    } else {
+    }
+
+    /// An I/O queue of an existing, ready controller of the same host on the same port.
+    fn io_queue(&self, entries: u16, host_ticket: HostTicket) -> Result<Connected, ConnectError> {
+        let (d, cmd, subsys, port) = (self.data, self.cmd, self.subsys, self.port);
         let ctrl = subsys
             .controller(d.cntlid)
             .filter(|c| c.port.id == port.id)
@@ -166,9 +193,9 @@ pub fn connect(
         if !ctrl.attach_io_queue(cmd.qid) {
             return Err(ConnectError::invalid(ConnectInvalid::sqe(connect_sqe_offset::QID)));
         }
-        ctrl.touch(now);
+        ctrl.touch(self.now);
         // Every I/O queue authenticates too (as Linux does without secure channel concatenation).
-        let auth = queue_auth(target, port, &subsys, &d.hostnqn, false, tls);
+        let auth = queue_auth(self.target, port, subsys, &d.hostnqn, false, self.tls);
         Ok(Connected {
             binding: Binding::Io(Arc::clone(&ctrl), cmd.qid, generation),
             entries,
