@@ -155,6 +155,42 @@ pub fn place_helper() -> io::Result<()> {
     Helper::default().place()
 }
 
+/// Whether a spinning thread's CPU is owned by another spinning thread too (two job
+/// threads pinned to one CPU): then neither should spin through its time slice while the
+/// other has completions waiting, or each waits a whole scheduler tick for its turn.
+#[derive(Debug)]
+pub struct Neighbours {
+    cpu: Option<usize>,
+    /// The claims' generation `shared` was computed for (0: never).
+    generation: u64,
+    shared: bool,
+}
+
+impl Neighbours {
+    /// For a thread pinned to `cpu` (`None`: not pinned, never shared).
+    pub fn new(cpu: Option<usize>) -> Neighbours {
+        Neighbours { cpu, generation: 0, shared: false }
+    }
+
+    /// For the calling thread: its CPU if it may run on exactly one.
+    pub fn current() -> Neighbours {
+        Neighbours::new(crate::current_affinity().ok().filter(|c| c.len() == 1).map(|c| c[0]))
+    }
+
+    /// Whether more than one spinning thread owns the CPU: one atomic load unless a
+    /// claim came or went since the last call.
+    pub fn shared(&mut self) -> bool {
+        let Some(cpu) = self.cpu else { return false };
+        let g = GENERATION.load(Ordering::Acquire);
+        if g != self.generation {
+            self.generation = g;
+            let claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared = claims.get(&cpu).is_some_and(|&(r, j)| r + j > 1);
+        }
+        self.shared
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +208,21 @@ mod tests {
         assert_eq!(helper_cpus(&[0, 1], &[0], &[1]), vec![1]);
         assert_eq!(helper_cpus(&[0, 1], &[0, 1], &[1]), vec![0, 1], "reactors everywhere: nothing is better");
         assert_eq!(helper_cpus(&[0], &[], &[0]), vec![0]);
+    }
+
+    #[test]
+    fn two_spinners_on_one_cpu_are_neighbours() {
+        // A CPU number no test pins to: claims are only bookkeeping.
+        let cpu = 1000;
+        let mut n = Neighbours::new(Some(cpu));
+        let a = claim(cpu, Spinner::Job);
+        assert!(!n.shared(), "one job alone on its CPU");
+        let b = claim(cpu, Spinner::Job);
+        assert!(n.shared(), "two jobs on one CPU");
+        drop(a);
+        assert!(!n.shared(), "one left");
+        drop(b);
+        assert!(!Neighbours::new(None).shared(), "an unpinned thread has no neighbours");
     }
 
     #[test]
