@@ -74,18 +74,29 @@ fn helper_threads_keep_off_the_reactors_cpu_and_share_the_jobs_only_when_none_is
     // Helpers place themselves on their next turn: the admin thread within 20 ms, the
     // acceptors after the connection they accepted. With a CPU other than 0 and 1 left,
     // they keep off the job's CPU too; on two CPUs they share it.
+    // Servers started after the reactor, as `qpath target` starts them: they place
+    // themselves before their first connection.
+    let render: std::sync::Arc<target::metrics::Render> = std::sync::Arc::new(String::new);
+    let metrics = target::metrics::MetricsServer::start("127.0.0.1:0".parse().unwrap(), render).unwrap();
     let owned: &[usize] = if others_left { &[0, 1] } else { &[0] };
     let offending = || -> Vec<(String, Vec<usize>)> {
         let mut v = Vec::new();
         for &cpu in owned {
             v.extend(on_cpu("qpath-accept", cpu));
             v.extend(on_cpu("qpath-admin", cpu));
+            v.extend(on_cpu("qpath-metrics", cpu));
         }
         v
     };
+    // A new thread takes its name a moment after it starts: wait for the names too.
+    let named = || {
+        let all = threads();
+        let has = |p: &str| all.iter().filter(|(n, _)| n.starts_with(p)).count();
+        has("qpath-admin") == 2 && has("qpath-accept") > 0 && has("qpath-metrics") == 1
+    };
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut bad = offending();
-    while !bad.is_empty() && Instant::now() < deadline {
+    while !(bad.is_empty() && named()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
         bad = offending();
     }
@@ -93,6 +104,7 @@ fn helper_threads_keep_off_the_reactors_cpu_and_share_the_jobs_only_when_none_is
     let admins = all.iter().filter(|(n, _)| n.starts_with("qpath-admin")).count();
     assert_eq!(admins, 2, "both controllers' admin threads run: {all:?}");
     assert!(all.iter().any(|(n, _)| n.starts_with("qpath-accept")), "acceptors run: {all:?}");
+    assert!(all.iter().any(|(n, _)| n.starts_with("qpath-metrics")), "the metrics server runs: {all:?}");
     assert!(bad.is_empty(), "helper threads allowed on CPUs {owned:?} that spinning threads own: {bad:?}");
     let reactor: Vec<_> = all.iter().filter(|(n, _)| n.starts_with("qpath-reactor")).collect();
     assert!(
@@ -102,6 +114,7 @@ fn helper_threads_keep_off_the_reactors_cpu_and_share_the_jobs_only_when_none_is
 
     done_tx.send(()).unwrap();
     let ctrl = job.join().unwrap();
+    drop(metrics);
     ctrl.delete();
     other.delete();
     target.shutdown();

@@ -450,6 +450,7 @@ impl MetricsServer {
             .spawn(move || {
                 // Not on the I/O path: off the CPUs polling reactors own.
                 let mut place = uring::placement::Helper::default();
+                let _ = place.refresh();
                 for c in l.incoming() {
                     if s2.load(Ordering::Acquire) {
                         return;

@@ -131,6 +131,7 @@ impl RpcServer {
                 // Not on the I/O path: off the CPUs polling reactors own; its
                 // connections' threads inherit the placement.
                 let mut place = uring::placement::Helper::default();
+                let _ = place.refresh();
                 for conn in listener.incoming() {
                     let _ = place.refresh();
                     let Ok(conn) = conn else { continue };
