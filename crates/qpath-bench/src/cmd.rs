@@ -141,8 +141,18 @@ pub fn pin_hook() -> Arc<PinFn> {
             return Ok(());
         }
         let k = next.fetch_add(1, Ordering::Relaxed);
-        uring::pin_current_thread(cpus[k % cpus.len()])
+        let cpu = cpus[k % cpus.len()];
+        uring::pin_current_thread(cpu)?;
+        // A pinned job thread spins waiting for completions: the process's helper
+        // threads keep off its CPU while it lives (when another CPU is left).
+        JOB_CPU.with(|c| *c.borrow_mut() = Some(uring::placement::claim(cpu, uring::placement::Spinner::Job)));
+        Ok(())
     })
+}
+
+thread_local! {
+    /// The CPU the calling job thread was pinned to, claimed until the thread ends.
+    static JOB_CPU: std::cell::RefCell<Option<uring::placement::Claim>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Where the embedded target's reactor and the job threads run: the reactor on CPU 0

@@ -1010,7 +1010,13 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
     let mut admin = Some(admin);
     let aer = admin.as_mut().and_then(submit_aer);
     let mut a = AdminLoop { admin, aer, ka: KeepAlive { last: Instant::now(), token: None } };
+    // Not on the I/O path: it wakes every turn (up to 20 ms) and must not take a tick
+    // from a CPU a polling reactor or a pinned job thread spins on.
+    let mut place = uring::placement::Helper::default();
     loop {
+        if let Err(e) = place.refresh() {
+            tracing::debug!("admin thread keeps its CPUs: {e}");
+        }
         let Some(ctrl) = weak.upgrade() else { return };
         let step = match ctrl.state() {
             CtrlState::Live => a.live(&ctrl, rx),

@@ -448,10 +448,14 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("qpath-metrics".into())
             .spawn(move || {
+                // Not on the I/O path: off the CPUs polling reactors own.
+                let mut place = uring::placement::Helper::default();
+                let _ = place.refresh();
                 for c in l.incoming() {
                     if s2.load(Ordering::Acquire) {
                         return;
                     }
+                    let _ = place.refresh();
                     if let Ok(c) = c {
                         answer(c, &render);
                     }

@@ -284,6 +284,7 @@ impl AuthWorkers {
                 {
                     tracing::warn!("authentication worker keeps its creator's CPUs: {e}");
                 }
+                let _ = uring::placement::place_helper(); // off polling reactors' CPUs
                 if let Err(e) = uring::set_current_thread_nice(WORKER_NICE) {
                     tracing::warn!("authentication worker keeps its creator's priority: {e}");
                 }

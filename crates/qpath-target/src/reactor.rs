@@ -181,13 +181,20 @@ pub fn spawn(index: usize, target: Arc<TargetState>, opts: ReactorOptions) -> Re
     let thread = std::thread::Builder::new()
         .name(format!("qpath-reactor-{index}"))
         .spawn(move || {
+            let busy = opts.poll == PollMode::Busy;
+            // A polling reactor owns its CPU: the process's other threads keep off it
+            // while this thread lives (a blocking one sleeps when idle and shares).
+            let mut _owns_cpu = None;
             if !opts.cpus.is_empty() {
                 let cpu = opts.cpus[index % opts.cpus.len()];
-                if let Err(e) = uring::pin_current_thread(cpu) {
-                    tracing::warn!(reactor = index, cpu, "cannot pin: {e}");
+                match uring::pin_current_thread(cpu) {
+                    Ok(()) if opts.poll != PollMode::Block => {
+                        _owns_cpu = Some(uring::placement::claim(cpu, uring::placement::Spinner::Reactor));
+                    }
+                    Ok(()) => {}
+                    Err(e) => tracing::warn!(reactor = index, cpu, "cannot pin: {e}"),
                 }
             }
-            let busy = opts.poll == PollMode::Busy;
             let ring = Ring::new(RingConfig { entries: 1024, busy_poll: false, ..RingConfig::default() });
             let mut ring = match ring {
                 Ok(r) => r,

@@ -128,7 +128,12 @@ impl RpcServer {
         let thread = std::thread::Builder::new()
             .name("qpath-rpc".into())
             .spawn(move || {
+                // Not on the I/O path: off the CPUs polling reactors own; its
+                // connections' threads inherit the placement.
+                let mut place = uring::placement::Helper::default();
+                let _ = place.refresh();
                 for conn in listener.incoming() {
+                    let _ = place.refresh();
                     let Ok(conn) = conn else { continue };
                     let handler = Arc::clone(&handler);
                     let _ =

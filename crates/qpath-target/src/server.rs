@@ -190,7 +190,13 @@ fn accept_loop(
 ) {
     let mut refused = 0u64;
     let mut last_warn = None;
+    // Not on the I/O path: off the CPUs polling reactors own (placed again after each
+    // wake-up if a reactor came or went).
+    let mut place = uring::placement::Helper::default();
     loop {
+        if let Err(e) = place.refresh() {
+            tracing::debug!(port = port.id, "acceptor keeps its CPUs: {e}");
+        }
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
             return;

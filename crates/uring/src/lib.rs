@@ -104,6 +104,7 @@ pub mod alloc_count;
 mod buf;
 mod error;
 mod mailbox;
+pub mod placement;
 mod region;
 mod ring;
 mod send_msg;

@@ -84,16 +84,31 @@ impl EngineFactory for QpathFactory {
 
 /// When a waiting loop may sleep: after `SPIN_BEFORE_BLOCK` without progress, never
 /// with `always` (hipri).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Spinner {
     always: bool,
     last_progress: Instant,
+    /// Other spinning threads pinned to this thread's CPU.
+    neighbours: uring::placement::Neighbours,
 }
 
 impl Spinner {
-    /// A spinner; `always` = never sleep.
+    /// A spinner for the calling thread; `always` = never sleep.
     pub fn new(always: bool) -> Spinner {
-        Spinner { always, last_progress: Instant::now() }
+        Spinner::with_neighbours(always, uring::placement::Neighbours::current())
+    }
+
+    /// A spinner whose CPU's other spinning threads are `neighbours`.
+    pub fn with_neighbours(always: bool, neighbours: uring::placement::Neighbours) -> Spinner {
+        Spinner { always, last_progress: Instant::now(), neighbours }
+    }
+
+    /// After a poll that found nothing: whether to give the CPU to a neighbour now
+    /// (`sched_yield`). Two job threads pinned to one CPU that both spin would otherwise
+    /// take turns only when the scheduler preempts one, a tick (4 ms at HZ=250) later,
+    /// and every completion of the waiting one waits that long.
+    pub fn should_yield(&mut self) -> bool {
+        self.neighbours.shared()
     }
 
     /// Something completed.
@@ -303,6 +318,8 @@ impl Engine for QpathEngine {
             let wait = self.spinner.wait(now, deadline);
             if self.poll(wait)? > 0 {
                 self.spinner.progress(Instant::now());
+            } else if wait == Wait::Poll && self.spinner.should_yield() {
+                std::thread::yield_now();
             }
         }
         let n = self.ready.len().min(max.max(min).max(1));
@@ -355,6 +372,20 @@ mod tests {
         let mut h = Spinner::new(true);
         h.progress(t0);
         assert_eq!(h.wait(t0 + Duration::from_secs(1), None), Wait::Poll);
+    }
+
+    #[test]
+    fn a_spinner_yields_only_to_another_spinner_pinned_to_its_cpu() {
+        // A CPU number no test pins to: claims are only bookkeeping.
+        let cpu = 1001;
+        let mut s = Spinner::with_neighbours(false, uring::placement::Neighbours::new(Some(cpu)));
+        let me = uring::placement::claim(cpu, uring::placement::Spinner::Job);
+        assert!(!s.should_yield(), "alone on its CPU it keeps spinning");
+        let other = uring::placement::claim(cpu, uring::placement::Spinner::Job);
+        assert!(s.should_yield(), "another job thread spins on its CPU");
+        drop(other);
+        assert!(!s.should_yield(), "alone again");
+        drop(me);
     }
 
     #[test]
