@@ -441,8 +441,12 @@ fn bad_clients_get_their_own_errors_and_nothing_else_is_affected() {
     assert!(d.iter().all(|&b| b != 0xee) || d.iter().all(|&b| b == 0), "the half-sent write was never written");
     good.request(0, 2, 4, 0, 0, &[]); // NBD_CMD_DISC
     let t0 = Instant::now();
-    while nbd.stats.clients_now.load(Ordering::Relaxed) > 0 {
-        assert!(t0.elapsed() < Duration::from_secs(20), "sessions did not end");
+    // A client counts once its negotiation is done on the server's side, which may come a
+    // moment after the client saw the last reply: wait for all four, then for their ends.
+    while nbd.stats.clients_total.load(Ordering::Relaxed) < 4 || nbd.stats.clients_now.load(Ordering::Acquire) > 0 {
+        let (total, now) =
+            (nbd.stats.clients_total.load(Ordering::Relaxed), nbd.stats.clients_now.load(Ordering::Relaxed));
+        assert!(t0.elapsed() < Duration::from_secs(20), "sessions did not end: {total} clients so far, {now} still on");
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(nbd.stats.protocol_errors_total.load(Ordering::Relaxed), 3, "two negotiations, one request stream");

@@ -415,11 +415,16 @@ fn client(
     let mut session = Session::new(&mut ctx, dev, stream.fd(), info, lim, Arc::clone(stop));
     session.preload(&early);
     let report = session.run();
-    stats.clients_now.fetch_sub(1, Ordering::Relaxed);
+    // The session's totals are in before it stops counting as a client: whoever sees
+    // clients_now fall sees them.
     stats.requests_total.fetch_add(report.requests, Ordering::Relaxed);
     stats.errors_total.fetch_add(report.errors, Ordering::Relaxed);
-    if report.end.starts_with("protocol error") {
+    let protocol_error = report.end.starts_with("protocol error");
+    if protocol_error {
         stats.protocol_errors_total.fetch_add(1, Ordering::Relaxed);
+    }
+    stats.clients_now.fetch_sub(1, Ordering::Release);
+    if protocol_error {
         tracing::warn!(%peer, requests = report.requests, "NBD client disconnected: {}", report.end);
     } else if report.abandoned > 0 {
         tracing::warn!(%peer, requests = report.requests, abandoned = report.abandoned,
