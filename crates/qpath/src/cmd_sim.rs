@@ -22,6 +22,12 @@ pub struct SimArgs {
     no_failover_quiesce: bool,
 }
 
+/// The command that replays `seed` as `a` ran it, with every event.
+fn replay_command(seed: u64, a: &SimArgs) -> String {
+    let quiesce = if a.no_failover_quiesce { " --no-failover-quiesce" } else { "" };
+    format!("qpath sim --seed {seed} --steps {}{quiesce} --trace", a.steps)
+}
+
 fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
     let (a, b) = s.split_once("..").ok_or_else(|| format!("--seeds {s:?}: expected A..B, e.g. 0..500"))?;
     let n = |x: &str| x.trim().parse::<u64>().map_err(|e| format!("--seeds {s:?}: {x:?} is not a seed: {e}"));
@@ -55,11 +61,36 @@ pub fn run(a: &SimArgs) -> Result<(), Box<dyn std::error::Error>> {
         runs += 1;
         if let Some(v) = &r.violation {
             println!("seed {seed}: invariant broken at step {}: {}", v.step, v.what);
-            println!("replay: qpath sim --seed {seed} --steps {} --trace", a.steps);
+            println!("replay: {}", replay_command(seed, a));
             return Err(format!("seed {seed} broke an invariant").into());
         }
     }
     let secs = started.elapsed().as_secs_f64();
     println!("{runs} seeds passed: {ios} simulated I/Os in {secs:.2} s ({:.0} I/Os per second)", ios as f64 / secs);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    /// The replay line a broken seed prints runs that seed the way it broke.
+    #[test]
+    fn the_replay_command_carries_the_options_that_broke_the_seed() {
+        let parse = |args: &[&str]| T::try_parse_from(std::iter::once("sim").chain(args.iter().copied())).unwrap().sim;
+        let a = parse(&["--seeds", "0..500", "--steps", "5000", "--no-failover-quiesce"]);
+        assert_eq!(replay_command(18, &a), "qpath sim --seed 18 --steps 5000 --no-failover-quiesce --trace");
+        let again = replay_command(18, &a);
+        let words: Vec<&str> = again.split(' ').skip(2).collect();
+        let b = parse(&words);
+        assert_eq!((b.seed, b.steps, b.no_failover_quiesce, b.trace), (Some(18), 5000, true, true));
+        assert_eq!(replay_command(3, &parse(&[])), "qpath sim --seed 3 --steps 20000 --trace");
+    }
 }
