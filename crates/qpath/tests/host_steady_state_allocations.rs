@@ -9,6 +9,8 @@
 //! The counter is per thread: the target's reactors in this process allocate as they
 //! please; only the host's thread is held to zero.
 
+mod loopback;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,35 +18,19 @@ use host::context::{Context, ContextOptions, DeviceId, Op};
 use host::controller::{ConnectOptions, Controller};
 use host::stats::HostStats;
 use nvme::Nsid;
-use target::config::{Config, SizeValue};
-use target::reactor::{PollMode, ReactorOptions};
 use uring::alloc_count::{CountingAllocator, allocations_in};
 use uring::{IoBuf, Wait};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
-const NQN: &str = "nqn.2026-11.io.qpath:allocations";
+/// The embedded default's subsystem, which `loopback::target` serves.
+const NQN: &str = "nqn.2026-11.io.qpath:default";
 const DEPTH: usize = 32;
 const BIG: u32 = 128 * 1024;
 const SMALL: u32 = 4096;
 /// Blocks of 128 KiB the I/Os spread over (8 MiB).
 const SPAN: u64 = 64;
-
-fn start_target() -> (target::server::Server, std::net::SocketAddr) {
-    let mut c = Config::embedded_default();
-    c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    c.ports.truncate(1);
-    c.ports[0].addr = "127.0.0.1:0".into();
-    let sub = &mut c.subsystems[0];
-    sub.nqn = NQN.into();
-    sub.namespaces.truncate(1);
-    sub.namespaces[0].backend = "ram".into();
-    sub.namespaces[0].size = Some(SizeValue::Text("16M".into()));
-    let server = c.start().unwrap();
-    let addr = server.local_addr(1).expect("the embedded default's port 1");
-    (server, addr)
-}
 
 /// A closed loop of `DEPTH` slots, each resubmitted as it completes; the op and size
 /// of each I/O come from a small generator (no allocation in the loop itself).
@@ -123,7 +109,8 @@ fn steady_state(stats: Option<Arc<HostStats>>, stats_interval: Duration) {
     // The counter works (this binary's allocator is the counting one).
     let (v, n) = allocations_in(|| vec![0u8; 64]);
     assert_eq!((v.len(), n), (64, 1));
-    let (server, addr) = start_target();
+    let (server, addrs) = loopback::target(1, "16M");
+    let addr = addrs[0];
     let mut o = ConnectOptions::new(addr, NQN);
     o.nr_io_queues = 1;
     o.queue_size = 64;
