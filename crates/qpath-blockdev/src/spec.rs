@@ -210,7 +210,9 @@ impl HeadSpec {
         let tls = match &self.tls_key_file {
             None => None,
             Some(f) => {
-                let mut t = host::tls::HostTls::parse(&read_secret(f, "TLS key")?)
+                // The key's text is wiped when dropped, as the target does with its key files.
+                let text = zeroize::Zeroizing::new(read_secret(f, "TLS key")?);
+                let mut t = host::tls::HostTls::parse(&text)
                     .map_err(|e| Error::new(ErrorKind::Invalid, format!("TLS key file {}: {e}", f.display())))?;
                 if self.tls_identity == 0 {
                     t.identity = tls::psk::IdentityVersion::V0;
