@@ -57,6 +57,7 @@ pub mod opcode;
 pub mod reservation;
 pub mod sgl;
 pub mod sqe;
+pub mod state;
 pub mod status;
 pub mod tcp;
 mod wire;

@@ -27,7 +27,7 @@ use nvme::auth::ffdhe::DhKeyPair;
 use nvme::auth::{AuthCmd, DhGroup, Failure, HashId, MAX_MESSAGE_LEN, Message, Negotiate, Reply, Secret, failure};
 use uring::IoBuf;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{BadTransition, Error, ErrorKind, Result};
 use crate::queue::{DataDir, Done, Io};
 use crate::sync::SyncQueue;
 
@@ -109,15 +109,14 @@ pub enum Step {
 }
 
 impl Step {
-    /// The one place the host's steps advance (the transaction is linear).
-    pub fn transition(self, to: Step) -> Step {
+    /// The one place the host's steps advance (the transaction is linear; the convention
+    /// of [`nvme::state`]).
+    #[must_use = "a refused transition must be handled"]
+    pub fn transition(self, to: Step) -> std::result::Result<Step, BadTransition<Step>> {
         use Step::*;
         match (self, to) {
-            (Negotiate, Challenge) | (Challenge, Reply) | (Reply, Success1) | (Success1, Success2) => to,
-            (from, to) => {
-                debug_assert!(false, "host authentication step {from:?} -> {to:?} is not a transition");
-                from
-            }
+            (Negotiate, Challenge) | (Challenge, Reply) | (Reply, Success1) | (Success1, Success2) => Ok(to),
+            (from, to) => Err(BadTransition::new(from, to)),
         }
     }
 }
@@ -257,8 +256,19 @@ impl Transaction<'_> {
         Ok(d)
     }
 
-    fn advance(&mut self, to: Step) {
-        self.step = self.step.transition(to);
+    /// Moves to the next step; a step its state machine refuses is logged at error level
+    /// (in release builds too) and fails the transaction with AUTH_Failure2.
+    fn advance(&mut self, to: Step) -> std::result::Result<(), Fail> {
+        match self.step.transition(to) {
+            Ok(s) => {
+                self.step = s;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(qid = self.qid, "authentication step change refused: {e}");
+                Err(self.local(failure::FAILED, &format!("internal error: {e}")))
+            }
+        }
     }
 
     fn send(&mut self, m: &Message) -> Result<()> {
@@ -296,7 +306,7 @@ impl Transaction<'_> {
 
     fn run(&mut self, keys: &DhchapKeys, hostnqn: &str, subnqn: &str) -> std::result::Result<(HashId, DhGroup), Fail> {
         self.send(&Message::Negotiate(Negotiate::offer_all(self.tid))).map_err(Fail::Refused)?;
-        self.advance(Step::Challenge);
+        self.advance(Step::Challenge)?;
         let Message::Challenge(c) = self.receive()? else {
             return Err(self.local(failure::INCORRECT_MESSAGE, "expected a Challenge"));
         };
@@ -345,7 +355,7 @@ impl Transaction<'_> {
             }
             None => None,
         };
-        self.advance(Step::Reply);
+        self.advance(Step::Reply)?;
         let reply = Reply {
             tid: self.tid,
             r1,
@@ -354,7 +364,7 @@ impl Transaction<'_> {
             dhv,
         };
         self.send(&Message::Reply(reply)).map_err(Fail::Refused)?;
-        self.advance(Step::Success1);
+        self.advance(Step::Success1)?;
         let Message::Success1(s) = self.receive()? else {
             return Err(self.local(failure::INCORRECT_MESSAGE, "expected Success1"));
         };
@@ -380,7 +390,7 @@ impl Transaction<'_> {
                 Some(_) => return Err(self.local(failure::FAILED, "the controller's response is wrong")),
                 None => return Err(self.local(failure::FAILED, "the controller did not answer the host's challenge")),
             }
-            self.advance(Step::Success2);
+            self.advance(Step::Success2)?;
             self.send(&Message::Success2(self.tid)).map_err(Fail::Refused)?;
         }
         Ok((hash, group))
@@ -417,8 +427,11 @@ mod tests {
 
     #[test]
     fn steps() {
-        assert_eq!(Step::Negotiate.transition(Step::Challenge), Step::Challenge);
-        assert_eq!(Step::Success1.transition(Step::Success2), Step::Success2);
+        assert_eq!(Step::Negotiate.transition(Step::Challenge), Ok(Step::Challenge));
+        assert_eq!(Step::Success1.transition(Step::Success2), Ok(Step::Success2));
+        // Refused in release builds too: no step is skipped or repeated.
+        assert_eq!(Step::Negotiate.transition(Step::Reply), Err(BadTransition::new(Step::Negotiate, Step::Reply)));
+        assert!(Step::Success2.transition(Step::Success2).is_err());
     }
 
     #[test]

@@ -62,17 +62,9 @@ impl fmt::Display for Error {
 }
 
 /// A lifecycle change a state machine refuses ([`crate::controller::CtrlState::transition`],
-/// [`crate::queue::QueueState::transition`]). Never expected: the code that asked for it
-/// and the state machine disagree, so whoever applies a transition logs the refusal at
-/// error level, in release builds too, and handles it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("state {from:?} cannot change to {to:?}")]
-pub struct BadTransition<S: fmt::Debug> {
-    /// The state it was in (and stays in).
-    pub from: S,
-    /// The state asked for.
-    pub to: S,
-}
+/// [`crate::queue::QueueState::transition`]): the convention every state machine of both
+/// ends follows (see [`nvme::state`]).
+pub use nvme::state::BadTransition;
 
 /// Result with the host's error.
 pub type Result<T> = std::result::Result<T, Error>;

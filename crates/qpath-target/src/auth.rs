@@ -44,6 +44,7 @@ use nvme::auth::dhchap::{self, ResponseInput, Role};
 use nvme::auth::ffdhe::DhKeyPair;
 use nvme::auth::{AuthCmd, CryptoError, DhGroup, Failure, HashId, Message, Reply, Secret, Success1, failure};
 use nvme::opcode::fctype;
+use nvme::state::BadTransition;
 use nvme::{Sqe, Status};
 
 /// The DH-HMAC-CHAP settings of one host of a subsystem (Linux configfs
@@ -118,23 +119,23 @@ pub enum AuthState {
 }
 
 impl AuthState {
-    /// The one place the transaction's state changes are decided.
-    pub fn transition(self, to: AuthState) -> AuthState {
+    /// The one place the transaction's state changes are decided (the convention of
+    /// [`nvme::state`]). Failure is sticky: failing a failed transaction again is a no-op.
+    #[must_use = "a refused transition must be handled"]
+    pub fn transition(self, to: AuthState) -> Result<AuthState, BadTransition<AuthState>> {
         use AuthState::*;
         match (self, to) {
-            (Failed, _) => Failed,
-            (_, Failed | SendFailure1) => to,
+            (Failed, Failed | SendFailure1) => Ok(Failed),
+            (Failed, _) => Err(BadTransition::new(self, to)),
+            (_, Failed | SendFailure1) => Ok(to),
             (AwaitNegotiate, SendChallenge)
             | (SendChallenge, AwaitReply)
             | (AwaitReply, SendSuccess1)
             | (SendSuccess1, AwaitSuccess2 | Done)
             | (AwaitSuccess2, Done)
             // A Negotiate restarts the transaction (and re-authenticates a live queue).
-            | (SendChallenge | AwaitReply | SendSuccess1 | AwaitSuccess2 | Done, SendChallenge) => to,
-            (from, to) => {
-                debug_assert!(false, "authentication state {from:?} -> {to:?} is not a transition");
-                SendFailure1
-            }
+            | (SendChallenge | AwaitReply | SendSuccess1 | AwaitSuccess2 | Done, SendChallenge) => Ok(to),
+            (from, to) => Err(BadTransition::new(from, to)),
         }
     }
 }
@@ -468,7 +469,16 @@ impl QueueAuth {
 
     fn set(&mut self, to: AuthState) {
         let from = self.state;
-        self.state = from.transition(to);
+        self.state = match from.transition(to) {
+            Ok(s) => s,
+            // Loud in release builds too; the transaction fails (the host reads
+            // AUTH_Failure1 next, or the queue stays refused).
+            Err(e) => {
+                tracing::error!(hostnqn = %self.hostnqn, subnqn = %self.subnqn, "authentication state change refused: {e}");
+                self.authenticated = false;
+                if from == AuthState::Failed { AuthState::Failed } else { AuthState::SendFailure1 }
+            }
+        };
         if self.state == AuthState::Failed {
             self.authenticated = false;
         }
@@ -1188,11 +1198,28 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_transition_fails_the_transaction() {
+        let mut a = on_connect(Some(keys(DhGroup::Null, false)), HOST, SUB, Channel::default(), 0).unwrap();
+        assert_eq!(a.state, AuthState::AwaitNegotiate);
+        // Skipping the whole exchange is refused: the transaction fails instead of
+        // staying where it was (or, as before, only in debug builds).
+        a.set(AuthState::Done);
+        assert_eq!(a.state, AuthState::SendFailure1);
+        assert!(!a.authenticated);
+        assert_eq!(a.take_outcome(), Some(Outcome::Refused { renewal: false }));
+    }
+
+    #[test]
     fn transitions() {
         use AuthState::*;
-        assert_eq!(AwaitNegotiate.transition(SendChallenge), SendChallenge);
-        assert_eq!(Done.transition(SendChallenge), SendChallenge);
-        assert_eq!(Failed.transition(Done), Failed);
-        assert_eq!(AwaitReply.transition(SendFailure1), SendFailure1);
+        assert_eq!(AwaitNegotiate.transition(SendChallenge), Ok(SendChallenge));
+        assert_eq!(Done.transition(SendChallenge), Ok(SendChallenge));
+        assert_eq!(Failed.transition(Failed), Ok(Failed));
+        assert_eq!(Failed.transition(SendFailure1), Ok(Failed));
+        assert_eq!(AwaitReply.transition(SendFailure1), Ok(SendFailure1));
+        // Refused, in release builds too: nothing leaves Failed, no step is skipped.
+        assert_eq!(Failed.transition(Done), Err(BadTransition::new(Failed, Done)));
+        assert!(AwaitNegotiate.transition(Done).is_err());
+        assert!(AwaitReply.transition(AwaitSuccess2).is_err());
     }
 }

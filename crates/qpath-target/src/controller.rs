@@ -35,17 +35,12 @@ pub enum CtrlState {
     Failed,
 }
 
-/// Why a lifecycle transition was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BadTransition {
-    /// State before.
-    pub from: CtrlState,
-    /// Requested state.
-    pub to: CtrlState,
-}
+/// Why a lifecycle transition was refused (the convention of [`nvme::state`]).
+pub type BadTransition = nvme::state::BadTransition<CtrlState>;
 
 impl CtrlState {
     /// The one place lifecycle changes are decided.
+    #[must_use = "a refused transition must be handled"]
     pub fn transition(self, to: CtrlState) -> Result<CtrlState, BadTransition> {
         use CtrlState::*;
         match (self, to) {

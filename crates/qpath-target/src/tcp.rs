@@ -28,6 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use nvme::opcode::fctype;
+use nvme::state::BadTransition;
 use nvme::tcp::{
     DataHeader, DecoderConfig, Digests, EncoderConfig, FatalError, Fes, Frame, Framer, Header, IcResp, PduInfo, R2t,
     Role, crc32c,
@@ -86,18 +87,16 @@ pub enum ConnState {
 }
 
 impl ConnState {
-    /// The one place connection lifecycle changes are decided.
-    pub fn transition(self, to: ConnState) -> ConnState {
+    /// The one place connection lifecycle changes are decided (the convention of
+    /// [`nvme::state`]). Closing and closing again are no-ops; nothing leaves Closed.
+    #[must_use = "a refused transition must be handled"]
+    pub fn transition(self, to: ConnState) -> Result<ConnState, BadTransition<ConnState>> {
         use ConnState::*;
         match (self, to) {
-            (AwaitIcReq, AwaitConnect) | (AwaitConnect, Live) => to,
-            (Closed, _) => Closed,
-            (_, Closing) => Closing,
-            (_, Closed) => Closed,
-            (from, to) => {
-                debug_assert!(false, "connection state {from:?} -> {to:?} is not a transition");
-                from
-            }
+            (AwaitIcReq, AwaitConnect) | (AwaitConnect, Live) => Ok(to),
+            (Closed, Closing | Closed) => Ok(Closed),
+            (Closing | AwaitIcReq | AwaitConnect | Live, Closing | Closed) => Ok(to),
+            (from, to) => Err(BadTransition::new(from, to)),
         }
     }
 }
@@ -540,8 +539,20 @@ impl Connection {
         self.file_ops
     }
 
+    /// Moves the connection to `to`. A change its state machine refuses is logged at
+    /// error level (in release builds too) and closes the connection: the code that asked
+    /// for it and the protocol no longer agree on where the connection stands.
     fn set_state(&mut self, to: ConnState) {
-        self.state = self.state.transition(to);
+        match self.state.transition(to) {
+            Ok(s) => self.state = s,
+            Err(e) => {
+                tracing::error!(port = self.port.id, peer = ?self.peer, "connection state change refused: {e}; closing");
+                self.close_reason.get_or_insert_with(|| format!("internal error: {e}"));
+                if let Ok(s) = self.state.transition(ConnState::Closing) {
+                    self.state = s;
+                }
+            }
+        }
     }
 
     /// Stops reading and closes once queued output is sent.
@@ -2454,5 +2465,29 @@ impl Drop for Connection {
                 Binding::Io(ctrl, qid, _) => ctrl.detach_io_queue(qid),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConnState::{self, *};
+
+    #[test]
+    fn connection_lifecycle() {
+        let all = [AwaitIcReq, AwaitConnect, Live, Closing, Closed];
+        let legal = |from: ConnState, to: ConnState| {
+            matches!((from, to), (AwaitIcReq, AwaitConnect) | (AwaitConnect, Live) | (_, Closing | Closed))
+        };
+        for from in all {
+            for to in all {
+                let got = from.transition(to);
+                assert_eq!(got.is_ok(), legal(from, to), "{from:?} -> {to:?}");
+            }
+        }
+        // Closing a closed connection leaves it closed; a refusal names both states.
+        assert_eq!(Closed.transition(Closing), Ok(Closed));
+        let e = Live.transition(AwaitIcReq).unwrap_err();
+        assert_eq!((e.from, e.to), (Live, AwaitIcReq));
+        assert!(Closed.transition(Live).is_err());
     }
 }
