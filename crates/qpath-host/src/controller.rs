@@ -18,7 +18,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -27,6 +27,10 @@ use nvme::features::{AsyncEvent, NumQueues, aer_notice, aer_type, fid};
 use nvme::identify::{IdentifyController, NsIdDesc, cmic};
 use nvme::{AnaGrpId, AnaState, Cntlid, Nsid, Sqe};
 use uring::MailboxSender;
+
+mod bell;
+
+use bell::{Bell, BellRx};
 
 use crate::admin::{self, ADMIN_TIMEOUT};
 use crate::error::{BadTransition, Error, ErrorKind, Result};
@@ -317,6 +321,12 @@ pub struct Controller {
     /// from Identify Controller at every (re)connect, read by contexts with one load.
     failover_hold_ns: AtomicU64,
     admin_tx: Mutex<Option<SyncSender<AdminReq>>>,
+    /// Wakes the admin thread: rung after a request is queued or a flag above is set
+    /// (the thread sleeps until the admin socket is readable, this rings, or its next
+    /// keep-alive is due); dropping it wakes the thread to end.
+    bell: Bell,
+    /// Times the admin thread woke (operators see an idle controller cost nothing).
+    admin_wakeups: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// DH-HMAC-CHAP secrets: `opts`' at first, replaced by [`Controller::reauthenticate`]
     /// (reconnects use the newest, as Linux after a write to `dhchap_secret`).
@@ -404,6 +414,10 @@ pub struct ControllerInfo {
     pub reauths: u64,
     /// Re-authentications in which the admin queue's or an I/O queue's failed.
     pub reauth_failures: u64,
+    /// Times the admin thread woke: for a keep-alive, an answer, an event or a request
+    /// (an idle controller wakes about twice per keep-alive timeout, and at least once
+    /// a second).
+    pub admin_wakeups: u64,
     /// Last error.
     pub last_error: Option<String>,
 }
@@ -429,6 +443,8 @@ impl Controller {
         let hold = hold_ns(&opts, &b.id);
         let nq = b.io.len();
         let nuser = usize::from(opts.nr_user_queues).min(nq.saturating_sub(1));
+        let (tx, rx) = sync_channel(16);
+        let (bell, bell_rx) = bell::pair().map_err(|e| Error::io("admin thread's wake-up socket", &e))?;
         let ctrl = Arc::new(Controller {
             inner: Mutex::new(Inner {
                 state: CtrlState::Live,
@@ -454,18 +470,19 @@ impl Controller {
             ana_refresh: AtomicBool::new(false),
             failover_hold_ns: AtomicU64::new(hold),
             admin_tx: Mutex::new(None),
+            bell,
+            admin_wakeups: AtomicU64::new(0),
             thread: Mutex::new(None),
             keys: Mutex::new(keys),
             reauth: Mutex::new(()),
             opts,
         });
-        let (tx, rx) = sync_channel(16);
         *ctrl.admin_tx.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         let weak = Arc::downgrade(&ctrl);
         let admin = b.admin;
         let t = std::thread::Builder::new()
             .name(format!("qpath-admin-{}", ctrl.cntlid().0))
-            .spawn(move || admin_thread(&weak, admin, &rx))
+            .spawn(move || admin_thread(&weak, admin, &rx, &bell_rx))
             .map_err(|e| Error::io("spawn admin thread", &e))?;
         *ctrl.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
         tracing::info!(traddr = %ctrl.opts.traddr, subnqn = %ctrl.opts.subnqn, cntlid = ctrl.cntlid().0, io_queues = nq, "controller live");
@@ -568,6 +585,7 @@ impl Controller {
             reconnects: g.reconnects,
             reauths: g.reauths,
             reauth_failures: g.reauth_failures,
+            admin_wakeups: self.admin_wakeups.load(Ordering::Relaxed),
             last_error: g.last_error.clone(),
         }
     }
@@ -625,13 +643,16 @@ impl Controller {
         if !self.io_failed.swap(true, Ordering::AcqRel) {
             tracing::warn!(traddr = %self.opts.traddr, "I/O queue failed: {why}");
             self.lock().last_error = Some(why.to_string());
+            self.bell.ring();
         }
     }
 
     /// A context saw an ANA status on this controller: re-read the ANA log soon
     /// (on the admin thread; the I/O path only sets a flag).
     pub fn request_ana_refresh(&self) {
-        self.ana_refresh.store(true, Ordering::Release);
+        if !self.ana_refresh.swap(true, Ordering::AcqRel) {
+            self.bell.ring();
+        }
     }
 
     /// The DH-HMAC-CHAP secrets new connections and re-authentications use.
@@ -672,6 +693,7 @@ impl Controller {
         let (rtx, rrx) = sync_channel(1);
         tx.send(AdminReq::Authenticate { deadline, reply: rtx })
             .map_err(|_| Error::new(ErrorKind::Gone, "admin thread gone"))?;
+        self.bell.ring();
         // The admin thread answers by the deadline or fails the transaction; the margin
         // covers a keep-alive round it may be in.
         let admin = rrx
@@ -773,6 +795,7 @@ impl Controller {
         let tx = tx.ok_or_else(|| Error::new(ErrorKind::Gone, "controller deleted"))?;
         let (rtx, rrx) = sync_channel(1);
         tx.send(AdminReq::Command { io, reply: rtx }).map_err(|_| Error::new(ErrorKind::Gone, "admin thread gone"))?;
+        self.bell.ring();
         rrx.recv_timeout(ADMIN_TIMEOUT * 2).map_err(|_| Error::new(ErrorKind::Timeout, "admin command timed out"))?
     }
 
@@ -782,6 +805,7 @@ impl Controller {
         if let Some(tx) = tx {
             let (rtx, rrx) = sync_channel(1);
             if tx.send(AdminReq::Delete { reply: rtx }).is_ok() {
+                self.bell.ring();
                 let _ = rrx.recv_timeout(Duration::from_secs(10));
             }
         }
@@ -1006,18 +1030,25 @@ type Step = ControlFlow<()>;
 /// The admin thread: serves control requests, sends keep-alives, keeps an AER
 /// outstanding and refreshes ANA state while the controller is live; resets and
 /// reconnects it when the admin queue or an I/O queue fails.
-fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Receiver<AdminReq>) {
+///
+/// Between turns of a live controller it sleeps until the admin socket has input, the
+/// bell rings (a request, an I/O queue's failure, an ANA refresh) or the keep-alive is
+/// due, holding no reference to the controller: an idle controller costs about two
+/// wake-ups per keep-alive timeout instead of one every 20 ms, and a request is served
+/// at once instead of at the next turn.
+fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Receiver<AdminReq>, bell: &BellRx) {
     let mut admin = Some(admin);
     let aer = admin.as_mut().and_then(submit_aer);
-    let mut a = AdminLoop { admin, aer, ka: KeepAlive { last: Instant::now(), token: None } };
-    // Not on the I/O path: it wakes every turn (up to 20 ms) and must not take a tick
-    // from a CPU a polling reactor or a pinned job thread spins on.
+    let mut a = AdminLoop { admin, aer, ka: KeepAlive { last: Instant::now(), token: None }, readable: true };
+    // Not on the I/O path: it must not take a tick from a CPU a polling reactor or a
+    // pinned job thread spins on.
     let mut place = uring::placement::Helper::default();
     loop {
         if let Err(e) = place.refresh() {
             tracing::debug!("admin thread keeps its CPUs: {e}");
         }
         let Some(ctrl) = weak.upgrade() else { return };
+        ctrl.admin_wakeups.fetch_add(1, Ordering::Relaxed);
         let step = match ctrl.state() {
             CtrlState::Live => a.live(&ctrl, rx),
             CtrlState::Resetting => a.reset(&ctrl),
@@ -1027,8 +1058,20 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
         if step.is_break() {
             return;
         }
+        let Some(ctrl) = weak.upgrade() else { return };
+        let sleep = (ctrl.state() == CtrlState::Live)
+            .then(|| a.ka.next_due(Duration::from_millis(u64::from(ctrl.opts.kato_ms))));
+        drop(ctrl);
+        a.readable = match (sleep, a.admin.as_ref()) {
+            (Some(d), Some(q)) => bell.wait(q.stream(), d),
+            _ => true,
+        };
     }
 }
+
+/// The longest an admin thread sleeps between turns of a live controller, whatever its
+/// keep-alive timeout (a safety net: everything that needs it sooner rings its bell).
+const IDLE_WAKE: Duration = Duration::from_secs(1);
 
 /// What the admin thread holds across turns.
 struct AdminLoop {
@@ -1036,6 +1079,8 @@ struct AdminLoop {
     /// The outstanding Asynchronous Event Request.
     aer: Option<u64>,
     ka: KeepAlive,
+    /// Whether the admin socket may have input (the last sleep did not rule it out).
+    readable: bool,
 }
 
 /// The keep-alive in flight and when the last one went out.
@@ -1045,6 +1090,16 @@ struct KeepAlive {
 }
 
 impl KeepAlive {
+    /// How long the admin thread may sleep: until the next keep-alive is due, or the one
+    /// in flight expires; at most [`IDLE_WAKE`].
+    fn next_due(&self, kato: Duration) -> Duration {
+        if kato.is_zero() {
+            return IDLE_WAKE;
+        }
+        let at = if self.token.is_some() { kato } else { kato / 2 };
+        at.saturating_sub(self.last.elapsed()).min(IDLE_WAKE)
+    }
+
     /// Sends one at half the timeout (Linux sends every kato/2 since 6.x), one at a time.
     fn send_when_due(&mut self, q: &mut SyncQueue, kato: Duration) {
         if !kato.is_zero() && self.last.elapsed() >= kato / 2 && self.token.is_none() {
@@ -1079,26 +1134,34 @@ impl KeepAlive {
 }
 
 impl AdminLoop {
-    /// One turn of a live controller: a control request (up to 20 ms), the keep-alive,
-    /// the admin queue pumped, ANA and AER handled; a reset when anything failed.
+    /// One turn of a live controller: the control requests queued, the keep-alive, the
+    /// admin queue's input, ANA and AER handled; a reset when anything failed.
     fn live(&mut self, ctrl: &Arc<Controller>, rx: &Receiver<AdminReq>) -> Step {
         let Some(q) = self.admin.as_mut() else {
             // Live without an admin queue: reset; with no way to reset, end the thread
             // rather than spin (the refusal is logged).
             return if ctrl.transition(CtrlState::Resetting).is_err() { Step::Break(()) } else { Step::Continue(()) };
         };
-        match rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(req) => serve_request(ctrl, q, req)?,
-            Err(RecvTimeoutError::Disconnected) => {
-                let _ = admin::shutdown(q);
-                ctrl.retire();
-                return Step::Break(());
+        loop {
+            match rx.try_recv() {
+                Ok(req) => serve_request(ctrl, q, req)?,
+                Err(TryRecvError::Disconnected) => {
+                    let _ = admin::shutdown(q);
+                    ctrl.retire();
+                    return Step::Break(());
+                }
+                Err(TryRecvError::Empty) => break,
             }
-            Err(RecvTimeoutError::Timeout) => {}
         }
         let kato = Duration::from_millis(u64::from(ctrl.opts.kato_ms));
         self.ka.send_when_due(q, kato);
-        let pumped = q.pump(Instant::now() + Duration::from_millis(20));
+        // Input the sleep saw (or, after a turn that did not sleep, may be there): one
+        // read, which waits at most 20 ms.
+        let pumped = if std::mem::take(&mut self.readable) {
+            q.pump(Instant::now() + Duration::from_millis(20))
+        } else {
+            Ok(())
+        };
         let ka_expired = self.ka.expired(ctrl, q, kato);
         if ctrl.ana_refresh.swap(false, Ordering::AcqRel) {
             let id = ctrl.identify();
@@ -1260,19 +1323,28 @@ fn serve_request(ctrl: &Controller, q: &mut SyncQueue, req: AdminReq) -> Step {
     Step::Continue(())
 }
 
-/// Sleeps `delay` before the next reconnect attempt, in slices so a delete is noticed.
+/// Sleeps `delay` before the next reconnect attempt, or until a delete arrives (other
+/// requests are refused: their callers see the controller is not live).
 fn wait_for_retry(weak: &std::sync::Weak<Controller>, rx: &Receiver<AdminReq>, delay: Duration) -> Step {
     let until = Instant::now() + delay;
-    while Instant::now() < until {
-        if let Ok(AdminReq::Delete { reply }) = rx.recv_timeout(Duration::from_millis(20)) {
-            if let Some(c) = weak.upgrade() {
-                c.retire();
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Step::Continue(());
+        }
+        match rx.recv_timeout(left) {
+            Ok(AdminReq::Delete { reply }) => {
+                if let Some(c) = weak.upgrade() {
+                    c.retire();
+                }
+                let _ = reply.send(());
+                return Step::Break(());
             }
-            let _ = reply.send(());
-            return Step::Break(());
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+            // The controller is gone (every sender dropped): nothing to reconnect for.
+            Err(RecvTimeoutError::Disconnected) => return Step::Break(()),
         }
     }
-    Step::Continue(())
 }
 
 fn handle_event(ctrl: &Controller, q: &mut SyncQueue, ev: AsyncEvent) {

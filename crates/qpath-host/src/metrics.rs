@@ -128,7 +128,7 @@ pub fn snapshot_json(s: &HostSnapshot) -> Value {
                     "ctrl": c.ctrl, "traddr": c.traddr.to_string(), "subnqn": c.subnqn, "cntlid": c.cntlid,
                     "state": format!("{:?}", c.state).to_lowercase(), "present": c.present,
                     "reconnects": c.reconnects, "io_queues": c.io_queues, "queues_used": c.queues_used,
-                    "reauths": c.reauths, "reauth_failures": c.reauth_failures,
+                    "reauths": c.reauths, "reauth_failures": c.reauth_failures, "admin_wakeups": c.admin_wakeups,
                     "outstanding": c.outstanding, "failures": c.totals.failures, "last_error": c.last_error,
                 }),
                 io_counts(&c.totals.stats),
@@ -305,6 +305,15 @@ fn controller_families(out: &mut String, s: &HostSnapshot) {
         let _ = writeln!(out, "qpath_host_controller_reauths_total{{{l},result=\"ok\"}} {}", c.reauths);
         let _ = writeln!(out, "qpath_host_controller_reauths_total{{{l},result=\"failed\"}} {}", c.reauth_failures);
     }
+    help(
+        out,
+        "qpath_host_controller_admin_wakeups_total",
+        "counter",
+        "Times the controller's admin thread woke (keep-alives, answers, events, requests).",
+    );
+    for (c, l) in s.controllers.iter().zip(&clabels) {
+        let _ = writeln!(out, "qpath_host_controller_admin_wakeups_total{{{l}}} {}", c.admin_wakeups);
+    }
     help(out, "qpath_host_controller_ios_total", "counter", "I/Os completed over the controller's queues.");
     for (c, l) in s.controllers.iter().zip(&clabels) {
         per_dir(out, "qpath_host_controller_ios_total", l, &c.totals.stats, false);
@@ -402,6 +411,7 @@ mod tests {
                 reconnects: 0,
                 reauths: 2,
                 reauth_failures: 1,
+                admin_wakeups: 7,
                 io_queues: 2,
                 queues_used: 1,
                 outstanding: 2,
@@ -439,6 +449,7 @@ mod tests {
         assert!(q["latency"].get("trim").is_none(), "idle directions are left out");
         assert_eq!(v["controllers"][0]["state"], "live");
         assert_eq!((&v["controllers"][0]["reauths"], &v["controllers"][0]["reauth_failures"]), (&2.into(), &1.into()));
+        assert_eq!(v["controllers"][0]["admin_wakeups"], 7);
         assert_eq!(v["namespaces"][0]["counters"]["errors"], 2, "no-path failures count as errors");
         assert_eq!(v["totals"]["io_errors"], 2);
     }
@@ -475,5 +486,8 @@ mod tests {
             "qpath_host_controller_reauths_total{ctrl=\"0\",traddr=\"127.0.0.1:4420\",subnqn=\"nqn.x:\\\"q\\\"\"";
         assert!(text.contains(&format!("{reauths},result=\"ok\"}} 2")), "{text}");
         assert!(text.contains(&format!("{reauths},result=\"failed\"}} 1")), "{text}");
+        assert!(text.contains(
+            "qpath_host_controller_admin_wakeups_total{ctrl=\"0\",traddr=\"127.0.0.1:4420\",subnqn=\"nqn.x:\\\"q\\\"\"} 7"
+        ));
     }
 }

@@ -120,6 +120,7 @@ struct CtrlSeen {
     reconnects: u64,
     reauths: u64,
     reauth_failures: u64,
+    admin_wakeups: u64,
     io_queues: usize,
     last_error: Option<String>,
 }
@@ -143,6 +144,7 @@ impl CtrlEntry {
                 reconnects: i.reconnects,
                 reauths: i.reauths,
                 reauth_failures: i.reauth_failures,
+                admin_wakeups: i.admin_wakeups,
                 io_queues: i.io_queues,
                 last_error: i.last_error,
             };
@@ -231,6 +233,7 @@ impl HostStats {
                 reconnects: 0,
                 reauths: 0,
                 reauth_failures: 0,
+                admin_wakeups: 0,
                 io_queues: 0,
                 last_error: None,
             },
@@ -406,6 +409,7 @@ fn controller_snapshot(c: &CtrlEntry, queues: &[QueueSnapshot]) -> ControllerSna
         reconnects: c.seen.reconnects,
         reauths: c.seen.reauths,
         reauth_failures: c.seen.reauth_failures,
+        admin_wakeups: c.seen.admin_wakeups,
         io_queues: c.seen.io_queues,
         queues_used: nq,
         outstanding,
@@ -460,6 +464,8 @@ pub struct ControllerSnapshot {
     pub reauths: u64,
     /// Re-authentications in which a queue failed.
     pub reauth_failures: u64,
+    /// Times the controller's admin thread woke.
+    pub admin_wakeups: u64,
     /// I/O queues the controller has.
     pub io_queues: usize,
     /// Queues some context has used.

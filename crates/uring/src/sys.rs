@@ -302,6 +302,31 @@ pub fn set_linger_zero(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Sleeps until one of `fds` is readable (or at end of file, or in error) or `timeout`
+/// passes (rounded up to a millisecond); which of them are, as bits of the result (bit
+/// `i` for `fds[i]`, at most 64). An interrupted sleep returns with no bit set. For
+/// control-plane threads that wait on a socket and a wake-up at once (`poll(2)`), never
+/// the I/O path.
+pub fn wait_readable(fds: &[RawFd], timeout: std::time::Duration) -> io::Result<u64> {
+    const MAX: usize = 64;
+    if fds.len() > MAX {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "more than 64 descriptors"));
+    }
+    let mut set = [libc::pollfd { fd: -1, events: 0, revents: 0 }; MAX];
+    for (p, &fd) in set.iter_mut().zip(fds) {
+        *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    }
+    let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+    let n = libc::nfds_t::try_from(fds.len()).expect("at most 64 descriptors");
+    // SAFETY: `set` holds `n` initialised pollfd and lives for the whole call.
+    let r = unsafe { libc::poll(set.as_mut_ptr(), n, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
+    }
+    Ok(set[..fds.len()].iter().enumerate().filter(|(_, p)| p.revents != 0).fold(0, |m, (i, _)| m | 1 << i))
+}
+
 /// Sets the socket's TCP congestion control (`TCP_CONGESTION`) by its kernel name: `reno`,
 /// `cubic`, `bbr`, ... (`/proc/sys/net/ipv4/tcp_available_congestion_control`). An unknown
 /// or unloaded name fails (`ENOENT`) and leaves the socket as it was. Sockets accepted on a
