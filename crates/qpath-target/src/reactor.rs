@@ -308,7 +308,15 @@ struct Reactor {
     stop: bool,
 }
 
+/// How often a reactor looks at its connections' clocks and at what other threads may
+/// have changed for them (a controller failed or reset elsewhere, a port removed): every
+/// [`TICK`] while it carries I/O, every [`IDLE_TICK`] once it has had none for
+/// [`IDLE_AFTER`], never while it has no connection (a new one comes with a mailbox
+/// message, which wakes it). An idle target sleeps instead of waking 100 times a second
+/// per reactor.
 const TICK: Duration = Duration::from_millis(10);
+const IDLE_TICK: Duration = Duration::from_millis(100);
+const IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// How long after a turn with two or more busy connections the reactor still counts as
 /// shared: the fairness budgets stay on across the gaps of a QD1 host's round trips
@@ -376,7 +384,7 @@ impl Reactor {
             self.done = done;
             self.touched = touched;
             self.run_timers();
-            if self.last_tick.elapsed() >= TICK {
+            if self.tick_period().is_some_and(|p| self.last_tick.elapsed() >= p) {
                 self.last_tick = Instant::now();
                 self.tick();
             }
@@ -428,15 +436,26 @@ impl Reactor {
         if self.busy || !self.touched.is_empty() || !self.ready_shallow.is_empty() || !self.ready_deep.is_empty() {
             return Wait::Poll;
         }
-        let mut timeout = TICK.saturating_sub(self.last_tick.elapsed());
+        let mut timeout = self.tick_period().map(|p| p.saturating_sub(self.last_tick.elapsed()));
         if let Some(t) = self.next_timer_in() {
-            timeout = timeout.min(t);
+            timeout = Some(timeout.map_or(t, |d| d.min(t)));
         }
         match self.opts.poll {
             PollMode::Busy => Wait::Poll,
             PollMode::Adaptive if self.last_activity.elapsed() < Duration::from_micros(self.opts.spin_us) => Wait::Poll,
-            _ if timeout.is_zero() => Wait::Poll,
-            _ => Wait::Block { timeout: Some(timeout) },
+            _ if timeout.is_some_and(|d| d.is_zero()) => Wait::Poll,
+            _ => Wait::Block { timeout },
+        }
+    }
+
+    /// How often to tick now ([`TICK`]); `None` with no connection.
+    fn tick_period(&self) -> Option<Duration> {
+        if self.conns.len() == self.free_keys.len() {
+            None
+        } else if self.last_activity.elapsed() >= IDLE_AFTER {
+            Some(IDLE_TICK)
+        } else {
+            Some(TICK)
         }
     }
 
@@ -643,6 +662,10 @@ impl Reactor {
                 self.ready_deep.retain(|&k| k != key);
             }
             self.free_keys.push(key);
+            if self.conns.len() == self.free_keys.len() {
+                // The last connection: no tick follows to publish what it gave back.
+                self.buffers.publish(&self.pool);
+            }
         }
     }
 

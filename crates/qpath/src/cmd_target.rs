@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use target::config::Config;
 use target::persist::{Persist, SaveMode};
@@ -253,11 +252,8 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
     {
         println!("persisting every change to {}", f.display());
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let hup = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
-    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     // Under systemd (Type=notify): ready once every port listens and the RPC socket and
     // the metrics listener are up, which is now; the signal handlers are in place too, so
     // a reload or stop systemd sends from here on is heard.
@@ -268,30 +264,31 @@ pub fn run(a: TargetArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     notify(&format!("READY=1\n{}", sd_notify::status(&serving(&server))));
-    // This thread wakes every 50 ms to see signals: off the CPUs polling reactors own.
+    // This thread sleeps until a signal arrives: it wakes for nothing else.
     let mut place = uring::placement::Helper::default();
-    while !stop.load(Ordering::Relaxed) {
-        let _ = place.refresh();
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        if hup.swap(false, Ordering::Relaxed) {
-            notify("RELOADING=1");
-            // SIGHUP: re-read the file and apply the difference (logged line by line; a
-            // file that does not parse changes nothing).
-            let outcome = match target::persist::reload(&server) {
-                Ok(r) => {
-                    let (applied, refused) = (r.applied.len(), r.refused.len());
-                    eprintln!("qpath target: configuration reloaded: {applied} change(s) applied, {refused} refused");
-                    format!("reloaded: {applied} change(s) applied, {refused} refused")
-                }
-                Err(e) => {
-                    eprintln!("qpath target: configuration not reloaded, nothing changed: {e}");
-                    // Not the error itself: `systemctl status` shows STATUS to every user,
-                    // and a file that does not parse may be quoted around a key.
-                    "the last reload failed, nothing changed (see the log)".to_string()
-                }
-            };
-            notify(&format!("READY=1\n{}", sd_notify::status(&format!("{}; {outcome}", serving(&server)))));
+    for signal in signals.forever() {
+        if signal != SIGHUP {
+            break;
         }
+        // Off the CPUs polling reactors own while it reloads.
+        let _ = place.refresh();
+        notify("RELOADING=1");
+        // SIGHUP: re-read the file and apply the difference (logged line by line; a
+        // file that does not parse changes nothing).
+        let outcome = match target::persist::reload(&server) {
+            Ok(r) => {
+                let (applied, refused) = (r.applied.len(), r.refused.len());
+                eprintln!("qpath target: configuration reloaded: {applied} change(s) applied, {refused} refused");
+                format!("reloaded: {applied} change(s) applied, {refused} refused")
+            }
+            Err(e) => {
+                eprintln!("qpath target: configuration not reloaded, nothing changed: {e}");
+                // Not the error itself: `systemctl status` shows STATUS to every user,
+                // and a file that does not parse may be quoted around a key.
+                "the last reload failed, nothing changed (see the log)".to_string()
+            }
+        };
+        notify(&format!("READY=1\n{}", sd_notify::status(&format!("{}; {outcome}", serving(&server)))));
     }
     notify(&format!("STOPPING=1\n{}", sd_notify::status("shutting down")));
     eprintln!("qpath target: shutting down");
