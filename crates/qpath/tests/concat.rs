@@ -41,22 +41,29 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:5c0c4a7e-0000-4000-8000-0000
 const KEY: &str = "DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
 
 fn start() -> (Server, SocketAddr) {
-    start_with_group("ffdhe2048")
+    start_with(|_| {})
 }
 
 fn start_with_group(dhgroup: &str) -> (Server, SocketAddr) {
+    start_with(|h| h.dhgroup = Some(dhgroup.into()))
+}
+
+/// The target with the host's entry (key KEY, group ffdhe2048) changed by `host`.
+fn start_with(host: impl FnOnce(&mut HostAuthConfig)) -> (Server, SocketAddr) {
+    let mut h = HostAuthConfig {
+        nqn: HOST.into(),
+        dhchap_key: Some(KEY.into()),
+        dhgroup: Some("ffdhe2048".into()),
+        ..Default::default()
+    };
+    host(&mut h);
     let port = free_port();
     let mut c = Config::embedded_default();
     c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
     c.ports = vec![PortConfig { tls: TlsMode::Allowed, ..PortConfig::io(1, format!("127.0.0.1:{port}")) }];
     c.subsystems = vec![SubsystemConfig {
         allow_any_host: false,
-        hosts: vec![HostEntry::Auth(HostAuthConfig {
-            nqn: HOST.into(),
-            dhchap_key: Some(KEY.into()),
-            dhgroup: Some(dhgroup.into()),
-            ..Default::default()
-        })],
+        hosts: vec![HostEntry::Auth(h)],
         ..SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "4M")])
     }];
     let server = c.start().unwrap();
@@ -475,4 +482,31 @@ fn concat_without_a_secret_or_with_a_tls_key_is_refused_before_connecting() {
     let e = Controller::connect(o).unwrap_err();
     assert_eq!(e.kind, host::error::ErrorKind::Invalid);
     assert!(e.to_string().contains("cannot be combined"), "{e}");
+}
+
+/// A target that holds SHA-384 and a controller key for the host: the concatenating
+/// transaction runs with SHA-256 (the only hash offered, as the TLS here takes SHA-256 PSKs
+/// only) and proves the controller too (S2 nonzero, R2 checked), and its C2 still keys the
+/// PSK of every queue.
+#[test]
+fn our_host_concatenates_with_a_controller_key_and_a_target_set_to_sha384() {
+    let ctrl_key = Secret::generate(None, 32).unwrap().to_string();
+    let (server, addr) = start_with(|h| {
+        h.hash = Some("hmac(sha384)".into());
+        h.dhchap_ctrl_key = Some(ctrl_key.clone());
+        h.dhgroup = Some("ffdhe3072".into());
+    });
+    let mut o = host_options(addr, Some(KEY));
+    o.dhchap_ctrl_secret = Some(ctrl_key.clone());
+    let ctrl = Controller::connect(o).unwrap();
+    assert_eq!(auth_stat(&server, "transactions_accepted"), 1);
+    assert_eq!(tls_queues(&server).1, 3, "{:?}", tls_queues(&server));
+    verified_io(&ctrl, 21, 4);
+    ctrl.delete();
+    // A wrong controller key: the controller's proof is refused, nothing connects.
+    let mut o = host_options(addr, Some(KEY));
+    o.dhchap_ctrl_secret = Some(Secret::generate(None, 32).unwrap().to_string());
+    let e = Controller::connect(o).unwrap_err().to_string();
+    assert!(e.contains("the controller's response is wrong"), "{e}");
+    server.shutdown();
 }
