@@ -510,3 +510,32 @@ fn our_host_concatenates_with_a_controller_key_and_a_target_set_to_sha384() {
     assert!(e.contains("the controller's response is wrong"), "{e}");
     server.shutdown();
 }
+
+/// A block device's head (`qpath ublk add --concat`, `qpath nbd serve --concat`) takes its
+/// secret from a file and concatenates like `connect --concat`; without a secret file, or
+/// with a TLS key file, the spec is refused before connecting.
+#[test]
+fn a_block_device_head_concatenates_with_its_secret_from_a_file() {
+    let (server, addr) = start();
+    let dir = std::env::temp_dir().join(format!("qpath-concat-head-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret_file = dir.join("dhchap.key");
+    std::fs::write(&secret_file, format!("{KEY}\n")).unwrap();
+    let mut spec = blockdev::spec::HeadSpec::new(vec![addr.to_string()], NQN);
+    spec.hostnqn = Some(HOST.into());
+    spec.nr_io_queues = 2;
+    spec.ctrl_loss_tmo = 0;
+    spec.concat = true;
+    let e = spec.check().unwrap_err().to_string();
+    assert!(e.contains("needs a DH-HMAC-CHAP secret file"), "{e}");
+    spec.dhchap_secret_file = Some(secret_file.clone());
+    let (ctrls, head) = spec.connect().unwrap();
+    assert_eq!(head.path_count(), 1);
+    assert_eq!(tls_queues(&server).1, 3, "admin + 2 I/O queues inside TLS");
+    verified_io(&ctrls[0], 17, 4);
+    blockdev::spec::disconnect(&ctrls);
+    spec.tls_key_file = Some(dir.join("tls.key"));
+    assert!(spec.check().is_err(), "concatenation makes its own TLS key");
+    std::fs::remove_dir_all(&dir).unwrap();
+    server.shutdown();
+}
