@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — NVMe/TCP over TLS 1.3 with Linux, in a vmlab QEMU guest (Linux 7.2, KERNEL=sid).
 #
-#   tests/vm-tls/run.sh [--kernel sid] linux-host|linux-target|linux-concat
+#   tests/vm-tls/run.sh [--kernel sid] linux-host|linux-target|linux-concat|linux-target-concat
 #
 # linux-host  the guest's kernel NVMe/TCP host (tlshd from ktls-utils runs its handshakes;
 #             sid's nvme-cli derives and inserts the PSK) reaches `qpath target`, whose two
@@ -25,6 +25,16 @@
 #             crc32c verify, a reconnect (a new PSK), a target kill -9 and restart, and
 #             disconnect-all (tests/vm-tls/guest/linux-concat.sh). No capture check: the first
 #             admin connection is plaintext by design.
+# linux-target-concat  `qpath` connects with secure channel concatenation (a bench job's URI
+#             `concat=1` with `dhchap_secret`, as `nvme connect --concat`) to the guest's kernel
+#             target (nvmet: addr_tsas tls1.3, addr_treq "not required" on 4420 and 4421; the
+#             host's DH-HMAC-CHAP key with hmac(sha256) and ffdhe2048; tlshd serving the
+#             handshakes with the PSKs nvmet generates): a two-path bench job (randrw 4k, crc32c
+#             verify) whose controllers authenticate in plaintext, then run every queue inside
+#             TLS with the generated PSK; the guest takes port 4420 away for 8 s, the host
+#             reconnects and concatenates again (a new NVMe1G key), and the job ends with its
+#             data verified (tests/vm-tls/guest/linux-target-concat.sh). No capture check: the
+#             first admin connection is plaintext by design.
 # The guest's tools come from Debian sid (tests/vm-tls/guest-tools.sh: tlshd, nvme-cli 2.x,
 # keyctl and their libraries, run in the guest through sid's loader); the kernel's TLS needs
 # gcm(aes), whose modules (ctr, gcm) the vmlab initramfs lacks: they come from the same
@@ -48,8 +58,8 @@ while [ $# -gt 0 ]; do
 done
 SCENARIO=${1:-}
 case "$SCENARIO" in
-  linux-host|linux-target|linux-concat) ;;
-  *) echo "usage: $0 [--kernel sid] linux-host|linux-target|linux-concat" >&2; exit 2 ;;
+  linux-host|linux-target|linux-concat|linux-target-concat) ;;
+  *) echo "usage: $0 [--kernel sid] linux-host|linux-target|linux-concat|linux-target-concat" >&2; exit 2 ;;
 esac
 export KERNEL=${KERNEL:-sid}
 case "$KERNEL" in
@@ -294,12 +304,80 @@ PY
   check_guest
 }
 
+scenario_linux-target-concat() {
+  QPATH_NQN=nqn.2024-01.io.vmlab:concat
+  local g=$VMLAB_GUEST_IP bench_pid=
+  on_ask() {
+    local rc verdict ok n
+    case "$1" in
+      bench-start)
+        # The secret goes in the job file (mode 0600), never on a command line or in a log.
+        umask 077
+        cat > "$D/bench.fio" <<FIO
+[concat-paths]
+ioengine=qpath
+filename=nvme+tcp://$g:4420,$g:4421/$QPATH_NQN/1?hostnqn=$HOSTNQN&dhchap_secret=$(cat "$D/dhchap.key")&concat=1&reconnect_delay=1&ctrl_loss_tmo=120
+rw=randrw
+bs=4k
+iodepth=16
+size=64m
+time_based
+runtime=40
+verify=crc32c
+mpath_policy=round-robin
+FIO
+        umask 022
+        setsid timeout -k 5 240 ip netns exec "$VMLAB_NETNS" env RUST_LOG=info "$QPATH_BIN" bench --output-format=json \
+          "$D/bench.fio" > "$D/bench.json" 2> "$D/bench.log" < /dev/null &
+        bench_pid=$!
+        STARTED+=("$bench_pid")
+        sleep 5
+        kill -0 "$bench_pid" 2>/dev/null && pass "qpath bench (two paths, concat=1, randrw crc32c verify) running" \
+          || { fail "qpath bench exited at once"; tail -5 "$D/bench.log"; return 1; } ;;
+      bench-check)
+        local i
+        for i in $(seq 200); do kill -0 "$bench_pid" 2>/dev/null || break; sleep 1; done
+        rc=0; wait "$bench_pid" || rc=$?
+        verdict=$(python3 - "$D/bench.json" "$rc" <<'PY'
+import json, sys
+try:
+    out = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print("no JSON report (rc %s): %s" % (sys.argv[2], e)); sys.exit(1)
+j, q = out["jobs"][0], out["qpath"]["jobs"][0]
+v = q.get("verify", {})
+r, w = j["read"]["total_ios"], j["write"]["total_ios"]
+print("rc %s, error %s, %d reads, %d writes, verify checked %s failures %s" % (
+    sys.argv[2], j["error"], r, w, v.get("checked"), v.get("failures")))
+sys.exit(0 if (sys.argv[2] == "0" and j["error"] == 0 and r > 0 and w > 0 and v.get("failures") == 0
+               and v.get("checked", 0) > 0) else 1)
+PY
+)
+        ok=$?
+        grep -vE '^ *$' "$D/bench.log" | grep -v DHHC | tail -4 | sed 's/^/    bench: /'
+        n=$(grep -c "secure channel concatenation: TLS PSK generated" "$D/bench.log" || true)
+        [ "$n" -ge 3 ] && pass "qpath: $n TLS PSKs generated (both paths, then the reconnect of 4420's)" \
+          || fail "qpath: $n TLS PSKs generated (want both paths and the reconnect)"
+        if grep -qE "DHHC-1:[0-9][0-9]:[A-Za-z0-9]" "$D/bench.json" "$D/bench.log"; then
+          fail "the DH-HMAC-CHAP secret is printed in the bench's report or log"
+        else pass "no DH-HMAC-CHAP secret in the bench's report or log"; fi
+        if [ $ok = 0 ]; then pass "bench across the reconnect: $verdict"; else fail "bench: $verdict"; return 1; fi ;;
+      *) fail "unexpected request from the guest: $1"; return 1 ;;
+    esac
+  }
+  BOOT_FILES+=("$D/dhchap.key:/vmlab/dhchap.key")
+  boot_guest "$HERE/guest/linux-target-concat.sh" "vmlab.env.HOSTNQN=$HOSTNQN"
+  serve_guest
+  check_guest
+}
+
 set +e
-# Concatenation starts in plaintext: its scenario has no capture (start_capture stands in).
-[ "$SCENARIO" = linux-concat ] && { start_capture() { :; }; check_capture() { :; }; }
+# Concatenation starts in plaintext: its scenarios have no capture (start_capture stands in).
+case "$SCENARIO" in linux-concat|linux-target-concat) start_capture() { :; }; check_capture() { :; } ;; esac
 start_capture && {
   # The key reaches the guest as a file (boot.sh --file), not on its command line.
-  BOOT_FILES=("$TOOLS:/vmlab/tls-tools.tar" "$D/tls.key:/vmlab/tls.key")
+  # tls-lib.sh: the guest set-up every scenario shares (sid's tools, the TLS modules, tlshd).
+  BOOT_FILES=("$TOOLS:/vmlab/tls-tools.tar" "$D/tls.key:/vmlab/tls.key" "$HERE/guest/tls-lib.sh:/vmlab/tls-lib.sh")
   # The kernel's TLS (tlshd keys it after the handshake) needs gcm(aes), whose modules the
   # vmlab initramfs does not hold: they come from the same kernel package, unpacked.
   mkdir -p "$D/mods"

@@ -77,6 +77,11 @@ pub struct HeadSpec {
     /// The TLS PSK identity to present: 1 (with the PSK digest; Linux 6.14+) or 0.
     #[serde(default = "tls_identity")]
     pub tls_identity: u8,
+    /// Secure channel concatenation (`nvme connect --concat`): the admin queue's
+    /// DH-HMAC-CHAP transaction (its secret from `dhchap_secret_file`) makes the TLS key of
+    /// every queue, anew at each connect.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub concat: bool,
 }
 
 fn one() -> u32 {
@@ -141,6 +146,7 @@ impl HeadSpec {
             dhchap_ctrl_secret_file: None,
             tls_key_file: None,
             tls_identity: tls_identity(),
+            concat: false,
         }
     }
 
@@ -167,6 +173,13 @@ impl HeadSpec {
         }
         if self.tls_identity > 1 {
             return Err(Error::new(ErrorKind::Invalid, format!("tls_identity {}: expected 0 or 1", self.tls_identity)));
+        }
+        if self.concat && (self.dhchap_secret_file.is_none() || self.tls_key_file.is_some()) {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "secure channel concatenation needs a DH-HMAC-CHAP secret file and makes its own TLS key \
+                 (no TLS key file)",
+            ));
         }
         for (f, what) in [
             (&self.dhchap_secret_file, "DH-HMAC-CHAP secret file"),
@@ -243,6 +256,7 @@ impl HeadSpec {
         o.dhchap_secret.clone_from(&secrets.dhchap);
         o.dhchap_ctrl_secret.clone_from(&secrets.dhchap_ctrl);
         o.tls.clone_from(&secrets.tls);
+        o.concat = self.concat;
         Ok(o)
     }
 

@@ -17,6 +17,14 @@
 //!
 //! Unlike Linux (which accepts a Success1 without R2 after asking for one), a
 //! controller that was asked to prove its key and did not is refused.
+//!
+//! Secure channel concatenation (NVMe Base 2.1 §8.3.4.5, TP 8018; `qpath connect
+//! --concat`, Linux `nvme connect --concat`): the admin queue's transaction carries SC_C
+//! `NEWTLSPSK` (plaintext queue) or `REPLACETLSPSK` (inside TLS), its R1 covers that SC_C,
+//! the Reply always carries a C2, and both sides then hold the generated PSK
+//! `HMAC(Ks, C1 || C2)` ([`authenticate_concat`]) that keys the TLS channel of every queue
+//! after it. The PSK needs the DH session key, so such a transaction offers no null group
+//! and refuses a Challenge that names it before any response is sent.
 
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
@@ -24,7 +32,10 @@ use std::time::{Duration, Instant};
 use nvme::Cid;
 use nvme::auth::dhchap::{self, ResponseInput, Role};
 use nvme::auth::ffdhe::DhKeyPair;
-use nvme::auth::{AuthCmd, DhGroup, Failure, HashId, MAX_MESSAGE_LEN, Message, Negotiate, Reply, Secret, failure};
+use nvme::auth::{
+    AuthCmd, DhGroup, Failure, HashId, MAX_MESSAGE_LEN, Message, Negotiate, Reply, Secret, failure, sc_c,
+};
+use tls::psk::{PskHash, RetainedPsk};
 use uring::IoBuf;
 
 use crate::error::{BadTransition, Error, ErrorKind, Result};
@@ -160,7 +171,52 @@ pub fn authenticate(
     occasion: Occasion,
 ) -> Result<()> {
     let dh_nice = (occasion == Occasion::Reauthentication).then_some(REAUTH_NICE);
-    transaction(q, keys, hostnqn, subnqn, deadline, dh_nice)
+    transaction(q, keys, hostnqn, subnqn, deadline, dh_nice, sc_c::NOSC).map(|_| ())
+}
+
+/// What a concatenating transaction asks for (SC_C, NVMe Base 2.1 §8.3.4.5.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Concat {
+    /// `NEWTLSPSK`: a plaintext admin queue asks for the PSK of a new TLS channel.
+    NewTlsPsk,
+    /// `REPLACETLSPSK`: an admin queue inside the channel replaces its PSK.
+    ReplaceTlsPsk,
+}
+
+impl Concat {
+    fn sc_c(self) -> u8 {
+        match self {
+            Concat::NewTlsPsk => sc_c::NEWTLSPSK,
+            Concat::ReplaceTlsPsk => sc_c::REPLACETLSPSK,
+        }
+    }
+}
+
+/// Hashes whose generated PSK a TLS channel here can use: the PSK keys the cipher suite of
+/// its hash, and the handshake takes SHA-256 PSKs only (`tls::handshake`; README "TLS").
+/// A concatenating Negotiate offers only these, and a Challenge with another is refused.
+const CONCAT_HASHES: [HashId; 1] = [HashId::Sha256];
+
+/// Runs a concatenating transaction (admin queue only, as Linux and nvmet) on `q` by
+/// `deadline`; the generated PSK on success. The PSK is never logged or shown.
+pub fn authenticate_concat(
+    q: &mut dyn Exchange,
+    keys: Option<&DhchapKeys>,
+    hostnqn: &str,
+    subnqn: &str,
+    deadline: Instant,
+    occasion: Occasion,
+    concat: Concat,
+) -> Result<RetainedPsk> {
+    if q.qid() != 0 {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!("queue {}: secure channel concatenation runs on the admin queue only", q.qid()),
+        ));
+    }
+    let dh_nice = (occasion == Occasion::Reauthentication).then_some(REAUTH_NICE);
+    transaction(q, keys, hostnqn, subnqn, deadline, dh_nice, concat.sc_c())?
+        .ok_or_else(|| Error::new(ErrorKind::Protocol, "queue 0: secure channel concatenation generated no TLS PSK"))
 }
 
 /// Runs `f` (a transaction's DH work) at `nice`: inline when the thread already runs at
@@ -187,7 +243,8 @@ fn transaction(
     subnqn: &str,
     deadline: Instant,
     dh_nice: Option<i32>,
-) -> Result<()> {
+    sc_c: u8,
+) -> Result<Option<RetainedPsk>> {
     let qid = nvme::QueueId(q.qid());
     let Some(keys) = keys else {
         return Err(Error::new(
@@ -198,19 +255,20 @@ fn transaction(
         ));
     };
     let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-    let mut t = Transaction { q, tid, deadline, step: Step::Negotiate, qid: qid.0, dh_nice };
+    let mut t = Transaction { q, tid, deadline, step: Step::Negotiate, qid: qid.0, dh_nice, sc_c };
     let start = Instant::now();
     match t.run(keys, hostnqn, subnqn) {
-        Ok((hash, group)) => {
+        Ok((hash, group, psk)) => {
             let (hash, group, bidirectional) = (hash.linux_name(), group.name(), keys.ctrl.is_some());
             // Like Linux, the admin queue's outcome at info, the I/O queues' at debug.
             let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let concat = psk.is_some();
             if qid.is_admin() {
-                tracing::info!(qid = qid.0, hash, group, bidirectional, us, "authenticated (DH-HMAC-CHAP)");
+                tracing::info!(qid = qid.0, hash, group, bidirectional, concat, us, "authenticated (DH-HMAC-CHAP)");
             } else {
                 tracing::debug!(qid = qid.0, hash, group, bidirectional, us, "authenticated (DH-HMAC-CHAP)");
             }
-            Ok(())
+            Ok(psk)
         }
         Err(Fail::Refused(e)) => Err(e),
         Err(Fail::Local(rescode_exp, e)) => {
@@ -237,6 +295,8 @@ struct Transaction<'a> {
     qid: u16,
     /// Where the DH work runs ([`at_nice`]).
     dh_nice: Option<i32>,
+    /// SC_C of the Negotiate (00h: no concatenation).
+    sc_c: u8,
 }
 
 impl Transaction<'_> {
@@ -292,20 +352,50 @@ impl Transaction<'_> {
             .read_data(AuthCmd::dhchap(len).receive_sqe(Cid(0)), MAX_MESSAGE_LEN, left)
             .map_err(|e| Fail::Refused(self.err(e.to_string())))?;
         match Message::decode(&data) {
-            Ok(Message::Failure1(f)) => Err(Fail::Refused(self.err(format!(
-                "controller refused (AUTH_Failure1, reason {:#04x}, explanation {:#04x}: {})",
-                f.rescode,
-                f.rescode_exp,
-                explain(f.rescode_exp)
-            )))),
+            Ok(Message::Failure1(f)) => {
+                // A controller that holds the null group for this host (or no concatenation)
+                // refuses a concatenating Negotiate: say what the user can change.
+                let hint = if self.sc_c != sc_c::NOSC
+                    && matches!(f.rescode_exp, failure::DHGROUP_UNUSABLE | failure::CONCAT_MISMATCH)
+                {
+                    "; secure channel concatenation needs a DH group (ffdhe2048 to ffdhe8192) in the \
+                     controller's settings for this host, as the TLS PSK is made from the DH session key"
+                } else {
+                    ""
+                };
+                Err(Fail::Refused(self.err(format!(
+                    "controller refused (AUTH_Failure1, reason {:#04x}, explanation {:#04x}: {}){hint}",
+                    f.rescode,
+                    f.rescode_exp,
+                    explain(f.rescode_exp)
+                ))))
+            }
             Ok(m) if m.tid() != self.tid => Err(self.local(failure::INCORRECT_MESSAGE, "wrong transaction id")),
             Ok(m) => Ok(m),
             Err(e) => Err(self.local(e.rescode_exp(), &format!("undecodable message: {e}"))),
         }
     }
 
-    fn run(&mut self, keys: &DhchapKeys, hostnqn: &str, subnqn: &str) -> std::result::Result<(HashId, DhGroup), Fail> {
-        self.send(&Message::Negotiate(Negotiate::offer_all(self.tid))).map_err(Fail::Refused)?;
+    /// The host's AUTH_Negotiate: every hash and group, or, for concatenation, the hashes
+    /// whose PSK keys a TLS channel here and every group but the null one.
+    fn negotiate(&self) -> Negotiate {
+        let mut n = Negotiate::offer_all(self.tid);
+        if self.sc_c != sc_c::NOSC {
+            n.sc_c = self.sc_c;
+            n.hash_ids = CONCAT_HASHES.iter().map(|h| h.id()).collect();
+            n.dh_groups = DhGroup::ALL.iter().filter(|g| **g != DhGroup::Null).map(|g| g.id()).collect();
+        }
+        n
+    }
+
+    fn run(
+        &mut self,
+        keys: &DhchapKeys,
+        hostnqn: &str,
+        subnqn: &str,
+    ) -> std::result::Result<(HashId, DhGroup, Option<RetainedPsk>), Fail> {
+        let concat = self.sc_c != sc_c::NOSC;
+        self.send(&Message::Negotiate(self.negotiate())).map_err(Fail::Refused)?;
         self.advance(Step::Challenge)?;
         let Message::Challenge(c) = self.receive()? else {
             return Err(self.local(failure::INCORRECT_MESSAGE, "expected a Challenge"));
@@ -315,6 +405,23 @@ impl Transaction<'_> {
             .ok_or_else(|| self.local(failure::HASH_UNUSABLE, "unknown hash or wrong challenge length"))?;
         let group =
             DhGroup::from_id(c.dh_group).ok_or_else(|| self.local(failure::DHGROUP_UNUSABLE, "unknown DH group"))?;
+        // Concatenation: refused here, before the host's response goes out, when the
+        // controller picked what was not offered (NVMe Base 2.1 §8.3.4.5.9: the PSK is
+        // keyed with the session key, so the null group can make none).
+        let psk_hash = PskHash::from_id(hash.id()).filter(|_| CONCAT_HASHES.contains(&hash));
+        if concat && group == DhGroup::Null {
+            return Err(self.local(
+                failure::DHGROUP_UNUSABLE,
+                "secure channel concatenation needs a DH group, and the controller chose the null group \
+                 (give the host a DH group, ffdhe2048 to ffdhe8192, in the controller's settings)",
+            ));
+        }
+        if concat && psk_hash.is_none() {
+            return Err(self.local(
+                failure::HASH_UNUSABLE,
+                &format!("the controller chose {}, whose PSK keys no TLS channel here", hash.linux_name()),
+            ));
+        }
         let (dhv, session_key) = match (group, c.dhv.is_empty()) {
             (DhGroup::Null, true) => (Vec::new(), None),
             (DhGroup::Null, false) => {
@@ -334,7 +441,8 @@ impl Transaction<'_> {
             }
         };
         let host_key = keys.host.transformed(hostnqn);
-        let r1 = dhchap::response(
+        // R1 covers SC_C (NVMe Base 2.1 §8.3.4.5.5), so a request for a PSK cannot be stripped.
+        let r1 = dhchap::response_sc(
             Role::Host,
             &ResponseInput {
                 hash,
@@ -345,24 +453,26 @@ impl Transaction<'_> {
                 hostnqn,
                 subnqn,
             },
+            self.sc_c,
         );
-        let bidi = match &keys.ctrl {
-            Some(_) => {
-                let mut c2 = vec![0u8; hash.len()];
-                nvme::auth::fill_random(&mut c2).map_err(|e| self.local(failure::FAILED, &e.to_string()))?;
+        // C2: the controller's challenge when it must prove its key (S2 nonzero), and the
+        // PSK's second input with concatenation, where S2 0 asks for no proof (as Linux).
+        let c2 = if keys.ctrl.is_some() || concat {
+            let mut c2 = vec![0u8; hash.len()];
+            nvme::auth::fill_random(&mut c2).map_err(|e| self.local(failure::FAILED, &e.to_string()))?;
+            Some(c2)
+        } else {
+            None
+        };
+        let bidi = match (&keys.ctrl, &c2) {
+            (Some(_), Some(c2)) => {
                 let s2 = nvme::auth::random_seqnum().map_err(|e| self.local(failure::FAILED, &e.to_string()))?;
-                Some((s2, c2))
+                Some((s2, c2.clone()))
             }
-            None => None,
+            _ => None,
         };
         self.advance(Step::Reply)?;
-        let reply = Reply {
-            tid: self.tid,
-            r1,
-            c2: bidi.as_ref().map(|(_, c2)| c2.clone()),
-            seqnum: bidi.as_ref().map_or(0, |(s2, _)| *s2),
-            dhv,
-        };
+        let reply = Reply { tid: self.tid, r1, c2: c2.clone(), seqnum: bidi.as_ref().map_or(0, |(s2, _)| *s2), dhv };
         self.send(&Message::Reply(reply)).map_err(Fail::Refused)?;
         self.advance(Step::Success1)?;
         let Message::Success1(s) = self.receive()? else {
@@ -393,7 +503,12 @@ impl Transaction<'_> {
             self.advance(Step::Success2)?;
             self.send(&Message::Success2(self.tid)).map_err(Fail::Refused)?;
         }
-        Ok((hash, group))
+        // The generated PSK (NVMe Base 2.1 §8.3.4.5.9; Linux `nvme_auth_secure_concat`).
+        let psk = match (psk_hash.filter(|_| concat), session_key.as_deref(), c2.as_deref()) {
+            (Some(h), Some(ks), Some(c2)) => Some(RetainedPsk::generated(h, ks, &c.c1, c2)),
+            _ => None,
+        };
+        Ok((hash, group, psk))
     }
 }
 
@@ -423,6 +538,92 @@ mod tests {
         assert!(DhchapKeys::parse(Some("DHHC-1:01:x:"), None).is_err());
         let both = DhchapKeys::parse(Some(k), Some(k)).unwrap().unwrap();
         assert!(both.ctrl.is_some());
+    }
+
+    /// A controller played by a script: what the host sends is recorded, each Authentication
+    /// Receive answers `answer(messages sent so far)`.
+    struct Scripted<F: FnMut(&[Message]) -> Message> {
+        sent: Vec<Message>,
+        answer: F,
+    }
+
+    impl<F: FnMut(&[Message]) -> Message> Exchange for Scripted<F> {
+        fn qid(&self) -> u16 {
+            0
+        }
+
+        fn execute(&mut self, mut io: Io, _timeout: Duration) -> Result<Done> {
+            let len = io.len as usize;
+            if io.sqe.fctype() == nvme::opcode::fctype::AUTH_SEND {
+                let b = io.buf.as_ref().expect("a message");
+                self.sent.push(Message::decode(&b[..len]).expect("the host sends what decodes"));
+            } else {
+                let m = (self.answer)(&self.sent).encode();
+                let b = io.buf.as_mut().expect("a buffer");
+                b.as_full_mut()[..m.len()].copy_from_slice(&m);
+            }
+            Ok(Done { token: io.token, tag: 0, cqe: nvme::Cqe::success(Cid(0)), buf: io.buf })
+        }
+    }
+
+    fn tid_of(sent: &[Message]) -> u16 {
+        sent.first().map_or(0, Message::tid)
+    }
+
+    #[test]
+    fn a_concatenating_host_offers_no_null_group_and_sends_no_response_for_it() {
+        let keys = DhchapKeys::parse(Some("DHHC-1:01:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"), None)
+            .unwrap()
+            .unwrap();
+        // A controller that picks the null group anyway.
+        let mut q = Scripted {
+            sent: Vec::new(),
+            answer: |sent: &[Message]| {
+                Message::Challenge(nvme::auth::Challenge {
+                    tid: tid_of(sent),
+                    hash_id: HashId::Sha256.id(),
+                    dh_group: DhGroup::Null.id(),
+                    seqnum: 1,
+                    c1: vec![7; 32],
+                    dhv: vec![],
+                })
+            },
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let e =
+            authenticate_concat(&mut q, Some(&keys), "nqn.h", "nqn.s", deadline, Occasion::BringUp, Concat::NewTlsPsk)
+                .unwrap_err();
+        assert!(e.to_string().contains("needs a DH group"), "{e}");
+        let Message::Negotiate(n) = &q.sent[0] else { panic!("{:?}", q.sent) };
+        assert_eq!(n.sc_c, sc_c::NEWTLSPSK);
+        assert!(!n.dh_groups.contains(&DhGroup::Null.id()) && !n.dh_groups.is_empty(), "{n:?}");
+        assert_eq!(n.hash_ids, [HashId::Sha256.id()], "only hashes whose PSK keys a TLS channel here");
+        // No Reply (no R1, no DH value): an AUTH_Failure2 naming the group follows the Negotiate.
+        assert!(
+            matches!(&q.sent[1..], [Message::Failure2(f)] if f.rescode_exp == failure::DHGROUP_UNUSABLE),
+            "{:?}",
+            q.sent
+        );
+
+        // Without concatenation the same Challenge is answered, and no PSK is made.
+        let mut q = Scripted {
+            sent: Vec::new(),
+            answer: |sent: &[Message]| match sent.len() {
+                1 => Message::Challenge(nvme::auth::Challenge {
+                    tid: tid_of(sent),
+                    hash_id: HashId::Sha256.id(),
+                    dh_group: DhGroup::Null.id(),
+                    seqnum: 1,
+                    c1: vec![7; 32],
+                    dhv: vec![],
+                }),
+                _ => Message::Success1(nvme::auth::Success1 { tid: tid_of(sent), hl: 32, r2: None }),
+            },
+        };
+        authenticate(&mut q, Some(&keys), "nqn.h", "nqn.s", deadline, Occasion::BringUp).unwrap();
+        let Message::Negotiate(n) = &q.sent[0] else { panic!() };
+        assert_eq!((n.sc_c, n.dh_groups.contains(&DhGroup::Null.id())), (sc_c::NOSC, true));
+        assert!(matches!(&q.sent[1], Message::Reply(r) if r.c2.is_none() && r.seqnum == 0));
     }
 
     #[test]

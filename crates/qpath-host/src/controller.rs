@@ -88,6 +88,13 @@ pub struct ConnectOptions {
     /// Run every queue inside a TLS 1.3 channel with this key (`nvme connect --tls
     /// --tls-key`; see [`crate::tls`]).
     pub tls: Option<crate::tls::HostTls>,
+    /// Secure channel concatenation (`nvme connect --concat`, NVMe Base 2.1 §8.3.4.5): the
+    /// admin queue authenticates in plaintext (DH-HMAC-CHAP with a DH group, SC_C
+    /// `NEWTLSPSK`), which generates a TLS PSK; the admin queue then connects again and
+    /// every I/O queue connects inside TLS with it, with no second transaction. Every
+    /// reconnect does it again: the PSK lives as long as the association. Needs
+    /// `dhchap_secret`; excludes `tls`.
+    pub concat: bool,
     /// The Command Quiesce Time assumed when the controller reports none (CQT 0 in
     /// Identify Controller); `None`: one keep-alive timeout. Part of the failover hold
     /// ([`crate::failover::hold_time`]): a write whose connection failed is sent again
@@ -120,6 +127,7 @@ impl ConnectOptions {
             tag_space: None,
             tcp_congestion: None,
             tls: None,
+            concat: false,
             command_quiesce_time: None,
         }
     }
@@ -439,6 +447,21 @@ impl Controller {
             return Err(Error::new(ErrorKind::Invalid, "queue_size must be in 2..=4096"));
         }
         let keys = crate::auth::DhchapKeys::parse(opts.dhchap_secret.as_deref(), opts.dhchap_ctrl_secret.as_deref())?;
+        // Refused before anything is sent, as Linux `nvmf_parse_options` refuses them.
+        if opts.concat && keys.is_none() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "secure channel concatenation (--concat) needs a DH-HMAC-CHAP secret (--dhchap-secret): \
+                 its transaction makes the TLS key",
+            ));
+        }
+        if opts.concat && opts.tls.is_some() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "secure channel concatenation (--concat) makes its own TLS key: it cannot be combined with \
+                 a configured one (--tls-key)",
+            ));
+        }
         let b = bring_up(&opts, keys.as_ref(), None)?;
         let hold = hold_ns(&opts, &b.id);
         let nq = b.io.len();
@@ -666,7 +689,9 @@ impl Controller {
     /// beside its I/O. With `keys` the host's secrets change first (a key rotation: the
     /// controller must hold the new ones; later reconnects use them too). A failure on
     /// the admin queue is the error; failures of I/O queues are in the report (Linux
-    /// warns and goes on: the controller decides whether such a queue may stay).
+    /// warns and goes on: the controller decides whether such a queue may stay). A
+    /// controller connected with concatenation re-authenticates its admin queue only, with
+    /// `REPLACETLSPSK` (as Linux).
     ///
     /// Blocks the caller for up to `timeout`, so it must not be the thread that polls a
     /// context owning one of the queues: that queue's commands would wait for it.
@@ -706,7 +731,9 @@ impl Controller {
             g.last_error = Some(format!("re-authentication: {e}"));
             return Err(e);
         }
-        let n = self.io_queue_count();
+        // With concatenation only the admin queue re-authenticates (as Linux): the I/O
+        // queues run inside the channel and never authenticated.
+        let n = if self.opts.concat { 0 } else { self.io_queue_count() };
         let (keys, hostnqn, subnqn) = (self.keys(), &self.opts.hostnqn, &self.opts.subnqn);
         // Each transaction's DH work runs at auth::REAUTH_NICE (Occasion::Reauthentication).
         let io = run_parallel(n, false, &|i| {
@@ -858,14 +885,51 @@ impl Drop for Controller {
     }
 }
 
-fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> QueueConfig {
+/// A queue's configuration; `tls`: what its secure channel presents (a configured key's,
+/// or concatenation's generated one), if it has one.
+fn queue_cfg(
+    opts: &ConnectOptions,
+    qid: u16,
+    entries: u16,
+    cntlid: Cntlid,
+    tls: Option<&crate::tls::QueueTls>,
+) -> QueueConfig {
     let mut c = QueueConfig::io(qid, entries, cntlid, &opts.subnqn, &opts.hostnqn, opts.hostid);
     c.digests = nvme::tcp::Digests { header: opts.hdr_digest, data: opts.data_digest };
     c.disable_sqflow = opts.disable_sqflow;
     c.tag_space = opts.tag_space.unwrap_or(entries).max(entries);
     c.tcp_congestion.clone_from(&opts.tcp_congestion);
-    c.tls = opts.tls.as_ref().map(|t| t.for_queue(&opts.hostnqn, &opts.subnqn));
+    c.tls = tls.cloned();
     c
+}
+
+/// The admin queue's configuration (without its TLS).
+fn admin_cfg(opts: &ConnectOptions, dhchap: Option<&crate::auth::DhchapKeys>) -> QueueConfig {
+    let mut acfg = queue_cfg(opts, 0, 32, Cntlid::DYNAMIC, None);
+    acfg.dhchap = dhchap.cloned();
+    acfg.kato_ms = opts.kato_ms;
+    acfg.disable_sqflow = false;
+    acfg.concat = opts.concat;
+    acfg
+}
+
+/// Secure channel concatenation's first step (NVMe Base 2.1 §8.3.4.5; Linux
+/// `nvme_tcp_setup_ctrl`): the admin queue connects in plaintext and authenticates with
+/// SC_C `NEWTLSPSK`; the connection is then closed (Linux tears it down and connects the
+/// admin queue again inside TLS: nothing else runs on it). What the queues after it present.
+fn concatenate(opts: &ConnectOptions, dhchap: Option<&crate::auth::DhchapKeys>) -> Result<crate::tls::QueueTls> {
+    let mut admin = SyncQueue::connect(opts.traddr, admin_cfg(opts, dhchap), opts.connect_timeout)?;
+    let psk = admin.take_generated_psk().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Protocol,
+            "secure channel concatenation: the controller did not ask the plaintext admin queue to \
+             authenticate, so no TLS key was made (does it hold a DH-HMAC-CHAP key for this host?)",
+        )
+    })?;
+    drop(admin);
+    let t = crate::tls::QueueTls::generated(&psk, &opts.hostnqn, &opts.subnqn);
+    tracing::info!(traddr = %opts.traddr, hash = psk.hash().name(), "secure channel concatenation: TLS PSK generated");
+    Ok(t)
 }
 
 /// Brings up the admin queue and every I/O queue. `want_queues` keeps the
@@ -887,12 +951,21 @@ fn bring_up(
     dhchap: Option<&crate::auth::DhchapKeys>,
     want_queues: Option<usize>,
 ) -> Result<Bringup> {
+    // Concatenation makes the TLS key anew at every (re)connect; else a configured key's.
+    let mut tls = if opts.concat {
+        Some(concatenate(opts, dhchap)?)
+    } else {
+        opts.tls.as_ref().map(|t| t.for_queue(&opts.hostnqn, &opts.subnqn))
+    };
     let dhchap = dhchap.cloned();
-    let mut acfg = queue_cfg(opts, 0, 32, Cntlid::DYNAMIC);
-    acfg.dhchap.clone_from(&dhchap);
-    acfg.kato_ms = opts.kato_ms;
-    acfg.disable_sqflow = false;
+    let mut acfg = admin_cfg(opts, dhchap.as_ref());
+    acfg.tls.clone_from(&tls);
     let mut admin = SyncQueue::connect(opts.traddr, acfg, opts.connect_timeout)?;
+    // A controller that asks the admin queue inside the generated channel to authenticate
+    // gets REPLACETLSPSK (as Linux's host sends then), and the I/O queues take the new PSK.
+    if let Some(psk) = admin.take_generated_psk() {
+        tls = Some(crate::tls::QueueTls::generated(&psk, &opts.hostnqn, &opts.subnqn));
+    }
     let cntlid = admin.queue().cntlid();
     let cap = admin::enable(&mut admin)?;
     let id = admin::identify_controller(&mut admin)?;
@@ -918,7 +991,7 @@ fn bring_up(
     let entries = opts.queue_size.min(cap.mqes.saturating_add(1)).min(id.maxcmd.max(2));
     let connect_io = |i: usize| -> Result<(TcpStream, HostQueue)> {
         let qid = u16::try_from(i + 1).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
-        let mut cfg = queue_cfg(opts, qid, entries, cntlid);
+        let mut cfg = queue_cfg(opts, qid, entries, cntlid, tls.as_ref());
         cfg.max_in_capsule = id.in_capsule_data_size() as usize;
         cfg.dhchap.clone_from(&dhchap);
         Ok(SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?.into_parts())
@@ -1293,7 +1366,24 @@ fn serve_request(ctrl: &Controller, q: &mut SyncQueue, req: AdminReq) -> Step {
             let _ = reply.send(q.execute(io, ADMIN_TIMEOUT));
         }
         AdminReq::Authenticate { deadline, reply } => {
-            let r = if q.queue().was_authenticated() {
+            let r = if ctrl.opts.concat {
+                // Linux `nvme_ctrl_auth_work` with concatenation: the admin queue, inside
+                // the generated channel, replaces its PSK (REPLACETLSPSK). The new PSK keys
+                // no connection here: the queues are connected, and a reconnect concatenates
+                // again from plaintext (the PSK lives as long as the association).
+                let keys = ctrl.keys();
+                let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
+                crate::auth::authenticate_concat(
+                    q,
+                    keys.as_ref(),
+                    hostnqn,
+                    subnqn,
+                    deadline,
+                    crate::auth::Occasion::Reauthentication,
+                    crate::auth::Concat::ReplaceTlsPsk,
+                )
+                .map(drop)
+            } else if q.queue().was_authenticated() {
                 let keys = ctrl.keys();
                 let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
                 crate::auth::authenticate(

@@ -72,6 +72,9 @@ pub struct QueueConfig {
     pub tag_space: u16,
     /// DH-HMAC-CHAP secrets, for a controller that requires in-band authentication.
     pub dhchap: Option<crate::auth::DhchapKeys>,
+    /// The admin queue of a controller connected with secure channel concatenation: its
+    /// authentication generates the TLS PSK of the queues after it ([`crate::auth::Concat`]).
+    pub concat: bool,
     /// TCP congestion control of the connection by its kernel name (`None` = the system's).
     pub tcp_congestion: Option<String>,
     /// Run the queue inside a TLS 1.3 channel with this identity and PSK ([`crate::tls`]).
@@ -95,6 +98,7 @@ impl QueueConfig {
             rx_buffer_size: 64 * 1024,
             tag_space: entries,
             dhchap: None,
+            concat: false,
             tcp_congestion: None,
             tls: None,
         }
@@ -798,11 +802,16 @@ impl HostQueue {
                 if self.cfg.qid.is_admin() {
                     self.cntlid = Cntlid((cqe.dw0 & 0xffff) as u16);
                 }
-                if cqe.dw0 & nvme::auth::CONNECT_AUTHREQ_ASCR != 0 {
-                    // Secure channel concatenation (TLS keyed by the transaction) is not implemented.
-                    return self.fail("controller requires authentication with a secure channel (ASCR)".into());
+                let ascr = cqe.dw0 & nvme::auth::CONNECT_AUTHREQ_ASCR != 0;
+                if ascr && !self.cfg.concat {
+                    // Linux `nvmf_connect_admin_queue` refuses the same without `--concat`.
+                    return self.fail(
+                        "the controller requires authentication with secure channel concatenation \
+                         (ASCR): connect with --concat and a DH-HMAC-CHAP secret"
+                            .into(),
+                    );
                 }
-                let next = if cqe.dw0 & nvme::auth::CONNECT_AUTHREQ_ATR != 0 {
+                let next = if ascr || cqe.dw0 & nvme::auth::CONNECT_AUTHREQ_ATR != 0 {
                     QueueState::Authenticating
                 } else {
                     QueueState::Live

@@ -19,6 +19,8 @@ pub struct SyncQueue {
     free_tags: Vec<u16>,
     done: VecDeque<Done>,
     next_token: u64,
+    /// The PSK the admin queue's concatenating transaction generated, until taken.
+    generated: Option<tls::psk::RetainedPsk>,
 }
 
 impl SyncQueue {
@@ -46,14 +48,27 @@ impl SyncQueue {
             // Connect asked for in-band authentication (ATR): the queue goes live only after it.
             let c = q.queue.config();
             let (keys, hostnqn, subnqn) = (c.dhchap.clone(), c.hostnqn.clone(), c.subnqn.clone());
-            crate::auth::authenticate(
-                &mut q,
-                keys.as_ref(),
-                &hostnqn,
-                &subnqn,
-                deadline,
-                crate::auth::Occasion::BringUp,
-            )?;
+            let concat = (c.concat && c.qid.is_admin()).then_some(if c.tls.is_some() {
+                crate::auth::Concat::ReplaceTlsPsk
+            } else {
+                crate::auth::Concat::NewTlsPsk
+            });
+            let occasion = crate::auth::Occasion::BringUp;
+            match concat {
+                Some(sc) => {
+                    let psk = crate::auth::authenticate_concat(
+                        &mut q,
+                        keys.as_ref(),
+                        &hostnqn,
+                        &subnqn,
+                        deadline,
+                        occasion,
+                        sc,
+                    )?;
+                    q.generated = Some(psk);
+                }
+                None => crate::auth::authenticate(&mut q, keys.as_ref(), &hostnqn, &subnqn, deadline, occasion)?,
+            }
             q.queue.authenticated();
         }
         Ok(q)
@@ -76,6 +91,7 @@ impl SyncQueue {
             free_tags: (0..entries).rev().collect(),
             done: VecDeque::new(),
             next_token: 1,
+            generated: None,
         };
         while !matches!(q.queue.state(), QueueState::Live | QueueState::Authenticating) {
             if q.queue.state() == QueueState::Failed {
@@ -103,7 +119,20 @@ impl SyncQueue {
     /// outstanding on it.
     pub fn from_parts(stream: TcpStream, queue: HostQueue) -> SyncQueue {
         let entries = queue.entries();
-        SyncQueue { stream, queue, free_tags: (0..entries).rev().collect(), done: VecDeque::new(), next_token: 1 }
+        SyncQueue {
+            stream,
+            queue,
+            free_tags: (0..entries).rev().collect(),
+            done: VecDeque::new(),
+            next_token: 1,
+            generated: None,
+        }
+    }
+
+    /// The TLS PSK the admin queue's concatenating transaction generated at its handshake
+    /// (a queue made with [`QueueConfig::concat`]), once.
+    pub fn take_generated_psk(&mut self) -> Option<tls::psk::RetainedPsk> {
+        self.generated.take()
     }
 
     /// Splits into the socket and the live queue (to hand to a context).

@@ -12,7 +12,7 @@
 //! bring-up, the contexts' rings and the user queue pairs drive TLS queues unchanged, and a
 //! reconnect makes a new channel like a new socket.
 
-use tls::psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion, TlsPsk};
+use tls::psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion, RetainedPsk, TlsPsk};
 
 /// A controller's TLS settings.
 #[derive(Clone, Debug)]
@@ -37,6 +37,17 @@ impl HostTls {
         let r = self.key.retained(hostnqn, self.derivation);
         let identity = r.identity(self.identity, hostnqn, subnqn);
         let psk = r.tls_psk(&identity).expect("a retained key derives the PSK of its own identity");
+        QueueTls { identity, psk }
+    }
+}
+
+impl QueueTls {
+    /// What each queue after a concatenating transaction presents: the generated PSK's
+    /// identity `NVMe1G<hh> <hostnqn> <subnqn> <digest>` and the TLS PSK derived from it
+    /// (NVMe/TCP 1.1 §3.6.1.3, TP 8018; Linux `nvme_auth_secure_concat`).
+    pub fn generated(psk: &RetainedPsk, hostnqn: &str, subnqn: &str) -> QueueTls {
+        let identity = psk.generated_identity(hostnqn, subnqn);
+        let psk = psk.tls_psk(&identity).expect("a generated key derives the PSK of its own identity");
         QueueTls { identity, psk }
     }
 }

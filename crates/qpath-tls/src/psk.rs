@@ -306,6 +306,20 @@ impl RetainedPsk {
         RetainedPsk { hash, key: Zeroizing::new(key.to_vec()), derivation: Derivation::Standard }
     }
 
+    /// The PSK a secure channel concatenation transaction generates, `HMAC(Ks, C1 || C2)`
+    /// with the transaction's hash (NVMe Base 2.1 §8.3.4.5.9; Linux `nvme_auth_generate_psk`):
+    /// host and controller each compute it from the DH session key `Ks` and the two
+    /// challenges, so it never crosses the wire.
+    pub fn generated(hash: PskHash, session_key: &[u8], c1: &[u8], c2: &[u8]) -> RetainedPsk {
+        RetainedPsk { hash, key: mac(hash, session_key, &[c1, c2]), derivation: Derivation::Standard }
+    }
+
+    /// The identity of a generated PSK: `NVMe1G<hh> <hostnqn> <subnqn> <digest>` (TP 8018:
+    /// always version 1; Linux `nvme_tls_psk_refresh`).
+    pub fn generated_identity(&self, hostnqn: &str, subnqn: &str) -> Identity {
+        Identity { generated: true, ..self.identity(IdentityVersion::V1, hostnqn, subnqn) }
+    }
+
     /// The hash of the cipher suite.
     pub fn hash(&self) -> PskHash {
         self.hash
@@ -526,6 +540,20 @@ mod tests {
             hex(r.tls_psk(&id).expect("ours").bytes()),
             "2774753233537b3fa50eb7d16a8e43457d85f4906c005b2236616c5d80939d0898fff15bb8b77119d2be0aac423e7590"
         );
+    }
+
+    /// A generated PSK is `HMAC(Ks, C1 || C2)`, as nvme's `generated_psk` (checked there
+    /// against Linux's KUnit vector), and its identity is `NVMe1G<hh>` with the digest.
+    #[test]
+    fn generated_psk_and_identity() {
+        let (ks, c1, c2) = ([0x41u8; 256], [1u8; 32], [2u8; 32]);
+        let g = RetainedPsk::generated(PskHash::Sha256, &ks, &c1, &c2);
+        let want = nvme::auth::dhchap::generated_psk(HashId::Sha256, &ks, &c1, &c2);
+        assert_eq!(g.key.as_slice(), &want[..]);
+        let id = g.generated_identity("nqn.h", "nqn.s");
+        assert_eq!(id.to_string(), format!("NVMe1G01 nqn.h nqn.s {}", g.digest("nqn.h", "nqn.s")));
+        assert!(g.tls_psk(&id).is_some(), "the identity belongs to the key");
+        assert_eq!(format!("{g:?}"), "RetainedPsk { hash: Sha256, .. }", "Debug shows no key");
     }
 
     /// RFC 5869 appendix A.1 (HKDF-SHA256), through our extract/expand.

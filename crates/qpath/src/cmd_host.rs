@@ -86,6 +86,12 @@ pub struct ConnArgs {
     /// DH-HMAC-CHAP controller secret: the controller must authenticate too.
     #[arg(short = 'C', long)]
     dhchap_ctrl_secret: Option<String>,
+    /// Secure channel concatenation (as `nvme connect --concat`, Linux 6.15+): the admin
+    /// queue authenticates in plaintext (needs --dhchap-secret, and a DH group on the
+    /// controller's side), which makes a TLS key; then every queue runs inside TLS 1.3 with
+    /// it. Every reconnect does it again. Not with --tls-key.
+    #[arg(long)]
+    concat: bool,
     #[command(flatten)]
     tls: TlsArgs,
 }
@@ -152,6 +158,7 @@ impl ConnArgs {
         o.dhchap_secret.clone_from(&self.dhchap_secret);
         o.dhchap_ctrl_secret.clone_from(&self.dhchap_ctrl_secret);
         o.tls = tls.cloned();
+        o.concat = self.concat;
         o
     }
 }

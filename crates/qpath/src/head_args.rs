@@ -74,6 +74,11 @@ pub struct HeadArgs {
     /// The TLS PSK identity to present: 1 (with the PSK digest; Linux 6.14+) or 0.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub tls_identity: u8,
+    /// Secure channel concatenation (as `nvme connect --concat`): the admin queue
+    /// authenticates in plaintext with --dhchap-secret-file, which makes the TLS key of every
+    /// queue, anew at each connect. Not with --tls-key-file.
+    #[arg(long)]
+    pub concat: bool,
 }
 
 impl HeadArgs {
@@ -112,6 +117,7 @@ impl HeadArgs {
         spec.dhchap_ctrl_secret_file = absolute(&self.dhchap_ctrl_secret_file)?;
         spec.tls_key_file = absolute(&self.tls_key_file)?;
         spec.tls_identity = self.tls_identity;
+        spec.concat |= self.concat;
         spec.check().map_err(|e| e.to_string())?;
         Ok(spec)
     }
@@ -158,6 +164,13 @@ fn from_uri(uri: &str) -> Result<HeadSpec, String> {
             "reconnect_delay" => spec.reconnect_delay = v.parse().map_err(|_| bad())?,
             "ctrl_loss_tmo" => spec.ctrl_loss_tmo = v.parse().map_err(|_| bad())?,
             "fast_io_fail_tmo" => spec.fast_io_fail_tmo = v.parse().map_err(|_| bad())?,
+            "concat" => {
+                spec.concat = match v.to_ascii_lowercase().as_str() {
+                    "1" | "true" | "yes" | "on" => true,
+                    "0" | "false" | "no" | "off" => false,
+                    _ => return Err(format!("{shown}: concat={v} is not a boolean (1 or 0)")),
+                }
+            }
             "dhchap_secret" | "dhchap_ctrl_secret" | "tls_key" => {
                 return Err(format!(
                     "{shown}: a block device keeps its settings (device state, `list`), so it takes \
@@ -231,6 +244,17 @@ mod tests {
         );
         // A controller secret alone: the host authenticates first.
         assert!(spec(&["-a", "h", "-n", "n", "--dhchap-ctrl-secret-file", "/c"]).unwrap_err().contains("host secret"));
+    }
+
+    #[test]
+    fn concat_from_the_flag_or_the_uri_with_a_secret_file() {
+        let s = spec(&["-a", "h", "-n", "n", "--concat", "--dhchap-secret-file", "/s"]).unwrap();
+        assert!(s.concat);
+        let s = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?concat=1", "--dhchap-secret-file", "/s"]).unwrap();
+        assert!(s.concat);
+        assert!(!spec(&["-a", "h", "-n", "n"]).unwrap().concat);
+        assert!(spec(&["-a", "h", "-n", "n", "--concat"]).unwrap_err().contains("secret file"));
+        assert!(spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?concat=maybe"]).unwrap_err().contains("concat=maybe"));
     }
 
     #[test]

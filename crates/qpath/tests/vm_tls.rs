@@ -6,6 +6,7 @@
 //!   qpath target 10.213.0.1:4420/4421 (tls=required) ◄── tap ── nvme connect --tls (tlshd, kTLS)
 //!   qpath target 10.213.0.1:4420 (tls=allowed)       ◄── tap ── nvme connect --concat (DH-HMAC-CHAP, then TLS)
 //!   qpath connect/bench --tls ── tap ──► nvmet 10.213.0.2:4420/4421 (addr_treq required, tlshd)
+//!   qpath bench concat=1      ── tap ──► nvmet 10.213.0.2:4420/4421 (addr_treq not required, tlshd)
 //!   tshark on the tap: TLS records only              tests/vm-tls/guest/*.sh
 //! ```
 //!
@@ -59,4 +60,15 @@ fn vm_tls_qpath_host_to_linux_target_needs_root_and_qemu() {
 #[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
 fn vm_tls_linux_host_concat_to_qpath_target_needs_root_and_qemu() {
     run_scenario("linux-concat");
+}
+
+/// A two-path `qpath bench` job connects with secure channel concatenation (`concat=1`) to
+/// the Linux 7.2 kernel target (nvmet, TLS allowed, the host's DH-HMAC-CHAP key with a DH
+/// group, tlshd serving): DH-HMAC-CHAP on plaintext admin queues, then every queue inside
+/// TLS with the PSKs nvmet generated; the job keeps its data (crc32c verify) across a path
+/// loss whose reconnect concatenates again.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_qpath_host_concat_to_linux_target_needs_root_and_qemu() {
+    run_scenario("linux-target-concat");
 }

@@ -13,42 +13,12 @@ HOSTNQN=${HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:3c1d7a52-6b2e-4f0a-9d11-5e2a7
 HOSTID=${HOSTID:-3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01}
 FIO_RUNTIME=${FIO_RUNTIME:-15}
 
-step "sid's TLS tools into /sid"
-mkdir -p /sid && tar -xf /vmlab/tls-tools.tar -C /sid || fail "unpacking tls-tools.tar"
-LD=/sid/usr/lib64/ld-linux-x86-64.so.2; [ -e $LD ] || LD=/sid/lib64/ld-linux-x86-64.so.2
-SIDRUN="$LD --library-path /sid/usr/lib/x86_64-linux-gnu"
-sid() { $SIDRUN "$@"; }
-SNVME="$SIDRUN /sid/usr/sbin/nvme"     # a command line, so `timeout` can run it
+. /vmlab/tls-lib.sh
 KEY=$(cat /vmlab/tls.key)
-mkdir -p /etc/nvme /etc/tlshd
+mkdir -p /etc/nvme
 echo "$HOSTNQN" > /etc/nvme/hostnqn; echo "$HOSTID" > /etc/nvme/hostid
-# gcm(aes) for the kernel's TLS: the modules run.sh added (the initramfs lacks them).
-for m in ctr gcm; do [ -e /vmlab/mods/$m.ko ] && { insmod /vmlab/mods/$m.ko || fail "insmod $m"; }; done
-modprobe tls; modprobe nvme-tcp
+modprobe nvme-tcp
 step "nvme-cli $($SNVME version 2>&1 | head -1); kernel $(uname -r)"
-# tlshd names its peer (getnameinfo): a hosts file and files-only name service. tlshd keys
-# the kernel's TLS itself after the handshake (GnuTLS's own kTLS stays off: with it on, the
-# socket already has the "tls" ULP when tlshd sets it).
-printf '127.0.0.1 localhost\n%s vmlab-host\n%s vmlab\n' "$VMLAB_PEER" "$VMLAB_GUEST_IP" > /etc/hosts
-printf 'hosts: files\n' > /etc/nsswitch.conf
-cat > /etc/tlshd/config <<CONF
-[debug]
-loglevel=7
-tls=0
-nl=0
-[authenticate]
-keyrings=.nvme
-[authenticate.client]
-[authenticate.server]
-CONF
-start_tlshd() {
-  sid /sid/usr/sbin/tlshd -s -c /etc/tlshd/config >> /tmp/tlshd.log 2>&1 &
-  TLSHD=$!
-  sleep 1
-  kill -0 $TLSHD 2>/dev/null && pass "tlshd running (pid $TLSHD)" || { fail "tlshd exited"; tlshd_log; }
-}
-# tlshd's own log (no key material: it names keys by serial and identity), last lines.
-tlshd_log() { echo "tlshd's log:"; grep -v NVMeTLSkey /tmp/tlshd.log | grep -v 'priority string' | tail -${1:-40}; }
 start_tlshd
 
 step "nvme discover --tls on $PORT1"

@@ -11,36 +11,9 @@
 . /vmlab/qpath-lib.sh
 . /usr/share/vmlab/nvmet-lib.sh
 HOSTNQN=${HOSTNQN:?HOSTNQN}
-step "sid's TLS tools into /sid"
-mkdir -p /sid && tar -xf /vmlab/tls-tools.tar -C /sid || fail "unpacking tls-tools.tar"
-LD=/sid/usr/lib64/ld-linux-x86-64.so.2; [ -e $LD ] || LD=/sid/lib64/ld-linux-x86-64.so.2
-SIDRUN="$LD --library-path /sid/usr/lib/x86_64-linux-gnu"
-SNVME="$SIDRUN /sid/usr/sbin/nvme"
+. /vmlab/tls-lib.sh
 KEY=$(cat /vmlab/tls.key)
-mkdir -p /etc/tlshd
-# gcm(aes) for the kernel's TLS: the modules run.sh added (the initramfs lacks them).
-for m in ctr gcm; do [ -e /vmlab/mods/$m.ko ] && { insmod /vmlab/mods/$m.ko || fail "insmod $m"; }; done
-modprobe tls
-# tlshd names its peer (getnameinfo): a hosts file and files-only name service. tlshd keys
-# the kernel's TLS itself after the handshake (GnuTLS's own kTLS stays off).
-printf '127.0.0.1 localhost\n%s vmlab-host\n%s vmlab\n' "$VMLAB_PEER" "$VMLAB_GUEST_IP" > /etc/hosts
-printf 'hosts: files\n' > /etc/nsswitch.conf
-cat > /etc/tlshd/config <<CONF
-[debug]
-loglevel=7
-tls=0
-nl=0
-[authenticate]
-keyrings=.nvme
-[authenticate.client]
-[authenticate.server]
-CONF
-# tlshd's own log (no key material: it names keys by serial and identity), last lines.
-tlshd_log() { echo "tlshd's log:"; grep -v NVMeTLSkey /tmp/tlshd.log | grep -v 'priority string' | tail -${1:-40}; }
-$SIDRUN /sid/usr/sbin/tlshd -s -c /etc/tlshd/config > /tmp/tlshd.log 2>&1 &
-TLSHD=$!
-sleep 1
-kill -0 $TLSHD 2>/dev/null && pass "tlshd running (pid $TLSHD)" || { fail "tlshd exited"; tlshd_log; }
+start_tlshd
 
 step "nvmet: $NQN on $PORT1 and $PORT2, TLS 1.3 required"
 modprobe brd rd_nr=1 rd_size=$((256 * 1024))

@@ -74,6 +74,9 @@ pub struct ControllerKey {
     /// `tls_key=NVMeTLSkey-1:..` from the URI (`nvme connect --tls --tls-key`): every
     /// queue runs inside TLS 1.3.
     pub tls_key: Option<Secret>,
+    /// `concat=1` from the URI (`nvme connect --concat`): secure channel concatenation,
+    /// the TLS key made by the admin queue's DH-HMAC-CHAP transaction (needs `dhchap_secret`).
+    pub concat: Option<String>,
 }
 
 /// A DH-HMAC-CHAP secret from a URI: compared as written, never printed.
@@ -110,6 +113,7 @@ impl ControllerKey {
             dhchap_secret: uri_option(remote, "dhchap_secret").map(Secret),
             dhchap_ctrl_secret: uri_option(remote, "dhchap_ctrl_secret").map(Secret),
             tls_key: uri_option(remote, "tls_key").map(Secret),
+            concat: uri_option(remote, "concat"),
         }
     }
 }
@@ -343,6 +347,16 @@ impl Controllers {
             ),
             None => None,
         };
+        o.concat = match key.concat.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None | Some("0" | "false" | "no" | "off") => false,
+            Some("1" | "true" | "yes" | "on") => true,
+            Some(v) => {
+                return Err(Error::new(
+                    ErrorKind::Target,
+                    format!("{}: concat={v} is not a boolean (1 or 0)", key.addr),
+                ));
+            }
+        };
         o.nr_io_queues = plan.nr_io_queues;
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
@@ -407,6 +421,7 @@ mod tests {
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
             tls_key: None,
+            concat: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");
@@ -553,6 +568,22 @@ mod tests {
         assert_eq!(run.connect_options(&key("")).unwrap().tcp_congestion.as_deref(), Some("cubic"));
         let o = run.connect_options(&key("?tcp_congestion=reno")).unwrap();
         assert_eq!(o.tcp_congestion.as_deref(), Some("reno"), "the URI wins");
+    }
+
+    #[test]
+    fn concat_from_the_uri() {
+        let key = |q: &str| {
+            let t = RemoteTarget::parse_uri(&format!("nvme+tcp://127.0.0.1:4420/nqn.x:a/1{q}")).unwrap();
+            ControllerKey::of(&t, None)
+        };
+        let c = Controllers::for_jobs(&JobFile::parse("[a]\nsize=1m\n", "t").unwrap());
+        assert!(!c.connect_options(&key("")).unwrap().concat);
+        assert!(c.connect_options(&key("?concat=1&dhchap_secret=DHHC-1:00:x:")).unwrap().concat);
+        assert!(c.connect_options(&key("?concat")).unwrap().concat, "a bare key is 1");
+        assert!(!c.connect_options(&key("?concat=0")).unwrap().concat);
+        let e = c.connect_options(&key("?concat=maybe")).unwrap_err().to_string();
+        assert!(e.contains("concat=maybe is not a boolean"), "{e}");
+        assert_ne!(key("?concat=1"), key(""), "a concatenating controller is another controller");
     }
 
     #[test]
