@@ -178,6 +178,17 @@ fn free_hugepages_mib() -> u64 {
 fn spdk_memory() -> (SpdkMemory, SpdkMemory, String) {
     let need = u64::from(TGT_NO_HUGE_MIB + PERF_NO_HUGE_MIB);
     let free = free_hugepages_mib();
+    // DPDK maps its hugepages from a hugetlbfs mount.
+    let mounted = std::fs::read_to_string("/proc/mounts").is_ok_and(|m| m.lines().any(|l| l.contains(" hugetlbfs ")));
+    if !mounted {
+        let note = "SPDK memory: --no-huge (no hugetlbfs is mounted; mount -t hugetlbfs nodev /dev/hugepages and \
+                    echo 1024 > /proc/sys/vm/nr_hugepages give SPDK hugepages)";
+        return (
+            SpdkMemory::NoHuge { mib: TGT_NO_HUGE_MIB },
+            SpdkMemory::NoHuge { mib: PERF_NO_HUGE_MIB },
+            note.into(),
+        );
+    }
     if free >= need {
         (SpdkMemory::Huge, SpdkMemory::Huge, format!("SPDK memory: hugepages ({free} MiB free)"))
     } else {
