@@ -310,6 +310,14 @@ fn plan(args: &SpdkArgs) -> Result<Plan> {
         args.warmup,
         args.rounds
     ));
+    // Other work on the machine shows in the spreads; say how busy it was.
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    if let Some(one_min) = load.split_whitespace().next() {
+        notes.push(format!(
+            "load average at start: {one_min} on {} CPUs (other work on the machine widens the spreads)",
+            uring::online_cpus()
+        ));
+    }
     let cc = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap_or_default();
     if !cc.trim().is_empty() {
         notes.push(format!("TCP congestion control: {} (the system's, for both stacks)", cc.trim()));
