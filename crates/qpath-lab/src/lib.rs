@@ -20,6 +20,7 @@
 //! | [`seed_004`] | 1 queue, N queues on one context, N contexts |
 //! | [`fairness`], [`auth_stall`], [`auth_flood`] | a QD1 queue next to a flood, a DH-HMAC-CHAP step, a Negotiate flood |
 //! | [`flaps`] | path flaps (link, port faults, ANA, Linux nvmet) that lose no write |
+//! | [`spdk`] | side by side with SPDK: perf and qpath bench against nvmf_tgt and qpath target |
 //! | [`baseline()`] | the machine's raw loopback TCP ping-pong and stream |
 //!
 //! The labs are the only users of the stack's baselines, which production builds
@@ -57,6 +58,7 @@ pub mod seed_001;
 pub mod seed_002;
 pub mod seed_003;
 pub mod seed_004;
+pub mod spdk;
 
 use std::io::Write;
 use std::time::Duration;

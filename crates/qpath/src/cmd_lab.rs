@@ -70,6 +70,14 @@ enum LabCommand {
     /// (examples/seed-002-tiobench.fio).
     #[command(name = "seed-002")]
     Seed002(lab::seed_002::Seed002Args),
+    /// qpath side by side with SPDK: perf and qpath bench against nvmf_tgt and qpath target.
+    ///
+    /// One target at a time (reactor busy-polling on CPU 0, client on CPU 1, 256 MiB RAM
+    /// namespace): 4k random reads at QD1, 32 and 128, 4k random writes at QD32, 128k reads
+    /// at QD16; medians over alternating rounds, their spread, and the ratios against SPDK
+    /// with PASS/FAIL. SPDK is your own build (--spdk-dir); without it only the qpath
+    /// column runs, and the report says why.
+    Spdk(lab::spdk::SpdkArgs),
 }
 
 /// `qpath lab ...`.
@@ -143,6 +151,10 @@ pub fn run(a: &LabArgs) -> Result<(), Box<dyn std::error::Error>> {
             if errors > 0 {
                 return Err(format!("seed-001: {errors} I/O errors").into());
             }
+        }
+        LabCommand::Spdk(s) => {
+            let exe = std::env::current_exe().map_err(|e| format!("spdk: where this qpath program is: {e}"))?;
+            lab::spdk::lab(s, &exe)?;
         }
         LabCommand::Seed004(s) => {
             let r = lab::seed_004::lab(s)?;
