@@ -34,6 +34,7 @@ use blk::{
 };
 use nvme::opcode::io as opc;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
+use uring::conn::{ConnOps, OpKind, Token};
 use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
 
 use crate::control::Control;
@@ -169,34 +170,21 @@ impl Default for ContextOptions {
     }
 }
 
-// Ring token: kind (4 bits) | connection generation (12) | connection key (48).
-const K_RECV: u64 = 1;
-const K_SEND: u64 = 2;
-/// Operations the context's owner queued on its ring ([`Context::ring`]).
-const K_USER: u64 = 3;
-
-fn tok(kind: u64, generation: u64, key: usize) -> u64 {
-    (kind << 60) | ((generation & 0xfff) << 48) | (key as u64 & 0xffff_ffff_ffff)
-}
-
-fn untok(t: u64) -> (u64, u64, usize) {
-    (t >> 60, (t >> 48) & 0xfff, usize::try_from(t & 0xffff_ffff_ffff).unwrap_or(usize::MAX))
-}
+/// The kind bits of a ring token ([`uring::conn::Token`]) of an operation the context's
+/// owner queued on its ring ([`Context::ring`]); the other 60 bits are the owner's.
+const USER_KIND: u64 = OpKind::User as u64;
 
 struct Conn {
     stream: TcpStream,
     q: HostQueue,
-    generation: u64,
     /// The controller's connection generation this queue belongs to: once the
     /// controller resets (the generation moves on), the queue is dead even if its
     /// socket is not (a link that went down fails nothing for minutes).
     ctrl_generation: u64,
     qkey: usize,
-    recv_inflight: bool,
-    send_inflight: bool,
-    cancelled: bool,
-    /// Detached from its queue entry (failed): freed once no op is in flight.
-    dying: bool,
+    /// Its receive and send in flight, and its life: once it fails it closes (detached
+    /// from its queue entry) and is freed when nothing of it is in flight.
+    ops: ConnOps,
     /// A re-authentication's command, sent beside the I/O under the reserved tag.
     control: Control,
 }
@@ -613,28 +601,20 @@ impl Context {
         let _ = stream.set_nodelay(true);
         let entries = q.entries();
         self.conn_gen = self.conn_gen.wrapping_add(1);
+        let key = self.free_conns.pop().unwrap_or(self.conns.len());
         let conn = Conn {
             stream,
             q,
-            generation: self.conn_gen & 0xfff,
             ctrl_generation,
             qkey,
-            recv_inflight: false,
-            send_inflight: false,
-            cancelled: false,
-            dying: false,
+            ops: ConnOps::new(u32::try_from(key).expect("fewer than 2^32 connections"), self.conn_gen),
             control: Control::default(),
         };
-        let key = match self.free_conns.pop() {
-            Some(k) => {
-                self.conns[k] = Some(conn);
-                k
-            }
-            None => {
-                self.conns.push(Some(conn));
-                self.conns.len() - 1
-            }
-        };
+        if key == self.conns.len() {
+            self.conns.push(Some(conn));
+        } else {
+            self.conns[key] = Some(conn);
+        }
         self.rec.on_connect(qkey);
         let qe = &mut self.queues[qkey];
         qe.conn = Some(key);
@@ -1340,7 +1320,7 @@ impl Context {
 
     /// A ring token for an operation of the owner's: `value` keeps its low 60 bits.
     pub fn user_token(value: u64) -> u64 {
-        (K_USER << 60) | (value & ((1 << 60) - 1))
+        (USER_KIND << 60) | (value & ((1 << 60) - 1))
     }
 
     /// The owner's value in a token from [`Context::user_token`].
@@ -1405,13 +1385,13 @@ impl Context {
 
     fn send(&mut self, ckey: usize) {
         let Some(Some(c)) = self.conns.get_mut(ckey) else { return };
-        if c.send_inflight || c.dying {
+        if !c.ops.may_send() {
             return;
         }
         let Some(msg) = c.q.take_send() else { return };
         let fd = c.stream.as_raw_fd();
-        match self.ring.send(fd, msg, tok(K_SEND, c.generation, ckey)) {
-            Ok(()) => c.send_inflight = true,
+        match self.ring.send(fd, msg, c.ops.token(OpKind::Send, 0)) {
+            Ok(()) => c.ops.send_started(),
             Err((e, msg)) => {
                 c.q.on_send_done(msg, Err(std::io::Error::other(e.to_string())));
                 self.touched.push(ckey);
@@ -1421,13 +1401,13 @@ impl Context {
 
     fn arm_recv(&mut self, ckey: usize) {
         let Some(Some(c)) = self.conns.get_mut(ckey) else { return };
-        if c.recv_inflight || c.dying {
+        if !c.ops.may_recv() {
             return;
         }
         let Some((buf, range)) = c.q.take_recv_buf() else { return };
         let fd = c.stream.as_raw_fd();
-        match self.ring.recv(fd, buf, range, tok(K_RECV, c.generation, ckey)) {
-            Ok(()) => c.recv_inflight = true,
+        match self.ring.recv(fd, buf, range, c.ops.token(OpKind::Recv, 0)) {
+            Ok(()) => c.ops.recv_started(),
             Err((e, buf)) => {
                 c.q.on_recv_none(buf);
                 c.q.set_failed(&format!("recv submit: {e}"));
@@ -1437,18 +1417,19 @@ impl Context {
     }
 
     fn on_ring(&mut self, c: RingCompletion) {
-        let (kind, generation, ckey) = untok(c.token);
-        if kind == K_USER {
+        let Some(t) = Token::from_u64(c.token) else { return };
+        if t.kind == OpKind::User {
             self.user_done.push(c);
             return;
         }
+        let ckey = t.key as usize;
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        if conn.generation != generation {
+        if !conn.ops.owns(&t) {
             return;
         }
-        match kind {
-            K_RECV => {
-                conn.recv_inflight = false;
+        match t.kind {
+            OpKind::Recv => {
+                conn.ops.recv_done();
                 let res = c.io_result();
                 if let Payload::Buf(mut buf) = c.payload {
                     match res {
@@ -1459,21 +1440,21 @@ impl Context {
                         }
                         Err(e) => {
                             conn.q.on_recv_none(buf);
-                            if !conn.dying {
+                            if conn.ops.is_open() {
                                 conn.q.set_failed(&format!("recv: {e}"));
                             }
                         }
                     }
                 }
             }
-            K_SEND => {
-                conn.send_inflight = false;
+            OpKind::Send => {
+                conn.ops.send_done();
                 let res = c.io_result().map(|_| ());
                 if let Payload::Msg(m) = c.payload {
                     conn.q.on_send_done(m, res);
                 }
             }
-            _ => return,
+            OpKind::File | OpKind::User => return,
         }
         self.touched.push(ckey);
     }
@@ -1482,7 +1463,7 @@ impl Context {
     fn service(&mut self, ckey: usize) {
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         let qkey = conn.qkey;
-        let dying = conn.dying;
+        let dying = !conn.ops.is_open();
         let control_tag = conn.q.control_tag();
         let mut done = std::mem::take(conn.q.completions());
         for d in done.drain(..) {
@@ -1504,17 +1485,16 @@ impl Context {
             *conn.q.completions() = done;
         }
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        if conn.q.state() == QueueState::Failed && !conn.dying {
+        if conn.q.state() == QueueState::Failed && conn.ops.is_open() {
             self.fail_conn(ckey);
             return;
         }
-        if conn.dying {
-            if !conn.recv_inflight && !conn.send_inflight {
+        if !conn.ops.is_open() {
+            if conn.ops.can_free() {
                 // Nothing in flight on it: close now (the FIN must not wait for another turn).
                 drop(self.conns[ckey].take());
                 self.free_conns.push(ckey);
-            } else if !conn.cancelled {
-                conn.cancelled = true;
+            } else if conn.ops.take_cancel() {
                 let _ = self.ring.cancel_fd(conn.stream.as_raw_fd());
             }
             return;
@@ -1549,7 +1529,7 @@ impl Context {
     /// wait for the reconnect, and the controller resets.
     fn fail_conn(&mut self, ckey: usize) {
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        conn.dying = true;
+        conn.ops.close();
         let why = conn.q.error().unwrap_or("queue failed").to_string();
         conn.q.abort_all(Status::HOST_PATH_ERROR);
         conn.control.fail(&why);
@@ -1840,7 +1820,7 @@ impl Context {
                     .and_then(|q| q.conn)
                     .filter(|&k| {
                         self.conns.get(k).and_then(Option::as_ref).is_some_and(|c| {
-                            !c.dying && c.ctrl_generation == generation && c.q.state() == QueueState::Live
+                            c.ops.is_open() && c.ctrl_generation == generation && c.q.state() == QueueState::Live
                         })
                     });
                 let Some(ckey) = conn else {
@@ -1870,7 +1850,7 @@ impl Context {
             // (Linux's error recovery cancels every request of the old queues).
             if let Some(ckey) = qe.conn
                 && let Some(Some(conn)) = self.conns.get_mut(ckey)
-                && !conn.dying
+                && conn.ops.is_open()
                 && conn.q.state() != QueueState::Failed
                 && qe.ctrl.generation() != conn.ctrl_generation
             {
@@ -1981,26 +1961,29 @@ impl Drop for Context {
             let ctrl = Arc::clone(&self.queues[qkey].ctrl);
             let conn = ckey.and_then(|k| self.conns.get_mut(k).and_then(Option::take));
             match conn {
-                Some(mut c) if c.q.outstanding() == 0 && !c.send_inflight => {
-                    if c.recv_inflight {
+                Some(mut c) if c.q.outstanding() == 0 && !c.ops.send_in_flight() => {
+                    if c.ops.recv_in_flight() {
                         let _ = self.ring.cancel_fd(c.stream.as_raw_fd());
                         let deadline = Instant::now() + Duration::from_millis(200);
-                        while c.recv_inflight && Instant::now() < deadline {
+                        while c.ops.recv_in_flight() && Instant::now() < deadline {
                             let mut rd = Vec::new();
                             let _ = self
                                 .ring
                                 .turn(Wait::Block { timeout: Some(Duration::from_millis(10)) }, |_, x| rd.push(x));
                             for x in rd {
-                                if untok(x.token).0 == K_RECV
+                                // Only this connection's receive (not another's, still in the ring).
+                                if let Some(t) = Token::from_u64(x.token)
+                                    && t.kind == OpKind::Recv
+                                    && c.ops.owns(&t)
                                     && let Payload::Buf(b) = x.payload
                                 {
                                     c.q.on_recv_none(b);
-                                    c.recv_inflight = false;
+                                    c.ops.recv_done();
                                 }
                             }
                         }
                     }
-                    if c.recv_inflight {
+                    if c.ops.recv_in_flight() {
                         ctrl.release_queue(index, None);
                     } else {
                         ctrl.release_queue(index, Some((c.stream, c.q)));
@@ -2084,13 +2067,14 @@ mod tests {
     }
 
     #[test]
-    fn ring_tokens_carry_kind_generation_and_connection() {
-        for (kind, generation, key) in [(K_RECV, 0, 0), (K_SEND, 0xfff, 7), (K_RECV, 5, 0xffff_ffff_ffff)] {
-            assert_eq!(untok(tok(kind, generation, key)), (kind, generation, key));
+    fn user_tokens_keep_the_owners_value_and_are_told_from_connections() {
+        for v in [0, 1, (1 << 60) - 1] {
+            let t = Context::user_token(v);
+            assert_eq!(Context::user_value(t), v);
+            assert_eq!(Token::from_u64(t).map(|t| t.kind), Some(OpKind::User));
         }
-        // Generations wrap at 12 bits: a stale completion differs from its successor's.
-        assert_eq!(untok(tok(K_SEND, 0x1001, 3)), (K_SEND, 1, 3));
-        assert_ne!(tok(K_RECV, 1, 3), tok(K_RECV, 2, 3));
+        let conn = ConnOps::new(3, 1);
+        assert_ne!(Token::from_u64(conn.token(OpKind::Recv, 0)).map(|t| t.kind), Some(OpKind::User));
     }
 
     /// A multipath device whose head runs seed 000's shared-atomic reference over two

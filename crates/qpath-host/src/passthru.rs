@@ -35,6 +35,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use nvme::{Cqe, Sqe};
+use uring::conn::{ConnOps, OpKind, Token};
 use uring::{IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
 
 use crate::control::Control;
@@ -53,9 +54,6 @@ pub struct PtCompletion {
     pub buf: Option<IoBuf>,
 }
 
-const K_RECV: u64 = 1;
-const K_SEND: u64 = 2;
-
 /// A user-owned I/O queue pair.
 pub struct QueuePair {
     ctrl: Arc<Controller>,
@@ -64,10 +62,11 @@ pub struct QueuePair {
     mailbox: Mailbox<QueueMsg>,
     _sender: MailboxSender<QueueMsg>,
     conn: Option<(TcpStream, HostQueue)>,
-    recv_inflight: bool,
-    send_inflight: bool,
+    /// The ring side of `conn` (what is in flight, closing, its tokens).
+    ops: ConnOps,
     free: Vec<u16>,
-    gen_: u64,
+    /// Connections installed so far (the generation of `ops`).
+    installed: u64,
     /// The controller generation of the connection (`conn`).
     ctrl_gen: u64,
     /// A re-authentication's command, beside the caller's.
@@ -102,10 +101,9 @@ impl QueuePair {
             mailbox,
             _sender: sender,
             conn: None,
-            recv_inflight: false,
-            send_inflight: false,
+            ops: ConnOps::new(0, 0),
             free: Vec::new(),
-            gen_: 0,
+            installed: 0,
             ctrl_gen: 0,
             control: Control::default(),
             stash: Vec::new(),
@@ -118,12 +116,19 @@ impl QueuePair {
 
     fn install(&mut self, s: TcpStream, q: HostQueue, ctrl_gen: u64) {
         self.free = (0..q.entries()).rev().collect();
-        self.gen_ += 1;
+        if let Some((old, _)) = self.conn.take()
+            && (self.ops.recv_in_flight() || self.ops.send_in_flight())
+        {
+            // Cancelled and closed on the ring (closing it here would let its number be
+            // reused under the cancel); its operations complete under its generation,
+            // which the new connection's tokens do not match.
+            let _ = self.ring.close(old);
+        }
+        self.installed += 1;
+        self.ops = ConnOps::new(0, self.installed);
         self.ctrl_gen = ctrl_gen;
         self.control = Control::default();
         self.conn = Some((s, q));
-        self.recv_inflight = false;
-        self.send_inflight = false;
         self.arm_recv();
     }
 
@@ -204,28 +209,26 @@ impl QueuePair {
 
     /// Sends queued commands without reaping.
     pub fn flush(&mut self) {
-        if self.send_inflight {
+        if !self.ops.may_send() {
             return;
         }
-        let gen_ = self.gen_;
         let Some((s, q)) = self.conn.as_mut() else { return };
         if let Some(msg) = q.take_send() {
-            match self.ring.send(s.as_raw_fd(), msg, (K_SEND << 60) | (gen_ & 0xffff)) {
-                Ok(()) => self.send_inflight = true,
+            match self.ring.send(s.as_raw_fd(), msg, self.ops.token(OpKind::Send, 0)) {
+                Ok(()) => self.ops.send_started(),
                 Err((e, msg)) => q.on_send_done(msg, Err(std::io::Error::other(e.to_string()))),
             }
         }
     }
 
     fn arm_recv(&mut self) {
-        if self.recv_inflight {
+        if !self.ops.may_recv() {
             return;
         }
-        let gen_ = self.gen_;
         let Some((s, q)) = self.conn.as_mut() else { return };
         if let Some((buf, range)) = q.take_recv_buf() {
-            match self.ring.recv(s.as_raw_fd(), buf, range, (K_RECV << 60) | (gen_ & 0xffff)) {
-                Ok(()) => self.recv_inflight = true,
+            match self.ring.recv(s.as_raw_fd(), buf, range, self.ops.token(OpKind::Recv, 0)) {
+                Ok(()) => self.ops.recv_started(),
                 Err((_, buf)) => q.on_recv_none(buf),
             }
         }
@@ -271,25 +274,25 @@ impl QueuePair {
     fn poll_queue(&mut self, out: &mut Vec<PtCompletion>) -> Result<usize> {
         self.flush();
         let before = out.len();
-        let gen_ = self.gen_;
+        let ops = self.ops;
         let mut recv_done = None;
         let mut send_done = None;
         self.ring
             .turn(Wait::Poll, |_, c| {
-                if c.token & 0xffff != gen_ & 0xffff {
+                let Some(t) = Token::from_u64(c.token).filter(|t| ops.owns(t)) else {
                     return;
-                }
+                };
                 let res = c.io_result();
-                match (c.token >> 60, c.payload) {
-                    (K_RECV, Payload::Buf(b)) => recv_done = Some((b, res)),
-                    (K_SEND, Payload::Msg(m)) => send_done = Some((m, res.map(|_| ()))),
+                match (t.kind, c.payload) {
+                    (OpKind::Recv, Payload::Buf(b)) => recv_done = Some((b, res)),
+                    (OpKind::Send, Payload::Msg(m)) => send_done = Some((m, res.map(|_| ()))),
                     _ => {}
                 }
             })
             .map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
         if let Some((_, q)) = self.conn.as_mut() {
             if let Some((mut b, res)) = recv_done {
-                self.recv_inflight = false;
+                self.ops.recv_done();
                 match res {
                     Ok(n) => {
                         let len = b.len();
@@ -303,7 +306,7 @@ impl QueuePair {
                 }
             }
             if let Some((m, res)) = send_done {
-                self.send_inflight = false;
+                self.ops.send_done();
                 q.on_send_done(m, res);
             }
             let control_tag = q.control_tag();
@@ -318,7 +321,7 @@ impl QueuePair {
             if self.control.is_waiting() {
                 self.control.retry(q);
             }
-            if q.state() == QueueState::Failed {
+            if q.state() == QueueState::Failed && self.ops.is_open() {
                 // Outstanding commands fail back to the caller: a user queue has no retries.
                 q.abort_all(nvme::Status::HOST_PATH_ERROR);
                 self.control.fail(q.error().unwrap_or("queue failed"));
@@ -330,9 +333,19 @@ impl QueuePair {
                     out.push(PtCompletion { user_data: d.token, cqe: d.cqe, buf: d.buf });
                 }
                 self.ctrl.report_io_failure("user queue failed");
-                if !self.recv_inflight && !self.send_inflight {
-                    self.conn = None;
-                }
+                self.ops.close();
+            }
+        }
+        // A failed connection goes once nothing of it is in flight; what is (a receive on
+        // a socket that is still up) is cancelled first.
+        if let Some((s, _)) = &self.conn
+            && !self.ops.is_open()
+        {
+            if self.ops.take_cancel() {
+                let _ = self.ring.cancel_fd(s.as_raw_fd());
+            }
+            if self.ops.can_free() {
+                self.conn = None;
             }
         }
         let mut msgs = Vec::new();

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use uring::conn::{ConnOps, OpKind, Token};
 use uring::{Completion, FsyncMode, IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
 
 use crate::backend::{FileIo, FileOp};
@@ -145,29 +146,15 @@ impl ReactorHandle {
     }
 }
 
-// Token layout: kind (4 bits) | connection generation (12) | slab key (32) | request slot (16).
-const KIND_RECV: u64 = 1;
-const KIND_SEND: u64 = 2;
-const KIND_FILE: u64 = 3;
-
-fn token(kind: u64, gen_: u64, key: usize, slot: u64) -> u64 {
-    (kind << 60) | ((gen_ & 0xfff) << 48) | ((key as u64 & 0xffff_ffff) << 16) | (slot & 0xffff)
-}
-
-fn untoken(t: u64) -> (u64, u64, usize, u16) {
-    let key = usize::try_from((t >> 16) & 0xffff_ffff).unwrap_or(usize::MAX);
-    (t >> 60, (t >> 48) & 0xfff, key, (t & 0xffff) as u16)
-}
-
 struct Entry {
     conn: Connection,
     stream: Option<TcpStream>,
     /// Given back (dropped) when the entry is freed.
     _ticket: ConnTicket,
-    generation: u64,
-    recv_inflight: bool,
-    send_inflight: bool,
-    cancelled: bool,
+    /// Its ring operations (tokens with the connection's generation, the receive and send
+    /// in flight) and its life: closed once the protocol is, freed once nothing of it is
+    /// in flight (file operations counted by the connection).
+    ops: ConnOps,
     timer_armed: bool,
     /// On a ready list: received input waits to be parsed.
     ready: bool,
@@ -472,7 +459,7 @@ impl Reactor {
         let now = self.target.now_ns();
         let Some(Some(e)) = self.conns.get_mut(key) else { return };
         e.conn.set_contended(self.contended);
-        let base = token(KIND_FILE, e.generation, key, 0);
+        let base = e.ops.token(OpKind::File, 0);
         let mut io = RingFileIo { ring: &mut self.ring };
         let offload = ReactorOffload { workers: &self.target.auth_workers, reply: &self.to_self };
         let mut ctx =
@@ -481,23 +468,24 @@ impl Reactor {
     }
 
     fn complete(&mut self, c: Completion, touched: &mut Vec<usize>) {
-        let (kind, gen_, key, slot) = untoken(c.token);
-        let live = matches!(self.conns.get(key), Some(Some(e)) if e.generation & 0xfff == gen_);
-        if !live {
+        let t = Token::from_u64(c.token);
+        let key = t.map_or(usize::MAX, |t| t.key as usize);
+        let live = t.is_some_and(|t| matches!(self.conns.get(key), Some(Some(e)) if e.ops.owns(&t)));
+        let Some(Token { kind, slot, .. }) = t.filter(|_| live) else {
             // A completion for a connection already freed cannot happen (we wait for
             // every op before freeing); drop the memory defensively.
             if let Payload::Buf(b) = c.payload {
                 self.pool.put(b);
             }
             return;
-        }
+        };
         match kind {
-            KIND_RECV => {
+            OpKind::Recv => {
                 let res = c.io_result();
                 let start = c.result;
                 let buf = c.into_buf();
                 self.with_conn(key, |e, ctx| {
-                    e.recv_inflight = false;
+                    e.ops.recv_done();
                     let Some(buf) = buf else { return };
                     match res {
                         Ok(n) => {
@@ -518,11 +506,11 @@ impl Reactor {
                 });
                 self.make_ready(key);
             }
-            KIND_SEND => {
+            OpKind::Send => {
                 let res = c.io_result().map(|_| ());
                 let msg = c.into_msg();
                 self.with_conn(key, |e, ctx| {
-                    e.send_inflight = false;
+                    e.ops.send_done();
                     if let Some(m) = msg {
                         e.conn.on_send_done(m, res, ctx);
                     }
@@ -530,7 +518,7 @@ impl Reactor {
                 // Input resumed after the send may have stopped at the PDU budget.
                 self.make_ready(key);
             }
-            KIND_FILE => {
+            OpKind::File => {
                 let res = c.io_result();
                 let buf = match c.payload {
                     Payload::Buf(b) => Some(b),
@@ -538,7 +526,7 @@ impl Reactor {
                 };
                 self.with_conn(key, |e, ctx| e.conn.on_file_done(slot, res, buf, ctx));
             }
-            _ => {}
+            OpKind::User => {}
         }
         if !touched.contains(&key) {
             touched.push(key);
@@ -602,16 +590,15 @@ impl Reactor {
             Some(s) => s.as_raw_fd(),
             None => return,
         };
-        let generation = e.generation;
         if e.conn.has_waiting() {
             self.with_conn(key, |e, ctx| e.conn.pump(ctx));
         }
         let Some(Some(e)) = self.conns.get_mut(key) else { return };
-        if !e.send_inflight
+        if e.ops.may_send()
             && let Some(msg) = e.conn.take_send()
         {
-            match self.ring.send(fd, msg, token(KIND_SEND, generation, key, 0)) {
-                Ok(()) => e.send_inflight = true,
+            match self.ring.send(fd, msg, e.ops.token(OpKind::Send, 0)) {
+                Ok(()) => e.ops.send_started(),
                 Err((err, msg)) => {
                     tracing::warn!("send submit failed: {err}");
                     let mut io = RingFileIo { ring: &mut self.ring };
@@ -621,11 +608,11 @@ impl Reactor {
                 }
             }
         }
-        if !e.recv_inflight
+        if e.ops.may_recv()
             && let Some((buf, range)) = e.conn.take_recv_buf()
         {
-            match self.ring.recv(fd, buf, range, token(KIND_RECV, generation, key, 0)) {
-                Ok(()) => e.recv_inflight = true,
+            match self.ring.recv(fd, buf, range, e.ops.token(OpKind::Recv, 0)) {
+                Ok(()) => e.ops.recv_started(),
                 Err((err, buf)) => {
                     tracing::warn!("recv submit failed: {err}");
                     let mut io = RingFileIo { ring: &mut self.ring };
@@ -640,11 +627,11 @@ impl Reactor {
             self.timer_keys.push(key);
         }
         if e.conn.state() == ConnState::Closed {
-            if (e.recv_inflight || e.send_inflight) && !e.cancelled {
-                e.cancelled = true;
+            e.ops.close();
+            if e.ops.take_cancel() {
                 let _ = self.ring.cancel_fd(fd);
             }
-            if !e.recv_inflight && !e.send_inflight && e.conn.file_ops_in_flight() == 0 {
+            if e.ops.can_free() && e.conn.file_ops_in_flight() == 0 {
                 self.free(key);
             }
         }
@@ -721,8 +708,9 @@ impl Reactor {
             ReactorMsg::Conn(c) => self.add_conn(*c),
             ReactorMsg::Shutdown => self.stop = true,
             ReactorMsg::AuthComputed(token, done) => {
-                let (_, gen_, key, slot) = untoken(token);
-                if !matches!(self.conns.get(key), Some(Some(e)) if e.generation & 0xfff == gen_) {
+                let Some(t) = Token::from_u64(token) else { return };
+                let (key, slot) = (t.key as usize, t.slot);
+                if !matches!(self.conns.get(key), Some(Some(e)) if e.ops.owns(&t)) {
                     // The connection is gone: nobody waits for the result.
                     return;
                 }
@@ -741,28 +729,21 @@ impl Reactor {
         }
         self.generation = self.generation.wrapping_add(1);
         let conn = Connection::new(Arc::clone(&self.target), port, peer, self.index);
+        let key = self.free_keys.pop().unwrap_or(self.conns.len());
         let e = Entry {
             conn,
             stream: Some(stream),
             _ticket: ticket,
-            generation: self.generation & 0xfff,
-            recv_inflight: false,
-            send_inflight: false,
-            cancelled: false,
+            ops: ConnOps::new(u32::try_from(key).expect("fewer than 2^32 connections"), self.generation),
             timer_armed: false,
             ready: false,
             ready_turn: 0,
         };
-        let key = match self.free_keys.pop() {
-            Some(k) => {
-                self.conns[k] = Some(e);
-                k
-            }
-            None => {
-                self.conns.push(Some(e));
-                self.conns.len() - 1
-            }
-        };
+        if key == self.conns.len() {
+            self.conns.push(Some(e));
+        } else {
+            self.conns[key] = Some(e);
+        }
         self.drive(key);
     }
 }

@@ -102,6 +102,7 @@
 
 pub mod alloc_count;
 mod buf;
+pub mod conn;
 mod error;
 mod mailbox;
 pub mod placement;
