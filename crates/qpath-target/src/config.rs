@@ -207,6 +207,14 @@ pub struct PortConfig {
     /// `crate::tls`. Hosts need a `tls_key` in the subsystems they reach.
     #[serde(default, skip_serializing_if = "is_no_tls")]
     pub tls: crate::tls::TlsMode,
+    /// Kernel TLS for its TLS connections: "auto" (default: where the kernel offers it) or
+    /// "off" (records in user space).
+    #[serde(default, skip_serializing_if = "is_auto_offload")]
+    pub tls_offload: crate::tls::TlsOffload,
+}
+
+fn is_auto_offload(t: &crate::tls::TlsOffload) -> bool {
+    *t == crate::tls::TlsOffload::Auto
 }
 
 fn is_no_tls(t: &crate::tls::TlsMode) -> bool {
@@ -220,7 +228,13 @@ fn default_kind() -> PortKind {
 impl PortConfig {
     /// An I/O port (with discovery) on `addr` ("127.0.0.1:4420"; port 0 picks a free one).
     pub fn io(id: u16, addr: impl Into<String>) -> PortConfig {
-        PortConfig { id, addr: addr.into(), kind: PortKind::Io, tls: crate::tls::TlsMode::None }
+        PortConfig {
+            id,
+            addr: addr.into(),
+            kind: PortKind::Io,
+            tls: crate::tls::TlsMode::None,
+            tls_offload: crate::tls::TlsOffload::Auto,
+        }
     }
 }
 
@@ -686,7 +700,7 @@ impl Config {
     fn serve(&self, server: &Server) -> Result<(), Error> {
         for p in &self.ports {
             let addr = crate::server::parse_addr(&p.addr)?;
-            server.add_port_tls(p.id, addr, p.kind, p.tls)?;
+            server.add_port_secure(p.id, addr, p.kind, p.tls, p.tls_offload)?;
         }
         for a in &self.ana {
             let st = AnaState::parse(&a.state)

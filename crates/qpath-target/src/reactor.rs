@@ -489,6 +489,9 @@ impl Reactor {
                             e.conn.queue_input(buf, n, ctx.now_ns);
                         }
                         Err(err) => {
+                            if err.raw_os_error() == Some(libc::EIO) && e.conn.kernel_tls() {
+                                e.conn.kernel_tls_control_record();
+                            }
                             e.conn.queue_input(buf, 0, ctx.now_ns);
                             if err.raw_os_error() != Some(libc::ECANCELED) {
                                 e.conn.close(&format!("recv failed: {err}"));
@@ -588,6 +591,15 @@ impl Reactor {
             self.with_conn(key, |e, ctx| e.conn.pump(ctx));
         }
         let Some(Some(e)) = self.conns.get_mut(key) else { return };
+        // Kernel TLS: the keys go to the socket while nothing is in flight on it (a receive
+        // posted before would return ciphertext, a send would be sealed twice).
+        if !e.send_inflight
+            && !e.recv_inflight
+            && let Some(h) = e.conn.kernel_tls_handover()
+            && let Some(s) = e.stream.as_ref()
+        {
+            e.conn.kernel_tls_installed(tls::kernel::install(std::os::fd::AsFd::as_fd(s), &h));
+        }
         if !e.send_inflight
             && let Some(msg) = e.conn.take_send()
         {
