@@ -889,6 +889,7 @@ impl Context {
                 outstanding: conn.map_or(0, |c| c.q.outstanding()),
                 waiting: qe.waiting.len(),
                 connected: conn.is_some(),
+                secure_channel: conn.and_then(|c| c.q.secure_channel_parts()),
             };
             self.rec.publish_queue(qkey, &view, force);
         }
@@ -1460,7 +1461,8 @@ impl Context {
                         Err(e) => {
                             conn.q.on_recv_none(buf);
                             if !conn.dying {
-                                conn.q.set_failed(&format!("recv: {e}"));
+                                let why = conn.q.recv_error_text(&e);
+                                conn.q.set_failed(&why);
                             }
                         }
                     }

@@ -84,6 +84,9 @@ pub struct ConnectOptions {
     /// Run every queue inside a TLS 1.3 channel with this key (`nvme connect --tls
     /// --tls-key`; see [`crate::tls`]).
     pub tls: Option<crate::tls::HostTls>,
+    /// Hand each TLS queue's records to kernel TLS after its handshake where the kernel
+    /// offers it (auto, the default), or keep them in user space (off).
+    pub tls_offload: tls::kernel::Offload,
     /// The Command Quiesce Time assumed when the controller reports none (CQT 0 in
     /// Identify Controller); `None`: one keep-alive timeout. Part of the failover hold
     /// ([`crate::failover::hold_time`]): a write whose connection failed is sent again
@@ -116,6 +119,7 @@ impl ConnectOptions {
             tag_space: None,
             tcp_congestion: None,
             tls: None,
+            tls_offload: tls::kernel::Offload::Auto,
             command_quiesce_time: None,
         }
     }
@@ -841,6 +845,7 @@ fn queue_cfg(opts: &ConnectOptions, qid: u16, entries: u16, cntlid: Cntlid) -> Q
     c.tag_space = opts.tag_space.unwrap_or(entries).max(entries);
     c.tcp_congestion.clone_from(&opts.tcp_congestion);
     c.tls = opts.tls.as_ref().map(|t| t.for_queue(&opts.hostnqn, &opts.subnqn));
+    c.tls_offload = opts.tls_offload;
     c
 }
 

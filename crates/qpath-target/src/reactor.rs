@@ -489,7 +489,7 @@ impl Reactor {
                             e.conn.queue_input(buf, n, ctx.now_ns);
                         }
                         Err(err) => {
-                            if err.raw_os_error() == Some(libc::EIO) && e.conn.kernel_tls() {
+                            if tls::kernel::control_record(&err) && e.conn.kernel_tls() {
                                 e.conn.kernel_tls_control_record();
                             }
                             e.conn.queue_input(buf, 0, ctx.now_ns);

@@ -206,6 +206,13 @@ impl std::fmt::Display for InstallError {
     }
 }
 
+/// Whether a receive on a kernel-TLS socket failed because a TLS control record arrived
+/// (an alert, a KeyUpdate): Linux hands those only to a `recvmsg` that asks for the record
+/// type (`TLS_GET_RECORD_TYPE`), and fails a plain receive with EIO (`tls.rst`).
+pub fn control_record(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EIO)
+}
+
 /// Hands `h` to the kernel on the connected TCP socket `fd`: the `tls` ULP, then the sending
 /// keys, then the receiving ones. The caller has no send or receive in flight on `fd` and
 /// every byte received so far opened (a [`crate::Channel::kernel_handover`] guarantees the
