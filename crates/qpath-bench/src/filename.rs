@@ -20,7 +20,8 @@
 //!   default the system's); `dhchap_secret=DHHC-1:..` and `dhchap_ctrl_secret=DHHC-1:..`
 //!   DH-HMAC-CHAP as `nvme connect --dhchap-secret/--dhchap-ctrl-secret`;
 //!   `tls_key=NVMeTLSkey-1:..` runs every queue inside TLS 1.3 as `nvme connect --tls
-//!   --tls-key` (redacted from reports like the secrets); other keys
+//!   --tls-key` (redacted from reports like the secrets); `tls_offload=off` keeps their
+//!   records in user space instead of handing them to kernel TLS (default auto); other keys
 //!   are kept in [`RemoteTarget::extra`] for the engine.
 //!
 //! Multipath: a URI may name several transport addresses of the same subsystem, comma
@@ -171,7 +172,7 @@ fn target_err(raw: &str, why: impl std::fmt::Display) -> Error {
 
 /// What a URI's query may hold besides the transport ID's own keys (`hostnqn`, `hdgst`,
 /// `ddgst`, `adrfam`...): the engines read these from [`RemoteTarget::extra`].
-pub const URI_OPTIONS: [&str; 8] = [
+pub const URI_OPTIONS: [&str; 9] = [
     "reconnect_delay",
     "ctrl_loss_tmo",
     "fast_io_fail_tmo",
@@ -180,6 +181,7 @@ pub const URI_OPTIONS: [&str; 8] = [
     "dhchap_secret",
     "dhchap_ctrl_secret",
     "tls_key",
+    "tls_offload",
 ];
 
 fn parse_bool_flag(raw: &str, key: &str, v: &str) -> Result<bool> {

@@ -12,6 +12,8 @@
 //! bring-up, the contexts' rings and the user queue pairs drive TLS queues unchanged, and a
 //! reconnect makes a new channel like a new socket.
 
+/// Whether TLS queues hand their records to kernel TLS (`ConnectOptions::tls_offload`).
+pub use tls::kernel::Offload as TlsOffload;
 use tls::psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion, TlsPsk};
 
 /// A controller's TLS settings.

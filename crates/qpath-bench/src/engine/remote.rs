@@ -74,6 +74,9 @@ pub struct ControllerKey {
     /// `tls_key=NVMeTLSkey-1:..` from the URI (`nvme connect --tls --tls-key`): every
     /// queue runs inside TLS 1.3.
     pub tls_key: Option<Secret>,
+    /// `tls_offload=auto|off` from the URI: kernel TLS for those queues where the kernel
+    /// offers it (default auto), or records in user space.
+    pub tls_offload: Option<String>,
 }
 
 /// A DH-HMAC-CHAP secret from a URI: compared as written, never printed.
@@ -110,6 +113,7 @@ impl ControllerKey {
             dhchap_secret: uri_option(remote, "dhchap_secret").map(Secret),
             dhchap_ctrl_secret: uri_option(remote, "dhchap_ctrl_secret").map(Secret),
             tls_key: uri_option(remote, "tls_key").map(Secret),
+            tls_offload: uri_option(remote, "tls_offload"),
         }
     }
 }
@@ -343,6 +347,10 @@ impl Controllers {
             ),
             None => None,
         };
+        if let Some(v) = &key.tls_offload {
+            o.tls_offload = host::tls::TlsOffload::parse(v)
+                .ok_or_else(|| Error::new(ErrorKind::Target, format!("{}: tls_offload={v}: auto or off", key.addr)))?;
+        }
         o.nr_io_queues = plan.nr_io_queues;
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
@@ -407,6 +415,7 @@ mod tests {
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
             tls_key: None,
+            tls_offload: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");
