@@ -18,8 +18,9 @@
 //! ```
 //!
 //! Records are sealed and opened on the reactor that owns the connection, in user space
-//! (`tls::record`); the handshake is OpenSSL's over memory, one step per received segment,
-//! so no reactor ever blocks on it.
+//! (`tls::record`), until the kernel takes them over (`tls::kernel`, the port's
+//! `tls_offload`, `Link::Kernel`); the handshake is OpenSSL's over memory, one step per
+//! received segment, so no reactor ever blocks on it.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
