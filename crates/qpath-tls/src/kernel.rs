@@ -91,7 +91,8 @@ pub fn describe(offload: Offload) -> String {
             "kernel TLS is turned off (tls_offload = \"off\"): records are protected in user space".to_string()
         }
         (Offload::Auto, true) => {
-            "kernel TLS is available: each TLS connection hands its records to the kernel after its handshake"
+            "kernel TLS is available: TLS connections hand their records to the kernel after the handshake \
+             (unless tls_offload is \"off\")"
                 .to_string()
         }
         (Offload::Auto, false) => "kernel TLS is not available (no \"tls\" TCP ULP; `modprobe tls` loads it): \

@@ -8,11 +8,11 @@
 # for every queue, the bench's host log that its queues handed their records to the kernel,
 # and a capture of the guest's loopback (dumpcap, shipped by run.sh; skipped with a reason
 # where it cannot run) must hold only TLS records. The capture goes to /host (9p).
-# Settings (vmlab.env.*): NQN, HOSTNQN, HOSTID, FIO_RUNTIME (10).
+# Settings (vmlab.env.*): NQN, HOSTNQN, HOSTID, FIO_RUNTIME (15).
 . /vmlab/qpath-lib.sh
 HOSTNQN=${HOSTNQN:?HOSTNQN}
 HOSTID=${HOSTID:-3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01}
-FIO_RUNTIME=${FIO_RUNTIME:-10}
+FIO_RUNTIME=${FIO_RUNTIME:-15}
 Q=/vmlab/qpath
 ADDR=127.0.0.1
 PORT=4420
@@ -134,7 +134,8 @@ umask 022
 RUST_LOG=info,host=debug timeout -k 5 $((FIO_RUNTIME + 120)) $Q bench --output-format=json /tmp/bench.fio \
   > /tmp/bench.json 2> /tmp/bench.log &
 BENCH=$!
-sleep 3
+two_kernel_queues() { [ "$(kernel_queues)" -ge 2 ]; }
+wait_until 60 two_kernel_queues
 n=$(kernel_queues); u=$(user_queues)
 [ "$n" -ge 2 ] && [ "$u" = 0 ] && pass "list_queues: $n queues of qpath bench on the kernel path, none in user space" \
   || { fail "list_queues during the bench: $n kernel, $u user-space queues"; rpc list_queues | head -30; }
