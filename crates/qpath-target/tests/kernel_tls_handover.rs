@@ -111,6 +111,22 @@ fn kernel_takes_the_records_after_the_ones_read_with_the_finished() {
     assert_eq!(secure_channel(&t2).as_deref(), Some("tls1.3-kernel TLS_AES_128_GCM_SHA256"));
 }
 
+/// A control record (an alert, a KeyUpdate) on a kernel-TLS socket fails the receive with
+/// EIO: the connection closes and says why.
+#[test]
+fn a_control_record_on_a_kernel_tls_socket_closes_the_connection() {
+    let (_t, mut h, mut c) = tls_pair(TlsOffload::Auto);
+    handshake_with_icreq(&mut h, &mut c);
+    h.conn.kernel_tls_handover().expect("a record boundary");
+    h.conn.kernel_tls_installed(Ok(()));
+    assert!(tls::kernel::control_record(&std::io::Error::from_raw_os_error(libc::EIO)));
+    h.conn.kernel_tls_control_record();
+    h.pump();
+    assert!(h.closed());
+    let why = h.conn.close_reason().unwrap_or_default().to_string();
+    assert!(why.contains("TLS control record"), "{why}");
+}
+
 #[test]
 fn refused_keys_leave_the_records_in_user_space() {
     let (t, mut h, mut c) = tls_pair(TlsOffload::Auto);
