@@ -854,6 +854,21 @@ mod tests {
         assert!(parse_size("3 parsecs").is_err());
     }
 
+    /// A port's `tls_offload`: auto unless it says "off", anything else refused, and a
+    /// saved configuration writes it only when it is not the default.
+    #[test]
+    fn tls_offload_parses_defaults_and_saves() {
+        let port = |extra: &str| format!("[[port]]\nid = 1\naddr = \"127.0.0.1:4420\"\ntls = \"required\"\n{extra}");
+        let c = Config::parse(&port("tls_offload = \"off\"\n")).unwrap();
+        assert_eq!(c.ports[0].tls_offload, crate::tls::TlsOffload::Off);
+        let d = Config::parse(&port("")).unwrap();
+        assert_eq!(d.ports[0].tls_offload, crate::tls::TlsOffload::Auto);
+        assert!(Config::parse(&port("tls_offload = \"on\"\n")).is_err());
+        let saved = toml::to_string(&c.ports[0]).unwrap();
+        assert!(saved.contains("tls_offload = \"off\""), "{saved}");
+        assert!(!toml::to_string(&d.ports[0]).unwrap().contains("tls_offload"));
+    }
+
     #[test]
     fn fairness_options_parse_and_default() {
         let c = Config::parse("[options]\nrx_budget_pdus = 8\ntx_batch_bytes = 32768\ntx_deadline_us = 0\n").unwrap();
