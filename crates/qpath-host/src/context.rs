@@ -1411,7 +1411,11 @@ impl Context {
         }
         let Some(msg) = c.q.take_send() else { return };
         let fd = c.stream.as_raw_fd();
-        match self.ring.send(fd, msg, tok(K_SEND, c.generation, ckey)) {
+        let t = tok(K_SEND, c.generation, ckey);
+        // Kernel TLS refuses MSG_WAITALL (the ring resubmits short sends either way).
+        let sent =
+            if c.q.kernel_tls() { self.ring.send_without_waitall(fd, msg, t) } else { self.ring.send(fd, msg, t) };
+        match sent {
             Ok(()) => c.send_inflight = true,
             Err((e, msg)) => {
                 c.q.on_send_done(msg, Err(std::io::Error::other(e.to_string())));

@@ -210,7 +210,14 @@ impl QueuePair {
         let gen_ = self.gen_;
         let Some((s, q)) = self.conn.as_mut() else { return };
         if let Some(msg) = q.take_send() {
-            match self.ring.send(s.as_raw_fd(), msg, (K_SEND << 60) | (gen_ & 0xffff)) {
+            let t = (K_SEND << 60) | (gen_ & 0xffff);
+            // Kernel TLS refuses MSG_WAITALL (the ring resubmits short sends either way).
+            let sent = if q.kernel_tls() {
+                self.ring.send_without_waitall(s.as_raw_fd(), msg, t)
+            } else {
+                self.ring.send(s.as_raw_fd(), msg, t)
+            };
+            match sent {
                 Ok(()) => self.send_inflight = true,
                 Err((e, msg)) => q.on_send_done(msg, Err(std::io::Error::other(e.to_string()))),
             }

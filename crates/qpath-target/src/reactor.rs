@@ -603,7 +603,14 @@ impl Reactor {
         if !e.send_inflight
             && let Some(msg) = e.conn.take_send()
         {
-            match self.ring.send(fd, msg, token(KIND_SEND, generation, key, 0)) {
+            // Kernel TLS refuses MSG_WAITALL (the ring resubmits short sends either way).
+            let t = token(KIND_SEND, generation, key, 0);
+            let sent = if e.conn.kernel_tls() {
+                self.ring.send_without_waitall(fd, msg, t)
+            } else {
+                self.ring.send(fd, msg, t)
+            };
+            match sent {
                 Ok(()) => e.send_inflight = true,
                 Err((err, msg)) => {
                     tracing::warn!("send submit failed: {err}");
