@@ -33,6 +33,8 @@
 #             verified TLS job; list_queues says tls1.3-kernel for every queue, the bench's
 #             host log says its queues handed their records over, and the capture (written
 #             to the host through 9p) holds only TLS records (tests/vm-tls/guest/ktls.sh).
+#             About 80 s once the VM lock is taken; pass --kernel sid (the vmlab default
+#             kernel, bookworm's 6.1, has no NVMe/TCP TLS).
 # The guest's tools come from Debian sid (tests/vm-tls/guest-tools.sh: tlshd, nvme-cli 2.x,
 # keyctl and their libraries, run in the guest through sid's loader); the kernel's TLS needs
 # gcm(aes), whose modules (ctr, gcm) the vmlab initramfs lacks: they come from the same
