@@ -21,7 +21,9 @@
 //!   DH-HMAC-CHAP as `nvme connect --dhchap-secret/--dhchap-ctrl-secret`;
 //!   `tls_key=NVMeTLSkey-1:..` runs every queue inside TLS 1.3 as `nvme connect --tls
 //!   --tls-key` (redacted from reports like the secrets); `concat=1` secure channel
-//!   concatenation as `nvme connect --concat` (with `dhchap_secret`); other keys
+//!   concatenation as `nvme connect --concat` (with `dhchap_secret`); `tls_offload=off`
+//!   keeps TLS records in user space instead of handing them to kernel TLS (default
+//!   auto); other keys
 //!   are kept in [`RemoteTarget::extra`] for the engine.
 //!
 //! Multipath: a URI may name several transport addresses of the same subsystem, comma
@@ -172,7 +174,7 @@ fn target_err(raw: &str, why: impl std::fmt::Display) -> Error {
 
 /// What a URI's query may hold besides the transport ID's own keys (`hostnqn`, `hdgst`,
 /// `ddgst`, `adrfam`...): the engines read these from [`RemoteTarget::extra`].
-pub const URI_OPTIONS: [&str; 9] = [
+pub const URI_OPTIONS: [&str; 10] = [
     "reconnect_delay",
     "ctrl_loss_tmo",
     "fast_io_fail_tmo",
@@ -182,6 +184,7 @@ pub const URI_OPTIONS: [&str; 9] = [
     "dhchap_ctrl_secret",
     "tls_key",
     "concat",
+    "tls_offload",
 ];
 
 fn parse_bool_flag(raw: &str, key: &str, v: &str) -> Result<bool> {

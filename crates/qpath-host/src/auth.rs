@@ -388,6 +388,47 @@ impl Transaction<'_> {
         n
     }
 
+    /// Concatenation: what the controller picked, refused here, before the host's response
+    /// goes out, when it was not offered (NVMe Base 2.1 §8.3.4.5.9: the PSK is keyed with
+    /// the session key, so the null group can make none); the generated PSK's hash.
+    fn concat_choice(&self, concat: bool, hash: HashId, group: DhGroup) -> std::result::Result<Option<PskHash>, Fail> {
+        let psk_hash = PskHash::from_id(hash.id()).filter(|_| CONCAT_HASHES.contains(&hash));
+        if concat && group == DhGroup::Null {
+            return Err(self.local(
+                failure::DHGROUP_UNUSABLE,
+                "secure channel concatenation needs a DH group, and the controller chose the null group \
+                 (give the host a DH group, ffdhe2048 to ffdhe8192, in the controller's settings)",
+            ));
+        }
+        if concat && psk_hash.is_none() {
+            return Err(self.local(
+                failure::HASH_UNUSABLE,
+                &format!("the controller chose {}, whose PSK keys no TLS channel here", hash.linux_name()),
+            ));
+        }
+        Ok(psk_hash)
+    }
+
+    /// The host's DH value and the session key for the controller's `group` and DH value
+    /// (none with the null group).
+    fn dh_exchange(&self, group: DhGroup, peer: &[u8]) -> std::result::Result<(Vec<u8>, Option<Vec<u8>>), Fail> {
+        match (group, peer.is_empty()) {
+            (DhGroup::Null, true) => Ok((Vec::new(), None)),
+            (DhGroup::Null, false) => Err(self.local(failure::INCORRECT_PAYLOAD, "DH value with the null group")),
+            (_, true) => Err(self.local(failure::DHGROUP_UNUSABLE, "no DH value")),
+            (g, false) => {
+                // Both modular exponentiations: the key pair and the shared secret.
+                let (public, ks) = at_nice(self.dh_nice, || match DhKeyPair::generate(g).ok().flatten() {
+                    None => (None, None),
+                    Some(mine) => (Some(mine.public().to_vec()), mine.shared_secret(peer).ok()),
+                });
+                let public = public.ok_or_else(|| self.local(failure::FAILED, "no DH key pair"))?;
+                let ks = ks.ok_or_else(|| self.local(failure::DHGROUP_UNUSABLE, "invalid DH public value"))?;
+                Ok((public, Some(ks)))
+            }
+        }
+    }
+
     fn run(
         &mut self,
         keys: &DhchapKeys,
@@ -405,41 +446,8 @@ impl Transaction<'_> {
             .ok_or_else(|| self.local(failure::HASH_UNUSABLE, "unknown hash or wrong challenge length"))?;
         let group =
             DhGroup::from_id(c.dh_group).ok_or_else(|| self.local(failure::DHGROUP_UNUSABLE, "unknown DH group"))?;
-        // Concatenation: refused here, before the host's response goes out, when the
-        // controller picked what was not offered (NVMe Base 2.1 §8.3.4.5.9: the PSK is
-        // keyed with the session key, so the null group can make none).
-        let psk_hash = PskHash::from_id(hash.id()).filter(|_| CONCAT_HASHES.contains(&hash));
-        if concat && group == DhGroup::Null {
-            return Err(self.local(
-                failure::DHGROUP_UNUSABLE,
-                "secure channel concatenation needs a DH group, and the controller chose the null group \
-                 (give the host a DH group, ffdhe2048 to ffdhe8192, in the controller's settings)",
-            ));
-        }
-        if concat && psk_hash.is_none() {
-            return Err(self.local(
-                failure::HASH_UNUSABLE,
-                &format!("the controller chose {}, whose PSK keys no TLS channel here", hash.linux_name()),
-            ));
-        }
-        let (dhv, session_key) = match (group, c.dhv.is_empty()) {
-            (DhGroup::Null, true) => (Vec::new(), None),
-            (DhGroup::Null, false) => {
-                return Err(self.local(failure::INCORRECT_PAYLOAD, "DH value with the null group"));
-            }
-            (_, true) => return Err(self.local(failure::DHGROUP_UNUSABLE, "no DH value")),
-            (g, false) => {
-                // Both modular exponentiations: the key pair and the shared secret.
-                let dhv = &c.dhv;
-                let (public, ks) = at_nice(self.dh_nice, || match DhKeyPair::generate(g).ok().flatten() {
-                    None => (None, None),
-                    Some(mine) => (Some(mine.public().to_vec()), mine.shared_secret(dhv).ok()),
-                });
-                let public = public.ok_or_else(|| self.local(failure::FAILED, "no DH key pair"))?;
-                let ks = ks.ok_or_else(|| self.local(failure::DHGROUP_UNUSABLE, "invalid DH public value"))?;
-                (public, Some(ks))
-            }
-        };
+        let psk_hash = self.concat_choice(concat, hash, group)?;
+        let (dhv, session_key) = self.dh_exchange(group, &c.dhv)?;
         let host_key = keys.host.transformed(hostnqn);
         // R1 covers SC_C (NVMe Base 2.1 §8.3.4.5.5), so a request for a PSK cannot be stripped.
         let r1 = dhchap::response_sc(

@@ -869,6 +869,7 @@ impl Context {
                 outstanding: conn.map_or(0, |c| c.q.outstanding()),
                 waiting: qe.waiting.len(),
                 connected: conn.is_some(),
+                secure_channel: conn.and_then(|c| c.q.secure_channel_parts()),
             };
             self.rec.publish_queue(qkey, &view, force);
         }
@@ -1390,7 +1391,11 @@ impl Context {
         }
         let Some(msg) = c.q.take_send() else { return };
         let fd = c.stream.as_raw_fd();
-        match self.ring.send(fd, msg, c.ops.token(OpKind::Send, 0)) {
+        let t = c.ops.token(OpKind::Send, 0);
+        // Kernel TLS refuses MSG_WAITALL (the ring resubmits short sends either way).
+        let sent =
+            if c.q.kernel_tls() { self.ring.send_without_waitall(fd, msg, t) } else { self.ring.send(fd, msg, t) };
+        match sent {
             Ok(()) => c.ops.send_started(),
             Err((e, msg)) => {
                 c.q.on_send_done(msg, Err(std::io::Error::other(e.to_string())));
@@ -1441,7 +1446,8 @@ impl Context {
                         Err(e) => {
                             conn.q.on_recv_none(buf);
                             if conn.ops.is_open() {
-                                conn.q.set_failed(&format!("recv: {e}"));
+                                let why = conn.q.recv_error_text(&e);
+                                conn.q.set_failed(&why);
                             }
                         }
                     }

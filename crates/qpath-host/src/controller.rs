@@ -95,6 +95,9 @@ pub struct ConnectOptions {
     /// reconnect does it again: the PSK lives as long as the association. Needs
     /// `dhchap_secret`; excludes `tls`.
     pub concat: bool,
+    /// Hand each TLS queue's records to kernel TLS after its handshake where the kernel
+    /// offers it (auto, the default), or keep them in user space (off).
+    pub tls_offload: tls::kernel::Offload,
     /// The Command Quiesce Time assumed when the controller reports none (CQT 0 in
     /// Identify Controller); `None`: one keep-alive timeout. Part of the failover hold
     /// ([`crate::failover::hold_time`]): a write whose connection failed is sent again
@@ -128,6 +131,7 @@ impl ConnectOptions {
             tcp_congestion: None,
             tls: None,
             concat: false,
+            tls_offload: tls::kernel::Offload::Auto,
             command_quiesce_time: None,
         }
     }
@@ -900,6 +904,7 @@ fn queue_cfg(
     c.tag_space = opts.tag_space.unwrap_or(entries).max(entries);
     c.tcp_congestion.clone_from(&opts.tcp_congestion);
     c.tls = tls.cloned();
+    c.tls_offload = opts.tls_offload;
     c
 }
 

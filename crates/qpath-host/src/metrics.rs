@@ -111,6 +111,7 @@ pub fn snapshot_json(s: &HostSnapshot) -> Value {
                 json!({
                     "ctrl": q.ctrl, "traddr": q.traddr.to_string(), "subnqn": q.subnqn, "cntlid": q.cntlid,
                     "qid": q.qid, "context": q.context, "connected": q.connected,
+                    "secure_channel": q.secure_channel.map(|s| s.to_string()),
                     "commands": st.ios() + q.outstanding, "outstanding": q.outstanding, "waiting": q.waiting,
                     "requeues": st.requeues, "busy": st.busy,
                     "connects": q.totals.connects, "failures": q.totals.failures, "latency": latency_map(st),
@@ -399,6 +400,10 @@ mod tests {
                 connected: true,
                 outstanding: 2,
                 waiting: 0,
+                secure_channel: Some(crate::stats::SecureChannel {
+                    record_path: "tls1.3-kernel",
+                    suite: "TLS_AES_128_GCM_SHA256",
+                }),
                 totals: totals.clone(),
             }],
             controllers: vec![ControllerSnapshot {
@@ -445,6 +450,7 @@ mod tests {
         let q = &v["queues"][0];
         assert_eq!((q["reads"].as_u64(), q["writes"].as_u64(), q["errors"].as_u64()), (Some(100), Some(1), Some(1)));
         assert_eq!(q["commands"], 103, "completed plus outstanding");
+        assert_eq!(q["secure_channel"], "tls1.3-kernel TLS_AES_128_GCM_SHA256", "the record path and suite");
         assert!(q["latency"]["read"]["p99_us"].as_f64().unwrap() > 19.0);
         assert!(q["latency"].get("trim").is_none(), "idle directions are left out");
         assert_eq!(v["controllers"][0]["state"], "live");

@@ -214,7 +214,14 @@ impl QueuePair {
         }
         let Some((s, q)) = self.conn.as_mut() else { return };
         if let Some(msg) = q.take_send() {
-            match self.ring.send(s.as_raw_fd(), msg, self.ops.token(OpKind::Send, 0)) {
+            let t = self.ops.token(OpKind::Send, 0);
+            // Kernel TLS refuses MSG_WAITALL (the ring resubmits short sends either way).
+            let sent = if q.kernel_tls() {
+                self.ring.send_without_waitall(s.as_raw_fd(), msg, t)
+            } else {
+                self.ring.send(s.as_raw_fd(), msg, t)
+            };
+            match sent {
                 Ok(()) => self.ops.send_started(),
                 Err((e, msg)) => q.on_send_done(msg, Err(std::io::Error::other(e.to_string()))),
             }
@@ -336,8 +343,16 @@ impl QueuePair {
                 self.ops.close();
             }
         }
-        // A failed connection goes once nothing of it is in flight; what is (a receive on
-        // a socket that is still up) is cancelled first.
+        self.retire_if_closed();
+        self.serve_mailbox();
+        self.arm_recv();
+        self.flush();
+        Ok(out.len() - before)
+    }
+
+    /// A failed connection goes once nothing of it is in flight; what is (a receive on a
+    /// socket that is still up) is cancelled first.
+    fn retire_if_closed(&mut self) {
         if let Some((s, _)) = &self.conn
             && !self.ops.is_open()
         {
@@ -348,6 +363,10 @@ impl QueuePair {
                 self.conn = None;
             }
         }
+    }
+
+    /// New connections of this queue and the controller's commands for it.
+    fn serve_mailbox(&mut self) {
         let mut msgs = Vec::new();
         self.mailbox.drain(|m| msgs.push(m));
         for m in msgs {
@@ -371,9 +390,6 @@ impl QueuePair {
                 },
             }
         }
-        self.arm_recv();
-        self.flush();
-        Ok(out.len() - before)
     }
 }
 

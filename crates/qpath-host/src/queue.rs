@@ -79,6 +79,9 @@ pub struct QueueConfig {
     pub tcp_congestion: Option<String>,
     /// Run the queue inside a TLS 1.3 channel with this identity and PSK ([`crate::tls`]).
     pub tls: Option<crate::tls::QueueTls>,
+    /// Whether the channel's records go to kernel TLS after the handshake, where the
+    /// kernel offers it (`tls::kernel`; default auto).
+    pub tls_offload: tls::kernel::Offload,
 }
 
 impl QueueConfig {
@@ -101,6 +104,7 @@ impl QueueConfig {
             concat: false,
             tcp_congestion: None,
             tls: None,
+            tls_offload: tls::kernel::Offload::Auto,
         }
     }
 }
@@ -282,6 +286,10 @@ pub struct HostQueue {
     control_inflight: bool,
     /// The secure channel the queue runs in (`crate::tls`): the ICReq waits for its handshake.
     tls: Option<Box<tls::Channel>>,
+    /// The kernel seals and opens the channel's records (`tls` is then gone): its suite.
+    kernel_tls: Option<tls::record::Suite>,
+    /// A handover to kernel TLS is still to be tried (`tls_offload` auto).
+    kernel_tls_wanted: bool,
 }
 
 impl std::fmt::Debug for HostQueue {
@@ -330,8 +338,11 @@ impl HostQueue {
             was_authenticated: false,
             control_inflight: false,
             tls: None,
+            kernel_tls: None,
+            kernel_tls_wanted: false,
             cfg,
         };
+        q.kernel_tls_wanted = q.cfg.tls.is_some() && q.cfg.tls_offload == tls::kernel::Offload::Auto;
         if let Some(t) = q.cfg.tls.clone() {
             match t.channel() {
                 Ok(ch) => q.tls = Some(Box::new(ch)),

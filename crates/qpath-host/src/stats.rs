@@ -72,7 +72,24 @@ struct QueuePublished {
     outstanding: u64,
     waiting: u64,
     connected: bool,
+    secure_channel: Option<SecureChannel>,
     owner: Option<u32>,
+}
+
+/// A queue's secure channel: where its records are sealed and opened, and the suite
+/// (`tls::kernel::RecordPath` and `tls::record::Suite` names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SecureChannel {
+    /// "tls1.3-user" or "tls1.3-kernel".
+    pub record_path: &'static str,
+    /// "TLS_AES_128_GCM_SHA256", ...
+    pub suite: &'static str,
+}
+
+impl std::fmt::Display for SecureChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.record_path, self.suite)
+    }
 }
 
 /// One I/O queue of one controller, as published by the context that owns it.
@@ -88,6 +105,7 @@ pub(crate) struct QueueView<'a> {
     pub outstanding: usize,
     pub waiting: usize,
     pub connected: bool,
+    pub secure_channel: Option<SecureChannel>,
 }
 
 /// Statistics of one path of one device, kept by the owner.
@@ -290,6 +308,7 @@ impl HostStats {
                 p.outstanding = 0;
                 p.waiting = 0;
                 p.connected = false;
+                p.secure_channel = None;
             }
         }
         let mut g = lock(&self.inner);
@@ -335,6 +354,7 @@ impl HostStats {
                 connected: p.connected,
                 outstanding: p.outstanding,
                 waiting: p.waiting,
+                secure_channel: p.secure_channel,
                 totals,
             });
         }
@@ -439,6 +459,8 @@ pub struct QueueSnapshot {
     pub outstanding: u64,
     /// Requests bound to the queue waiting for a tag or a connection at the last publish.
     pub waiting: u64,
+    /// Its TLS channel at the last publish (none: plaintext).
+    pub secure_channel: Option<SecureChannel>,
     /// Totals over every owner.
     pub totals: QueueTotals,
 }
@@ -571,7 +593,7 @@ struct QueueRec {
     connects: u64,
     failures: u64,
     /// What the last publish carried, to skip unchanged queues.
-    published: (u64, u64, u64, u64, usize, usize, bool),
+    published: (u64, u64, u64, u64, usize, usize, bool, Option<SecureChannel>),
 }
 
 /// One path slot of a device, as its owner records it.
@@ -626,7 +648,12 @@ impl Recorder {
         let Some(hub) = &self.hub else { return };
         assert_eq!(qkey, self.queues.len(), "the recorder's queues follow the context's");
         let slot = hub.queue_slot(ctrl, index, self.context);
-        self.queues.push(QueueRec { slot, connects: 0, failures: 0, published: (u64::MAX, 0, 0, 0, 0, 0, false) });
+        self.queues.push(QueueRec {
+            slot,
+            connects: 0,
+            failures: 0,
+            published: (u64::MAX, 0, 0, 0, 0, 0, false, None),
+        });
     }
 
     /// A connection was installed on queue `qkey`.
@@ -707,6 +734,7 @@ impl Recorder {
             v.outstanding,
             v.waiting,
             v.connected,
+            v.secure_channel,
         );
         if key == q.published {
             return;
@@ -718,6 +746,7 @@ impl Recorder {
         g.outstanding = v.outstanding as u64;
         g.waiting = v.waiting as u64;
         g.connected = v.connected;
+        g.secure_channel = v.secure_channel;
         g.owner = Some(self.context);
         drop(g);
         drop(old);

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -141,6 +141,10 @@ impl SyncQueue {
     }
 
     fn flush(&mut self) -> Result<()> {
+        // Kernel TLS: a blocking queue has nothing in flight between its calls.
+        if let Some(h) = self.queue.kernel_tls_handover() {
+            self.queue.kernel_tls_installed(tls::kernel::install(self.stream.as_fd(), &h));
+        }
         while let Some(msg) = self.queue.take_send() {
             let bytes = msg.to_vec();
             let r = self.stream.write_all(&bytes);
@@ -171,7 +175,8 @@ impl SyncQueue {
             }
             Err(e) => {
                 self.queue.on_recv_none(buf);
-                self.queue.set_failed(&format!("recv: {e}"));
+                let why = self.queue.recv_error_text(&e);
+                self.queue.set_failed(&why);
                 return Err(Error::io("recv", &e));
             }
         }

@@ -10,8 +10,12 @@
 //!
 //! The handshake is a state machine inside the queue (`queue/secure.rs`), so the blocking
 //! bring-up, the contexts' rings and the user queue pairs drive TLS queues unchanged, and a
-//! reconnect makes a new channel like a new socket.
+//! reconnect makes a new channel like a new socket. Where the kernel offers kernel TLS (and
+//! `ConnectOptions::tls_offload` is auto), the blocking bring-up hands the channel's keys to
+//! the kernel once it stands at a record boundary, and the queue runs its plaintext path.
 
+/// Whether TLS queues hand their records to kernel TLS (`ConnectOptions::tls_offload`).
+pub use tls::kernel::Offload as TlsOffload;
 use tls::psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion, RetainedPsk, TlsPsk};
 
 /// A controller's TLS settings.

@@ -207,6 +207,14 @@ pub struct PortConfig {
     /// `crate::tls`. Hosts need a `tls_key` in the subsystems they reach.
     #[serde(default, skip_serializing_if = "is_no_tls")]
     pub tls: crate::tls::TlsMode,
+    /// Kernel TLS for its TLS connections: "auto" (default: where the kernel offers it) or
+    /// "off" (records in user space).
+    #[serde(default, skip_serializing_if = "is_auto_offload")]
+    pub tls_offload: crate::tls::TlsOffload,
+}
+
+fn is_auto_offload(t: &crate::tls::TlsOffload) -> bool {
+    *t == crate::tls::TlsOffload::Auto
 }
 
 fn is_no_tls(t: &crate::tls::TlsMode) -> bool {
@@ -220,7 +228,13 @@ fn default_kind() -> PortKind {
 impl PortConfig {
     /// An I/O port (with discovery) on `addr` ("127.0.0.1:4420"; port 0 picks a free one).
     pub fn io(id: u16, addr: impl Into<String>) -> PortConfig {
-        PortConfig { id, addr: addr.into(), kind: PortKind::Io, tls: crate::tls::TlsMode::None }
+        PortConfig {
+            id,
+            addr: addr.into(),
+            kind: PortKind::Io,
+            tls: crate::tls::TlsMode::None,
+            tls_offload: crate::tls::TlsOffload::Auto,
+        }
     }
 }
 
@@ -686,7 +700,7 @@ impl Config {
     fn serve(&self, server: &Server) -> Result<(), Error> {
         for p in &self.ports {
             let addr = crate::server::parse_addr(&p.addr)?;
-            server.add_port_tls(p.id, addr, p.kind, p.tls)?;
+            server.add_port_secure(p.id, addr, p.kind, p.tls, p.tls_offload)?;
         }
         for a in &self.ana {
             let st = AnaState::parse(&a.state)
@@ -838,6 +852,21 @@ mod tests {
         assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_size("1.5k").unwrap(), 1536);
         assert!(parse_size("3 parsecs").is_err());
+    }
+
+    /// A port's `tls_offload`: auto unless it says "off", anything else refused, and a
+    /// saved configuration writes it only when it is not the default.
+    #[test]
+    fn tls_offload_parses_defaults_and_saves() {
+        let port = |extra: &str| format!("[[port]]\nid = 1\naddr = \"127.0.0.1:4420\"\ntls = \"required\"\n{extra}");
+        let c = Config::parse(&port("tls_offload = \"off\"\n")).unwrap();
+        assert_eq!(c.ports[0].tls_offload, crate::tls::TlsOffload::Off);
+        let d = Config::parse(&port("")).unwrap();
+        assert_eq!(d.ports[0].tls_offload, crate::tls::TlsOffload::Auto);
+        assert!(Config::parse(&port("tls_offload = \"on\"\n")).is_err());
+        let saved = toml::to_string(&c.ports[0]).unwrap();
+        assert!(saved.contains("tls_offload = \"off\""), "{saved}");
+        assert!(!toml::to_string(&d.ports[0]).unwrap().contains("tls_offload"));
     }
 
     #[test]

@@ -130,7 +130,13 @@ pub fn running_config(server: &Server) -> Result<Config, Error> {
         rpc: server.persist().map(|p| p.rpc.clone()).unwrap_or_default(),
         ports: ports
             .iter()
-            .map(|p| PortConfig { id: p.id, addr: p.addr.to_string(), kind: p.kind, tls: p.tls.get() })
+            .map(|p| PortConfig {
+                id: p.id,
+                addr: p.addr.to_string(),
+                kind: p.kind,
+                tls: p.tls.get(),
+                tls_offload: p.tls.offload(),
+            })
             .collect(),
         subsystems,
         ana,
@@ -647,7 +653,7 @@ fn apply_ports(server: &Server, now: &Config, next: &Config, checked: &Checked, 
             let addr = checked.addrs[&n.id];
             out.result(
                 format!("port {} ({}) added", n.id, n.addr),
-                server.add_port_tls(n.id, addr, n.kind, n.tls).map(|_| ()),
+                server.add_port_secure(n.id, addr, n.kind, n.tls, n.tls_offload).map(|_| ()),
             );
         }
     }

@@ -496,6 +496,9 @@ impl Reactor {
                             e.conn.queue_input(buf, n, ctx.now_ns);
                         }
                         Err(err) => {
+                            if tls::kernel::control_record(&err) && e.conn.kernel_tls() {
+                                e.conn.kernel_tls_control_record();
+                            }
                             e.conn.queue_input(buf, 0, ctx.now_ns);
                             if err.raw_os_error() != Some(libc::ECANCELED) {
                                 e.conn.close(&format!("recv failed: {err}"));
@@ -594,10 +597,26 @@ impl Reactor {
             self.with_conn(key, |e, ctx| e.conn.pump(ctx));
         }
         let Some(Some(e)) = self.conns.get_mut(key) else { return };
+        // Kernel TLS: the keys go to the socket while nothing is in flight on it (a receive
+        // posted before would return ciphertext, a send would be sealed twice).
+        if !e.ops.send_in_flight()
+            && !e.ops.recv_in_flight()
+            && let Some(h) = e.conn.kernel_tls_handover()
+            && let Some(s) = e.stream.as_ref()
+        {
+            e.conn.kernel_tls_installed(tls::kernel::install(std::os::fd::AsFd::as_fd(s), &h));
+        }
         if e.ops.may_send()
             && let Some(msg) = e.conn.take_send()
         {
-            match self.ring.send(fd, msg, e.ops.token(OpKind::Send, 0)) {
+            // Kernel TLS refuses MSG_WAITALL (the ring resubmits short sends either way).
+            let t = e.ops.token(OpKind::Send, 0);
+            let sent = if e.conn.kernel_tls() {
+                self.ring.send_without_waitall(fd, msg, t)
+            } else {
+                self.ring.send(fd, msg, t)
+            };
+            match sent {
                 Ok(()) => e.ops.send_started(),
                 Err((err, msg)) => {
                     tracing::warn!("send submit failed: {err}");

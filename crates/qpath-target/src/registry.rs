@@ -159,8 +159,9 @@ pub struct QueueInfo {
     pub reactor: usize,
     /// Counters.
     pub stats: QueueStats,
-    /// The secure channel, once its handshake is done: record path and cipher suite.
-    pub secure_channel: std::sync::OnceLock<String>,
+    /// The secure channel, once its handshake is done: record path and cipher suite (the
+    /// path changes once, when the kernel takes the records over).
+    pub secure_channel: Mutex<Option<String>>,
     binding: Mutex<Option<(String, Cntlid, u16)>>,
     /// Latency histograms and the exact latency sums of their I/Os, merged in by the owner
     /// on its tick.
@@ -190,7 +191,8 @@ pub struct QueueReport {
     pub cntlid: u16,
     /// Queue id.
     pub qid: u16,
-    /// The secure channel ("tls1.3-user TLS_AES_128_GCM_SHA256"), none for plaintext.
+    /// The secure channel ("tls1.3-user TLS_AES_128_GCM_SHA256", "tls1.3-kernel ..." once
+    /// the kernel seals and opens its records), none for plaintext.
     pub secure_channel: Option<String>,
     /// Counters.
     pub stats: QueueStatsSnapshot,
@@ -240,7 +242,7 @@ impl QueueInfo {
             subnqn,
             cntlid: cntlid.0,
             qid,
-            secure_channel: self.secure_channel.get().cloned(),
+            secure_channel: self.secure_channel.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
             stats: self.stats.snapshot(),
         }
     }
@@ -644,7 +646,7 @@ impl TargetState {
             peer,
             reactor,
             stats: QueueStats::default(),
-            secure_channel: std::sync::OnceLock::new(),
+            secure_channel: Mutex::new(None),
             binding: Mutex::new(None),
             published: Mutex::new(Published::default()),
         });

@@ -45,7 +45,7 @@
 //! | `set_qos` | config | Sets a namespace's provisioned limits (a limit left out is 0: none) | `nqn: string`, `nsid: integer`, `iops: integer = 0`, `bytes_per_sec: integer = 0`, `delay_us: integer = 0` | `{iops, bytes_per_sec, delay_us}` |
 //! | `get_reservation` |  | A namespace's reservation and registrants, as the target holds them | `nqn: string`, `nsid: integer` | `{generation, rtype, registrants: [{hostid, rkey, holds}]}` |
 //! | `clear_reservation` | state | Drops every registration and the reservation of a namespace; the registrants hear they were preempted | `nqn: string`, `nsid: integer` | `{cleared_registrations}` |
-//! | `add_port` | config | Listens on a new port | `id: integer`, `addr: string`, `kind: {io,discovery} = "io"`, `tls: {none,required,allowed} = "none"` | `{addr}` |
+//! | `add_port` | config | Listens on a new port | `id: integer`, `addr: string`, `kind: {io,discovery} = "io"`, `tls: {none,required,allowed} = "none"`, `tls_offload: {auto,off} = "auto"` | `{addr}` |
 //! | `set_port_tls` | config | Sets whether a port speaks TLS 1.3; connections accepted from now on follow it, open ones keep theirs | `id: integer`, `tls: {none,required,allowed}` | `{}` |
 //! | `set_host_tls_key` | config | Allows a host and sets (adds or rotates) its TLS PSK in a subsystem (no key: removes it); the key is never answered or logged | `nqn: string`, `host: string`, `tls_key?: string` (secret), `tls_key_file?: string` | `{fingerprint}` |
 //! | `remove_port` | config | Closes a port, its listener and connections; discovery controllers on other ports hear of it | `id: integer` | `{}` |

@@ -114,6 +114,18 @@ impl Server {
         kind: PortKind,
         tls: crate::tls::TlsMode,
     ) -> Result<SocketAddr, Error> {
+        self.add_port_secure(id, addr, kind, tls, crate::tls::TlsOffload::Auto)
+    }
+
+    /// [`Server::add_port_tls`] with the port's kernel TLS setting (`tls_offload`).
+    pub fn add_port_secure(
+        &self,
+        id: u16,
+        addr: SocketAddr,
+        kind: PortKind,
+        tls: crate::tls::TlsMode,
+        offload: crate::tls::TlsOffload,
+    ) -> Result<SocketAddr, Error> {
         let listener = TcpListener::bind(addr).map_err(|e| Error::io(format!("listen on {addr}"), e))?;
         if let Some(cc) = self.state.opts.tcp_congestion.name() {
             // Accepted connections inherit it from the listening socket.
@@ -123,6 +135,7 @@ impl Server {
         let local = listener.local_addr().map_err(|e| Error::io("local_addr", e))?;
         let port = self.state.add_port(id, local, kind)?;
         port.tls.set(tls);
+        port.tls.set_offload(offload);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = Arc::clone(&stop);
@@ -135,7 +148,7 @@ impl Server {
                 .spawn(move || accept_loop(&listener, &port, &state, &senders, &next, &stop))
                 .map_err(|e| Error::io("spawn acceptor", e))?
         };
-        tracing::info!(port = id, %local, ?kind, tls = tls.name(), "listening");
+        tracing::info!(port = id, %local, ?kind, tls = tls.name(), tls_offload = offload.name(), "listening");
         self.acceptors.lock().unwrap_or_else(|e| e.into_inner()).push(Acceptor { port, stop, thread: Some(thread) });
         Ok(local)
     }

@@ -414,6 +414,9 @@ pub struct Connection {
     aborts: Vec<(u16, Arc<crate::controller::AbortAnswer>, u64)>,
     /// The secure channel the queue runs in, on a TLS port ([`crate::tls`], `tcp/secure.rs`).
     tls: Option<crate::tls::Link>,
+    /// The channel's records go to the kernel once it can take them (the port's
+    /// `tls_offload` is "auto" and no handover was tried yet).
+    kernel_tls_wanted: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -437,6 +440,7 @@ impl Connection {
         let drop_generation = port.faults.drop_generation.load(std::sync::atomic::Ordering::Relaxed);
         let buf_cap = target.limits.max_buffer_bytes_per_connection();
         let tls = crate::tls::link_for(port.tls.get());
+        let kernel_tls_wanted = tls.is_some() && port.tls.offload() == crate::tls::TlsOffload::Auto;
         let mut c = Connection {
             state: ConnState::AwaitIcReq,
             target,
@@ -500,6 +504,7 @@ impl Connection {
             close_reason: None,
             aborts: Vec::new(),
             tls,
+            kernel_tls_wanted,
         };
         c.resize_slots(INITIAL_SLOTS);
         c

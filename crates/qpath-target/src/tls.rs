@@ -18,8 +18,9 @@
 //! ```
 //!
 //! Records are sealed and opened on the reactor that owns the connection, in user space
-//! (`tls::record`); the handshake is OpenSSL's over memory, one step per received segment,
-//! so no reactor ever blocks on it.
+//! (`tls::record`), until the kernel takes them over (`tls::kernel`, the port's
+//! `tls_offload`, `Link::Kernel`); the handshake is OpenSSL's over memory, one step per
+//! received segment, so no reactor ever blocks on it.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -101,9 +102,38 @@ impl std::str::FromStr for TlsMode {
     }
 }
 
-/// A port's TLS mode, changeable while it serves (read once per accepted connection).
+/// Whether a port's TLS connections hand their records to the kernel after the handshake
+/// (`tls_offload`; `tls::kernel`): "auto" where the kernel offers it (the default), "off"
+/// to keep them in user space.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsOffload {
+    /// Kernel TLS where the kernel takes the keys, else user space.
+    #[default]
+    Auto,
+    /// Records always in user space.
+    Off,
+}
+
+impl TlsOffload {
+    /// The channel layer's setting.
+    pub fn to_kernel(self) -> tls::kernel::Offload {
+        match self {
+            TlsOffload::Auto => tls::kernel::Offload::Auto,
+            TlsOffload::Off => tls::kernel::Offload::Off,
+        }
+    }
+
+    /// The name in the configuration and RPC answers.
+    pub fn name(self) -> &'static str {
+        self.to_kernel().name()
+    }
+}
+
+/// A port's TLS mode and offload setting, changeable while it serves (read once per
+/// accepted connection).
 #[derive(Debug, Default)]
-pub struct PortTls(AtomicU8);
+pub struct PortTls(AtomicU8, std::sync::atomic::AtomicBool);
 
 impl PortTls {
     /// The mode.
@@ -114,6 +144,16 @@ impl PortTls {
     /// Sets the mode: connections accepted from now on follow it.
     pub fn set(&self, mode: TlsMode) {
         self.0.store(mode.to_u8(), Ordering::Relaxed);
+    }
+
+    /// The offload setting.
+    pub fn offload(&self) -> TlsOffload {
+        if self.1.load(Ordering::Relaxed) { TlsOffload::Off } else { TlsOffload::Auto }
+    }
+
+    /// Sets the offload setting: connections accepted from now on follow it.
+    pub fn set_offload(&self, offload: TlsOffload) {
+        self.1.store(offload == TlsOffload::Off, Ordering::Relaxed);
     }
 }
 
@@ -200,7 +240,7 @@ impl TargetTls {
     fn server(&self, target: &Arc<TargetState>) -> Result<Arc<ServerConfig>, String> {
         self.server
             .get_or_init(|| {
-                tracing::info!("{}", tls::kernel::describe());
+                tracing::info!("{}", tls::kernel::describe(tls::kernel::Offload::Auto));
                 ServerConfig::new(Arc::new(KeyStore(Arc::downgrade(target)))).map(Arc::new).map_err(|e| e.to_string())
             })
             .clone()
@@ -214,8 +254,20 @@ pub enum Link {
     Sniff,
     /// The port requires TLS: the first byte must start a handshake record.
     Require,
-    /// TLS runs (or failed: the channel says why).
+    /// TLS runs in user space (or failed: the channel says why).
     Tls(Box<Channel>),
+    /// The kernel seals and opens the records (`TCP_ULP` "tls"): the queue's bytes pass as
+    /// on a plaintext connection.
+    Kernel(Box<KernelLink>),
+}
+
+/// What stays of a channel the kernel took over.
+#[derive(Debug)]
+pub struct KernelLink {
+    /// The PSK identity the channel was made with.
+    pub identity: Identity,
+    /// Its cipher suite.
+    pub suite: tls::record::Suite,
 }
 
 /// The first byte of a TLS handshake record (a ClientHello's record).
@@ -250,9 +302,8 @@ pub fn connect_mismatch(identity: &Identity, hostnqn: &str, subnqn: &str) -> Opt
 }
 
 /// What `list_queues` says of a channel: the record path and the cipher suite.
-pub fn describe(ch: &Channel) -> String {
-    let suite = ch.suite().map_or("?", |s| s.name());
-    format!("{} {suite}", tls::kernel::RecordPath::User.name())
+pub fn describe(path: tls::kernel::RecordPath, suite: Option<tls::record::Suite>) -> String {
+    format!("{} {}", path.name(), suite.map_or("?", |s| s.name()))
 }
 
 #[cfg(test)]
@@ -268,6 +319,9 @@ mod tests {
         assert_eq!(p.get(), TlsMode::None);
         p.set(TlsMode::Allowed);
         assert_eq!(p.get(), TlsMode::Allowed);
+        assert_eq!(p.offload(), TlsOffload::Auto, "kernel TLS where offered, by default");
+        p.set_offload(TlsOffload::Off);
+        assert_eq!((p.get(), p.offload()), (TlsMode::Allowed, TlsOffload::Off));
         assert_eq!("required".parse::<TlsMode>(), Ok(TlsMode::Required));
         assert!("tls".parse::<TlsMode>().is_err());
     }

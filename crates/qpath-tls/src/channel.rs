@@ -20,6 +20,7 @@ use uring::{IoBuf, Piece, SendMsg};
 
 use crate::Error;
 use crate::handshake::{ClientConfig, Handshake, Progress, ServerConfig};
+use crate::kernel::{CryptoInfo, Handover};
 use crate::psk::{Identity, TlsPsk};
 use crate::record::{self, CIPHERTEXT_MAX, HEADER_LEN, Keys, OVERHEAD, PLAINTEXT_MAX, Suite, alert, content};
 
@@ -437,6 +438,33 @@ impl Channel {
             }
             t => Err(Error::record(alert::UNEXPECTED_MESSAGE, format!("handshake message {t} after the handshake"))),
         }
+    }
+
+    // ---------------------------------------------------------- kernel TLS
+
+    /// The keys for the kernel to take this channel's records over
+    /// ([`crate::kernel::install`]), once the channel stands at a record boundary both ways:
+    /// open, every byte received opened and read (the first records that came with the
+    /// peer's Finished are opened here, so the kernel's receive sequence starts after them),
+    /// nothing of ours waiting or in flight (handshake bytes, an alert, a batch). `None`
+    /// until then: the caller asks again after its next receive or send.
+    pub fn kernel_handover(&self) -> Option<Handover> {
+        if !self.is_open()
+            || self.alert_sent
+            || self.peer_closed
+            || self.tx_inflight
+            || !self.ctrl.is_empty()
+            || self.batch.is_some()
+            || !self.plain.is_empty()
+        {
+            return None;
+        }
+        // The receive buffer is home (no receive in flight) and holds nothing unopened.
+        let rx = self.rx.as_ref()?;
+        if self.rx_pos != rx.len() {
+            return None;
+        }
+        Some(Handover { tx: CryptoInfo::new(self.seal.as_ref()?), rx: CryptoInfo::new(self.open.as_ref()?) })
     }
 
     // ------------------------------------------------------------------ send
@@ -858,6 +886,69 @@ mod tests {
         let n = c.read(&mut got);
         assert_eq!(&got[..n], b"reply");
         assert_eq!(c.stats().key_updates, 1);
+    }
+
+    /// The client's Finished and its first record (an ICReq) arrive in one segment: the
+    /// server opens that record in user space, and only then offers the kernel its keys,
+    /// with the receive sequence after it; the kernel's keys open the client's next record.
+    /// No session ticket follows the handshake (PSK only): nothing waits to be sent.
+    #[test]
+    fn kernel_handover_waits_for_records_read_with_the_finished() {
+        let cfg = ServerConfig::new(Arc::new(Store(key(7)))).unwrap();
+        let r = key(7).retained(HOST, Derivation::Standard);
+        let id = r.identity(IdentityVersion::V1, HOST, SUB);
+        let psk = r.tls_psk(&id).unwrap();
+        let mut c = Channel::client(&ClientConfig::shared().unwrap(), id, psk).unwrap();
+        let mut s = Channel::server(&cfg).unwrap();
+        let hello = c.take_send(|| None).unwrap().unwrap();
+        feed(&mut s, &hello.to_vec());
+        c.on_send_done(hello, Ok(()));
+        let flight = s.take_send(|| None).unwrap().unwrap();
+        feed(&mut c, &flight.to_vec());
+        assert!(s.kernel_handover().is_none(), "a send in flight");
+        s.on_send_done(flight, Ok(()));
+        assert!(c.is_open());
+        assert!(c.kernel_handover().is_none(), "the client's Finished waits to be sent");
+        let mut pending = Some(batch(b"an ICReq PDU"));
+        let msg = c.take_send(|| pending.take()).unwrap().unwrap();
+        feed(&mut s, &msg.to_vec());
+        c.on_send_done(msg, Ok(()));
+        assert!(s.is_open());
+        assert!(!s.has_output(), "no NewSessionTicket after the handshake");
+        assert!(s.kernel_handover().is_none(), "a record read with the Finished is not opened yet");
+        let mut got = [0u8; 64];
+        let n = s.read(&mut got);
+        assert_eq!(&got[..n], b"an ICReq PDU");
+        let h = s.kernel_handover().expect("at a record boundary both ways");
+        let rx = h.rx.as_bytes();
+        let seq_at = std::mem::offset_of!(libc::tls12_crypto_info_aes_gcm_128, rec_seq);
+        assert_eq!(u64::from_be_bytes(rx[seq_at..seq_at + 8].try_into().unwrap()), 1, "after the one record read");
+        let tx = h.tx.as_bytes();
+        assert_eq!(u64::from_be_bytes(tx[seq_at..seq_at + 8].try_into().unwrap()), 0, "nothing sent yet");
+        // The client's next record opens with the structure's key and nonce.
+        let mut pending = Some(batch(b"a Connect"));
+        let msg = c.take_send(|| pending.take()).unwrap().unwrap();
+        let wire = msg.to_vec();
+        let (iv_at, key_at, salt_at) = (
+            std::mem::offset_of!(libc::tls12_crypto_info_aes_gcm_128, iv),
+            std::mem::offset_of!(libc::tls12_crypto_info_aes_gcm_128, key),
+            std::mem::offset_of!(libc::tls12_crypto_info_aes_gcm_128, salt),
+        );
+        let mut nonce = rx[salt_at..salt_at + 4].to_vec();
+        nonce.extend_from_slice(&rx[iv_at..iv_at + 8]);
+        nonce[11] ^= 1;
+        let (aad, body) = wire.split_at(HEADER_LEN);
+        let (ct, tag) = body.split_at(body.len() - record::TAG_LEN);
+        let plain = openssl::symm::decrypt_aead(
+            openssl::symm::Cipher::aes_128_gcm(),
+            &rx[key_at..key_at + 16],
+            Some(&nonce),
+            aad,
+            ct,
+            tag,
+        )
+        .expect("the kernel's receive keys open the client's second record");
+        assert_eq!(&plain[..plain.len() - 1], b"a Connect");
     }
 
     #[test]

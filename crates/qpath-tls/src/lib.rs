@@ -7,7 +7,7 @@
 //!   handshake  OpenSSL over memory: ClientHello ... Finished, never blocking a thread
 //!   record     AES-GCM record protection (OpenSSL's EVP, AES-NI), sans-I/O
 //!   channel    one connection's channel between the socket driver and the NVMe/TCP queue
-//!   kernel     is kernel TLS (TCP_ULP "tls") there? (said at start-up; records stay here)
+//!   kernel     kernel TLS (TCP_ULP "tls"): the keys handed to the kernel after the handshake
 //! ```
 //!
 //! ```

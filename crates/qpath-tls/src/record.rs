@@ -179,6 +179,13 @@ impl Keys {
         self.seq
     }
 
+    /// The AEAD key and the 12-byte IV of these keys (derived again from the traffic
+    /// secret: what the kernel needs to take the direction over, [`crate::kernel`]).
+    pub(crate) fn key_and_iv(&self) -> (Zeroizing<Vec<u8>>, [u8; 12]) {
+        let key = hkdf_expand_label(self.suite.hash(), &self.secret, "key", &[], self.suite.key_len());
+        (key, self.iv)
+    }
+
     /// KeyUpdate (RFC 8446 §7.2): the next traffic secret, keys and a fresh sequence.
     pub fn update(&mut self) -> Result<(), Error> {
         let h = self.suite.hash();

@@ -110,6 +110,10 @@ pub struct TlsArgs {
     /// The PSK identity version to present: 1 (with the PSK digest; Linux 6.14+) or 0.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     tls_identity: u8,
+    /// Hand each queue's TLS records to the kernel after its handshake where the kernel
+    /// offers kernel TLS (auto), or keep them in user space (off).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off"])]
+    tls_offload: String,
 }
 
 impl TlsArgs {
@@ -159,6 +163,7 @@ impl ConnArgs {
         o.dhchap_ctrl_secret.clone_from(&self.dhchap_ctrl_secret);
         o.tls = tls.cloned();
         o.concat = self.concat;
+        o.tls_offload = tls::kernel::Offload::parse(&self.tls.tls_offload).unwrap_or_default();
         o
     }
 }

@@ -292,6 +292,8 @@ enum Op {
     Send {
         fd: RawFd,
         msg: SendMsg,
+        /// `MSG_WAITALL` as configured (`false`: never, for socket layers that refuse it).
+        waitall: bool,
     },
     Read {
         fd: RawFd,
@@ -378,9 +380,9 @@ impl Op {
             Op::Recv { fd, buf, start, len } => {
                 opcode::Recv::new(types::Fd(*fd), buf.as_mut_ptr().wrapping_add(*start), *len).build()
             }
-            Op::Send { fd, msg } => {
+            Op::Send { fd, msg, waitall } => {
                 let hdr = msg.prepare()?;
-                send_sqe(*fd, hdr, send_flags)
+                send_sqe(*fd, hdr, op_send_flags(send_flags, *waitall))
             }
             Op::Read { fd, buf, len, offset } => {
                 opcode::Read::new(types::Fd(*fd), buf.as_mut_ptr(), *len).offset(*offset).build()
@@ -449,6 +451,11 @@ impl Op {
             _ => unreachable!("into_msg on an op without a message"),
         }
     }
+}
+
+/// The ring's send flags for one send: without `MSG_WAITALL` when the send asked so.
+fn op_send_flags(ring_flags: i32, waitall: bool) -> i32 {
+    if waitall { ring_flags } else { ring_flags & !libc::MSG_WAITALL }
 }
 
 fn send_sqe(fd: RawFd, hdr: *const libc::msghdr, flags: i32) -> squeue::Entry {
@@ -614,7 +621,15 @@ impl Ring {
     /// Short sends are resubmitted inside the ring: the completion means everything was
     /// sent (`result == msg.len()`) or the send failed.
     pub fn send(&mut self, fd: RawFd, msg: SendMsg, token: u64) -> Result<(), (Error, SendMsg)> {
-        self.submit_op(token, Op::Send { fd, msg }).map_err(|(error, op)| (error, op.into_msg()))
+        self.submit_op(token, Op::Send { fd, msg, waitall: true }).map_err(|(error, op)| (error, op.into_msg()))
+    }
+
+    /// [`Ring::send`] without `MSG_WAITALL`, for sockets whose layer refuses that flag (Linux's
+    /// kernel TLS fails such a send with EOPNOTSUPP: `tls_sw_sendmsg` takes only MSG_MORE,
+    /// MSG_DONTWAIT, MSG_NOSIGNAL, MSG_EOR and the kernel's own flags). Short sends are still
+    /// resubmitted inside the ring.
+    pub fn send_without_waitall(&mut self, fd: RawFd, msg: SendMsg, token: u64) -> Result<(), (Error, SendMsg)> {
+        self.submit_op(token, Op::Send { fd, msg, waitall: false }).map_err(|(error, op)| (error, op.into_msg()))
     }
 
     /// Queues a read of `len` bytes (at most the capacity) at file `offset` into the start
@@ -1093,7 +1108,7 @@ impl Ring {
         // Dropping the ring, or the caller cancelled: finish, never resubmit.
         let stop = closing || in_flight.cancelled;
         match &mut in_flight.op {
-            Op::Send { fd, msg } if result > 0 => {
+            Op::Send { fd, msg, waitall } if result > 0 => {
                 let accepted = usize::try_from(result).expect("positive");
                 if msg.advance(accepted) == 0 {
                     return Next::Finish(i32::try_from(msg.sent()).expect("len <= i32::MAX"));
@@ -1103,7 +1118,10 @@ impl Ring {
                 }
                 self.stats.short_sends += 1;
                 self.sends_unwaited += 1;
-                Next::Resubmit { entry: send_sqe(*fd, msg.header_ptr(), send_flags), report: None }
+                Next::Resubmit {
+                    entry: send_sqe(*fd, msg.header_ptr(), op_send_flags(send_flags, *waitall)),
+                    report: None,
+                }
             }
             // A stream send that accepts nothing of a non-empty message will never finish.
             Op::Send { msg, .. } if result == 0 && !msg.is_empty() => Next::Finish(-libc::EPIPE),

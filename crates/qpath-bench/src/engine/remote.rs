@@ -77,6 +77,9 @@ pub struct ControllerKey {
     /// `concat=1` from the URI (`nvme connect --concat`): secure channel concatenation,
     /// the TLS key made by the admin queue's DH-HMAC-CHAP transaction (needs `dhchap_secret`).
     pub concat: Option<String>,
+    /// `tls_offload=auto|off` from the URI: kernel TLS for those queues where the kernel
+    /// offers it (default auto), or records in user space.
+    pub tls_offload: Option<String>,
 }
 
 /// A DH-HMAC-CHAP secret from a URI: compared as written, never printed.
@@ -114,6 +117,7 @@ impl ControllerKey {
             dhchap_ctrl_secret: uri_option(remote, "dhchap_ctrl_secret").map(Secret),
             tls_key: uri_option(remote, "tls_key").map(Secret),
             concat: uri_option(remote, "concat"),
+            tls_offload: uri_option(remote, "tls_offload"),
         }
     }
 }
@@ -357,6 +361,10 @@ impl Controllers {
                 ));
             }
         };
+        if let Some(v) = &key.tls_offload {
+            o.tls_offload = host::tls::TlsOffload::parse(v)
+                .ok_or_else(|| Error::new(ErrorKind::Target, format!("{}: tls_offload={v}: auto or off", key.addr)))?;
+        }
         o.nr_io_queues = plan.nr_io_queues;
         o.nr_user_queues = plan.nr_user_queues;
         o.queue_size = plan.queue_size;
@@ -422,6 +430,7 @@ mod tests {
             dhchap_ctrl_secret: None,
             tls_key: None,
             concat: None,
+            tls_offload: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");

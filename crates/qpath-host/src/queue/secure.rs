@@ -5,6 +5,7 @@
 //! buffer once nothing of it waits in the receive buffer (as the plaintext queue receives
 //! it there), so its bytes are written once, by the cipher.
 
+use tls::kernel::{Handover, InstallError, RecordPath};
 use uring::{IoBuf, SendMsg};
 
 use super::{DIRECT_RECV_MIN, HostQueue, QueueState, RxPdu};
@@ -122,10 +123,78 @@ impl HostQueue {
         }
     }
 
-    /// The channel's cipher suite and path once open (statistics), if the queue has one.
+    /// The channel's record path and cipher suite once open (statistics), if the queue has
+    /// one: "tls1.3-user TLS_AES_128_GCM_SHA256", "tls1.3-kernel ..." once the kernel has it.
     pub fn secure_channel(&self) -> Option<String> {
-        let ch = self.tls.as_ref()?;
-        let suite = ch.suite()?;
-        Some(format!("{} {}", tls::kernel::RecordPath::User.name(), suite.name()))
+        self.secure_channel_parts().map(|s| s.to_string())
+    }
+
+    /// [`HostQueue::secure_channel`] as static parts (statistics publish it without allocating).
+    pub fn secure_channel_parts(&self) -> Option<crate::stats::SecureChannel> {
+        let (path, suite) = match (self.kernel_tls, self.tls.as_ref()) {
+            (Some(suite), _) => (RecordPath::Kernel, suite),
+            (None, Some(ch)) => (RecordPath::User, ch.suite()?),
+            (None, None) => return None,
+        };
+        Some(crate::stats::SecureChannel { record_path: path.name(), suite: suite.name() })
+    }
+
+    /// The keys for the kernel to take this queue's records over, when the queue wants
+    /// kernel TLS and its channel stands at a record boundary both ways. The driver calls it
+    /// with no receive or send in flight on the socket, installs the keys
+    /// ([`tls::kernel::install`]) and reports with [`HostQueue::kernel_tls_installed`].
+    pub fn kernel_tls_handover(&self) -> Option<Handover> {
+        if !self.kernel_tls_wanted || self.state == QueueState::Failed {
+            return None;
+        }
+        let ch = self.tls.as_ref().filter(|ch| ch.error().is_none())?;
+        ch.kernel_handover()
+    }
+
+    /// What the kernel made of [`HostQueue::kernel_tls_handover`]'s keys: it seals and opens
+    /// the records from now on (the queue's bytes pass as on a plaintext connection), or
+    /// they stay here (said in the log), or the socket is half handed over and the queue fails.
+    pub fn kernel_tls_installed(&mut self, result: Result<(), InstallError>) {
+        self.kernel_tls_wanted = false;
+        let qid = self.cfg.qid.0;
+        match result {
+            Ok(()) => {
+                let suite = self.tls.as_ref().and_then(|ch| ch.suite());
+                if let Some(suite) = suite {
+                    self.tls = None;
+                    self.kernel_tls = Some(suite);
+                    tracing::debug!(qid, suite = suite.name(), "TLS records handed to the kernel");
+                }
+            }
+            Err(e) if e.no_ulp() => {
+                if !NO_ULP_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!("TLS records stay in user space: {e}");
+                }
+            }
+            Err(e) if e.untouched() => {
+                tracing::warn!(qid, "TLS records of this queue stay in user space: {e}");
+            }
+            Err(e) => self.fail(format!("kernel TLS: {e}")),
+        }
+    }
+
+    /// Whether the kernel seals and opens this queue's records.
+    pub fn kernel_tls(&self) -> bool {
+        self.kernel_tls.is_some()
+    }
+
+    /// Why a receive failed, in words: EIO on a kernel-TLS socket is a TLS control record
+    /// from the controller (an alert or a KeyUpdate), which a plain receive cannot take.
+    pub fn recv_error_text(&self, e: &std::io::Error) -> String {
+        if self.kernel_tls() && tls::kernel::control_record(e) {
+            "recv: the controller sent a TLS control record (an alert or a KeyUpdate) on a kernel TLS connection"
+                .to_string()
+        } else {
+            format!("recv: {e}")
+        }
     }
 }
+
+/// Said once per process: the kernel has no `tls` ULP, so TLS queues keep their records in
+/// user space (each queue would say the same).
+static NO_ULP_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -320,6 +320,12 @@ pub static TARGET: &[Method<Run>] = &[
             Param::required("addr", Type::String, "IP:PORT to listen on (port 0: a free one)"),
             Param::default("kind", Type::Enum(&["io", "discovery"]), "\"io\"", "I/O and discovery, or discovery only"),
             Param::default("tls", TLS_MODE, "\"none\"", "TLS 1.3: none, required, or allowed (both)"),
+            Param::default(
+                "tls_offload",
+                Type::Enum(&["auto", "off"]),
+                "\"auto\"",
+                "kernel TLS for its TLS connections where the kernel offers it, or off (records in user space)"
+            ),
         ],
         add_port,
         "Listens on a new port",
@@ -678,7 +684,8 @@ fn add_port(server: &Server, p: &Value) -> Result<Value, Error> {
     let kind: PortKind = opt(p, "kind")?.unwrap_or(PortKind::Io);
     let addr = crate::server::parse_addr(&param::<String>(p, "addr")?)?;
     let tls: crate::tls::TlsMode = opt(p, "tls")?.unwrap_or_default();
-    let bound = server.add_port_tls(param(p, "id")?, addr, kind, tls)?;
+    let offload: crate::tls::TlsOffload = opt(p, "tls_offload")?.unwrap_or_default();
+    let bound = server.add_port_secure(param(p, "id")?, addr, kind, tls, offload)?;
     Ok(json!({"addr": bound.to_string()}))
 }
 

@@ -7,14 +7,21 @@
 //!   take_recv_buf ─► channel's ciphertext buffer      queue_input ─► tls_input ─► handshake | tls_fill
 //!   process_input ─► parse ─► tls_fill (open more records into the room parsing made)
 //!   take_send ─► channel.take_send(queue's batch)      on_send_done ─► the batch back once sent
+//!   driver, nothing in flight ─► kernel_tls_handover ─► tls::kernel::install ─► kernel_tls_installed
+//!     └─ Link::Kernel: the queue's bytes pass as on a plaintext connection
 //! ```
 
 use nvme::Status;
+use tls::kernel::{Handover, InstallError, RecordPath};
 use uring::{IoBuf, SendMsg};
 
 use super::{ConnCtx, ConnState, Connection};
 use crate::fabrics::ConnectError;
-use crate::tls::{Link, TLS_HANDSHAKE};
+use crate::tls::{KernelLink, Link, TLS_HANDSHAKE};
+
+/// Said once per process: the kernel has no `tls` ULP, so TLS connections keep their
+/// records in user space (each connection would say the same).
+static NO_ULP_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Connection {
     /// Whether the channel has a send in flight.
@@ -82,12 +89,15 @@ impl Connection {
             self.close(&why);
             return;
         }
-        if ch.is_open() && self.info.secure_channel.get().is_none() {
-            let what = crate::tls::describe(ch);
-            if let Some(id) = ch.identity() {
-                tracing::debug!(port = self.port.id, peer = ?self.peer, identity = %id, "TLS channel open: {what}");
+        if ch.is_open() {
+            let mut sc = self.info.secure_channel.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if sc.is_none() {
+                let what = crate::tls::describe(RecordPath::User, ch.suite());
+                if let Some(id) = ch.identity() {
+                    tracing::debug!(port = self.port.id, peer = ?self.peer, identity = %id, "TLS channel open: {what}");
+                }
+                *sc = Some(what);
             }
-            let _ = self.info.secure_channel.set(what);
         }
         if !self.rx_pending {
             self.rx_ns = now_ns;
@@ -162,18 +172,84 @@ impl Connection {
     pub(super) fn tls_identity(&self) -> Option<&tls::psk::Identity> {
         match &self.tls {
             Some(Link::Tls(ch)) => ch.identity(),
+            Some(Link::Kernel(k)) => Some(&k.identity),
             _ => None,
         }
     }
 
     /// Inside a TLS channel the Connect must be the identity's host and subsystem.
     pub(super) fn tls_connect_check(&self, data: &[u8]) -> Option<ConnectError> {
-        let Some(Link::Tls(ch)) = &self.tls else { return None };
-        let id = ch.identity()?;
+        let id = self.tls_identity()?;
         // A Connect whose data does not decode is refused by `fabrics::connect` itself.
         let d = nvme::fabrics::ConnectData::decode(data).ok()?;
         let why = crate::tls::connect_mismatch(id, &d.hostnqn, &d.subnqn)?;
         tracing::info!(port = self.port.id, peer = ?self.peer, "{why}: refused");
         Some(ConnectError { status: Status::CONNECT_INVALID_HOST, dw0: 0 })
+    }
+
+    // ---------------------------------------------------------- kernel TLS
+
+    /// The keys for the kernel to take this connection's records over, when the port wants
+    /// kernel TLS and the channel stands at a record boundary both ways. The driver calls it
+    /// with no receive or send in flight on the socket, installs the keys
+    /// ([`tls::kernel::install`]) and reports with [`Connection::kernel_tls_installed`].
+    pub fn kernel_tls_handover(&self) -> Option<Handover> {
+        if !self.kernel_tls_wanted
+            || !matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Live)
+        {
+            return None;
+        }
+        match &self.tls {
+            Some(Link::Tls(ch)) if ch.error().is_none() => ch.kernel_handover(),
+            _ => None,
+        }
+    }
+
+    /// What the kernel made of [`Connection::kernel_tls_handover`]'s keys: it seals and opens
+    /// the records from now on, or they stay here (said in the log), or the socket is left
+    /// half-handed over and the connection closes.
+    pub fn kernel_tls_installed(&mut self, result: Result<(), InstallError>) {
+        self.kernel_tls_wanted = false;
+        let (port, peer) = (self.port.id, self.peer);
+        match result {
+            Ok(()) => {
+                let Some(Link::Tls(ch)) = self.tls.take() else { return };
+                let (Some(identity), suite) = (ch.identity().cloned(), ch.suite()) else {
+                    self.tls = Some(Link::Tls(ch));
+                    return;
+                };
+                let what = crate::tls::describe(RecordPath::Kernel, suite);
+                tracing::debug!(port, ?peer, identity = %identity, "TLS records handed to the kernel: {what}");
+                *self.info.secure_channel.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(what);
+                self.tls = suite.map(|suite| Link::Kernel(Box::new(KernelLink { identity, suite })));
+            }
+            Err(e) if e.no_ulp() => {
+                if !NO_ULP_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(port, "TLS records stay in user space: {e}");
+                }
+            }
+            Err(e) if e.untouched() => {
+                tracing::warn!(port, ?peer, "TLS records of this connection stay in user space: {e}");
+            }
+            Err(e) => {
+                let why = format!("kernel TLS: {e}");
+                tracing::warn!(port, ?peer, "{why}: connection closed");
+                self.close(&why);
+            }
+        }
+    }
+
+    /// Whether the kernel seals and opens this connection's records.
+    pub fn kernel_tls(&self) -> bool {
+        matches!(self.tls, Some(Link::Kernel(_)))
+    }
+
+    /// A receive on the kernel-TLS socket failed with EIO: the host sent a TLS control
+    /// record (an alert such as close_notify, or a KeyUpdate), which the kernel hands only to
+    /// a receive that asks for the record type. NVMe/TCP has nothing to say after it: closed.
+    pub fn kernel_tls_control_record(&mut self) {
+        let why = "the host sent a TLS control record (an alert or a KeyUpdate) on a kernel TLS connection";
+        tracing::info!(port = self.port.id, peer = ?self.peer, "{why}: connection closed");
+        self.close(why);
     }
 }
