@@ -7,6 +7,7 @@
 //!   qpath target 10.213.0.1:4420 (tls=allowed)       ◄── tap ── nvme connect --concat (DH-HMAC-CHAP, then TLS)
 //!   qpath connect/bench --tls ── tap ──► nvmet 10.213.0.2:4420/4421 (addr_treq required, tlshd)
 //!   qpath bench concat=1      ── tap ──► nvmet 10.213.0.2:4420/4421 (addr_treq not required, tlshd)
+//!   in the guest: qpath target (tls ULP) ◄── nvme connect --tls, qpath bench --tls (both kernel TLS)
 //!   tshark on the tap: TLS records only              tests/vm-tls/guest/*.sh
 //! ```
 //!
@@ -71,4 +72,14 @@ fn vm_tls_linux_host_concat_to_qpath_target_needs_root_and_qemu() {
 #[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
 fn vm_tls_qpath_host_concat_to_linux_target_needs_root_and_qemu() {
     run_scenario("linux-target-concat");
+}
+
+/// Kernel TLS on qpath's side, inside the Linux 7.2 guest (the `tls` ULP): `qpath target`'s
+/// TLS port hands each connection's records to the kernel after the handshake; the guest's
+/// Linux host runs fio crc32c verify and `qpath bench` a verified job over it; every queue
+/// reports `tls1.3-kernel` and a capture holds TLS records only.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_kernel_tls_on_qpath_target_and_host_needs_root_and_qemu() {
+    run_scenario("ktls");
 }
