@@ -257,6 +257,9 @@ struct Path {
     /// another read meanwhile.
     id_ns_ns: Option<u64>,
     id_ns_again: bool,
+    /// The namespace changed while the path's controller had the Namespace Attribute
+    /// Changed notice enabled on the target: it owes this host an event.
+    event_owed: bool,
 }
 
 struct TConn {
@@ -449,6 +452,7 @@ impl World {
                 hold_ns: 0,
                 id_ns_ns: None,
                 id_ns_again: false,
+                event_owed: false,
             });
         }
         w
@@ -651,6 +655,16 @@ impl World {
                     }
                 }
                 self.ns_blocks = new;
+                // NVMe Base 2.x §5.2 (Asynchronous Event Request): each controller with the
+                // notice enabled reports the change.
+                for p in 0..self.paths.len() {
+                    let enabled = self.paths[p]
+                        .admin
+                        .as_ref()
+                        .and_then(|c| sub.controller(c.q.cntlid()))
+                        .is_some_and(|c| c.aen_enabled() & nvme::identify::oaes::NS_ATTR != 0);
+                    self.paths[p].event_owed |= enabled;
+                }
             }
         }
     }
@@ -746,6 +760,8 @@ impl World {
         path.ka_sent_ns = None;
         path.id_ns_ns = None;
         path.id_ns_again = false;
+        // A new controller reads the namespace at its bring-up.
+        path.event_owed = false;
         let mut links = Vec::new();
         let mut done = Vec::new();
         if let Some(mut c) = path.io.take() {
@@ -882,6 +898,7 @@ impl World {
                 let ev = nvme::features::AsyncEvent::from_dw0(d.cqe.dw0);
                 self.event(format_args!("path {p} event {ev:?}"));
                 if ev == nvme::features::AsyncEvent::NS_CHANGED {
+                    self.paths[p].event_owed = false;
                     // As the production host's `handle_event`: read the Changed Namespace
                     // List (which re-arms the event), then the namespace again.
                     let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
@@ -1728,7 +1745,10 @@ impl World {
     /// target connection of a closed link is left), the deadline, or the step limit.
     fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
         while !(self.idle()
-            && self.paths.iter().all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none())
+            && self
+                .paths
+                .iter()
+                .all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && !p.event_owed)
             && (!orphans || self.orphans() == 0))
             && self.now < deadline
             && self.step < self.drain_steps
@@ -1779,6 +1799,13 @@ impl World {
                 t.conn.file_ops_in_flight()
             );
             self.violate(what);
+            return;
+        }
+        if let Some(p) = self.paths.iter().position(|p| p.event_owed) {
+            self.violate(format!(
+                "path {p}: the namespace changed while its controller had the namespace-changed notice enabled, \
+                 and no event came"
+            ));
             return;
         }
         if self.host_blocks != self.ns_blocks {
