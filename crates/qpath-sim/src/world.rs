@@ -257,9 +257,10 @@ struct Path {
     /// another read meanwhile.
     id_ns_ns: Option<u64>,
     id_ns_again: bool,
-    /// The namespace changed while the path's controller had the Namespace Attribute
-    /// Changed notice enabled on the target: it owes this host an event.
-    event_owed: bool,
+    /// The namespace changed (at this time) while the path's controller had the Namespace
+    /// Attribute Changed notice enabled on the target: it owes this host an event, or
+    /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
+    event_owed: Option<u64>,
 }
 
 struct TConn {
@@ -452,7 +453,7 @@ impl World {
                 hold_ns: 0,
                 id_ns_ns: None,
                 id_ns_again: false,
-                event_owed: false,
+                event_owed: None,
             });
         }
         w
@@ -663,7 +664,9 @@ impl World {
                         .as_ref()
                         .and_then(|c| sub.controller(c.q.cntlid()))
                         .is_some_and(|c| c.aen_enabled() & nvme::identify::oaes::NS_ATTR != 0);
-                    self.paths[p].event_owed |= enabled;
+                    if enabled && self.paths[p].event_owed.is_none() {
+                        self.paths[p].event_owed = Some(self.now);
+                    }
                 }
             }
         }
@@ -761,7 +764,7 @@ impl World {
         path.id_ns_ns = None;
         path.id_ns_again = false;
         // A new controller reads the namespace at its bring-up.
-        path.event_owed = false;
+        path.event_owed = None;
         let mut links = Vec::new();
         let mut done = Vec::new();
         if let Some(mut c) = path.io.take() {
@@ -898,7 +901,7 @@ impl World {
                 let ev = nvme::features::AsyncEvent::from_dw0(d.cqe.dw0);
                 self.event(format_args!("path {p} event {ev:?}"));
                 if ev == nvme::features::AsyncEvent::NS_CHANGED {
-                    self.paths[p].event_owed = false;
+                    self.paths[p].event_owed = None;
                     // As the production host's `handle_event`: read the Changed Namespace
                     // List (which re-arms the event), then the namespace again.
                     let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
@@ -924,6 +927,11 @@ impl World {
                 let list = d.buf.as_ref().and_then(|b| nvme::log::decode_changed_ns_list(b.as_full()));
                 let list: Vec<u32> = list.unwrap_or_default().iter().map(|n| n.0).collect();
                 self.event(format_args!("path {p} changed namespaces {list:?}"));
+                // NVMe Base 2.x §5.16.1.5: a change while the event was masked (until this
+                // read) is in the list; the Identify queued behind this read sees it.
+                if list.contains(&1) {
+                    self.paths[p].event_owed = None;
+                }
             }
             TOKEN_CHANGED_NS => self.fail_path(p, "the Changed Namespace List could not be read"),
             TOKEN_ID_NS => {
@@ -1636,6 +1644,18 @@ impl World {
             self.fail_path(p, "command timeout");
             return;
         }
+        // An admin queue that works (a stalled one fails its keep-alive within the I/O
+        // timeout) carries the event well within twice that.
+        if let Some(t) = path.event_owed
+            && self.now - t > 2 * IO_TIMEOUT_NS
+        {
+            self.violate(format!(
+                "path {p}: the namespace changed while its controller had the namespace-changed notice enabled, \
+                 and no event came in {} ms",
+                (self.now - t) / 1_000_000
+            ));
+            return;
+        }
         let path = &mut self.paths[p];
         match path.phase {
             Phase::Connecting if path.admin.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => {
@@ -1745,10 +1765,9 @@ impl World {
     /// target connection of a closed link is left), the deadline, or the step limit.
     fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
         while !(self.idle()
-            && self
-                .paths
-                .iter()
-                .all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && !p.event_owed)
+            && self.paths.iter().all(|p| {
+                p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && p.event_owed.is_none()
+            })
             && (!orphans || self.orphans() == 0))
             && self.now < deadline
             && self.step < self.drain_steps
@@ -1801,7 +1820,7 @@ impl World {
             self.violate(what);
             return;
         }
-        if let Some(p) = self.paths.iter().position(|p| p.event_owed) {
+        if let Some(p) = self.paths.iter().position(|p| p.event_owed.is_some()) {
             self.violate(format!(
                 "path {p}: the namespace changed while its controller had the namespace-changed notice enabled, \
                  and no event came"
