@@ -10,6 +10,10 @@
 //!   a crash keeps each block written since the last sync, or not, as the seed decides
 //!   (NVMe Base 2.x §5.15: data not flushed may or may not be on media).
 //!
+//! The image is a file's: it has a length, which the namespace's resize changes through
+//! the real file (the world mirrors it here with [`SimDisk::set_len`]); a write past the
+//! end extends it and a read past the end comes back short, as `pwrite`/`pread` do.
+//!
 //! Operations complete after a delay the seed draws (a slow disk now and then), in an
 //! order the scheduler picks among those due, so completions overtake one another.
 //! Every write's data carries its write id (the workload stamps each block); the disk
@@ -57,6 +61,8 @@ pub type Completion = (u64, std::io::Result<usize>, Option<IoBuf>);
 /// The simulated disk.
 #[derive(Debug)]
 pub struct SimDisk {
+    /// The file's length in bytes (`current` and `durable` are its largest size).
+    len: usize,
     current: Vec<u8>,
     durable: Vec<u8>,
     dirty: BTreeSet<usize>,
@@ -73,11 +79,13 @@ pub struct SimDisk {
 }
 
 impl SimDisk {
-    /// A zeroed disk of `size` bytes.
-    pub fn new(size: usize, rng: Rng) -> SimDisk {
+    /// A zeroed disk of `size` bytes that may grow up to `capacity` bytes.
+    pub fn new(size: usize, capacity: usize, rng: Rng) -> SimDisk {
+        assert!(size <= capacity, "a disk of {size} bytes in {capacity}");
         SimDisk {
-            current: vec![0; size],
-            durable: vec![0; size],
+            len: size,
+            current: vec![0; capacity],
+            durable: vec![0; capacity],
             dirty: BTreeSet::new(),
             pending: Vec::new(),
             executed: BTreeSet::new(),
@@ -88,9 +96,47 @@ impl SimDisk {
         }
     }
 
-    /// Size in bytes.
+    /// Size in bytes (the file's length).
     pub fn size(&self) -> usize {
-        self.current.len()
+        self.len
+    }
+
+    /// The file's length changes (`ftruncate`): bytes cut off are gone, from the cache and
+    /// the media (the length is metadata the file system journals: a crash keeps it), and
+    /// an extension reads as zeros.
+    pub fn set_len(&mut self, len: usize) {
+        let len = len.min(self.current.len());
+        if len < self.len {
+            self.current[len..self.len].fill(0);
+            self.durable[len..self.len].fill(0);
+            let first_cut = len.div_ceil(BLOCK);
+            self.dirty.retain(|&b| b < first_cut);
+        }
+        self.len = len;
+    }
+
+    /// The write id block `blk` holds now (0: zeros), as a read would see it.
+    pub fn block_wid(&self, blk: usize) -> u64 {
+        let b = &self.current[blk * BLOCK..(blk + 1) * BLOCK];
+        u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]))
+    }
+
+    /// Gives `file` this image's length, and from byte `from` on its data (the blocks
+    /// holding any; the rest a hole), so that code that looks at the real file (the
+    /// namespace's resize checks for data past a new end with `SEEK_DATA`, a start checks
+    /// its length) sees what this disk holds. `from` is rounded down to a page, the
+    /// granularity at which file systems track holes.
+    pub fn copy_to(&self, file: &std::fs::File, from: usize) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        let from = from.min(self.len) / 4096 * 4096;
+        file.set_len(from as u64)?;
+        file.set_len(self.len as u64)?;
+        for (i, b) in self.current[from..self.len].chunks(BLOCK).enumerate() {
+            if b.iter().any(|&x| x != 0) {
+                file.write_all_at(b, (from + i * BLOCK) as u64)?;
+            }
+        }
+        Ok(())
     }
 
     fn delay_ns(&mut self) -> u64 {
@@ -116,6 +162,12 @@ impl SimDisk {
     /// The earliest time an operation is due.
     pub fn next_due(&self) -> Option<u64> {
         self.pending.iter().map(|p| p.due_ns).min()
+    }
+
+    /// Whether a write in flight reaches past byte `offset`.
+    pub fn writes_past(&self, offset: usize) -> bool {
+        let offset = offset as u64;
+        self.pending.iter().any(|p| matches!(p.kind, Kind::Write { offset: o, len } if o + len as u64 > offset))
     }
 
     /// Whether write `id` was executed by the disk.
@@ -147,9 +199,11 @@ impl SimDisk {
             Kind::Read { offset, len } => {
                 let b = buf.as_mut().expect("a read carries its buffer");
                 let o = usize::try_from(offset).unwrap_or(usize::MAX);
-                b.set_len(len);
-                b.as_full_mut()[..len].copy_from_slice(&self.current[o..o + len]);
-                Ok(len)
+                // pread(2): short at the end of the file.
+                let n = len.min(self.len.saturating_sub(o));
+                b.set_len(n);
+                b.as_full_mut()[..n].copy_from_slice(&self.current[o..o + n]);
+                Ok(n)
             }
             Kind::Write { offset, len } => {
                 let b = buf.as_ref().expect("a write carries its buffer");
@@ -171,6 +225,8 @@ impl SimDisk {
     fn apply(&mut self, offset: u64, data: &[u8]) {
         let o = usize::try_from(offset).unwrap_or(usize::MAX);
         self.current[o..o + data.len()].copy_from_slice(data);
+        // pwrite(2) past the end extends the file.
+        self.len = self.len.max(o + data.len());
         for (k, chunk) in data.chunks(BLOCK).enumerate() {
             self.dirty.insert(o / BLOCK + k);
             self.executed.insert(u64::from_le_bytes(chunk[..8].try_into().unwrap_or([0; 8])));
@@ -212,6 +268,8 @@ impl SimDisk {
 
 impl FileIo for SimDisk {
     fn submit(&mut self, op: FileOp<'_>, token: u64) -> Result<(), (std::io::Error, Option<IoBuf>)> {
+        // Past the largest size the namespace can have: no command the target plans
+        // reaches this (within the file's length or not, see `complete`).
         let size = self.current.len() as u64;
         let in_range = |offset: u64, len: usize| offset.checked_add(len as u64).is_some_and(|e| e <= size);
         let (kind, buf) = match op {
@@ -235,5 +293,40 @@ impl FileIo for SimDisk {
         let due_ns = self.now_ns + self.delay_ns();
         self.pending.push(Pending { due_ns, token, kind, buf });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The disk never touches the file its operations name.
+    fn file() -> std::fs::File {
+        std::fs::File::open("/dev/null").unwrap()
+    }
+
+    fn write(d: &mut SimDisk, blk: usize, wid: u8) {
+        let mut b = IoBuf::new(4096);
+        b.extend_from_slice(&[wid; BLOCK]);
+        let f = file();
+        d.submit(FileOp::Write { file: &f, buf: b, len: BLOCK, offset: (blk * BLOCK) as u64 }, 0).unwrap();
+        let i = d.pending.len() - 1;
+        d.complete(i).1.unwrap();
+    }
+
+    #[test]
+    fn the_image_has_a_file_length() {
+        let mut d = SimDisk::new(4 * BLOCK, 8 * BLOCK, Rng::new(1));
+        write(&mut d, 5, 9);
+        assert_eq!(d.size(), 6 * BLOCK, "a write past the end extends the file");
+        d.set_len(5 * BLOCK);
+        assert_eq!(d.block_wid(5), 0, "cut off");
+        d.set_len(8 * BLOCK);
+        assert_eq!(d.block_wid(5), 0, "an extension reads as zeros");
+        d.set_len(2 * BLOCK);
+        let (b, f) = (IoBuf::new(4096), file());
+        d.submit(FileOp::Read { file: &f, buf: b, len: 2 * BLOCK, offset: BLOCK as u64 }, 0).unwrap();
+        let (_, r, _) = d.complete(0);
+        assert_eq!(r.unwrap(), BLOCK, "a read past the end is short");
     }
 }

@@ -32,7 +32,14 @@
 //! sim host core stands in for; they need a sans-I/O split first.
 //!
 //! ```
-//! let r = qpath_sim::run(qpath_sim::Options { seed: 1, steps: 2_000, trace: false, failover_quiesce: true });
+//! let opts = qpath_sim::Options {
+//!     seed: 1,
+//!     steps: 2_000,
+//!     trace: false,
+//!     failover_quiesce: true,
+//!     shrink_under_writes: false,
+//! };
+//! let r = qpath_sim::run(opts);
 //! assert!(r.violation.is_none(), "{:?}", r.violation);
 //! assert!(r.summary.ios > 0);
 //! ```
@@ -77,7 +84,7 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
         format!(
-            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} bytes, trace {:016x}",
+            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} bytes, trace {:016x}",
             self.seed,
             s.steps,
             s.virtual_ns as f64 / 1e9,
@@ -94,6 +101,8 @@ impl Report {
             s.reconnects,
             s.keep_alive_timeouts,
             s.preemptions,
+            s.resizes,
+            s.resizes_refused,
             s.bytes,
             self.trace_hash
         )

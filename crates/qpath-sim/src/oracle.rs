@@ -78,6 +78,14 @@ impl Oracle {
         }
     }
 
+    /// A shrink cut `blocks` off: a grow brings them back never written (a file extended
+    /// reads as zeros).
+    pub fn cut(&mut self, blocks: std::ops::Range<usize>) {
+        for b in &mut self.blocks[blocks] {
+            *b = Block { base: BTreeSet::from([0]), hist: Vec::new(), durable: None };
+        }
+    }
+
     /// The write ids block `blk` may hold now.
     pub fn allowed(&self, blk: usize) -> BTreeSet<u64> {
         let b = &self.blocks[blk];
@@ -111,5 +119,7 @@ mod tests {
         o.write_acked(0..2, 10, true, 7);
         o.crashed();
         assert_eq!((o.allowed(0), o.allowed(1)), (BTreeSet::from([10]), BTreeSet::from([10])), "FUA");
+        o.cut(1..2);
+        assert_eq!((o.allowed(0), o.allowed(1)), (BTreeSet::from([10]), BTreeSet::from([0])), "cut off by a shrink");
     }
 }

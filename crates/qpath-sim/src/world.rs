@@ -2,7 +2,7 @@
 //! simulated links, a simulated disk and a virtual clock, every choice drawn from one
 //! seed. See the crate docs for what is real and what is simulated.
 
-// Every size here is bounded by the simulated namespace (64 KiB) and its two paths: the
+// Every size here is bounded by the simulated namespace (96 KiB at most) and its two paths: the
 // casts to the wire's u16/u32 fields cannot truncate.
 #![allow(clippy::cast_possible_truncation)]
 
@@ -43,6 +43,9 @@ const OTHER_KEY: u64 = 0x0707_0002;
 const RESV_WRITE_EXCLUSIVE: u8 = 1;
 /// Blocks of the simulated namespace: few, so I/Os meet on the same blocks.
 pub const NS_BLOCKS: usize = 128;
+/// The namespace's size stays within these (blocks) when the seed resizes it.
+const MIN_BLOCKS: usize = 32;
+const MAX_BLOCKS: usize = 192;
 /// The ports, one path each.
 const PORTS: [u16; 2] = [1, 2];
 const ANA_GROUP: AnaGrpId = AnaGrpId(1);
@@ -75,6 +78,12 @@ const DRAIN_STEPS: u64 = 300_000;
 const TOKEN_CC: u64 = 1;
 const TOKEN_ANA: u64 = 2;
 const TOKEN_KA: u64 = 3;
+/// Set Features Asynchronous Event Configuration, the Asynchronous Event Request, the
+/// Changed Namespace List and Identify Namespace (only in seeds that resize).
+const TOKEN_AEC: u64 = 4;
+const TOKEN_AER: u64 = 5;
+const TOKEN_CHANGED_NS: u64 = 6;
+const TOKEN_ID_NS: u64 = 7;
 /// Keep Alive Timeout the admin Connect asks for; the host sends a Keep Alive every half
 /// of it (as Linux does), and the target tears the controller down when it passes.
 const KATO_MS: u32 = 1500;
@@ -93,6 +102,12 @@ pub struct Options {
     /// Without the hold, a write still in flight at the old path's disk can land after its
     /// retry was acknowledged and overwritten (a "ghost write").
     pub failover_quiesce: bool,
+    /// Let the operator shrink the namespace while writes to the blocks cut off are in
+    /// flight. The target's shrink checks for data past the new end before it cuts, so a
+    /// write in flight there lands after the cut, extending the file past the namespace:
+    /// the target then cannot start the namespace again (or a later grow shows that data).
+    /// Off: the simulated operator puts such a shrink off (see docs/design.md).
+    pub shrink_under_writes: bool,
 }
 
 /// Counts of what a run did.
@@ -130,6 +145,10 @@ pub struct Summary {
     pub bytes: u64,
     /// Times another host preempted this host's reservation (and it took it back).
     pub preemptions: u64,
+    /// Namespace resizes the target made (an operator's resize RPC).
+    pub resizes: u64,
+    /// Of the resizes asked for, those the target refused (a shrink over data).
+    pub resizes_refused: u64,
 }
 
 /// The first invariant a run broke.
@@ -185,6 +204,13 @@ struct Req {
     /// The reservation epoch its last attempt was sent in, if the other host held the
     /// reservation then.
     sent_preempted: Option<u64>,
+    /// The namespace's largest and smallest size (blocks) from the send of its last
+    /// attempt to its completion: it may succeed only within the first, and be refused as
+    /// out of range only past the second.
+    room: usize,
+    low: usize,
+    /// A shrink cut blocks of this write off while its last attempt was in flight.
+    cut: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,6 +253,14 @@ struct Path {
     /// The failover hold of the path's controller, ns ([`host::failover::hold_time`] of
     /// its Identify Controller data, read when it was enabled).
     hold_ns: u64,
+    /// When the Identify Namespace in flight was sent, and whether an event asked for
+    /// another read meanwhile.
+    id_ns_ns: Option<u64>,
+    id_ns_again: bool,
+    /// The namespace changed (at this time) while the path's controller had the Namespace
+    /// Attribute Changed notice enabled on the target: it owes this host an event, or
+    /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
+    event_owed: Option<u64>,
 }
 
 struct TConn {
@@ -293,6 +327,17 @@ pub struct World {
     resv_ours: bool,
     /// Bumped whenever the reservation changes hands.
     resv_epoch: u64,
+    /// Namespace resizes: their own stream, on in about half the seeds.
+    ns_rng: Rng,
+    resizes: bool,
+    /// The namespace's size on the target, blocks (an operator's setting: kept across a
+    /// restart).
+    ns_blocks: usize,
+    /// The size the host last read (Identify Namespace), blocks: the application's I/O
+    /// stays within it.
+    host_blocks: usize,
+    /// The namespace's size in the target's saved configuration, bytes.
+    saved_bytes: u64,
     reqs: Vec<Req>,
     queued: VecDeque<usize>,
     busy: Vec<bool>,
@@ -323,7 +368,7 @@ impl World {
     pub fn new(opts: Options) -> World {
         let mut rng = Rng::new(opts.seed);
         let net_rng = rng.fork();
-        let disk = SimDisk::new(NS_BLOCKS * BLOCK, rng.fork());
+        let disk = SimDisk::new(NS_BLOCKS * BLOCK, MAX_BLOCKS * BLOCK, rng.fork());
         let n = RUN.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("qpath-sim-{}-{n}.img", std::process::id()));
         let file = ScratchFile(path);
@@ -340,6 +385,8 @@ impl World {
         let flip_rng = Rng::new(opts.seed ^ 0xb17f_11b5);
         let mut resv_rng = Rng::new(opts.seed ^ 0x7e5e_7a71);
         let reservations = resv_rng.chance(500_000);
+        let mut ns_rng = Rng::new(opts.seed ^ 0x2e51_2e21);
+        let resizes = ns_rng.chance(500_000);
         let mut w = World {
             opts,
             rng,
@@ -364,11 +411,16 @@ impl World {
             reservations,
             resv_ours: false,
             resv_epoch: 0,
+            ns_rng,
+            resizes,
+            ns_blocks: NS_BLOCKS,
+            host_blocks: NS_BLOCKS,
+            saved_bytes: (NS_BLOCKS * BLOCK) as u64,
             reqs: Vec::new(),
             queued: VecDeque::new(),
-            busy: vec![false; NS_BLOCKS],
+            busy: vec![false; MAX_BLOCKS],
             active: 0,
-            oracle: Oracle::new(NS_BLOCKS),
+            oracle: Oracle::new(MAX_BLOCKS),
             seq: 0,
             next_wid: 1,
             to_issue,
@@ -399,6 +451,9 @@ impl World {
                 next_ka_ns: 0,
                 generation: i as u64,
                 hold_ns: 0,
+                id_ns_ns: None,
+                id_ns_again: false,
+                event_owed: None,
             });
         }
         w
@@ -441,11 +496,28 @@ impl World {
         )
         .expect("the simulated subsystem");
         let subsys = state.add_subsystem(subsys).expect("the simulated subsystem");
-        let size = self.disk.size() as u64;
+        // The size the saved configuration holds: the file's length when it was last
+        // saved (persist.rs saves a file namespace's size so, after every change such as
+        // a resize). The file is this disk's, as it is now.
+        let size = self.saved_bytes;
+        if self.resizes {
+            self.copy_disk_to_file(self.disk.size());
+        }
         let owner = format!("namespace 1 of {NQN}");
-        let (backend, _) =
-            FileBackend::open(&FileRequest { grow: true, ..FileRequest::read_write(&self.file.0, Some(size), &owner) })
-                .expect("the simulated namespace's scratch file");
+        let opened =
+            FileBackend::open(&FileRequest { grow: true, ..FileRequest::read_write(&self.file.0, Some(size), &owner) });
+        let backend = match opened {
+            Ok((b, _)) => b,
+            Err(e) => {
+                let len = self.disk.size() / BLOCK;
+                self.violate(format!(
+                    "the target cannot start its namespace again ({len} blocks in the file, {} in the saved \
+                     configuration): {e}",
+                    size / BLOCK as u64
+                ));
+                return;
+            }
+        };
         subsys
             .add_namespace(NamespaceSpec {
                 nsid: 1,
@@ -509,6 +581,104 @@ impl World {
         } else {
             self.sum.preemptions += 1;
             self.event(format_args!("fault: another host preempts the reservation"));
+        }
+    }
+
+    /// An operator resizes the namespace: the target's real `resize_namespace` (what the
+    /// RPC of that name calls), which grows the file, or shrinks it only where no data lies
+    /// past the new end, and tells every controller (Namespace Attribute Changed, the
+    /// Changed Namespace List). Half the shrinks aim anywhere (mostly refused once the
+    /// workload wrote there), half just past the last block the disk holds data in (an
+    /// operator who looked first), so both outcomes are common.
+    fn resize_namespace(&mut self) {
+        let Some(sub) = self.target.state.as_ref().and_then(|s| s.subsystem(NQN)) else { return };
+        let old = self.ns_blocks;
+        let roll = self.ns_rng.below(4);
+        let new = if roll < 2 && old < MAX_BLOCKS {
+            self.ns_rng.range(old as u64 + 1, MAX_BLOCKS as u64) as usize
+        } else if roll == 2 && old > MIN_BLOCKS {
+            self.ns_rng.range(old.saturating_sub(40).max(MIN_BLOCKS) as u64, old as u64 - 1) as usize
+        } else {
+            let used = (0..old).rev().find(|&b| self.disk.block_wid(b) != 0).map_or(0, |b| b + 1);
+            let to = used.next_multiple_of(8).max(MIN_BLOCKS);
+            if to >= old {
+                return;
+            }
+            to
+        };
+        if new < old && !self.opts.shrink_under_writes {
+            let writing = self
+                .reqs
+                .iter()
+                .any(|r| r.state != RState::Done && matches!(r.op, ROp::Write { .. }) && r.lba + r.nlb > new);
+            if writing || self.disk.writes_past(new * BLOCK) {
+                self.event(format_args!("fault: shrink from {old} to {new} blocks put off: writes there in flight"));
+                return;
+            }
+        }
+        // The real resize looks at the real file (its length, and `SEEK_DATA` past the new
+        // end): give it this disk's length and data first.
+        self.copy_disk_to_file(new.min(old) * BLOCK);
+        match sub.resize_namespace(Nsid(1), (new * BLOCK) as u64) {
+            Err(e) => {
+                self.sum.resizes_refused += 1;
+                self.event(format_args!("fault: resize from {old} to {new} blocks refused"));
+                if new > old {
+                    self.violate(format!("the target refused to grow the namespace from {old} to {new} blocks: {e}"));
+                }
+            }
+            Ok((prev, _)) => {
+                self.sum.resizes += 1;
+                self.event(format_args!("fault: namespace resized from {old} to {new} blocks"));
+                if prev != (old * BLOCK) as u64 {
+                    self.violate(format!("the target's namespace had {prev} bytes, not the {old} blocks last set"));
+                    return;
+                }
+                // The data rule: a shrink cuts off only blocks nothing was written to.
+                if let Some(blk) = (new..old).find(|&b| self.disk.block_wid(b) != 0) {
+                    let w = self.disk.block_wid(blk);
+                    self.violate(format!("a shrink to {new} blocks succeeded though block {blk} held write {w}"));
+                    return;
+                }
+                let len = std::fs::metadata(&self.file.0).map(|m| m.len()).unwrap_or_else(|e| {
+                    panic!("the simulated namespace's scratch file {}: {e}", self.file.0.display())
+                });
+                self.disk.set_len(usize::try_from(len).unwrap_or(usize::MAX));
+                self.saved_bytes = len;
+                if new < old {
+                    self.oracle.cut(new..MAX_BLOCKS);
+                }
+                for r in &mut self.reqs {
+                    if let RState::Inflight { .. } = r.state {
+                        r.room = r.room.max(new);
+                        r.low = r.low.min(new);
+                        r.cut |= matches!(r.op, ROp::Write { .. }) && r.lba + r.nlb > new;
+                    }
+                }
+                self.ns_blocks = new;
+                // NVMe Base 2.x §5.2 (Asynchronous Event Request): each controller with the
+                // notice enabled reports the change.
+                for p in 0..self.paths.len() {
+                    let enabled = self.paths[p]
+                        .admin
+                        .as_ref()
+                        .and_then(|c| sub.controller(c.q.cntlid()))
+                        .is_some_and(|c| c.aen_enabled() & nvme::identify::oaes::NS_ATTR != 0);
+                    if enabled && self.paths[p].event_owed.is_none() {
+                        self.paths[p].event_owed = Some(self.now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives the real file (which the target's resize and open look at, outside the I/O
+    /// path) this disk's length, and its data from byte `from` on.
+    fn copy_disk_to_file(&self, from: usize) {
+        let opened = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&self.file.0);
+        let synced = opened.and_then(|f| self.disk.copy_to(&f, from));
+        if let Err(e) = synced {
+            panic!("the simulated namespace's scratch file {}: {e}", self.file.0.display());
         }
     }
 
@@ -591,6 +761,10 @@ impl World {
         path.phase = Phase::Down { until_ns: self.now + delay };
         path.ana_read_ns = None;
         path.ka_sent_ns = None;
+        path.id_ns_ns = None;
+        path.id_ns_again = false;
+        // A new controller reads the namespace at its bring-up.
+        path.event_owed = None;
         let mut links = Vec::new();
         let mut done = Vec::new();
         if let Some(mut c) = path.io.take() {
@@ -695,6 +869,9 @@ impl World {
                 path.io = Some(HostConn { q: HostQueue::new(cfg), link });
                 path.phase = Phase::IoConnecting;
                 path.phase_since_ns = self.now;
+                if self.resizes {
+                    self.watch_namespace(p);
+                }
             }
             TOKEN_CC => self.fail_path(p, "enabling the controller failed"),
             TOKEN_KA if d.cqe.status.is_success() => self.paths[p].ka_sent_ns = None,
@@ -718,7 +895,112 @@ impl World {
                     None => self.fail_path(p, "the ANA log could not be read"),
                 }
             }
+            TOKEN_AEC if d.cqe.status.is_success() => {}
+            TOKEN_AEC => self.fail_path(p, "enabling asynchronous events failed"),
+            TOKEN_AER if d.cqe.status.is_success() => {
+                let ev = nvme::features::AsyncEvent::from_dw0(d.cqe.dw0);
+                self.event(format_args!("path {p} event {ev:?}"));
+                if ev == nvme::features::AsyncEvent::NS_CHANGED {
+                    self.paths[p].event_owed = None;
+                    // As the production host's `handle_event`: read the Changed Namespace
+                    // List (which re-arms the event), then the namespace again.
+                    let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
+                    let io = Io {
+                        sqe,
+                        buf: Some(IoBuf::new(4096)),
+                        len: 4096,
+                        dir: DataDir::FromController,
+                        token: TOKEN_CHANGED_NS,
+                    };
+                    if let Some(c) = self.paths[p].admin.as_mut()
+                        && let Err((e, _)) = c.q.submit(6, io)
+                    {
+                        self.violate(format!("path {p}: the Changed Namespace List read could not be sent: {e}"));
+                        return;
+                    }
+                    self.read_namespace(p);
+                }
+                self.arm_event(p);
+            }
+            TOKEN_AER => self.fail_path(p, "the asynchronous event request failed"),
+            TOKEN_CHANGED_NS if d.cqe.status.is_success() => {
+                let list = d.buf.as_ref().and_then(|b| nvme::log::decode_changed_ns_list(b.as_full()));
+                let list: Vec<u32> = list.unwrap_or_default().iter().map(|n| n.0).collect();
+                self.event(format_args!("path {p} changed namespaces {list:?}"));
+                // NVMe Base 2.x §5.16.1.5: a change while the event was masked (until this
+                // read) is in the list; the Identify queued behind this read sees it.
+                if list.contains(&1) {
+                    self.paths[p].event_owed = None;
+                }
+            }
+            TOKEN_CHANGED_NS => self.fail_path(p, "the Changed Namespace List could not be read"),
+            TOKEN_ID_NS => {
+                self.paths[p].id_ns_ns = None;
+                let id = d
+                    .buf
+                    .as_ref()
+                    .filter(|_| d.cqe.status.is_success())
+                    .map(|b| nvme::identify::IdentifyNamespace::decode(b.as_full()));
+                let Some(id) = id else {
+                    self.fail_path(p, "Identify Namespace failed");
+                    return;
+                };
+                // Checked before use, as the production host's scan does.
+                let Some(n) = usize::try_from(id.nsze).ok().filter(|n| (MIN_BLOCKS..=MAX_BLOCKS).contains(n)) else {
+                    self.violate(format!("path {p}: Identify Namespace reports {} blocks", id.nsze));
+                    return;
+                };
+                if id.block_size() as usize != BLOCK {
+                    self.violate(format!("path {p}: Identify Namespace reports {}-byte blocks", id.block_size()));
+                    return;
+                }
+                if n != self.host_blocks {
+                    self.event(format_args!("path {p} reads the namespace's size: {n} blocks"));
+                    self.host_blocks = n;
+                }
+                if std::mem::take(&mut self.paths[p].id_ns_again) {
+                    self.read_namespace(p);
+                }
+            }
             t => self.violate(format!("path {p}: an admin completion carries token {t}, which no command had")),
+        }
+    }
+
+    /// In seeds that resize the namespace, a new controller's admin queue does what the
+    /// production host's bring-up and admin loop do: enables the Namespace Attribute
+    /// Changed notice, then reads the namespace (so a change after that read comes as an
+    /// event), and keeps one Asynchronous Event Request outstanding.
+    fn watch_namespace(&mut self, p: usize) {
+        let aec = nvme::identify::oaes::NS_ATTR;
+        let sqe = Sqe::set_features(Cid(0), nvme::features::fid::ASYNC_EVENT, aec);
+        let io = Io { sqe, buf: None, len: 0, dir: DataDir::None, token: TOKEN_AEC };
+        if let Some(c) = self.paths[p].admin.as_mut() {
+            let _ = c.q.submit(3, io);
+        }
+        self.read_namespace(p);
+        self.arm_event(p);
+    }
+
+    fn arm_event(&mut self, p: usize) {
+        let io = Io { sqe: Sqe::async_event_request(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_AER };
+        if let Some(c) = self.paths[p].admin.as_mut() {
+            let _ = c.q.submit(5, io);
+        }
+    }
+
+    /// Identify Namespace; if one is in flight, another after it.
+    fn read_namespace(&mut self, p: usize) {
+        let path = &mut self.paths[p];
+        if path.id_ns_ns.is_some() {
+            path.id_ns_again = true;
+            return;
+        }
+        let sqe = Sqe::identify(Cid(0), nvme::identify::cns::NAMESPACE, Nsid(1), 0, 0);
+        let io = Io { sqe, buf: Some(IoBuf::new(4096)), len: 4096, dir: DataDir::FromController, token: TOKEN_ID_NS };
+        if let Some(c) = path.admin.as_mut()
+            && c.q.submit(4, io).is_ok()
+        {
+            path.id_ns_ns = Some(self.now);
         }
     }
 
@@ -816,6 +1098,8 @@ impl World {
                     self.paths[p].inflight.insert(tag.get(), ri);
                     self.reqs[ri].state = RState::Inflight { path: p, tag: tag.get(), sent_ns: self.now };
                     self.reqs[ri].sent_preempted = (self.reservations && !self.resv_ours).then_some(self.resv_epoch);
+                    let r = &mut self.reqs[ri];
+                    (r.room, r.low, r.cut) = (self.ns_blocks, self.ns_blocks, false);
                     self.event(format_args!("io {ri} sent on path {p} tag {}", tag.get()));
                 }
                 Err((e, io)) => {
@@ -855,7 +1139,7 @@ impl World {
     fn app_submit(&mut self) {
         let roll = self.rng.below(100);
         let nlb = 1 + self.rng.index(MAX_NLB);
-        let lba = self.rng.index(NS_BLOCKS - nlb + 1);
+        let lba = self.rng.index(self.host_blocks - nlb + 1);
         let op = match roll {
             0..45 => ROp::Write { fua: self.rng.chance(300_000) },
             45..92 => ROp::Read,
@@ -904,6 +1188,9 @@ impl World {
             submit_seq: self.seq,
             not_before_ns: 0,
             sent_preempted: None,
+            room: 0,
+            low: 0,
+            cut: false,
         });
         self.queued.push_back(ri);
         self.active += 1;
@@ -926,8 +1213,51 @@ impl World {
             self.busy[lba..lba + nlb].fill(false);
         }
         self.event(format_args!("io {ri} done {status}"));
+        let (room, low, cut) = (self.reqs[ri].room, self.reqs[ri].low, self.reqs[ri].cut);
+        let end = lba + nlb;
+        if status.is_success() && op != ROp::Flush && end > room {
+            self.violate(format!(
+                "I/O {ri} (blocks {lba}..{end}) succeeded, though the namespace had at most {room} blocks from its send \
+                 to its completion"
+            ));
+            return;
+        }
+        if status.is_success() && cut {
+            self.violate(format!(
+                "write {wid} (I/O {ri}, blocks {lba}..{end}) succeeded, though a shrink cut blocks of it off while it \
+                 was in flight: the data acknowledged is not kept"
+            ));
+            return;
+        }
+        if status == Status::LBA_OUT_OF_RANGE {
+            if op == ROp::Flush || end <= low {
+                self.violate(format!(
+                    "I/O {ri} (blocks {lba}..{end}) was refused as out of range, though the namespace had {low} \
+                     blocks or more from its send to its completion"
+                ));
+                return;
+            }
+        } else if !status.is_success()
+            && !status.is_path_error()
+            && status != Status::RESERVATION_CONFLICT
+            && (op == ROp::Flush || end <= low)
+        {
+            self.violate(format!("I/O {ri} ({op:?}, blocks {lba}..{end}, within the namespace) failed: {status}"));
+            return;
+        }
         if !status.is_success() {
             self.sum.io_errors += 1;
+            if status == Status::LBA_OUT_OF_RANGE && self.reqs[ri].failovers == 0 {
+                // NVMe Base 2.x §3.3.3.2.1 (LBA Out of Range): the command did nothing.
+                if let ROp::Write { .. } = op
+                    && self.disk.executed(wid)
+                {
+                    self.violate(format!(
+                        "write {wid} (I/O {ri}) was refused as out of range but the disk executed it"
+                    ));
+                }
+                return;
+            }
             if status == Status::RESERVATION_CONFLICT {
                 // NVMe Base 2.x §8.1.22: a command refused for a conflict did nothing.
                 let failovers = self.reqs[ri].failovers;
@@ -1216,6 +1546,9 @@ impl World {
         if self.reservations && self.resv_rng.chance(100_000) {
             self.reservation_change();
         }
+        if self.resizes && self.ns_rng.chance(100_000) {
+            self.resize_namespace();
+        }
     }
 
     /// After every action: each end sends what it queued, notices closed connections,
@@ -1305,10 +1638,22 @@ impl World {
             RState::Inflight { sent_ns, .. } => Some(sent_ns),
             _ => None,
         });
-        let oldest = oldest.chain(path.ana_read_ns).chain(path.ka_sent_ns).min();
+        let oldest = oldest.chain(path.ana_read_ns).chain(path.ka_sent_ns).chain(path.id_ns_ns).min();
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
         if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
             self.fail_path(p, "command timeout");
+            return;
+        }
+        // An admin queue that works (a stalled one fails its keep-alive within the I/O
+        // timeout) carries the event well within twice that.
+        if let Some(t) = path.event_owed
+            && self.now - t > 2 * IO_TIMEOUT_NS
+        {
+            self.violate(format!(
+                "path {p}: the namespace changed while its controller had the namespace-changed notice enabled, \
+                 and no event came in {} ms",
+                (self.now - t) / 1_000_000
+            ));
             return;
         }
         let path = &mut self.paths[p];
@@ -1397,8 +1742,8 @@ impl World {
         self.drain(deadline, false, &mut acts);
         // Read every block back.
         let mut lba = 0;
-        while lba < NS_BLOCKS && self.violation.is_none() {
-            let nlb = MAX_NLB.min(NS_BLOCKS - lba);
+        while lba < self.host_blocks && self.violation.is_none() {
+            let nlb = MAX_NLB.min(self.host_blocks - lba);
             if self.start(ROp::Read, lba, nlb) {
                 lba += nlb;
             } else if self.now >= deadline || self.step >= self.drain_steps {
@@ -1420,7 +1765,9 @@ impl World {
     /// target connection of a closed link is left), the deadline, or the step limit.
     fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
         while !(self.idle()
-            && self.paths.iter().all(|p| p.phase == Phase::Live && p.ana_read_ns.is_none())
+            && self.paths.iter().all(|p| {
+                p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && p.event_owed.is_none()
+            })
             && (!orphans || self.orphans() == 0))
             && self.now < deadline
             && self.step < self.drain_steps
@@ -1471,6 +1818,18 @@ impl World {
                 t.conn.file_ops_in_flight()
             );
             self.violate(what);
+            return;
+        }
+        if let Some(p) = self.paths.iter().position(|p| p.event_owed.is_some()) {
+            self.violate(format!(
+                "path {p}: the namespace changed while its controller had the namespace-changed notice enabled, \
+                 and no event came"
+            ));
+            return;
+        }
+        if self.host_blocks != self.ns_blocks {
+            let (h, t) = (self.host_blocks, self.ns_blocks);
+            self.violate(format!("the host believes the namespace has {h} blocks; the target has {t}"));
             return;
         }
         let held = self.target.pool.outstanding();

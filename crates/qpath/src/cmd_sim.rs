@@ -20,12 +20,18 @@ pub struct SimArgs {
     /// prevents).
     #[arg(long)]
     no_failover_quiesce: bool,
+    /// Let a seed's namespace shrinks happen while writes to the blocks cut off are in
+    /// flight (shows how such a write outlives the shrink; off, the simulated operator
+    /// waits for them).
+    #[arg(long)]
+    shrink_under_writes: bool,
 }
 
 /// The command that replays `seed` as `a` ran it, with every event.
 fn replay_command(seed: u64, a: &SimArgs) -> String {
     let quiesce = if a.no_failover_quiesce { " --no-failover-quiesce" } else { "" };
-    format!("qpath sim --seed {seed} --steps {}{quiesce} --trace", a.steps)
+    let shrink = if a.shrink_under_writes { " --shrink-under-writes" } else { "" };
+    format!("qpath sim --seed {seed} --steps {}{quiesce}{shrink} --trace", a.steps)
 }
 
 fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
@@ -52,6 +58,7 @@ pub fn run(a: &SimArgs) -> Result<(), Box<dyn std::error::Error>> {
             steps: a.steps,
             trace: a.trace,
             failover_quiesce: !a.no_failover_quiesce,
+            shrink_under_writes: a.shrink_under_writes,
         });
         for line in &r.trace {
             println!("{line}");
@@ -85,12 +92,18 @@ mod tests {
     #[test]
     fn the_replay_command_carries_the_options_that_broke_the_seed() {
         let parse = |args: &[&str]| T::try_parse_from(std::iter::once("sim").chain(args.iter().copied())).unwrap().sim;
-        let a = parse(&["--seeds", "0..500", "--steps", "5000", "--no-failover-quiesce"]);
-        assert_eq!(replay_command(18, &a), "qpath sim --seed 18 --steps 5000 --no-failover-quiesce --trace");
+        let a = parse(&["--seeds", "0..500", "--steps", "5000", "--no-failover-quiesce", "--shrink-under-writes"]);
+        assert_eq!(
+            replay_command(18, &a),
+            "qpath sim --seed 18 --steps 5000 --no-failover-quiesce --shrink-under-writes --trace"
+        );
         let again = replay_command(18, &a);
         let words: Vec<&str> = again.split(' ').skip(2).collect();
         let b = parse(&words);
-        assert_eq!((b.seed, b.steps, b.no_failover_quiesce, b.trace), (Some(18), 5000, true, true));
+        assert_eq!(
+            (b.seed, b.steps, b.no_failover_quiesce, b.shrink_under_writes, b.trace),
+            (Some(18), 5000, true, true, true)
+        );
         assert_eq!(replay_command(3, &parse(&[])), "qpath sim --seed 3 --steps 20000 --trace");
     }
 }
