@@ -727,6 +727,33 @@ mod tests {
     }
 
     #[test]
+    fn a_shrink_waits_for_writes_past_their_gate_and_gives_up_with_the_old_size() {
+        let n = Namespace::new("nqn.x", Nsid(1), spec(1 << 20)).unwrap();
+        // A write past its gate, to blocks the shrink keeps: it is waited for all the same
+        // (the gauges count writes, not ranges).
+        let (hold, granted) = n.locks.write_begin(0, 0..8);
+        assert!(granted);
+        let e = n.resize(512 << 10, Duration::from_millis(30)).unwrap_err();
+        assert!(e.context.contains("did not finish") && e.context.contains("try again"), "{}", e.context);
+        assert_eq!(n.nblocks(), 2048, "the old size is back");
+        assert!(!n.locks.is_active() && n.locks.entries() == 0, "the lock is given back");
+        std::thread::scope(|s| {
+            let shrink = s.spawn(|| n.resize(512 << 10, SHRINK_DRAIN));
+            while n.nblocks() == 2048 {
+                std::thread::yield_now();
+            }
+            // While it waits, the new size is published: a write past it is refused on
+            // arrival, and one that was admitted before finds it past its gate.
+            assert!(!n.still_within(&(1024..1032)) && n.still_within(&(1016..1024)));
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!shrink.is_finished(), "the shrink waits for the write");
+            n.locks.end(hold);
+            assert_eq!(shrink.join().unwrap().unwrap(), 1 << 20);
+        });
+        assert_eq!(n.nblocks(), 1024);
+    }
+
+    #[test]
     fn null_namespaces_resize_within_the_limits() {
         let n = Namespace::new("nqn.x", Nsid(1), spec(1 << 20)).unwrap();
         assert_eq!(n.resize_now(2 << 20).unwrap(), 1 << 20);
