@@ -103,10 +103,12 @@ pub struct Options {
     /// retry was acknowledged and overwritten (a "ghost write").
     pub failover_quiesce: bool,
     /// Let the operator shrink the namespace while writes to the blocks cut off are in
-    /// flight. The target's shrink checks for data past the new end before it cuts, so a
-    /// write in flight there lands after the cut, extending the file past the namespace:
-    /// the target then cannot start the namespace again (or a later grow shows that data).
-    /// Off: the simulated operator puts such a shrink off (see docs/design.md).
+    /// flight. The target's shrink publishes the smaller size, waits out the writes past
+    /// their write gate (here, where this thread also runs the target, it does not wait:
+    /// such a shrink is refused) and only then looks for data and cuts; a write that
+    /// reaches its gate later ends with LBA Out of Range. Before that fix a write in flight
+    /// landed after the cut, extending the file past the namespace (seed 17).
+    /// Off: the simulated operator puts such a shrink off, as before (see docs/design.md).
     pub shrink_under_writes: bool,
 }
 
@@ -619,7 +621,9 @@ impl World {
         // The real resize looks at the real file (its length, and `SEEK_DATA` past the new
         // end): give it this disk's length and data first.
         self.copy_disk_to_file(new.min(old) * BLOCK);
-        match sub.resize_namespace(Nsid(1), (new * BLOCK) as u64) {
+        // The writes a shrink waits for run on this thread: it is refused at once while one
+        // is past its write gate (what a real shrink does when they outlast its bound).
+        match sub.resize_namespace_within(Nsid(1), (new * BLOCK) as u64, std::time::Duration::ZERO) {
             Err(e) => {
                 self.sum.resizes_refused += 1;
                 self.event(format_args!("fault: resize from {old} to {new} blocks refused"));

@@ -13,25 +13,34 @@ fn opts(seed: u64, steps: u64) -> Options {
 }
 
 fn assert_clean(seed: u64, steps: u64) -> qpath_sim::Summary {
-    let r = run(opts(seed, steps));
+    assert_clean_with(opts(seed, steps))
+}
+
+fn assert_clean_with(o: Options) -> qpath_sim::Summary {
+    let (seed, steps, shrink) = (o.seed, o.steps, o.shrink_under_writes);
+    let r = run(o);
     if let Some(v) = &r.violation {
         panic!(
-            "{}\nseed {seed}: invariant broken at step {}: {}\nreplay: qpath sim --seed {seed} --steps {steps} --trace",
+            "{}\nseed {seed}: invariant broken at step {}: {}\nreplay: qpath sim --seed {seed} --steps {steps}{} --trace",
             r.summary_line(),
             v.step,
-            v.what
+            v.what,
+            if shrink { " --shrink-under-writes" } else { "" }
         );
     }
     assert!(r.summary.ios > 0, "seed {seed} ran I/O: {}", r.summary_line());
     r.summary
 }
 
+/// The sweep lets the operator shrink under writes (the target waits them out or refuses
+/// them since the fix of seed 17's finding); that choice draws nothing from the seed's
+/// streams, so a seed's schedule changes only where a shrink used to be put off.
 #[test]
 fn a_fixed_sweep_keeps_every_invariant() {
     let seeds = if cfg!(debug_assertions) { 0..24 } else { 0..500 };
     let (mut ios, mut resizes, mut refused) = (0, 0, 0);
     for seed in seeds {
-        let s = assert_clean(seed, 5_000);
+        let s = assert_clean_with(Options { shrink_under_writes: true, ..opts(seed, 5_000) });
         (ios, resizes, refused) = (ios + s.ios, resizes + s.resizes, refused + s.resizes_refused);
     }
     assert!(ios > 1000, "{ios} I/Os");
@@ -39,17 +48,18 @@ fn a_fixed_sweep_keeps_every_invariant() {
     assert!(resizes > 20 && refused > 5, "{resizes} resizes, {refused} refused");
 }
 
-/// A shrink while a write to the blocks it cuts off is in flight: the target checks for
-/// data past the new end before it cuts, the write lands after, extending the file past
-/// the namespace, and the target's next start refuses the namespace (its saved size is
-/// smaller than the file, which it never shrinks). Not fixed in the target yet; the
-/// simulated operator puts such shrinks off unless told not to (docs/design.md).
+/// A shrink while a write to the blocks it cuts off is in flight. Seed 17 found it: the
+/// target checked for data past the new end before it cut, the write landed after,
+/// extending the file past the namespace, and the target's next start refused the
+/// namespace (its saved size was smaller than the file, which it never shrinks). Seeds
+/// 115, 337, 426 and 476 of 500 found it too (426: the write acknowledged, its data cut).
+/// The shrink now waits out such writes (or is refused), and a write that reaches its
+/// gate after it ends with LBA Out of Range.
 #[test]
-fn a_shrink_under_a_write_leaves_a_namespace_the_target_cannot_start() {
-    let r = run(Options { shrink_under_writes: true, ..opts(17, 5_000) });
-    let v = r.violation.expect("seed 17 shrinks under a write, crashes and restarts");
-    assert!(v.what.contains("cannot start its namespace again"), "{v:?}");
-    assert_clean(17, 5_000);
+fn a_shrink_under_a_write_keeps_the_namespace_startable_and_the_write_kept_or_refused() {
+    for seed in [17, 115, 337, 426, 476] {
+        assert_clean_with(Options { shrink_under_writes: true, ..opts(seed, 5_000) });
+    }
 }
 
 /// Seeds that found something, with the steps they found it at. Each must stay clean.

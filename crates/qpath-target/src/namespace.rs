@@ -10,12 +10,23 @@
 //!
 //! * growing makes the storage bigger first (a RAM region maps more pages, a file is
 //!   extended) and publishes the new capacity after;
-//! * shrinking is refused while data lies past the new end (RAM: a non-zero byte; file:
-//!   `SEEK_DATA` finds allocated data), then publishes the smaller capacity, then gives the
-//!   storage back (RAM pages are discarded but stay mapped; a file is truncated when its
-//!   end lay in the cut-off range). A command checked against the old capacity just before
-//!   reads zeros or old bytes there, or (RAM) fails the region's own bounds check; a write
-//!   accepted just before a shrink may still land past the new end, where it is not kept.
+//! * shrinking publishes the smaller capacity first (new commands past it end with LBA Out
+//!   of Range), then waits out every data-changing command that may still change the
+//!   cut-off blocks, then is refused while data lies past the new end (RAM: a non-zero
+//!   byte; file: `SEEK_DATA` finds allocated data; the old capacity comes back), and only
+//!   then gives the storage back (RAM pages are discarded but stay mapped; a file is
+//!   truncated when its end lay in the cut-off range).
+//!
+//! The wait is the namespace's range lock ([`crate::range_lock`]) over the cut-off blocks:
+//! granted once every write that passed its write gate is done (the gate's per-reactor
+//! gauges drain) and no earlier write or fused operation there is registered. A write
+//! checked against the old capacity but not yet at its gate (waiting for its data after an
+//! R2T, for a buffer, or for QoS) checks its range again past the gate
+//! ([`Namespace::still_within`]) and ends with LBA Out of Range if the shrink went
+//! through: with the gate's sequentially consistent handshake, every write is either
+//! waited out (and its data then stops the shrink) or sees the smaller capacity. A shrink
+//! that cannot get the lock within its bound ([`SHRINK_DRAIN`]) puts the old capacity
+//! back and is refused, to be asked again.
 //!
 //! # Visibility
 //!
@@ -29,6 +40,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use nvme::identify::{IdentifyNamespace, LbaFormat, NMIC_SHARED, NsIdDesc};
 use nvme::{AnaGrpId, Nsid, Status};
@@ -46,6 +58,10 @@ pub const MAX_NSID: u32 = 1024;
 /// byte offsets (Linux's `loff_t`), so nothing larger can be used.
 #[allow(clippy::cast_sign_loss)]
 pub const MAX_SIZE_BYTES: u64 = i64::MAX as u64;
+
+/// How long a shrink waits for the writes already at the backend to finish before it is
+/// refused (they take one backend operation each; a stuck device is not waited on forever).
+pub const SHRINK_DRAIN: Duration = Duration::from_secs(5);
 
 /// Host NQNs a namespace with [`Visibility::Listed`] may list.
 pub const MAX_VISIBLE_HOSTS: usize = 1024;
@@ -305,8 +321,9 @@ impl Namespace {
     /// what is refused); returns the previous size. The caller serialises resizes and tells
     /// the controllers. A file is resized here only because an operator asked for exactly
     /// this: growing extends it when it is shorter than `size`, shrinking truncates it when
-    /// its end lay in the cut-off range. Block devices keep the device's size.
-    pub(crate) fn resize(&self, size: u64) -> Result<u64, Error> {
+    /// its end lay in the cut-off range. Block devices keep the device's size. A shrink
+    /// waits up to `drain` for the writes that may still change the cut-off blocks.
+    pub(crate) fn resize(&self, size: u64, drain: Duration) -> Result<u64, Error> {
         let bs = u64::from(self.block_size());
         if size == 0 {
             return Err(Error::new(ErrorKind::Config, "a namespace cannot be resized to 0 bytes"));
@@ -340,8 +357,46 @@ impl Namespace {
             self.grow_storage(size)?;
             self.nblocks.store(size >> self.block_shift, Ordering::Release);
         } else if size < old {
-            if let Some(at) = self.data_beyond(size, old)? {
-                return Err(Error::new(
+            self.shrink(size, old, drain)?;
+        }
+        Ok(old)
+    }
+
+    /// Whether blocks `blocks` still lie within the capacity: a data-changing command checks
+    /// again once past its write gate, as a shrink may have cut them off since it arrived
+    /// (see the module docs). One relaxed load.
+    #[inline]
+    pub fn still_within(&self, blocks: &std::ops::Range<u64>) -> bool {
+        blocks.end <= self.nblocks()
+    }
+
+    /// Shrinks from `old` to `size` bytes (see the module docs): the smaller capacity, then
+    /// the cut-off blocks' lock (waited for up to `drain`), then the data check, then the
+    /// storage. Any refusal puts the old capacity back.
+    fn shrink(&self, size: u64, old: u64, drain: Duration) -> Result<(), Error> {
+        let (new_blocks, old_blocks) = (size >> self.block_shift, old >> self.block_shift);
+        // SeqCst: before the lock's `active` increment, so a write that misses the lock
+        // (slow path or later) reads the new capacity past its gate.
+        self.nblocks.store(new_blocks, Ordering::SeqCst);
+        let (hold, granted) = self.locks.lock_begin(new_blocks..old_blocks);
+        let refuse = |e: Error| {
+            self.nblocks.store(old_blocks, Ordering::SeqCst);
+            self.locks.end(hold);
+            Err(e)
+        };
+        if !granted && !self.wait_for(hold, drain) {
+            return refuse(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "writes to the blocks past the new end did not finish within {} ms; try again",
+                    drain.as_millis()
+                ),
+            ));
+        }
+        match self.data_beyond(size, old) {
+            Err(e) => return refuse(e),
+            Ok(Some(at)) => {
+                return refuse(Error::new(
                     ErrorKind::Config,
                     format!(
                         "block {} (byte {at}) past the new end holds data; only unwritten blocks can be cut off",
@@ -349,10 +404,29 @@ impl Namespace {
                     ),
                 ));
             }
-            self.nblocks.store(size >> self.block_shift, Ordering::Release);
-            self.shrink_storage(size, old);
+            Ok(None) => {}
         }
-        Ok(old)
+        self.shrink_storage(size, old);
+        self.locks.end(hold);
+        Ok(())
+    }
+
+    /// Polls the range lock `hold` until granted (true) or `drain` has passed (false); the
+    /// control plane's thread sleeps between polls, the reactors are never waited on.
+    fn wait_for(&self, hold: crate::range_lock::Hold, drain: Duration) -> bool {
+        let deadline = Instant::now() + drain;
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return self.locks.poll(hold);
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            if self.locks.poll(hold) {
+                return true;
+            }
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
     }
 
     /// Makes the storage at least `size` bytes, before the capacity says so.
@@ -646,17 +720,50 @@ mod tests {
         assert!(Visibility::All.includes("anyone"));
     }
 
+    impl Namespace {
+        fn resize_now(&self, size: u64) -> Result<u64, Error> {
+            self.resize(size, SHRINK_DRAIN)
+        }
+    }
+
+    #[test]
+    fn a_shrink_waits_for_writes_past_their_gate_and_gives_up_with_the_old_size() {
+        let n = Namespace::new("nqn.x", Nsid(1), spec(1 << 20)).unwrap();
+        // A write past its gate, to blocks the shrink keeps: it is waited for all the same
+        // (the gauges count writes, not ranges).
+        let (hold, granted) = n.locks.write_begin(0, 0..8);
+        assert!(granted);
+        let e = n.resize(512 << 10, Duration::from_millis(30)).unwrap_err();
+        assert!(e.context.contains("did not finish") && e.context.contains("try again"), "{}", e.context);
+        assert_eq!(n.nblocks(), 2048, "the old size is back");
+        assert!(!n.locks.is_active() && n.locks.entries() == 0, "the lock is given back");
+        std::thread::scope(|s| {
+            let shrink = s.spawn(|| n.resize(512 << 10, SHRINK_DRAIN));
+            while n.nblocks() == 2048 {
+                std::thread::yield_now();
+            }
+            // While it waits, the new size is published: a write past it is refused on
+            // arrival, and one that was admitted before finds it past its gate.
+            assert!(!n.still_within(&(1024..1032)) && n.still_within(&(1016..1024)));
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!shrink.is_finished(), "the shrink waits for the write");
+            n.locks.end(hold);
+            assert_eq!(shrink.join().unwrap().unwrap(), 1 << 20);
+        });
+        assert_eq!(n.nblocks(), 1024);
+    }
+
     #[test]
     fn null_namespaces_resize_within_the_limits() {
         let n = Namespace::new("nqn.x", Nsid(1), spec(1 << 20)).unwrap();
-        assert_eq!(n.resize(2 << 20).unwrap(), 1 << 20);
+        assert_eq!(n.resize_now(2 << 20).unwrap(), 1 << 20);
         assert_eq!(n.nblocks(), 4096);
         assert_eq!(n.identify(true).nsze, 4096);
-        assert!(n.resize(0).is_err());
-        assert!(n.resize(513).is_err());
-        assert!(n.resize(MAX_SIZE_BYTES + 1).is_err());
+        assert!(n.resize_now(0).is_err());
+        assert!(n.resize_now(513).is_err());
+        assert!(n.resize_now(MAX_SIZE_BYTES + 1).is_err());
         assert!(Namespace::new("nqn.x", Nsid(1), spec(1 << 63)).is_err(), "too large to address");
-        assert_eq!(n.resize(512).unwrap(), 2 << 20);
+        assert_eq!(n.resize_now(512).unwrap(), 2 << 20);
         assert_eq!(n.nblocks(), 1);
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 use nvme::{Cntlid, Nsid};
 
@@ -106,6 +107,9 @@ pub struct Subsystem {
     /// Port ids this subsystem is exposed on (empty: every I/O port).
     ports: RwLock<Vec<u16>>,
     ns: Mutex<Arc<NsMap>>,
+    /// Serialises resizes; held while a shrink waits for writes, when `ns` must stay free
+    /// (admin commands on the reactors take it, and the writes waited for run there).
+    resizing: Mutex<()>,
     ns_gen: AtomicU64,
     ctrls: Mutex<CtrlTable>,
 }
@@ -145,6 +149,7 @@ impl Subsystem {
             tls_keys: RwLock::new(BTreeMap::new()),
             ports: RwLock::new(Vec::new()),
             ns: Mutex::new(Arc::new(NsMap::default())),
+            resizing: Mutex::new(()),
             ns_gen: AtomicU64::new(1),
             ctrls: Mutex::new(CtrlTable { next: 1, live: BTreeMap::new() }),
         })
@@ -344,12 +349,22 @@ impl Subsystem {
     /// its Changed Namespace List, as nvmet's `revalidate_size` does (configfs.c), so hosts
     /// read the new size without reconnecting.
     pub fn resize_namespace(&self, nsid: Nsid, size: u64) -> Result<(u64, u64), Error> {
-        let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
-        let ns = m
+        self.resize_namespace_within(nsid, size, crate::namespace::SHRINK_DRAIN)
+    }
+
+    /// [`Subsystem::resize_namespace`], with a shrink waiting up to `drain` for the writes
+    /// that may still change the blocks it cuts off (a caller that runs the reactors
+    /// itself, as the simulator does, passes zero: such a shrink is refused at once).
+    pub fn resize_namespace_within(&self, nsid: Nsid, size: u64, drain: Duration) -> Result<(u64, u64), Error> {
+        let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = self
+            .ns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .get(nsid)
             .cloned()
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{}: no NSID {nsid}", self.nqn)))?;
-        let old = ns.resize(size).map_err(|e| {
+        let old = ns.resize(size, drain).map_err(|e| {
             Error::new(
                 e.kind,
                 format!("namespace {nsid} of {}: cannot resize to {size} bytes: {}", self.nqn, e.context),
@@ -357,8 +372,12 @@ impl Subsystem {
         })?;
         if old != size {
             tracing::info!(subnqn = %self.nqn, nsid = nsid.0, from = old, to = size, "namespace resized");
-            let same = Arc::clone(&m);
-            self.publish(&mut m, same, Some(nsid));
+            let mut m = self.ns.lock().unwrap_or_else(|e| e.into_inner());
+            // Removed or replaced meanwhile: that change told the controllers already.
+            if m.get(nsid).is_some_and(|n| Arc::ptr_eq(n, &ns)) {
+                let same = Arc::clone(&m);
+                self.publish(&mut m, same, Some(nsid));
+            }
         }
         Ok((old, size))
     }

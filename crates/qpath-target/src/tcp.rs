@@ -1484,11 +1484,11 @@ impl Connection {
             return self.fused_exec(slot, &ns, ctx);
         }
         if let Some(blocks) = io.write_blocks(&ns) {
-            if !self.range_gate(slot, &ns, blocks, ctx) {
+            if !self.range_gate(slot, &ns, blocks.clone(), ctx) {
                 // Overlaps a fused operation's blocks: retried from the timers.
                 return;
             }
-            if let Err(status) = self.resv_recheck(slot, &ns) {
+            if let Err(status) = Self::size_recheck(&ns, &blocks).and_then(|()| self.resv_recheck(slot, &ns)) {
                 self.range_release(slot);
                 self.reqs[usize::from(slot)].status = status;
                 return self.respond(slot, ctx);

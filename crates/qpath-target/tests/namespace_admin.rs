@@ -450,3 +450,120 @@ fn open_file(
     let req = FileRequest { path, size, grow: false, access: Access::ReadWrite, owner: "a test namespace" };
     FileBackend::open(&req).map(|(b, _)| b)
 }
+
+/// The last 16 blocks of a 4 MiB namespace, which a shrink to 3 MiB cuts off.
+const TAIL_SLBA: u64 = (4 << 20) / 512 - 16;
+
+/// Sends a Write of `data` to `slba` of `nsid` without in-capsule data: the target
+/// answers with an R2T, returned here; the data is the caller's to send (or to hold back).
+fn write_to_r2t(q: &mut Host, nsid: u32, slba: u64, data: &[u8]) -> (Cid, nvme::tcp::R2t) {
+    let cid = q.cid();
+    let nlb = u32::try_from(data.len() / 512).unwrap();
+    let sgl = nvme::SglDescriptor::transport(data.len() as u32);
+    q.command(&Sqe::rw(nvme::opcode::io::WRITE, cid, Nsid(nsid), slba, nlb, sgl), &[]);
+    match q.expect().header {
+        nvme::tcp::Header::R2T(r) => (cid, r),
+        h => panic!("expected an R2T, got {h:?}"),
+    }
+}
+
+/// The H2CData PDU that answers `r2t` with all of `data` (at most 64 KiB).
+fn h2c_data(q: &Host, cid: Cid, r2t: &nvme::tcp::R2t, data: &[u8]) -> Vec<u8> {
+    let d = nvme::tcp::DataHeader {
+        cccid: cid,
+        ttag: r2t.ttag,
+        datao: 0,
+        datal: data.len() as u32,
+        last: true,
+        success: false,
+    };
+    let mut out = Vec::new();
+    let w = q.enc.h2c_data(&mut out, &d);
+    out.extend_from_slice(data);
+    assert!(!w.ddgst, "no data digest on this connection");
+    out
+}
+
+/// Whether the file system under `path` reports holes (`SEEK_DATA`): a file namespace
+/// shrinks only where it finds none.
+fn tracks_holes(path: &std::path::Path, from: u64) -> bool {
+    let f = std::fs::File::open(path).unwrap();
+    uring::seek_data(std::os::fd::AsFd::as_fd(&f), from).unwrap().is_none()
+}
+
+/// A write to the blocks a shrink cuts off, checked against the old size on arrival, its
+/// data held back by the host after the R2T while the shrink runs on another thread: when
+/// the data comes, the write ends with LBA Out of Range, the file keeps its new size, and
+/// a later grow shows those blocks never written. (Before, the write went through after
+/// the truncation: the file grew past the namespace, and the data came back on a grow.)
+#[test]
+fn a_write_whose_data_arrives_after_a_shrink_is_refused_and_the_file_stays_cut() {
+    let t = target();
+    let s = subsystem(&t);
+    let path = file_namespace(&t, 2, "held-data", 4 << 20);
+    if !tracks_holes(&path, 0) {
+        println!("SKIP: this file system reports no holes (SEEK_DATA): a file namespace cannot shrink here");
+        return;
+    }
+    let len = || std::fs::metadata(&path).unwrap().len();
+    let mut a = Host::new(&t, 1);
+    let cntlid = a.admin_up(Digests::default());
+    let mut q = Host::io_up(&t, 1, cntlid, 1, Digests::default());
+
+    let data = pattern(8192, 9);
+    let (cid, r2t) = write_to_r2t(&mut q, 2, TAIL_SLBA, &data);
+    let shrunk = std::thread::scope(|sc| sc.spawn(|| s.resize_namespace(Nsid(2), 3 << 20)).join().unwrap());
+    assert_eq!(shrunk.unwrap(), (4 << 20, 3 << 20), "nothing past 3 MiB had reached the file");
+    assert_eq!(len(), 3 << 20);
+
+    let pdu = h2c_data(&q, cid, &r2t, &data);
+    q.send(&pdu);
+    let c = q.completion(cid).0;
+    assert_eq!(c.status, Status::LBA_OUT_OF_RANGE, "the write's blocks are gone: it is not acknowledged");
+    assert_eq!(len(), 3 << 20, "the file is never longer than the namespace");
+
+    s.resize_namespace(Nsid(2), 4 << 20).unwrap();
+    assert_eq!(q.read(2, TAIL_SLBA, 8192).1, vec![0; 8192], "grown back: blocks never written read zeros");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// A write past its write gate whose completion the reactor has not taken yet (held here:
+/// its file operation is done, the connection not told): a shrink over its blocks waits
+/// for it; with a short bound it is refused, to be asked again, and changes nothing; with
+/// the usual one it waits, the write is acknowledged, and the shrink then finds its data
+/// and is refused. An acknowledged write is never cut off.
+#[test]
+fn a_shrink_waits_for_a_write_in_flight_to_the_blocks_it_cuts() {
+    let t = target();
+    let s = subsystem(&t);
+    let path = file_namespace(&t, 2, "in-flight", 4 << 20);
+    let len = || std::fs::metadata(&path).unwrap().len();
+    let mut a = Host::new(&t, 1);
+    let cntlid = a.admin_up(Digests::default());
+    let mut q = Host::io_up(&t, 1, cntlid, 1, Digests::default());
+
+    let data = pattern(8192, 11);
+    let (cid, r2t) = write_to_r2t(&mut q, 2, TAIL_SLBA, &data);
+    let pdu = h2c_data(&q, cid, &r2t, &data);
+    assert_eq!(q.feed_only(&pdu), pdu.len());
+    assert!(q.recv().is_none(), "the write's completion is held");
+
+    let e = s.resize_namespace_within(Nsid(2), 3 << 20, std::time::Duration::from_millis(200)).unwrap_err();
+    let e = e.to_string();
+    assert!(e.contains("namespace 2 of") && e.contains("did not finish") && e.contains("try again"), "{e}");
+    assert_eq!(identify_ns(&mut a, 2).1.nsze, (4 << 20) / 512, "a refused shrink keeps the old size");
+    assert_eq!(len(), 4 << 20);
+
+    std::thread::scope(|sc| {
+        let shrink = sc.spawn(|| s.resize_namespace(Nsid(2), 3 << 20));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(!shrink.is_finished(), "the shrink waits for the write in flight");
+        q.pump();
+        let e = shrink.join().unwrap().unwrap_err().to_string();
+        assert!(e.contains("past the new end holds data"), "{e}");
+    });
+    assert_eq!(q.completion(cid).0.status, Status::SUCCESS);
+    assert_eq!(len(), 4 << 20, "the refused shrink left the file alone");
+    assert_eq!(q.read(2, TAIL_SLBA, 8192).1, data, "the acknowledged write is kept");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

@@ -21,8 +21,8 @@ pub struct SimArgs {
     #[arg(long)]
     no_failover_quiesce: bool,
     /// Let a seed's namespace shrinks happen while writes to the blocks cut off are in
-    /// flight (shows how such a write outlives the shrink; off, the simulated operator
-    /// waits for them).
+    /// flight (the target waits out those at the backend, or refuses the shrink, and
+    /// refuses the others' writes past the new end; off, the simulated operator waits).
     #[arg(long)]
     shrink_under_writes: bool,
 }

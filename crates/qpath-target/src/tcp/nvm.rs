@@ -229,12 +229,13 @@ impl Connection {
         if matches!(ns.backend, Backend::File(_)) && !self.exec_buf(second, len, ctx) {
             return;
         }
-        if !self.range_lock(second, ns, blocks, ctx) {
+        if !self.range_lock(second, ns, blocks.clone(), ctx) {
             return;
         }
-        // Under the lock, the Write's reservation again: a preempting host may have fenced
-        // this one while the pair waited (see `Connection::resv_recheck`).
-        if let Err(status) = self.resv_recheck(second, ns) {
+        // Under the lock, the Write's capacity and reservation again: a shrink may have cut
+        // its blocks off, a preempting host fenced this one, while the pair waited (see
+        // `Connection::size_recheck`, `Connection::resv_recheck`).
+        if let Err(status) = Self::size_recheck(ns, &blocks).and_then(|()| self.resv_recheck(second, ns)) {
             self.reqs[usize::from(first)].status = Status::FUSED_FAILED;
             self.reqs[usize::from(second)].status = status;
             return self.caw_finish(first, second, ctx);
@@ -336,6 +337,14 @@ impl Connection {
             self.wait_range(slot, ctx);
         }
         granted
+    }
+
+    /// A data-changing command's blocks against the capacity again, once past its write gate
+    /// or lock: a shrink may have cut them off since the command was checked on arrival (it
+    /// waited for its data, a buffer, QoS). With the gate's handshake, a write the shrink
+    /// does not wait out reads the smaller capacity here (see [`crate::namespace`]).
+    pub(super) fn size_recheck(ns: &Namespace, blocks: &std::ops::Range<u64>) -> Result<(), Status> {
+        if ns.still_within(blocks) { Ok(()) } else { Err(Status::LBA_OUT_OF_RANGE) }
     }
 
     /// A fused operation's lock on `blocks`: true once granted; false while it waits.
@@ -617,8 +626,12 @@ impl Connection {
     fn copy_gate(&mut self, slot: u16, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
         let IoKind::Copy { sdlba, len, .. } = self.io_kind(slot) else { return };
         let dest = block_range(ns, sdlba << ns.block_shift, len);
-        if !self.range_gate(slot, ns, dest, ctx) {
+        if !self.range_gate(slot, ns, dest.clone(), ctx) {
             return;
+        }
+        if let Err(status) = Self::size_recheck(ns, &dest) {
+            self.reqs[usize::from(slot)].status = status;
+            return self.copy_end(slot, ctx);
         }
         let len = crate::us(len);
         let offset = sdlba << ns.block_shift;
