@@ -188,6 +188,61 @@ check_capture() {
   if [ "$pdus" = 0 ] && [ "$app" -gt 100 ]; then rm -f "$PCAP"; fi
 }
 
+# A two-path `qpath bench` job against the guest's nvmet (randrw 4k at QD16, crc32c verify,
+# round-robin, reconnects every second up to 120 s), started in the background: $1 names the
+# job, $2 holds the URI's own options (a secret among them goes into the job file, mode 0600,
+# never on a command line or in a log), $3 its runtime in seconds. Sets bench_pid; whether
+# the job is still running 5 s later.
+start_two_path_bench() {
+  local name=$1 opts=$2 runtime=$3 g=$VMLAB_GUEST_IP
+  umask 077
+  cat > "$D/bench.fio" <<FIO
+[$name]
+ioengine=qpath
+filename=nvme+tcp://$g:4420,$g:4421/$QPATH_NQN/1?hostnqn=$HOSTNQN&$opts&reconnect_delay=1&ctrl_loss_tmo=120
+rw=randrw
+bs=4k
+iodepth=16
+size=64m
+time_based
+runtime=$runtime
+verify=crc32c
+mpath_policy=round-robin
+FIO
+  umask 022
+  setsid timeout -k 5 240 ip netns exec "$VMLAB_NETNS" env RUST_LOG=info "$QPATH_BIN" bench --output-format=json \
+    "$D/bench.fio" > "$D/bench.json" 2> "$D/bench.log" < /dev/null &
+  bench_pid=$!
+  STARTED+=("$bench_pid")
+  sleep 5
+  kill -0 "$bench_pid" 2>/dev/null
+}
+
+# Waits (up to 200 s) for the job start_two_path_bench started and judges its JSON report:
+# sets verdict to one line of it; returns 0 when the job exited 0 with no error, did reads
+# and writes, and verified blocks with no failure. Not in a subshell: it waits for its child.
+judge_two_path_bench() {
+  local i rc=0
+  for i in $(seq 200); do kill -0 "$bench_pid" 2>/dev/null || break; sleep 1; done
+  wait "$bench_pid" || rc=$?
+  verdict=$(python3 - "$D/bench.json" "$rc" <<'PY'
+import json, sys
+try:
+    out = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print("no JSON report (rc %s): %s" % (sys.argv[2], e)); sys.exit(1)
+j, q = out["jobs"][0], out["qpath"]["jobs"][0]
+v = q.get("verify", {})
+paths = [p.get("ios", p.get("completed", 0)) for p in q.get("multipath", {}).get("paths", [])]
+r, w = j["read"]["total_ios"], j["write"]["total_ios"]
+print("rc %s, error %s, %d reads, %d writes, verify checked %s failures %s, per-path %s" % (
+    sys.argv[2], j["error"], r, w, v.get("checked"), v.get("failures"), paths))
+sys.exit(0 if (sys.argv[2] == "0" and j["error"] == 0 and r > 0 and w > 0 and v.get("failures") == 0
+               and v.get("checked", 0) > 0) else 1)
+PY
+)
+}
+
 scenario_linux-host() {
   on_ask() {
     case "$1" in
@@ -260,48 +315,12 @@ scenario_linux-target() {
         if [ $rc != 0 ] && printf '%s' "$out" | grep -q 'TLS'; then pass "qpath connect with a wrong key: refused in the TLS handshake"
         else fail "qpath connect with a wrong key: rc=$rc"; return 1; fi ;;
       bench-start)
-        umask 077
-        cat > "$D/bench.fio" <<FIO
-[tls-paths]
-ioengine=qpath
-filename=nvme+tcp://$g:4420,$g:4421/$QPATH_NQN/1?hostnqn=$HOSTNQN&tls_key=$(cat "$D/tls.key")&reconnect_delay=1&ctrl_loss_tmo=120
-rw=randrw
-bs=4k
-iodepth=16
-size=64m
-time_based
-runtime=45
-verify=crc32c
-mpath_policy=round-robin
-FIO
-        umask 022
-        setsid timeout -k 5 240 ip netns exec "$VMLAB_NETNS" env RUST_LOG=info "$QPATH_BIN" bench --output-format=json \
-          "$D/bench.fio" > "$D/bench.json" 2> "$D/bench.log" < /dev/null &
-        bench_pid=$!
-        STARTED+=("$bench_pid")
-        sleep 5
-        kill -0 "$bench_pid" 2>/dev/null && pass "qpath bench (two TLS paths, randrw crc32c verify) running" \
+        start_two_path_bench tls-paths "tls_key=$(cat "$D/tls.key")" 45 \
+          && pass "qpath bench (two TLS paths, randrw crc32c verify) running" \
           || { fail "qpath bench exited at once"; tail -5 "$D/bench.log"; return 1; } ;;
       bench-check)
-        local i verdict
-        for i in $(seq 200); do kill -0 "$bench_pid" 2>/dev/null || break; sleep 1; done
-        rc=0; wait "$bench_pid" || rc=$?
-        verdict=$(python3 - "$D/bench.json" "$rc" <<'PY'
-import json, sys
-try:
-    out = json.load(open(sys.argv[1]))
-except (OSError, ValueError) as e:
-    print("no JSON report (rc %s): %s" % (sys.argv[2], e)); sys.exit(1)
-j, q = out["jobs"][0], out["qpath"]["jobs"][0]
-v = q.get("verify", {})
-paths = [p.get("ios", p.get("completed", 0)) for p in q.get("multipath", {}).get("paths", [])]
-r, w = j["read"]["total_ios"], j["write"]["total_ios"]
-print("rc %s, error %s, %d reads, %d writes, verify checked %s failures %s, per-path %s" % (
-    sys.argv[2], j["error"], r, w, v.get("checked"), v.get("failures"), paths))
-sys.exit(0 if (sys.argv[2] == "0" and j["error"] == 0 and r > 0 and w > 0 and v.get("failures") == 0
-               and v.get("checked", 0) > 0) else 1)
-PY
-)
+        local verdict
+        judge_two_path_bench
         local ok=$?
         grep -vE '^ *$' "$D/bench.log" | tail -4 | sed 's/^/    bench: /'
         if grep -q 'NVMeTLSkey-1' "$D/bench.json" "$D/bench.log"; then fail "the TLS key is printed in the bench's report or log"; fi
@@ -316,53 +335,16 @@ PY
 
 scenario_linux-target-concat() {
   QPATH_NQN=nqn.2024-01.io.vmlab:concat
-  local g=$VMLAB_GUEST_IP bench_pid=
+  local bench_pid=
   on_ask() {
-    local rc verdict ok n
+    local verdict ok n
     case "$1" in
       bench-start)
-        # The secret goes in the job file (mode 0600), never on a command line or in a log.
-        umask 077
-        cat > "$D/bench.fio" <<FIO
-[concat-paths]
-ioengine=qpath
-filename=nvme+tcp://$g:4420,$g:4421/$QPATH_NQN/1?hostnqn=$HOSTNQN&dhchap_secret=$(cat "$D/dhchap.key")&concat=1&reconnect_delay=1&ctrl_loss_tmo=120
-rw=randrw
-bs=4k
-iodepth=16
-size=64m
-time_based
-runtime=40
-verify=crc32c
-mpath_policy=round-robin
-FIO
-        umask 022
-        setsid timeout -k 5 240 ip netns exec "$VMLAB_NETNS" env RUST_LOG=info "$QPATH_BIN" bench --output-format=json \
-          "$D/bench.fio" > "$D/bench.json" 2> "$D/bench.log" < /dev/null &
-        bench_pid=$!
-        STARTED+=("$bench_pid")
-        sleep 5
-        kill -0 "$bench_pid" 2>/dev/null && pass "qpath bench (two paths, concat=1, randrw crc32c verify) running" \
+        start_two_path_bench concat-paths "dhchap_secret=$(cat "$D/dhchap.key")&concat=1" 40 \
+          && pass "qpath bench (two paths, concat=1, randrw crc32c verify) running" \
           || { fail "qpath bench exited at once"; tail -5 "$D/bench.log"; return 1; } ;;
       bench-check)
-        local i
-        for i in $(seq 200); do kill -0 "$bench_pid" 2>/dev/null || break; sleep 1; done
-        rc=0; wait "$bench_pid" || rc=$?
-        verdict=$(python3 - "$D/bench.json" "$rc" <<'PY'
-import json, sys
-try:
-    out = json.load(open(sys.argv[1]))
-except (OSError, ValueError) as e:
-    print("no JSON report (rc %s): %s" % (sys.argv[2], e)); sys.exit(1)
-j, q = out["jobs"][0], out["qpath"]["jobs"][0]
-v = q.get("verify", {})
-r, w = j["read"]["total_ios"], j["write"]["total_ios"]
-print("rc %s, error %s, %d reads, %d writes, verify checked %s failures %s" % (
-    sys.argv[2], j["error"], r, w, v.get("checked"), v.get("failures")))
-sys.exit(0 if (sys.argv[2] == "0" and j["error"] == 0 and r > 0 and w > 0 and v.get("failures") == 0
-               and v.get("checked", 0) > 0) else 1)
-PY
-)
+        judge_two_path_bench
         ok=$?
         grep -vE '^ *$' "$D/bench.log" | grep -v DHHC | tail -4 | sed 's/^/    bench: /'
         n=$(grep -c "secure channel concatenation: TLS PSK generated" "$D/bench.log" || true)
