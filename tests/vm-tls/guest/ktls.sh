@@ -10,6 +10,7 @@
 # where it cannot run) must hold only TLS records. The capture goes to /host (9p).
 # Settings (vmlab.env.*): NQN, HOSTNQN, HOSTID, FIO_RUNTIME (15).
 . /vmlab/qpath-lib.sh
+. /vmlab/tls-lib.sh
 HOSTNQN=${HOSTNQN:?HOSTNQN}
 HOSTID=${HOSTID:-3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01}
 FIO_RUNTIME=${FIO_RUNTIME:-15}
@@ -18,17 +19,11 @@ ADDR=127.0.0.1
 PORT=4420
 RPC=/tmp/rpc.sock
 
-step "sid's TLS tools into /sid; the kernel's TLS"
-mkdir -p /sid && tar -xf /vmlab/tls-tools.tar -C /sid || fail "unpacking tls-tools.tar"
-LD=/sid/usr/lib64/ld-linux-x86-64.so.2; [ -e $LD ] || LD=/sid/lib64/ld-linux-x86-64.so.2
-SIDRUN="$LD --library-path /sid/usr/lib/x86_64-linux-gnu"
-SNVME="$SIDRUN /sid/usr/sbin/nvme"
+step "the kernel's TLS (tls-lib.sh loaded gcm(aes) and tls)"
 KEY=$(cat /vmlab/tls.key)
-mkdir -p /etc/nvme /etc/tlshd
+mkdir -p /etc/nvme
 echo "$HOSTNQN" > /etc/nvme/hostnqn; echo "$HOSTID" > /etc/nvme/hostid
-# gcm(aes) for the kernel's TLS: the modules run.sh added (the initramfs lacks them).
-for m in ctr gcm; do [ -e /vmlab/mods/$m.ko ] && { insmod /vmlab/mods/$m.ko || fail "insmod $m"; }; done
-modprobe tls; modprobe nvme-tcp
+modprobe nvme-tcp
 if grep -qw tls /proc/sys/net/ipv4/tcp_available_ulp; then
   pass "the kernel offers kernel TLS (tcp_available_ulp: $(cat /proc/sys/net/ipv4/tcp_available_ulp))"
 else
@@ -76,22 +71,7 @@ kernel_queues() { rpc list_queues 2>/dev/null | grep -o 'tls1\.3-kernel' | wc -l
 user_queues() { rpc list_queues 2>/dev/null | grep -o 'tls1\.3-user' | wc -l; }
 
 step "(a) the Linux host: nvme connect --tls, fio verify"
-printf '127.0.0.1 localhost\n%s vmlab\n' "$VMLAB_GUEST_IP" > /etc/hosts
-printf 'hosts: files\n' > /etc/nsswitch.conf
-cat > /etc/tlshd/config <<CONF
-[debug]
-loglevel=7
-tls=0
-nl=0
-[authenticate]
-keyrings=.nvme
-[authenticate.client]
-[authenticate.server]
-CONF
-$SIDRUN /sid/usr/sbin/tlshd -s -c /etc/tlshd/config > /tmp/tlshd.log 2>&1 &
-TLSHD=$!
-sleep 1
-kill -0 $TLSHD 2>/dev/null && pass "tlshd running" || fail "tlshd exited"
+start_tlshd
 out=$(timeout 60 $SNVME check-tls-key --keydata="$KEY" --hostnqn="$HOSTNQN" --subsysnqn="$NQN" --identity=1 --insert 2>&1); rc=$?
 echo "$out" | grep -v NVMeTLSkey
 [ $rc = 0 ] && pass "check-tls-key --insert" || fail "check-tls-key --insert rc=$rc"
@@ -112,7 +92,7 @@ if wait_until 60 one_head; then
   timeout 60 $SNVME disconnect-all; rc=$?
   [ $rc = 0 ] && pass "disconnect-all rc=0" || fail "disconnect-all rc=$rc"
 else
-  fail "Linux host over TLS: no namespace"; grep -v NVMeTLSkey /tmp/tlshd.log | tail -30
+  fail "Linux host over TLS: no namespace"; tlshd_log 30
 fi
 kill $TLSHD 2>/dev/null
 
