@@ -5,16 +5,14 @@
 //! the thread to sleep inside the submitting call, which made each QD1 I/O a few µs
 //! slower (a wake-up from idle instead of entering again while the response is close).
 
+mod loopback;
+
 use std::time::{Duration, Instant};
 
 use host::context::{Context, ContextOptions, Op};
 use host::controller::{ConnectOptions, Controller};
 use nvme::Nsid;
-use target::config::{Config, SizeValue};
-use target::reactor::{PollMode, ReactorOptions};
 use uring::{IoBuf, RingStats, Wait};
-
-const NQN: &str = "nqn.2026-11.io.qpath:send-hold";
 
 /// Runs `n` 4 KiB reads with `depth` in flight, polling `Wait::Block`; the ring's
 /// counters over the run.
@@ -49,17 +47,8 @@ fn run(ctx: &mut Context, dev: host::context::DeviceId, depth: usize, n: u64) ->
 
 #[test]
 fn a_blocking_poll_holds_send_completions_only_with_several_requests_in_flight() {
-    let mut c = Config::embedded_default();
-    c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    c.ports.truncate(1);
-    c.ports[0].addr = "127.0.0.1:0".into();
-    let sub = &mut c.subsystems[0];
-    sub.nqn = NQN.into();
-    sub.namespaces.truncate(1);
-    sub.namespaces[0].backend = "ram".into();
-    sub.namespaces[0].size = Some(SizeValue::Text("16M".into()));
-    let server = c.start().unwrap();
-    let ctrl = Controller::connect(ConnectOptions::new(server.local_addr(1).unwrap(), NQN)).unwrap();
+    let (server, addrs) = loopback::target(1, "16M");
+    let ctrl = Controller::connect(ConnectOptions::new(addrs[0], target::config::DEFAULT_NQN)).unwrap();
     let mut ctx = Context::new(ContextOptions::default()).unwrap();
     if !ctx.ring().features().min_wait {
         println!("SKIP: this kernel's io_uring has no minimum wait (IORING_FEAT_MIN_TIMEOUT, Linux 6.12)");
