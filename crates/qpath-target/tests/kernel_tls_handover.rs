@@ -11,7 +11,7 @@ mod support;
 
 use std::sync::Arc;
 
-use nvme::tcp::{DecoderConfig, Digests, EncoderConfig, Header, IcReq, Role};
+use nvme::tcp::{Digests, Header, IcReq};
 use nvme::{Cntlid, Status};
 use qpath_target::registry::TargetState;
 use qpath_target::subsystem::HostAccess;
@@ -66,15 +66,7 @@ fn expect_plain_icresp(h: &mut Host) {
         Header::IcResp(_) => {}
         other => panic!("expected a plain ICResp, got {other:?}"),
     }
-    h.enc = EncoderConfig { digests: Digests::default(), data_align: 4 };
-    h.dec.config = DecoderConfig {
-        receiver: Role::Host,
-        digests: Digests::default(),
-        established: true,
-        data_align: 4,
-        max_in_capsule: 0,
-        max_data_pdu: 16 << 20,
-    };
+    h.established(Digests::default());
 }
 
 #[test]

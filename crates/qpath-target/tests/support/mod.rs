@@ -272,18 +272,23 @@ impl Host {
             Header::IcResp(r) => {
                 assert_eq!(r.digests, digests);
                 assert_eq!(r.cpda, 0);
-                self.enc = EncoderConfig { digests, data_align: 4 };
-                self.dec.config = DecoderConfig {
-                    receiver: Role::Host,
-                    digests,
-                    established: true,
-                    data_align: 4,
-                    max_in_capsule: 0,
-                    max_data_pdu: 16 << 20,
-                };
+                self.established(digests);
             }
             h => panic!("expected ICResp, got {h:?}"),
         }
+    }
+
+    /// The encoder and decoder of an established queue with `digests` (after the ICResp).
+    pub fn established(&mut self, digests: Digests) {
+        self.enc = EncoderConfig { digests, data_align: 4 };
+        self.dec.config = DecoderConfig {
+            receiver: Role::Host,
+            digests,
+            established: true,
+            data_align: 4,
+            max_in_capsule: 0,
+            max_data_pdu: 16 << 20,
+        };
     }
 
     pub fn cid(&mut self) -> Cid {
