@@ -157,6 +157,23 @@ start_capture() {
 # as tls.record.opaque_type 23; handshake, change_cipher_spec and plaintext alerts as
 # tls.record.content_type 22, 20, 21. Decoded as NVMe/TCP instead, every connection starts
 # with a TLS record type (0x16), never with a PDU type 0-9 such as an ICReq.)
+# Counts what capture $1 holds on the NVMe/TCP ports that follow, decoded as TLS: sets hello
+# (ClientHellos), app (frames of TLS application data), other (records of any other type:
+# content types 20-22 in the clear, opaque type 23 when protected) and pdus (NVMe/TCP PDUs in
+# the clear, the same frames decoded as NVMe/TCP).
+count_tls_records() {
+  local pcap=$1 p tls=() nvme=()
+  shift
+  for p in "$@"; do tls+=(-d "tcp.port==$p,tls"); nvme+=(-d "tcp.port==$p,nvme-tcp"); done
+  hello=$(tshark -r "$pcap" "${tls[@]}" -Y 'tls.handshake.type == 1' 2>/dev/null | wc -l)
+  app=$(tshark -r "$pcap" "${tls[@]}" -Y 'tls.record.opaque_type == 23' 2>/dev/null | wc -l)
+  other=$(tshark -r "$pcap" "${tls[@]}" -Y 'tls.record' -T fields -e tls.record.content_type -e tls.record.opaque_type 2>/dev/null \
+    | awk -F'\t' '{ n = split($1, c, ","); for (i = 1; i <= n; i++) if (c[i] != 20 && c[i] != 21 && c[i] != 22) bad++
+                    n = split($2, o, ","); for (i = 1; i <= n; i++) if (o[i] != 23) bad++ }
+                  END { print bad + 0 }')
+  pdus=$(tshark -r "$pcap" "${nvme[@]}" -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
+}
+
 check_capture() {
   local i
   sleep 1
@@ -166,16 +183,9 @@ check_capture() {
   say "capture: $(du -h "$PCAP" | cut -f1) in $PCAP"
   local tls=(-r "$PCAP" -d tcp.port==4420,tls -d tcp.port==4421,tls)
   local hello app other pdus ports
-  hello=$(tshark "${tls[@]}" -Y 'tls.handshake.type == 1' 2>/dev/null | wc -l)
-  app=$(tshark "${tls[@]}" -Y 'tls.record.opaque_type == 23' 2>/dev/null | wc -l)
-  # Every record's type: content types 20-22 in the clear, opaque type 23 when protected.
-  other=$(tshark "${tls[@]}" -Y 'tls.record' -T fields -e tls.record.content_type -e tls.record.opaque_type 2>/dev/null \
-    | awk -F'\t' '{ n = split($1, c, ","); for (i = 1; i <= n; i++) if (c[i] != 20 && c[i] != 21 && c[i] != 22) bad++
-                    n = split($2, o, ","); for (i = 1; i <= n; i++) if (o[i] != 23) bad++ }
-                  END { print bad + 0 }')
+  count_tls_records "$PCAP" 4420 4421
   ports=$(tshark "${tls[@]}" -Y 'tls.record.opaque_type == 23' -T fields -e tcp.dstport -e tcp.srcport 2>/dev/null \
     | tr '\t' '\n' | grep -E '^442[01]$' | sort -u | tr '\n' ' ')
-  pdus=$(tshark -r "$PCAP" -d tcp.port==4420,nvme-tcp -d tcp.port==4421,nvme-tcp -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
   say "capture: $hello ClientHello(s), $app frames of TLS application data (ports $ports), $other other record types, $pdus clear NVMe/TCP PDUs"
   [ "$hello" -ge 4 ] && pass "capture: $hello TLS ClientHellos (every queue, and again after the restart or the path loss)" \
     || fail "capture: $hello ClientHellos"
@@ -373,19 +383,12 @@ scenario_ktls() {
   boot_guest "$HERE/guest/ktls.sh" "vmlab.env.HOSTNQN=$HOSTNQN"
   serve_guest
   check_guest
-  local pcap=$GUEST_SHARE/ktls.pcap tls hello app other pdus
+  local pcap=$GUEST_SHARE/ktls.pcap hello app other pdus
   if [ ! -s "$pcap" ]; then
     say "SKIP: capture: the guest wrote none (see the serial log's SKIP line)"
     return
   fi
-  tls=(-r "$pcap" -d tcp.port==4420,tls)
-  hello=$(tshark "${tls[@]}" -Y 'tls.handshake.type == 1' 2>/dev/null | wc -l)
-  app=$(tshark "${tls[@]}" -Y 'tls.record.opaque_type == 23' 2>/dev/null | wc -l)
-  other=$(tshark "${tls[@]}" -Y 'tls.record' -T fields -e tls.record.content_type -e tls.record.opaque_type 2>/dev/null \
-    | awk -F'\t' '{ n = split($1, c, ","); for (i = 1; i <= n; i++) if (c[i] != 20 && c[i] != 21 && c[i] != 22) bad++
-                    n = split($2, o, ","); for (i = 1; i <= n; i++) if (o[i] != 23) bad++ }
-                  END { print bad + 0 }')
-  pdus=$(tshark -r "$pcap" -d tcp.port==4420,nvme-tcp -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
+  count_tls_records "$pcap" 4420
   say "capture: $(du -h "$pcap" | cut -f1), $hello ClientHello(s), $app frames of TLS application data, $other other record types, $pdus clear NVMe/TCP PDUs"
   [ "$hello" -ge 4 ] && pass "capture: $hello TLS ClientHellos (the Linux host's and the bench's queues)" \
     || fail "capture: $hello ClientHellos"
