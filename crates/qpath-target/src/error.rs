@@ -18,6 +18,9 @@ pub enum ErrorKind {
     NotFound,
     /// An object with that name already exists.
     Exists,
+    /// The request was valid but could not be carried out now (e.g. writes still in
+    /// flight to blocks a shrink would cut); the same request may succeed later.
+    Busy,
 }
 
 /// A target error: a kind plus context.

@@ -386,7 +386,7 @@ impl Namespace {
         };
         if !granted && !self.wait_for(hold, drain) {
             return refuse(Error::new(
-                ErrorKind::Config,
+                ErrorKind::Busy,
                 format!(
                     "writes to the blocks past the new end did not finish within {} ms; try again",
                     drain.as_millis()
@@ -735,6 +735,7 @@ mod tests {
         assert!(granted);
         let e = n.resize(512 << 10, Duration::from_millis(30)).unwrap_err();
         assert!(e.context.contains("did not finish") && e.context.contains("try again"), "{}", e.context);
+        assert_eq!(e.kind, ErrorKind::Busy, "a caller can tell \"try again\" from a wrong request");
         assert_eq!(n.nblocks(), 2048, "the old size is back");
         assert!(!n.locks.is_active() && n.locks.entries() == 0, "the lock is given back");
         std::thread::scope(|s| {

@@ -232,11 +232,7 @@ fn serve(conn: UnixStream, handler: &Arc<Handler>) {
                     match handler(method, &params, caller) {
                         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
                         Err(e) => {
-                            let code = match e.kind {
-                                ErrorKind::NotFound => -32001,
-                                ErrorKind::Exists => -32002,
-                                _ => -32602,
-                            };
+                            let code = error_code(e.kind);
                             json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": e.to_string()}})
                         }
                     }
@@ -247,6 +243,19 @@ fn serve(conn: UnixStream, handler: &Arc<Handler>) {
         if writeln!(w, "{resp}").is_err() {
             return;
         }
+    }
+}
+
+/// The JSON-RPC error code of a refused call: -32602 (invalid params) for a wrong
+/// request, and codes in the server range for the rest, so a client can tell "no such
+/// thing" (-32001), "already there" (-32002) and "busy, try again" (-32003) from a
+/// mistake in its request.
+fn error_code(kind: ErrorKind) -> i64 {
+    match kind {
+        ErrorKind::NotFound => -32001,
+        ErrorKind::Exists => -32002,
+        ErrorKind::Busy => -32003,
+        ErrorKind::Config | ErrorKind::Backend | ErrorKind::Io => -32602,
     }
 }
 
@@ -349,7 +358,13 @@ pub fn client_call(socket: &Path, method: &str, params: Value) -> Result<Value, 
     let v: Value = serde_json::from_str(&line).map_err(|e| Error::new(ErrorKind::Io, format!("bad response: {e}")))?;
     if let Some(err) = v.get("error") {
         let msg = err.get("message").and_then(Value::as_str).unwrap_or("error");
-        return Err(Error::new(ErrorKind::Config, msg.to_string()));
+        let kind = match err.get("code").and_then(Value::as_i64) {
+            Some(-32001) => ErrorKind::NotFound,
+            Some(-32002) => ErrorKind::Exists,
+            Some(-32003) => ErrorKind::Busy,
+            _ => ErrorKind::Config,
+        };
+        return Err(Error::new(kind, msg.to_string()));
     }
     Ok(v.get("result").cloned().unwrap_or(Value::Null))
 }
@@ -663,5 +678,31 @@ mod tests {
         let _s = RpcServer::start_with(&path, handler).unwrap();
         let v = client_call(&path, "who", json!({})).unwrap();
         assert_eq!(v["pid"], std::process::id(), "{v}");
+    }
+
+    #[test]
+    fn a_refusal_keeps_its_kind_across_the_socket() {
+        let d = Dir::new("kinds");
+        let path = d.0.join("rpc.sock");
+        let handler: Arc<Handler> = Arc::new(|m: &str, _: &Value, _: Caller| {
+            let kind = match m {
+                "missing" => ErrorKind::NotFound,
+                "twice" => ErrorKind::Exists,
+                "busy" => ErrorKind::Busy,
+                _ => ErrorKind::Config,
+            };
+            Err(Error::new(kind, format!("refused {m}")))
+        });
+        let _s = RpcServer::start_with(&path, handler).unwrap();
+        for (m, kind) in [
+            ("missing", ErrorKind::NotFound),
+            ("twice", ErrorKind::Exists),
+            ("busy", ErrorKind::Busy),
+            ("wrong", ErrorKind::Config),
+        ] {
+            let e = client_call(&path, m, json!({})).unwrap_err();
+            assert_eq!((e.kind, e.context.as_str()), (kind, format!("refused {m}").as_str()));
+        }
+        assert_eq!(error_code(ErrorKind::Busy), -32003, "busy is not a wrong request (-32602)");
     }
 }

@@ -31,7 +31,11 @@ Examples:
 
 Methods and parameters come from the process on the socket: a running
 `qpath bench --rpc-socket PATH` lists its own (stats, target_stats, bench_status,
-reauthenticate, release).";
+reauthenticate, release).
+
+Exit status: 0 when the call succeeded, 75 when the target answered that it could
+not do it now and the same call may succeed later (a shrink whose blocks still have
+writes in flight), 1 for any other failure.";
 
 /// Arguments of `qpath rpc`.
 #[derive(Args, Debug)]
@@ -84,9 +88,18 @@ pub fn run(a: RpcArgs) -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", serde_json::to_string_pretty(&result)?);
             Ok(())
         }
+        Err(e) if e.kind == target::ErrorKind::Busy => {
+            // The target could not do it now; the same call may succeed later. Scripts
+            // retry on this status (sysexits' EX_TEMPFAIL) rather than on every failure.
+            eprintln!("qpath: {}", explain(&socket, method, &e));
+            std::process::exit(EX_TEMPFAIL);
+        }
         Err(e) => Err(explain(&socket, method, &e).into()),
     }
 }
+
+/// The exit status of a call the target answered "busy, try again" (sysexits.h).
+const EX_TEMPFAIL: i32 = 75;
 
 /// A failed call, said for a person: who did not answer, or what to read next.
 fn explain(socket: &Path, method: &str, e: &target::Error) -> String {
