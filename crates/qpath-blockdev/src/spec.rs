@@ -82,6 +82,10 @@ pub struct HeadSpec {
     /// every queue, anew at each connect.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub concat: bool,
+    /// `auto`: a TLS queue hands its records to the kernel after the handshake where the
+    /// kernel offers kernel TLS; `off`: they stay in user space (`--tls-offload`).
+    #[serde(default = "tls_offload", skip_serializing_if = "is_auto")]
+    pub tls_offload: String,
 }
 
 fn one() -> u32 {
@@ -107,6 +111,12 @@ fn minus_one() -> i64 {
 }
 fn tls_identity() -> u8 {
     1
+}
+fn tls_offload() -> String {
+    "auto".into()
+}
+fn is_auto(s: &str) -> bool {
+    s == "auto"
 }
 
 /// Reads a secret from `file` (surrounding whitespace dropped). Errors name the file and
@@ -147,6 +157,7 @@ impl HeadSpec {
             tls_key_file: None,
             tls_identity: tls_identity(),
             concat: false,
+            tls_offload: tls_offload(),
         }
     }
 
@@ -170,6 +181,12 @@ impl HeadSpec {
         if let Some(h) = &self.hostid {
             nvme::nqn::parse_uuid(h)
                 .ok_or_else(|| Error::new(ErrorKind::Invalid, format!("hostid {h:?}: not a UUID")))?;
+        }
+        if tls::kernel::Offload::parse(&self.tls_offload).is_none() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("tls_offload {:?}: expected auto or off", self.tls_offload),
+            ));
         }
         if self.tls_identity > 1 {
             return Err(Error::new(ErrorKind::Invalid, format!("tls_identity {}: expected 0 or 1", self.tls_identity)));
@@ -257,6 +274,7 @@ impl HeadSpec {
         o.dhchap_ctrl_secret.clone_from(&secrets.dhchap_ctrl);
         o.tls.clone_from(&secrets.tls);
         o.concat = self.concat;
+        o.tls_offload = tls::kernel::Offload::parse(&self.tls_offload).unwrap_or_default();
         Ok(o)
     }
 
@@ -378,6 +396,26 @@ mod tests {
         s.tls_identity = 1;
         s.dhchap_ctrl_secret_file = Some("/c".into());
         assert!(s.check().unwrap_err().context.contains("host secret"));
+    }
+
+    /// `tls_offload` reaches the controller's options, is checked, and a spec saved before
+    /// it existed (device state files) reads back as `auto`.
+    #[test]
+    fn tls_offload_is_checked_kept_and_defaults_to_auto() {
+        let mut s = HeadSpec::new(vec!["127.0.0.1:4420".into()], "nqn.x:y");
+        let none = Secrets { dhchap: None, dhchap_ctrl: None, tls: None };
+        let addr = "127.0.0.1:4420".parse().unwrap();
+        assert_eq!(s.options(addr, &none).unwrap().tls_offload, tls::kernel::Offload::Auto);
+        assert!(!serde_json::to_string(&s).unwrap().contains("tls_offload"), "auto is not written");
+        s.tls_offload = "off".into();
+        assert!(s.check().is_ok());
+        assert_eq!(s.options(addr, &none).unwrap().tls_offload, tls::kernel::Offload::Off);
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<HeadSpec>(&json).unwrap().tls_offload, "off");
+        s.tls_offload = "kernel".into();
+        assert!(s.check().unwrap_err().context.contains("tls_offload \"kernel\""));
+        let old = r#"{"paths":["127.0.0.1:4420"],"subnqn":"nqn.x:y"}"#;
+        assert_eq!(serde_json::from_str::<HeadSpec>(old).unwrap().tls_offload, "auto");
     }
 
     /// A spec keeps secret files by path: its JSON (device state files, RPC answers) never

@@ -79,6 +79,10 @@ pub struct HeadArgs {
     /// queue, anew at each connect. Not with --tls-key-file.
     #[arg(long)]
     pub concat: bool,
+    /// Where a TLS queue's records are sealed after its handshake: by the kernel where it
+    /// offers kernel TLS (auto, the default), or in user space (off).
+    #[arg(long, value_name = "auto|off", value_parser = ["auto", "off"])]
+    pub tls_offload: Option<String>,
 }
 
 impl HeadArgs {
@@ -118,6 +122,9 @@ impl HeadArgs {
         spec.tls_key_file = absolute(&self.tls_key_file)?;
         spec.tls_identity = self.tls_identity;
         spec.concat |= self.concat;
+        if let Some(o) = &self.tls_offload {
+            spec.tls_offload.clone_from(o);
+        }
         spec.check().map_err(|e| e.to_string())?;
         Ok(spec)
     }
@@ -171,6 +178,10 @@ fn from_uri(uri: &str) -> Result<HeadSpec, String> {
                     _ => return Err(format!("{shown}: concat={v} is not a boolean (1 or 0)")),
                 }
             }
+            "tls_offload" => match v.as_str() {
+                "auto" | "off" => spec.tls_offload.clone_from(v),
+                _ => return Err(format!("{shown}: tls_offload={v} is not auto or off")),
+            },
             "dhchap_secret" | "dhchap_ctrl_secret" | "tls_key" => {
                 return Err(format!(
                     "{shown}: a block device keeps its settings (device state, `list`), so it takes \
@@ -237,6 +248,14 @@ mod tests {
         assert!(k.is_absolute() && k.ends_with("k"), "{k:?}");
         assert_eq!(s.tls_identity, 0);
         assert!(spec(&["-a", "h", "-n", "n", "--tls-identity", "2"]).is_err());
+        assert_eq!(spec(&["-a", "h", "-n", "nqn.x:y"]).unwrap().tls_offload, "auto");
+        let s = spec(&["-a", "h", "-n", "nqn.x:y", "--tls-key-file", "k", "--tls-offload", "off"]).unwrap();
+        assert_eq!(s.tls_offload, "off");
+        assert!(spec(&["-a", "h", "-n", "nqn.x:y", "--tls-offload", "of"]).is_err());
+        let s = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?tls_offload=off"]).unwrap();
+        assert_eq!(s.tls_offload, "off", "the URI's choice stays when the flag is not given");
+        let e = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?tls_offload=kernel"]).unwrap_err();
+        assert!(e.contains("tls_offload=kernel"), "{e}");
         let s = spec(&["-a", "h", "-n", "n", "--dhchap-secret-file", "/s", "--dhchap-ctrl-secret-file", "/c"]).unwrap();
         assert_eq!(
             (s.dhchap_secret_file.as_deref(), s.dhchap_ctrl_secret_file.as_deref()),
