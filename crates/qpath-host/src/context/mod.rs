@@ -46,6 +46,10 @@ use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection, Selector
 use crate::queue::{DataDir, HostQueue, Io, QueueState};
 use crate::stats::{DeviceView, HostStats, QueueView, Recorder, STATS_INTERVAL_DEFAULT};
 
+mod req;
+
+use req::{Claim, OnWire, Req, ReqState};
+
 /// An I/O operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -330,48 +334,6 @@ struct DevEntry {
     budget_waiting: VecDeque<u32>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ReqState {
-    Free,
-    /// Waiting for a path, a tag or a connection.
-    Waiting,
-    /// On the wire.
-    Outstanding,
-}
-
-struct Req {
-    state: ReqState,
-    dev: u32,
-    op: Op,
-    slba: u64,
-    nlb: u32,
-    len: u32,
-    buf: Option<IoBuf>,
-    token: u64,
-    start: Instant,
-    retries: u32,
-    /// Queue and path it is bound to while waiting for a tag or on the wire.
-    qkey: usize,
-    path: u16,
-    nsid: Nsid,
-    tag: u16,
-    shared_tag: bool,
-    /// Counted in its device's `budget_used`.
-    budgeted: bool,
-    sent: Option<Instant>,
-    stall_reported: bool,
-    /// Generation of the reference selector that counted it at submission (0 = none).
-    via_reference: u32,
-    /// Who submitted it (a spread device's queue map key).
-    submitter: u32,
-    /// Held after its connection failed, not sent again before this time
-    /// ([`crate::failover`]); in [`Context::held`] meanwhile.
-    held_until: Option<Instant>,
-    /// The hold outlasts the controller's `ctrl_loss_tmo`: the request fails at
-    /// `held_until` instead of being sent again.
-    hold_fails: bool,
-}
-
 /// An I/O that has been outstanding longer than the stall threshold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StallReport {
@@ -478,32 +440,7 @@ impl Context {
             Mailbox::new(&mut ring).map_err(|e| Error::new(ErrorKind::Io, format!("mailbox: {e}")))?;
         let n = opts.max_requests.clamp(1, 1 << 20);
         let now = Instant::now();
-        let reqs = (0..n)
-            .map(|_| Req {
-                state: ReqState::Free,
-                dev: 0,
-                op: Op::Read,
-                slba: 0,
-                nlb: 0,
-                len: 0,
-                buf: None,
-                token: 0,
-                start: now,
-                retries: 0,
-                qkey: 0,
-                path: 0,
-                nsid: Nsid(0),
-                tag: 0,
-                shared_tag: false,
-                budgeted: false,
-                sent: None,
-                stall_reported: false,
-                via_reference: 0,
-                submitter: 0,
-                held_until: None,
-                hold_fails: false,
-            })
-            .collect();
+        let reqs = (0..n).map(|_| Req::free(now)).collect();
         Ok(Context {
             ring,
             mailbox,
@@ -964,7 +901,6 @@ impl Context {
             return Err((Error::new(ErrorKind::Busy, "too many requests in flight"), buf));
         };
         let r = &mut self.reqs[rid as usize];
-        r.state = ReqState::Waiting;
         r.dev = dev.0;
         r.op = op;
         r.slba = slba;
@@ -975,11 +911,12 @@ impl Context {
         let now = Instant::now();
         r.start = now;
         r.retries = 0;
-        r.sent = None;
-        r.stall_reported = false;
+        r.was_sent = false;
         r.submitter = submitter;
         let outer = self.clock.replace(now);
-        self.route(rid);
+        if self.set_state(rid, ReqState::Waiting) {
+            self.route(rid);
+        }
         self.clock = outer;
         Ok(())
     }
@@ -1053,20 +990,60 @@ impl Context {
                 }
             },
         };
-        let r = &mut self.reqs[rid as usize];
-        r.tag = tag.get();
-        r.shared_tag = shared;
+        let tag = tag.get();
         let d = &mut self.devices[dev];
+        let mut budgeted = false;
         if AFTER_TAG_BUILT && let Some(budget) = d.budget {
             // DepthLimitOrder::AfterTag: the tag is taken; now the device's budget.
             if d.budget_used >= budget {
-                d.budget_waiting.push_back(rid);
+                if self.set_state(rid, ReqState::Budget { tag, shared }) {
+                    self.devices[dev].budget_waiting.push_back(rid);
+                }
                 return;
             }
             d.budget_used += 1;
-            r.budgeted = true;
+            budgeted = true;
         }
-        self.issue(rid, ckey, qkey, dev);
+        self.issue(rid, ckey, qkey, dev, Claim { tag, shared, budgeted });
+    }
+
+    /// Moves request `rid` to `to` ([`ReqState::transition`]). A refusal is a bug of the
+    /// core: logged at error level, in release builds too, and the request fails (unless
+    /// it is already free: a second completion is dropped). Returns whether it moved; the
+    /// caller stops handling the request when it did not.
+    fn set_state(&mut self, rid: u32, to: ReqState) -> bool {
+        let r = &mut self.reqs[rid as usize];
+        match r.state.transition(to) {
+            Ok(s) => {
+                r.state = s;
+                true
+            }
+            Err(e) => {
+                tracing::error!(request = rid, token = r.token, "request lifecycle: {e}; the request fails");
+                self.fail_refused(rid);
+                false
+            }
+        }
+    }
+
+    /// Fails a request whose state change was refused: gives back what it holds (a tag
+    /// waiting for budget, a budget) and completes it with an internal error. A request
+    /// on the wire keeps its tag with its command: its late completion finds the request
+    /// no longer outstanding and is dropped.
+    fn fail_refused(&mut self, rid: u32) {
+        let r = &self.reqs[rid as usize];
+        let (dev, qkey, state) = (r.dev as usize, r.qkey, r.state);
+        match state {
+            ReqState::Free => return,
+            ReqState::Budget { tag, shared } => {
+                self.devices[dev].budget_waiting.retain(|&x| x != rid);
+                self.free_tag(dev, qkey, tag, shared);
+            }
+            ReqState::Outstanding(w) => self.release_budget(dev, w.budgeted),
+            ReqState::Waiting | ReqState::Held { .. } => {}
+        }
+        self.reqs[rid as usize].state = ReqState::Waiting;
+        self.complete(rid, Status::INTERNAL);
     }
 
     /// The time of the turn or submission in progress, or the clock's.
@@ -1074,11 +1051,19 @@ impl Context {
         self.clock.unwrap_or_else(Instant::now)
     }
 
-    /// Sends a request that holds its tag (and budget) on connection `ckey` of queue `qkey`.
-    fn issue(&mut self, rid: u32, ckey: usize, qkey: usize, dev: usize) {
-        let now = self.now();
+    /// Sends a request that holds its tag (and budget, as `claim` says) on connection
+    /// `ckey` of queue `qkey`.
+    fn issue(&mut self, rid: u32, ckey: usize, qkey: usize, dev: usize, claim: Claim) {
+        let mut wire = OnWire::new(claim, self.now());
+        if self.reqs[rid as usize].state.transition(ReqState::Outstanding(wire)).is_err() {
+            // Refused before anything goes on the wire (a held or free request sent).
+            self.free_tag(dev, qkey, claim.tag, claim.shared);
+            self.release_budget(dev, claim.budgeted);
+            let _ = self.set_state(rid, ReqState::Outstanding(wire));
+            return;
+        }
         let r = &mut self.reqs[rid as usize];
-        let cid = Cid(r.tag);
+        let cid = Cid(wire.tag);
         let nsid = r.nsid;
         let (sqe, dir, len, buf) = match r.op {
             Op::Read => (
@@ -1104,15 +1089,16 @@ impl Context {
                 (Sqe::dsm_deallocate(cid, nsid, 1, SglDescriptor::transport(16)), DataDir::ToController, 16, Some(b))
             }
         };
-        r.state = ReqState::Outstanding;
-        r.sent = Some(now);
         let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         match conn.q.submit(cid.0, io) {
             Ok(()) => {
                 if let DevKind::Multi(m) = &mut self.devices[dev].kind {
-                    let r = &mut self.reqs[rid as usize];
-                    r.via_reference = m.on_submit(PathIndex(r.path), qkey);
+                    wire.via_reference = m.on_submit(PathIndex(self.reqs[rid as usize].path), qkey);
+                }
+                self.reqs[rid as usize].was_sent = true;
+                if !self.set_state(rid, ReqState::Outstanding(wire)) {
+                    return;
                 }
                 let qe = &mut self.queues[qkey];
                 if !qe.in_flush_list {
@@ -1121,8 +1107,8 @@ impl Context {
                 }
             }
             Err((e, io)) => {
-                self.free_tag(rid);
-                self.release_budget(rid);
+                self.free_tag(dev, qkey, wire.tag, wire.shared);
+                self.release_budget(dev, wire.budgeted);
                 let r = &mut self.reqs[rid as usize];
                 if r.op == Op::Deallocate {
                     if let Some(b) = io.buf {
@@ -1131,8 +1117,12 @@ impl Context {
                 } else {
                     r.buf = io.buf;
                 }
-                r.state = ReqState::Waiting;
                 tracing::debug!("submit refused ({e}); request waits for the queue");
+                if matches!(self.reqs[rid as usize].state, ReqState::Budget { .. })
+                    && !self.set_state(rid, ReqState::Waiting)
+                {
+                    return;
+                }
                 self.park(rid);
             }
         }
@@ -1142,8 +1132,7 @@ impl Context {
     /// goes back to its device for another path; a single-path one waits for
     /// the reconnect on its queue.
     fn park(&mut self, rid: u32) {
-        let r = &mut self.reqs[rid as usize];
-        r.state = ReqState::Waiting;
+        let r = &self.reqs[rid as usize];
         let dev = r.dev as usize;
         match &self.devices[dev].kind {
             DevKind::Multi(_) => self.devices[dev].waiting.push_back(rid),
@@ -1151,30 +1140,27 @@ impl Context {
         }
     }
 
-    fn free_tag(&mut self, rid: u32) {
-        let r = &self.reqs[rid as usize];
-        let tag = Tag::new(r.tag);
-        if r.shared_tag {
-            if let Some(u) = self.devices[r.dev as usize].tags.as_mut()
+    /// Gives back a tag of device `dev` (shared) or of queue `qkey` (its own).
+    fn free_tag(&mut self, dev: usize, qkey: usize, tag: u16, shared: bool) {
+        let tag = Tag::new(tag);
+        if shared {
+            if let Some(u) = self.devices[dev].tags.as_mut()
                 && u.is_in_flight(tag)
             {
                 u.free(tag);
             }
         } else {
-            let qe = &mut self.queues[r.qkey];
+            let qe = &mut self.queues[qkey];
             if qe.tags.is_in_flight(tag) {
                 qe.tags.free(tag);
             }
         }
     }
 
-    /// Gives back the device budget a request held (it left the wire).
-    fn release_budget(&mut self, rid: u32) {
-        let r = &mut self.reqs[rid as usize];
-        if AFTER_TAG_BUILT && r.budgeted {
-            r.budgeted = false;
-            let d = &mut self.devices[r.dev as usize];
-            d.budget_used -= 1;
+    /// Gives back the device budget a request held (`budgeted`: it left the wire).
+    fn release_budget(&mut self, dev: usize, budgeted: bool) {
+        if AFTER_TAG_BUILT && budgeted {
+            self.devices[dev].budget_used -= 1;
         }
     }
 
@@ -1186,24 +1172,29 @@ impl Context {
                 return;
             }
             let Some(rid) = d.budget_waiting.pop_front() else { return };
-            let qkey = self.reqs[rid as usize].qkey;
+            let r = &self.reqs[rid as usize];
+            let qkey = r.qkey;
+            let Some((tag, shared)) = r.state.tag() else {
+                tracing::error!(request = rid, state = ?r.state, "a request waits for budget without a tag");
+                continue;
+            };
             let qe = &self.queues[qkey];
             let conn = qe.conn.and_then(|ckey| Some((ckey, self.conns.get(ckey)?.as_ref()?.q.outstanding())));
             match conn {
                 None => {
                     // The queue lost its connection: the tag goes back, the request waits for the queue.
-                    self.free_tag(rid);
-                    self.park(rid);
+                    self.free_tag(dev, qkey, tag, shared);
+                    if self.set_state(rid, ReqState::Waiting) {
+                        self.park(rid);
+                    }
                 }
                 Some((_, outstanding)) if outstanding >= usize::from(qe.entries) => {
                     self.devices[dev].budget_waiting.push_front(rid);
                     return;
                 }
                 Some((ckey, _)) => {
-                    let d = &mut self.devices[dev];
-                    d.budget_used += 1;
-                    self.reqs[rid as usize].budgeted = true;
-                    self.issue(rid, ckey, qkey, dev);
+                    self.devices[dev].budget_used += 1;
+                    self.issue(rid, ckey, qkey, dev, Claim { tag, shared, budgeted: true });
                 }
             }
         }
@@ -1480,9 +1471,10 @@ impl Context {
                 continue;
             }
             let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
-            if (rid as usize) < self.reqs.len() && self.reqs[rid as usize].state == ReqState::Outstanding {
+            if let Some(w) = self.on_wire(rid, d.tag) {
                 if !dying {
-                    self.free_tag(rid);
+                    let r = &self.reqs[rid as usize];
+                    self.free_tag(r.dev as usize, r.qkey, w.tag, w.shared);
                 }
                 self.finish(rid, d.cqe.status, d.buf);
             }
@@ -1558,9 +1550,10 @@ impl Context {
         // Tags of the dead connection are gone with it; shared-set tags go back to their device.
         for d in done.drain(..) {
             let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
-            if (rid as usize) < self.reqs.len() && self.reqs[rid as usize].state == ReqState::Outstanding {
-                if self.reqs[rid as usize].shared_tag {
-                    self.free_tag(rid);
+            if let Some(w) = self.on_wire(rid, d.tag) {
+                if w.shared {
+                    let r = &self.reqs[rid as usize];
+                    self.free_tag(r.dev as usize, r.qkey, w.tag, w.shared);
                 }
                 self.finish(rid, d.cqe.status, d.buf);
             }
@@ -1574,9 +1567,24 @@ impl Context {
         self.touched.push(ckey);
     }
 
+    /// The request a queue's completion (its token and tag) is for, if that request is
+    /// on the wire under that tag: anything else (a token out of range, a request that
+    /// completed already) is not its completion.
+    fn on_wire(&self, rid: u32, tag: u16) -> Option<OnWire> {
+        match self.reqs.get(rid as usize)?.state {
+            ReqState::Outstanding(w) if w.tag == tag => Some(w),
+            _ => None,
+        }
+    }
+
     /// A command finished: complete it to the caller, or send it again.
     fn finish(&mut self, rid: u32, status: Status, buf: Option<IoBuf>) {
-        self.release_budget(rid);
+        let ReqState::Outstanding(wire) = self.reqs[rid as usize].state else {
+            tracing::error!(request = rid, state = ?self.reqs[rid as usize].state, "a completion for a request not on the wire");
+            return;
+        };
+        let dev = self.reqs[rid as usize].dev as usize;
+        self.release_budget(dev, wire.budgeted);
         let now = self.now();
         let r = &mut self.reqs[rid as usize];
         if r.op == Op::Deallocate {
@@ -1586,13 +1594,12 @@ impl Context {
         } else {
             r.buf = buf;
         }
-        let latency = r.sent.map_or(0, |t| nanos_since(t, now));
-        let dev = r.dev as usize;
+        let latency = nanos_since(wire.sent, now);
         let qkey = r.qkey;
         let path = r.path;
         let path_error = status.is_path_error();
         if let DevKind::Multi(m) = &mut self.devices[dev].kind {
-            let counted = self.reqs[rid as usize].via_reference;
+            let counted = wire.via_reference;
             m.on_complete(
                 PathIndex(path),
                 qkey,
@@ -1634,9 +1641,10 @@ impl Context {
         match disposition {
             Disposition::Complete => {}
             Disposition::Failover => {
-                let r = &mut self.reqs[rid as usize];
-                r.retries += 1;
-                r.state = ReqState::Waiting;
+                self.reqs[rid as usize].retries += 1;
+                if !self.set_state(rid, ReqState::Waiting) {
+                    return;
+                }
                 self.queues[qkey].stats.record_requeue();
                 self.refresh_paths(dev);
                 self.route(rid);
@@ -1644,9 +1652,10 @@ impl Context {
             }
             Disposition::Requeue => {
                 // Transport failures on a single path wait for the reconnect (Linux requeues them).
-                let r = &mut self.reqs[rid as usize];
-                r.retries += 1;
-                r.state = ReqState::Waiting;
+                self.reqs[rid as usize].retries += 1;
+                if !self.set_state(rid, ReqState::Waiting) {
+                    return;
+                }
                 self.queues[qkey].stats.record_requeue();
                 self.queues[qkey].waiting.push_back(rid);
                 return;
@@ -1675,11 +1684,10 @@ impl Context {
             hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
             "a write's connection failed: held until the controller has quiesced it"
         );
-        let r = &mut self.reqs[rid as usize];
-        r.retries += 1;
-        r.state = ReqState::Waiting;
-        r.held_until = Some(until);
-        r.hold_fails = fails;
+        self.reqs[rid as usize].retries += 1;
+        if !self.set_state(rid, ReqState::Held { until, fails }) {
+            return;
+        }
         self.queues[qkey].stats.record_requeue();
         self.held.push_back(rid);
     }
@@ -1692,17 +1700,21 @@ impl Context {
             let Some(rid) = self.held.pop_front() else { return };
             let r = &self.reqs[rid as usize];
             let (qkey, dev) = (r.qkey, r.dev as usize);
+            let ReqState::Held { until, fails } = r.state else {
+                tracing::error!(request = rid, state = ?r.state, "a request in the held list is not held");
+                continue;
+            };
             let single = !matches!(self.devices[dev].kind, DevKind::Multi(_));
-            let due = r.held_until.is_none_or(|t| t <= now);
-            let fail = (due && r.hold_fails) || (single && self.queues[qkey].ctrl.should_fail_io());
+            let due = until <= now;
+            let fail = (due && fails) || (single && self.queues[qkey].ctrl.should_fail_io());
             if !due && !fail {
                 self.held.push_back(rid);
                 continue;
             }
-            let r = &mut self.reqs[rid as usize];
-            r.held_until = None;
             if fail {
                 self.complete(rid, Status::HOST_PATH_ERROR);
+            } else if !self.set_state(rid, ReqState::Waiting) {
+                continue;
             } else if single {
                 self.queues[qkey].waiting.push_back(rid);
                 self.dispatch_queue_waiting(qkey);
@@ -1712,13 +1724,16 @@ impl Context {
         }
     }
 
+    /// Completes a request to the caller and frees its slot.
     fn complete(&mut self, rid: u32, status: Status) {
+        if !self.set_state(rid, ReqState::Free) {
+            return;
+        }
         let now = self.now();
         let r = &mut self.reqs[rid as usize];
-        r.state = ReqState::Free;
         let latency_ns = nanos_since(r.start, now);
         let buf = r.buf.take();
-        let last = r.sent.map(|_| (r.path, r.qkey, r.nsid));
+        let last = r.was_sent.then_some((r.path, r.qkey, r.nsid));
         self.rec.record(r.dev, last, r.op.direction(), r.len, latency_ns, status.is_success());
         self.done.push(Completion { token: r.token, status, buf, latency_ns });
         self.free_reqs.push(rid);
@@ -1903,19 +1918,19 @@ impl Context {
         let stall = self.opts.stall_threshold;
         for i in 0..self.reqs.len() {
             let r = &self.reqs[i];
-            if r.state != ReqState::Outstanding {
+            let ReqState::Outstanding(w) = r.state else {
                 continue;
-            }
-            let age = r.sent.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-            if age > stall && !r.stall_reported {
+            };
+            let age = now.saturating_duration_since(w.sent);
+            if age > stall && !w.stall_reported {
                 let qe = &self.queues[r.qkey];
                 let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
-                let opcode = conn.and_then(|c| c.q.sqe_of(r.tag)).map_or_else(|| op_code(r.op), nvme::Sqe::opcode);
+                let opcode = conn.and_then(|c| c.q.sqe_of(w.tag)).map_or_else(|| op_code(r.op), nvme::Sqe::opcode);
                 let report = StallReport {
                     traddr: qe.ctrl.opts.traddr,
                     cntlid: qe.ctrl.cntlid().0,
                     qid: qe.index + 1,
-                    cid: r.tag,
+                    cid: w.tag,
                     opcode,
                     age,
                     queue_outstanding: conn.map_or(0, |c| c.q.outstanding()),
@@ -1928,7 +1943,9 @@ impl Context {
                     "I/O stall"
                 );
                 self.stalls.push(report);
-                self.reqs[i].stall_reported = true;
+                if let ReqState::Outstanding(w) = &mut self.reqs[i].state {
+                    w.stall_reported = true;
+                }
             }
             let r = &self.reqs[i];
             if age > timeout {
