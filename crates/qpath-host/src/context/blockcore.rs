@@ -676,8 +676,13 @@ impl BlockCore {
             let Some(rid) = self.queues[qkey].waiting.pop_front() else { return };
             let before = self.queues[qkey].waiting.len();
             self.send_bound(rid);
-            if self.queues[qkey].waiting.len() > before {
-                // It went back to the end: out of tags or queue slots; stop for now.
+            let waiting = &mut self.queues[qkey].waiting;
+            if waiting.len() > before {
+                // Out of tags or queue slots: it went back to the end; it goes first
+                // again (the requests behind it must not overtake it), and the rest wait.
+                if let Some(back) = waiting.pop_back() {
+                    waiting.push_front(back);
+                }
                 return;
             }
         }
@@ -693,7 +698,12 @@ impl BlockCore {
             } else {
                 self.send_bound(rid);
             }
-            if self.devices[dev].waiting.len() > before {
+            let waiting = &mut self.devices[dev].waiting;
+            if waiting.len() > before {
+                // No tag or no path: first again, the rest wait behind it.
+                if let Some(back) = waiting.pop_back() {
+                    waiting.push_front(back);
+                }
                 return;
             }
         }
@@ -1076,3 +1086,6 @@ pub(super) fn op_code(op: Op) -> u8 {
 fn nanos_since(t: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests;
