@@ -478,6 +478,48 @@ fn a_shared_tag_sets_depth_limit_caps_a_device_and_its_waiters_go_in_order() {
     assert_eq!(core.in_flight(), 0);
 }
 
+/// Linux SCSI's order (seed 003's baseline): a request takes a shared tag, then waits
+/// for its device's budget holding it.
+#[test]
+#[cfg(feature = "lab-baselines")]
+fn after_tag_a_request_holds_its_tag_while_it_waits_for_budget() {
+    let set = blk::SharedTagSet::new(8, blk::SharedTagPolicy::default()).unwrap();
+    let opts = ContextOptions {
+        shared_tags: Some(set),
+        depth_limit_order: DepthLimitOrder::AfterTag,
+        ..ContextOptions::default()
+    };
+    let mut rig = Rig::new(16, opts, |_| {}, Duration::ZERO);
+    // The rig's device has no limit: a second one on the same queue has a budget of 1.
+    let qkey = rig.qkey;
+    let dev = rig.core.new_device(DevKind::Single { qkey, nsid: Nsid(1) }, 9, 2048, Some(1)).unwrap();
+    rig.dev = dev;
+    for token in 0..3 {
+        rig.submit(Op::Read, token, token, 0);
+    }
+    let first = rig.sent();
+    assert_eq!(first.len(), 1, "one budget");
+    let tags_held = |rig: &Rig| rig.core.devices[dev.0 as usize].tags.as_ref().map_or(0, blk::TagUser::in_flight);
+    let budget_waiting =
+        |rig: &Rig| rig.core.reqs.iter().filter(|r| matches!(r.state, ReqState::Budget { .. })).count();
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (3, 2), "the waiters hold their tags");
+    rig.answer(first[0].1, Status::SUCCESS, 1);
+    assert_eq!(rig.done(), [(0, Status::SUCCESS)]);
+    let second = rig.sent();
+    assert_eq!(second.len(), 1, "the budget came back: the next waiter goes");
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (2, 1));
+    // The connection goes: the one on the wire waits for the reconnect; the one waiting
+    // for budget gives its tag back at the next tick and waits on the queue too.
+    rig.lose_connection(2);
+    rig.core.tick(rig.at(3));
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (0, 0));
+    assert_eq!(rig.waiting(), 2);
+    rig.reconnect(16, 4);
+    assert_eq!(rig.sent().len(), 1, "still one budget");
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (2, 1));
+    assert!(rig.done().is_empty());
+}
+
 /// A multipath device over two controllers, each on its own queue of the core.
 struct Multipath {
     core: BlockCore,
