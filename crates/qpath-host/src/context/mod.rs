@@ -18,6 +18,10 @@
 //! several queues (of one controller or many): seed 004's "more queues than
 //! completion vectors".
 //!
+//! The decisions (request slots, tags, routing, failover, holds, timeouts) are the block
+//! core's ([`blockcore`]), which has no ring, socket, mailbox or clock: this context owns
+//! those around it, reads the clock once per poll turn and passes it in.
+//!
 //! Failures: a queue that fails gives its commands back with a path error.
 //! On a single-path device they wait for the controller to reconnect (or fail
 //! after fast_io_fail_tmo / ctrl_loss_tmo, as Linux). On a multipath head they
@@ -29,22 +33,23 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blk::{
-    ContextId, ContextMap, Direction, QueueMap, QueueStats, QueueTags, SharedTagSet, Tag, TagAllocator, TagSet, TagUser,
-};
-use nvme::opcode::io as opc;
-use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
+use blk::{ContextId, ContextMap, Direction, QueueMap, QueueStats, QueueTags, SharedTagSet, TagUser};
+use nvme::{Nsid, Status};
 use uring::conn::{ConnOps, OpKind, Token};
 use uring::{Completion as RingCompletion, IoBuf, Mailbox, MailboxSender, Payload, Ring, RingConfig, Wait};
 
 use crate::control::Control;
 use crate::controller::{Controller, QueueMsg};
 use crate::error::{Error, ErrorKind, Result};
-use crate::failover::{Disposition, disposition};
-use crate::head::{Head, ReferenceSelector, class_of, path_id};
-use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection, Selector};
-use crate::queue::{DataDir, HostQueue, Io, QueueState};
-use crate::stats::{DeviceView, HostStats, QueueView, Recorder, STATS_INTERVAL_DEFAULT};
+use crate::head::{Head, ReferenceSelector, class_of};
+use crate::mpath::{Outcome, PathClass, PathIndex, Selection, Selector};
+use crate::queue::{HostQueue, QueueState};
+use crate::stats::{DeviceView, HostStats, QueueView, STATS_INTERVAL_DEFAULT};
+
+mod blockcore;
+mod req;
+
+use blockcore::BlockCore;
 
 /// An I/O operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,19 +179,27 @@ impl Default for ContextOptions {
 /// owner queued on its ring ([`Context::ring`]); the other 60 bits are the owner's.
 const USER_KIND: u64 = OpKind::User as u64;
 
+/// A connection's socket side, kept by the context under the key of its queue in the
+/// block core ([`QueueConn`]).
 struct Conn {
     stream: TcpStream,
+    /// Its receive and send in flight, and its life: once it fails it closes (detached
+    /// from its queue entry) and is freed when nothing of it is in flight.
+    ops: ConnOps,
+    /// A re-authentication's command, sent beside the I/O under the reserved tag.
+    control: Control,
+}
+
+/// A connection's queue, in the block core.
+struct QueueConn {
     q: HostQueue,
     /// The controller's connection generation this queue belongs to: once the
     /// controller resets (the generation moves on), the queue is dead even if its
     /// socket is not (a link that went down fails nothing for minutes).
     ctrl_generation: u64,
     qkey: usize,
-    /// Its receive and send in flight, and its life: once it fails it closes (detached
-    /// from its queue entry) and is freed when nothing of it is in flight.
-    ops: ConnOps,
-    /// A re-authentication's command, sent beside the I/O under the reserved tag.
-    control: Control,
+    /// Not failed yet (its socket side closes at the same time: [`ConnOps::close`]).
+    open: bool,
 }
 
 struct QEntry {
@@ -330,48 +343,6 @@ struct DevEntry {
     budget_waiting: VecDeque<u32>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ReqState {
-    Free,
-    /// Waiting for a path, a tag or a connection.
-    Waiting,
-    /// On the wire.
-    Outstanding,
-}
-
-struct Req {
-    state: ReqState,
-    dev: u32,
-    op: Op,
-    slba: u64,
-    nlb: u32,
-    len: u32,
-    buf: Option<IoBuf>,
-    token: u64,
-    start: Instant,
-    retries: u32,
-    /// Queue and path it is bound to while waiting for a tag or on the wire.
-    qkey: usize,
-    path: u16,
-    nsid: Nsid,
-    tag: u16,
-    shared_tag: bool,
-    /// Counted in its device's `budget_used`.
-    budgeted: bool,
-    sent: Option<Instant>,
-    stall_reported: bool,
-    /// Generation of the reference selector that counted it at submission (0 = none).
-    via_reference: u32,
-    /// Who submitted it (a spread device's queue map key).
-    submitter: u32,
-    /// Held after its connection failed, not sent again before this time
-    /// ([`crate::failover`]); in [`Context::held`] meanwhile.
-    held_until: Option<Instant>,
-    /// The hold outlasts the controller's `ctrl_loss_tmo`: the request fails at
-    /// `held_until` instead of being sent again.
-    hold_fails: bool,
-}
-
 /// An I/O that has been outstanding longer than the stall threshold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StallReport {
@@ -393,45 +364,28 @@ pub struct StallReport {
     pub queue_connected: bool,
 }
 
-/// A per-thread completion context.
+/// A per-thread completion context: the block core ([`BlockCore`]) inside the ring, the
+/// sockets, the mailbox and the clock.
 pub struct Context {
-    opts: ContextOptions,
     ring: Ring,
     mailbox: Mailbox<QueueMsg>,
     sender: MailboxSender<QueueMsg>,
+    /// The sockets of the core's connections, under the same keys.
     conns: Vec<Option<Conn>>,
-    free_conns: Vec<usize>,
     conn_gen: u64,
-    queues: Vec<QEntry>,
-    devices: Vec<DevEntry>,
-    reqs: Vec<Req>,
-    free_reqs: Vec<u32>,
-    done: Vec<Completion>,
+    core: BlockCore,
     ring_done: Vec<RingCompletion>,
     /// Completions of the owner's own ring operations ([`Context::user_token`]).
     user_done: Vec<RingCompletion>,
-    flush_list: Vec<usize>,
-    touched: Vec<usize>,
-    dsm_bufs: Vec<IoBuf>,
-    /// Requests that change data, held after their connection failed until the old
-    /// controller can no longer execute them ([`crate::failover`]). Allocated for every
-    /// request at creation: holding one never allocates.
-    held: VecDeque<u32>,
     last_tick: Instant,
-    /// The time of the poll turn or submission in progress, read once for all its
-    /// requests (None outside them). fio likewise reads the clock once per batch of
-    /// reaped completions (`init_icd`), and blk-mq caches it in the plug
-    /// (`blk_time_get_ns`): a read per timestamp was five per I/O here.
-    clock: Option<Instant>,
-    has_multi: bool,
-    stalls: Vec<StallReport>,
-    /// Statistics for a [`HostStats`] (inert without one).
-    rec: Recorder,
 }
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("queues", &self.queues.len()).field("devices", &self.devices.len()).finish()
+        f.debug_struct("Context")
+            .field("queues", &self.core.queues.len())
+            .field("devices", &self.core.devices.len())
+            .finish()
     }
 }
 
@@ -439,13 +393,6 @@ const TICK: Duration = Duration::from_millis(10);
 /// Requests in flight from which a blocking poll holds its sends' completions
 /// ([`ContextOptions::send_hold`]).
 const SEND_HOLD_IN_FLIGHT_MIN: usize = 2;
-/// A connection with more commands than this in flight is deep: served after the others.
-const SHALLOW_OUTSTANDING_MAX: usize = 4;
-
-/// Nanoseconds from `t` to `now`, 0 if `t` is later (a request issued after its turn's clock).
-fn nanos_since(t: Instant, now: Instant) -> u64 {
-    u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// A path of a multipath device as this context sees it.
 #[derive(Clone, Debug)]
@@ -476,64 +423,23 @@ impl Context {
         let mut ring = Ring::new(config).map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
         let (sender, mailbox) =
             Mailbox::new(&mut ring).map_err(|e| Error::new(ErrorKind::Io, format!("mailbox: {e}")))?;
-        let n = opts.max_requests.clamp(1, 1 << 20);
         let now = Instant::now();
-        let reqs = (0..n)
-            .map(|_| Req {
-                state: ReqState::Free,
-                dev: 0,
-                op: Op::Read,
-                slba: 0,
-                nlb: 0,
-                len: 0,
-                buf: None,
-                token: 0,
-                start: now,
-                retries: 0,
-                qkey: 0,
-                path: 0,
-                nsid: Nsid(0),
-                tag: 0,
-                shared_tag: false,
-                budgeted: false,
-                sent: None,
-                stall_reported: false,
-                via_reference: 0,
-                submitter: 0,
-                held_until: None,
-                hold_fails: false,
-            })
-            .collect();
         Ok(Context {
             ring,
             mailbox,
             sender,
             conns: Vec::new(),
-            free_conns: Vec::new(),
             conn_gen: 0,
-            queues: Vec::new(),
-            devices: Vec::new(),
-            reqs,
-            free_reqs: (0..u32::try_from(n).unwrap_or(u32::MAX)).rev().collect(),
-            done: Vec::with_capacity(n),
+            core: BlockCore::new(opts, now),
             ring_done: Vec::with_capacity(1024),
             user_done: Vec::with_capacity(256),
-            flush_list: Vec::new(),
-            touched: Vec::new(),
-            dsm_bufs: Vec::new(),
-            held: VecDeque::with_capacity(n),
             last_tick: now,
-            clock: None,
-            has_multi: false,
-            stalls: Vec::new(),
-            rec: Recorder::new(opts.stats.clone(), opts.stats_interval),
-            opts,
         })
     }
 
     /// The CPU this context prefers (for queue maps).
     pub fn cpu(&self) -> usize {
-        self.opts.cpu.unwrap_or(0)
+        self.core.opts.cpu.unwrap_or(0)
     }
 
     // ----------------------------------------------------------- topology
@@ -542,7 +448,7 @@ impl Context {
     /// to (blk's contiguous spread over the controller's block queues) if
     /// free, else the next free one. Returns the queue's key in this context.
     pub fn attach(&mut self, ctrl: &Arc<Controller>) -> Result<usize> {
-        if let Some(k) = self.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, ctrl)) {
+        if let Some(k) = self.core.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, ctrl)) {
             return Ok(k);
         }
         let n = ctrl.block_queue_count();
@@ -578,90 +484,48 @@ impl Context {
         let claimed = ctrl
             .claim_queue(index, self.sender.clone())
             .ok_or_else(|| Error::new(ErrorKind::Busy, format!("I/O queue {index} is taken or does not exist")))?;
-        let qkey = self.queues.len();
-        let placeholder = TagSet::new(1).map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
-        self.queues.push(QEntry {
-            ctrl: Arc::clone(ctrl),
-            index,
-            conn: None,
-            entries: 0,
-            tags: QueueTags::Private(placeholder),
-            waiting: VecDeque::new(),
-            in_flush_list: false,
-            stats: QueueStats::new(),
-        });
-        self.rec.on_attach(qkey, ctrl, index);
+        let qkey = self.core.add_queue(ctrl, index)?;
         if let Some((stream, q, generation)) = claimed {
-            self.install(qkey, stream, q, generation);
+            self.install(qkey, stream, q, generation, Instant::now());
         }
         Ok(qkey)
     }
 
-    fn install(&mut self, qkey: usize, stream: TcpStream, q: HostQueue, ctrl_generation: u64) {
+    fn install(&mut self, qkey: usize, stream: TcpStream, q: HostQueue, ctrl_generation: u64, now: Instant) {
         let _ = stream.set_nodelay(true);
-        let entries = q.entries();
         self.conn_gen = self.conn_gen.wrapping_add(1);
-        let key = self.free_conns.pop().unwrap_or(self.conns.len());
+        let key = self.core.install(qkey, q, ctrl_generation, now);
         let conn = Conn {
             stream,
-            q,
-            ctrl_generation,
-            qkey,
             ops: ConnOps::new(u32::try_from(key).expect("fewer than 2^32 connections"), self.conn_gen),
             control: Control::default(),
         };
-        if key == self.conns.len() {
-            self.conns.push(Some(conn));
-        } else {
-            self.conns[key] = Some(conn);
+        if self.conns.len() <= key {
+            self.conns.resize_with(key + 1, || None);
         }
-        self.rec.on_connect(qkey);
-        let qe = &mut self.queues[qkey];
-        qe.conn = Some(key);
-        qe.entries = entries;
-        // A fresh tag set: the old connection's commands were all failed or retried.
-        if let Ok(t) = TagSet::new(entries.max(1)) {
-            qe.tags = QueueTags::Private(t);
-        }
+        self.conns[key] = Some(conn);
         self.arm_recv(key);
-        self.dispatch_queue_waiting(qkey);
-        self.has_multi_refresh();
+        self.settle_paths(now);
     }
 
-    fn has_multi_refresh(&mut self) {
-        if self.has_multi {
-            for d in &mut self.devices {
-                if let DevKind::Multi(m) = &mut d.kind {
-                    m.seen = 0;
-                }
+    /// Claims a queue of the controllers the core's multipath devices gained paths on
+    /// (a head changed), gives the paths their queues and re-reads the paths.
+    fn settle_paths(&mut self, now: Instant) {
+        let attaches = self.core.take_attaches();
+        if attaches.is_empty() {
+            return;
+        }
+        let mut devs = Vec::new();
+        for a in attaches {
+            if let Ok(qkey) = self.attach(&a.ctrl) {
+                self.core.set_path(a.dev, a.slot, LocalPath { ctrl: a.ctrl, nsid: a.nsid, qkey, suspect_at: None });
+                devs.push(a.dev);
             }
         }
-    }
-
-    fn new_device(&mut self, kind: DevKind, block_shift: u8, nsze: u64, depth_limit: Option<u16>) -> Result<DeviceId> {
-        let id =
-            DeviceId(u32::try_from(self.devices.len()).map_err(|_| Error::new(ErrorKind::Busy, "too many devices"))?);
-        let after_tag = self.opts.depth_limit_order != DepthLimitOrder::BeforeTag;
-        let (tag_limit, budget) = if after_tag { (None, depth_limit) } else { (depth_limit, None) };
-        let tags = match &self.opts.shared_tags {
-            Some(set) => Some(set.register_user(tag_limit).map_err(|e| Error::new(ErrorKind::Busy, e.to_string()))?),
-            None => None,
-        };
-        let budget = if tags.is_some() { budget } else { None };
-        if budget == Some(0) {
-            return Err(Error::new(ErrorKind::Invalid, "a device's depth limit must be at least 1"));
+        devs.dedup();
+        for d in devs {
+            self.core.refresh_device(d, now);
         }
-        self.devices.push(DevEntry {
-            kind,
-            block_shift,
-            nsze,
-            waiting: VecDeque::new(),
-            tags,
-            budget,
-            budget_used: 0,
-            budget_waiting: VecDeque::new(),
-        });
-        Ok(id)
     }
 
     /// Opens namespace `nsid` of `ctrl` on this context (attaching a queue if needed).
@@ -686,10 +550,10 @@ impl Context {
         nsze: u64,
         depth_limit: Option<u16>,
     ) -> Result<DeviceId> {
-        if qkey >= self.queues.len() {
+        if qkey >= self.core.queues.len() {
             return Err(Error::new(ErrorKind::Invalid, "no such queue"));
         }
-        self.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, depth_limit)
+        self.core.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, depth_limit)
     }
 
     /// Claims `n` I/O queues of `ctrl` for this context, starting with the one
@@ -711,7 +575,7 @@ impl Context {
                 break;
             }
             let Ok(i) = u16::try_from(i) else { break };
-            if mine.iter().any(|&k| self.queues[k].index == i) || !ctrl.free_queues().contains(&i) {
+            if mine.iter().any(|&k| self.core.queues[k].index == i) || !ctrl.free_queues().contains(&i) {
                 continue;
             }
             match self.attach_index(ctrl, i) {
@@ -726,7 +590,7 @@ impl Context {
                 format!("only {} of {n} I/O queues of {} are free for this context", mine.len(), ctrl.opts.traddr),
             ));
         }
-        mine.sort_by_key(|&k| self.queues[k].index);
+        mine.sort_by_key(|&k| self.core.queues[k].index);
         mine.truncate(n);
         Ok(mine)
     }
@@ -751,7 +615,7 @@ impl Context {
 
     /// Keys of this context's queues of `ctrl`.
     fn queue_keys_of(&self, ctrl: &Arc<Controller>) -> Vec<usize> {
-        (0..self.queues.len()).filter(|&k| Arc::ptr_eq(&self.queues[k].ctrl, ctrl)).collect()
+        (0..self.core.queues.len()).filter(|&k| Arc::ptr_eq(&self.core.queues[k].ctrl, ctrl)).collect()
     }
 
     /// Opens namespace `nsid` over several of this context's queues (of one
@@ -763,11 +627,11 @@ impl Context {
         let Some(&first) = qkeys.first() else {
             return Err(Error::new(ErrorKind::Invalid, "a spread device needs at least one queue"));
         };
-        if qkeys.iter().any(|&k| k >= self.queues.len()) {
+        if qkeys.iter().any(|&k| k >= self.core.queues.len()) {
             return Err(Error::new(ErrorKind::Invalid, "no such queue"));
         }
-        let ctrl = Arc::clone(&self.queues[first].ctrl);
-        if qkeys.iter().any(|&k| !Arc::ptr_eq(&self.queues[k].ctrl, &ctrl)) {
+        let ctrl = Arc::clone(&self.core.queues[first].ctrl);
+        if qkeys.iter().any(|&k| !Arc::ptr_eq(&self.core.queues[k].ctrl, &ctrl)) {
             return Err(Error::new(ErrorKind::Invalid, "a spread device's queues belong to one controller"));
         }
         let n = u16::try_from(qkeys.len()).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
@@ -780,7 +644,7 @@ impl Context {
             }
         };
         let dev = SpreadDev { nsid, qkeys: qkeys.into(), map, next: 0 };
-        self.new_device(DevKind::Spread(Box::new(dev)), ns.block_shift, ns.nsze, None)
+        self.core.new_device(DevKind::Spread(Box::new(dev)), ns.block_shift, ns.nsze, None)
     }
 
     /// Opens a multipath head: attaches a queue of every path's controller.
@@ -817,36 +681,38 @@ impl Context {
             ios: vec![0; n],
             bytes: vec![0; n],
         };
-        self.has_multi = true;
-        let id = self.new_device(DevKind::Multi(Box::new(m)), block_shift, nsze, None)?;
-        self.refresh_paths(id.0 as usize);
+        self.core.has_multi = true;
+        let id = self.core.new_device(DevKind::Multi(Box::new(m)), block_shift, nsze, None)?;
+        let now = Instant::now();
+        self.core.refresh_device(id.0 as usize, now);
+        self.settle_paths(now);
         Ok(id)
     }
 
     /// Block size of a device.
     pub fn block_size(&self, dev: DeviceId) -> u32 {
-        self.devices.get(dev.0 as usize).map_or(512, |d| 1 << d.block_shift)
+        self.core.devices.get(dev.0 as usize).map_or(512, |d| 1 << d.block_shift)
     }
 
     /// Capacity of a device in bytes.
     pub fn capacity(&self, dev: DeviceId) -> u64 {
-        self.devices.get(dev.0 as usize).map_or(0, |d| d.nsze << d.block_shift)
+        self.core.devices.get(dev.0 as usize).map_or(0, |d| d.nsze << d.block_shift)
     }
 
     /// Tags a device holds from the shared set now (in flight, waiting for
     /// budget, or kept in its window); `None` without a shared set.
     pub fn tags_held(&self, dev: DeviceId) -> Option<u16> {
-        self.devices.get(dev.0 as usize)?.tags.as_ref().map(TagUser::held)
+        self.core.devices.get(dev.0 as usize)?.tags.as_ref().map(TagUser::held)
     }
 
     /// Requests in flight (waiting or on the wire).
     pub fn in_flight(&self) -> usize {
-        self.reqs.len() - self.free_reqs.len()
+        self.core.in_flight()
     }
 
     /// Per-queue statistics: (controller address, queue index, stats).
     pub fn queue_stats(&self) -> impl Iterator<Item = (std::net::SocketAddr, u16, &QueueStats)> {
-        self.queues.iter().map(|q| (q.ctrl.opts.traddr, q.index, &q.stats))
+        self.core.queues.iter().map(|q| (q.ctrl.opts.traddr, q.index, &q.stats))
     }
 
     /// Publishes this context's statistics to its [`HostStats`] now (waiting
@@ -859,11 +725,11 @@ impl Context {
     /// Copies the statistics that changed since the last publish into the
     /// hub's slots (control plane: every `stats_interval`, not per I/O).
     fn publish(&mut self, force: bool) {
-        if !self.rec.enabled() {
+        if !self.core.rec.enabled() {
             return;
         }
-        for (qkey, qe) in self.queues.iter().enumerate() {
-            let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
+        for (qkey, qe) in self.core.queues.iter().enumerate() {
+            let conn = qe.conn.and_then(|k| self.core.conns.get(k)).and_then(Option::as_ref);
             let view = QueueView {
                 stats: &qe.stats,
                 outstanding: conn.map_or(0, |c| c.q.outstanding()),
@@ -871,20 +737,20 @@ impl Context {
                 connected: conn.is_some(),
                 secure_channel: conn.and_then(|c| c.q.secure_channel_parts()),
             };
-            self.rec.publish_queue(qkey, &view, force);
+            self.core.rec.publish_queue(qkey, &view, force);
         }
-        let queues = &self.queues;
+        let queues = &self.core.queues;
         let ctrl_of = |qkey: usize| queues.get(qkey).map(|q| &q.ctrl);
-        for (dev, d) in self.devices.iter().enumerate() {
+        for (dev, d) in self.core.devices.iter().enumerate() {
             let view = DeviceView { multipath: matches!(d.kind, DevKind::Multi(_)), ctrl_of: &ctrl_of };
-            self.rec.publish_device(dev, &view, force);
+            self.core.rec.publish_device(dev, &view, force);
         }
-        self.rec.published(Instant::now());
+        self.core.rec.published(Instant::now());
     }
 
     /// The paths of a multipath device, as this context has used them.
     pub fn path_report(&self, dev: DeviceId) -> Vec<PathReport> {
-        let Some(DevEntry { kind: DevKind::Multi(m), .. }) = self.devices.get(dev.0 as usize) else {
+        let Some(DevEntry { kind: DevKind::Multi(m), .. }) = self.core.devices.get(dev.0 as usize) else {
             return Vec::new();
         };
         m.paths
@@ -938,308 +804,7 @@ impl Context {
         buf: Option<IoBuf>,
         token: u64,
     ) -> std::result::Result<(), (Error, Option<IoBuf>)> {
-        let Some(d) = self.devices.get(dev.0 as usize) else {
-            return Err((Error::new(ErrorKind::Invalid, "no such device"), buf));
-        };
-        let bs = 1u64 << d.block_shift;
-        let len64 = u64::from(len);
-        if !offset.is_multiple_of(bs) || !len64.is_multiple_of(bs) || (len == 0 && matches!(op, Op::Read | Op::Write)) {
-            return Err((
-                Error::new(ErrorKind::Invalid, format!("offset {offset} / length {len} not multiples of {bs}")),
-                buf,
-            ));
-        }
-        let slba = offset >> d.block_shift;
-        let nlb = len64 >> d.block_shift;
-        if op != Op::Flush && slba.checked_add(nlb).is_none_or(|e| e > d.nsze) {
-            return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
-        }
-        if matches!(op, Op::Read | Op::Write) && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
-            return Err((Error::new(ErrorKind::Invalid, "buffer smaller than the transfer"), buf));
-        }
-        if nlb > 65536 {
-            return Err((Error::new(ErrorKind::Invalid, "more than 65536 blocks in one command"), buf));
-        }
-        let Some(rid) = self.free_reqs.pop() else {
-            return Err((Error::new(ErrorKind::Busy, "too many requests in flight"), buf));
-        };
-        let r = &mut self.reqs[rid as usize];
-        r.state = ReqState::Waiting;
-        r.dev = dev.0;
-        r.op = op;
-        r.slba = slba;
-        r.nlb = u32::try_from(nlb).unwrap_or(0);
-        r.len = len;
-        r.buf = buf;
-        r.token = token;
-        let now = Instant::now();
-        r.start = now;
-        r.retries = 0;
-        r.sent = None;
-        r.stall_reported = false;
-        r.submitter = submitter;
-        let outer = self.clock.replace(now);
-        self.route(rid);
-        self.clock = outer;
-        Ok(())
-    }
-
-    /// Picks the queue (and path) for a request and sends it, or parks it.
-    fn route(&mut self, rid: u32) {
-        let dev = self.reqs[rid as usize].dev as usize;
-        let d = &mut self.devices[dev];
-        let (qkey, nsid, path) = match &mut d.kind {
-            DevKind::Single { qkey, nsid } => (*qkey, *nsid, 0u16),
-            DevKind::Spread(sp) => (sp.pick(self.reqs[rid as usize].submitter), sp.nsid, 0u16),
-            DevKind::Multi(m) => match m.select() {
-                Selection::Submit(p) => match m.paths.get(p.get()).and_then(Option::as_ref) {
-                    Some(lp) => (lp.qkey, lp.nsid, p.0),
-                    None => {
-                        d.waiting.push_back(rid);
-                        return;
-                    }
-                },
-                Selection::Requeue => {
-                    d.waiting.push_back(rid);
-                    return;
-                }
-                Selection::Fail => {
-                    self.complete(rid, Status::HOST_PATH_ERROR);
-                    return;
-                }
-            },
-        };
-        let r = &mut self.reqs[rid as usize];
-        r.qkey = qkey;
-        r.nsid = nsid;
-        r.path = path;
-        self.send_bound(rid);
-    }
-
-    /// Sends a request on the queue it is bound to, or parks it there (or on
-    /// its device, for a shared tag).
-    fn send_bound(&mut self, rid: u32) {
-        let r = &self.reqs[rid as usize];
-        let (qkey, dev) = (r.qkey, r.dev as usize);
-        let qe = &mut self.queues[qkey];
-        let Some(ckey) = qe.conn else {
-            self.park(rid);
-            return;
-        };
-        let Some(Some(conn)) = self.conns.get(ckey) else {
-            self.park(rid);
-            return;
-        };
-        if conn.q.outstanding() >= usize::from(qe.entries) {
-            qe.waiting.push_back(rid);
-            return;
-        }
-        let d = &mut self.devices[dev];
-        let (tag, shared) = match d.tags.as_mut() {
-            Some(u) => match u.alloc() {
-                Some(t) => (t, true),
-                None => {
-                    d.waiting.push_back(rid);
-                    self.queues[qkey].stats.record_busy();
-                    return;
-                }
-            },
-            None => match qe.tags.alloc() {
-                Some(t) => (t, false),
-                None => {
-                    qe.waiting.push_back(rid);
-                    qe.stats.record_busy();
-                    return;
-                }
-            },
-        };
-        let r = &mut self.reqs[rid as usize];
-        r.tag = tag.get();
-        r.shared_tag = shared;
-        let d = &mut self.devices[dev];
-        if AFTER_TAG_BUILT && let Some(budget) = d.budget {
-            // DepthLimitOrder::AfterTag: the tag is taken; now the device's budget.
-            if d.budget_used >= budget {
-                d.budget_waiting.push_back(rid);
-                return;
-            }
-            d.budget_used += 1;
-            r.budgeted = true;
-        }
-        self.issue(rid, ckey, qkey, dev);
-    }
-
-    /// The time of the turn or submission in progress, or the clock's.
-    fn now(&self) -> Instant {
-        self.clock.unwrap_or_else(Instant::now)
-    }
-
-    /// Sends a request that holds its tag (and budget) on connection `ckey` of queue `qkey`.
-    fn issue(&mut self, rid: u32, ckey: usize, qkey: usize, dev: usize) {
-        let now = self.now();
-        let r = &mut self.reqs[rid as usize];
-        let cid = Cid(r.tag);
-        let nsid = r.nsid;
-        let (sqe, dir, len, buf) = match r.op {
-            Op::Read => (
-                Sqe::rw(opc::READ, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
-                DataDir::FromController,
-                r.len,
-                r.buf.take(),
-            ),
-            Op::Write => (
-                Sqe::rw(opc::WRITE, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
-                DataDir::ToController,
-                r.len,
-                r.buf.take(),
-            ),
-            Op::Flush => (Sqe::flush(cid, nsid), DataDir::None, 0, r.buf.take()),
-            Op::WriteZeroes => (Sqe::write_zeroes(cid, nsid, r.slba, r.nlb, false), DataDir::None, 0, r.buf.take()),
-            Op::Deallocate => {
-                let mut b = self.dsm_bufs.pop().unwrap_or_else(|| IoBuf::new(4096));
-                b.set_len(16);
-                b.fill(0);
-                b[4..8].copy_from_slice(&r.nlb.to_le_bytes());
-                b[8..16].copy_from_slice(&r.slba.to_le_bytes());
-                (Sqe::dsm_deallocate(cid, nsid, 1, SglDescriptor::transport(16)), DataDir::ToController, 16, Some(b))
-            }
-        };
-        r.state = ReqState::Outstanding;
-        r.sent = Some(now);
-        let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
-        let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        match conn.q.submit(cid.0, io) {
-            Ok(()) => {
-                if let DevKind::Multi(m) = &mut self.devices[dev].kind {
-                    let r = &mut self.reqs[rid as usize];
-                    r.via_reference = m.on_submit(PathIndex(r.path), qkey);
-                }
-                let qe = &mut self.queues[qkey];
-                if !qe.in_flush_list {
-                    qe.in_flush_list = true;
-                    self.flush_list.push(qkey);
-                }
-            }
-            Err((e, io)) => {
-                self.free_tag(rid);
-                self.release_budget(rid);
-                let r = &mut self.reqs[rid as usize];
-                if r.op == Op::Deallocate {
-                    if let Some(b) = io.buf {
-                        self.dsm_bufs.push(b);
-                    }
-                } else {
-                    r.buf = io.buf;
-                }
-                r.state = ReqState::Waiting;
-                tracing::debug!("submit refused ({e}); request waits for the queue");
-                self.park(rid);
-            }
-        }
-    }
-
-    /// Parks a request whose queue has no connection: a multipath request
-    /// goes back to its device for another path; a single-path one waits for
-    /// the reconnect on its queue.
-    fn park(&mut self, rid: u32) {
-        let r = &mut self.reqs[rid as usize];
-        r.state = ReqState::Waiting;
-        let dev = r.dev as usize;
-        match &self.devices[dev].kind {
-            DevKind::Multi(_) => self.devices[dev].waiting.push_back(rid),
-            DevKind::Single { .. } | DevKind::Spread(_) => self.queues[r.qkey].waiting.push_back(rid),
-        }
-    }
-
-    fn free_tag(&mut self, rid: u32) {
-        let r = &self.reqs[rid as usize];
-        let tag = Tag::new(r.tag);
-        if r.shared_tag {
-            if let Some(u) = self.devices[r.dev as usize].tags.as_mut()
-                && u.is_in_flight(tag)
-            {
-                u.free(tag);
-            }
-        } else {
-            let qe = &mut self.queues[r.qkey];
-            if qe.tags.is_in_flight(tag) {
-                qe.tags.free(tag);
-            }
-        }
-    }
-
-    /// Gives back the device budget a request held (it left the wire).
-    fn release_budget(&mut self, rid: u32) {
-        let r = &mut self.reqs[rid as usize];
-        if AFTER_TAG_BUILT && r.budgeted {
-            r.budgeted = false;
-            let d = &mut self.devices[r.dev as usize];
-            d.budget_used -= 1;
-        }
-    }
-
-    /// `DepthLimitOrder::AfterTag`: sends requests that hold a tag, as budget allows.
-    fn dispatch_budget_waiting(&mut self, dev: usize) {
-        loop {
-            let d = &mut self.devices[dev];
-            if d.budget.is_none_or(|b| d.budget_used >= b) {
-                return;
-            }
-            let Some(rid) = d.budget_waiting.pop_front() else { return };
-            let qkey = self.reqs[rid as usize].qkey;
-            let qe = &self.queues[qkey];
-            let conn = qe.conn.and_then(|ckey| Some((ckey, self.conns.get(ckey)?.as_ref()?.q.outstanding())));
-            match conn {
-                None => {
-                    // The queue lost its connection: the tag goes back, the request waits for the queue.
-                    self.free_tag(rid);
-                    self.park(rid);
-                }
-                Some((_, outstanding)) if outstanding >= usize::from(qe.entries) => {
-                    self.devices[dev].budget_waiting.push_front(rid);
-                    return;
-                }
-                Some((ckey, _)) => {
-                    let d = &mut self.devices[dev];
-                    d.budget_used += 1;
-                    self.reqs[rid as usize].budgeted = true;
-                    self.issue(rid, ckey, qkey, dev);
-                }
-            }
-        }
-    }
-
-    fn dispatch_queue_waiting(&mut self, qkey: usize) {
-        let n = self.queues[qkey].waiting.len();
-        for _ in 0..n {
-            let qe = &self.queues[qkey];
-            if qe.conn.is_none() {
-                return;
-            }
-            let Some(rid) = self.queues[qkey].waiting.pop_front() else { return };
-            let before = self.queues[qkey].waiting.len();
-            self.send_bound(rid);
-            if self.queues[qkey].waiting.len() > before {
-                // It went back to the end: out of tags or queue slots; stop for now.
-                return;
-            }
-        }
-    }
-
-    fn dispatch_device_waiting(&mut self, dev: usize) {
-        let n = self.devices[dev].waiting.len();
-        for _ in 0..n {
-            let Some(rid) = self.devices[dev].waiting.pop_front() else { return };
-            let before = self.devices[dev].waiting.len();
-            if matches!(self.devices[dev].kind, DevKind::Multi(_)) {
-                self.route(rid);
-            } else {
-                self.send_bound(rid);
-            }
-            if self.devices[dev].waiting.len() > before {
-                return;
-            }
-        }
+        self.core.submit(dev, submitter, op, offset, len, buf, token, Instant::now())
     }
 
     // ------------------------------------------------------------- polling
@@ -1249,7 +814,7 @@ impl Context {
     /// [`Context::user_completions`].
     pub fn poll(&mut self, wait: Wait) -> Result<usize> {
         self.flush();
-        let wait = if self.done.is_empty() && self.user_done.is_empty() { wait } else { Wait::Poll };
+        let wait = if self.core.done.is_empty() && self.user_done.is_empty() { wait } else { Wait::Poll };
         // A batch's send completion is held only while several requests are out: with one,
         // the response is the very next completion, and sleeping inside the submitting call
         // to save the second system call made QD1 slower (a wake-up from idle per I/O).
@@ -1257,58 +822,55 @@ impl Context {
         let mut rd = std::mem::take(&mut self.ring_done);
         let r = self.ring.turn(wait, |_, c| rd.push(c));
         // Everything this turn reaped completed by now; what it issues goes out with the
-        // next turn. Cleared before returning.
-        let outer = self.clock.replace(Instant::now());
+        // next turn. The one clock read of the turn: the core gets it with every call.
+        let now = Instant::now();
         for c in rd.drain(..) {
             self.on_ring(c);
         }
         self.ring_done = rd;
-        if let Err(e) = r {
-            self.clock = outer;
-            return Err(Error::new(ErrorKind::Io, format!("io_uring: {e}")));
-        }
+        r.map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
         let mut msgs = Vec::new();
         self.mailbox.drain(|m| msgs.push(m));
         for m in msgs {
-            self.on_msg(m);
+            self.on_msg(m, now);
         }
-        let mut touched = std::mem::take(&mut self.touched);
-        // Shallow connections' completions first (see `conn_is_deep`), then the rest and
-        // whatever servicing touched on the way.
+        self.service_touched(now);
+        self.core.refresh_all_paths(now);
+        self.settle_paths(now);
+        self.flush();
+        if now.saturating_duration_since(self.last_tick) >= TICK {
+            self.last_tick = now;
+            self.core.tick(now);
+            if self.core.rec.due(now) {
+                self.publish(false);
+            }
+        }
+        Ok(self.core.done.len() + self.user_done.len())
+    }
+
+    /// Services the connections the turn touched: shallow connections' completions first
+    /// (see [`BlockCore::conn_is_deep`]), then the rest and whatever servicing touched on
+    /// the way.
+    fn service_touched(&mut self, now: Instant) {
+        let mut touched = std::mem::take(&mut self.core.touched);
         for slot in touched.iter_mut() {
-            if !self.conn_is_deep(*slot) {
-                self.service(*slot);
+            if !self.core.conn_is_deep(*slot) {
+                self.service(*slot, now);
                 *slot = usize::MAX;
             }
         }
         let mut i = 0;
         while i < touched.len() {
             if touched[i] != usize::MAX {
-                self.service(touched[i]);
+                self.service(touched[i], now);
             }
             i += 1;
-            if !self.touched.is_empty() {
-                touched.append(&mut self.touched);
+            if !self.core.touched.is_empty() {
+                touched.append(&mut self.core.touched);
             }
         }
         touched.clear();
-        self.touched = touched;
-        if self.has_multi {
-            for d in 0..self.devices.len() {
-                self.refresh_paths(d);
-            }
-        }
-        self.flush();
-        let now = self.now();
-        if now.saturating_duration_since(self.last_tick) >= TICK {
-            self.last_tick = now;
-            self.tick();
-            if self.rec.due(now) {
-                self.publish(false);
-            }
-        }
-        self.clock = outer;
-        Ok(self.done.len() + self.user_done.len())
+        self.core.touched = touched;
     }
 
     /// The context's ring, for the owner's own operations beside the NVMe/TCP queues (a
@@ -1336,12 +898,12 @@ impl Context {
 
     /// Stall reports since the last call (each stalled I/O is reported once).
     pub fn take_stall_reports(&mut self) -> Vec<StallReport> {
-        std::mem::take(&mut self.stalls)
+        std::mem::take(&mut self.core.stalls)
     }
 
     /// Completed I/Os since the last drain.
     pub fn completions(&mut self) -> std::vec::Drain<'_, Completion> {
-        self.done.drain(..)
+        self.core.done.drain(..)
     }
 
     /// Polls (spinning) until at least one completion is ready or `timeout` passes.
@@ -1355,68 +917,64 @@ impl Context {
         }
     }
 
-    /// Whether a queue's connection keeps more than a few commands in flight: its sends
-    /// and completions wait behind those of shallow queues in a poll (a QD1 command is
-    /// not sent after a flood's batch, whose loopback send runs the target's receive
-    /// inline, nor completed after the flood's responses).
-    fn conn_is_deep(&self, ckey: usize) -> bool {
-        self.conns.get(ckey).and_then(Option::as_ref).is_some_and(|c| c.q.outstanding() > SHALLOW_OUTSTANDING_MAX)
-    }
-
     /// Sends the batches of the queues that took commands since the last flush, shallow
     /// queues first (two passes over the flush list, never over all queues).
     fn flush(&mut self) {
-        let list = std::mem::take(&mut self.flush_list);
+        let list = std::mem::take(&mut self.core.flush_list);
         for deep in [false, true] {
             for &qkey in &list {
-                if let Some(ckey) = self.queues[qkey].conn
-                    && self.queues[qkey].in_flush_list
-                    && self.conn_is_deep(ckey) == deep
+                if let Some(ckey) = self.core.queues[qkey].conn
+                    && self.core.queues[qkey].in_flush_list
+                    && self.core.conn_is_deep(ckey) == deep
                 {
                     self.send(ckey);
                 }
             }
         }
         for &qkey in &list {
-            self.queues[qkey].in_flush_list = false;
+            self.core.queues[qkey].in_flush_list = false;
         }
-        self.flush_list = list;
-        self.flush_list.clear();
+        self.core.flush_list = list;
+        self.core.flush_list.clear();
     }
 
     fn send(&mut self, ckey: usize) {
-        let Some(Some(c)) = self.conns.get_mut(ckey) else { return };
+        let (Some(Some(c)), Some(Some(qc))) = (self.conns.get_mut(ckey), self.core.conns.get_mut(ckey)) else {
+            return;
+        };
         if !c.ops.may_send() {
             return;
         }
-        let Some(msg) = c.q.take_send() else { return };
+        let Some(msg) = qc.q.take_send() else { return };
         let fd = c.stream.as_raw_fd();
         let t = c.ops.token(OpKind::Send, 0);
         // Kernel TLS refuses MSG_WAITALL (the ring resubmits short sends either way).
         let sent =
-            if c.q.kernel_tls() { self.ring.send_without_waitall(fd, msg, t) } else { self.ring.send(fd, msg, t) };
+            if qc.q.kernel_tls() { self.ring.send_without_waitall(fd, msg, t) } else { self.ring.send(fd, msg, t) };
         match sent {
             Ok(()) => c.ops.send_started(),
             Err((e, msg)) => {
-                c.q.on_send_done(msg, Err(std::io::Error::other(e.to_string())));
-                self.touched.push(ckey);
+                qc.q.on_send_done(msg, Err(std::io::Error::other(e.to_string())));
+                self.core.touched.push(ckey);
             }
         }
     }
 
     fn arm_recv(&mut self, ckey: usize) {
-        let Some(Some(c)) = self.conns.get_mut(ckey) else { return };
+        let (Some(Some(c)), Some(Some(qc))) = (self.conns.get_mut(ckey), self.core.conns.get_mut(ckey)) else {
+            return;
+        };
         if !c.ops.may_recv() {
             return;
         }
-        let Some((buf, range)) = c.q.take_recv_buf() else { return };
+        let Some((buf, range)) = qc.q.take_recv_buf() else { return };
         let fd = c.stream.as_raw_fd();
         match self.ring.recv(fd, buf, range, c.ops.token(OpKind::Recv, 0)) {
             Ok(()) => c.ops.recv_started(),
             Err((e, buf)) => {
-                c.q.on_recv_none(buf);
-                c.q.set_failed(&format!("recv submit: {e}"));
-                self.touched.push(ckey);
+                qc.q.on_recv_none(buf);
+                qc.q.set_failed(&format!("recv submit: {e}"));
+                self.core.touched.push(ckey);
             }
         }
     }
@@ -1428,7 +986,9 @@ impl Context {
             return;
         }
         let ckey = t.key as usize;
-        let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
+        let (Some(Some(conn)), Some(Some(qc))) = (self.conns.get_mut(ckey), self.core.conns.get_mut(ckey)) else {
+            return;
+        };
         if !conn.ops.owns(&t) {
             return;
         }
@@ -1441,13 +1001,13 @@ impl Context {
                         Ok(n) => {
                             let len = buf.len();
                             buf.set_len(len - n);
-                            conn.q.on_recv(buf, n);
+                            qc.q.on_recv(buf, n);
                         }
                         Err(e) => {
-                            conn.q.on_recv_none(buf);
+                            qc.q.on_recv_none(buf);
                             if conn.ops.is_open() {
-                                let why = conn.q.recv_error_text(&e);
-                                conn.q.set_failed(&why);
+                                let why = qc.q.recv_error_text(&e);
+                                qc.q.set_failed(&why);
                             }
                         }
                     }
@@ -1457,49 +1017,31 @@ impl Context {
                 conn.ops.send_done();
                 let res = c.io_result().map(|_| ());
                 if let Payload::Msg(m) = c.payload {
-                    conn.q.on_send_done(m, res);
+                    qc.q.on_send_done(m, res);
                 }
             }
             OpKind::File | OpKind::User => return,
         }
-        self.touched.push(ckey);
+        self.core.touched.push(ckey);
     }
 
     /// After a connection's completions: deliver finished commands, re-arm, handle failure.
-    fn service(&mut self, ckey: usize) {
+    fn service(&mut self, ckey: usize, now: Instant) {
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        let qkey = conn.qkey;
+        let Some(Some(qc)) = self.core.conns.get(ckey) else { return };
+        let qkey = qc.qkey;
         let dying = !conn.ops.is_open();
-        let control_tag = conn.q.control_tag();
-        let mut done = std::mem::take(conn.q.completions());
-        for d in done.drain(..) {
-            if d.tag == control_tag {
-                if let Some(Some(conn)) = self.conns.get_mut(ckey) {
-                    conn.control.complete(d);
-                }
-                continue;
-            }
-            let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
-            if (rid as usize) < self.reqs.len() && self.reqs[rid as usize].state == ReqState::Outstanding {
-                if !dying {
-                    self.free_tag(rid);
-                }
-                self.finish(rid, d.cqe.status, d.buf);
-            }
-        }
-        if let Some(Some(conn)) = self.conns.get_mut(ckey) {
-            *conn.q.completions() = done;
-        }
-        let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
-        if conn.q.state() == QueueState::Failed && conn.ops.is_open() {
-            self.fail_conn(ckey);
+        self.core.deliver(ckey, dying, now, |d| conn.control.complete(d));
+        let Some(Some(qc)) = self.core.conns.get_mut(ckey) else { return };
+        if qc.q.state() == QueueState::Failed && conn.ops.is_open() {
+            self.fail_conn(ckey, now);
             return;
         }
         if !conn.ops.is_open() {
             if conn.ops.can_free() {
                 // Nothing in flight on it: close now (the FIN must not wait for another turn).
                 drop(self.conns[ckey].take());
-                self.free_conns.push(ckey);
+                self.core.free_conn(ckey);
             } else if conn.ops.take_cancel() {
                 let _ = self.ring.cancel_fd(conn.stream.as_raw_fd());
             }
@@ -1507,327 +1049,55 @@ impl Context {
         }
         if conn.control.is_waiting() {
             // Before anything of the caller's takes the entry that just came free.
-            conn.control.retry(&mut conn.q);
+            conn.control.retry(&mut qc.q);
         }
         self.arm_recv(ckey);
-        if self.conns[ckey].as_ref().is_some_and(|c| c.q.has_pending_send()) {
+        if self.core.conns[ckey].as_ref().is_some_and(|c| c.q.has_pending_send()) {
             self.send(ckey);
         }
-        if AFTER_TAG_BUILT && self.opts.shared_tags.is_some() {
-            // Requests that already hold a tag go first.
-            for d in 0..self.devices.len() {
-                if !self.devices[d].budget_waiting.is_empty() {
-                    self.dispatch_budget_waiting(d);
-                }
-            }
-        }
-        self.dispatch_queue_waiting(qkey);
-        if self.opts.shared_tags.is_some() {
-            for d in 0..self.devices.len() {
-                if !self.devices[d].waiting.is_empty() {
-                    self.dispatch_device_waiting(d);
-                }
-            }
-        }
+        self.core.dispatch_after_service(qkey, now);
     }
 
-    /// A connection failed: its outstanding commands fail over (multipath) or
-    /// wait for the reconnect, and the controller resets.
-    fn fail_conn(&mut self, ckey: usize) {
+    /// A connection failed: its socket side closes and its control command fails; the
+    /// core fails over or requeues its commands, and the controller resets.
+    fn fail_conn(&mut self, ckey: usize, now: Instant) {
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         conn.ops.close();
-        let why = conn.q.error().unwrap_or("queue failed").to_string();
-        conn.q.abort_all(Status::HOST_PATH_ERROR);
+        let Some(why) = self.core.abort_conn(ckey) else { return };
         conn.control.fail(&why);
-        let control_tag = conn.q.control_tag();
-        let qkey = conn.qkey;
-        let conn_generation = conn.ctrl_generation;
-        let mut done = std::mem::take(conn.q.completions());
-        if let Some(i) = done.iter().position(|d| d.tag == control_tag) {
-            conn.control.complete(done.swap_remove(i));
-        }
-        self.rec.on_failure(qkey);
-        let qe = &mut self.queues[qkey];
-        qe.conn = None;
-        // Only a queue of the controller's current connection says something about it: an
-        // older one failing (retired after a reset or a reconnect) must not reset the
-        // controller again, or every reconnect would start the next reset.
-        if qe.ctrl.generation() == conn_generation {
-            qe.ctrl.report_io_failure(&why);
-        }
-        // Tags of the dead connection are gone with it; shared-set tags go back to their device.
-        for d in done.drain(..) {
-            let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
-            if (rid as usize) < self.reqs.len() && self.reqs[rid as usize].state == ReqState::Outstanding {
-                if self.reqs[rid as usize].shared_tag {
-                    self.free_tag(rid);
-                }
-                self.finish(rid, d.cqe.status, d.buf);
-            }
-        }
-        // Multipath requests that waited for this queue pick another path.
-        let waiting: Vec<u32> = self.queues[qkey].waiting.drain(..).collect();
-        for rid in waiting {
-            self.park(rid);
-        }
-        self.has_multi_refresh();
-        self.touched.push(ckey);
+        self.core.fail_conn(ckey, &why, now, |d| conn.control.complete(d));
     }
 
-    /// A command finished: complete it to the caller, or send it again.
-    fn finish(&mut self, rid: u32, status: Status, buf: Option<IoBuf>) {
-        self.release_budget(rid);
-        let now = self.now();
-        let r = &mut self.reqs[rid as usize];
-        if r.op == Op::Deallocate {
-            if let Some(b) = buf {
-                self.dsm_bufs.push(b);
-            }
-        } else {
-            r.buf = buf;
-        }
-        let latency = r.sent.map_or(0, |t| nanos_since(t, now));
-        let dev = r.dev as usize;
-        let qkey = r.qkey;
-        let path = r.path;
-        let path_error = status.is_path_error();
-        if let DevKind::Multi(m) = &mut self.devices[dev].kind {
-            let counted = self.reqs[rid as usize].via_reference;
-            m.on_complete(
-                PathIndex(path),
-                qkey,
-                latency,
-                if path_error { Outcome::PathError } else { Outcome::Done },
-                counted,
-            );
-            if !path_error && let Some(c) = m.ios.get_mut(usize::from(path)) {
-                *c += 1;
-                if let Some(b) = m.bytes.get_mut(usize::from(path)) {
-                    *b += u64::from(self.reqs[rid as usize].len);
-                }
-            }
-            if path_error
-                && status.is_ana_error()
-                && let Some(Some(lp)) = m.paths.get_mut(usize::from(path))
-            {
-                lp.ctrl.request_ana_refresh();
-                lp.suspect_at = Some(lp.ctrl.change_count());
-                m.seen = 0;
-            }
-        }
-        let multipath = matches!(self.devices[dev].kind, DevKind::Multi(_));
-        let retries = self.reqs[rid as usize].retries;
-        let queues = &self.queues;
-        let disposition = disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io());
-        if disposition != Disposition::Complete
-            && crate::failover::must_hold(op_code(self.reqs[rid as usize].op), status)
-        {
-            // NVMe Base 2.1 §3.9 (TP4129): the lost controller may still execute this
-            // write; sent again before it quiesced, the old copy could land after a newer
-            // acknowledged write (the simulator's seed 0).
-            let hold = self.queues[qkey].ctrl.failover_hold();
-            if !hold.is_zero() {
-                self.hold(rid, hold, now);
-                return;
-            }
-        }
-        match disposition {
-            Disposition::Complete => {}
-            Disposition::Failover => {
-                let r = &mut self.reqs[rid as usize];
-                r.retries += 1;
-                r.state = ReqState::Waiting;
-                self.queues[qkey].stats.record_requeue();
-                self.refresh_paths(dev);
-                self.route(rid);
-                return;
-            }
-            Disposition::Requeue => {
-                // Transport failures on a single path wait for the reconnect (Linux requeues them).
-                let r = &mut self.reqs[rid as usize];
-                r.retries += 1;
-                r.state = ReqState::Waiting;
-                self.queues[qkey].stats.record_requeue();
-                self.queues[qkey].waiting.push_back(rid);
-                return;
-            }
-        }
-        let r = &self.reqs[rid as usize];
-        let outcome = if status.is_success() { blk::Outcome::Success } else { blk::Outcome::Error };
-        let total = nanos_since(r.start, now);
-        self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
-        self.complete(rid, status);
-    }
-
-    /// Holds a request whose command may still execute on its lost controller for
-    /// `hold` ([`crate::failover`]), within the controller's `ctrl_loss_tmo`.
-    fn hold(&mut self, rid: u32, hold: Duration, now: Instant) {
-        let qkey = self.reqs[rid as usize].qkey;
-        let ctrl = &self.queues[qkey].ctrl;
-        // A held request ends within ctrl_loss_tmo, and never by being sent early: a hold
-        // longer than that fails it then.
-        let (until, fails) = match ctrl.opts.ctrl_loss_tmo {
-            Some(tmo) if tmo < hold => (now + tmo, true),
-            _ => (now + hold, false),
-        };
-        tracing::debug!(
-            traddr = %ctrl.opts.traddr,
-            hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
-            "a write's connection failed: held until the controller has quiesced it"
-        );
-        let r = &mut self.reqs[rid as usize];
-        r.retries += 1;
-        r.state = ReqState::Waiting;
-        r.held_until = Some(until);
-        r.hold_fails = fails;
-        self.queues[qkey].stats.record_requeue();
-        self.held.push_back(rid);
-    }
-
-    /// Sends again (or fails) the held requests whose hold is over; a single-path
-    /// request whose controller is past fast_io_fail_tmo or gone fails at once (failing
-    /// is always safe, sending early is not).
-    fn release_held(&mut self, now: Instant) {
-        for _ in 0..self.held.len() {
-            let Some(rid) = self.held.pop_front() else { return };
-            let r = &self.reqs[rid as usize];
-            let (qkey, dev) = (r.qkey, r.dev as usize);
-            let single = !matches!(self.devices[dev].kind, DevKind::Multi(_));
-            let due = r.held_until.is_none_or(|t| t <= now);
-            let fail = (due && r.hold_fails) || (single && self.queues[qkey].ctrl.should_fail_io());
-            if !due && !fail {
-                self.held.push_back(rid);
-                continue;
-            }
-            let r = &mut self.reqs[rid as usize];
-            r.held_until = None;
-            if fail {
-                self.complete(rid, Status::HOST_PATH_ERROR);
-            } else if single {
-                self.queues[qkey].waiting.push_back(rid);
-                self.dispatch_queue_waiting(qkey);
-            } else {
-                self.route(rid);
-            }
-        }
-    }
-
-    fn complete(&mut self, rid: u32, status: Status) {
-        let now = self.now();
-        let r = &mut self.reqs[rid as usize];
-        r.state = ReqState::Free;
-        let latency_ns = nanos_since(r.start, now);
-        let buf = r.buf.take();
-        let last = r.sent.map(|_| (r.path, r.qkey, r.nsid));
-        self.rec.record(r.dev, last, r.op.direction(), r.len, latency_ns, status.is_success());
-        self.done.push(Completion { token: r.token, status, buf, latency_ns });
-        self.free_reqs.push(rid);
-    }
-
-    /// Re-reads the path states of a multipath device when anything they
-    /// depend on moved (head, controllers, local connections), then retries
-    /// requests waiting for a path.
-    fn refresh_paths(&mut self, dev: usize) {
-        let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
-        let head_gen = m.head.generation();
-        if head_gen != m.seen_head {
-            // Paths added or removed, or the policy switched.
-            m.seen_head = head_gen;
-            m.seen = 0;
-            let policy = m.head.policy();
-            if m.sel.policy() != policy {
-                m.sel.set_policy(policy);
-            }
-            m.reference = m.head.reference();
-            m.ref_gen = m.ref_gen.wrapping_add(1).max(1);
-            let slots = m.head.paths();
-            let mut attach = Vec::new();
-            for (i, s) in slots.iter().enumerate() {
-                let have = m.paths.get(i).and_then(Option::as_ref).map(|lp| (Arc::as_ptr(&lp.ctrl), lp.nsid));
-                let want = s.as_ref().map(|(c, n)| (Arc::as_ptr(c), *n));
-                if have != want {
-                    if m.paths.len() <= i {
-                        m.paths.resize_with(i + 1, || None);
-                        m.ios.resize(i + 1, 0);
-                        m.bytes.resize(i + 1, 0);
-                    }
-                    m.paths[i] = None;
-                    if let Some((c, n)) = s {
-                        attach.push((i, Arc::clone(c), *n));
-                    }
-                }
-            }
-            for (i, c, n) in attach {
-                if let Ok(qkey) = self.attach(&c)
-                    && let DevKind::Multi(m) = &mut self.devices[dev].kind
-                {
-                    m.paths[i] = Some(LocalPath { ctrl: c, nsid: n, qkey, suspect_at: None });
-                }
-            }
-        }
-        let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
-        // The view key: cheap relaxed loads only.
-        let mut key = m.seen_head.wrapping_mul(0x100_0000_01b3) | 1;
-        for lp in m.paths.iter().flatten() {
-            let conn = self.queues[lp.qkey].conn.is_some();
-            key = key
-                .wrapping_mul(31)
-                .wrapping_add(lp.ctrl.change_count())
-                .wrapping_mul(3)
-                .wrapping_add(u64::from(lp.ctrl.is_live()) * 2 + u64::from(conn));
-        }
-        if key == m.seen {
-            return;
-        }
-        m.seen = key;
-        let mut states = Vec::with_capacity(m.paths.len());
-        for (i, p) in m.paths.iter_mut().enumerate() {
-            states.push(match p {
-                None => PathState::new(u64::MAX - i as u64, PathClass::Gone),
-                Some(lp) => {
-                    if lp.suspect_at.is_some_and(|at| at != lp.ctrl.change_count()) {
-                        lp.suspect_at = None;
-                    }
-                    let mut class = class_of(&lp.ctrl, lp.nsid);
-                    let conn = self.queues[lp.qkey].conn.is_some();
-                    if class.is_usable() && (!conn || lp.suspect_at.is_some()) {
-                        class = PathClass::Transient;
-                    }
-                    PathState::new(path_id(&lp.ctrl, lp.nsid), class)
-                }
-            });
-        }
-        m.sel.set_paths(&states);
-        if !self.devices[dev].waiting.is_empty() {
-            self.dispatch_device_waiting(dev);
-        }
-    }
-
-    fn on_msg(&mut self, m: QueueMsg) {
+    fn on_msg(&mut self, m: QueueMsg, now: Instant) {
         match m {
             QueueMsg::Queue { ctrl, index, generation, stream, queue } => {
-                let Some(qkey) = self.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, &ctrl) && q.index == index)
+                let Some(qkey) = self.core.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, &ctrl) && q.index == index)
                 else {
                     ctrl.release_queue(index, Some((stream, queue)));
                     return;
                 };
-                if let Some(old) = self.queues[qkey].conn {
+                if let Some(old) = self.core.queues[qkey].conn {
                     // A reconnect raced a failure we had not noticed: retire the old connection.
-                    self.fail_conn(old);
+                    self.fail_conn(old, now);
                 }
                 tracing::debug!(index, generation, "queue (re)connected");
-                self.install(qkey, stream, queue, generation);
+                self.install(qkey, stream, queue, generation, now);
             }
             QueueMsg::Command { ctrl, index, generation, io, reply } => {
                 let conn = self
+                    .core
                     .queues
                     .iter()
                     .find(|q| Arc::ptr_eq(&q.ctrl, &ctrl) && q.index == index)
                     .and_then(|q| q.conn)
                     .filter(|&k| {
-                        self.conns.get(k).and_then(Option::as_ref).is_some_and(|c| {
-                            c.ops.is_open() && c.ctrl_generation == generation && c.q.state() == QueueState::Live
-                        })
+                        let open = self.conns.get(k).and_then(Option::as_ref).is_some_and(|c| c.ops.is_open());
+                        open && self
+                            .core
+                            .conns
+                            .get(k)
+                            .and_then(Option::as_ref)
+                            .is_some_and(|c| c.ctrl_generation == generation && c.q.state() == QueueState::Live)
                     });
                 let Some(ckey) = conn else {
                     let _ = reply.send(Err(Error::new(
@@ -1836,122 +1106,12 @@ impl Context {
                     )));
                     return;
                 };
-                if let Some(Some(c)) = self.conns.get_mut(ckey) {
-                    c.control.offer(&mut c.q, io, reply);
+                if let (Some(Some(c)), Some(Some(qc))) = (self.conns.get_mut(ckey), self.core.conns.get_mut(ckey)) {
+                    c.control.offer(&mut qc.q, io, reply);
                 }
-                self.touched.push(ckey);
+                self.core.touched.push(ckey);
             }
         }
-    }
-
-    /// Periodic work: fail waiting I/O of controllers that are gone or past
-    /// fast_io_fail_tmo; reset controllers with timed-out commands; let
-    /// shared-tag users return idle tags.
-    fn tick(&mut self) {
-        let now = self.now();
-        for qkey in 0..self.queues.len() {
-            let qe = &self.queues[qkey];
-            // The controller reset (keep-alive timeout, admin queue lost, another queue
-            // failed): this queue's commands will never complete, fail them over now
-            // (Linux's error recovery cancels every request of the old queues).
-            if let Some(ckey) = qe.conn
-                && let Some(Some(conn)) = self.conns.get_mut(ckey)
-                && conn.ops.is_open()
-                && conn.q.state() != QueueState::Failed
-                && qe.ctrl.generation() != conn.ctrl_generation
-            {
-                tracing::debug!(traddr = %qe.ctrl.opts.traddr, index = qe.index, "controller reset: failing its queue");
-                conn.q.set_failed("controller reset");
-                self.touched.push(ckey);
-            }
-            let qe = &self.queues[qkey];
-            if qe.conn.is_none() && !qe.waiting.is_empty() && qe.ctrl.should_fail_io() {
-                let waiting: Vec<u32> = self.queues[qkey].waiting.drain(..).collect();
-                for rid in waiting {
-                    let dev = self.reqs[rid as usize].dev as usize;
-                    if matches!(self.devices[dev].kind, DevKind::Multi(_)) {
-                        self.devices[dev].waiting.push_back(rid);
-                    } else {
-                        self.complete(rid, Status::HOST_PATH_ERROR);
-                    }
-                }
-            }
-        }
-        if !self.held.is_empty() {
-            self.release_held(now);
-        }
-        for d in &mut self.devices {
-            if let Some(u) = d.tags.as_mut() {
-                u.tick();
-            }
-        }
-        for d in 0..self.devices.len() {
-            if !self.devices[d].budget_waiting.is_empty() {
-                self.dispatch_budget_waiting(d);
-            }
-        }
-        for d in 0..self.devices.len() {
-            if !self.devices[d].waiting.is_empty() {
-                if let DevKind::Multi(m) = &mut self.devices[d].kind {
-                    m.seen = 0;
-                }
-                self.refresh_paths(d);
-                self.dispatch_device_waiting(d);
-            }
-        }
-        let timeout = self.opts.io_timeout;
-        let stall = self.opts.stall_threshold;
-        for i in 0..self.reqs.len() {
-            let r = &self.reqs[i];
-            if r.state != ReqState::Outstanding {
-                continue;
-            }
-            let age = r.sent.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-            if age > stall && !r.stall_reported {
-                let qe = &self.queues[r.qkey];
-                let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
-                let opcode = conn.and_then(|c| c.q.sqe_of(r.tag)).map_or_else(|| op_code(r.op), nvme::Sqe::opcode);
-                let report = StallReport {
-                    traddr: qe.ctrl.opts.traddr,
-                    cntlid: qe.ctrl.cntlid().0,
-                    qid: qe.index + 1,
-                    cid: r.tag,
-                    opcode,
-                    age,
-                    queue_outstanding: conn.map_or(0, |c| c.q.outstanding()),
-                    queue_connected: conn.is_some(),
-                };
-                tracing::warn!(
-                    traddr = %report.traddr, cntlid = report.cntlid, qid = report.qid, cid = report.cid,
-                    opcode = report.opcode, age_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
-                    queue_outstanding = report.queue_outstanding, queue_connected = report.queue_connected,
-                    "I/O stall"
-                );
-                self.stalls.push(report);
-                self.reqs[i].stall_reported = true;
-            }
-            let r = &self.reqs[i];
-            if age > timeout {
-                let qe = &self.queues[r.qkey];
-                if let Some(ckey) = qe.conn {
-                    tracing::warn!(request = i, "I/O timeout: resetting the controller");
-                    if let Some(Some(c)) = self.conns.get_mut(ckey) {
-                        c.q.set_failed("I/O timeout");
-                    }
-                    self.touched.push(ckey);
-                }
-            }
-        }
-    }
-}
-
-fn op_code(op: Op) -> u8 {
-    match op {
-        Op::Read => opc::READ,
-        Op::Write => opc::WRITE,
-        Op::Flush => opc::FLUSH,
-        Op::WriteZeroes => opc::WRITE_ZEROES,
-        Op::Deallocate => opc::DATASET_MANAGEMENT,
     }
 }
 
@@ -1959,15 +1119,18 @@ impl Drop for Context {
     fn drop(&mut self) {
         // Final numbers first: what a hub shows after this context is exact.
         self.publish(true);
-        self.rec.retire();
+        self.core.rec.retire();
         // Give idle connections back to their controllers so another context can claim them.
-        for qkey in 0..self.queues.len() {
-            let ckey = self.queues[qkey].conn.take();
-            let index = self.queues[qkey].index;
-            let ctrl = Arc::clone(&self.queues[qkey].ctrl);
-            let conn = ckey.and_then(|k| self.conns.get_mut(k).and_then(Option::take));
+        for qkey in 0..self.core.queues.len() {
+            let ckey = self.core.queues[qkey].conn.take();
+            let index = self.core.queues[qkey].index;
+            let ctrl = Arc::clone(&self.core.queues[qkey].ctrl);
+            let conn = ckey.and_then(|k| {
+                let c = self.conns.get_mut(k).and_then(Option::take)?;
+                Some((c, self.core.conns.get_mut(k).and_then(Option::take)?))
+            });
             match conn {
-                Some(mut c) if c.q.outstanding() == 0 && !c.ops.send_in_flight() => {
+                Some((mut c, mut qc)) if qc.q.outstanding() == 0 && !c.ops.send_in_flight() => {
                     if c.ops.recv_in_flight() {
                         let _ = self.ring.cancel_fd(c.stream.as_raw_fd());
                         let deadline = Instant::now() + Duration::from_millis(200);
@@ -1983,7 +1146,7 @@ impl Drop for Context {
                                     && c.ops.owns(&t)
                                     && let Payload::Buf(b) = x.payload
                                 {
-                                    c.q.on_recv_none(b);
+                                    qc.q.on_recv_none(b);
                                     c.ops.recv_done();
                                 }
                             }
@@ -1992,7 +1155,7 @@ impl Drop for Context {
                     if c.ops.recv_in_flight() {
                         ctrl.release_queue(index, None);
                     } else {
-                        ctrl.release_queue(index, Some((c.stream, c.q)));
+                        ctrl.release_queue(index, Some((c.stream, qc.q)));
                     }
                 }
                 _ => ctrl.release_queue(index, None),
@@ -2006,6 +1169,8 @@ mod tests {
     //! The block core's decisions that need no ring, socket or controller.
 
     use super::*;
+    use crate::failover::{Disposition, disposition};
+    use crate::mpath::PathState;
 
     fn opts(max_retries: u32, max_failovers: u32) -> ContextOptions {
         ContextOptions { max_retries, max_failovers, ..ContextOptions::default() }
@@ -2152,8 +1317,8 @@ mod tests {
             ios: vec![0; 2],
             bytes: vec![0; 2],
         };
-        ctx.has_multi = true;
-        let dev = ctx.new_device(DevKind::Multi(Box::new(m)), 9, nsze, None).unwrap();
+        ctx.core.has_multi = true;
+        let dev = ctx.core.new_device(DevKind::Multi(Box::new(m)), 9, nsze, None).unwrap();
         (ctx, dev)
     }
 
@@ -2200,7 +1365,7 @@ mod tests {
         assert!(b.is_some());
         // Both paths are gone for good (the view changes): the waiting requests fail with a
         // path error, in the order they were submitted, each with its buffer.
-        let DevKind::Multi(m) = &mut ctx.devices[dev.0 as usize].kind else { unreachable!() };
+        let DevKind::Multi(m) = &mut ctx.core.devices[dev.0 as usize].kind else { unreachable!() };
         m.seen = 0;
         assert_eq!(ctx.poll(Wait::Poll).unwrap(), 3);
         let done: Vec<(u64, Status, bool)> = ctx.completions().map(|c| (c.token, c.status, c.buf.is_some())).collect();

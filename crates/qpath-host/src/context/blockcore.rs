@@ -1,0 +1,1091 @@
+//! The block core: request slots, the devices' waiting lists, tags and budgets, and the
+//! decisions of a request's life (route, send, requeue, fail over, hold, time out,
+//! complete), with no ring, socket, mailbox or clock of its own.
+//!
+//! ```text
+//!   owner (Context, a simulator) ── submit(.., now) ──► BlockCore ── HostQueue::submit
+//!        │  bytes to and from the sockets                  │  (what to send: flush_list)
+//!        └── HostQueue::on_recv ─► deliver(conn, .., now) ─┘──► done: (token, status, buffer)
+//!            queue failed        ─► fail_conn(conn, .., now)
+//!            every few ms        ─► tick(now)
+//! ```
+//!
+//! The owner reads the clock once per poll turn and passes it in; it owns the sockets,
+//! moves the bytes of each connection's [`HostQueue`] (which the core submits commands
+//! to and takes completions from), and attaches the queues the core asks for
+//! ([`BlockCore::take_attaches`]). What the core still reaches through is the
+//! controller (`Arc<Controller>`: its generation, change count, liveness, hold time,
+//! `should_fail_io`, failure reports).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blk::{Tag, TagAllocator, TagSet};
+use nvme::opcode::io as opc;
+use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
+use uring::IoBuf;
+
+use super::req::{Claim, OnWire, Req, ReqState};
+use super::{
+    AFTER_TAG_BUILT, Completion, ContextOptions, DepthLimitOrder, DevEntry, DevKind, DeviceId, LocalPath, Op, QEntry,
+    QueueConn, StallReport,
+};
+use crate::controller::Controller;
+use crate::error::{Error, ErrorKind, Result};
+use crate::failover::{Disposition, disposition};
+use crate::head::{class_of, path_id};
+use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection};
+use crate::queue::{DataDir, Done, HostQueue, Io, QueueState};
+use crate::stats::Recorder;
+
+/// A connection with more commands than this in flight is deep: served after the others.
+const SHALLOW_OUTSTANDING_MAX: usize = 4;
+
+/// A path of a multipath device whose controller this context has no queue of yet:
+/// the owner claims one and gives it back with [`BlockCore::set_path`].
+pub(super) struct PathAttach {
+    pub dev: usize,
+    pub slot: usize,
+    pub ctrl: Arc<Controller>,
+    pub nsid: Nsid,
+}
+
+/// The block core of one context (see the module's text).
+pub(super) struct BlockCore {
+    pub opts: ContextOptions,
+    /// The time of the call in progress (its caller's clock read).
+    pub now: Instant,
+    /// Connections' queues by connection key (the owner keeps their sockets under the same key).
+    pub conns: Vec<Option<QueueConn>>,
+    pub free_conns: Vec<usize>,
+    pub queues: Vec<QEntry>,
+    pub devices: Vec<DevEntry>,
+    pub reqs: Vec<Req>,
+    pub free_reqs: Vec<u32>,
+    pub done: Vec<Completion>,
+    /// Queues that took commands since the owner last sent their batches.
+    pub flush_list: Vec<usize>,
+    /// Connections to service (completions to deliver, a failure to handle).
+    pub touched: Vec<usize>,
+    dsm_bufs: Vec<IoBuf>,
+    /// Requests that change data, held after their connection failed until the old
+    /// controller can no longer execute them ([`crate::failover`]). Allocated for every
+    /// request at creation: holding one never allocates.
+    held: VecDeque<u32>,
+    pub has_multi: bool,
+    pub stalls: Vec<StallReport>,
+    /// Statistics for a [`crate::stats::HostStats`] (inert without one).
+    pub rec: Recorder,
+    attaches: Vec<PathAttach>,
+}
+
+impl BlockCore {
+    /// A core with `opts.max_requests` request slots (clamped to 1..=2^20).
+    pub(super) fn new(opts: ContextOptions, now: Instant) -> BlockCore {
+        let n = opts.max_requests.clamp(1, 1 << 20);
+        BlockCore {
+            now,
+            conns: Vec::new(),
+            free_conns: Vec::new(),
+            queues: Vec::new(),
+            devices: Vec::new(),
+            reqs: (0..n).map(|_| Req::free(now)).collect(),
+            free_reqs: (0..u32::try_from(n).unwrap_or(u32::MAX)).rev().collect(),
+            done: Vec::with_capacity(n),
+            flush_list: Vec::new(),
+            touched: Vec::new(),
+            dsm_bufs: Vec::new(),
+            held: VecDeque::with_capacity(n),
+            has_multi: false,
+            stalls: Vec::new(),
+            rec: Recorder::new(opts.stats.clone(), opts.stats_interval),
+            attaches: Vec::new(),
+            opts,
+        }
+    }
+
+    /// Requests in flight (waiting or on the wire).
+    pub(super) fn in_flight(&self) -> usize {
+        self.reqs.len() - self.free_reqs.len()
+    }
+
+    /// A queue the owner claimed: its requests go to queue `qkey` from now on.
+    pub(super) fn add_queue(&mut self, ctrl: &Arc<Controller>, index: u16) -> Result<usize> {
+        let qkey = self.queues.len();
+        let placeholder = TagSet::new(1).map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
+        self.queues.push(QEntry {
+            ctrl: Arc::clone(ctrl),
+            index,
+            conn: None,
+            entries: 0,
+            tags: blk::QueueTags::Private(placeholder),
+            waiting: VecDeque::new(),
+            in_flush_list: false,
+            stats: blk::QueueStats::new(),
+        });
+        self.rec.on_attach(qkey, ctrl, index);
+        Ok(qkey)
+    }
+
+    /// A live connection of queue `qkey` (of controller generation `ctrl_generation`):
+    /// returns its connection key; the requests waiting for the queue go out on it.
+    pub(super) fn install(&mut self, qkey: usize, q: HostQueue, ctrl_generation: u64, now: Instant) -> usize {
+        self.now = now;
+        let entries = q.entries();
+        let key = self.free_conns.pop().unwrap_or(self.conns.len());
+        let conn = QueueConn { q, ctrl_generation, qkey, open: true };
+        if key == self.conns.len() {
+            self.conns.push(Some(conn));
+        } else {
+            self.conns[key] = Some(conn);
+        }
+        self.rec.on_connect(qkey);
+        let qe = &mut self.queues[qkey];
+        qe.conn = Some(key);
+        qe.entries = entries;
+        // A fresh tag set: the old connection's commands were all failed or retried.
+        if let Ok(t) = TagSet::new(entries.max(1)) {
+            qe.tags = blk::QueueTags::Private(t);
+        }
+        self.dispatch_queue_waiting(qkey);
+        self.has_multi_refresh();
+        key
+    }
+
+    /// Frees a closed connection's key (nothing of it in flight any more).
+    pub(super) fn free_conn(&mut self, ckey: usize) {
+        if self.conns.get_mut(ckey).and_then(Option::take).is_some() {
+            self.free_conns.push(ckey);
+        }
+    }
+
+    /// Submits an I/O of `len` bytes at byte `offset` of `dev` at time `now`
+    /// ([`super::Context::submit_from`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn submit(
+        &mut self,
+        dev: DeviceId,
+        submitter: u32,
+        op: Op,
+        offset: u64,
+        len: u32,
+        buf: Option<IoBuf>,
+        token: u64,
+        now: Instant,
+    ) -> std::result::Result<(), (Error, Option<IoBuf>)> {
+        let Some(d) = self.devices.get(dev.0 as usize) else {
+            return Err((Error::new(ErrorKind::Invalid, "no such device"), buf));
+        };
+        let bs = 1u64 << d.block_shift;
+        let len64 = u64::from(len);
+        if !offset.is_multiple_of(bs) || !len64.is_multiple_of(bs) || (len == 0 && matches!(op, Op::Read | Op::Write)) {
+            return Err((
+                Error::new(ErrorKind::Invalid, format!("offset {offset} / length {len} not multiples of {bs}")),
+                buf,
+            ));
+        }
+        let slba = offset >> d.block_shift;
+        let nlb = len64 >> d.block_shift;
+        if op != Op::Flush && slba.checked_add(nlb).is_none_or(|e| e > d.nsze) {
+            return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
+        }
+        if matches!(op, Op::Read | Op::Write) && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
+            return Err((Error::new(ErrorKind::Invalid, "buffer smaller than the transfer"), buf));
+        }
+        if nlb > 65536 {
+            return Err((Error::new(ErrorKind::Invalid, "more than 65536 blocks in one command"), buf));
+        }
+        let Some(rid) = self.free_reqs.pop() else {
+            return Err((Error::new(ErrorKind::Busy, "too many requests in flight"), buf));
+        };
+        self.now = now;
+        let r = &mut self.reqs[rid as usize];
+        r.dev = dev.0;
+        r.op = op;
+        r.slba = slba;
+        r.nlb = u32::try_from(nlb).unwrap_or(0);
+        r.len = len;
+        r.buf = buf;
+        r.token = token;
+        r.start = now;
+        r.retries = 0;
+        r.was_sent = false;
+        r.submitter = submitter;
+        if self.set_state(rid, ReqState::Waiting) {
+            self.route(rid);
+        }
+        Ok(())
+    }
+
+    /// Delivers the completions connection `ckey`'s queue has (after bytes came in or a
+    /// send finished): each to its request, which completes or goes out again. The
+    /// queue's control command's completion goes to `control`. A `dying` connection
+    /// (failed, its tags gone with it) gives no tag back.
+    pub(super) fn deliver(&mut self, ckey: usize, dying: bool, now: Instant, mut control: impl FnMut(Done)) {
+        self.now = now;
+        let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
+        let control_tag = conn.q.control_tag();
+        let mut done = std::mem::take(conn.q.completions());
+        for d in done.drain(..) {
+            if d.tag == control_tag {
+                control(d);
+                continue;
+            }
+            let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
+            if let Some(w) = self.on_wire(rid, d.tag) {
+                if !dying {
+                    let r = &self.reqs[rid as usize];
+                    self.free_tag(r.dev as usize, r.qkey, w.tag, w.shared);
+                }
+                self.finish(rid, d.cqe.status, d.buf);
+            }
+        }
+        if let Some(Some(conn)) = self.conns.get_mut(ckey) {
+            *conn.q.completions() = done;
+        }
+    }
+
+    /// After a connection was serviced: requests waiting for budget, for its queue and
+    /// (with a shared tag set) for a tag go out as far as they can.
+    pub(super) fn dispatch_after_service(&mut self, qkey: usize, now: Instant) {
+        self.now = now;
+        if AFTER_TAG_BUILT && self.opts.shared_tags.is_some() {
+            // Requests that already hold a tag go first.
+            for d in 0..self.devices.len() {
+                if !self.devices[d].budget_waiting.is_empty() {
+                    self.dispatch_budget_waiting(d);
+                }
+            }
+        }
+        self.dispatch_queue_waiting(qkey);
+        if self.opts.shared_tags.is_some() {
+            for d in 0..self.devices.len() {
+                if !self.devices[d].waiting.is_empty() {
+                    self.dispatch_device_waiting(d);
+                }
+            }
+        }
+    }
+
+    /// Connection `ckey` failed: its queue gives back every command with a path error.
+    /// Returns why it failed. Then [`BlockCore::fail_conn`].
+    pub(super) fn abort_conn(&mut self, ckey: usize) -> Option<String> {
+        let conn = self.conns.get_mut(ckey)?.as_mut()?;
+        conn.open = false;
+        let why = conn.q.error().unwrap_or("queue failed").to_string();
+        conn.q.abort_all(Status::HOST_PATH_ERROR);
+        Some(why)
+    }
+
+    /// A connection failed (after [`BlockCore::abort_conn`]): its outstanding commands
+    /// fail over (multipath) or wait for the reconnect, and the controller resets.
+    pub(super) fn fail_conn(&mut self, ckey: usize, why: &str, now: Instant, mut control: impl FnMut(Done)) {
+        self.now = now;
+        let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
+        let control_tag = conn.q.control_tag();
+        let qkey = conn.qkey;
+        let conn_generation = conn.ctrl_generation;
+        let mut done = std::mem::take(conn.q.completions());
+        if let Some(i) = done.iter().position(|d| d.tag == control_tag) {
+            control(done.swap_remove(i));
+        }
+        self.rec.on_failure(qkey);
+        let qe = &mut self.queues[qkey];
+        qe.conn = None;
+        // Only a queue of the controller's current connection says something about it: an
+        // older one failing (retired after a reset or a reconnect) must not reset the
+        // controller again, or every reconnect would start the next reset.
+        if qe.ctrl.generation() == conn_generation {
+            qe.ctrl.report_io_failure(why);
+        }
+        // Tags of the dead connection are gone with it; shared-set tags go back to their device.
+        for d in done.drain(..) {
+            let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
+            if let Some(w) = self.on_wire(rid, d.tag) {
+                if w.shared {
+                    let r = &self.reqs[rid as usize];
+                    self.free_tag(r.dev as usize, r.qkey, w.tag, w.shared);
+                }
+                self.finish(rid, d.cqe.status, d.buf);
+            }
+        }
+        // Multipath requests that waited for this queue pick another path.
+        let waiting: Vec<u32> = self.queues[qkey].waiting.drain(..).collect();
+        for rid in waiting {
+            self.park(rid);
+        }
+        self.has_multi_refresh();
+        self.touched.push(ckey);
+    }
+
+    /// Paths whose controllers the owner must claim a queue of (after a head changed).
+    pub(super) fn take_attaches(&mut self) -> Vec<PathAttach> {
+        std::mem::take(&mut self.attaches)
+    }
+
+    /// Gives path `slot` of multipath device `dev` its local path.
+    pub(super) fn set_path(&mut self, dev: usize, slot: usize, lp: LocalPath) {
+        if let DevKind::Multi(m) = &mut self.devices[dev].kind
+            && let Some(p) = m.paths.get_mut(slot)
+        {
+            *p = Some(lp);
+            m.seen = 0;
+        }
+    }
+
+    /// Re-reads the paths of device `dev` (a multipath head that changed).
+    pub(super) fn refresh_device(&mut self, dev: usize, now: Instant) {
+        self.now = now;
+        self.refresh_paths(dev);
+    }
+
+    /// Re-reads every multipath device's paths (once per poll turn).
+    pub(super) fn refresh_all_paths(&mut self, now: Instant) {
+        self.now = now;
+        if self.has_multi {
+            for d in 0..self.devices.len() {
+                self.refresh_paths(d);
+            }
+        }
+    }
+
+    pub(super) fn has_multi_refresh(&mut self) {
+        if self.has_multi {
+            for d in &mut self.devices {
+                if let DevKind::Multi(m) = &mut d.kind {
+                    m.seen = 0;
+                }
+            }
+        }
+    }
+
+    pub(super) fn new_device(
+        &mut self,
+        kind: DevKind,
+        block_shift: u8,
+        nsze: u64,
+        depth_limit: Option<u16>,
+    ) -> Result<DeviceId> {
+        let id =
+            DeviceId(u32::try_from(self.devices.len()).map_err(|_| Error::new(ErrorKind::Busy, "too many devices"))?);
+        let after_tag = self.opts.depth_limit_order != DepthLimitOrder::BeforeTag;
+        let (tag_limit, budget) = if after_tag { (None, depth_limit) } else { (depth_limit, None) };
+        let tags = match &self.opts.shared_tags {
+            Some(set) => Some(set.register_user(tag_limit).map_err(|e| Error::new(ErrorKind::Busy, e.to_string()))?),
+            None => None,
+        };
+        let budget = if tags.is_some() { budget } else { None };
+        if budget == Some(0) {
+            return Err(Error::new(ErrorKind::Invalid, "a device's depth limit must be at least 1"));
+        }
+        self.devices.push(DevEntry {
+            kind,
+            block_shift,
+            nsze,
+            waiting: VecDeque::new(),
+            tags,
+            budget,
+            budget_used: 0,
+            budget_waiting: VecDeque::new(),
+        });
+        Ok(id)
+    }
+
+    /// Picks the queue (and path) for a request and sends it, or parks it.
+    fn route(&mut self, rid: u32) {
+        let dev = self.reqs[rid as usize].dev as usize;
+        let d = &mut self.devices[dev];
+        let (qkey, nsid, path) = match &mut d.kind {
+            DevKind::Single { qkey, nsid } => (*qkey, *nsid, 0u16),
+            DevKind::Spread(sp) => (sp.pick(self.reqs[rid as usize].submitter), sp.nsid, 0u16),
+            DevKind::Multi(m) => match m.select() {
+                Selection::Submit(p) => match m.paths.get(p.get()).and_then(Option::as_ref) {
+                    Some(lp) => (lp.qkey, lp.nsid, p.0),
+                    None => {
+                        d.waiting.push_back(rid);
+                        return;
+                    }
+                },
+                Selection::Requeue => {
+                    d.waiting.push_back(rid);
+                    return;
+                }
+                Selection::Fail => {
+                    self.complete(rid, Status::HOST_PATH_ERROR);
+                    return;
+                }
+            },
+        };
+        let r = &mut self.reqs[rid as usize];
+        r.qkey = qkey;
+        r.nsid = nsid;
+        r.path = path;
+        self.send_bound(rid);
+    }
+
+    /// Sends a request on the queue it is bound to, or parks it there (or on
+    /// its device, for a shared tag).
+    fn send_bound(&mut self, rid: u32) {
+        let r = &self.reqs[rid as usize];
+        let (qkey, dev) = (r.qkey, r.dev as usize);
+        let qe = &mut self.queues[qkey];
+        let Some(ckey) = qe.conn else {
+            self.park(rid);
+            return;
+        };
+        let Some(Some(conn)) = self.conns.get(ckey) else {
+            self.park(rid);
+            return;
+        };
+        if conn.q.outstanding() >= usize::from(qe.entries) {
+            qe.waiting.push_back(rid);
+            return;
+        }
+        let d = &mut self.devices[dev];
+        let (tag, shared) = match d.tags.as_mut() {
+            Some(u) => match u.alloc() {
+                Some(t) => (t, true),
+                None => {
+                    d.waiting.push_back(rid);
+                    self.queues[qkey].stats.record_busy();
+                    return;
+                }
+            },
+            None => match qe.tags.alloc() {
+                Some(t) => (t, false),
+                None => {
+                    qe.waiting.push_back(rid);
+                    qe.stats.record_busy();
+                    return;
+                }
+            },
+        };
+        let tag = tag.get();
+        let d = &mut self.devices[dev];
+        let mut budgeted = false;
+        if AFTER_TAG_BUILT && let Some(budget) = d.budget {
+            // DepthLimitOrder::AfterTag: the tag is taken; now the device's budget.
+            if d.budget_used >= budget {
+                if self.set_state(rid, ReqState::Budget { tag, shared }) {
+                    self.devices[dev].budget_waiting.push_back(rid);
+                }
+                return;
+            }
+            d.budget_used += 1;
+            budgeted = true;
+        }
+        self.issue(rid, ckey, qkey, dev, Claim { tag, shared, budgeted });
+    }
+
+    /// Moves request `rid` to `to` ([`ReqState::transition`]). A refusal is a bug of the
+    /// core: logged at error level, in release builds too, and the request fails (unless
+    /// it is already free: a second completion is dropped). Returns whether it moved; the
+    /// caller stops handling the request when it did not.
+    fn set_state(&mut self, rid: u32, to: ReqState) -> bool {
+        let r = &mut self.reqs[rid as usize];
+        match r.state.transition(to) {
+            Ok(s) => {
+                r.state = s;
+                true
+            }
+            Err(e) => {
+                tracing::error!(request = rid, token = r.token, "request lifecycle: {e}; the request fails");
+                self.fail_refused(rid);
+                false
+            }
+        }
+    }
+
+    /// Fails a request whose state change was refused: gives back what it holds (a tag
+    /// waiting for budget, a budget) and completes it with an internal error. A request
+    /// on the wire keeps its tag with its command: its late completion finds the request
+    /// no longer outstanding and is dropped.
+    fn fail_refused(&mut self, rid: u32) {
+        let r = &self.reqs[rid as usize];
+        let (dev, qkey, state) = (r.dev as usize, r.qkey, r.state);
+        match state {
+            ReqState::Free => return,
+            ReqState::Budget { tag, shared } => {
+                self.devices[dev].budget_waiting.retain(|&x| x != rid);
+                self.free_tag(dev, qkey, tag, shared);
+            }
+            ReqState::Outstanding(w) => self.release_budget(dev, w.budgeted),
+            ReqState::Waiting | ReqState::Held { .. } => {}
+        }
+        self.reqs[rid as usize].state = ReqState::Waiting;
+        self.complete(rid, Status::INTERNAL);
+    }
+
+    /// Sends a request that holds its tag (and budget, as `claim` says) on connection
+    /// `ckey` of queue `qkey`.
+    fn issue(&mut self, rid: u32, ckey: usize, qkey: usize, dev: usize, claim: Claim) {
+        let mut wire = OnWire::new(claim, self.now);
+        if self.reqs[rid as usize].state.transition(ReqState::Outstanding(wire)).is_err() {
+            // Refused before anything goes on the wire (a held or free request sent).
+            self.free_tag(dev, qkey, claim.tag, claim.shared);
+            self.release_budget(dev, claim.budgeted);
+            let _ = self.set_state(rid, ReqState::Outstanding(wire));
+            return;
+        }
+        let r = &mut self.reqs[rid as usize];
+        let cid = Cid(wire.tag);
+        let nsid = r.nsid;
+        let (sqe, dir, len, buf) = match r.op {
+            Op::Read => (
+                Sqe::rw(opc::READ, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
+                DataDir::FromController,
+                r.len,
+                r.buf.take(),
+            ),
+            Op::Write => (
+                Sqe::rw(opc::WRITE, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
+                DataDir::ToController,
+                r.len,
+                r.buf.take(),
+            ),
+            Op::Flush => (Sqe::flush(cid, nsid), DataDir::None, 0, r.buf.take()),
+            Op::WriteZeroes => (Sqe::write_zeroes(cid, nsid, r.slba, r.nlb, false), DataDir::None, 0, r.buf.take()),
+            Op::Deallocate => {
+                let mut b = self.dsm_bufs.pop().unwrap_or_else(|| IoBuf::new(4096));
+                b.set_len(16);
+                b.fill(0);
+                b[4..8].copy_from_slice(&r.nlb.to_le_bytes());
+                b[8..16].copy_from_slice(&r.slba.to_le_bytes());
+                (Sqe::dsm_deallocate(cid, nsid, 1, SglDescriptor::transport(16)), DataDir::ToController, 16, Some(b))
+            }
+        };
+        let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
+        let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
+        match conn.q.submit(cid.0, io) {
+            Ok(()) => {
+                if let DevKind::Multi(m) = &mut self.devices[dev].kind {
+                    wire.via_reference = m.on_submit(PathIndex(self.reqs[rid as usize].path), qkey);
+                }
+                self.reqs[rid as usize].was_sent = true;
+                if !self.set_state(rid, ReqState::Outstanding(wire)) {
+                    return;
+                }
+                let qe = &mut self.queues[qkey];
+                if !qe.in_flush_list {
+                    qe.in_flush_list = true;
+                    self.flush_list.push(qkey);
+                }
+            }
+            Err((e, io)) => {
+                self.free_tag(dev, qkey, wire.tag, wire.shared);
+                self.release_budget(dev, wire.budgeted);
+                let r = &mut self.reqs[rid as usize];
+                if r.op == Op::Deallocate {
+                    if let Some(b) = io.buf {
+                        self.dsm_bufs.push(b);
+                    }
+                } else {
+                    r.buf = io.buf;
+                }
+                tracing::debug!("submit refused ({e}); request waits for the queue");
+                if matches!(self.reqs[rid as usize].state, ReqState::Budget { .. })
+                    && !self.set_state(rid, ReqState::Waiting)
+                {
+                    return;
+                }
+                self.park(rid);
+            }
+        }
+    }
+
+    /// Parks a request whose queue has no connection: a multipath request
+    /// goes back to its device for another path; a single-path one waits for
+    /// the reconnect on its queue.
+    fn park(&mut self, rid: u32) {
+        let r = &self.reqs[rid as usize];
+        let dev = r.dev as usize;
+        match &self.devices[dev].kind {
+            DevKind::Multi(_) => self.devices[dev].waiting.push_back(rid),
+            DevKind::Single { .. } | DevKind::Spread(_) => self.queues[r.qkey].waiting.push_back(rid),
+        }
+    }
+
+    /// Gives back a tag of device `dev` (shared) or of queue `qkey` (its own).
+    fn free_tag(&mut self, dev: usize, qkey: usize, tag: u16, shared: bool) {
+        let tag = Tag::new(tag);
+        if shared {
+            if let Some(u) = self.devices[dev].tags.as_mut()
+                && u.is_in_flight(tag)
+            {
+                u.free(tag);
+            }
+        } else {
+            let qe = &mut self.queues[qkey];
+            if qe.tags.is_in_flight(tag) {
+                qe.tags.free(tag);
+            }
+        }
+    }
+
+    /// Gives back the device budget a request held (`budgeted`: it left the wire).
+    fn release_budget(&mut self, dev: usize, budgeted: bool) {
+        if AFTER_TAG_BUILT && budgeted {
+            self.devices[dev].budget_used -= 1;
+        }
+    }
+
+    /// `DepthLimitOrder::AfterTag`: sends requests that hold a tag, as budget allows.
+    fn dispatch_budget_waiting(&mut self, dev: usize) {
+        loop {
+            let d = &mut self.devices[dev];
+            if d.budget.is_none_or(|b| d.budget_used >= b) {
+                return;
+            }
+            let Some(rid) = d.budget_waiting.pop_front() else { return };
+            let r = &self.reqs[rid as usize];
+            let qkey = r.qkey;
+            let Some((tag, shared)) = r.state.tag() else {
+                tracing::error!(request = rid, state = ?r.state, "a request waits for budget without a tag");
+                continue;
+            };
+            let qe = &self.queues[qkey];
+            let conn = qe.conn.and_then(|ckey| Some((ckey, self.conns.get(ckey)?.as_ref()?.q.outstanding())));
+            match conn {
+                None => {
+                    // The queue lost its connection: the tag goes back, the request waits for the queue.
+                    self.free_tag(dev, qkey, tag, shared);
+                    if self.set_state(rid, ReqState::Waiting) {
+                        self.park(rid);
+                    }
+                }
+                Some((_, outstanding)) if outstanding >= usize::from(qe.entries) => {
+                    self.devices[dev].budget_waiting.push_front(rid);
+                    return;
+                }
+                Some((ckey, _)) => {
+                    self.devices[dev].budget_used += 1;
+                    self.issue(rid, ckey, qkey, dev, Claim { tag, shared, budgeted: true });
+                }
+            }
+        }
+    }
+
+    pub(super) fn dispatch_queue_waiting(&mut self, qkey: usize) {
+        let n = self.queues[qkey].waiting.len();
+        for _ in 0..n {
+            let qe = &self.queues[qkey];
+            if qe.conn.is_none() {
+                return;
+            }
+            let Some(rid) = self.queues[qkey].waiting.pop_front() else { return };
+            let before = self.queues[qkey].waiting.len();
+            self.send_bound(rid);
+            let waiting = &mut self.queues[qkey].waiting;
+            if waiting.len() > before {
+                // Out of tags or queue slots: it went back to the end; it goes first
+                // again (the requests behind it must not overtake it), and the rest wait.
+                if let Some(back) = waiting.pop_back() {
+                    waiting.push_front(back);
+                }
+                return;
+            }
+        }
+    }
+
+    fn dispatch_device_waiting(&mut self, dev: usize) {
+        let n = self.devices[dev].waiting.len();
+        for _ in 0..n {
+            let Some(rid) = self.devices[dev].waiting.pop_front() else { return };
+            let before = self.devices[dev].waiting.len();
+            if matches!(self.devices[dev].kind, DevKind::Multi(_)) {
+                self.route(rid);
+            } else {
+                self.send_bound(rid);
+            }
+            let waiting = &mut self.devices[dev].waiting;
+            if waiting.len() > before {
+                // No tag or no path: first again, the rest wait behind it.
+                if let Some(back) = waiting.pop_back() {
+                    waiting.push_front(back);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Whether a queue's connection keeps more than a few commands in flight: its sends
+    /// and completions wait behind those of shallow queues in a poll (a QD1 command is
+    /// not sent after a flood's batch, whose loopback send runs the target's receive
+    /// inline, nor completed after the flood's responses).
+    pub(super) fn conn_is_deep(&self, ckey: usize) -> bool {
+        self.conns.get(ckey).and_then(Option::as_ref).is_some_and(|c| c.q.outstanding() > SHALLOW_OUTSTANDING_MAX)
+    }
+
+    /// The request a queue's completion (its token and tag) is for, if that request is
+    /// on the wire under that tag: anything else (a token out of range, a request that
+    /// completed already) is not its completion.
+    fn on_wire(&self, rid: u32, tag: u16) -> Option<OnWire> {
+        match self.reqs.get(rid as usize)?.state {
+            ReqState::Outstanding(w) if w.tag == tag => Some(w),
+            _ => None,
+        }
+    }
+
+    /// A command finished: complete it to the caller, or send it again.
+    fn finish(&mut self, rid: u32, status: Status, buf: Option<IoBuf>) {
+        let ReqState::Outstanding(wire) = self.reqs[rid as usize].state else {
+            tracing::error!(request = rid, state = ?self.reqs[rid as usize].state, "a completion for a request not on the wire");
+            return;
+        };
+        let dev = self.reqs[rid as usize].dev as usize;
+        self.release_budget(dev, wire.budgeted);
+        let now = self.now;
+        let r = &mut self.reqs[rid as usize];
+        if r.op == Op::Deallocate {
+            if let Some(b) = buf {
+                self.dsm_bufs.push(b);
+            }
+        } else {
+            r.buf = buf;
+        }
+        let latency = nanos_since(wire.sent, now);
+        let qkey = r.qkey;
+        let path = r.path;
+        let path_error = status.is_path_error();
+        if let DevKind::Multi(m) = &mut self.devices[dev].kind {
+            let counted = wire.via_reference;
+            m.on_complete(
+                PathIndex(path),
+                qkey,
+                latency,
+                if path_error { Outcome::PathError } else { Outcome::Done },
+                counted,
+            );
+            if !path_error && let Some(c) = m.ios.get_mut(usize::from(path)) {
+                *c += 1;
+                if let Some(b) = m.bytes.get_mut(usize::from(path)) {
+                    *b += u64::from(self.reqs[rid as usize].len);
+                }
+            }
+            if path_error
+                && status.is_ana_error()
+                && let Some(Some(lp)) = m.paths.get_mut(usize::from(path))
+            {
+                lp.ctrl.request_ana_refresh();
+                lp.suspect_at = Some(lp.ctrl.change_count());
+                m.seen = 0;
+            }
+        }
+        let multipath = matches!(self.devices[dev].kind, DevKind::Multi(_));
+        let retries = self.reqs[rid as usize].retries;
+        let queues = &self.queues;
+        let disposition = disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io());
+        if disposition != Disposition::Complete
+            && crate::failover::must_hold(op_code(self.reqs[rid as usize].op), status)
+        {
+            // NVMe Base 2.1 §3.9 (TP4129): the lost controller may still execute this
+            // write; sent again before it quiesced, the old copy could land after a newer
+            // acknowledged write (the simulator's seed 0).
+            let hold = self.queues[qkey].ctrl.failover_hold();
+            if !hold.is_zero() {
+                self.hold(rid, hold, now);
+                return;
+            }
+        }
+        match disposition {
+            Disposition::Complete => {}
+            Disposition::Failover => {
+                self.reqs[rid as usize].retries += 1;
+                if !self.set_state(rid, ReqState::Waiting) {
+                    return;
+                }
+                self.queues[qkey].stats.record_requeue();
+                self.refresh_paths(dev);
+                self.route(rid);
+                return;
+            }
+            Disposition::Requeue => {
+                // Transport failures on a single path wait for the reconnect (Linux requeues them).
+                self.reqs[rid as usize].retries += 1;
+                if !self.set_state(rid, ReqState::Waiting) {
+                    return;
+                }
+                self.queues[qkey].stats.record_requeue();
+                self.queues[qkey].waiting.push_back(rid);
+                return;
+            }
+        }
+        let r = &self.reqs[rid as usize];
+        let outcome = if status.is_success() { blk::Outcome::Success } else { blk::Outcome::Error };
+        let total = nanos_since(r.start, now);
+        self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
+        self.complete(rid, status);
+    }
+
+    /// Holds a request whose command may still execute on its lost controller for
+    /// `hold` ([`crate::failover`]), within the controller's `ctrl_loss_tmo`.
+    fn hold(&mut self, rid: u32, hold: Duration, now: Instant) {
+        let qkey = self.reqs[rid as usize].qkey;
+        let ctrl = &self.queues[qkey].ctrl;
+        // A held request ends within ctrl_loss_tmo, and never by being sent early: a hold
+        // longer than that fails it then.
+        let (until, fails) = match ctrl.opts.ctrl_loss_tmo {
+            Some(tmo) if tmo < hold => (now + tmo, true),
+            _ => (now + hold, false),
+        };
+        tracing::debug!(
+            traddr = %ctrl.opts.traddr,
+            hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
+            "a write's connection failed: held until the controller has quiesced it"
+        );
+        self.reqs[rid as usize].retries += 1;
+        if !self.set_state(rid, ReqState::Held { until, fails }) {
+            return;
+        }
+        self.queues[qkey].stats.record_requeue();
+        self.held.push_back(rid);
+    }
+
+    /// Sends again (or fails) the held requests whose hold is over; a single-path
+    /// request whose controller is past fast_io_fail_tmo or gone fails at once (failing
+    /// is always safe, sending early is not).
+    fn release_held(&mut self, now: Instant) {
+        for _ in 0..self.held.len() {
+            let Some(rid) = self.held.pop_front() else { return };
+            let r = &self.reqs[rid as usize];
+            let (qkey, dev) = (r.qkey, r.dev as usize);
+            let ReqState::Held { until, fails } = r.state else {
+                tracing::error!(request = rid, state = ?r.state, "a request in the held list is not held");
+                continue;
+            };
+            let single = !matches!(self.devices[dev].kind, DevKind::Multi(_));
+            let due = until <= now;
+            let fail = (due && fails) || (single && self.queues[qkey].ctrl.should_fail_io());
+            if !due && !fail {
+                self.held.push_back(rid);
+                continue;
+            }
+            if fail {
+                self.complete(rid, Status::HOST_PATH_ERROR);
+            } else if !self.set_state(rid, ReqState::Waiting) {
+                continue;
+            } else if single {
+                self.queues[qkey].waiting.push_back(rid);
+                self.dispatch_queue_waiting(qkey);
+            } else {
+                self.route(rid);
+            }
+        }
+    }
+
+    /// Completes a request to the caller and frees its slot.
+    fn complete(&mut self, rid: u32, status: Status) {
+        if !self.set_state(rid, ReqState::Free) {
+            return;
+        }
+        let now = self.now;
+        let r = &mut self.reqs[rid as usize];
+        let latency_ns = nanos_since(r.start, now);
+        let buf = r.buf.take();
+        let last = r.was_sent.then_some((r.path, r.qkey, r.nsid));
+        self.rec.record(r.dev, last, r.op.direction(), r.len, latency_ns, status.is_success());
+        self.done.push(Completion { token: r.token, status, buf, latency_ns });
+        self.free_reqs.push(rid);
+    }
+
+    /// Re-reads the path states of a multipath device when anything they
+    /// depend on moved (head, controllers, local connections), then retries
+    /// requests waiting for a path.
+    pub(super) fn refresh_paths(&mut self, dev: usize) {
+        let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
+        let head_gen = m.head.generation();
+        if head_gen != m.seen_head {
+            // Paths added or removed, or the policy switched.
+            m.seen_head = head_gen;
+            m.seen = 0;
+            let policy = m.head.policy();
+            if m.sel.policy() != policy {
+                m.sel.set_policy(policy);
+            }
+            m.reference = m.head.reference();
+            m.ref_gen = m.ref_gen.wrapping_add(1).max(1);
+            let slots = m.head.paths();
+            let mut attach = Vec::new();
+            for (i, s) in slots.iter().enumerate() {
+                let have = m.paths.get(i).and_then(Option::as_ref).map(|lp| (Arc::as_ptr(&lp.ctrl), lp.nsid));
+                let want = s.as_ref().map(|(c, n)| (Arc::as_ptr(c), *n));
+                if have != want {
+                    if m.paths.len() <= i {
+                        m.paths.resize_with(i + 1, || None);
+                        m.ios.resize(i + 1, 0);
+                        m.bytes.resize(i + 1, 0);
+                    }
+                    m.paths[i] = None;
+                    if let Some((c, n)) = s {
+                        attach.push((i, Arc::clone(c), *n));
+                    }
+                }
+            }
+            for (i, c, n) in attach {
+                // A controller this context has a queue of: that queue. Another claims a
+                // queue of it, which is the owner's to do (`take_attaches`).
+                match self.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, &c)) {
+                    Some(qkey) => self.set_path(dev, i, LocalPath { ctrl: c, nsid: n, qkey, suspect_at: None }),
+                    None => self.attaches.push(PathAttach { dev, slot: i, ctrl: c, nsid: n }),
+                }
+            }
+        }
+        let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
+        // The view key: cheap relaxed loads only.
+        let mut key = m.seen_head.wrapping_mul(0x100_0000_01b3) | 1;
+        for lp in m.paths.iter().flatten() {
+            let conn = self.queues[lp.qkey].conn.is_some();
+            key = key
+                .wrapping_mul(31)
+                .wrapping_add(lp.ctrl.change_count())
+                .wrapping_mul(3)
+                .wrapping_add(u64::from(lp.ctrl.is_live()) * 2 + u64::from(conn));
+        }
+        if key == m.seen {
+            return;
+        }
+        m.seen = key;
+        let mut states = Vec::with_capacity(m.paths.len());
+        for (i, p) in m.paths.iter_mut().enumerate() {
+            states.push(match p {
+                None => PathState::new(u64::MAX - i as u64, PathClass::Gone),
+                Some(lp) => {
+                    if lp.suspect_at.is_some_and(|at| at != lp.ctrl.change_count()) {
+                        lp.suspect_at = None;
+                    }
+                    let mut class = class_of(&lp.ctrl, lp.nsid);
+                    let conn = self.queues[lp.qkey].conn.is_some();
+                    if class.is_usable() && (!conn || lp.suspect_at.is_some()) {
+                        class = PathClass::Transient;
+                    }
+                    PathState::new(path_id(&lp.ctrl, lp.nsid), class)
+                }
+            });
+        }
+        m.sel.set_paths(&states);
+        if !self.devices[dev].waiting.is_empty() {
+            self.dispatch_device_waiting(dev);
+        }
+    }
+
+    /// Periodic work: fail waiting I/O of controllers that are gone or past
+    /// fast_io_fail_tmo; reset controllers with timed-out commands; let
+    /// shared-tag users return idle tags.
+    pub(super) fn tick(&mut self, now: Instant) {
+        self.now = now;
+        for qkey in 0..self.queues.len() {
+            let qe = &self.queues[qkey];
+            // The controller reset (keep-alive timeout, admin queue lost, another queue
+            // failed): this queue's commands will never complete, fail them over now
+            // (Linux's error recovery cancels every request of the old queues).
+            if let Some(ckey) = qe.conn
+                && let Some(Some(conn)) = self.conns.get_mut(ckey)
+                && conn.open
+                && conn.q.state() != QueueState::Failed
+                && qe.ctrl.generation() != conn.ctrl_generation
+            {
+                tracing::debug!(traddr = %qe.ctrl.opts.traddr, index = qe.index, "controller reset: failing its queue");
+                conn.q.set_failed("controller reset");
+                self.touched.push(ckey);
+            }
+            let qe = &self.queues[qkey];
+            if qe.conn.is_none() && !qe.waiting.is_empty() && qe.ctrl.should_fail_io() {
+                let waiting: Vec<u32> = self.queues[qkey].waiting.drain(..).collect();
+                for rid in waiting {
+                    let dev = self.reqs[rid as usize].dev as usize;
+                    if matches!(self.devices[dev].kind, DevKind::Multi(_)) {
+                        self.devices[dev].waiting.push_back(rid);
+                    } else {
+                        self.complete(rid, Status::HOST_PATH_ERROR);
+                    }
+                }
+            }
+        }
+        if !self.held.is_empty() {
+            self.release_held(now);
+        }
+        for d in &mut self.devices {
+            if let Some(u) = d.tags.as_mut() {
+                u.tick();
+            }
+        }
+        for d in 0..self.devices.len() {
+            if !self.devices[d].budget_waiting.is_empty() {
+                self.dispatch_budget_waiting(d);
+            }
+        }
+        for d in 0..self.devices.len() {
+            if !self.devices[d].waiting.is_empty() {
+                if let DevKind::Multi(m) = &mut self.devices[d].kind {
+                    m.seen = 0;
+                }
+                self.refresh_paths(d);
+                self.dispatch_device_waiting(d);
+            }
+        }
+        let timeout = self.opts.io_timeout;
+        let stall = self.opts.stall_threshold;
+        for i in 0..self.reqs.len() {
+            let r = &self.reqs[i];
+            let ReqState::Outstanding(w) = r.state else {
+                continue;
+            };
+            let age = now.saturating_duration_since(w.sent);
+            if age > stall && !w.stall_reported {
+                let qe = &self.queues[r.qkey];
+                let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
+                let opcode = conn.and_then(|c| c.q.sqe_of(w.tag)).map_or_else(|| op_code(r.op), nvme::Sqe::opcode);
+                let report = StallReport {
+                    traddr: qe.ctrl.opts.traddr,
+                    cntlid: qe.ctrl.cntlid().0,
+                    qid: qe.index + 1,
+                    cid: w.tag,
+                    opcode,
+                    age,
+                    queue_outstanding: conn.map_or(0, |c| c.q.outstanding()),
+                    queue_connected: conn.is_some(),
+                };
+                tracing::warn!(
+                    traddr = %report.traddr, cntlid = report.cntlid, qid = report.qid, cid = report.cid,
+                    opcode = report.opcode, age_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+                    queue_outstanding = report.queue_outstanding, queue_connected = report.queue_connected,
+                    "I/O stall"
+                );
+                self.stalls.push(report);
+                if let ReqState::Outstanding(w) = &mut self.reqs[i].state {
+                    w.stall_reported = true;
+                }
+            }
+            let r = &self.reqs[i];
+            if age > timeout {
+                let qe = &self.queues[r.qkey];
+                if let Some(ckey) = qe.conn {
+                    tracing::warn!(request = i, "I/O timeout: resetting the controller");
+                    if let Some(Some(c)) = self.conns.get_mut(ckey) {
+                        c.q.set_failed("I/O timeout");
+                    }
+                    self.touched.push(ckey);
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn op_code(op: Op) -> u8 {
+    match op {
+        Op::Read => opc::READ,
+        Op::Write => opc::WRITE,
+        Op::Flush => opc::FLUSH,
+        Op::WriteZeroes => opc::WRITE_ZEROES,
+        Op::Deallocate => opc::DATASET_MANAGEMENT,
+    }
+}
+
+/// Nanoseconds from `t` to `now`, 0 if `t` is later (a request issued after its turn's clock).
+fn nanos_since(t: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

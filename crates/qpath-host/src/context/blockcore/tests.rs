@@ -1,0 +1,627 @@
+//! The block core without a ring or a TCP socket: real `HostQueue`s, brought up and
+//! answered with PDUs from the `nvme` crate's encoders, real tag sets and failover
+//! decisions, and a clock the test moves. The controller is a detached one (no
+//! connection, no admin thread), whose state the test sets.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvme::tcp::{CommonHeader, Digests, EncoderConfig, IcResp, PduType};
+use nvme::{Cid, Cntlid, Cqe, Nsid, Status};
+use uring::IoBuf;
+
+use super::*;
+use crate::context::req::ReqState;
+use crate::context::{ContextOptions, DevKind, DeviceId, Multi, Op};
+use crate::controller::{ConnectOptions, Controller};
+use crate::head::Head;
+use crate::mpath::{Policy, Selector};
+use crate::queue::{HostQueue, QueueConfig, QueueState};
+
+const SUBNQN: &str = "nqn.2026-11.io.qpath:core";
+
+/// A live I/O queue of `entries` commands: ICReq answered, Connect answered.
+fn live_queue(entries: u16) -> HostQueue {
+    let mut q =
+        HostQueue::new(QueueConfig::io(1, entries, Cntlid(1), SUBNQN, "nqn.2014-08.org.nvmexpress:uuid:core", [0; 16]));
+    take_sent(&mut q);
+    q.feed(&IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata: 65536 }.encode());
+    take_sent(&mut q);
+    let mut out = Vec::new();
+    EncoderConfig::default().capsule_resp(&mut out, &Cqe::success(Cid(q.tag_space())));
+    q.feed(&out);
+    assert_eq!(q.state(), QueueState::Live, "{:?}", q.error());
+    q
+}
+
+/// The bytes the queue sends, each batch completed at once.
+fn take_sent(q: &mut HostQueue) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(m) = q.take_send() {
+        out.extend_from_slice(&m.to_vec());
+        q.on_send_done(m, Ok(()));
+    }
+    out
+}
+
+/// (opcode, command id) of every command capsule in a byte stream.
+fn commands(mut b: &[u8]) -> Vec<(u8, u16)> {
+    let mut cmds = Vec::new();
+    while let Some(ch) = CommonHeader::peek(b) {
+        if ch.pdu_type == PduType::CapsuleCmd as u8 {
+            cmds.push((b[8], u16::from_le_bytes([b[10], b[11]])));
+        }
+        b = &b[ch.plen as usize..];
+    }
+    cmds
+}
+
+fn buf() -> Option<IoBuf> {
+    Some(IoBuf::new(4096))
+}
+
+/// One single-path device (namespace 1, 2048 blocks of 512 bytes) on one queue of one
+/// controller, its connection live.
+struct Rig {
+    core: BlockCore,
+    ctrl: Arc<Controller>,
+    qkey: usize,
+    ckey: usize,
+    dev: DeviceId,
+    t0: Instant,
+}
+
+impl Rig {
+    fn new(entries: u16, opts: ContextOptions, ctrl_opts: impl FnOnce(&mut ConnectOptions), hold: Duration) -> Rig {
+        let t0 = Instant::now();
+        let mut core = BlockCore::new(opts, t0);
+        let mut copts = ConnectOptions::new("127.0.0.1:4420".parse().unwrap(), SUBNQN);
+        ctrl_opts(&mut copts);
+        let ctrl = Controller::detached(copts, hold);
+        let qkey = core.add_queue(&ctrl, 0).unwrap();
+        let dev = core.new_device(DevKind::Single { qkey, nsid: Nsid(1) }, 9, 2048, None).unwrap();
+        let ckey = core.install(qkey, live_queue(entries), ctrl.generation(), t0);
+        Rig { core, ctrl, qkey, ckey, dev, t0 }
+    }
+
+    fn simple(entries: u16) -> Rig {
+        Rig::new(entries, ContextOptions::default(), |_| {}, Duration::ZERO)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    fn submit(&mut self, op: Op, block: u64, token: u64, ms: u64) {
+        let (len, b) = match op {
+            Op::Read | Op::Write => (4096, buf()),
+            Op::Deallocate | Op::WriteZeroes => (4096, None),
+            Op::Flush => (0, None),
+        };
+        let now = self.at(ms);
+        self.core.submit(self.dev, 0, op, block * 4096, len, b, token, now).map_err(|(e, _)| e).unwrap();
+    }
+
+    fn queue(&mut self) -> &mut HostQueue {
+        &mut self.core.conns[self.ckey].as_mut().expect("a connection").q
+    }
+
+    /// The commands the core handed the queue since the last look: (opcode, cid).
+    fn sent(&mut self) -> Vec<(u8, u16)> {
+        commands(&take_sent(self.queue()))
+    }
+
+    /// The controller answers command `cid` with `status`; the core takes the completions.
+    fn answer(&mut self, cid: u16, status: Status, ms: u64) {
+        let mut out = Vec::new();
+        EncoderConfig::default().capsule_resp(&mut out, &Cqe::with_status(Cid(cid), status));
+        self.queue().feed(&out);
+        let now = self.at(ms);
+        self.core.deliver(self.ckey, false, now, |d| panic!("a control completion: {d:?}"));
+        self.core.dispatch_after_service(self.qkey, now);
+    }
+
+    /// The connection fails as the context fails it (its socket side aside).
+    fn lose_connection(&mut self, ms: u64) {
+        self.queue().set_failed("link down");
+        let why = self.core.abort_conn(self.ckey).unwrap();
+        let now = self.at(ms);
+        self.core.fail_conn(self.ckey, &why, now, |_| {});
+        self.core.free_conn(self.ckey);
+    }
+
+    /// A new connection of the queue (the controller reconnected).
+    fn reconnect(&mut self, entries: u16, ms: u64) {
+        let now = self.at(ms);
+        self.ckey = self.core.install(self.qkey, live_queue(entries), self.ctrl.generation(), now);
+    }
+
+    fn done(&mut self) -> Vec<(u64, Status)> {
+        self.core.done.drain(..).map(|c| (c.token, c.status)).collect()
+    }
+
+    /// The request slot of the caller's `token`.
+    fn rid_of(&self, token: u64) -> u32 {
+        u32::try_from(self.core.reqs.iter().position(|r| r.token == token).unwrap()).unwrap()
+    }
+
+    fn waiting(&self) -> usize {
+        self.core.queues[self.qkey].waiting.len()
+    }
+}
+
+const R: u8 = nvme::opcode::io::READ;
+const W: u8 = nvme::opcode::io::WRITE;
+
+#[test]
+fn out_of_order_completions_reach_the_caller_with_their_tokens_and_buffers() {
+    let mut rig = Rig::simple(8);
+    for token in 0..4 {
+        rig.submit(Op::Read, token, 100 + token, 0);
+    }
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 4);
+    assert!(sent.iter().all(|&(op, _)| op == R));
+    // The controller answers the last first, and one of them with an error.
+    let cids: Vec<u16> = sent.iter().map(|&(_, c)| c).collect();
+    rig.answer(cids[3], Status::SUCCESS, 1);
+    rig.answer(cids[1], Status::LBA_OUT_OF_RANGE, 2);
+    rig.answer(cids[0], Status::SUCCESS, 3);
+    rig.answer(cids[2], Status::SUCCESS, 4);
+    let done: Vec<_> = rig.core.done.drain(..).map(|c| (c.token, c.status, c.buf.is_some(), c.latency_ns)).collect();
+    assert_eq!(
+        done.iter().map(|&(t, s, b, _)| (t, s, b)).collect::<Vec<_>>(),
+        [
+            (103, Status::SUCCESS, true),
+            (101, Status::LBA_OUT_OF_RANGE, true),
+            (100, Status::SUCCESS, true),
+            (102, Status::SUCCESS, true)
+        ]
+    );
+    // Latency is submit to completion on the caller's clock: 1..4 ms here.
+    assert_eq!(done.iter().map(|d| d.3 / 1_000_000).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(rig.core.in_flight(), 0);
+    assert!(rig.core.reqs.iter().all(|r| r.state == ReqState::Free));
+}
+
+#[test]
+fn out_of_tags_requests_wait_on_their_queue_and_go_out_in_order_as_tags_free() {
+    let mut rig = Rig::simple(2);
+    for token in 0..5 {
+        rig.submit(Op::Write, token, token, 0);
+    }
+    let first = rig.sent();
+    assert_eq!(first.len(), 2, "two tags");
+    assert_eq!(rig.waiting(), 3);
+    let mut order = Vec::new();
+    let mut pending: Vec<u16> = first.iter().map(|&(_, c)| c).collect();
+    let mut ms = 1;
+    while let Some(cid) = pending.pop() {
+        rig.answer(cid, Status::SUCCESS, ms);
+        ms += 1;
+        order.extend(rig.done());
+        let next = rig.sent();
+        assert!(next.len() <= 1, "one tag freed, one command out: {next:?}");
+        pending.extend(next.iter().map(|&(_, c)| c));
+    }
+    // Each completes once; the waiting ones went out (and so completed) in the order
+    // they were submitted, each after a tag came back.
+    let tokens: Vec<u64> = order.iter().map(|&(t, _)| t).collect();
+    assert_eq!(tokens.iter().filter(|&&t| t >= 2).copied().collect::<Vec<_>>(), [2, 3, 4]);
+    let mut all = tokens.clone();
+    all.sort_unstable();
+    assert_eq!(all, [0, 1, 2, 3, 4]);
+    assert_eq!(rig.core.in_flight(), 0);
+    assert_eq!(rig.waiting(), 0);
+}
+
+#[test]
+fn a_lost_connection_requeues_its_commands_and_a_reconnect_sends_them_again_once() {
+    let mut rig = Rig::simple(8);
+    rig.submit(Op::Read, 0, 1, 0);
+    rig.submit(Op::Flush, 0, 2, 0);
+    assert_eq!(rig.sent().len(), 2);
+    rig.lose_connection(5);
+    assert!(rig.done().is_empty(), "a single path waits for the reconnect");
+    assert_eq!(rig.waiting(), 2);
+    assert!(rig.ctrl.io_failure_reported(), "the controller is told to reset");
+    // Submitted meanwhile: waits too.
+    rig.submit(Op::Read, 1, 3, 6);
+    assert_eq!(rig.waiting(), 3);
+    rig.reconnect(8, 10);
+    let again = rig.sent();
+    assert_eq!(again.iter().map(|&(op, _)| op).collect::<Vec<_>>(), [R, nvme::opcode::io::FLUSH, R]);
+    for (_, cid) in again {
+        rig.answer(cid, Status::SUCCESS, 11);
+    }
+    let mut done = rig.done();
+    done.sort_unstable_by_key(|&(t, _)| t);
+    assert_eq!(done, [(1, Status::SUCCESS), (2, Status::SUCCESS), (3, Status::SUCCESS)]);
+    assert_eq!(rig.core.reqs.iter().filter(|r| r.retries > 0).count(), 2, "the two that were on the wire");
+    assert_eq!(rig.core.in_flight(), 0);
+}
+
+#[test]
+fn transport_retries_run_out_into_a_path_error() {
+    let opts = ContextOptions { max_retries: 2, ..ContextOptions::default() };
+    let mut rig = Rig::new(4, opts, |_| {}, Duration::ZERO);
+    rig.submit(Op::Read, 0, 7, 0);
+    for round in 0..2 {
+        assert_eq!(rig.sent().len(), 1, "round {round}");
+        rig.lose_connection(1);
+        assert!(rig.done().is_empty(), "retry {round} of 2");
+        rig.reconnect(4, 2);
+    }
+    assert_eq!(rig.sent().len(), 1);
+    rig.lose_connection(3);
+    assert_eq!(rig.done(), [(7, Status::HOST_PATH_ERROR)], "max_retries reached");
+    assert_eq!(rig.core.in_flight(), 0);
+}
+
+#[test]
+fn requests_waiting_for_a_controller_past_fast_io_fail_tmo_fail_at_the_next_tick() {
+    let mut rig =
+        Rig::new(4, ContextOptions::default(), |o| o.fast_io_fail_tmo = Some(Duration::from_secs(1)), Duration::ZERO);
+    rig.submit(Op::Read, 0, 1, 0);
+    rig.sent();
+    rig.lose_connection(1);
+    rig.submit(Op::Read, 1, 2, 2);
+    assert_eq!(rig.waiting(), 2);
+    rig.core.tick(rig.at(3));
+    assert!(rig.done().is_empty(), "the controller is not past fast_io_fail_tmo yet");
+    rig.ctrl.lose_for_test(Duration::from_secs(2));
+    rig.core.tick(rig.at(4));
+    assert_eq!(rig.done(), [(1, Status::HOST_PATH_ERROR), (2, Status::HOST_PATH_ERROR)]);
+    assert_eq!(rig.core.in_flight(), 0);
+    // A new submission waits no more: its queue has no connection and the controller is
+    // gone, so it fails at the next tick as well.
+    rig.submit(Op::Read, 2, 3, 5);
+    rig.core.tick(rig.at(6));
+    assert_eq!(rig.done(), [(3, Status::HOST_PATH_ERROR)]);
+}
+
+#[test]
+fn a_write_whose_connection_failed_is_not_sent_again_before_its_hold_ends() {
+    let hold = Duration::from_secs(5);
+    let mut rig = Rig::new(4, ContextOptions::default(), |_| {}, hold);
+    rig.submit(Op::Write, 0, 1, 0);
+    rig.submit(Op::Read, 1, 2, 0);
+    assert_eq!(rig.sent().len(), 2);
+    rig.lose_connection(100);
+    rig.reconnect(4, 200);
+    // The read goes at once (a late copy of a read changes nothing); the write is held.
+    assert_eq!(rig.sent().iter().map(|&(op, _)| op).collect::<Vec<_>>(), [R]);
+    assert!(matches!(rig.core.reqs.iter().find(|r| r.token == 1).unwrap().state, ReqState::Held { .. }));
+    rig.core.tick(rig.at(5099));
+    assert!(rig.sent().is_empty(), "still within the hold (lost at 100 ms, hold 5 s)");
+    rig.core.tick(rig.at(5100));
+    let sent = rig.sent();
+    assert_eq!(sent.iter().map(|&(op, _)| op).collect::<Vec<_>>(), [W], "sent again once the hold is over");
+    rig.answer(sent[0].1, Status::SUCCESS, 5101);
+    let done = rig.done();
+    assert!(done.contains(&(1, Status::SUCCESS)), "{done:?}");
+}
+
+#[test]
+fn a_hold_longer_than_ctrl_loss_tmo_fails_the_write_then_without_sending_it() {
+    let hold = Duration::from_secs(10);
+    let mut rig = Rig::new(4, ContextOptions::default(), |o| o.ctrl_loss_tmo = Some(Duration::from_secs(3)), hold);
+    rig.submit(Op::Write, 0, 1, 0);
+    rig.sent();
+    rig.lose_connection(0);
+    rig.reconnect(4, 1);
+    rig.core.tick(rig.at(2999));
+    assert!(rig.done().is_empty() && rig.sent().is_empty());
+    rig.core.tick(rig.at(3000));
+    assert_eq!(rig.done(), [(1, Status::HOST_PATH_ERROR)]);
+    assert!(rig.sent().is_empty(), "never sent again");
+    assert_eq!(rig.core.in_flight(), 0);
+}
+
+#[test]
+fn a_held_write_fails_at_once_when_its_single_path_controller_is_past_fast_io_fail_tmo() {
+    let hold = Duration::from_secs(10);
+    let opts = |o: &mut ConnectOptions| o.fast_io_fail_tmo = Some(Duration::from_secs(1));
+    let mut rig = Rig::new(4, ContextOptions::default(), opts, hold);
+    rig.submit(Op::Deallocate, 0, 1, 0);
+    assert_eq!(rig.sent().iter().map(|&(op, _)| op).collect::<Vec<_>>(), [nvme::opcode::io::DATASET_MANAGEMENT]);
+    rig.lose_connection(0);
+    rig.core.tick(rig.at(10));
+    assert!(rig.done().is_empty(), "held");
+    rig.ctrl.lose_for_test(Duration::from_secs(2));
+    rig.core.tick(rig.at(20));
+    assert_eq!(rig.done(), [(1, Status::HOST_PATH_ERROR)], "failing is always safe, sending early is not");
+}
+
+#[test]
+fn an_io_timeout_fails_the_queue_and_a_stall_is_reported_once() {
+    let opts = ContextOptions {
+        io_timeout: Duration::from_secs(2),
+        stall_threshold: Duration::from_secs(1),
+        ..ContextOptions::default()
+    };
+    let mut rig = Rig::new(4, opts, |_| {}, Duration::ZERO);
+    rig.submit(Op::Read, 0, 1, 0);
+    let cid = rig.sent()[0].1;
+    rig.core.tick(rig.at(1000));
+    assert!(rig.core.stalls.is_empty(), "not older than the threshold yet");
+    rig.core.tick(rig.at(1001));
+    rig.core.tick(rig.at(1500));
+    let stalls = std::mem::take(&mut rig.core.stalls);
+    assert_eq!(stalls.len(), 1, "once");
+    assert_eq!((stalls[0].qid, stalls[0].cid, stalls[0].opcode), (1, cid, R));
+    assert_eq!(stalls[0].queue_outstanding, 1);
+    assert!(rig.core.touched.is_empty() && rig.queue().state() == QueueState::Live);
+    rig.core.tick(rig.at(2001));
+    assert_eq!(rig.queue().state(), QueueState::Failed, "the controller resets");
+    assert_eq!(rig.core.touched, [rig.ckey]);
+    // The context then fails the connection: the read waits for the reconnect.
+    rig.lose_connection(2002);
+    assert!(rig.done().is_empty());
+    assert_eq!(rig.waiting(), 1);
+}
+
+#[test]
+fn a_controller_reset_fails_the_queues_of_its_old_generation() {
+    let mut rig = Rig::simple(4);
+    rig.submit(Op::Read, 0, 1, 0);
+    rig.sent();
+    rig.core.tick(rig.at(10));
+    assert_eq!(rig.queue().state(), QueueState::Live);
+    // The admin thread reconnected (keep-alive lost): this connection is of the old generation.
+    rig.core.conns[rig.ckey].as_mut().unwrap().ctrl_generation = 0;
+    rig.core.tick(rig.at(20));
+    assert_eq!(rig.queue().state(), QueueState::Failed);
+    rig.lose_connection(21);
+    assert!(!rig.ctrl.io_failure_reported(), "an old generation's failure resets nothing");
+    assert_eq!(rig.waiting(), 1);
+}
+
+#[test]
+fn a_deallocate_carries_its_range_in_a_reused_buffer() {
+    let mut rig = Rig::simple(4);
+    for round in 0..3 {
+        rig.submit(Op::Deallocate, 3, 10 + round, 0);
+        let sent = rig.sent();
+        assert_eq!(sent.len(), 1);
+        rig.answer(sent[0].1, Status::SUCCESS, 1);
+        assert_eq!(rig.done(), [(10 + round, Status::SUCCESS)]);
+        assert_eq!(rig.core.dsm_bufs.len(), 1, "one range buffer, kept for the next");
+    }
+}
+
+#[test]
+fn a_completion_for_a_request_not_on_the_wire_under_that_tag_is_not_its_own() {
+    let mut rig = Rig::simple(4);
+    rig.submit(Op::Read, 0, 1, 0);
+    let cid = rig.sent()[0].1;
+    let rid = rig.rid_of(1);
+    assert!(rig.core.on_wire(rid, cid).is_some());
+    assert!(rig.core.on_wire(rid, cid + 1).is_none(), "another tag");
+    assert!(rig.core.on_wire(u32::MAX, cid).is_none(), "a token out of range");
+    rig.answer(cid, Status::SUCCESS, 1);
+    assert!(rig.core.on_wire(rid, cid).is_none(), "completed");
+}
+
+#[test]
+fn a_second_completion_is_refused_and_changes_nothing() {
+    let mut rig = Rig::simple(4);
+    rig.submit(Op::Flush, 0, 1, 0);
+    let cid = rig.sent()[0].1;
+    rig.answer(cid, Status::SUCCESS, 1);
+    assert_eq!(rig.done(), [(1, Status::SUCCESS)]);
+    let free = rig.core.free_reqs.len();
+    let rid = rig.rid_of(1);
+    rig.core.complete(rid, Status::SUCCESS);
+    assert!(rig.done().is_empty(), "no second completion");
+    assert_eq!(rig.core.free_reqs.len(), free, "the slot is not freed twice");
+}
+
+#[test]
+fn a_held_request_sent_early_is_refused_before_it_reaches_the_wire() {
+    let mut rig = Rig::new(4, ContextOptions::default(), |_| {}, Duration::from_secs(5));
+    rig.submit(Op::Write, 0, 1, 0);
+    rig.sent();
+    rig.lose_connection(0);
+    rig.reconnect(4, 1);
+    let rid = rig.rid_of(1);
+    assert!(matches!(rig.core.reqs[rid as usize].state, ReqState::Held { .. }));
+    // A bug sends it anyway: the core refuses, fails it, and nothing goes out.
+    rig.core.send_bound(rid);
+    assert!(rig.sent().is_empty(), "nothing on the wire");
+    assert_eq!(rig.done(), [(1, Status::INTERNAL)]);
+    assert_eq!(rig.core.queues[rig.qkey].tags.in_flight(), 0, "its tag went back");
+    // Its hold ending later finds it gone from the held list's view: nothing more.
+    rig.core.tick(rig.at(6000));
+    assert!(rig.done().is_empty() && rig.sent().is_empty());
+}
+
+#[test]
+fn a_shared_tag_sets_depth_limit_caps_a_device_and_its_waiters_go_in_order() {
+    let set = blk::SharedTagSet::new(8, blk::SharedTagPolicy::default()).unwrap();
+    let opts = ContextOptions { shared_tags: Some(set), ..ContextOptions::default() };
+    let t0 = Instant::now();
+    let mut core = BlockCore::new(opts, t0);
+    let ctrl = Controller::detached(ConnectOptions::new("127.0.0.1:4420".parse().unwrap(), SUBNQN), Duration::ZERO);
+    let qkey = core.add_queue(&ctrl, 0).unwrap();
+    let dev = core.new_device(DevKind::Single { qkey, nsid: Nsid(1) }, 9, 2048, Some(2)).unwrap();
+    let ckey = core.install(qkey, live_queue(16), ctrl.generation(), t0);
+    for token in 0..5u64 {
+        core.submit(dev, 0, Op::Read, token * 4096, 4096, buf(), token, t0).map_err(|(e, _)| e).unwrap();
+    }
+    fn q(core: &mut BlockCore, ckey: usize) -> &mut HostQueue {
+        &mut core.conns[ckey].as_mut().unwrap().q
+    }
+    let first = commands(&take_sent(q(&mut core, ckey)));
+    assert_eq!(first.len(), 2, "the device's limit");
+    assert_eq!(core.devices[dev.0 as usize].waiting.len(), 3);
+    let mut pending: Vec<u16> = first.iter().map(|&(_, c)| c).collect();
+    let mut tokens = Vec::new();
+    while let Some(cid) = pending.pop() {
+        let mut out = Vec::new();
+        EncoderConfig::default().capsule_resp(&mut out, &Cqe::success(Cid(cid)));
+        q(&mut core, ckey).feed(&out);
+        core.deliver(ckey, false, t0, |_| {});
+        core.dispatch_after_service(qkey, t0);
+        let next = commands(&take_sent(q(&mut core, ckey)));
+        assert!(next.len() <= 1, "one tag back, one waiter out: {next:?}");
+        assert!(
+            core.devices[dev.0 as usize].tags.as_ref().map_or(0, blk::TagUser::in_flight) <= 2,
+            "never beyond the device's limit"
+        );
+        pending.extend(next.iter().map(|&(_, c)| c));
+        tokens.extend(core.done.drain(..).map(|c| c.token));
+    }
+    // The waiters went out, and so completed, in the order they were submitted.
+    assert_eq!(tokens.iter().filter(|&&t| t >= 2).copied().collect::<Vec<_>>(), [2, 3, 4]);
+    assert_eq!(tokens.len(), 5);
+    assert_eq!(core.in_flight(), 0);
+}
+
+/// Linux SCSI's order (seed 003's baseline): a request takes a shared tag, then waits
+/// for its device's budget holding it.
+#[test]
+#[cfg(feature = "lab-baselines")]
+fn after_tag_a_request_holds_its_tag_while_it_waits_for_budget() {
+    let set = blk::SharedTagSet::new(8, blk::SharedTagPolicy::default()).unwrap();
+    let opts = ContextOptions {
+        shared_tags: Some(set),
+        depth_limit_order: DepthLimitOrder::AfterTag,
+        ..ContextOptions::default()
+    };
+    let mut rig = Rig::new(16, opts, |_| {}, Duration::ZERO);
+    // The rig's device has no limit: a second one on the same queue has a budget of 1.
+    let qkey = rig.qkey;
+    let dev = rig.core.new_device(DevKind::Single { qkey, nsid: Nsid(1) }, 9, 2048, Some(1)).unwrap();
+    rig.dev = dev;
+    for token in 0..3 {
+        rig.submit(Op::Read, token, token, 0);
+    }
+    let first = rig.sent();
+    assert_eq!(first.len(), 1, "one budget");
+    let tags_held = |rig: &Rig| rig.core.devices[dev.0 as usize].tags.as_ref().map_or(0, blk::TagUser::in_flight);
+    let budget_waiting =
+        |rig: &Rig| rig.core.reqs.iter().filter(|r| matches!(r.state, ReqState::Budget { .. })).count();
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (3, 2), "the waiters hold their tags");
+    rig.answer(first[0].1, Status::SUCCESS, 1);
+    assert_eq!(rig.done(), [(0, Status::SUCCESS)]);
+    let second = rig.sent();
+    assert_eq!(second.len(), 1, "the budget came back: the next waiter goes");
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (2, 1));
+    // The connection goes: the one on the wire waits for the reconnect; the one waiting
+    // for budget gives its tag back at the next tick and waits on the queue too.
+    rig.lose_connection(2);
+    rig.core.tick(rig.at(3));
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (0, 0));
+    assert_eq!(rig.waiting(), 2);
+    rig.reconnect(16, 4);
+    assert_eq!(rig.sent().len(), 1, "still one budget");
+    assert_eq!((tags_held(&rig), budget_waiting(&rig)), (2, 1));
+    assert!(rig.done().is_empty());
+}
+
+/// A multipath device over two controllers, each on its own queue of the core.
+struct Multipath {
+    core: BlockCore,
+    ctrls: [Arc<Controller>; 2],
+    ckeys: [usize; 2],
+    dev: DeviceId,
+    t0: Instant,
+}
+
+fn multipath(opts: ContextOptions, hold: Duration) -> Multipath {
+    let t0 = Instant::now();
+    let mut core = BlockCore::new(opts, t0);
+    let policy = Policy::RoundRobin { rr_min_io: 1 };
+    let head = Head::new(SUBNQN, [0; 16], policy);
+    let mut ctrls = Vec::new();
+    let mut paths = Vec::new();
+    let mut ckeys = [0; 2];
+    for (i, port) in [4420u16, 4421].into_iter().enumerate() {
+        let c = Controller::detached(ConnectOptions::new(format!("127.0.0.1:{port}").parse().unwrap(), SUBNQN), hold);
+        head.add_path(Arc::clone(&c), Nsid(1));
+        let qkey = core.add_queue(&c, 0).unwrap();
+        ckeys[i] = core.install(qkey, live_queue(8), c.generation(), t0);
+        paths.push(Some(LocalPath { ctrl: Arc::clone(&c), nsid: Nsid(1), qkey, suspect_at: None }));
+        ctrls.push(c);
+    }
+    let m = Multi {
+        sel: Selector::new(policy, 0),
+        reference: None,
+        ref_gen: 1,
+        paths,
+        seen: 0,
+        seen_head: head.generation(),
+        ios: vec![0; 2],
+        bytes: vec![0; 2],
+        head,
+    };
+    core.has_multi = true;
+    let dev = core.new_device(DevKind::Multi(Box::new(m)), 9, 2048, None).unwrap();
+    core.refresh_device(dev.0 as usize, t0);
+    let ctrls: [Arc<Controller>; 2] = ctrls.try_into().unwrap();
+    Multipath { core, ctrls, ckeys, dev, t0 }
+}
+
+impl Multipath {
+    fn sent(&mut self, path: usize) -> Vec<(u8, u16)> {
+        commands(&take_sent(&mut self.core.conns[self.ckeys[path]].as_mut().unwrap().q))
+    }
+
+    fn lose(&mut self, path: usize, now: Instant) {
+        let ckey = self.ckeys[path];
+        self.core.conns[ckey].as_mut().unwrap().q.set_failed("link down");
+        let why = self.core.abort_conn(ckey).unwrap();
+        self.core.fail_conn(ckey, &why, now, |_| {});
+        self.core.free_conn(ckey);
+        self.ctrls[path].lose_for_test(Duration::ZERO);
+        self.core.refresh_all_paths(now);
+    }
+}
+
+#[test]
+fn a_multipath_device_sends_a_lost_paths_reads_on_the_other_path_at_once() {
+    let mut mp = multipath(ContextOptions::default(), Duration::from_secs(5));
+    let t0 = mp.t0;
+    for token in 0..4u64 {
+        mp.core.submit(mp.dev, 0, Op::Read, token * 4096, 4096, buf(), token, t0).map_err(|(e, _)| e).unwrap();
+    }
+    let (a, b) = (mp.sent(0), mp.sent(1));
+    assert_eq!((a.len(), b.len()), (2, 2), "round robin over both paths");
+    mp.lose(0, t0 + Duration::from_millis(1));
+    let moved = mp.sent(1);
+    assert_eq!(moved.len(), 2, "path 0's reads fail over to path 1 at once");
+    assert!(mp.core.done.is_empty());
+    let mut out = Vec::new();
+    for &(_, cid) in b.iter().chain(&moved) {
+        EncoderConfig::default().capsule_resp(&mut out, &Cqe::success(Cid(cid)));
+    }
+    let ck = mp.ckeys[1];
+    mp.core.conns[ck].as_mut().unwrap().q.feed(&out);
+    mp.core.deliver(ck, false, t0 + Duration::from_millis(2), |_| {});
+    let mut tokens: Vec<u64> = mp.core.done.drain(..).map(|c| c.token).collect();
+    tokens.sort_unstable();
+    assert_eq!(tokens, [0, 1, 2, 3], "each once");
+    assert_eq!(mp.core.in_flight(), 0);
+}
+
+#[test]
+fn a_multipath_write_is_held_before_it_fails_over_and_failovers_run_out() {
+    let opts = ContextOptions { max_failovers: 1, ..ContextOptions::default() };
+    let mut mp = multipath(opts, Duration::from_secs(5));
+    let t0 = mp.t0;
+    mp.core.submit(mp.dev, 0, Op::Write, 0, 4096, buf(), 9, t0).map_err(|(e, _)| e).unwrap();
+    let path = if mp.sent(0).is_empty() { 1 } else { 0 };
+    let other = 1 - path;
+    mp.lose(path, t0);
+    assert!(mp.sent(other).is_empty(), "held, not failed over at once");
+    mp.core.tick(t0 + Duration::from_millis(4999));
+    assert!(mp.sent(other).is_empty());
+    mp.core.tick(t0 + Duration::from_secs(5));
+    assert_eq!(mp.sent(other).len(), 1, "failed over once its hold ended");
+    // That path goes too: the one failover it had is used, the write fails.
+    mp.lose(other, t0 + Duration::from_secs(6));
+    mp.core.tick(t0 + Duration::from_secs(12));
+    let done: Vec<(u64, Status)> = mp.core.done.drain(..).map(|c| (c.token, c.status)).collect();
+    assert_eq!(done, [(9, Status::HOST_PATH_ERROR)]);
+}
