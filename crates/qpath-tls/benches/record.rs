@@ -1,9 +1,9 @@
 //! What the record layer costs per record on this CPU: sealing and opening one TLS 1.3
-//! record (AES-128-GCM through OpenSSL) of the sizes NVMe/TCP sends: a 72-byte command
+//! record (AES-128-GCM) of the sizes NVMe/TCP sends: a 72-byte command
 //! capsule, a 4 KiB read's C2HData PDU and a full 16 KiB record (a 128 KiB read is eight);
 //! and a 4 KiB read's data sealed out of a RAM namespace (random 4 KiB blocks of a 256 MiB
-//! shared region, mostly not in the CPU's caches), straight from the region against copied
-//! out of it first (what the target did before it sealed from the region).
+//! shared region, mostly not in the CPU's caches), gathered from the region into the record
+//! against copied out of it into a buffer first (one more pass over the bytes).
 //!
 //! ```sh
 //! cargo bench -p qpath-tls --bench record

@@ -5,7 +5,7 @@
 //! ```text
 //!   psk        configured PSK (NVMeTLSkey-1) → retained PSK → identity + TLS PSK
 //!   handshake  OpenSSL over memory: ClientHello ... Finished, never blocking a thread
-//!   record     AES-GCM record protection (OpenSSL's EVP, AES-NI), sans-I/O
+//!   record     AES-GCM record protection (ring's AES-GCM: VAES or AES-NI), sans-I/O
 //!   channel    one connection's channel between the socket driver and the NVMe/TCP queue
 //!   kernel     kernel TLS (TCP_ULP "tls"): the keys handed to the kernel after the handshake
 //! ```

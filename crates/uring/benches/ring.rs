@@ -11,7 +11,7 @@
 //!   ends on one ring (run-to-completion, no context switch); `cross_core_busy` pins them
 //!   to CPUs 0 and 1 with busy-polling rings.
 //! - `region_copy/4k`: a 4 KiB copy into and out of a `SharedRegion` (word atomics) next to
-//!   a plain `copy_from_slice`.
+//!   a plain `copy_from_slice`; a 4 KiB copy out word by word and with `copy_for_send`.
 //!
 //! Run: `CARGO_TARGET_DIR=/tmp/target-uring cargo bench -p uring --bench ring`
 
@@ -302,6 +302,14 @@ fn region_copy(c: &mut Criterion) {
             region.copy_from_region(black_box(8192), &mut block).expect("out");
         });
     });
+    group.throughput(Throughput::Bytes(4096));
+    group.bench_function("4k_out_word_by_word", |b| {
+        b.iter(|| region.copy_from_region(black_box(8192), &mut block).expect("out"));
+    });
+    group.bench_function("4k_out_for_send", |b| {
+        b.iter(|| region.copy_for_send(black_box(8192), &mut block).expect("out"));
+    });
+    group.throughput(Throughput::Bytes(2 * 4096));
     let mut plain = vec![0u8; 1 << 20];
     group.bench_function("4k_memcpy_baseline", |b| {
         b.iter(|| {

@@ -1,5 +1,4 @@
-//! The per-core io_uring event loop, and the crate that holds qpath's `unsafe` code (the one
-//! other place is the TLS record layer's calls into OpenSSL's C API, `tls::record`'s `evp`).
+//! The per-core io_uring event loop, and the crate that holds qpath's `unsafe` code.
 //!
 //! This crate owns everything between qpath's sans-IO protocol state machines and the
 //! kernel: one [`Ring`] per thread, the buffers lent to it ([`IoBuf`], [`SendMsg`]), the

@@ -103,3 +103,23 @@ fn ring_sends_straight_from_the_region() {
     assert_eq!(&got[..3], b"hdr");
     assert!(got[3..] == data[..]);
 }
+
+/// `copy_for_send` reads what `copy_from_region` reads, at every alignment and length
+/// around the word size, and refuses a range past the end the same way.
+#[test]
+fn copy_for_send_reads_the_same_bytes_as_the_word_copy() {
+    let region = SharedRegion::new(1 << 16).expect("region");
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 31 + 7).to_le_bytes()[0]).collect();
+    region.copy_to_region(100, &pattern).expect("in");
+    for offset in [100usize, 101, 103, 104, 107, 2000] {
+        for len in [0usize, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000] {
+            let (mut a, mut b) = (vec![0u8; len], vec![0xffu8; len]);
+            region.copy_from_region(offset, &mut a).expect("word copy");
+            region.copy_for_send(offset, &mut b).expect("copy for send");
+            assert_eq!(a, b, "offset {offset} length {len}");
+        }
+    }
+    let mut buf = [0u8; 16];
+    assert!(region.copy_for_send((1 << 16) - 8, &mut buf).is_err(), "past the end");
+    assert_eq!(buf, [0u8; 16], "nothing copied when refused");
+}
