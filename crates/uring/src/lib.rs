@@ -126,7 +126,7 @@ pub use sys::{
     enter_netns, fadvise_dontneed, fallocate, file_lock_holder, online_cpus, peer_credentials, physical_memory,
     pin_current_thread, raise_fd_limit, seek_data, send_buffer_size, set_congestion_control, set_current_affinity,
     set_current_thread_nice, set_direct_io, set_linger_zero, set_nodelay, set_nonblocking, set_recv_buffer_size,
-    set_send_buffer_size, thread_cpu_time, try_lock_file, wait_readable,
+    set_send_buffer_size, thread_cpu_clock, thread_cpu_time, try_lock_file, wait_readable,
 };
 
 /// Compile-time checks of the thread-safety contract other crates rely on.
