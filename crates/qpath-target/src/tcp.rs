@@ -153,15 +153,17 @@ impl ReqState {
     /// commands (AER, Abort) and the injected holds end only by completing; the rate is
     /// applied once, before anything runs. The data a state carries does not take part.
     #[must_use = "a refused transition must be handled"]
+    #[inline]
     fn transition(self, to: ReqState) -> Result<ReqState, BadTransition<ReqState>> {
         if self.may_become(to) { Ok(to) } else { Err(BadTransition::new(self, to)) }
     }
 
-    fn may_become(self, to: ReqState) -> bool {
+    /// The states a command runs from: its data is in, or it waits for something on its way
+    /// to the backend (and, while a file operation is in flight, Executing).
+    #[inline]
+    fn is_running(self) -> bool {
         use ReqState::*;
-        // The states a command runs from: its data is in, or it waits for something on its
-        // way to the backend (and, while a file operation is in flight, Executing).
-        let running = matches!(
+        matches!(
             self,
             InCapsule { .. }
                 | AwaitH2C { .. }
@@ -171,10 +173,15 @@ impl ReqState {
                 | RangeWait { .. }
                 | FusedWait
                 | Executing { .. }
-        );
+        )
+    }
+
+    #[inline]
+    fn may_become(self, to: ReqState) -> bool {
+        use ReqState::*;
         match to {
-            Free => self != Free,
-            InCapsule { .. } => self == Free,
+            Free => !matches!(self, Free),
+            InCapsule { .. } => matches!(self, Free),
             AwaitH2C { .. } | Aer | AbortWait { .. } => matches!(self, InCapsule { .. } | AwaitBuffer),
             QosWait { .. } => matches!(self, InCapsule { .. } | AwaitH2C { .. }),
             FusedWait => matches!(self, InCapsule { .. } | AwaitH2C { .. } | AwaitExecBuffer | QosWait { .. }),
@@ -184,10 +191,10 @@ impl ReqState {
             AwaitExecBuffer => {
                 matches!(self, InCapsule { .. } | AwaitH2C { .. } | AwaitExecBuffer | QosWait { .. } | FusedWait)
             }
-            RangeWait { .. } => running && !matches!(self, AwaitBuffer),
-            Executing { .. } => running,
+            RangeWait { .. } => self.is_running() && !matches!(self, AwaitBuffer),
+            Executing { .. } => self.is_running(),
             #[cfg(feature = "fault-injection")]
-            Delayed { .. } => running,
+            Delayed { .. } => self.is_running(),
             #[cfg(feature = "fault-injection")]
             Stalled => {
                 matches!(self, InCapsule { .. } | AwaitH2C { .. } | AwaitBuffer | AwaitExecBuffer | QosWait { .. })
@@ -635,6 +642,7 @@ impl Connection {
     /// Error (or closes the connection, when the slot held no command: the queue's
     /// bookkeeping is lost); false then, and the caller leaves the slot alone.
     #[must_use = "false: the command was answered, the caller must not go on with it"]
+    #[inline(always)]
     fn req_to(&mut self, slot: u16, to: ReqState, ctx: &mut ConnCtx<'_>) -> bool {
         let r = &mut self.reqs[usize::from(slot)];
         match r.state.transition(to) {
