@@ -101,20 +101,26 @@ impl ConnState {
     }
 }
 
+/// Lifecycle of a request slot: where its command stands, with the data only that place
+/// has (what every state needs, the command, its buffers and status, stays on [`Req`]).
+/// Changes go through [`ReqState::transition`], applied by [`Connection::req_to`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReqState {
+    /// No command: the slot is on the free list.
     Free,
-    /// Receiving in-capsule data.
-    InCapsule,
+    /// Receiving in-capsule data; `received` bytes are in.
+    InCapsule { received: u32 },
     /// Waiting for a data buffer from the pool.
     AwaitBuffer,
-    /// R2T sent, receiving H2CData.
-    AwaitH2C,
-    /// A file operation is in flight.
-    Executing,
-    /// Done; completion held until its due time (an injected delay).
+    /// R2T sent (one per command: offset 0, all of its data), receiving H2CData; `received`
+    /// bytes are in, and the next H2CData must start there (NVMe/TCP 1.0 §3.6.2.7).
+    AwaitH2C { received: u32 },
+    /// A file operation is in flight; it must move `op_len` bytes (0 for sync and fallocate),
+    /// fewer is a failure.
+    Executing { op_len: usize },
+    /// Done; completion held until `due_ns` (an injected delay).
     #[cfg(feature = "fault-injection")]
-    Delayed,
+    Delayed { due_ns: u64 },
     /// An Asynchronous Event Request waiting for an event.
     Aer,
     /// Injected fault: never completes.
@@ -122,16 +128,87 @@ enum ReqState {
     Stalled,
     /// Data received; waiting for the other command of its fused operation (or its data).
     FusedWait,
-    /// Waiting for a range lock or write gate ([`crate::range_lock`]); retried from the timers.
-    RangeWait,
+    /// Waiting for a range lock or write gate ([`crate::range_lock`]); retried from the timers
+    /// at `due_ns`, after `backoff_ns` (doubled on each retry up to `RANGE_RETRY_MAX_NS`).
+    RangeWait { due_ns: u64, backoff_ns: u32 },
     /// Data received; waiting for a buffer to execute with (a read to compare, a Copy's
     /// gathered sources); retried by [`Connection::pump`].
     AwaitExecBuffer,
-    /// Not executed yet: held until the device time its namespace's provisioned rate gives
-    /// it ([`crate::qos`]); an Abort can still take it back.
-    QosWait,
-    /// An Abort command waiting for the answer of the queue it names (polled on the timers).
-    AbortWait,
+    /// Not executed yet: held until `due_ns`, the device time its namespace's provisioned rate
+    /// gives it ([`crate::qos`]); an Abort can still take it back.
+    QosWait { due_ns: u64 },
+    /// An Abort command waiting for the answer of the queue it names (polled on the timers)
+    /// until `until_ns`, when the command it names counts as not aborted.
+    AbortWait { until_ns: u64 },
+}
+
+// A request's state data stays within two words: the slot (one per queue entry) does not
+// grow with it (its wait times, counts and lengths replaced fields of the request).
+const _: () = assert!(std::mem::size_of::<ReqState>() <= 16, "ReqState outgrew two words");
+
+impl ReqState {
+    /// The one place request lifecycle changes are decided (the convention of
+    /// [`nvme::state`]). Only a new command leaves `Free`; every command can end (`Free`);
+    /// data is asked for (R2T) only before the command runs; the admin queue's parked
+    /// commands (AER, Abort) and the injected holds end only by completing; the rate is
+    /// applied once, before anything runs. The data a state carries does not take part.
+    #[must_use = "a refused transition must be handled"]
+    #[inline]
+    fn transition(self, to: ReqState) -> Result<ReqState, BadTransition<ReqState>> {
+        if self.may_become(to) { Ok(to) } else { Err(BadTransition::new(self, to)) }
+    }
+
+    /// The states a command runs from: its data is in, or it waits for something on its way
+    /// to the backend (and, while a file operation is in flight, Executing).
+    #[inline]
+    fn is_running(self) -> bool {
+        use ReqState::*;
+        matches!(
+            self,
+            InCapsule { .. }
+                | AwaitH2C { .. }
+                | AwaitBuffer
+                | AwaitExecBuffer
+                | QosWait { .. }
+                | RangeWait { .. }
+                | FusedWait
+                | Executing { .. }
+        )
+    }
+
+    #[inline]
+    fn may_become(self, to: ReqState) -> bool {
+        use ReqState::*;
+        match to {
+            Free => !matches!(self, Free),
+            InCapsule { .. } => matches!(self, Free),
+            AwaitH2C { .. } | Aer | AbortWait { .. } => matches!(self, InCapsule { .. } | AwaitBuffer),
+            QosWait { .. } => matches!(self, InCapsule { .. } | AwaitH2C { .. }),
+            FusedWait => matches!(self, InCapsule { .. } | AwaitH2C { .. } | AwaitExecBuffer | QosWait { .. }),
+            AwaitBuffer => {
+                matches!(self, InCapsule { .. } | AwaitBuffer | QosWait { .. } | RangeWait { .. } | Executing { .. })
+            }
+            AwaitExecBuffer => {
+                matches!(self, InCapsule { .. } | AwaitH2C { .. } | AwaitExecBuffer | QosWait { .. } | FusedWait)
+            }
+            RangeWait { .. } => self.is_running() && !matches!(self, AwaitBuffer),
+            Executing { .. } => self.is_running(),
+            #[cfg(feature = "fault-injection")]
+            Delayed { .. } => self.is_running(),
+            #[cfg(feature = "fault-injection")]
+            Stalled => {
+                matches!(self, InCapsule { .. } | AwaitH2C { .. } | AwaitBuffer | AwaitExecBuffer | QosWait { .. })
+            }
+        }
+    }
+
+    /// Data bytes received so far, while the command receives them.
+    fn received(self) -> Option<u32> {
+        match self {
+            ReqState::InCapsule { received } | ReqState::AwaitH2C { received } => Some(received),
+            _ => None,
+        }
+    }
 }
 
 /// Where a multi-step command is ([`nvm`]); its file operations complete into it.
@@ -208,8 +285,6 @@ struct Req {
     buf: Option<IoBuf>,
     /// Data length from the SGL.
     xfer_len: u32,
-    /// Data bytes received (in-capsule or H2C).
-    received: u32,
     /// Data flows controller to host.
     c2h: bool,
     status: Status,
@@ -217,8 +292,6 @@ struct Req {
     dw1: u32,
     start_ns: u64,
     after: After,
-    /// Bytes the file operation in flight must move (0 for sync and fallocate).
-    op_len: usize,
     /// The file operations of a Deallocate or Write Zeroes on a file backend.
     batch: Batch,
     /// A RAM read sent straight from the namespace's region at this byte offset
@@ -242,8 +315,6 @@ struct Req {
     /// request keeps no reference, the connection's namespace maps do): a step finds it
     /// again, or sees it removed or replaced.
     ns_addr: usize,
-    /// Wait before the next range-lock retry, ns (doubles up to `RANGE_RETRY_MAX_NS`).
-    backoff_ns: u64,
     /// Its fused operation, if any.
     fused: Fused,
     /// Its namespace's provisioned rate has been applied (it is not held again).
@@ -258,14 +329,12 @@ impl Req {
             sqe: Sqe::default(),
             buf: None,
             xfer_len: 0,
-            received: 0,
             c2h: false,
             status: Status::SUCCESS,
             dw0: 0,
             dw1: 0,
             start_ns: 0,
             after: After::Respond,
-            op_len: 0,
             batch: Batch::default(),
             ram_src: None,
             aux: None,
@@ -275,7 +344,6 @@ impl Req {
             pos: 0,
             hold: Hold::None,
             ns_addr: 0,
-            backoff_ns: 0,
             fused: Fused::None,
             qos_admitted: false,
         }
@@ -292,6 +360,14 @@ enum Sink {
     Discard,
     /// A TermReq's error data.
     Term,
+}
+
+/// Bytes a file operation must move (0 for sync and fallocate): fewer is a failure.
+fn op_len(op: &FileOp<'_>) -> usize {
+    match op {
+        FileOp::Read { len, .. } | FileOp::Write { len, .. } => *len,
+        FileOp::Sync { .. } | FileOp::Fallocate { .. } => 0,
+    }
 }
 
 /// Most bytes of one write of zeros (Write Zeroes where the file system has no ZERO_RANGE);
@@ -410,8 +486,8 @@ pub struct Connection {
     stats_dirty: bool,
     close_reason: Option<String>,
     /// Abort commands of this admin queue waiting for their I/O queue's answer: (slot, the
-    /// answer, when to stop waiting in ns).
-    aborts: Vec<(u16, Arc<crate::controller::AbortAnswer>, u64)>,
+    /// answer); how long each waits is its state's ([`ReqState::AbortWait`]).
+    aborts: Vec<(u16, Arc<crate::controller::AbortAnswer>)>,
     /// The secure channel the queue runs in, on a TLS port ([`crate::tls`], `tcp/secure.rs`).
     tls: Option<crate::tls::Link>,
     /// The channel's records go to the kernel once it can take them (the port's
@@ -557,6 +633,49 @@ impl Connection {
                     self.state = s;
                 }
             }
+        }
+    }
+
+    /// Moves request `slot` to `to`: the one place request lifecycle changes are applied
+    /// ([`ReqState::transition`] decides them). True when it moved. A refused change is
+    /// logged at error level, in release builds too, and ends the command with Internal
+    /// Error (or closes the connection, when the slot held no command: the queue's
+    /// bookkeeping is lost); false then, and the caller leaves the slot alone.
+    #[must_use = "false: the command was answered, the caller must not go on with it"]
+    #[inline(always)]
+    fn req_to(&mut self, slot: u16, to: ReqState, ctx: &mut ConnCtx<'_>) -> bool {
+        let r = &mut self.reqs[usize::from(slot)];
+        match r.state.transition(to) {
+            Ok(s) => {
+                r.state = s;
+                true
+            }
+            Err(e) => {
+                self.req_refused(slot, e, ctx);
+                false
+            }
+        }
+    }
+
+    /// A request's refused change ([`Connection::req_to`]): never kept silently.
+    #[cold]
+    fn req_refused(&mut self, slot: u16, e: BadTransition<ReqState>, ctx: &mut ConnCtx<'_>) {
+        let cid = self.reqs[usize::from(slot)].sqe.cid().0;
+        tracing::error!(port = self.port.id, peer = ?self.peer, qid = ?self.qid(), slot, cid, "request state change refused: {e}");
+        if e.from == ReqState::Free || matches!(e.to, ReqState::InCapsule { .. }) {
+            // No command in the slot, or a new command given a slot that holds one (the free
+            // list is wrong): the queue's bookkeeping is lost; nothing is answered from it.
+            self.close(&format!("internal error: {e}"));
+            return;
+        }
+        // Whatever it waited in lets go of it; a timer still due for it finds it moved on.
+        self.waiting.retain(|&s| s != slot);
+        self.aborts.retain(|(s, _)| *s != slot);
+        self.reqs[usize::from(slot)].status = Status::INTERNAL;
+        if matches!(self.state, ConnState::Closing | ConnState::Closed) {
+            self.release_slot(slot, ctx);
+        } else {
+            self.respond(slot, ctx);
         }
     }
 
@@ -848,20 +967,21 @@ impl Connection {
     }
 
     fn sink_data(&mut self, sink: Sink, chunk: &[u8]) {
-        let (slot, off) = match sink {
-            Sink::InCapsule(s) => (s, self.reqs[usize::from(s)].received),
-            Sink::H2C(s, _) => (s, self.reqs[usize::from(s)].received),
+        let slot = match sink {
+            Sink::InCapsule(s) | Sink::H2C(s, _) => s,
             Sink::Discard | Sink::Term => return,
         };
         let r = &mut self.reqs[usize::from(slot)];
+        // Only a request receiving data has a count (the sink was chosen by its state).
+        let (ReqState::InCapsule { received } | ReqState::AwaitH2C { received }) = &mut r.state else { return };
         if let Some(b) = r.buf.as_mut() {
-            let off = off as usize;
+            let off = *received as usize;
             let end = (off + chunk.len()).min(b.len());
             if off < end {
                 b[off..end].copy_from_slice(&chunk[..end - off]);
             }
         }
-        r.received = r.received.saturating_add(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
+        *received = received.saturating_add(u32::try_from(chunk.len()).unwrap_or(u32::MAX));
     }
 
     fn on_header(&mut self, info: PduInfo, ctx: &mut ConnCtx<'_>) {
@@ -926,6 +1046,10 @@ impl Connection {
             self.fail(FatalError::sequence(), &sqe.0);
             return Sink::Discard;
         };
+        if !self.req_to(slot, ReqState::InCapsule { received: 0 }, ctx) {
+            // The free list gave out a slot that holds a command: the connection closes.
+            return Sink::Discard;
+        }
         self.info.stats.commands.add(1);
         self.info.stats.outstanding.add(1);
         if self.state == ConnState::Live {
@@ -936,17 +1060,14 @@ impl Connection {
         r.status = Status::SUCCESS;
         r.dw0 = 0;
         r.dw1 = 0;
-        r.received = 0;
         r.after = After::Respond;
         r.batch = Batch::default();
         r.start_ns = self.rx_ns.min(ctx.now_ns);
         r.c2h = false;
         r.xfer_len = 0;
-        r.state = ReqState::InCapsule;
         r.step = Step::Idle;
         r.cursor = 0;
         r.pos = 0;
-        r.backoff_ns = 0;
         r.fused = Fused::None;
         let verdict = self.classify(slot).and_then(|(kind, h2c, c2h)| {
             self.reqs[usize::from(slot)].kind = kind;
@@ -983,7 +1104,7 @@ impl Connection {
                     self.close("I/O command for a failed controller");
                     return Sink::Discard;
                 }
-                self.fail_cmd(slot, s, data_len)
+                self.fail_cmd(slot, s)
             }
         }
     }
@@ -1076,17 +1197,13 @@ impl Connection {
     }
 
     /// Fails a command that has not started: its in-capsule data (if any) is skipped.
-    fn fail_cmd(&mut self, slot: u16, status: Status, data_len: usize) -> Sink {
+    fn fail_cmd(&mut self, slot: u16, status: Status) -> Sink {
         let r = &mut self.reqs[usize::from(slot)];
         r.status = status;
         r.c2h = false;
         r.xfer_len = 0;
         r.kind = ReqKind::Fabrics;
-        if data_len > 0 {
-            // Respond after the data is consumed, keeping the stream in sync.
-            r.state = ReqState::InCapsule;
-            return Sink::InCapsule(slot);
-        }
+        // Answered once its in-capsule data (if any) is consumed, keeping the stream in sync.
         Sink::InCapsule(slot)
     }
 
@@ -1095,11 +1212,12 @@ impl Connection {
         let Some(r) = self.reqs.get(usize::from(slot)) else {
             return Err(FatalError::field(10));
         };
-        if r.state != ReqState::AwaitH2C || r.sqe.cid() != d.cccid {
+        let ReqState::AwaitH2C { received } = r.state else { return Err(FatalError::field(10)) };
+        if r.sqe.cid() != d.cccid {
             return Err(FatalError::field(10));
         }
         // Data must arrive in order and inside the R2T's range (§3.6.2.7).
-        if d.datao != r.received || d.datao.checked_add(d.datal).is_none_or(|end| end > r.xfer_len) {
+        if d.datao != received || d.datao.checked_add(d.datal).is_none_or(|end| end > r.xfer_len) {
             return Err(FatalError { fes: Fes::DataOutOfRange, fei: 0 });
         }
         Ok(Sink::H2C(slot, d.datao))
@@ -1118,7 +1236,8 @@ impl Connection {
                     self.respond(slot, ctx);
                     return;
                 }
-                let needs_h2c = !r.c2h && r.xfer_len > 0 && r.received < r.xfer_len;
+                let received = r.state.received().unwrap_or(0);
+                let needs_h2c = !r.c2h && r.xfer_len > 0 && received < r.xfer_len;
                 if needs_h2c {
                     self.start_r2t(slot, ctx);
                 } else {
@@ -1130,7 +1249,7 @@ impl Connection {
                 if !digest_ok {
                     r.status = Status::TRANSIENT_TRANSPORT_ERROR;
                 }
-                if r.received >= r.xfer_len {
+                if r.state.received().unwrap_or(0) >= r.xfer_len {
                     self.h2c_done += 1;
                     if r.status.is_success() {
                         self.execute(slot, ctx);
@@ -1152,10 +1271,11 @@ impl Connection {
         };
         match buf {
             Some(b) => {
-                let r = &mut self.reqs[usize::from(slot)];
-                r.buf = Some(b);
-                r.received = 0;
-                r.state = ReqState::AwaitH2C;
+                self.reqs[usize::from(slot)].buf = Some(b);
+                if !self.req_to(slot, ReqState::AwaitH2C { received: 0 }, ctx) {
+                    return;
+                }
+                let r = &self.reqs[usize::from(slot)];
                 let r2t = R2t { cccid: r.sqe.cid(), ttag: slot, r2to: 0, r2tl: r.xfer_len };
                 self.scratch.clear();
                 self.enc.r2t(&mut self.scratch, &r2t);
@@ -1164,10 +1284,15 @@ impl Connection {
                 self.scratch = scratch;
                 self.r2t_sent += 1;
             }
-            None => {
-                self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
-                self.waiting.push_back(slot);
-            }
+            None => self.wait_buffer(slot, ReqState::AwaitBuffer, ctx),
+        }
+    }
+
+    /// Parks `slot` in `to` (AwaitBuffer or AwaitExecBuffer) until [`Connection::pump`] finds
+    /// it a buffer.
+    fn wait_buffer(&mut self, slot: u16, to: ReqState, ctx: &mut ConnCtx<'_>) {
+        if self.req_to(slot, to, ctx) {
+            self.waiting.push_back(slot);
         }
     }
 
@@ -1403,11 +1528,7 @@ impl Connection {
         if c2h && self.reqs[usize::from(slot)].buf.is_none() {
             match self.buf_get(ctx, xfer) {
                 Some(b) => self.reqs[usize::from(slot)].buf = Some(b),
-                None => {
-                    self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
-                    self.waiting.push_back(slot);
-                    return;
-                }
+                None => return self.wait_buffer(slot, ReqState::AwaitBuffer, ctx),
             }
         }
         let now_ms = ctx.now_ns / 1_000_000;
@@ -1434,9 +1555,11 @@ impl Connection {
             }
             Outcome::Abort { sqid, cid } => self.abort_ask(slot, &ctrl, sqid, cid, ctx),
             Outcome::Aer => {
-                r.state = ReqState::Aer;
                 if let Some(b) = r.buf.take() {
                     self.buf_put(ctx, b);
+                }
+                if !self.req_to(slot, ReqState::Aer, ctx) {
+                    return;
                 }
                 self.aers.push(slot);
                 self.deliver_events(ctx);
@@ -1456,8 +1579,7 @@ impl Connection {
                 true
             }
             None => {
-                self.reqs[usize::from(slot)].state = ReqState::AwaitBuffer;
-                self.waiting.push_back(slot);
+                self.wait_buffer(slot, ReqState::AwaitBuffer, ctx);
                 false
             }
         }
@@ -1474,7 +1596,7 @@ impl Connection {
             return self.respond(slot, ctx);
         }
         #[cfg(feature = "fault-injection")]
-        if self.injected_stall(slot) {
+        if self.injected_stall(slot, ctx) {
             return;
         }
         if self.qos_hold(slot, &ns, ctx) {
@@ -1774,16 +1896,12 @@ impl Connection {
     }
 
     fn submit_file(&mut self, slot: u16, op: FileOp<'_>, token: u64, ctx: &mut ConnCtx<'_>) {
-        let op_len = match &op {
-            FileOp::Read { len, .. } | FileOp::Write { len, .. } => *len,
-            FileOp::Sync { .. } | FileOp::Fallocate { .. } => 0,
-        };
-        self.reqs[usize::from(slot)].op_len = op_len;
+        // In flight before it is submitted: a completion never finds the slot elsewhere.
+        if !self.req_to(slot, ReqState::Executing { op_len: op_len(&op) }, ctx) {
+            return self.op_unsubmitted(op, ctx);
+        }
         match ctx.file_io.submit(op, token) {
-            Ok(()) => {
-                self.file_ops += 1;
-                self.reqs[usize::from(slot)].state = ReqState::Executing;
-            }
+            Ok(()) => self.file_ops += 1,
             Err((e, buf)) => {
                 tracing::warn!("file op submit failed: {e}");
                 let r = &mut self.reqs[usize::from(slot)];
@@ -1807,12 +1925,12 @@ impl Connection {
             self.retired_ns.clear();
         }
         let Some(r) = self.reqs.get(usize::from(slot)) else { return };
-        if r.state != ReqState::Executing {
+        let ReqState::Executing { op_len } = r.state else {
             if let Some(b) = buf {
                 self.buf_put(ctx, b);
             }
             return;
-        }
+        };
         if self.reqs[usize::from(slot)].step != Step::Idle {
             return self.step_done(slot, result, buf, ctx);
         }
@@ -1823,7 +1941,7 @@ impl Connection {
         let result = match result {
             // A short read or write (a file shrunk under us, a full file system) is a failure:
             // acknowledging it would report data that is not there.
-            Ok(n) if n < r.op_len => Err(std::io::Error::other(format!("short transfer: {n} of {} bytes", r.op_len))),
+            Ok(n) if n < op_len => Err(std::io::Error::other(format!("short transfer: {n} of {op_len} bytes"))),
             other => other,
         };
         if r.batch.is_active() {
@@ -1921,8 +2039,7 @@ impl Connection {
                                 let r = &mut self.reqs[usize::from(slot)];
                                 r.batch.unsubmit(step);
                                 if r.batch.in_flight() == 0 {
-                                    r.state = ReqState::AwaitBuffer;
-                                    self.waiting.push_back(slot);
+                                    self.wait_buffer(slot, ReqState::AwaitBuffer, ctx);
                                 }
                                 return;
                             }
@@ -1931,7 +2048,9 @@ impl Connection {
                     (FileOp::Write { file: f.file(), buf, len, offset }, len)
                 }
             };
-            self.reqs[usize::from(slot)].op_len = op_len;
+            if !self.req_to(slot, ReqState::Executing { op_len }, ctx) {
+                return self.op_unsubmitted(op, ctx);
+            }
             match ctx.file_io.submit(op, token) {
                 Ok(()) => self.file_ops += 1,
                 Err((e, buf)) => {
@@ -1953,7 +2072,7 @@ impl Connection {
         }
         let r = &mut self.reqs[usize::from(slot)];
         if !r.batch.is_done() {
-            r.state = ReqState::Executing;
+            // Operations are in flight (each moved it to Executing before it was submitted).
             return;
         }
         r.batch = Batch::default();
@@ -1980,12 +2099,21 @@ impl Connection {
             return false;
         }
         match ns.qos.admit(ctx.now_ns, u64::from(r.xfer_len)) {
-            Some(t) if t > ctx.now_ns => {
-                r.state = ReqState::QosWait;
-                self.timers.push(Reverse((t, slot)));
+            Some(due_ns) if due_ns > ctx.now_ns => {
+                if self.req_to(slot, ReqState::QosWait { due_ns }, ctx) {
+                    self.timers.push(Reverse((due_ns, slot)));
+                }
                 true
             }
             _ => false,
+        }
+    }
+
+    /// A file operation that was not submitted (its request's change was refused) gives its
+    /// buffer back.
+    fn op_unsubmitted(&mut self, op: FileOp<'_>, ctx: &mut ConnCtx<'_>) {
+        if let FileOp::Read { buf, .. } | FileOp::Write { buf, .. } = op {
+            self.buf_put(ctx, buf);
         }
     }
 
@@ -2001,11 +2129,15 @@ impl Connection {
                 break;
             }
             self.timers.pop();
+            // A timer set for a state the request has left (an aborted command's, whose slot
+            // may hold another command by now) is not this state's: its due time differs.
             match self.reqs[usize::from(slot)].state {
                 #[cfg(feature = "fault-injection")]
-                ReqState::Delayed => self.respond(slot, ctx),
-                ReqState::RangeWait | ReqState::QosWait => self.execute(slot, ctx),
-                ReqState::AbortWait => self.abort_poll(slot, ctx),
+                ReqState::Delayed { due_ns } if due_ns == t => self.respond(slot, ctx),
+                ReqState::RangeWait { due_ns, .. } | ReqState::QosWait { due_ns } if due_ns == t => {
+                    self.execute(slot, ctx);
+                }
+                ReqState::AbortWait { .. } => self.abort_poll(slot, ctx),
                 _ => {}
             }
         }
@@ -2199,8 +2331,9 @@ impl Connection {
         r.fused = Fused::None;
         r.step = Step::Idle;
         r.qos_admitted = false;
-        if r.state != ReqState::Free {
-            r.state = ReqState::Free;
+        // Releasing a free slot again changes nothing (the closing paths release everything).
+        if let Ok(free) = r.state.transition(ReqState::Free) {
+            r.state = free;
             self.info.stats.outstanding.sub(1);
             self.free.push(slot);
         }
@@ -2494,5 +2627,196 @@ mod tests {
         let e = Live.transition(AwaitIcReq).unwrap_err();
         assert_eq!((e.from, e.to), (Live, AwaitIcReq));
         assert!(Closed.transition(Live).is_err());
+    }
+}
+
+#[cfg(test)]
+mod req_tests {
+    use std::sync::Arc;
+
+    use nvme::fabrics::ConnectCmd;
+    use nvme::tcp::{Decoded, Decoder, DecoderConfig, Digests, EncoderConfig, Header, IcReq, PduInfo, Role};
+    use nvme::{Cid, QueueId, SglDescriptor, Status};
+
+    use super::ReqState::{self, *};
+    use super::{ConnCtx, Connection};
+    use crate::backend::SyncFileIo;
+    use crate::pool::BufPool;
+    use crate::port::PortKind;
+    use crate::registry::{TargetOptions, TargetState};
+
+    /// One state of each kind (the data they carry takes no part in the table).
+    fn all() -> Vec<ReqState> {
+        let v = vec![
+            Free,
+            InCapsule { received: 0 },
+            AwaitBuffer,
+            AwaitH2C { received: 0 },
+            Executing { op_len: 0 },
+            Aer,
+            FusedWait,
+            RangeWait { due_ns: 0, backoff_ns: 0 },
+            AwaitExecBuffer,
+            QosWait { due_ns: 0 },
+            AbortWait { until_ns: 0 },
+        ];
+        #[cfg(feature = "fault-injection")]
+        let v = [v, vec![Delayed { due_ns: 0 }, Stalled]].concat();
+        v
+    }
+
+    /// The edges the connection's code takes, written out by destination (the table
+    /// `ReqState::transition` must match exactly).
+    fn legal(from: ReqState, to: ReqState) -> bool {
+        let k = |s: ReqState| std::mem::discriminant(&s);
+        let any = |set: &[ReqState]| set.iter().any(|s| k(*s) == k(from));
+        let receiving = [InCapsule { received: 0 }, AwaitH2C { received: 0 }];
+        let waits = [
+            AwaitBuffer,
+            AwaitExecBuffer,
+            QosWait { due_ns: 0 },
+            RangeWait { due_ns: 0, backoff_ns: 0 },
+            FusedWait,
+            Executing { op_len: 0 },
+        ];
+        match to {
+            Free => from != Free,
+            InCapsule { .. } => from == Free,
+            AwaitH2C { .. } | Aer | AbortWait { .. } => any(&[InCapsule { received: 0 }, AwaitBuffer]),
+            QosWait { .. } => any(&receiving),
+            FusedWait => any(&receiving) || any(&[AwaitExecBuffer, QosWait { due_ns: 0 }]),
+            AwaitBuffer => any(&[
+                InCapsule { received: 0 },
+                AwaitBuffer,
+                QosWait { due_ns: 0 },
+                RangeWait { due_ns: 0, backoff_ns: 0 },
+                Executing { op_len: 0 },
+            ]),
+            AwaitExecBuffer => any(&receiving) || any(&[AwaitExecBuffer, QosWait { due_ns: 0 }, FusedWait]),
+            RangeWait { .. } => any(&receiving) || (any(&waits) && from != AwaitBuffer),
+            Executing { .. } => any(&receiving) || any(&waits),
+            #[cfg(feature = "fault-injection")]
+            Delayed { .. } => any(&receiving) || any(&waits),
+            #[cfg(feature = "fault-injection")]
+            Stalled => any(&receiving) || any(&[AwaitBuffer, AwaitExecBuffer, QosWait { due_ns: 0 }]),
+        }
+    }
+
+    #[test]
+    fn request_lifecycle_table() {
+        let mut accepted = 0;
+        for from in all() {
+            for to in all() {
+                let got = from.transition(to);
+                assert_eq!(got.is_ok(), legal(from, to), "{from:?} -> {to:?}");
+                if let Ok(s) = got {
+                    assert_eq!(s, to, "an accepted change lands where it was asked to");
+                    accepted += 1;
+                }
+            }
+        }
+        assert!(accepted > 40, "the table is not empty");
+    }
+
+    #[test]
+    fn request_changes_carry_their_data_and_refuse_what_cannot_happen() {
+        // The edges the I/O paths take, with their data.
+        let path = [
+            (Free, InCapsule { received: 0 }),
+            (InCapsule { received: 0 }, AwaitH2C { received: 0 }),
+            (AwaitH2C { received: 4096 }, QosWait { due_ns: 7 }),
+            (QosWait { due_ns: 7 }, RangeWait { due_ns: 9, backoff_ns: 20_000 }),
+            (RangeWait { due_ns: 9, backoff_ns: 20_000 }, RangeWait { due_ns: 49, backoff_ns: 40_000 }),
+            (RangeWait { due_ns: 49, backoff_ns: 40_000 }, Executing { op_len: 4096 }),
+            (Executing { op_len: 4096 }, Executing { op_len: 0 }),
+            (Executing { op_len: 0 }, Free),
+            (InCapsule { received: 0 }, AbortWait { until_ns: 5 }),
+            (AbortWait { until_ns: 5 }, Free),
+        ];
+        for (from, to) in path {
+            assert_eq!(from.transition(to), Ok(to), "{from:?} -> {to:?}");
+        }
+        // Data is asked for only before the command runs; parked admin commands only end;
+        // the rate applies once; a slot holds one command at a time.
+        let refused = [
+            (Executing { op_len: 0 }, AwaitH2C { received: 0 }),
+            (AwaitH2C { received: 0 }, AwaitH2C { received: 0 }),
+            (Aer, Executing { op_len: 0 }),
+            (AbortWait { until_ns: 0 }, QosWait { due_ns: 0 }),
+            (Executing { op_len: 0 }, QosWait { due_ns: 1 }),
+            (QosWait { due_ns: 1 }, QosWait { due_ns: 2 }),
+            (Free, Executing { op_len: 0 }),
+            (Free, Free),
+            (Executing { op_len: 0 }, InCapsule { received: 0 }),
+            (AwaitBuffer, RangeWait { due_ns: 0, backoff_ns: 0 }),
+        ];
+        for (from, to) in refused {
+            let e = from.transition(to).unwrap_err();
+            assert_eq!((e.from, e.to), (from, to), "a refusal names both states");
+        }
+    }
+
+    /// Collects what the connection sends, handing each batch back as sent.
+    fn sent(c: &mut Connection, ctx: &mut ConnCtx<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Some(m) = c.take_send() {
+            out.extend_from_slice(&m.to_vec());
+            c.on_send_done(m, Ok(()), ctx);
+        }
+        out
+    }
+
+    /// The PDU headers in `bytes`, a controller's output (`dec` follows it across calls).
+    fn headers(dec: &mut Decoder, mut bytes: &[u8]) -> Vec<Header> {
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let Ok(Decoded::Pdu(PduInfo { header, layout })) = dec.decode_header(bytes) else { panic!("a whole PDU") };
+            bytes = &bytes[layout.plen..];
+            if let Header::IcResp(_) = header {
+                dec.config = DecoderConfig {
+                    receiver: Role::Host,
+                    digests: Digests::default(),
+                    established: true,
+                    data_align: 4,
+                    max_in_capsule: 0,
+                    max_data_pdu: 1 << 20,
+                };
+            }
+            out.push(header);
+        }
+        out
+    }
+
+    #[test]
+    fn a_refused_request_change_fails_the_command_instead_of_hanging_it() {
+        let t = Arc::new(TargetState::new(TargetOptions::default()));
+        let port = t.add_port(1, "127.0.0.1:4420".parse().unwrap(), PortKind::Io).unwrap();
+        let mut c = Connection::new(Arc::clone(&t), port, None, 0);
+        let (mut pool, mut fio) = (BufPool::new(1 << 20, 64 << 20), SyncFileIo::default());
+        let mut ctx = ConnCtx { pool: &mut pool, file_io: &mut fio, token: 0, now_ns: t.now_ns(), offload: None };
+        // A Connect whose data the target asks for with an R2T: the command waits in AwaitH2C.
+        let mut input = IcReq { pfv: 0, hpda: 0, digests: Digests::default(), maxr2t: 0 }.encode().to_vec();
+        let mut sqe = ConnectCmd { recfmt: 0, qid: QueueId(0), sqsize: 31, cattr: 0, kato_ms: 0 }.to_sqe(Cid(7));
+        sqe.set_sgl(SglDescriptor::transport(1024));
+        EncoderConfig { digests: Digests::default(), data_align: 4 }.capsule_cmd(&mut input, &sqe, 0);
+        assert_eq!(c.feed(&input, &mut ctx), input.len());
+        let mut dec = Decoder::new(DecoderConfig::initial(Role::Host));
+        let out = headers(&mut dec, &sent(&mut c, &mut ctx));
+        assert!(matches!(out.as_slice(), [Header::IcResp(_), Header::R2T(r)] if r.cccid == Cid(7)), "{out:?}");
+        assert_eq!(c.reqs[0].state, AwaitH2C { received: 0 });
+
+        // A change the table refuses: the command ends with Internal Error, the slot is free.
+        assert!(!c.req_to(0, Aer, &mut ctx));
+        assert_eq!(c.reqs[0].state, Free);
+        assert_eq!(c.free, vec![0], "the slot is back on the free list");
+        let out = headers(&mut dec, &sent(&mut c, &mut ctx));
+        let [Header::CapsuleResp(cqe)] = out.as_slice() else { panic!("one completion, got {out:?}") };
+        assert_eq!((cqe.cid, cqe.status), (Cid(7), Status::INTERNAL));
+        assert_eq!(c.state(), super::ConnState::AwaitConnect, "only the command failed");
+
+        // A slot that holds no command asked to change: the queue's bookkeeping is lost.
+        assert!(!c.req_to(0, Executing { op_len: 0 }, &mut ctx));
+        assert!(matches!(c.state(), super::ConnState::Closing | super::ConnState::Closed));
+        assert!(c.close_reason().is_some_and(|r| r.starts_with("internal error")), "{:?}", c.close_reason());
     }
 }

@@ -68,6 +68,30 @@ fn a_command_held_by_the_provisioned_rate_is_aborted() {
 }
 
 #[test]
+fn the_timer_of_an_aborted_command_does_not_run_the_next_one_in_its_slot_early() {
+    let (t, mut a, mut q, _) = setup();
+    let ns = t.subsystem(NQN).unwrap().namespaces().0.get(Nsid(1)).cloned().unwrap();
+    // One I/O per second: the first write is held until about 1 s from now, the next until 2 s.
+    ns.qos.set(QosSettings { iops: 1, bytes_per_sec: 0, delay_us: 0 });
+    let first = q.cid();
+    feed(&mut q, &Sqe::rw(io::WRITE, first, Nsid(1), 0, 8, SglDescriptor::in_capsule(4096)), &pattern(4096, 1));
+    let held_at = std::time::Instant::now();
+    assert_eq!(abort(&mut a, &mut q, 1, first), (Status::SUCCESS, 0), "aborted");
+    q.read_one_batch();
+    assert_eq!(q.completion(first).0.status, Status::ABORT_REQUESTED);
+
+    // The next command takes the freed slot; the aborted one's timer (due at 1 s) is still set.
+    let next = q.cid();
+    feed(&mut q, &Sqe::rw(io::WRITE, next, Nsid(1), 0, 8, SglDescriptor::in_capsule(4096)), &pattern(4096, 2));
+    std::thread::sleep(std::time::Duration::from_millis(1400).saturating_sub(held_at.elapsed()));
+    q.turn();
+    assert!(q.recv().is_none(), "held by the rate until its own time, not run by the old timer");
+    q.pump();
+    assert_eq!(q.completion(next).0.status, Status::SUCCESS);
+    ns.qos.set(QosSettings::default());
+}
+
+#[test]
 fn a_write_waiting_for_its_data_is_aborted_and_never_runs() {
     let (_t, mut a, mut q, _) = setup();
     assert_eq!(q.write(1, 0, &pattern(8192, 1), 8192).status, Status::SUCCESS);

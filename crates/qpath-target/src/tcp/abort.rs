@@ -42,19 +42,22 @@ impl Connection {
                 self.respond(slot, ctx);
             }
             Ok(Some(answer)) => {
-                self.reqs[usize::from(slot)].state = ReqState::AbortWait;
-                self.aborts.push((slot, answer, ctx.now_ns + ABORT_WAIT_NS));
-                self.timers.push(Reverse((ctx.now_ns + ABORT_POLL_NS, slot)));
+                let until_ns = ctx.now_ns + ABORT_WAIT_NS;
+                if self.req_to(slot, ReqState::AbortWait { until_ns }, ctx) {
+                    self.aborts.push((slot, answer));
+                    self.timers.push(Reverse((ctx.now_ns + ABORT_POLL_NS, slot)));
+                }
             }
         }
     }
 
     /// A waiting Abort looks for its answer (from the timers).
     pub(super) fn abort_poll(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
-        let Some(i) = self.aborts.iter().position(|(s, _, _)| *s == slot) else { return };
+        let ReqState::AbortWait { until_ns } = self.reqs[usize::from(slot)].state else { return };
+        let Some(i) = self.aborts.iter().position(|(s, _)| *s == slot) else { return };
         let aborted = match self.aborts[i].1.aborted() {
             Some(a) => a,
-            None if ctx.now_ns < self.aborts[i].2 => {
+            None if ctx.now_ns < until_ns => {
                 self.timers.push(Reverse((ctx.now_ns + ABORT_POLL_NS, slot)));
                 return;
             }
@@ -88,14 +91,14 @@ impl Connection {
             return false;
         }
         match r.state {
-            ReqState::QosWait | ReqState::AwaitBuffer | ReqState::RangeWait => {
+            ReqState::QosWait { .. } | ReqState::AwaitBuffer | ReqState::RangeWait { .. } => {
                 r.status = Status::ABORT_REQUESTED;
                 self.waiting.retain(|&s| s != slot);
                 self.range_release(slot);
                 self.respond(slot, ctx);
                 true
             }
-            ReqState::AwaitH2C => {
+            ReqState::AwaitH2C { .. } => {
                 // Its data still comes (the host was sent an R2T): the command completes
                 // with the abort status once it is in, and never executes.
                 r.status = Status::ABORT_REQUESTED;

@@ -20,11 +20,12 @@ use crate::range_lock::Hold;
 impl Connection {
     /// Whether `slot`'s command is the port's stuck opcode: then it is left `Stalled`,
     /// never answered. A command that has started (a retry from the timers) goes on.
-    pub(super) fn injected_stall(&mut self, slot: u16) -> bool {
+    pub(super) fn injected_stall(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) -> bool {
         let stall = self.port.faults.stall_opcode.load(Ordering::Relaxed);
-        let r = &mut self.reqs[usize::from(slot)];
+        let r = &self.reqs[usize::from(slot)];
         if stall != 0 && stall == u64::from(r.sqe.opcode()) + 1 && r.hold == Hold::None && r.step == Step::Idle {
-            r.state = ReqState::Stalled;
+            // Stalled, or (a refused change) already answered: it goes no further either way.
+            let _stalled = self.req_to(slot, ReqState::Stalled, ctx);
             return true;
         }
         false
@@ -32,13 +33,16 @@ impl Connection {
 
     /// Whether the port adds latency: then `slot`'s completion, its command executed, is
     /// held on the timers until it is due.
-    pub(super) fn injected_delay(&mut self, slot: u16, ctx: &ConnCtx<'_>) -> bool {
+    pub(super) fn injected_delay(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) -> bool {
         let delay_us = self.port.faults.delay_us.load(Ordering::Relaxed);
         if delay_us == 0 {
             return false;
         }
-        self.reqs[usize::from(slot)].state = ReqState::Delayed;
-        self.timers.push(Reverse((ctx.now_ns.saturating_add(delay_us.saturating_mul(1000)), slot)));
+        let due_ns = ctx.now_ns.saturating_add(delay_us.saturating_mul(1000));
+        // Held, or (a refused change) already answered: not answered again here either way.
+        if self.req_to(slot, ReqState::Delayed { due_ns }, ctx) {
+            self.timers.push(Reverse((due_ns, slot)));
+        }
         true
     }
 }

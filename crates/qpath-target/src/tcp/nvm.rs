@@ -32,8 +32,8 @@ use crate::range_lock::Hold;
 
 /// First wait before a range-lock retry; it doubles up to [`RANGE_RETRY_MAX_NS`]. A lock
 /// on RAM drains within a reactor turn, one on a file within a write.
-const RANGE_RETRY_MIN_NS: u64 = 20_000;
-const RANGE_RETRY_MAX_NS: u64 = 1_000_000;
+const RANGE_RETRY_MIN_NS: u32 = 20_000;
+const RANGE_RETRY_MAX_NS: u32 = 1_000_000;
 
 /// A Copy's second and later source ranges are read through a buffer of this size (then
 /// copied to their place among the gathered sources): the file backend reads into the
@@ -200,14 +200,19 @@ impl Connection {
 
     /// A command of a fused operation has its data: the operation runs once both have.
     pub(super) fn fused_exec(&mut self, slot: u16, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
-        self.reqs[usize::from(slot)].state = ReqState::FusedWait;
+        // The Write retrying its blocks' lock (the operation has started) stays where it is,
+        // keeping its backoff; a command whose data just came in waits for the other.
+        let retry = matches!(self.reqs[usize::from(slot)].state, ReqState::RangeWait { .. });
+        if !retry && !self.req_to(slot, ReqState::FusedWait, ctx) {
+            return;
+        }
         let (first, second) = match self.reqs[usize::from(slot)].fused {
             Fused::First(Some(second)) => (slot, second),
             Fused::Second(first) => (first, slot),
             // The Write has not arrived yet.
             Fused::First(None) | Fused::None => return,
         };
-        let waiting = |s: u16| self.reqs[usize::from(s)].state == ReqState::FusedWait;
+        let waiting = |s: u16| s == slot || self.reqs[usize::from(s)].state == ReqState::FusedWait;
         if waiting(first) && waiting(second) {
             self.caw_start(first, second, ns, ctx);
         }
@@ -373,10 +378,15 @@ impl Connection {
     /// Parks `slot` until its next range-lock retry (exponential backoff on the timers: no
     /// other thread wakes this one).
     fn wait_range(&mut self, slot: u16, ctx: &mut ConnCtx<'_>) {
-        let r = &mut self.reqs[usize::from(slot)];
-        r.state = ReqState::RangeWait;
-        r.backoff_ns = r.backoff_ns.saturating_mul(2).clamp(RANGE_RETRY_MIN_NS, RANGE_RETRY_MAX_NS);
-        self.timers.push(Reverse((ctx.now_ns + r.backoff_ns, slot)));
+        let backoff_ns = match self.reqs[usize::from(slot)].state {
+            ReqState::RangeWait { backoff_ns, .. } => backoff_ns,
+            _ => 0,
+        };
+        let backoff_ns = backoff_ns.saturating_mul(2).clamp(RANGE_RETRY_MIN_NS, RANGE_RETRY_MAX_NS);
+        let due_ns = ctx.now_ns + u64::from(backoff_ns);
+        if self.req_to(slot, ReqState::RangeWait { due_ns, backoff_ns }, ctx) {
+            self.timers.push(Reverse((due_ns, slot)));
+        }
     }
 
     /// Gives back what `slot` holds in its namespace's range locks (done, failed, or
@@ -434,8 +444,7 @@ impl Connection {
                 true
             }
             None => {
-                r.state = ReqState::AwaitExecBuffer;
-                self.waiting.push_back(slot);
+                self.wait_buffer(slot, ReqState::AwaitExecBuffer, ctx);
                 false
             }
         }
@@ -668,18 +677,14 @@ impl Connection {
 
     /// Submits one step's file operation; a submission that fails ends the command.
     fn step_submit(&mut self, slot: u16, ns: &Arc<Namespace>, op: FileOp<'_>, ctx: &mut ConnCtx<'_>) {
-        let op_len = match &op {
-            FileOp::Read { len, .. } | FileOp::Write { len, .. } => *len,
-            FileOp::Sync { .. } | FileOp::Fallocate { .. } => 0,
-        };
-        self.reqs[usize::from(slot)].op_len = op_len;
         self.reqs[usize::from(slot)].ns_addr = Arc::as_ptr(ns) as usize;
         let token = ctx.token | u64::from(slot);
+        // In flight before it is submitted: a completion never finds the slot elsewhere.
+        if !self.req_to(slot, ReqState::Executing { op_len: super::op_len(&op) }, ctx) {
+            return self.op_unsubmitted(op, ctx);
+        }
         match ctx.file_io.submit(op, token) {
-            Ok(()) => {
-                self.file_ops += 1;
-                self.reqs[usize::from(slot)].state = ReqState::Executing;
-            }
+            Ok(()) => self.file_ops += 1,
             Err((e, buf)) => {
                 tracing::warn!("file op submit failed: {e}");
                 self.step_done(slot, Err(e), buf, ctx);
@@ -697,6 +702,11 @@ impl Connection {
     ) {
         let r = &mut self.reqs[usize::from(slot)];
         let step = r.step;
+        // What the operation had to move (it is still in flight's state, or failed to start).
+        let op_len = match r.state {
+            ReqState::Executing { op_len } => op_len,
+            _ => 0,
+        };
         // The buffer goes back where the step took it from.
         match step {
             Step::CawWrite => r.buf = buf,
@@ -709,7 +719,7 @@ impl Connection {
         }
         let result = match result {
             // Short: the file shrank under us, or the file system is full.
-            Ok(n) if n < r.op_len => Err(std::io::Error::other(format!("short transfer: {n} of {} bytes", r.op_len))),
+            Ok(n) if n < op_len => Err(std::io::Error::other(format!("short transfer: {n} of {op_len} bytes"))),
             other => other,
         };
         if matches!(self.state, ConnState::Closing | ConnState::Closed) {
@@ -737,27 +747,26 @@ impl Connection {
         let failed = result.is_err();
         let read_error = Status::UNRECOVERED_READ_ERROR;
         match step {
-            Step::CompareRead => self.compare_read_done(slot, failed, ctx),
-            Step::CawRead | Step::CawWrite | Step::CawSync => self.caw_step_done(slot, step, failed, &ns, ctx),
+            Step::CompareRead => self.compare_read_done(slot, failed, op_len, ctx),
+            Step::CawRead | Step::CawWrite | Step::CawSync => self.caw_step_done(slot, step, failed, op_len, &ns, ctx),
             Step::VerifySync | Step::VerifyRead => {
                 let r = &mut self.reqs[usize::from(slot)];
                 if failed {
                     r.status = if step == Step::VerifySync { Status::WRITE_FAULT } else { read_error };
                 } else if step == Step::VerifyRead {
-                    r.cursor += r.op_len as u64;
+                    r.cursor += op_len as u64;
                 }
                 self.verify_next(slot, &ns, ctx);
             }
-            Step::CopyRead => self.copy_read_done(slot, failed, &ns, ctx),
+            Step::CopyRead => self.copy_read_done(slot, failed, op_len, &ns, ctx),
             Step::CopyWrite | Step::CopySync => self.copy_write_done(slot, step, failed, &ns, ctx),
             Step::Idle | Step::CopyGate | Step::PreemptDrain => {}
         }
     }
 
     /// Compare's read of the blocks finished: compare them with the host's data, or fail.
-    fn compare_read_done(&mut self, slot: u16, failed: bool, ctx: &mut ConnCtx<'_>) {
+    fn compare_read_done(&mut self, slot: u16, failed: bool, len: usize, ctx: &mut ConnCtx<'_>) {
         let r = &self.reqs[usize::from(slot)];
-        let len = r.op_len;
         let equal = match (&r.buf, &r.aux) {
             (Some(d), Some(a)) if !failed => Some(d[..len] == a[..len]),
             _ => None,
@@ -775,13 +784,12 @@ impl Connection {
 
     /// One read of Copy's source ranges finished: gather it, move to the next range once
     /// this one is all read, and read on.
-    fn copy_read_done(&mut self, slot: u16, failed: bool, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+    fn copy_read_done(&mut self, slot: u16, failed: bool, n: usize, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
         let r = &mut self.reqs[usize::from(slot)];
         if failed {
             r.status = Status::UNRECOVERED_READ_ERROR;
             return self.copy_end(slot, ctx);
         }
-        let n = r.op_len;
         if r.cursor > 0 {
             let pos = crate::us(r.pos);
             if let (Some(a2), Some(a)) = (r.aux2.as_ref(), r.aux.as_mut()) {
@@ -814,7 +822,15 @@ impl Connection {
         self.copy_end(slot, ctx);
     }
 
-    fn caw_step_done(&mut self, second: u16, step: Step, failed: bool, ns: &Arc<Namespace>, ctx: &mut ConnCtx<'_>) {
+    fn caw_step_done(
+        &mut self,
+        second: u16,
+        step: Step,
+        failed: bool,
+        len: usize,
+        ns: &Arc<Namespace>,
+        ctx: &mut ConnCtx<'_>,
+    ) {
         let Fused::Second(first) = self.reqs[usize::from(second)].fused else {
             // The pair was undone (cannot happen while a step runs): end the Write.
             self.reqs[usize::from(second)].status = Status::INTERNAL;
@@ -827,7 +843,6 @@ impl Connection {
                 self.caw_finish(first, second, ctx);
             }
             Step::CawRead => {
-                let len = self.reqs[usize::from(second)].op_len;
                 let equal = match (&self.reqs[usize::from(first)].buf, &self.reqs[usize::from(second)].aux) {
                     (Some(d), Some(a)) => d[..len] == a[..len],
                     _ => return self.caw_internal(first, second, ctx),
