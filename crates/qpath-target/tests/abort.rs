@@ -84,8 +84,14 @@ fn the_timer_of_an_aborted_command_does_not_run_the_next_one_in_its_slot_early()
     let next = q.cid();
     feed(&mut q, &Sqe::rw(io::WRITE, next, Nsid(1), 0, 8, SglDescriptor::in_capsule(4096)), &pattern(4096, 2));
     std::thread::sleep(std::time::Duration::from_millis(1400).saturating_sub(held_at.elapsed()));
+    let checked_at = held_at.elapsed();
     q.turn();
-    assert!(q.recv().is_none(), "held by the rate until its own time, not run by the old timer");
+    if checked_at < std::time::Duration::from_millis(1900) {
+        assert!(q.recv().is_none(), "held by the rate until its own time, not run by the old timer");
+    } else {
+        // The thread woke too late to tell the old timer (1 s) from the command's own (2 s).
+        println!("SKIP: the timer check woke {checked_at:?} after the hold began (a loaded machine)");
+    }
     q.pump();
     assert_eq!(q.completion(next).0.status, Status::SUCCESS);
     ns.qos.set(QosSettings::default());
