@@ -188,7 +188,12 @@ impl BlockCore {
         let slba = offset >> d.block_shift;
         let nlb = len64 >> d.block_shift;
         if op != Op::Flush && slba.checked_add(nlb).is_none_or(|e| e > d.nsze) {
-            return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
+            // The namespace may have grown since the last poll turn (not a per-I/O cost:
+            // only a refusal looks, with one load per controller).
+            let nsze = self.refresh_size(dev.0 as usize);
+            if slba.checked_add(nlb).is_none_or(|e| e > nsze) {
+                return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
+            }
         }
         if matches!(op, Op::Read | Op::Write) && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
             return Err((Error::new(ErrorKind::Invalid, "buffer smaller than the transfer"), buf));
@@ -350,6 +355,78 @@ impl BlockCore {
         }
     }
 
+    /// Follows every device's namespace size (once per poll turn): a device whose
+    /// controllers' change counts moved re-reads it ([`BlockCore::refresh_size`]).
+    pub(super) fn refresh_sizes(&mut self) {
+        for dev in 0..self.devices.len() {
+            self.refresh_size(dev);
+        }
+    }
+
+    /// The change counts a device's size depends on, folded: its controller's (single,
+    /// spread) or its present paths' and its head's (multipath): one load each.
+    fn size_key(&self, dev: usize) -> u64 {
+        match &self.devices[dev].kind {
+            DevKind::Single { qkey, .. } => self.queues[*qkey].ctrl.change_count(),
+            DevKind::Spread(sp) => sp.qkeys.first().map_or(0, |&k| self.queues[k].ctrl.change_count()),
+            DevKind::Multi(m) => m
+                .paths
+                .iter()
+                .flatten()
+                .fold(m.head.generation(), |k, lp| k.wrapping_mul(31).wrapping_add(lp.ctrl.change_count())),
+        }
+    }
+
+    /// Re-reads device `dev`'s size if its controllers changed since it was last read
+    /// (Linux revalidates a disk's capacity after a Namespace Attribute Changed event:
+    /// `nvme_update_ns_info`); returns the size in blocks. A multipath device takes the
+    /// smallest size its paths report (a path whose controller has not rescanned yet
+    /// keeps a grown device at its old end for a moment, never lets a shrunk one be
+    /// written past its new end). A namespace whose block size changed refuses all I/O:
+    /// every offset the caller computes would land elsewhere.
+    fn refresh_size(&mut self, dev: usize) -> u64 {
+        let key = self.size_key(dev);
+        let d = &self.devices[dev];
+        if key == d.size_seen {
+            return d.nsze;
+        }
+        let geometry = match &d.kind {
+            DevKind::Single { qkey, nsid } => self.queues[*qkey].ctrl.namespace(*nsid).map(|n| (n.block_shift, n.nsze)),
+            DevKind::Spread(sp) => {
+                sp.qkeys.first().and_then(|&k| self.queues[k].ctrl.namespace(sp.nsid)).map(|n| (n.block_shift, n.nsze))
+            }
+            DevKind::Multi(m) => m
+                .paths
+                .iter()
+                .flatten()
+                .filter_map(|lp| lp.ctrl.namespace(lp.nsid))
+                .map(|n| (n.block_shift, n.nsze))
+                .min_by_key(|&(shift, nsze)| (shift != d.block_shift, nsze)),
+        };
+        let d = &mut self.devices[dev];
+        d.size_seen = key;
+        let Some((shift, nsze)) = geometry else {
+            // The namespace is gone from the controller's list: its commands say so.
+            return d.nsze;
+        };
+        let nsze = if shift == d.block_shift {
+            nsze
+        } else {
+            tracing::warn!(
+                device = dev,
+                was = 1u64 << d.block_shift,
+                now = 1u64 << shift,
+                "the namespace's block size changed: its device refuses I/O"
+            );
+            0
+        };
+        if nsze != d.nsze {
+            tracing::info!(device = dev, blocks = nsze, was = d.nsze, "the namespace was resized");
+            d.nsze = nsze;
+        }
+        nsze
+    }
+
     pub(super) fn has_multi_refresh(&mut self) {
         if self.has_multi {
             for d in &mut self.devices {
@@ -383,6 +460,8 @@ impl BlockCore {
             kind,
             block_shift,
             nsze,
+            // Re-read at the first poll turn: the size may have moved since the caller read it.
+            size_seen: 0,
             waiting: VecDeque::new(),
             tags,
             budget,

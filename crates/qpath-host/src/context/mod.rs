@@ -331,6 +331,10 @@ struct DevEntry {
     kind: DevKind,
     block_shift: u8,
     nsze: u64,
+    /// The change counts of the device's controllers (folded) when `nsze` was last
+    /// re-read ([`BlockCore::refresh_sizes`]): a namespace resized (Namespace Attribute
+    /// Changed, a rescan) moves them.
+    size_seen: u64,
     /// Requests waiting for a path (multipath) or a shared tag.
     waiting: VecDeque<u32>,
     /// This device's share of the host-wide tag set, if one is used.
@@ -835,6 +839,7 @@ impl Context {
             self.on_msg(m, now);
         }
         self.service_touched(now);
+        self.core.refresh_sizes();
         self.core.refresh_all_paths(now);
         self.settle_paths(now);
         self.flush();
