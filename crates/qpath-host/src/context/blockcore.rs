@@ -380,9 +380,10 @@ impl<C: CoreController> BlockCore<C> {
     /// Re-reads device `dev`'s size if its controllers changed since it was last read
     /// (Linux revalidates a disk's capacity after a Namespace Attribute Changed event:
     /// `nvme_update_ns_info`); returns the size in blocks. A multipath device takes the
-    /// smallest size its paths report (a path whose controller has not rescanned yet
-    /// keeps a grown device at its old end for a moment, never lets a shrunk one be
-    /// written past its new end). A namespace whose block size changed refuses all I/O:
+    /// smallest size its live paths report (a path whose controller has not rescanned
+    /// yet keeps a grown device at its old end for a moment, never lets a shrunk one be
+    /// written past its new end; one that is down keeps its last size until it is back
+    /// and has rescanned), or all its paths' when none is live. A namespace whose block size changed refuses all I/O:
     /// every offset the caller computes would land elsewhere.
     fn refresh_size(&mut self, dev: usize) -> u64 {
         let key = self.size_key(dev);
@@ -393,12 +394,18 @@ impl<C: CoreController> BlockCore<C> {
         let geometry = match &d.kind {
             DevKind::Single { qkey, nsid } => self.queues[*qkey].ctrl.namespace_geometry(*nsid),
             DevKind::Spread(sp) => sp.qkeys.first().and_then(|&k| self.queues[k].ctrl.namespace_geometry(sp.nsid)),
-            DevKind::Multi(m) => m
-                .paths
-                .iter()
-                .flatten()
-                .filter_map(|lp| lp.ctrl.namespace_geometry(lp.nsid))
-                .min_by_key(|&(shift, nsze)| (shift != d.block_shift, nsze)),
+            DevKind::Multi(m) => {
+                // Live paths' sizes: a controller that is down keeps its last rescan's.
+                let smallest = |live_only: bool| {
+                    m.paths
+                        .iter()
+                        .flatten()
+                        .filter(|lp| !live_only || lp.ctrl.is_live())
+                        .filter_map(|lp| lp.ctrl.namespace_geometry(lp.nsid))
+                        .min_by_key(|&(shift, nsze)| (shift != d.block_shift, nsze))
+                };
+                smallest(true).or_else(|| smallest(false))
+            }
         };
         let d = &mut self.devices[dev];
         d.size_seen = key;

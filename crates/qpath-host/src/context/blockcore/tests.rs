@@ -788,7 +788,7 @@ fn a_device_follows_its_namespaces_size_a_grow_at_once_a_shrink_at_the_next_poll
 }
 
 #[test]
-fn a_multipath_device_takes_the_smallest_size_its_paths_report() {
+fn a_multipath_device_takes_the_smallest_size_its_live_paths_report() {
     let mut mp = multipath(ContextOptions::default(), Duration::ZERO);
     let dev = mp.dev.0 as usize;
     mp.core.refresh_sizes();
@@ -804,6 +804,17 @@ fn a_multipath_device_takes_the_smallest_size_its_paths_report() {
     mp.ctrls[1].resize(1024);
     mp.core.refresh_sizes();
     assert_eq!(mp.core.devices[dev].nsze, 1024);
+    // A path that is down keeps its last size (4096): it does not hold the device back
+    // from a grow the live path saw.
+    mp.ctrls[0].lose(false);
+    mp.ctrls[1].resize(8192);
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 8192);
+    // With no path live, the smallest any reports.
+    mp.ctrls[1].lose(false);
+    mp.ctrls[1].resize(8192);
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 4096);
 }
 
 #[test]
