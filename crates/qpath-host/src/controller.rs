@@ -1499,67 +1499,64 @@ pub fn refresh_ana(ctrl: &Controller) {
     }
 }
 
-/// Controllers for other modules' unit tests (the block core's): no connection, no
-/// admin thread, states set by the test.
-#[cfg(test)]
-impl Controller {
-    /// A live controller with no connection and no admin thread, whose failover hold is
-    /// `hold`. Its bell is a local socket pair nobody listens on.
-    pub(crate) fn detached(opts: ConnectOptions, hold: Duration) -> Arc<Controller> {
-        let (bell, rx) = bell::pair().expect("a local socket pair");
-        // Nobody reads the rings: the receiving end stays open (a test's process is short).
-        std::mem::forget(rx);
-        Arc::new(Controller {
-            inner: Mutex::new(Inner {
-                state: CtrlState::Live,
-                cntlid: Cntlid(1),
-                id: IdentifyController::default(),
-                // Namespace 1 (1 MiB of 512-byte blocks), optimized through this controller.
-                namespaces: vec![NsInfo {
-                    nsid: Nsid(1),
-                    nsze: 2048,
-                    block_shift: 9,
-                    anagrpid: AnaGrpId(1),
-                    ana_state: AnaState::Optimized,
-                    nguid: [0; 16],
-                    eui64: [0; 8],
-                    uuid: None,
-                    shared: true,
-                }],
-                slots: Vec::new(),
-                failed_at: None,
-                last_error: None,
-                reconnects: 0,
-                reauths: 0,
-                reauth_failures: 0,
-            }),
-            generation: AtomicU64::new(1),
-            change_count: AtomicU64::new(1),
-            live: AtomicBool::new(true),
-            io_failed: AtomicBool::new(false),
-            ana_refresh: AtomicBool::new(false),
-            failover_hold_ns: AtomicU64::new(u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX)),
-            admin_tx: Mutex::new(None),
-            bell,
-            admin_wakeups: AtomicU64::new(0),
-            thread: Mutex::new(None),
-            keys: Mutex::new(None),
-            reauth: Mutex::new(()),
-            opts,
-        })
+/// The block core's view of a controller ([`crate::context::ctrlview`]): the same calls as
+/// the methods of the same names, each one load, except `path_class` and
+/// `namespace_geometry`, which lock the controller briefly and are called per poll turn
+/// at most, when a change count moved.
+impl crate::context::ctrlview::CoreController for Controller {
+    type Head = crate::head::Head;
+
+    #[inline]
+    fn generation(&self) -> u64 {
+        Controller::generation(self)
     }
 
-    /// The controller lost its connection `ago` (as its admin thread marks it).
-    pub(crate) fn lose_for_test(&self, ago: Duration) {
-        self.live.store(false, Ordering::Relaxed);
-        let mut g = self.lock();
-        g.state = CtrlState::Resetting;
-        g.failed_at = Some(Instant::now().checked_sub(ago).unwrap_or_else(Instant::now));
+    #[inline]
+    fn change_count(&self) -> u64 {
+        Controller::change_count(self)
     }
 
-    /// Whether a context reported an I/O queue failure (and the admin thread would reset).
-    pub(crate) fn io_failure_reported(&self) -> bool {
-        self.io_failed.load(Ordering::Relaxed)
+    #[inline]
+    fn is_live(&self) -> bool {
+        Controller::is_live(self)
+    }
+
+    fn should_fail_io(&self) -> bool {
+        Controller::should_fail_io(self)
+    }
+
+    #[inline]
+    fn failover_hold(&self) -> Duration {
+        Controller::failover_hold(self)
+    }
+
+    fn ctrl_loss_tmo(&self) -> Option<Duration> {
+        self.opts.ctrl_loss_tmo
+    }
+
+    fn report_io_failure(&self, why: &str) {
+        Controller::report_io_failure(self, why);
+    }
+
+    fn request_ana_refresh(&self) {
+        Controller::request_ana_refresh(self);
+    }
+
+    fn path_class(&self, nsid: Nsid) -> crate::mpath::PathClass {
+        crate::head::class_of(self, nsid)
+    }
+
+    fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
+        let g = self.lock();
+        g.namespaces.iter().find(|n| n.nsid == nsid).map(|n| (n.block_shift, n.nsze))
+    }
+
+    fn traddr(&self) -> SocketAddr {
+        self.opts.traddr
+    }
+
+    fn cntlid(&self) -> u16 {
+        Controller::cntlid(self).0
     }
 }
 

@@ -262,8 +262,31 @@ impl Head {
     }
 }
 
-/// A path's identity for the selector: controller object and NSID.
-pub(crate) fn path_id(c: &Arc<Controller>, nsid: Nsid) -> u64 {
+/// The block core's view of a head ([`crate::context::ctrlview`]).
+impl crate::context::ctrlview::CoreHead for Head {
+    type Ctrl = Controller;
+
+    #[inline]
+    fn generation(&self) -> u64 {
+        Head::generation(self)
+    }
+
+    fn policy(&self) -> Policy {
+        Head::policy(self)
+    }
+
+    fn reference(&self) -> Option<ReferenceSelector> {
+        Head::reference(self)
+    }
+
+    fn paths(&self) -> Vec<Option<(Arc<Controller>, Nsid)>> {
+        Head::paths(self)
+    }
+}
+
+/// A path's identity for the selector: controller object (of any kind the block core
+/// runs over) and NSID.
+pub(crate) fn path_id<C>(c: &Arc<C>, nsid: Nsid) -> u64 {
     (Arc::as_ptr(c) as u64).wrapping_mul(0x9e37_79b9).wrapping_add(u64::from(nsid.0))
 }
 

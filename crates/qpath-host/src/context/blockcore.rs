@@ -13,9 +13,10 @@
 //! The owner reads the clock once per poll turn and passes it in; it owns the sockets,
 //! moves the bytes of each connection's [`HostQueue`] (which the core submits commands
 //! to and takes completions from), and attaches the queues the core asks for
-//! ([`BlockCore::take_attaches`]). What the core still reaches through is the
-//! controller (`Arc<Controller>`: its generation, change count, liveness, hold time,
-//! `should_fail_io`, failure reports).
+//! ([`BlockCore::take_attaches`]). The core is generic over its controllers
+//! ([`CoreController`], and their heads [`super::ctrlview::CoreHead`]): `Context` runs it
+//! over [`crate::controller::Controller`], its unit tests over a small test controller, and
+//! a simulator can run it over its own path state.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,15 +27,15 @@ use nvme::opcode::io as opc;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::IoBuf;
 
+use super::ctrlview::{CoreController, CoreHead};
 use super::req::{Claim, OnWire, Req, ReqState};
 use super::{
     AFTER_TAG_BUILT, Completion, ContextOptions, DepthLimitOrder, DevEntry, DevKind, DeviceId, LocalPath, Op, QEntry,
     QueueConn, StallReport,
 };
-use crate::controller::Controller;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failover::{Disposition, disposition};
-use crate::head::{class_of, path_id};
+use crate::head::path_id;
 use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection};
 use crate::queue::{DataDir, Done, HostQueue, Io, QueueState};
 use crate::stats::Recorder;
@@ -44,23 +45,23 @@ const SHALLOW_OUTSTANDING_MAX: usize = 4;
 
 /// A path of a multipath device whose controller this context has no queue of yet:
 /// the owner claims one and gives it back with [`BlockCore::set_path`].
-pub(super) struct PathAttach {
+pub(super) struct PathAttach<C> {
     pub dev: usize,
     pub slot: usize,
-    pub ctrl: Arc<Controller>,
+    pub ctrl: Arc<C>,
     pub nsid: Nsid,
 }
 
 /// The block core of one context (see the module's text).
-pub(super) struct BlockCore {
+pub(super) struct BlockCore<C: CoreController> {
     pub opts: ContextOptions,
     /// The time of the call in progress (its caller's clock read).
     pub now: Instant,
     /// Connections' queues by connection key (the owner keeps their sockets under the same key).
     pub conns: Vec<Option<QueueConn>>,
     pub free_conns: Vec<usize>,
-    pub queues: Vec<QEntry>,
-    pub devices: Vec<DevEntry>,
+    pub queues: Vec<QEntry<C>>,
+    pub devices: Vec<DevEntry<C>>,
     pub reqs: Vec<Req>,
     pub free_reqs: Vec<u32>,
     pub done: Vec<Completion>,
@@ -77,12 +78,12 @@ pub(super) struct BlockCore {
     pub stalls: Vec<StallReport>,
     /// Statistics for a [`crate::stats::HostStats`] (inert without one).
     pub rec: Recorder,
-    attaches: Vec<PathAttach>,
+    attaches: Vec<PathAttach<C>>,
 }
 
-impl BlockCore {
+impl<C: CoreController> BlockCore<C> {
     /// A core with `opts.max_requests` request slots (clamped to 1..=2^20).
-    pub(super) fn new(opts: ContextOptions, now: Instant) -> BlockCore {
+    pub(super) fn new(opts: ContextOptions, now: Instant) -> BlockCore<C> {
         let n = opts.max_requests.clamp(1, 1 << 20);
         BlockCore {
             now,
@@ -111,7 +112,7 @@ impl BlockCore {
     }
 
     /// A queue the owner claimed: its requests go to queue `qkey` from now on.
-    pub(super) fn add_queue(&mut self, ctrl: &Arc<Controller>, index: u16) -> Result<usize> {
+    pub(super) fn add_queue(&mut self, ctrl: &Arc<C>, index: u16) -> Result<usize> {
         let qkey = self.queues.len();
         let placeholder = TagSet::new(1).map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
         self.queues.push(QEntry {
@@ -124,7 +125,6 @@ impl BlockCore {
             in_flush_list: false,
             stats: blk::QueueStats::new(),
         });
-        self.rec.on_attach(qkey, ctrl, index);
         Ok(qkey)
     }
 
@@ -188,7 +188,12 @@ impl BlockCore {
         let slba = offset >> d.block_shift;
         let nlb = len64 >> d.block_shift;
         if op != Op::Flush && slba.checked_add(nlb).is_none_or(|e| e > d.nsze) {
-            return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
+            // The namespace may have grown since the last poll turn (not a per-I/O cost:
+            // only a refusal looks, with one load per controller).
+            let nsze = self.refresh_size(dev.0 as usize);
+            if slba.checked_add(nlb).is_none_or(|e| e > nsze) {
+                return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
+            }
         }
         if matches!(op, Op::Read | Op::Write) && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
             return Err((Error::new(ErrorKind::Invalid, "buffer smaller than the transfer"), buf));
@@ -320,12 +325,12 @@ impl BlockCore {
     }
 
     /// Paths whose controllers the owner must claim a queue of (after a head changed).
-    pub(super) fn take_attaches(&mut self) -> Vec<PathAttach> {
+    pub(super) fn take_attaches(&mut self) -> Vec<PathAttach<C>> {
         std::mem::take(&mut self.attaches)
     }
 
     /// Gives path `slot` of multipath device `dev` its local path.
-    pub(super) fn set_path(&mut self, dev: usize, slot: usize, lp: LocalPath) {
+    pub(super) fn set_path(&mut self, dev: usize, slot: usize, lp: LocalPath<C>) {
         if let DevKind::Multi(m) = &mut self.devices[dev].kind
             && let Some(p) = m.paths.get_mut(slot)
         {
@@ -350,6 +355,82 @@ impl BlockCore {
         }
     }
 
+    /// Follows every device's namespace size (once per poll turn): a device whose
+    /// controllers' change counts moved re-reads it ([`BlockCore::refresh_size`]).
+    pub(super) fn refresh_sizes(&mut self) {
+        for dev in 0..self.devices.len() {
+            self.refresh_size(dev);
+        }
+    }
+
+    /// The change counts a device's size depends on, folded: its controller's (single,
+    /// spread) or its present paths' and its head's (multipath): one load each.
+    fn size_key(&self, dev: usize) -> u64 {
+        match &self.devices[dev].kind {
+            DevKind::Single { qkey, .. } => self.queues[*qkey].ctrl.change_count(),
+            DevKind::Spread(sp) => sp.qkeys.first().map_or(0, |&k| self.queues[k].ctrl.change_count()),
+            DevKind::Multi(m) => {
+                m.paths.iter().flatten().fold(CoreHead::generation(&*m.head), |k, lp| {
+                    k.wrapping_mul(31).wrapping_add(lp.ctrl.change_count())
+                })
+            }
+        }
+    }
+
+    /// Re-reads device `dev`'s size if its controllers changed since it was last read
+    /// (Linux revalidates a disk's capacity after a Namespace Attribute Changed event:
+    /// `nvme_update_ns_info`); returns the size in blocks. A multipath device takes the
+    /// smallest size its live paths report (a path whose controller has not rescanned
+    /// yet keeps a grown device at its old end for a moment, never lets a shrunk one be
+    /// written past its new end; one that is down keeps its last size until it is back
+    /// and has rescanned), or all its paths' when none is live. A namespace whose block size changed refuses all I/O:
+    /// every offset the caller computes would land elsewhere.
+    fn refresh_size(&mut self, dev: usize) -> u64 {
+        let key = self.size_key(dev);
+        let d = &self.devices[dev];
+        if key == d.size_seen {
+            return d.nsze;
+        }
+        let geometry = match &d.kind {
+            DevKind::Single { qkey, nsid } => self.queues[*qkey].ctrl.namespace_geometry(*nsid),
+            DevKind::Spread(sp) => sp.qkeys.first().and_then(|&k| self.queues[k].ctrl.namespace_geometry(sp.nsid)),
+            DevKind::Multi(m) => {
+                // Live paths' sizes: a controller that is down keeps its last rescan's.
+                let smallest = |live_only: bool| {
+                    m.paths
+                        .iter()
+                        .flatten()
+                        .filter(|lp| !live_only || lp.ctrl.is_live())
+                        .filter_map(|lp| lp.ctrl.namespace_geometry(lp.nsid))
+                        .min_by_key(|&(shift, nsze)| (shift != d.block_shift, nsze))
+                };
+                smallest(true).or_else(|| smallest(false))
+            }
+        };
+        let d = &mut self.devices[dev];
+        d.size_seen = key;
+        let Some((shift, nsze)) = geometry else {
+            // The namespace is gone from the controller's list: its commands say so.
+            return d.nsze;
+        };
+        let nsze = if shift == d.block_shift {
+            nsze
+        } else {
+            tracing::warn!(
+                device = dev,
+                was = 1u64 << d.block_shift,
+                now = 1u64 << shift,
+                "the namespace's block size changed: its device refuses I/O"
+            );
+            0
+        };
+        if nsze != d.nsze {
+            tracing::info!(device = dev, blocks = nsze, was = d.nsze, "the namespace was resized");
+            d.nsze = nsze;
+        }
+        nsze
+    }
+
     pub(super) fn has_multi_refresh(&mut self) {
         if self.has_multi {
             for d in &mut self.devices {
@@ -362,7 +443,7 @@ impl BlockCore {
 
     pub(super) fn new_device(
         &mut self,
-        kind: DevKind,
+        kind: DevKind<C>,
         block_shift: u8,
         nsze: u64,
         depth_limit: Option<u16>,
@@ -383,6 +464,8 @@ impl BlockCore {
             kind,
             block_shift,
             nsze,
+            // Re-read at the first poll turn: the size may have moved since the caller read it.
+            size_seen: 0,
             waiting: VecDeque::new(),
             tags,
             budget,
@@ -825,12 +908,12 @@ impl BlockCore {
         let ctrl = &self.queues[qkey].ctrl;
         // A held request ends within ctrl_loss_tmo, and never by being sent early: a hold
         // longer than that fails it then.
-        let (until, fails) = match ctrl.opts.ctrl_loss_tmo {
+        let (until, fails) = match ctrl.ctrl_loss_tmo() {
             Some(tmo) if tmo < hold => (now + tmo, true),
             _ => (now + hold, false),
         };
         tracing::debug!(
-            traddr = %ctrl.opts.traddr,
+            traddr = %ctrl.traddr(),
             hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
             "a write's connection failed: held until the controller has quiesced it"
         );
@@ -894,18 +977,18 @@ impl BlockCore {
     /// requests waiting for a path.
     pub(super) fn refresh_paths(&mut self, dev: usize) {
         let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
-        let head_gen = m.head.generation();
+        let head_gen = CoreHead::generation(&*m.head);
         if head_gen != m.seen_head {
             // Paths added or removed, or the policy switched.
             m.seen_head = head_gen;
             m.seen = 0;
-            let policy = m.head.policy();
+            let policy = CoreHead::policy(&*m.head);
             if m.sel.policy() != policy {
                 m.sel.set_policy(policy);
             }
-            m.reference = m.head.reference();
+            m.reference = CoreHead::reference(&*m.head);
             m.ref_gen = m.ref_gen.wrapping_add(1).max(1);
-            let slots = m.head.paths();
+            let slots = CoreHead::paths(&*m.head);
             let mut attach = Vec::new();
             for (i, s) in slots.iter().enumerate() {
                 let have = m.paths.get(i).and_then(Option::as_ref).map(|lp| (Arc::as_ptr(&lp.ctrl), lp.nsid));
@@ -954,7 +1037,7 @@ impl BlockCore {
                     if lp.suspect_at.is_some_and(|at| at != lp.ctrl.change_count()) {
                         lp.suspect_at = None;
                     }
-                    let mut class = class_of(&lp.ctrl, lp.nsid);
+                    let mut class = lp.ctrl.path_class(lp.nsid);
                     let conn = self.queues[lp.qkey].conn.is_some();
                     if class.is_usable() && (!conn || lp.suspect_at.is_some()) {
                         class = PathClass::Transient;
@@ -985,7 +1068,7 @@ impl BlockCore {
                 && conn.q.state() != QueueState::Failed
                 && qe.ctrl.generation() != conn.ctrl_generation
             {
-                tracing::debug!(traddr = %qe.ctrl.opts.traddr, index = qe.index, "controller reset: failing its queue");
+                tracing::debug!(traddr = %qe.ctrl.traddr(), index = qe.index, "controller reset: failing its queue");
                 conn.q.set_failed("controller reset");
                 self.touched.push(ckey);
             }
@@ -1037,8 +1120,8 @@ impl BlockCore {
                 let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
                 let opcode = conn.and_then(|c| c.q.sqe_of(w.tag)).map_or_else(|| op_code(r.op), nvme::Sqe::opcode);
                 let report = StallReport {
-                    traddr: qe.ctrl.opts.traddr,
-                    cntlid: qe.ctrl.cntlid().0,
+                    traddr: qe.ctrl.traddr(),
+                    cntlid: qe.ctrl.cntlid(),
                     qid: qe.index + 1,
                     cid: w.tag,
                     opcode,

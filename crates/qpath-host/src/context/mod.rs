@@ -47,9 +47,11 @@ use crate::queue::{HostQueue, QueueState};
 use crate::stats::{DeviceView, HostStats, QueueView, STATS_INTERVAL_DEFAULT};
 
 mod blockcore;
+pub mod ctrlview;
 mod req;
 
 use blockcore::BlockCore;
+use ctrlview::CoreController;
 
 /// An I/O operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,8 +204,8 @@ struct QueueConn {
     open: bool,
 }
 
-struct QEntry {
-    ctrl: Arc<Controller>,
+struct QEntry<C> {
+    ctrl: Arc<C>,
     index: u16,
     conn: Option<usize>,
     entries: u16,
@@ -214,23 +216,23 @@ struct QEntry {
     stats: QueueStats,
 }
 
-struct LocalPath {
-    ctrl: Arc<Controller>,
+struct LocalPath<C> {
+    ctrl: Arc<C>,
     nsid: Nsid,
     qkey: usize,
     /// An ANA error was seen: the path counts as transient until the controller's change count moves.
     suspect_at: Option<u64>,
 }
 
-struct Multi {
-    head: Arc<Head>,
+struct Multi<C: CoreController> {
+    head: Arc<C::Head>,
     sel: Selector,
     /// Seed 000's shared selectors, when the head runs one instead of `sel`.
     reference: Option<ReferenceSelector>,
     /// Bumped whenever `reference` changes: a completion is counted down only by
     /// the reference that counted its submission.
     ref_gen: u32,
-    paths: Vec<Option<LocalPath>>,
+    paths: Vec<Option<LocalPath<C>>>,
     /// The view the selector was last given (head generation, controller changes, local state).
     seen: u64,
     seen_head: u64,
@@ -240,7 +242,7 @@ struct Multi {
     bytes: Vec<u64>,
 }
 
-impl Multi {
+impl<C: CoreController> Multi<C> {
     #[inline]
     fn select(&mut self) -> Selection {
         match &self.reference {
@@ -317,20 +319,24 @@ impl SpreadDev {
     }
 }
 
-enum DevKind {
+enum DevKind<C: CoreController> {
     Single {
         qkey: usize,
         nsid: Nsid,
     },
     /// One namespace over several queues of this context (seed 004).
     Spread(Box<SpreadDev>),
-    Multi(Box<Multi>),
+    Multi(Box<Multi<C>>),
 }
 
-struct DevEntry {
-    kind: DevKind,
+struct DevEntry<C: CoreController> {
+    kind: DevKind<C>,
     block_shift: u8,
     nsze: u64,
+    /// The change counts of the device's controllers (folded) when `nsze` was last
+    /// re-read ([`BlockCore::refresh_sizes`]): a namespace resized (Namespace Attribute
+    /// Changed, a rescan) moves them.
+    size_seen: u64,
     /// Requests waiting for a path (multipath) or a shared tag.
     waiting: VecDeque<u32>,
     /// This device's share of the host-wide tag set, if one is used.
@@ -373,7 +379,7 @@ pub struct Context {
     /// The sockets of the core's connections, under the same keys.
     conns: Vec<Option<Conn>>,
     conn_gen: u64,
-    core: BlockCore,
+    core: BlockCore<Controller>,
     ring_done: Vec<RingCompletion>,
     /// Completions of the owner's own ring operations ([`Context::user_token`]).
     user_done: Vec<RingCompletion>,
@@ -485,6 +491,7 @@ impl Context {
             .claim_queue(index, self.sender.clone())
             .ok_or_else(|| Error::new(ErrorKind::Busy, format!("I/O queue {index} is taken or does not exist")))?;
         let qkey = self.core.add_queue(ctrl, index)?;
+        self.core.rec.on_attach(qkey, ctrl, index);
         if let Some((stream, q, generation)) = claimed {
             self.install(qkey, stream, q, generation, Instant::now());
         }
@@ -835,6 +842,7 @@ impl Context {
             self.on_msg(m, now);
         }
         self.service_touched(now);
+        self.core.refresh_sizes();
         self.core.refresh_all_paths(now);
         self.settle_paths(now);
         self.flush();
@@ -1251,7 +1259,7 @@ mod tests {
     /// A multipath device whose head runs seed 000's shared-atomic reference over two
     /// optimized paths.
     #[cfg(feature = "lab-baselines")]
-    fn multi_with_reference() -> (Multi, Arc<crate::mpath::reference::SharedAtomic>) {
+    fn multi_with_reference() -> (Multi<Controller>, Arc<crate::mpath::reference::SharedAtomic>) {
         let classes = [PathClass::Optimized; 2];
         let reference = Arc::new(crate::mpath::reference::SharedAtomic::new(&classes));
         let policy = crate::mpath::Policy::RoundRobin { rr_min_io: 1 };

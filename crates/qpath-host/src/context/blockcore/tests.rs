@@ -1,9 +1,11 @@
 //! The block core without a ring or a TCP socket: real `HostQueue`s, brought up and
 //! answered with PDUs from the `nvme` crate's encoders, real tag sets and failover
-//! decisions, and a clock the test moves. The controller is a detached one (no
-//! connection, no admin thread), whose state the test sets.
+//! decisions, and a clock the test moves. The controllers are the test's own
+//! ([`TestCtrl`], a [`CoreController`] whose state the test sets), as a simulator's are.
 
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvme::tcp::{CommonHeader, Digests, EncoderConfig, IcResp, PduType};
@@ -11,11 +13,11 @@ use nvme::{Cid, Cntlid, Cqe, Nsid, Status};
 use uring::IoBuf;
 
 use super::*;
+use crate::context::ctrlview::{CoreController, CoreHead};
 use crate::context::req::ReqState;
 use crate::context::{ContextOptions, DevKind, DeviceId, Multi, Op};
-use crate::controller::{ConnectOptions, Controller};
-use crate::head::Head;
-use crate::mpath::{Policy, Selector};
+use crate::head::ReferenceSelector;
+use crate::mpath::{PathClass, Policy, Selector};
 use crate::queue::{HostQueue, QueueConfig, QueueState};
 
 const SUBNQN: &str = "nqn.2026-11.io.qpath:core";
@@ -56,6 +58,143 @@ fn commands(mut b: &[u8]) -> Vec<(u8, u16)> {
     cmds
 }
 
+/// A controller as the test sets it: live until it is lost, namespace 1 of 2048
+/// 512-byte blocks, optimized through it while it is live.
+#[derive(Debug)]
+struct TestCtrl {
+    traddr: SocketAddr,
+    generation: AtomicU64,
+    change_count: AtomicU64,
+    live: AtomicBool,
+    /// Past fast_io_fail_tmo (or dead): waiting I/O fails.
+    fail_io: AtomicBool,
+    hold: Duration,
+    ctrl_loss_tmo: Option<Duration>,
+    io_failures: AtomicU32,
+    ana_refreshes: AtomicU32,
+    nsze: AtomicU64,
+}
+
+impl TestCtrl {
+    fn new(port: u16, hold: Duration, ctrl_loss_tmo: Option<Duration>) -> Arc<TestCtrl> {
+        Arc::new(TestCtrl {
+            traddr: SocketAddr::from(([127, 0, 0, 1], port)),
+            generation: AtomicU64::new(1),
+            change_count: AtomicU64::new(1),
+            live: AtomicBool::new(true),
+            fail_io: AtomicBool::new(false),
+            hold,
+            ctrl_loss_tmo,
+            io_failures: AtomicU32::new(0),
+            ana_refreshes: AtomicU32::new(0),
+            nsze: AtomicU64::new(2048),
+        })
+    }
+
+    /// The controller lost its connection (reconnecting); `fail_io`: and is past
+    /// fast_io_fail_tmo.
+    fn lose(&self, fail_io: bool) {
+        self.live.store(false, Relaxed);
+        self.fail_io.store(fail_io, Relaxed);
+    }
+
+    /// Namespace 1 now has `nsze` blocks (a rescan after Namespace Attribute Changed).
+    fn resize(&self, nsze: u64) {
+        self.nsze.store(nsze, Relaxed);
+        self.change_count.fetch_add(1, Relaxed);
+    }
+
+    fn io_failure_reported(&self) -> bool {
+        self.io_failures.load(Relaxed) > 0
+    }
+}
+
+impl CoreController for TestCtrl {
+    type Head = TestHead;
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Relaxed)
+    }
+
+    fn change_count(&self) -> u64 {
+        self.change_count.load(Relaxed)
+    }
+
+    fn is_live(&self) -> bool {
+        self.live.load(Relaxed)
+    }
+
+    fn should_fail_io(&self) -> bool {
+        self.fail_io.load(Relaxed)
+    }
+
+    fn failover_hold(&self) -> Duration {
+        self.hold
+    }
+
+    fn ctrl_loss_tmo(&self) -> Option<Duration> {
+        self.ctrl_loss_tmo
+    }
+
+    fn report_io_failure(&self, _why: &str) {
+        self.io_failures.fetch_add(1, Relaxed);
+    }
+
+    fn request_ana_refresh(&self) {
+        self.ana_refreshes.fetch_add(1, Relaxed);
+    }
+
+    fn path_class(&self, nsid: Nsid) -> PathClass {
+        match (nsid == Nsid(1), self.live.load(Relaxed), self.fail_io.load(Relaxed)) {
+            (false, _, _) | (_, false, true) => PathClass::Gone,
+            (true, true, _) => PathClass::Optimized,
+            (true, false, false) => PathClass::Transient,
+        }
+    }
+
+    fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
+        (nsid == Nsid(1)).then(|| (9, self.nsze.load(Relaxed)))
+    }
+
+    fn traddr(&self) -> SocketAddr {
+        self.traddr
+    }
+
+    fn cntlid(&self) -> u16 {
+        1
+    }
+}
+
+/// A multipath head of test controllers.
+struct TestHead {
+    generation: AtomicU64,
+    policy: Policy,
+    paths: Mutex<Slots>,
+}
+
+/// A head's path slots.
+type Slots = Vec<Option<(Arc<TestCtrl>, Nsid)>>;
+
+impl CoreHead for TestHead {
+    type Ctrl = TestCtrl;
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Relaxed)
+    }
+
+    fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    fn reference(&self) -> Option<ReferenceSelector> {
+        None
+    }
+
+    fn paths(&self) -> Slots {
+        self.paths.lock().unwrap().clone()
+    }
+}
+
 fn buf() -> Option<IoBuf> {
     Some(IoBuf::new(4096))
 }
@@ -63,8 +202,8 @@ fn buf() -> Option<IoBuf> {
 /// One single-path device (namespace 1, 2048 blocks of 512 bytes) on one queue of one
 /// controller, its connection live.
 struct Rig {
-    core: BlockCore,
-    ctrl: Arc<Controller>,
+    core: BlockCore<TestCtrl>,
+    ctrl: Arc<TestCtrl>,
     qkey: usize,
     ckey: usize,
     dev: DeviceId,
@@ -72,12 +211,10 @@ struct Rig {
 }
 
 impl Rig {
-    fn new(entries: u16, opts: ContextOptions, ctrl_opts: impl FnOnce(&mut ConnectOptions), hold: Duration) -> Rig {
+    fn new(entries: u16, opts: ContextOptions, ctrl_loss_tmo: Option<Duration>, hold: Duration) -> Rig {
         let t0 = Instant::now();
         let mut core = BlockCore::new(opts, t0);
-        let mut copts = ConnectOptions::new("127.0.0.1:4420".parse().unwrap(), SUBNQN);
-        ctrl_opts(&mut copts);
-        let ctrl = Controller::detached(copts, hold);
+        let ctrl = TestCtrl::new(4420, hold, ctrl_loss_tmo);
         let qkey = core.add_queue(&ctrl, 0).unwrap();
         let dev = core.new_device(DevKind::Single { qkey, nsid: Nsid(1) }, 9, 2048, None).unwrap();
         let ckey = core.install(qkey, live_queue(entries), ctrl.generation(), t0);
@@ -85,7 +222,7 @@ impl Rig {
     }
 
     fn simple(entries: u16) -> Rig {
-        Rig::new(entries, ContextOptions::default(), |_| {}, Duration::ZERO)
+        Rig::new(entries, ContextOptions::default(), None, Duration::ZERO)
     }
 
     fn at(&self, ms: u64) -> Instant {
@@ -244,7 +381,7 @@ fn a_lost_connection_requeues_its_commands_and_a_reconnect_sends_them_again_once
 #[test]
 fn transport_retries_run_out_into_a_path_error() {
     let opts = ContextOptions { max_retries: 2, ..ContextOptions::default() };
-    let mut rig = Rig::new(4, opts, |_| {}, Duration::ZERO);
+    let mut rig = Rig::new(4, opts, None, Duration::ZERO);
     rig.submit(Op::Read, 0, 7, 0);
     for round in 0..2 {
         assert_eq!(rig.sent().len(), 1, "round {round}");
@@ -260,8 +397,7 @@ fn transport_retries_run_out_into_a_path_error() {
 
 #[test]
 fn requests_waiting_for_a_controller_past_fast_io_fail_tmo_fail_at_the_next_tick() {
-    let mut rig =
-        Rig::new(4, ContextOptions::default(), |o| o.fast_io_fail_tmo = Some(Duration::from_secs(1)), Duration::ZERO);
+    let mut rig = Rig::simple(4);
     rig.submit(Op::Read, 0, 1, 0);
     rig.sent();
     rig.lose_connection(1);
@@ -269,7 +405,7 @@ fn requests_waiting_for_a_controller_past_fast_io_fail_tmo_fail_at_the_next_tick
     assert_eq!(rig.waiting(), 2);
     rig.core.tick(rig.at(3));
     assert!(rig.done().is_empty(), "the controller is not past fast_io_fail_tmo yet");
-    rig.ctrl.lose_for_test(Duration::from_secs(2));
+    rig.ctrl.lose(true);
     rig.core.tick(rig.at(4));
     assert_eq!(rig.done(), [(1, Status::HOST_PATH_ERROR), (2, Status::HOST_PATH_ERROR)]);
     assert_eq!(rig.core.in_flight(), 0);
@@ -283,7 +419,7 @@ fn requests_waiting_for_a_controller_past_fast_io_fail_tmo_fail_at_the_next_tick
 #[test]
 fn a_write_whose_connection_failed_is_not_sent_again_before_its_hold_ends() {
     let hold = Duration::from_secs(5);
-    let mut rig = Rig::new(4, ContextOptions::default(), |_| {}, hold);
+    let mut rig = Rig::new(4, ContextOptions::default(), None, hold);
     rig.submit(Op::Write, 0, 1, 0);
     rig.submit(Op::Read, 1, 2, 0);
     assert_eq!(rig.sent().len(), 2);
@@ -305,7 +441,7 @@ fn a_write_whose_connection_failed_is_not_sent_again_before_its_hold_ends() {
 #[test]
 fn a_hold_longer_than_ctrl_loss_tmo_fails_the_write_then_without_sending_it() {
     let hold = Duration::from_secs(10);
-    let mut rig = Rig::new(4, ContextOptions::default(), |o| o.ctrl_loss_tmo = Some(Duration::from_secs(3)), hold);
+    let mut rig = Rig::new(4, ContextOptions::default(), Some(Duration::from_secs(3)), hold);
     rig.submit(Op::Write, 0, 1, 0);
     rig.sent();
     rig.lose_connection(0);
@@ -321,14 +457,13 @@ fn a_hold_longer_than_ctrl_loss_tmo_fails_the_write_then_without_sending_it() {
 #[test]
 fn a_held_write_fails_at_once_when_its_single_path_controller_is_past_fast_io_fail_tmo() {
     let hold = Duration::from_secs(10);
-    let opts = |o: &mut ConnectOptions| o.fast_io_fail_tmo = Some(Duration::from_secs(1));
-    let mut rig = Rig::new(4, ContextOptions::default(), opts, hold);
+    let mut rig = Rig::new(4, ContextOptions::default(), None, hold);
     rig.submit(Op::Deallocate, 0, 1, 0);
     assert_eq!(rig.sent().iter().map(|&(op, _)| op).collect::<Vec<_>>(), [nvme::opcode::io::DATASET_MANAGEMENT]);
     rig.lose_connection(0);
     rig.core.tick(rig.at(10));
     assert!(rig.done().is_empty(), "held");
-    rig.ctrl.lose_for_test(Duration::from_secs(2));
+    rig.ctrl.lose(true);
     rig.core.tick(rig.at(20));
     assert_eq!(rig.done(), [(1, Status::HOST_PATH_ERROR)], "failing is always safe, sending early is not");
 }
@@ -340,7 +475,7 @@ fn an_io_timeout_fails_the_queue_and_a_stall_is_reported_once() {
         stall_threshold: Duration::from_secs(1),
         ..ContextOptions::default()
     };
-    let mut rig = Rig::new(4, opts, |_| {}, Duration::ZERO);
+    let mut rig = Rig::new(4, opts, None, Duration::ZERO);
     rig.submit(Op::Read, 0, 1, 0);
     let cid = rig.sent()[0].1;
     rig.core.tick(rig.at(1000));
@@ -419,7 +554,7 @@ fn a_second_completion_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_held_request_sent_early_is_refused_before_it_reaches_the_wire() {
-    let mut rig = Rig::new(4, ContextOptions::default(), |_| {}, Duration::from_secs(5));
+    let mut rig = Rig::new(4, ContextOptions::default(), None, Duration::from_secs(5));
     rig.submit(Op::Write, 0, 1, 0);
     rig.sent();
     rig.lose_connection(0);
@@ -442,14 +577,14 @@ fn a_shared_tag_sets_depth_limit_caps_a_device_and_its_waiters_go_in_order() {
     let opts = ContextOptions { shared_tags: Some(set), ..ContextOptions::default() };
     let t0 = Instant::now();
     let mut core = BlockCore::new(opts, t0);
-    let ctrl = Controller::detached(ConnectOptions::new("127.0.0.1:4420".parse().unwrap(), SUBNQN), Duration::ZERO);
+    let ctrl = TestCtrl::new(4420, Duration::ZERO, None);
     let qkey = core.add_queue(&ctrl, 0).unwrap();
     let dev = core.new_device(DevKind::Single { qkey, nsid: Nsid(1) }, 9, 2048, Some(2)).unwrap();
     let ckey = core.install(qkey, live_queue(16), ctrl.generation(), t0);
     for token in 0..5u64 {
         core.submit(dev, 0, Op::Read, token * 4096, 4096, buf(), token, t0).map_err(|(e, _)| e).unwrap();
     }
-    fn q(core: &mut BlockCore, ckey: usize) -> &mut HostQueue {
+    fn q(core: &mut BlockCore<TestCtrl>, ckey: usize) -> &mut HostQueue {
         &mut core.conns[ckey].as_mut().unwrap().q
     }
     let first = commands(&take_sent(q(&mut core, ckey)));
@@ -489,7 +624,7 @@ fn after_tag_a_request_holds_its_tag_while_it_waits_for_budget() {
         depth_limit_order: DepthLimitOrder::AfterTag,
         ..ContextOptions::default()
     };
-    let mut rig = Rig::new(16, opts, |_| {}, Duration::ZERO);
+    let mut rig = Rig::new(16, opts, None, Duration::ZERO);
     // The rig's device has no limit: a second one on the same queue has a budget of 1.
     let qkey = rig.qkey;
     let dev = rig.core.new_device(DevKind::Single { qkey, nsid: Nsid(1) }, 9, 2048, Some(1)).unwrap();
@@ -522,8 +657,8 @@ fn after_tag_a_request_holds_its_tag_while_it_waits_for_budget() {
 
 /// A multipath device over two controllers, each on its own queue of the core.
 struct Multipath {
-    core: BlockCore,
-    ctrls: [Arc<Controller>; 2],
+    core: BlockCore<TestCtrl>,
+    ctrls: [Arc<TestCtrl>; 2],
     ckeys: [usize; 2],
     dev: DeviceId,
     t0: Instant,
@@ -533,13 +668,13 @@ fn multipath(opts: ContextOptions, hold: Duration) -> Multipath {
     let t0 = Instant::now();
     let mut core = BlockCore::new(opts, t0);
     let policy = Policy::RoundRobin { rr_min_io: 1 };
-    let head = Head::new(SUBNQN, [0; 16], policy);
+    let head = Arc::new(TestHead { generation: AtomicU64::new(1), policy, paths: Mutex::new(Vec::new()) });
     let mut ctrls = Vec::new();
     let mut paths = Vec::new();
     let mut ckeys = [0; 2];
     for (i, port) in [4420u16, 4421].into_iter().enumerate() {
-        let c = Controller::detached(ConnectOptions::new(format!("127.0.0.1:{port}").parse().unwrap(), SUBNQN), hold);
-        head.add_path(Arc::clone(&c), Nsid(1));
+        let c = TestCtrl::new(port, hold, None);
+        head.paths.lock().unwrap().push(Some((Arc::clone(&c), Nsid(1))));
         let qkey = core.add_queue(&c, 0).unwrap();
         ckeys[i] = core.install(qkey, live_queue(8), c.generation(), t0);
         paths.push(Some(LocalPath { ctrl: Arc::clone(&c), nsid: Nsid(1), qkey, suspect_at: None }));
@@ -551,7 +686,7 @@ fn multipath(opts: ContextOptions, hold: Duration) -> Multipath {
         ref_gen: 1,
         paths,
         seen: 0,
-        seen_head: head.generation(),
+        seen_head: head.generation.load(Relaxed),
         ios: vec![0; 2],
         bytes: vec![0; 2],
         head,
@@ -559,7 +694,7 @@ fn multipath(opts: ContextOptions, hold: Duration) -> Multipath {
     core.has_multi = true;
     let dev = core.new_device(DevKind::Multi(Box::new(m)), 9, 2048, None).unwrap();
     core.refresh_device(dev.0 as usize, t0);
-    let ctrls: [Arc<Controller>; 2] = ctrls.try_into().unwrap();
+    let ctrls: [Arc<TestCtrl>; 2] = ctrls.try_into().unwrap();
     Multipath { core, ctrls, ckeys, dev, t0 }
 }
 
@@ -574,7 +709,7 @@ impl Multipath {
         let why = self.core.abort_conn(ckey).unwrap();
         self.core.fail_conn(ckey, &why, now, |_| {});
         self.core.free_conn(ckey);
-        self.ctrls[path].lose_for_test(Duration::ZERO);
+        self.ctrls[path].lose(false);
         self.core.refresh_all_paths(now);
     }
 }
@@ -624,4 +759,77 @@ fn a_multipath_write_is_held_before_it_fails_over_and_failovers_run_out() {
     mp.core.tick(t0 + Duration::from_secs(12));
     let done: Vec<(u64, Status)> = mp.core.done.drain(..).map(|c| (c.token, c.status)).collect();
     assert_eq!(done, [(9, Status::HOST_PATH_ERROR)]);
+}
+
+#[test]
+fn a_device_follows_its_namespaces_size_a_grow_at_once_a_shrink_at_the_next_poll_turn() {
+    let mut rig = Rig::simple(8);
+    let try_read = |rig: &mut Rig, block: u64| {
+        let now = rig.at(1);
+        rig.core.submit(rig.dev, 0, Op::Read, block * 4096, 4096, buf(), block, now).map_err(|(e, _)| e.to_string())
+    };
+    // 2048 blocks of 512 bytes: 256 of 4 KiB.
+    assert_eq!(try_read(&mut rig, 256), Err("beyond the end of the device".into()));
+    // Grown (the controller rescanned): a read past the old end goes out without waiting
+    // for a poll turn, the refusal's own look at the change count finds the new size.
+    rig.ctrl.resize(4096);
+    assert_eq!(try_read(&mut rig, 256), Ok(()));
+    assert_eq!(rig.sent().len(), 1);
+    assert_eq!(rig.core.devices[rig.dev.0 as usize].nsze, 4096);
+    // Shrunk: refused locally from the next poll turn on (no I/O reads the size anew).
+    rig.ctrl.resize(1024);
+    rig.core.refresh_sizes();
+    assert_eq!(try_read(&mut rig, 128), Err("beyond the end of the device".into()));
+    assert_eq!(try_read(&mut rig, 127), Ok(()));
+    // Nothing moved: a poll turn's check reads no namespace (the key is unchanged).
+    let seen = rig.core.devices[rig.dev.0 as usize].size_seen;
+    rig.core.refresh_sizes();
+    assert_eq!(rig.core.devices[rig.dev.0 as usize].size_seen, seen);
+}
+
+#[test]
+fn a_multipath_device_takes_the_smallest_size_its_live_paths_report() {
+    let mut mp = multipath(ContextOptions::default(), Duration::ZERO);
+    let dev = mp.dev.0 as usize;
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 2048);
+    // One controller rescanned after a grow, the other not yet: the old end holds.
+    mp.ctrls[0].resize(4096);
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 2048);
+    mp.ctrls[1].resize(4096);
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 4096);
+    // A shrink seen through one path is enough to refuse past the new end.
+    mp.ctrls[1].resize(1024);
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 1024);
+    // A path that is down keeps its last size (4096): it does not hold the device back
+    // from a grow the live path saw.
+    mp.ctrls[0].lose(false);
+    mp.ctrls[1].resize(8192);
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 8192);
+    // With no path live, the smallest any reports.
+    mp.ctrls[1].lose(false);
+    mp.ctrls[1].resize(8192);
+    mp.core.refresh_sizes();
+    assert_eq!(mp.core.devices[dev].nsze, 4096);
+}
+
+#[test]
+fn an_ana_error_asks_its_controller_for_the_ana_log_and_the_read_takes_the_other_path() {
+    let mut mp = multipath(ContextOptions::default(), Duration::ZERO);
+    let t0 = mp.t0;
+    mp.core.submit(mp.dev, 0, Op::Read, 0, 4096, buf(), 5, t0).map_err(|(e, _)| e).unwrap();
+    let path = if mp.sent(0).is_empty() { 1 } else { 0 };
+    let mut out = Vec::new();
+    EncoderConfig::default().capsule_resp(&mut out, &Cqe::with_status(Cid(0), Status::ANA_INACCESSIBLE));
+    let ck = mp.ckeys[path];
+    mp.core.conns[ck].as_mut().unwrap().q.feed(&out);
+    mp.core.deliver(ck, false, t0, |_| {});
+    assert_eq!(mp.ctrls[path].ana_refreshes.load(Relaxed), 1, "the controller re-reads its ANA log");
+    assert_eq!(mp.ctrls[1 - path].ana_refreshes.load(Relaxed), 0);
+    assert_eq!(mp.sent(1 - path).len(), 1, "failed over to the other path");
+    assert!(mp.core.done.is_empty());
 }
