@@ -44,6 +44,7 @@
 //! assert!(r.summary.ios > 0);
 //! ```
 
+pub mod ctrl;
 pub mod disk;
 pub mod net;
 pub mod oracle;

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blk::{Tag, TagSet};
-use host::mpath::{LinkState, PathClass, PathIndex, PathState, Policy, Selection, Selector};
+use host::context::ctrlview::CoreController;
+use host::mpath::{PathIndex, PathState, Policy, Selection, Selector};
 use host::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
 use nvme::tcp::Digests;
 use nvme::{AnaGrpId, AnaState, Cid, Cntlid, Nsid, SglDescriptor, Sqe, Status};
@@ -25,6 +26,7 @@ use target::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
 use target::tcp::{ConnCtx, ConnState, Connection};
 use uring::IoBuf;
 
+use crate::ctrl::{NSID, SimCtrl};
 use crate::disk::{BLOCK, SimDisk};
 use crate::net::{Dir, Link};
 use crate::oracle::Oracle;
@@ -252,9 +254,9 @@ struct Path {
     ka_sent_ns: Option<u64>,
     next_ka_ns: u64,
     generation: u64,
-    /// The failover hold of the path's controller, ns ([`host::failover::hold_time`] of
-    /// its Identify Controller data, read when it was enabled).
-    hold_ns: u64,
+    /// Its controller as the host's I/O side sees it (generation, change count, class,
+    /// geometry, failover hold), kept current by this stand-in.
+    ctrl: Arc<SimCtrl>,
     /// When the Identify Namespace in flight was sent, and whether an event asked for
     /// another read meanwhile.
     id_ns_ns: Option<u64>,
@@ -452,7 +454,11 @@ impl World {
                 ka_sent_ns: None,
                 next_ka_ns: 0,
                 generation: i as u64,
-                hold_ns: 0,
+                ctrl: SimCtrl::new(
+                    std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16)),
+                    BLOCK.trailing_zeros() as u8,
+                    NS_BLOCKS as u64,
+                ),
                 id_ns_ns: None,
                 id_ns_again: false,
                 event_owed: None,
@@ -749,6 +755,7 @@ impl World {
         path.phase_since_ns = self.now;
         path.ana = AnaState::Change;
         path.generation += PORTS.len() as u64;
+        path.ctrl.reconnected();
         self.event(format_args!("path {p} reconnect (link {link})"));
     }
 
@@ -810,38 +817,54 @@ impl World {
         self.target.conns.iter().filter(|t| self.links[t.link].host_closed || self.links[t.link].down).count()
     }
 
-    fn path_class(&self, p: usize) -> PathClass {
+    /// Gives path `p`'s controller view the host's state now: the ANA state last read,
+    /// and live while the controller is up with its I/O queue live.
+    fn sync_ctrl(&self, p: usize) {
         let path = &self.paths[p];
-        let link = match path.phase {
-            Phase::Live if path.io.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => LinkState::Live,
-            _ => LinkState::Reconnecting,
-        };
-        PathClass::of(path.ana, link)
+        let live = path.phase == Phase::Live && path.io.as_ref().is_some_and(|c| c.q.state() == QueueState::Live);
+        path.ctrl.set_state(path.ana, live);
     }
 
+    /// The selector's paths, each of the class its controller view gives
+    /// ([`CoreController::path_class`]: the real `PathClass::of`).
     fn refresh_paths(&mut self) {
-        let states: Vec<PathState> =
-            (0..self.paths.len()).map(|p| PathState::new(self.paths[p].generation, self.path_class(p))).collect();
+        for p in 0..self.paths.len() {
+            self.sync_ctrl(p);
+        }
+        let states: Vec<PathState> = (0..self.paths.len())
+            .map(|p| PathState::new(self.paths[p].generation, self.paths[p].ctrl.path_class(NSID)))
+            .collect();
         self.sel.set_paths(&states);
+    }
+
+    /// Acts on what the I/O side reported to path `p`'s controller: a reset, an ANA
+    /// log read.
+    fn take_ctrl_reports(&mut self, p: usize) {
+        if let Some(why) = self.paths[p].ctrl.take_io_failure() {
+            self.fail_path(p, &why);
+        }
+        if self.paths[p].ctrl.take_ana_refresh() {
+            self.paths[p].ana = AnaState::Change;
+            self.read_ana(p);
+        }
     }
 
     /// The production host's failover hold for the target controller `cntlid`, from
     /// the Identify Controller data the real target builds for it.
-    fn failover_hold_ns(&self, cntlid: Cntlid) -> u64 {
+    fn failover_hold(&self, cntlid: Cntlid) -> std::time::Duration {
         let state = self.target.state.as_ref().expect("a running target enabled the controller");
         let ctrl = state
             .subsystem(NQN)
             .and_then(|s| s.controller(cntlid))
             .expect("the controller the host just enabled exists on the target");
         let id = nvme::identify::IdentifyController::decode(&target::admin::identify_controller(state, &ctrl)[..]);
-        let hold = host::failover::hold_time(host::failover::HoldInputs {
+        host::failover::hold_time(host::failover::HoldInputs {
             kato_ms: KATO_MS,
             kas: id.kas,
             ctratt: id.ctratt,
             cqt_ms: id.cqt,
             quiesce_default: QUIESCE_DEFAULT,
-        });
-        u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX)
+        })
     }
 
     fn read_ana(&mut self, p: usize) {
@@ -864,7 +887,8 @@ impl World {
         match d.token {
             TOKEN_CC if d.cqe.status.is_success() && self.paths[p].phase == Phase::Enabling => {
                 let cntlid = self.paths[p].admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
-                self.paths[p].hold_ns = self.failover_hold_ns(cntlid);
+                let hold = self.failover_hold(cntlid);
+                self.paths[p].ctrl.enabled(cntlid.0, hold);
                 let link = self.new_link();
                 self.accept(self.paths[p].port, link);
                 let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
@@ -958,6 +982,7 @@ impl World {
                     self.violate(format!("path {p}: Identify Namespace reports {}-byte blocks", id.block_size()));
                     return;
                 }
+                self.paths[p].ctrl.identified(BLOCK.trailing_zeros() as u8, n as u64);
                 if n != self.host_blocks {
                     self.event(format_args!("path {p} reads the namespace's size: {n} blocks"));
                     self.host_blocks = n;
@@ -1042,7 +1067,8 @@ impl World {
         let r = &mut self.reqs[ri];
         // The production block core's decision (a multipath head: fail over or complete).
         let limits = host::context::ContextOptions { max_failovers: MAX_FAILOVERS, ..Default::default() };
-        if host::failover::disposition(status, true, r.failovers, &limits, || false)
+        let ctrl = &self.paths[p].ctrl;
+        if host::failover::disposition(status, true, r.failovers, &limits, || ctrl.should_fail_io())
             == host::failover::Disposition::Failover
         {
             r.failovers += 1;
@@ -1054,13 +1080,14 @@ impl World {
             };
             if self.opts.failover_quiesce && host::failover::must_hold(opcode, status) {
                 // The connection failed with the write on it: the old path may still execute it.
-                r.not_before_ns = self.now + self.paths[p].hold_ns;
+                let hold = u64::try_from(ctrl.failover_hold().as_nanos()).unwrap_or(u64::MAX);
+                r.not_before_ns = self.now + hold;
             }
             self.sum.requeues += 1;
             self.queued.push_front(ri);
             if status.is_ana_error() {
-                self.paths[p].ana = AnaState::Change;
-                self.read_ana(p);
+                self.paths[p].ctrl.request_ana_refresh();
+                self.take_ctrl_reports(p);
             }
             self.event(format_args!("io {ri} requeued after {status} on path {p}"));
             return;
@@ -1645,7 +1672,8 @@ impl World {
         let oldest = oldest.chain(path.ana_read_ns).chain(path.ka_sent_ns).chain(path.id_ns_ns).min();
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
         if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
-            self.fail_path(p, "command timeout");
+            path.ctrl.report_io_failure("command timeout");
+            self.take_ctrl_reports(p);
             return;
         }
         // An admin queue that works (a stalled one fails its keep-alive within the I/O

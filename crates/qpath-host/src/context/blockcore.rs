@@ -30,8 +30,8 @@ use uring::IoBuf;
 use super::ctrlview::{CoreController, CoreHead};
 use super::req::{Claim, OnWire, Req, ReqState};
 use super::{
-    AFTER_TAG_BUILT, Completion, ContextOptions, DepthLimitOrder, DevEntry, DevKind, DeviceId, LocalPath, Op, QEntry,
-    QueueConn, StallReport,
+    AFTER_TAG_BUILT, Completion, ContextOptions, DepthLimitOrder, DevEntry, DevKind, DeviceId, LocalPath, Multi, Op,
+    QEntry, QueueConn, StallReport,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::failover::{Disposition, disposition};
@@ -45,45 +45,49 @@ const SHALLOW_OUTSTANDING_MAX: usize = 4;
 
 /// A path of a multipath device whose controller this context has no queue of yet:
 /// the owner claims one and gives it back with [`BlockCore::set_path`].
-pub(super) struct PathAttach<C> {
+pub struct PathAttach<C> {
+    /// The multipath device.
     pub dev: usize,
+    /// Its path slot.
     pub slot: usize,
+    /// The path's controller.
     pub ctrl: Arc<C>,
+    /// The namespace through it.
     pub nsid: Nsid,
 }
 
 /// The block core of one context (see the module's text).
-pub(super) struct BlockCore<C: CoreController> {
-    pub opts: ContextOptions,
+pub struct BlockCore<C: CoreController> {
+    pub(super) opts: ContextOptions,
     /// The time of the call in progress (its caller's clock read).
-    pub now: Instant,
+    pub(super) now: Instant,
     /// Connections' queues by connection key (the owner keeps their sockets under the same key).
-    pub conns: Vec<Option<QueueConn>>,
-    pub free_conns: Vec<usize>,
-    pub queues: Vec<QEntry<C>>,
-    pub devices: Vec<DevEntry<C>>,
-    pub reqs: Vec<Req>,
-    pub free_reqs: Vec<u32>,
-    pub done: Vec<Completion>,
+    pub(super) conns: Vec<Option<QueueConn>>,
+    pub(super) free_conns: Vec<usize>,
+    pub(super) queues: Vec<QEntry<C>>,
+    pub(super) devices: Vec<DevEntry<C>>,
+    pub(super) reqs: Vec<Req>,
+    pub(super) free_reqs: Vec<u32>,
+    pub(super) done: Vec<Completion>,
     /// Queues that took commands since the owner last sent their batches.
-    pub flush_list: Vec<usize>,
+    pub(super) flush_list: Vec<usize>,
     /// Connections to service (completions to deliver, a failure to handle).
-    pub touched: Vec<usize>,
+    pub(super) touched: Vec<usize>,
     dsm_bufs: Vec<IoBuf>,
     /// Requests that change data, held after their connection failed until the old
     /// controller can no longer execute them ([`crate::failover`]). Allocated for every
     /// request at creation: holding one never allocates.
     held: VecDeque<u32>,
-    pub has_multi: bool,
-    pub stalls: Vec<StallReport>,
+    pub(super) has_multi: bool,
+    pub(super) stalls: Vec<StallReport>,
     /// Statistics for a [`crate::stats::HostStats`] (inert without one).
-    pub rec: Recorder,
+    pub(super) rec: Recorder,
     attaches: Vec<PathAttach<C>>,
 }
 
 impl<C: CoreController> BlockCore<C> {
     /// A core with `opts.max_requests` request slots (clamped to 1..=2^20).
-    pub(super) fn new(opts: ContextOptions, now: Instant) -> BlockCore<C> {
+    pub fn new(opts: ContextOptions, now: Instant) -> BlockCore<C> {
         let n = opts.max_requests.clamp(1, 1 << 20);
         BlockCore {
             now,
@@ -107,12 +111,12 @@ impl<C: CoreController> BlockCore<C> {
     }
 
     /// Requests in flight (waiting or on the wire).
-    pub(super) fn in_flight(&self) -> usize {
+    pub fn in_flight(&self) -> usize {
         self.reqs.len() - self.free_reqs.len()
     }
 
     /// A queue the owner claimed: its requests go to queue `qkey` from now on.
-    pub(super) fn add_queue(&mut self, ctrl: &Arc<C>, index: u16) -> Result<usize> {
+    pub fn add_queue(&mut self, ctrl: &Arc<C>, index: u16) -> Result<usize> {
         let qkey = self.queues.len();
         let placeholder = TagSet::new(1).map_err(|e| Error::new(ErrorKind::Invalid, e.to_string()))?;
         self.queues.push(QEntry {
@@ -130,7 +134,7 @@ impl<C: CoreController> BlockCore<C> {
 
     /// A live connection of queue `qkey` (of controller generation `ctrl_generation`):
     /// returns its connection key; the requests waiting for the queue go out on it.
-    pub(super) fn install(&mut self, qkey: usize, q: HostQueue, ctrl_generation: u64, now: Instant) -> usize {
+    pub fn install(&mut self, qkey: usize, q: HostQueue, ctrl_generation: u64, now: Instant) -> usize {
         self.now = now;
         let entries = q.entries();
         let key = self.free_conns.pop().unwrap_or(self.conns.len());
@@ -154,7 +158,7 @@ impl<C: CoreController> BlockCore<C> {
     }
 
     /// Frees a closed connection's key (nothing of it in flight any more).
-    pub(super) fn free_conn(&mut self, ckey: usize) {
+    pub fn free_conn(&mut self, ckey: usize) {
         if self.conns.get_mut(ckey).and_then(Option::take).is_some() {
             self.free_conns.push(ckey);
         }
@@ -163,7 +167,7 @@ impl<C: CoreController> BlockCore<C> {
     /// Submits an I/O of `len` bytes at byte `offset` of `dev` at time `now`
     /// ([`super::Context::submit_from`]).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn submit(
+    pub fn submit(
         &mut self,
         dev: DeviceId,
         submitter: u32,
@@ -227,7 +231,7 @@ impl<C: CoreController> BlockCore<C> {
     /// send finished): each to its request, which completes or goes out again. The
     /// queue's control command's completion goes to `control`. A `dying` connection
     /// (failed, its tags gone with it) gives no tag back.
-    pub(super) fn deliver(&mut self, ckey: usize, dying: bool, now: Instant, mut control: impl FnMut(Done)) {
+    pub fn deliver(&mut self, ckey: usize, dying: bool, now: Instant, mut control: impl FnMut(Done)) {
         self.now = now;
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         let control_tag = conn.q.control_tag();
@@ -253,7 +257,7 @@ impl<C: CoreController> BlockCore<C> {
 
     /// After a connection was serviced: requests waiting for budget, for its queue and
     /// (with a shared tag set) for a tag go out as far as they can.
-    pub(super) fn dispatch_after_service(&mut self, qkey: usize, now: Instant) {
+    pub fn dispatch_after_service(&mut self, qkey: usize, now: Instant) {
         self.now = now;
         if AFTER_TAG_BUILT && self.opts.shared_tags.is_some() {
             // Requests that already hold a tag go first.
@@ -275,7 +279,7 @@ impl<C: CoreController> BlockCore<C> {
 
     /// Connection `ckey` failed: its queue gives back every command with a path error.
     /// Returns why it failed. Then [`BlockCore::fail_conn`].
-    pub(super) fn abort_conn(&mut self, ckey: usize) -> Option<String> {
+    pub fn abort_conn(&mut self, ckey: usize) -> Option<String> {
         let conn = self.conns.get_mut(ckey)?.as_mut()?;
         conn.open = false;
         let why = conn.q.error().unwrap_or("queue failed").to_string();
@@ -285,7 +289,7 @@ impl<C: CoreController> BlockCore<C> {
 
     /// A connection failed (after [`BlockCore::abort_conn`]): its outstanding commands
     /// fail over (multipath) or wait for the reconnect, and the controller resets.
-    pub(super) fn fail_conn(&mut self, ckey: usize, why: &str, now: Instant, mut control: impl FnMut(Done)) {
+    pub fn fail_conn(&mut self, ckey: usize, why: &str, now: Instant, mut control: impl FnMut(Done)) {
         self.now = now;
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         let control_tag = conn.q.control_tag();
@@ -325,8 +329,102 @@ impl<C: CoreController> BlockCore<C> {
     }
 
     /// Paths whose controllers the owner must claim a queue of (after a head changed).
-    pub(super) fn take_attaches(&mut self) -> Vec<PathAttach<C>> {
+    pub fn take_attaches(&mut self) -> Vec<PathAttach<C>> {
         std::mem::take(&mut self.attaches)
+    }
+
+    /// Gives a path the owner was asked for ([`BlockCore::take_attaches`]) the queue
+    /// `qkey` it claimed of that controller ([`BlockCore::add_queue`]).
+    pub fn attach_path(&mut self, a: PathAttach<C>, qkey: usize) {
+        self.set_path(a.dev, a.slot, LocalPath { ctrl: a.ctrl, nsid: a.nsid, qkey, suspect_at: None });
+    }
+
+    /// Opens namespace `nsid` on queue `qkey` (one path): `block_shift` and `nsze` as the
+    /// controller identified them.
+    pub fn open_single(&mut self, qkey: usize, nsid: Nsid, block_shift: u8, nsze: u64) -> Result<DeviceId> {
+        if qkey >= self.queues.len() {
+            return Err(Error::new(ErrorKind::Invalid, "no such queue"));
+        }
+        self.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, None)
+    }
+
+    /// Opens a multipath head whose path slots are `paths` (each a controller, the
+    /// namespace through it, and the queue of it the owner claimed), as
+    /// [`super::Context::open_head`] does; `cpu` seeds its selector.
+    pub fn open_multi(
+        &mut self,
+        head: &Arc<C::Head>,
+        paths: Vec<Option<(Arc<C>, Nsid, usize)>>,
+        block_shift: u8,
+        nsze: u64,
+        cpu: usize,
+        now: Instant,
+    ) -> Result<DeviceId> {
+        if paths.iter().flatten().any(|(_, _, qkey)| *qkey >= self.queues.len()) {
+            return Err(Error::new(ErrorKind::Invalid, "no such queue"));
+        }
+        let n = paths.len();
+        let paths =
+            paths.into_iter().map(|p| p.map(|(ctrl, nsid, qkey)| LocalPath { ctrl, nsid, qkey, suspect_at: None }));
+        let m = Multi {
+            head: Arc::clone(head),
+            sel: crate::mpath::Selector::new(CoreHead::policy(&**head), cpu),
+            reference: CoreHead::reference(&**head),
+            ref_gen: 1,
+            paths: paths.collect(),
+            seen: 0,
+            seen_head: CoreHead::generation(&**head),
+            ios: vec![0; n],
+            bytes: vec![0; n],
+        };
+        self.has_multi = true;
+        let id = self.new_device(DevKind::Multi(Box::new(m)), block_shift, nsze, None)?;
+        self.refresh_device(id.0 as usize, now);
+        Ok(id)
+    }
+
+    /// The queue of connection `ckey`, whose bytes the owner moves.
+    pub fn queue_mut(&mut self, ckey: usize) -> Option<&mut HostQueue> {
+        Some(&mut self.conns.get_mut(ckey)?.as_mut()?.q)
+    }
+
+    /// The connection key of queue `qkey`'s live connection, if it has one.
+    pub fn conn_of(&self, qkey: usize) -> Option<usize> {
+        self.queues.get(qkey)?.conn
+    }
+
+    /// Completed requests since the last drain.
+    pub fn completions(&mut self) -> std::vec::Drain<'_, Completion> {
+        self.done.drain(..)
+    }
+
+    /// The connections to service since the last call (completions to deliver, a
+    /// failure to handle): the owner delivers each, or fails it.
+    pub fn take_touched(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// The connections of the queues that took commands since the last call: the owner
+    /// sends their batches.
+    pub fn take_flushes(&mut self) -> Vec<usize> {
+        let list = std::mem::take(&mut self.flush_list);
+        let mut conns = Vec::with_capacity(list.len());
+        for qkey in list {
+            let qe = &mut self.queues[qkey];
+            qe.in_flush_list = false;
+            conns.extend(qe.conn);
+        }
+        conns
+    }
+
+    /// Device `dev`'s size in blocks as the core last read it.
+    pub fn capacity(&self, dev: DeviceId) -> Option<u64> {
+        self.devices.get(dev.0 as usize).map(|d| d.nsze)
+    }
+
+    /// Stall reports since the last call.
+    pub fn take_stalls(&mut self) -> Vec<StallReport> {
+        std::mem::take(&mut self.stalls)
     }
 
     /// Gives path `slot` of multipath device `dev` its local path.
@@ -340,13 +438,13 @@ impl<C: CoreController> BlockCore<C> {
     }
 
     /// Re-reads the paths of device `dev` (a multipath head that changed).
-    pub(super) fn refresh_device(&mut self, dev: usize, now: Instant) {
+    pub fn refresh_device(&mut self, dev: usize, now: Instant) {
         self.now = now;
         self.refresh_paths(dev);
     }
 
     /// Re-reads every multipath device's paths (once per poll turn).
-    pub(super) fn refresh_all_paths(&mut self, now: Instant) {
+    pub fn refresh_all_paths(&mut self, now: Instant) {
         self.now = now;
         if self.has_multi {
             for d in 0..self.devices.len() {
@@ -357,7 +455,7 @@ impl<C: CoreController> BlockCore<C> {
 
     /// Follows every device's namespace size (once per poll turn): a device whose
     /// controllers' change counts moved re-reads it ([`BlockCore::refresh_size`]).
-    pub(super) fn refresh_sizes(&mut self) {
+    pub fn refresh_sizes(&mut self) {
         for dev in 0..self.devices.len() {
             self.refresh_size(dev);
         }
@@ -1055,7 +1153,7 @@ impl<C: CoreController> BlockCore<C> {
     /// Periodic work: fail waiting I/O of controllers that are gone or past
     /// fast_io_fail_tmo; reset controllers with timed-out commands; let
     /// shared-tag users return idle tags.
-    pub(super) fn tick(&mut self, now: Instant) {
+    pub fn tick(&mut self, now: Instant) {
         self.now = now;
         for qkey in 0..self.queues.len() {
             let qe = &self.queues[qkey];

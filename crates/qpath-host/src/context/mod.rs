@@ -46,11 +46,11 @@ use crate::mpath::{Outcome, PathClass, PathIndex, Selection, Selector};
 use crate::queue::{HostQueue, QueueState};
 use crate::stats::{DeviceView, HostStats, QueueView, STATS_INTERVAL_DEFAULT};
 
-mod blockcore;
+pub mod blockcore;
 pub mod ctrlview;
 mod req;
 
-use blockcore::BlockCore;
+pub use blockcore::{BlockCore, PathAttach};
 use ctrlview::CoreController;
 
 /// An I/O operation.

@@ -1,0 +1,282 @@
+//! A simulated path's controller as the production block core sees it: the
+//! [`CoreController`] view of the simulator's path state, and the [`CoreHead`] of the
+//! multipath head over the two paths.
+//!
+//! The simulator's own stand-in (bring-up, keep-alive, AER/ANA, reset and reconnect, in
+//! `world.rs`) keeps this view current; the host's decisions read it through the traits
+//! the production `Controller` and `Head` implement, so what they see is what a block
+//! core over real controllers would see:
+//!
+//! ```text
+//!   world.rs path state ── sync ──► SimCtrl (atomics) ──► CoreController ──► decisions
+//!      reconnect        generation += 1            path_class = PathClass::of(ANA, link)
+//!      ANA / size / link change_count += 1         failover_hold = failover::hold_time
+//!   ◄── take_io_failure, take_ana_refresh ◄── report_io_failure, request_ana_refresh
+//! ```
+//!
+//! Everything runs on the simulator's one thread: the atomics are there because the
+//! traits take `&self`, never for another thread.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use host::context::ctrlview::{CoreController, CoreHead};
+use host::head::ReferenceSelector;
+use host::mpath::{LinkState, PathClass, Policy};
+use nvme::{AnaState, Nsid};
+
+/// The only namespace of the simulated subsystem.
+pub const NSID: Nsid = Nsid(1);
+
+/// The production host's default `ctrl_loss_tmo` (`ConnectOptions`): the simulated
+/// controllers reconnect well within it.
+const CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
+
+/// One path's controller, as its host knows it.
+#[derive(Debug)]
+pub struct SimCtrl {
+    traddr: SocketAddr,
+    generation: AtomicU64,
+    change_count: AtomicU64,
+    /// The ANA state of the namespace's group as last read (`AnaState as u8`).
+    ana: AtomicU8,
+    /// The controller is live with its I/O queue connected.
+    live: AtomicBool,
+    cntlid: AtomicU16,
+    hold_ns: AtomicU64,
+    /// Block shift and size in blocks of namespace 1, as last identified.
+    block_shift: AtomicU8,
+    nsze: AtomicU64,
+    /// Reports the host's I/O side made that the stand-in has not acted on yet.
+    io_failure: Mutex<Option<String>>,
+    ana_refresh: AtomicBool,
+}
+
+impl SimCtrl {
+    /// A controller not connected yet, at `traddr`, its namespace assumed to have
+    /// `nsze` blocks of `1 << block_shift` bytes until it is identified.
+    pub fn new(traddr: SocketAddr, block_shift: u8, nsze: u64) -> Arc<SimCtrl> {
+        Arc::new(SimCtrl {
+            traddr,
+            generation: AtomicU64::new(0),
+            change_count: AtomicU64::new(1),
+            ana: AtomicU8::new(AnaState::Change as u8),
+            live: AtomicBool::new(false),
+            cntlid: AtomicU16::new(0),
+            hold_ns: AtomicU64::new(0),
+            block_shift: AtomicU8::new(block_shift),
+            nsze: AtomicU64::new(nsze),
+            io_failure: Mutex::new(None),
+            ana_refresh: AtomicBool::new(false),
+        })
+    }
+
+    fn changed(&self) {
+        self.change_count.fetch_add(1, Relaxed);
+    }
+
+    /// A reconnect started: queues of the older connection are dead.
+    pub fn reconnected(&self) {
+        self.generation.fetch_add(1, Relaxed);
+        self.changed();
+    }
+
+    /// The controller came up as `cntlid`, with failover hold `hold`
+    /// ([`host::failover::hold_time`] of its Identify Controller).
+    pub fn enabled(&self, cntlid: u16, hold: Duration) {
+        self.cntlid.store(cntlid, Relaxed);
+        self.hold_ns.store(u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// The host's view of the path now: the ANA state it last read and whether the
+    /// controller is live with its I/O queue up. A change moves the change count.
+    pub fn set_state(&self, ana: AnaState, live: bool) {
+        let was = (self.ana.swap(ana as u8, Relaxed), self.live.swap(live, Relaxed));
+        if was != (ana as u8, live) {
+            self.changed();
+        }
+    }
+
+    /// Identify Namespace said `nsze` blocks of `1 << block_shift` bytes.
+    pub fn identified(&self, block_shift: u8, nsze: u64) {
+        let was = (self.block_shift.swap(block_shift, Relaxed), self.nsze.swap(nsze, Relaxed));
+        if was != (block_shift, nsze) {
+            self.changed();
+        }
+    }
+
+    /// The reset the I/O side asked for ([`CoreController::report_io_failure`]), once.
+    pub fn take_io_failure(&self) -> Option<String> {
+        self.io_failure.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    /// Whether the I/O side asked for an ANA log read ([`CoreController::request_ana_refresh`]), once.
+    pub fn take_ana_refresh(&self) -> bool {
+        self.ana_refresh.swap(false, Relaxed)
+    }
+
+    fn ana(&self) -> AnaState {
+        AnaState::from_u8(self.ana.load(Relaxed)).unwrap_or(AnaState::Change)
+    }
+}
+
+impl CoreController for SimCtrl {
+    type Head = SimHead;
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Relaxed)
+    }
+
+    fn change_count(&self) -> u64 {
+        self.change_count.load(Relaxed)
+    }
+
+    fn is_live(&self) -> bool {
+        self.live.load(Relaxed)
+    }
+
+    /// Never: a simulated controller reconnects forever (no fast_io_fail_tmo, and the
+    /// drain ends long before `ctrl_loss_tmo`), so waiting I/O waits for it.
+    fn should_fail_io(&self) -> bool {
+        false
+    }
+
+    fn failover_hold(&self) -> Duration {
+        Duration::from_nanos(self.hold_ns.load(Relaxed))
+    }
+
+    fn ctrl_loss_tmo(&self) -> Option<Duration> {
+        Some(CTRL_LOSS_TMO)
+    }
+
+    fn report_io_failure(&self, why: &str) {
+        let mut f = self.io_failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.is_none() {
+            *f = Some(why.to_string());
+        }
+    }
+
+    fn request_ana_refresh(&self) {
+        self.ana_refresh.store(true, Relaxed);
+    }
+
+    fn path_class(&self, nsid: Nsid) -> PathClass {
+        if nsid != NSID {
+            return PathClass::Gone;
+        }
+        let link = if self.is_live() { LinkState::Live } else { LinkState::Reconnecting };
+        PathClass::of(self.ana(), link)
+    }
+
+    fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
+        (nsid == NSID).then(|| (self.block_shift.load(Relaxed), self.nsze.load(Relaxed)))
+    }
+
+    fn traddr(&self) -> SocketAddr {
+        self.traddr
+    }
+
+    fn cntlid(&self) -> u16 {
+        self.cntlid.load(Relaxed)
+    }
+}
+
+/// The multipath head over the simulated paths: fixed slots, one policy from the seed.
+#[derive(Debug)]
+pub struct SimHead {
+    policy: Policy,
+    paths: Vec<Option<(Arc<SimCtrl>, Nsid)>>,
+}
+
+impl SimHead {
+    /// A head of namespace [`NSID`] through each of `ctrls`.
+    pub fn new(policy: Policy, ctrls: &[Arc<SimCtrl>]) -> Arc<SimHead> {
+        Arc::new(SimHead { policy, paths: ctrls.iter().map(|c| Some((Arc::clone(c), NSID))).collect() })
+    }
+}
+
+impl CoreHead for SimHead {
+    type Ctrl = SimCtrl;
+
+    /// The slots and policy never change in a run.
+    fn generation(&self) -> u64 {
+        1
+    }
+
+    fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    fn reference(&self) -> Option<ReferenceSelector> {
+        None
+    }
+
+    fn paths(&self) -> Vec<Option<(Arc<SimCtrl>, Nsid)>> {
+        self.paths.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctrl() -> Arc<SimCtrl> {
+        SimCtrl::new(SocketAddr::from(([127, 0, 0, 1], 4420)), 9, 128)
+    }
+
+    #[test]
+    fn the_class_follows_the_ana_state_read_and_the_link_and_every_change_moves_the_count() {
+        let c = ctrl();
+        assert_eq!(c.path_class(NSID), PathClass::Transient, "not connected yet");
+        let n0 = c.change_count();
+        c.set_state(AnaState::Optimized, true);
+        assert_eq!(c.path_class(NSID), PathClass::Optimized);
+        let n1 = c.change_count();
+        assert!(n1 > n0);
+        c.set_state(AnaState::Optimized, true);
+        assert_eq!(c.change_count(), n1, "no change, no new count");
+        c.set_state(AnaState::Inaccessible, true);
+        assert_eq!(c.path_class(NSID), PathClass::Transient);
+        c.set_state(AnaState::PersistentLoss, true);
+        assert_eq!(c.path_class(NSID), PathClass::Gone);
+        c.set_state(AnaState::NonOptimized, false);
+        assert_eq!(c.path_class(NSID), PathClass::Transient, "reconnecting");
+        assert_eq!(c.path_class(Nsid(2)), PathClass::Gone, "no such namespace");
+        let n2 = c.change_count();
+        c.identified(9, 64);
+        assert_eq!(c.namespace_geometry(NSID), Some((9, 64)));
+        assert!(c.change_count() > n2, "a resize moves the count");
+        let (g, n3) = (c.generation(), c.change_count());
+        c.reconnected();
+        assert_eq!(c.generation(), g + 1);
+        assert!(c.change_count() > n3);
+    }
+
+    #[test]
+    fn each_report_is_taken_once_and_the_first_reason_kept() {
+        let c = ctrl();
+        assert_eq!(c.take_io_failure(), None);
+        c.report_io_failure("I/O timeout");
+        c.report_io_failure("link down");
+        assert_eq!(c.take_io_failure().as_deref(), Some("I/O timeout"));
+        assert_eq!(c.take_io_failure(), None);
+        assert!(!c.take_ana_refresh());
+        c.request_ana_refresh();
+        assert!(c.take_ana_refresh());
+        assert!(!c.take_ana_refresh());
+    }
+
+    #[test]
+    fn the_head_has_a_slot_per_controller_and_the_hold_is_the_one_set_at_enable() {
+        let (a, b) = (ctrl(), ctrl());
+        let h = SimHead::new(Policy::QueueDepth, &[Arc::clone(&a), Arc::clone(&b)]);
+        let slots = h.paths();
+        assert_eq!(slots.len(), 2);
+        assert!(slots[1].as_ref().is_some_and(|(c, n)| Arc::ptr_eq(c, &b) && *n == NSID));
+        a.enabled(3, Duration::from_millis(750));
+        assert_eq!((a.cntlid(), a.failover_hold()), (3, Duration::from_millis(750)));
+        assert!(!a.should_fail_io());
+    }
+}
