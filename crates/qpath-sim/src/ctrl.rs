@@ -52,12 +52,15 @@ pub struct SimCtrl {
     /// Reports the host's I/O side made that the stand-in has not acted on yet.
     io_failure: Mutex<Option<String>>,
     ana_refresh: AtomicBool,
+    /// Whether a write lost with its connection is held ([`Options::failover_quiesce`](crate::Options)).
+    quiesce: bool,
 }
 
 impl SimCtrl {
     /// A controller not connected yet, at `traddr`, its namespace assumed to have
     /// `nsze` blocks of `1 << block_shift` bytes until it is identified.
-    pub fn new(traddr: SocketAddr, block_shift: u8, nsze: u64) -> Arc<SimCtrl> {
+    /// Without `quiesce` its failover hold is zero (the bug the hold fixes, on purpose).
+    pub fn new(traddr: SocketAddr, block_shift: u8, nsze: u64, quiesce: bool) -> Arc<SimCtrl> {
         Arc::new(SimCtrl {
             traddr,
             generation: AtomicU64::new(0),
@@ -70,6 +73,7 @@ impl SimCtrl {
             nsze: AtomicU64::new(nsze),
             io_failure: Mutex::new(None),
             ana_refresh: AtomicBool::new(false),
+            quiesce,
         })
     }
 
@@ -144,6 +148,9 @@ impl CoreController for SimCtrl {
     }
 
     fn failover_hold(&self) -> Duration {
+        if !self.quiesce {
+            return Duration::ZERO;
+        }
         Duration::from_nanos(self.hold_ns.load(Relaxed))
     }
 
@@ -223,7 +230,7 @@ mod tests {
     use super::*;
 
     fn ctrl() -> Arc<SimCtrl> {
-        SimCtrl::new(SocketAddr::from(([127, 0, 0, 1], 4420)), 9, 128)
+        SimCtrl::new(SocketAddr::from(([127, 0, 0, 1], 4420)), 9, 128, true)
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //!   application workload (seeded reads, writes with and without FUA, flushes)
 //!        │                     ▲ checks: oracle of what each block may hold
 //!        ▼                     │
-//!   sim host core: requeue on path errors, I/O timeout → controller reset → reconnect,
-//!        │          ANA log reads          (simulator code, see "not reached" below)
-//!        ├─ host::mpath::Selector, PathClass::of, blk::TagSet            (real)
+//!   host::context::blockcore::BlockCore: request slots, Selector over   (real)
+//!        │  PathClass::of, tags, failover/requeue/hold, I/O timeout at its tick
+//!        ├─ ctrl::SimCtrl per path (CoreController), SimHead (CoreHead): bring-up,
+//!        │  keep-alive, ANA log and AER, reset → reconnect   (simulator stand-in)
 //!        ├─ host::queue::HostQueue × (admin + I/O) per path               (real)
 //!        ▼
 //!   net::Link: in-order byte pipes, any split, delays, stalls, resets   (simulated)
@@ -27,9 +28,10 @@
 //! no map is iterated in hash order, so the same seed gives the same events byte for byte
 //! ([`Report::trace_hash`]).
 //!
-//! Not reached in this first cut: the host's `Context` (io_uring, wall clock) and
-//! `Controller` (admin thread, sockets, `Instant`), whose failover and reconnect logic the
-//! sim host core stands in for; they need a sans-I/O split first.
+//! The host's block core is the production one (`Context` runs the same around its
+//! ring). Not reached yet: the production `Controller` (admin thread, sockets, `Instant`),
+//! whose bring-up, keep-alive, ANA/AER handling and reconnect the simulator's stand-in
+//! does; it needs a sans-I/O state machine first.
 //!
 //! ```
 //! let opts = qpath_sim::Options {

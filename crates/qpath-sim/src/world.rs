@@ -6,17 +6,18 @@
 // casts to the wire's u16/u32 fields cannot truncate.
 #![allow(clippy::cast_possible_truncation)]
 
-use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use blk::{Tag, TagSet};
+use host::context::blockcore::BlockCore;
 use host::context::ctrlview::CoreController;
-use host::mpath::{PathIndex, PathState, Policy, Selection, Selector};
+use host::context::{ContextOptions, DeviceId, Op};
+use host::mpath::Policy;
 use host::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
-use nvme::tcp::Digests;
-use nvme::{AnaGrpId, AnaState, Cid, Cntlid, Nsid, SglDescriptor, Sqe, Status};
+use nvme::tcp::{CommonHeader, Digests, PduType};
+use nvme::{AnaGrpId, AnaState, Cid, Cntlid, Nsid, Sqe, Status};
 use target::backend::{Backend, FileBackend, FileRequest};
 use target::namespace::NamespaceSpec;
 use target::pool::BufPool;
@@ -26,7 +27,7 @@ use target::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
 use target::tcp::{ConnCtx, ConnState, Connection};
 use uring::IoBuf;
 
-use crate::ctrl::{NSID, SimCtrl};
+use crate::ctrl::{NSID, SimCtrl, SimHead};
 use crate::disk::{BLOCK, SimDisk};
 use crate::net::{Dir, Link};
 use crate::oracle::Oracle;
@@ -62,7 +63,12 @@ const MAX_NLB: usize = 24;
 const IO_TIMEOUT_NS: u64 = 1_000_000_000;
 /// Path failovers per I/O before it fails to the application.
 const MAX_FAILOVERS: u32 = 1000;
-/// The Command Quiesce Time the stand-in host assumes when the controller reports none
+/// Request slots of the host's block core: the application's depth and the read-back,
+/// with room to spare (a request that cannot get a slot is a violation here).
+const CORE_REQUESTS: usize = 64;
+/// The block core's periodic work (`Context` ticks it every 10 ms).
+const CORE_TICK_NS: u64 = 10_000_000;
+/// The Command Quiesce Time the host assumes when a controller reports none
 /// (the production host's `ConnectOptions::command_quiesce_time`; our target reports
 /// none): `None`, one KATO, as in production. The hold itself is the production
 /// [`host::failover::hold_time`] of what the real target's Identify Controller says.
@@ -186,10 +192,12 @@ enum ROp {
     Flush,
 }
 
+/// A request as the simulator sees it from outside the block core: submitted, on the
+/// wire of a path (as the bytes that went out show), or completed to the application.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RState {
     Queued,
-    Inflight { path: usize, tag: u16, sent_ns: u64 },
+    Inflight { path: usize, tag: u16 },
     Done,
 }
 
@@ -201,10 +209,10 @@ struct Req {
     wid: u64,
     buf: Option<IoBuf>,
     state: RState,
-    failovers: u32,
+    /// Times its command went out on a path (the block core sends it again after a
+    /// path error).
+    sends: u32,
     submit_seq: u64,
-    /// Not sent before this time (a failover's quiesce hold).
-    not_before_ns: u64,
     /// The reservation epoch its last attempt was sent in, if the other host held the
     /// reservation then.
     sent_preempted: Option<u64>,
@@ -241,10 +249,10 @@ struct Path {
     phase: Phase,
     phase_since_ns: u64,
     admin: Option<HostConn>,
+    /// The I/O queue while it connects; then the block core has it.
     io: Option<HostConn>,
-    tags: TagSet,
-    /// Tag → application request, for the I/O queue.
-    inflight: BTreeMap<u16, usize>,
+    /// The I/O queue's connection in the block core (its key there) and its link.
+    io_conn: Option<(usize, usize)>,
     /// The namespace's ANA state as this path last read it (`Change` until read).
     ana: AnaState,
     /// When the ANA log read in flight was sent.
@@ -253,7 +261,6 @@ struct Path {
     /// When the Keep Alive in flight was sent.
     ka_sent_ns: Option<u64>,
     next_ka_ns: u64,
-    generation: u64,
     /// Its controller as the host's I/O side sees it (generation, change count, class,
     /// geometry, failover hold), kept current by this stand-in.
     ctrl: Arc<SimCtrl>,
@@ -292,6 +299,16 @@ impl Drop for ScratchFile {
     }
 }
 
+/// The host end of a link.
+#[derive(Clone, Copy, Debug)]
+enum HostEnd {
+    Admin,
+    /// An I/O queue still connecting (the simulator's).
+    IoConnecting,
+    /// An I/O queue in the block core, by its connection key there.
+    Io(usize),
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Action {
     Deliver(usize, Dir),
@@ -305,6 +322,8 @@ enum Action {
     BitFlip,
     Restart,
     Fault,
+    /// The host block core's periodic work.
+    CoreTick,
 }
 
 /// The simulated world.
@@ -319,7 +338,15 @@ pub struct World {
     disk: SimDisk,
     file: ScratchFile,
     paths: Vec<Path>,
-    sel: Selector,
+    /// The production host block core, over the paths' controller views.
+    core: BlockCore<SimCtrl>,
+    /// The multipath device the application submits to.
+    dev: DeviceId,
+    /// Each path's queue in the core.
+    qkeys: Vec<usize>,
+    /// The core's time: `base` plus the virtual nanoseconds.
+    base: Instant,
+    next_core_tick_ns: u64,
     /// The digests every queue asks for (from the seed).
     digests: Digests,
     /// Where bits flip (its own stream: see `World::new`).
@@ -343,7 +370,6 @@ pub struct World {
     /// The namespace's size in the target's saved configuration, bytes.
     saved_bytes: u64,
     reqs: Vec<Req>,
-    queued: VecDeque<usize>,
     busy: Vec<bool>,
     active: usize,
     oracle: Oracle,
@@ -391,6 +417,30 @@ impl World {
         let reservations = resv_rng.chance(500_000);
         let mut ns_rng = Rng::new(opts.seed ^ 0x2e51_2e21);
         let resizes = ns_rng.chance(500_000);
+        // The host: one controller view per path, a multipath head over them, and the
+        // production block core with a queue of each and the head's device. Its clock is
+        // `base` plus the virtual time: only differences of it are ever read.
+        let base = Instant::now();
+        let ctrls: Vec<Arc<SimCtrl>> = (0..PORTS.len())
+            .map(|i| {
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16));
+                SimCtrl::new(addr, BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64, opts.failover_quiesce)
+            })
+            .collect();
+        let head = SimHead::new(policy, &ctrls);
+        let core_opts = ContextOptions {
+            max_requests: CORE_REQUESTS,
+            io_timeout: Duration::from_nanos(IO_TIMEOUT_NS),
+            max_failovers: MAX_FAILOVERS,
+            ..ContextOptions::default()
+        };
+        let mut core = BlockCore::new(core_opts, base);
+        let qkeys: Vec<usize> =
+            ctrls.iter().map(|c| core.add_queue(c, 0).expect("a queue of the simulated controller")).collect();
+        let slots = ctrls.iter().zip(&qkeys).map(|(c, &q)| Some((Arc::clone(c), NSID, q))).collect();
+        let dev = core
+            .open_multi(&head, slots, BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64, 0, base)
+            .expect("the simulated multipath device");
         let mut w = World {
             opts,
             rng,
@@ -408,7 +458,11 @@ impl World {
             disk,
             file,
             paths: Vec::new(),
-            sel: Selector::new(policy, 0),
+            core,
+            dev,
+            qkeys,
+            base,
+            next_core_tick_ns: CORE_TICK_NS,
             digests,
             flip_rng,
             resv_rng,
@@ -421,7 +475,6 @@ impl World {
             host_blocks: NS_BLOCKS,
             saved_bytes: (NS_BLOCKS * BLOCK) as u64,
             reqs: Vec::new(),
-            queued: VecDeque::new(),
             busy: vec![false; MAX_BLOCKS],
             active: 0,
             oracle: Oracle::new(MAX_BLOCKS),
@@ -439,26 +492,20 @@ impl World {
         };
         w.event(format_args!("seed {} policy {policy:?} {digests:?} ios {to_issue}", opts.seed));
         w.start_target();
-        for (i, port) in PORTS.iter().enumerate() {
+        for (port, ctrl) in PORTS.iter().zip(ctrls) {
             w.paths.push(Path {
                 port: *port,
                 phase: Phase::Down { until_ns: 0 },
                 phase_since_ns: 0,
                 admin: None,
                 io: None,
-                tags: TagSet::new(IO_ENTRIES).expect("a tag set of the I/O queue's entries"),
-                inflight: BTreeMap::new(),
+                io_conn: None,
                 ana: AnaState::Change,
                 ana_read_ns: None,
                 next_ana_poll_ns: 0,
                 ka_sent_ns: None,
                 next_ka_ns: 0,
-                generation: i as u64,
-                ctrl: SimCtrl::new(
-                    std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16)),
-                    BLOCK.trailing_zeros() as u8,
-                    NS_BLOCKS as u64,
-                ),
+                ctrl,
                 id_ns_ns: None,
                 id_ns_again: false,
                 event_owed: None,
@@ -754,7 +801,6 @@ impl World {
         path.phase = Phase::Connecting;
         path.phase_since_ns = self.now;
         path.ana = AnaState::Change;
-        path.generation += PORTS.len() as u64;
         path.ctrl.reconnected();
         self.event(format_args!("path {p} reconnect (link {link})"));
     }
@@ -777,22 +823,40 @@ impl World {
         // A new controller reads the namespace at its bring-up.
         path.event_owed = None;
         let mut links = Vec::new();
-        let mut done = Vec::new();
-        if let Some(mut c) = path.io.take() {
-            c.q.set_failed(why);
-            c.q.abort_all(Status::HOST_PATH_ERROR);
-            done.append(c.q.completions());
+        if let Some(c) = path.io.take() {
             links.push(c.link);
         }
+        let conn = path.io_conn.take();
         if let Some(c) = path.admin.take() {
             links.push(c.link);
+        }
+        // The core sees the path down before its commands fail over.
+        self.view_changed(p);
+        if let Some((ckey, link)) = conn {
+            // As `Context` fails a connection: the queue gives its commands back with a
+            // path error, and the core fails them over, holds or requeues them.
+            if let Some(q) = self.core.queue_mut(ckey)
+                && q.state() != QueueState::Failed
+            {
+                q.set_failed(why);
+            }
+            let now = self.at();
+            let mut control = Vec::new();
+            if let Some(why) = self.core.abort_conn(ckey) {
+                self.core.fail_conn(ckey, &why, now, |d| control.push(d));
+            }
+            self.core.free_conn(ckey);
+            // This reset is the one it reports.
+            let _ = self.paths[p].ctrl.take_io_failure();
+            if !control.is_empty() {
+                self.violate(format!("path {p}: a control completion on an I/O queue that sent none"));
+            }
+            links.push(link);
         }
         for l in links {
             self.close_link(l);
         }
-        for d in done {
-            self.io_done(p, d);
-        }
+        self.take_completions();
     }
 
     /// The host closes a connection: its end resets (Linux closes with SO_LINGER 0), and
@@ -819,22 +883,24 @@ impl World {
 
     /// Gives path `p`'s controller view the host's state now: the ANA state last read,
     /// and live while the controller is up with its I/O queue live.
-    fn sync_ctrl(&self, p: usize) {
+    fn sync_ctrl(&mut self, p: usize) {
+        let (phase, conn) = (self.paths[p].phase, self.paths[p].io_conn);
+        let io_live = conn.and_then(|(k, _)| self.core.queue_mut(k)).is_some_and(|q| q.state() == QueueState::Live);
         let path = &self.paths[p];
-        let live = path.phase == Phase::Live && path.io.as_ref().is_some_and(|c| c.q.state() == QueueState::Live);
-        path.ctrl.set_state(path.ana, live);
+        path.ctrl.set_state(path.ana, phase == Phase::Live && io_live);
     }
 
-    /// The selector's paths, each of the class its controller view gives
-    /// ([`CoreController::path_class`]: the real `PathClass::of`).
-    fn refresh_paths(&mut self) {
-        for p in 0..self.paths.len() {
-            self.sync_ctrl(p);
-        }
-        let states: Vec<PathState> = (0..self.paths.len())
-            .map(|p| PathState::new(self.paths[p].generation, self.paths[p].ctrl.path_class(NSID)))
-            .collect();
-        self.sel.set_paths(&states);
+    /// Path `p`'s state changed (ANA read, up, down): its controller view follows and
+    /// the core re-reads its paths at once, before it routes anything else.
+    fn view_changed(&mut self, p: usize) {
+        self.sync_ctrl(p);
+        let now = self.at();
+        self.core.refresh_all_paths(now);
+    }
+
+    /// The core's clock now.
+    fn at(&self) -> Instant {
+        self.base + Duration::from_nanos(self.now)
     }
 
     /// Acts on what the I/O side reported to path `p`'s controller: a reset, an ANA
@@ -845,6 +911,7 @@ impl World {
         }
         if self.paths[p].ctrl.take_ana_refresh() {
             self.paths[p].ana = AnaState::Change;
+            self.view_changed(p);
             self.read_ana(p);
         }
     }
@@ -918,6 +985,7 @@ impl World {
                             self.event(format_args!("path {p} reads ANA {}", s.linux_name()));
                         }
                         self.paths[p].ana = s;
+                        self.view_changed(p);
                         self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
                     }
                     None => self.fail_path(p, "the ANA log could not be read"),
@@ -1033,135 +1101,150 @@ impl World {
         }
     }
 
-    fn io_done(&mut self, p: usize, d: Done) {
-        let Some(ri) = self.paths[p].inflight.remove(&d.tag) else {
-            self.violate(format!(
-                "path {p}: a completion for tag {} which carries no I/O (a stale or reused tag)",
-                d.tag
-            ));
-            return;
-        };
-        let tag = d.tag;
-        let r = &mut self.reqs[ri];
-        let RState::Inflight { path, tag: t, sent_ns } = r.state else {
-            self.violate(format!("I/O {ri} completed twice"));
-            return;
-        };
-        if (path, t) != (p, tag) || d.token != ri as u64 {
-            self.violate(format!(
-                "path {p} tag {tag}: completion of I/O {} for I/O {ri} sent on path {path} tag {t}",
-                d.token
-            ));
-            return;
-        }
-        self.paths[p].tags.free(Tag::new(tag));
-        let path_error = d.cqe.status.is_path_error();
-        let latency = self.now.saturating_sub(sent_ns);
-        let outcome = if path_error { host::mpath::Outcome::PathError } else { host::mpath::Outcome::Done };
-        self.sel.on_complete(PathIndex(p as u16), latency, outcome);
-        self.reqs[ri].buf = d.buf;
-        if self.reqs[ri].op != ROp::Flush && self.reqs[ri].buf.is_none() {
-            self.violate(format!("I/O {ri}: its buffer did not come back with its completion"));
-        }
-        let status = d.cqe.status;
-        let r = &mut self.reqs[ri];
-        // The production block core's decision (a multipath head: fail over or complete).
-        let limits = host::context::ContextOptions { max_failovers: MAX_FAILOVERS, ..Default::default() };
-        let ctrl = &self.paths[p].ctrl;
-        if host::failover::disposition(status, true, r.failovers, &limits, || ctrl.should_fail_io())
-            == host::failover::Disposition::Failover
-        {
-            r.failovers += 1;
-            r.state = RState::Queued;
-            let opcode = match r.op {
-                ROp::Read => nvme::opcode::io::READ,
-                ROp::Write { .. } => nvme::opcode::io::WRITE,
-                ROp::Flush => nvme::opcode::io::FLUSH,
-            };
-            if self.opts.failover_quiesce && host::failover::must_hold(opcode, status) {
-                // The connection failed with the write on it: the old path may still execute it.
-                let hold = u64::try_from(ctrl.failover_hold().as_nanos()).unwrap_or(u64::MAX);
-                r.not_before_ns = self.now + hold;
+    /// Sends what the block core gave path `p`'s I/O queue, watching the commands that
+    /// go out: each must be for a request the core has on the wire there, and the path
+    /// must be one the host may send on (checked against the host's own view, its last
+    /// ANA log read and its queues, not through the core's classes, so a wrong class is
+    /// caught too).
+    fn flush_io(&mut self, p: usize) {
+        let Some((ckey, link)) = self.paths[p].io_conn else { return };
+        while let Some(msg) = self.core.queue_mut(ckey).and_then(HostQueue::take_send) {
+            let bytes = msg.to_vec();
+            let down = self.links[link].down;
+            if !down {
+                self.links[link].to_target.send(&bytes, self.now, &mut self.net_rng);
             }
-            self.sum.requeues += 1;
-            self.queued.push_front(ri);
-            if status.is_ana_error() {
-                self.paths[p].ctrl.request_ana_refresh();
-                self.take_ctrl_reports(p);
+            let r = if down { Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) } else { Ok(()) };
+            if let Some(q) = self.core.queue_mut(ckey) {
+                q.on_send_done(msg, r);
             }
-            self.event(format_args!("io {ri} requeued after {status} on path {p}"));
-            return;
+            if !down {
+                self.commands_sent(p, ckey, &bytes);
+            }
         }
-        self.app_done(ri, status);
     }
 
-    fn dispatch(&mut self) {
-        self.refresh_paths();
-        loop {
-            let Some(qi) = self.queued.iter().position(|&ri| self.reqs[ri].not_before_ns <= self.now) else { return };
-            let ri = self.queued[qi];
-            let pi = match self.sel.select() {
-                Selection::Submit(pi) => pi,
-                Selection::Requeue => return,
-                Selection::Fail => {
-                    self.queued.remove(qi);
-                    self.app_done(ri, Status::HOST_PATH_ERROR);
-                    continue;
-                }
-            };
-            let p = pi.get();
-            // Checked against the host's own view (its last ANA log and its queues), not
-            // through the selector's classes, so a wrong class is caught too.
-            let (ana, phase) = (self.paths[p].ana, self.paths[p].phase);
-            if !ana.is_accessible() || phase != Phase::Live {
-                let what =
-                    format!("I/O {ri} was sent on path {p}, whose namespace is {} ({phase:?})", ana.linux_name());
-                self.violate(what);
+    /// The command capsules in bytes path `p`'s I/O queue sent (its sends carry whole PDUs).
+    fn commands_sent(&mut self, p: usize, ckey: usize, mut b: &[u8]) {
+        while let Some(ch) = CommonHeader::peek(b) {
+            let plen = ch.plen as usize;
+            if plen < 12 || plen > b.len() {
                 return;
             }
-            let Some(tag) = self.paths[p].tags.alloc() else { return };
-            let io = self.io_of(ri);
-            let Some(c) = self.paths[p].io.as_mut() else { return };
-            match c.q.submit(tag.get(), io) {
-                Ok(()) => {
-                    self.queued.remove(qi);
-                    self.sel.on_submit(pi);
-                    self.paths[p].inflight.insert(tag.get(), ri);
-                    self.reqs[ri].state = RState::Inflight { path: p, tag: tag.get(), sent_ns: self.now };
-                    self.reqs[ri].sent_preempted = (self.reservations && !self.resv_ours).then_some(self.resv_epoch);
-                    let r = &mut self.reqs[ri];
-                    (r.room, r.low, r.cut) = (self.ns_blocks, self.ns_blocks, false);
-                    self.event(format_args!("io {ri} sent on path {p} tag {}", tag.get()));
-                }
-                Err((e, io)) => {
-                    self.paths[p].tags.free(tag);
-                    self.reqs[ri].buf = io.buf;
-                    self.violate(format!("path {p}: a live queue refused I/O {ri}: {e}"));
+            if ch.pdu_type == PduType::CapsuleCmd as u8 {
+                let cid = u16::from_le_bytes([b[10], b[11]]);
+                self.command_sent(p, ckey, cid);
+                if self.violation.is_some() {
                     return;
                 }
             }
+            b = &b[plen..];
         }
     }
 
-    fn io_of(&mut self, ri: usize) -> Io {
+    fn command_sent(&mut self, p: usize, ckey: usize, cid: u16) {
+        let Some(ri) = self.core.token_on_wire(ckey, cid).map(|t| t as usize).filter(|&ri| ri < self.reqs.len()) else {
+            self.violate(format!("path {p}: command {cid} went out for no request the host has on the wire"));
+            return;
+        };
+        let (ana, phase) = (self.paths[p].ana, self.paths[p].phase);
+        if !ana.is_accessible() || phase != Phase::Live {
+            self.violate(format!("I/O {ri} was sent on path {p}, whose namespace is {} ({phase:?})", ana.linux_name()));
+            return;
+        }
+        if self.reqs[ri].state == RState::Done {
+            self.violate(format!("I/O {ri} was sent on path {p} after it completed"));
+            return;
+        }
         let r = &mut self.reqs[ri];
-        let len = (r.nlb * BLOCK) as u32;
-        let nlb = r.nlb as u32;
-        match r.op {
-            ROp::Flush => {
-                Io { sqe: Sqe::flush(Cid(0), Nsid(1)), buf: None, len: 0, dir: DataDir::None, token: ri as u64 }
+        r.sends += 1;
+        r.state = RState::Inflight { path: p, tag: cid };
+        r.sent_preempted = (self.reservations && !self.resv_ours).then_some(self.resv_epoch);
+        (r.room, r.low, r.cut) = (self.ns_blocks, self.ns_blocks, false);
+        let sends = r.sends;
+        if sends > 1 {
+            self.sum.requeues += 1;
+            self.event(format_args!("io {ri} sent again ({sends}) on path {p} tag {cid}"));
+        } else {
+            self.event(format_args!("io {ri} sent on path {p} tag {cid}"));
+        }
+    }
+
+    /// Hands the core path `p`'s I/O completions (after bytes came in or a send
+    /// finished), then fails the path if its queue failed or its link is gone.
+    fn service_io(&mut self, p: usize) {
+        let Some((ckey, link)) = self.paths[p].io_conn else { return };
+        let now = self.at();
+        let mut control = Vec::new();
+        self.core.deliver(ckey, false, now, |d| control.push(d));
+        self.core.dispatch_after_service(self.qkeys[p], now);
+        if !control.is_empty() {
+            self.violate(format!("path {p}: a control completion on an I/O queue that sent none"));
+            return;
+        }
+        let failed = self
+            .core
+            .queue_mut(ckey)
+            .filter(|q| q.state() == QueueState::Failed)
+            .map(|q| q.error().unwrap_or("queue failed").to_string());
+        if let Some(why) = failed {
+            self.fail_path(p, &why);
+        } else if self.link_lost(link) {
+            self.fail_path(p, "connection lost");
+        }
+    }
+
+    /// The connections the core touched (a tick's timeout, a failure): serviced.
+    fn service_touched(&mut self) {
+        for _ in 0..4 {
+            let touched = self.core.take_touched();
+            if touched.is_empty() {
+                return;
             }
-            ROp::Read => {
-                let sqe =
-                    Sqe::rw(nvme::opcode::io::READ, Cid(0), Nsid(1), r.lba as u64, nlb, SglDescriptor::transport(len));
-                Io { sqe, buf: r.buf.take(), len, dir: DataDir::FromController, token: ri as u64 }
+            for ckey in touched {
+                if let Some(p) = self.paths.iter().position(|x| x.io_conn.is_some_and(|(k, _)| k == ckey)) {
+                    self.service_io(p);
+                }
             }
-            ROp::Write { fua } => {
-                let mut sqe =
-                    Sqe::rw(nvme::opcode::io::WRITE, Cid(0), Nsid(1), r.lba as u64, nlb, SglDescriptor::transport(len));
-                sqe.set_fua(fua);
-                Io { sqe, buf: r.buf.take(), len, dir: DataDir::ToController, token: ri as u64 }
+        }
+    }
+
+    /// Once per turn, as `Context::poll`: the core follows the namespace's size and the
+    /// paths, and the application learns the device's size.
+    fn sync_core(&mut self) {
+        for p in 0..self.paths.len() {
+            self.sync_ctrl(p);
+        }
+        let now = self.at();
+        self.core.refresh_sizes();
+        self.core.refresh_all_paths(now);
+        for a in self.core.take_attaches() {
+            // The head's slots never change: every path has its queue from the start.
+            let what = format!("the core asks for a queue of path slot {} it has", a.slot);
+            self.violate(what);
+        }
+        let _ = self.core.take_stalls();
+        let blocks = self.core.capacity(self.dev).map_or(0, |n| n as usize);
+        if blocks != self.host_blocks {
+            self.event(format_args!("the host's device has {blocks} blocks"));
+            self.host_blocks = blocks;
+        }
+    }
+
+    /// What the core completed goes to the application.
+    fn take_completions(&mut self) {
+        let done: Vec<host::context::Completion> = self.core.completions().collect();
+        for c in done {
+            let ri = usize::try_from(c.token).unwrap_or(usize::MAX);
+            if ri >= self.reqs.len() {
+                self.violate(format!("a completion carries token {}, which no I/O had", c.token));
+                return;
             }
+            self.reqs[ri].buf = c.buf;
+            if self.reqs[ri].op != ROp::Flush && self.reqs[ri].buf.is_none() {
+                self.violate(format!("I/O {ri}: its buffer did not come back with its completion"));
+            }
+            self.app_done(ri, c.status);
         }
     }
 
@@ -1171,8 +1254,13 @@ impl World {
         let roll = self.rng.below(100);
         let nlb = 1 + self.rng.index(MAX_NLB);
         let lba = self.rng.index(self.host_blocks - nlb + 1);
+        // The block core has no FUA write (nor has `Context`): the draw stays, so the
+        // schedule's other choices stay where they were, and every write waits for a flush.
         let op = match roll {
-            0..45 => ROp::Write { fua: self.rng.chance(300_000) },
+            0..45 => {
+                let _fua = self.rng.chance(300_000);
+                ROp::Write { fua: false }
+            }
             45..92 => ROp::Read,
             _ => ROp::Flush,
         };
@@ -1215,17 +1303,27 @@ impl World {
             wid,
             buf,
             state: RState::Queued,
-            failovers: 0,
+            sends: 0,
             submit_seq: self.seq,
-            not_before_ns: 0,
             sent_preempted: None,
             room: 0,
             low: 0,
             cut: false,
         });
-        self.queued.push_back(ri);
         self.active += 1;
         self.event(format_args!("io {ri} {op:?} lba {lba} nlb {nlb} wid {wid}"));
+        let (cop, len) = match op {
+            ROp::Flush => (Op::Flush, 0),
+            ROp::Read => (Op::Read, nlb * BLOCK),
+            ROp::Write { .. } => (Op::Write, nlb * BLOCK),
+        };
+        let buf = self.reqs[ri].buf.take();
+        let now = self.at();
+        if let Err((e, buf)) = self.core.submit(self.dev, 0, cop, (lba * BLOCK) as u64, len as u32, buf, ri as u64, now)
+        {
+            self.reqs[ri].buf = buf;
+            self.violate(format!("the host's block core refused I/O {ri} ({op:?}, blocks {lba}..{}): {e}", lba + nlb));
+        }
         true
     }
 
@@ -1278,7 +1376,7 @@ impl World {
         }
         if !status.is_success() {
             self.sum.io_errors += 1;
-            if status == Status::LBA_OUT_OF_RANGE && self.reqs[ri].failovers == 0 {
+            if status == Status::LBA_OUT_OF_RANGE && self.reqs[ri].sends <= 1 {
                 // NVMe Base 2.x §3.3.3.2.1 (LBA Out of Range): the command did nothing.
                 if let ROp::Write { .. } = op
                     && self.disk.executed(wid)
@@ -1291,7 +1389,7 @@ impl World {
             }
             if status == Status::RESERVATION_CONFLICT {
                 // NVMe Base 2.x §8.1.22: a command refused for a conflict did nothing.
-                let failovers = self.reqs[ri].failovers;
+                let failovers = self.reqs[ri].sends.saturating_sub(1);
                 match op {
                     ROp::Read => {
                         self.violate(format!(
@@ -1403,6 +1501,9 @@ impl World {
         if self.target.restart_at_ns.is_some_and(|t| t <= self.now) {
             out.push(Action::Restart);
         }
+        if self.next_core_tick_ns <= self.now {
+            out.push(Action::CoreTick);
+        }
         if self.faults && self.rng.chance(20_000) {
             out.push(Action::Fault);
         }
@@ -1423,13 +1524,11 @@ impl World {
         });
         let ka =
             self.paths.iter().filter(|p| p.phase == Phase::Live && p.ka_sent_ns.is_none()).map(|p| Some(p.next_ka_ns));
-        let held = self.queued.iter().map(|&ri| Some(self.reqs[ri].not_before_ns));
         links
             .chain(conns)
             .chain(paths)
-            .chain(held)
             .chain(ka)
-            .chain([self.disk.next_due(), self.target.restart_at_ns])
+            .chain([self.disk.next_due(), self.target.restart_at_ns, Some(self.next_core_tick_ns)])
             .flatten()
             .filter(|&t| t > self.now)
             .min()
@@ -1445,14 +1544,18 @@ impl World {
                 self.with_conn(i, |c, ctx| c.on_recv(buf, n, ctx));
             }
             Action::Deliver(l, Dir::ToHost) => {
-                let Some((p, admin)) = self.host_conn_of(l) else { return };
+                let Some((p, which)) = self.host_conn_of(l) else { return };
                 let link = &mut self.links[l];
                 let path = &mut self.paths[p];
-                let c = if admin { path.admin.as_mut() } else { path.io.as_mut() };
-                let Some(c) = c else { return };
-                let Some((mut buf, range)) = c.q.take_recv_buf() else { return };
+                let q = match which {
+                    HostEnd::Admin => path.admin.as_mut().map(|c| &mut c.q),
+                    HostEnd::IoConnecting => path.io.as_mut().map(|c| &mut c.q),
+                    HostEnd::Io(ckey) => self.core.queue_mut(ckey),
+                };
+                let Some(q) = q else { return };
+                let Some((mut buf, range)) = q.take_recv_buf() else { return };
                 let n = link.to_host.recv(&mut buf.as_full_mut()[range], &mut self.net_rng);
-                c.q.on_recv(buf, n);
+                q.on_recv(buf, n);
                 self.event(format_args!("link {l} -> host {n} bytes"));
             }
             Action::Disk(i) => {
@@ -1495,6 +1598,11 @@ impl World {
                 self.start_target();
             }
             Action::Fault => self.fault(),
+            Action::CoreTick => {
+                self.next_core_tick_ns = self.now + CORE_TICK_NS;
+                let now = self.at();
+                self.core.tick(now);
+            }
             Action::BitFlip => {
                 let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
                 if live.is_empty() {
@@ -1514,14 +1622,14 @@ impl World {
         self.reqs.len() > before
     }
 
-    fn host_conn_of(&self, l: usize) -> Option<(usize, bool)> {
+    fn host_conn_of(&self, l: usize) -> Option<(usize, HostEnd)> {
         self.paths.iter().enumerate().find_map(|(p, path)| {
             if path.admin.as_ref().is_some_and(|c| c.link == l) {
-                Some((p, true))
+                Some((p, HostEnd::Admin))
             } else if path.io.as_ref().is_some_and(|c| c.link == l) {
-                Some((p, false))
+                Some((p, HostEnd::IoConnecting))
             } else {
-                None
+                path.io_conn.filter(|&(_, link)| link == l).map(|(ckey, _)| (p, HostEnd::Io(ckey)))
             }
         })
     }
@@ -1589,11 +1697,17 @@ impl World {
         for p in 0..self.paths.len() {
             self.settle_path(p);
         }
-        self.dispatch();
-        // What dispatch queued goes out now.
+        self.service_touched();
+        self.sync_core();
+        for p in 0..self.paths.len() {
+            self.take_ctrl_reports(p);
+        }
+        self.take_completions();
+        // What the core queued goes out now.
         for p in 0..self.paths.len() {
             self.flush_path(p);
         }
+        let _ = self.core.take_flushes();
     }
 
     fn settle_target(&mut self) {
@@ -1622,6 +1736,7 @@ impl World {
     }
 
     fn flush_path(&mut self, p: usize) {
+        self.flush_io(p);
         let path = &mut self.paths[p];
         for c in [path.admin.as_mut(), path.io.as_mut()].into_iter().flatten() {
             while let Some(msg) = c.q.take_send() {
@@ -1643,14 +1758,11 @@ impl World {
 
     fn settle_path(&mut self, p: usize) {
         self.flush_path(p);
-        let path = &mut self.paths[p];
         // Completions first: a queue that failed still hands back what completed.
+        self.service_io(p);
+        let path = &mut self.paths[p];
         let admin_done: Vec<Done> =
             path.admin.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
-        let io_done: Vec<Done> = path.io.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
-        for d in io_done {
-            self.io_done(p, d);
-        }
         for d in admin_done {
             self.admin_done(p, d);
         }
@@ -1665,11 +1777,8 @@ impl World {
             self.fail_path(p, if lost { "connection lost" } else { "queue failed" });
             return;
         }
-        let oldest = path.inflight.values().filter_map(|&ri| match self.reqs[ri].state {
-            RState::Inflight { sent_ns, .. } => Some(sent_ns),
-            _ => None,
-        });
-        let oldest = oldest.chain(path.ana_read_ns).chain(path.ka_sent_ns).chain(path.id_ns_ns).min();
+        // The admin commands' timeout (the I/O's is the block core's, at its tick).
+        let oldest = path.ana_read_ns.into_iter().chain(path.ka_sent_ns).chain(path.id_ns_ns).min();
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
         if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
             path.ctrl.report_io_failure("command timeout");
@@ -1707,7 +1816,15 @@ impl World {
             }
             Phase::IoConnecting if path.io.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => {
                 path.phase = Phase::Live;
+                let Some(c) = path.io.take() else { return };
+                // As the controller hands `Context` a queue it connected: installed under
+                // the controller's generation, its waiting requests go out on it.
+                let generation = path.ctrl.generation();
+                let now = self.at();
+                let ckey = self.core.install(self.qkeys[p], c.q, generation, now);
+                self.paths[p].io_conn = Some((ckey, c.link));
                 self.event(format_args!("path {p} live"));
+                self.view_changed(p);
                 self.read_ana(p);
                 self.flush_path(p);
             }
@@ -1819,16 +1936,16 @@ impl World {
             self.violate(format!("I/O {ri} never completed ({:?})", self.reqs[ri].state));
             return;
         }
+        if self.core.in_flight() != 0 {
+            let n = self.core.in_flight();
+            self.violate(format!("the host's block core still holds {n} requests at the end"));
+            return;
+        }
         for p in 0..self.paths.len() {
-            let path = &self.paths[p];
-            let outstanding = path.io.as_ref().map_or(0, |c| c.q.outstanding());
-            if path.tags.in_use() != 0 || !path.inflight.is_empty() || outstanding != 0 {
-                let what = format!(
-                    "path {p}: {} tags, {} requests, {outstanding} queue commands still held at the end",
-                    path.tags.in_use(),
-                    path.inflight.len()
-                );
-                self.violate(what);
+            let conn = self.paths[p].io_conn;
+            let outstanding = conn.and_then(|(k, _)| self.core.queue_mut(k)).map_or(0, |q| q.outstanding());
+            if outstanding != 0 {
+                self.violate(format!("path {p}: {outstanding} queue commands still held at the end"));
                 return;
             }
         }

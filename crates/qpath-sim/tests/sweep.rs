@@ -75,11 +75,13 @@ fn every_seed_that_found_a_bug_stays_clean() {
     }
 }
 
-/// Seed 0 found it first; the reservation faults added since reach seed 0 and change its
-/// schedule, so seed 18 (which draws none) shows it now, at the same step as ever.
+/// Seed 0 found it first (then seed 18, once reservation faults changed seed 0's
+/// schedule). Since the host's production block core replaced the simulator's stand-in,
+/// the schedules changed again: without the hold (the core's `failover_hold` zero), 13 of
+/// seeds 0..60 read back an overwritten write; seed 3 is the first.
 #[test]
 fn failing_over_without_the_quiesce_hold_loses_an_acknowledged_write() {
-    let r = run(Options { failover_quiesce: false, ..opts(18, 5_000) });
+    let r = run(Options { failover_quiesce: false, ..opts(3, 5_000) });
     let v = r.violation.expect("seed 18 without the hold reads back an overwritten write");
     assert!(v.what.contains("read (I/O") && v.what.contains("may hold only"), "{v:?}");
 }
@@ -99,9 +101,9 @@ fn a_seed_replays_byte_for_byte() {
 /// Seed 7's trace hash at 3,000 steps. Nothing in a trace depends on the machine, the
 /// build or the process (no path, clock, thread or hash-ordered map reaches it), so this
 /// holds on every machine and in debug and release builds alike.
-const SEED_7_TRACE_HASH: u64 = 0x5137_46db_6c8a_6432;
+const SEED_7_TRACE_HASH: u64 = 0xedba_4871_ce68_fe73;
 /// Seed 3's, a seed that resizes the namespace (seed 7 draws no resize).
-const SEED_3_TRACE_HASH: u64 = 0x3b9c_00b6_432c_5103;
+const SEED_3_TRACE_HASH: u64 = 0x3c0a_8c70_b32c_8770;
 
 #[test]
 fn a_seed_hashes_the_same_on_every_machine() {
@@ -109,7 +111,7 @@ fn a_seed_hashes_the_same_on_every_machine() {
     assert_eq!(
         r.trace_hash, SEED_7_TRACE_HASH,
         "seed 7's trace now hashes to {:#018x}. If this change touched code the simulator runs (the \
-         target, the host queues or selector, the tag sets, the simulator), the schedule changed \
+         target, the host queues, selector or block core, the tag sets, the simulator), the schedule changed \
          with it: set SEED_7_TRACE_HASH to that value. If not, something machine-dependent \
          reached the trace, which must not be.",
         r.trace_hash

@@ -417,6 +417,17 @@ impl<C: CoreController> BlockCore<C> {
         conns
     }
 
+    /// The caller's token of the request on the wire under command id `cid` on
+    /// connection `ckey` (an owner that watches what goes out: a simulator's checks).
+    /// Not for the I/O path: it looks at every request slot.
+    pub fn token_on_wire(&self, ckey: usize, cid: u16) -> Option<u64> {
+        let qkey = self.conns.get(ckey)?.as_ref()?.qkey;
+        self.reqs
+            .iter()
+            .find(|r| r.qkey == qkey && matches!(r.state, ReqState::Outstanding(w) if w.tag == cid))
+            .map(|r| r.token)
+    }
+
     /// Device `dev`'s size in blocks as the core last read it.
     pub fn capacity(&self, dev: DeviceId) -> Option<u64> {
         self.devices.get(dev.0 as usize).map(|d| d.nsze)
