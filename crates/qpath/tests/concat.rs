@@ -549,29 +549,3 @@ fn a_block_device_head_concatenates_with_its_secret_from_a_file() {
     std::fs::remove_dir_all(&dir).unwrap();
     server.shutdown();
 }
-
-/// Keys of hash 02 (SHA-384, TLS_AES_256_GCM_SHA384) do not work end to end yet: the TLS
-/// handshake takes SHA-256 PSKs only (README "TLS"). A configured SHA-384 key on both sides
-/// is refused with that reason before the host sends anything, and the target makes no
-/// controller; concatenation never generates one (the host offers SHA-256 alone, see
-/// `our_host_concatenates_with_a_controller_key_and_a_target_set_to_sha384`).
-#[test]
-fn sha384_tls_keys_are_refused_with_the_reason() {
-    let key = tls::psk::ConfiguredPsk::generate(PskHash::Sha384).unwrap();
-    let (server, addr) = start_with(|h| {
-        h.dhchap_key = None;
-        h.dhgroup = None;
-        h.tls_key = Some(key.to_interchange().to_string());
-    });
-    let mut o = host_options(addr, None);
-    o.concat = false;
-    o.ctrl_loss_tmo = Some(Duration::ZERO);
-    o.tls = Some(host::tls::HostTls::parse(&key.to_interchange()).unwrap());
-    let e = Controller::connect(o).unwrap_err().to_string();
-    assert!(e.contains("SHA-384 TLS keys (hash 02) are not supported"), "{e}");
-    assert!(!e.contains("NVMeTLSkey"), "no key in the error: {e}");
-    // The host opened a TCP connection and closed it without a byte: the target drops it
-    // when its reactor sees the end (list_queues may still show it for a moment).
-    assert_eq!(queues_settled(&server, 0), 0, "no queue left on the target");
-    server.shutdown();
-}
