@@ -7,8 +7,10 @@
 #             01. linux-host: the guest makes it (`nvme gen-tls-key --hmac=2`) and hands it to
 #             the host through the 9p share before the target starts; the target's log must
 #             show TLS_AES_256_GCM_SHA384 for every channel. linux-target: `qpath gen-tls-key
-#             --hmac 2` makes it (and the wrong key), nvmet takes it from the keyring. The other
-#             scenarios make no configured key of their own.
+#             --hmac 2` makes it (and the wrong key), nvmet takes it from the keyring. ktls:
+#             `qpath gen-tls-key --hmac 2` makes the key both ends in the guest use. The
+#             concatenation scenarios use no configured key. Every capture is checked for the
+#             suite its ServerHellos chose.
 #
 # linux-host  the guest's kernel NVMe/TCP host (tlshd from ktls-utils runs its handshakes;
 #             sid's nvme-cli derives and inserts the PSK) reaches `qpath target`, whose two
@@ -184,6 +186,19 @@ count_tls_records() {
   pdus=$(tshark -r "$pcap" "${nvme[@]}" -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
 }
 
+# check_suites PCAP PORT...: every ServerHello in the capture chose the key's suite
+# (0x1301 TLS_AES_128_GCM_SHA256 for hash 01, 0x1302 TLS_AES_256_GCM_SHA384 for hash 02).
+check_suites() {
+  local pcap=$1 p tls=() want=0x1301 suites
+  shift
+  for p in "$@"; do tls+=(-d "tcp.port==$p,tls"); done
+  [ "$TLS_HMAC" = 2 ] && want=0x1302
+  suites=$(tshark -r "$pcap" "${tls[@]}" -Y 'tls.handshake.type == 2' -T fields -e tls.handshake.ciphersuite 2>/dev/null \
+    | tr ',' '\n' | sort | uniq -c | tr '\n' ' ')
+  [ -n "$suites" ] && [ "$(printf '%s' "$suites" | grep -o '0x[0-9a-f]*' | sort -u)" = "$want" ] \
+    && pass "capture: every ServerHello chose suite $want ($suites)" || fail "capture: ServerHello suites: $suites (want $want)"
+}
+
 check_capture() {
   local i
   sleep 1
@@ -205,13 +220,7 @@ check_capture() {
     || fail "capture: $other frames with other record types"
   [ "$pdus" = 0 ] && pass "capture: no NVMe/TCP PDU in the clear (no ICReq, ICResp, capsule or data PDU)" \
     || fail "capture: $pdus clear NVMe/TCP PDUs"
-  # The suite every ServerHello chose: the key's (0x1301 for hash 01, 0x1302 for hash 02).
-  local want=0x1301 suites
-  [ "$TLS_HMAC" = 2 ] && want=0x1302
-  suites=$(tshark "${tls[@]}" -Y 'tls.handshake.type == 2' -T fields -e tls.handshake.ciphersuite 2>/dev/null \
-    | tr ',' '\n' | sort | uniq -c | tr '\n' ' ')
-  [ -n "$suites" ] && [ "$(printf '%s' "$suites" | grep -o '0x[0-9a-f]*' | sort -u)" = "$want" ] \
-    && pass "capture: every ServerHello chose suite $want ($suites)" || fail "capture: ServerHello suites: $suites (want $want)"
+  check_suites "$PCAP" 4420 4421
   if [ "$pdus" = 0 ] && [ "$app" -gt 100 ]; then rm -f "$PCAP"; fi
 }
 
@@ -433,6 +442,7 @@ scenario_ktls() {
     || fail "capture: $app frames of TLS application data"
   [ "$other" = 0 ] && pass "capture: only TLS record types" || fail "capture: $other frames with other record types"
   [ "$pdus" = 0 ] && pass "capture: no NVMe/TCP PDU in the clear" || fail "capture: $pdus clear NVMe/TCP PDUs"
+  check_suites "$pcap" 4420
   if [ "$pdus" = 0 ] && [ "$app" -gt 100 ]; then rm -f "$pcap"; fi
   if grep -aq "NVMeTLSkey-1" "$SERIAL"; then fail "a TLS key is printed in the serial log"; else pass "no TLS key in the serial log"; fi
 }

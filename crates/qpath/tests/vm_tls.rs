@@ -66,6 +66,13 @@ fn vm_tls_qpath_host_sha384_key_to_linux_target_needs_root_and_qemu() {
     run_scenario_sha384("linux-target");
 }
 
+/// `ktls` with a key of hash 02: kernel TLS with AES-256-GCM on our target and host.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_kernel_tls_sha384_key_on_qpath_target_and_host_needs_root_and_qemu() {
+    run_scenario_sha384("ktls");
+}
+
 /// `qpath connect --tls` and a two-path `qpath bench` job reach the Linux 7.2 kernel target
 /// (nvmet, TLS required on both ports, tlshd serving), a wrong key is refused, and the job
 /// keeps its data (crc32c verify) across the loss of one path.
