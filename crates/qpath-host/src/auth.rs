@@ -192,10 +192,11 @@ impl Concat {
     }
 }
 
-/// Hashes whose generated PSK a TLS channel here can use: the PSK keys the cipher suite of
-/// its hash, and the handshake takes SHA-256 PSKs only (`tls::handshake`; README "TLS").
-/// A concatenating Negotiate offers only these, and a Challenge with another is refused.
-const CONCAT_HASHES: [HashId; 1] = [HashId::Sha256];
+/// Hashes whose generated PSK a TLS channel can use: the PSK keys the cipher suite of its
+/// hash (NVMe/TCP 1.1 §3.6.1.1: SHA-256 with TLS_AES_128_GCM_SHA256, SHA-384 with
+/// TLS_AES_256_GCM_SHA384; SHA-512 has no suite). A concatenating Negotiate offers only
+/// these, and a Challenge with another is refused.
+const CONCAT_HASHES: [HashId; 2] = [HashId::Sha256, HashId::Sha384];
 
 /// Runs a concatenating transaction (admin queue only, as Linux and nvmet) on `q` by
 /// `deadline`; the generated PSK on success. The PSK is never logged or shown.
@@ -605,7 +606,7 @@ mod tests {
         let Message::Negotiate(n) = &q.sent[0] else { panic!("{:?}", q.sent) };
         assert_eq!(n.sc_c, sc_c::NEWTLSPSK);
         assert!(!n.dh_groups.contains(&DhGroup::Null.id()) && !n.dh_groups.is_empty(), "{n:?}");
-        assert_eq!(n.hash_ids, [HashId::Sha256.id()], "only hashes whose PSK keys a TLS channel here");
+        assert_eq!(n.hash_ids, [HashId::Sha256.id(), HashId::Sha384.id()], "only hashes with a TLS suite");
         // No Reply (no R1, no DH value): an AUTH_Failure2 naming the group follows the Negotiate.
         assert!(
             matches!(&q.sent[1..], [Message::Failure2(f)] if f.rescode_exp == failure::DHGROUP_UNUSABLE),
