@@ -1641,6 +1641,9 @@ impl World {
                 let t = self.target.conns.swap_remove(i);
                 self.links[l].target_closed = true;
                 self.sum.keep_alive_timeouts += u64::from(t.conn.close_reason() == Some("keep-alive timeout"));
+                if t.conn.close_reason() == Some("in-band authentication failed") {
+                    self.auth_refused_link(l);
+                }
                 self.event(format_args!("target conn {} on link {l} released: {:?}", t.id, t.conn.close_reason()));
                 continue;
             }
@@ -1697,6 +1700,7 @@ impl World {
         let failed =
             [path.admin.as_ref(), path.io.as_ref()].into_iter().flatten().any(|c| c.q.state() == QueueState::Failed);
         if lost || failed {
+            self.auth_cut_off(p);
             self.fail_path(p, if lost { "connection lost" } else { "queue failed" });
             return;
         }

@@ -48,6 +48,9 @@ pub(super) struct SimAuth {
     pub(super) host_update_at: Option<u64>,
     /// The step at which the keys rotate (none once they have).
     pub(super) rotate_at_step: Option<u64>,
+    /// Links whose target connection closed because its transaction failed (the target
+    /// may close before its AUTH_Failure1 reaches the host, as Linux nvmet may).
+    refused_links: Vec<usize>,
 }
 
 /// A transaction under way on one queue.
@@ -96,6 +99,7 @@ impl SimAuth {
             host_keys: keys,
             host_update_at: None,
             rotate_at_step,
+            refused_links: Vec::new(),
         })
     }
 
@@ -225,7 +229,8 @@ impl World {
                     let Some(run) = c.auth.take() else { return true };
                     self.sum.auth_failures += 1;
                     self.event(format_args!("path {p} queue {qid} authentication failed: {e}"));
-                    self.check_refusal(p, qid, &run);
+                    let refused = run.m.controller_refused();
+                    self.check_refusal(p, qid, &run, refused);
                     self.fail_path(p, "in-band authentication failed");
                     return false;
                 }
@@ -246,13 +251,36 @@ impl World {
     }
 
     /// A transaction failed: the controller may refuse only a host whose keys are not its own.
-    fn check_refusal(&mut self, p: usize, qid: u16, run: &AuthRun) {
+    fn check_refusal(&mut self, p: usize, qid: u16, run: &AuthRun, refused: bool) {
         let Some(a) = &self.auth else { return };
-        if run.m.controller_refused() && run.keys == a.target_keys && run.target_gen == a.target_gen {
+        if refused && run.keys == a.target_keys && run.target_gen == a.target_gen {
             self.violate(format!(
                 "path {p} queue {qid}: the target refused the host, which holds the target's keys (generation {})",
                 a.target_gen
             ));
+        }
+    }
+
+    /// The target closed the connection on link `l` because its transaction failed.
+    pub(super) fn auth_refused_link(&mut self, l: usize) {
+        if let Some(a) = self.auth.as_mut() {
+            a.refused_links.push(l);
+        }
+    }
+
+    /// The path's connections are lost: a transaction under way on one ends with them,
+    /// with a trace line, as refused when the target closed that connection for it.
+    pub(super) fn auth_cut_off(&mut self, p: usize) {
+        for admin in [true, false] {
+            let Some(c) = self.conn_mut(p, admin) else { continue };
+            let link = c.link;
+            let Some(run) = c.auth.take() else { continue };
+            let qid = if admin { 0 } else { 1 };
+            let refused = self.auth.as_ref().is_some_and(|a| a.refused_links.contains(&link));
+            self.sum.auth_failures += 1;
+            let why = if refused { "the target refused it and closed the queue" } else { "the connection was lost" };
+            self.event(format_args!("path {p} queue {qid} authentication failed at {:?}: {why}", run.m.step()));
+            self.check_refusal(p, qid, &run, refused);
         }
     }
 
