@@ -30,6 +30,9 @@ use crate::net::{Dir, Link};
 use crate::oracle::Oracle;
 use crate::rng::Rng;
 
+mod auth;
+use auth::{AuthRun, SimAuth, TOKEN_AUTH};
+
 const NQN: &str = "nqn.2026-11.io.qpath:sim";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1d0000-0000-4000-8000-000000000001";
 const HOSTID: [u8; 16] = [0x5e; 16];
@@ -151,6 +154,14 @@ pub struct Summary {
     pub resizes: u64,
     /// Of the resizes asked for, those the target refused (a shrink over data).
     pub resizes_refused: u64,
+    /// DH-HMAC-CHAP transactions the host's queues completed (bring-up and re-authentication).
+    pub auths: u64,
+    /// Transactions that failed (refused, timed out or cut off): each reset its path.
+    pub auth_failures: u64,
+    /// Re-authentications of live queues started.
+    pub reauths: u64,
+    /// Times the operator rotated the host's keys.
+    pub key_rotations: u64,
 }
 
 /// The first invariant a run broke.
@@ -213,6 +224,9 @@ struct Req {
     low: usize,
     /// A shrink cut blocks of this write off while its last attempt was in flight.
     cut: bool,
+    /// Refused with AUTH_REQUIRED by a queue whose re-authentication with a key the
+    /// target no longer holds failed meanwhile (the operator's out-of-order change).
+    stale_auth: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,6 +246,8 @@ enum Phase {
 struct HostConn {
     q: HostQueue,
     link: usize,
+    /// The in-band authentication transaction under way on the queue.
+    auth: Option<AuthRun>,
 }
 
 struct Path {
@@ -263,6 +279,10 @@ struct Path {
     /// Attribute Changed notice enabled on the target: it owes this host an event, or
     /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
     event_owed: Option<u64>,
+    /// A queue of the path re-authenticates with a key the target no longer holds: the
+    /// target refuses it and, until it closes the queue, the queue's other commands
+    /// (AUTH_REQUIRED: the queue is no longer authenticated).
+    stale_auth: bool,
 }
 
 struct TConn {
@@ -303,6 +323,8 @@ enum Action {
     BitFlip,
     Restart,
     Fault,
+    RotateKeys,
+    HostKeys,
 }
 
 /// The simulated world.
@@ -332,6 +354,8 @@ pub struct World {
     /// Namespace resizes: their own stream, on in about half the seeds.
     ns_rng: Rng,
     resizes: bool,
+    /// In-band authentication: on in a share of seeds (its own stream).
+    auth: Option<SimAuth>,
     /// The namespace's size on the target, blocks (an operator's setting: kept across a
     /// restart).
     ns_blocks: usize,
@@ -415,6 +439,7 @@ impl World {
             resv_epoch: 0,
             ns_rng,
             resizes,
+            auth: SimAuth::draw(opts.seed, opts.steps),
             ns_blocks: NS_BLOCKS,
             host_blocks: NS_BLOCKS,
             saved_bytes: (NS_BLOCKS * BLOCK) as u64,
@@ -436,6 +461,10 @@ impl World {
             line: String::new(),
         };
         w.event(format_args!("seed {} policy {policy:?} {digests:?} ios {to_issue}", opts.seed));
+        if let Some(a) = &w.auth {
+            let what = a.describe();
+            w.event(format_args!("the subsystem requires DH-HMAC-CHAP of the host: {what}"));
+        }
         w.start_target();
         for (i, port) in PORTS.iter().enumerate() {
             w.paths.push(Path {
@@ -456,6 +485,7 @@ impl World {
                 id_ns_ns: None,
                 id_ns_again: false,
                 event_owed: None,
+                stale_auth: false,
             });
         }
         w
@@ -534,6 +564,8 @@ impl World {
             .expect("the simulated namespace");
         self.target.state = Some(state);
         self.target.restart_at_ns = None;
+        // The operator's keys are part of the saved configuration: every start has them.
+        self.configure_target_auth();
         if self.reservations {
             // Reservations are volatile here (no PTPL file): the host's bring-up registers
             // and reserves again after every start.
@@ -744,7 +776,7 @@ impl World {
         cfg.kato_ms = KATO_MS;
         cfg.digests = self.digests;
         let path = &mut self.paths[p];
-        path.admin = Some(HostConn { q: HostQueue::new(cfg), link });
+        path.admin = Some(HostConn { q: HostQueue::new(cfg), link, auth: None });
         path.phase = Phase::Connecting;
         path.phase_since_ns = self.now;
         path.ana = AnaState::Change;
@@ -769,12 +801,14 @@ impl World {
         path.id_ns_again = false;
         // A new controller reads the namespace at its bring-up.
         path.event_owed = None;
+        path.stale_auth = false;
         let mut links = Vec::new();
         let mut done = Vec::new();
         if let Some(mut c) = path.io.take() {
             c.q.set_failed(why);
             c.q.abort_all(Status::HOST_PATH_ERROR);
-            done.append(c.q.completions());
+            // An authentication command ends with its transaction, dropped with the queue.
+            done.extend(c.q.completions().drain(..).filter(|d| d.token != TOKEN_AUTH));
             links.push(c.link);
         }
         if let Some(c) = path.admin.take() {
@@ -870,7 +904,7 @@ impl World {
                 let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
                 cfg.digests = self.digests;
                 let path = &mut self.paths[p];
-                path.io = Some(HostConn { q: HostQueue::new(cfg), link });
+                path.io = Some(HostConn { q: HostQueue::new(cfg), link, auth: None });
                 path.phase = Phase::IoConnecting;
                 path.phase_since_ns = self.now;
                 if self.resizes {
@@ -1039,6 +1073,10 @@ impl World {
             self.violate(format!("I/O {ri}: its buffer did not come back with its completion"));
         }
         let status = d.cqe.status;
+        if status == Status::AUTH_REQUIRED && self.paths[p].stale_auth {
+            self.reqs[ri].stale_auth = true;
+            self.event(format_args!("io {ri} refused: its queue's re-authentication with a stale key failed"));
+        }
         let r = &mut self.reqs[ri];
         // The production block core's decision (a multipath head: fail over or complete).
         let limits = host::context::ContextOptions { max_failovers: MAX_FAILOVERS, ..Default::default() };
@@ -1090,6 +1128,10 @@ impl World {
                 let what =
                     format!("I/O {ri} was sent on path {p}, whose namespace is {} ({phase:?})", ana.linux_name());
                 self.violate(what);
+                return;
+            }
+            // A re-authentication's command holds an entry of the queue: wait for one.
+            if self.paths[p].io.as_ref().is_some_and(|c| c.q.outstanding() >= usize::from(c.q.entries())) {
                 return;
             }
             let Some(tag) = self.paths[p].tags.alloc() else { return };
@@ -1195,6 +1237,7 @@ impl World {
             room: 0,
             low: 0,
             cut: false,
+            stale_auth: false,
         });
         self.queued.push_back(ri);
         self.active += 1;
@@ -1244,6 +1287,7 @@ impl World {
         } else if !status.is_success()
             && !status.is_path_error()
             && status != Status::RESERVATION_CONFLICT
+            && (status != Status::AUTH_REQUIRED || !self.reqs[ri].stale_auth)
             && (op == ROp::Flush || end <= low)
         {
             self.violate(format!("I/O {ri} ({op:?}, blocks {lba}..{end}, within the namespace) failed: {status}"));
@@ -1376,6 +1420,14 @@ impl World {
         if self.target.restart_at_ns.is_some_and(|t| t <= self.now) {
             out.push(Action::Restart);
         }
+        if let Some(a) = &self.auth {
+            if self.faults && a.rotate_at_step.is_some_and(|s| self.step >= s) {
+                out.push(Action::RotateKeys);
+            }
+            if a.host_update_at.is_some_and(|t| t <= self.now) {
+                out.push(Action::HostKeys);
+            }
+        }
         if self.faults && self.rng.chance(20_000) {
             out.push(Action::Fault);
         }
@@ -1402,7 +1454,7 @@ impl World {
             .chain(paths)
             .chain(held)
             .chain(ka)
-            .chain([self.disk.next_due(), self.target.restart_at_ns])
+            .chain([self.disk.next_due(), self.target.restart_at_ns, self.auth_due()])
             .flatten()
             .filter(|&t| t > self.now)
             .min()
@@ -1468,6 +1520,8 @@ impl World {
                 self.start_target();
             }
             Action::Fault => self.fault(),
+            Action::RotateKeys => self.rotate_keys(),
+            Action::HostKeys => self.update_host_keys(),
             Action::BitFlip => {
                 let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
                 if live.is_empty() {
@@ -1587,6 +1641,9 @@ impl World {
                 let t = self.target.conns.swap_remove(i);
                 self.links[l].target_closed = true;
                 self.sum.keep_alive_timeouts += u64::from(t.conn.close_reason() == Some("keep-alive timeout"));
+                if t.conn.close_reason() == Some("in-band authentication failed") {
+                    self.auth_refused_link(l);
+                }
                 self.event(format_args!("target conn {} on link {l} released: {:?}", t.id, t.conn.close_reason()));
                 continue;
             }
@@ -1622,10 +1679,18 @@ impl World {
             path.admin.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
         let io_done: Vec<Done> = path.io.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
         for d in io_done {
-            self.io_done(p, d);
+            if d.token == TOKEN_AUTH {
+                self.auth_done(p, false, d);
+            } else {
+                self.io_done(p, d);
+            }
         }
         for d in admin_done {
-            self.admin_done(p, d);
+            if d.token == TOKEN_AUTH {
+                self.auth_done(p, true, d);
+            } else {
+                self.admin_done(p, d);
+            }
         }
         let path = &self.paths[p];
         if matches!(path.phase, Phase::Down { .. }) {
@@ -1635,9 +1700,14 @@ impl World {
         let failed =
             [path.admin.as_ref(), path.io.as_ref()].into_iter().flatten().any(|c| c.q.state() == QueueState::Failed);
         if lost || failed {
+            self.auth_cut_off(p);
             self.fail_path(p, if lost { "connection lost" } else { "queue failed" });
             return;
         }
+        if !self.drive_auth(p, true) || !self.drive_auth(p, false) {
+            return;
+        }
+        let path = &self.paths[p];
         let oldest = path.inflight.values().filter_map(|&ri| match self.reqs[ri].state {
             RState::Inflight { sent_ns, .. } => Some(sent_ns),
             _ => None,
@@ -1772,6 +1842,7 @@ impl World {
             && self.paths.iter().all(|p| {
                 p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && p.event_owed.is_none()
             })
+            && !self.auth_busy()
             && (!orphans || self.orphans() == 0))
             && self.now < deadline
             && self.step < self.drain_steps
@@ -1834,6 +1905,10 @@ impl World {
         if self.host_blocks != self.ns_blocks {
             let (h, t) = (self.host_blocks, self.ns_blocks);
             self.violate(format!("the host believes the namespace has {h} blocks; the target has {t}"));
+            return;
+        }
+        self.auth_final_checks();
+        if self.violation.is_some() {
             return;
         }
         let held = self.target.pool.outstanding();
