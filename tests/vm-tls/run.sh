@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # run.sh — NVMe/TCP over TLS 1.3 with Linux, in a vmlab QEMU guest (Linux 7.2, KERNEL=sid).
 #
-#   tests/vm-tls/run.sh [--kernel sid] [--hmac 1|2] linux-host|linux-target|linux-concat|linux-target-concat|ktls
+#   tests/vm-tls/run.sh [--kernel sid] [--hmac 1|2] [--identity 0|1] linux-host|linux-target|linux-concat|linux-target-concat|ktls
 #
+# --identity 0  linux-host: the guest's keyring holds the PSK under the older identity
+#             (`NVMe0R0x <hostnqn> <subnqn>`, no digest: what Linux 6.7-6.13 present; 7.2
+#             falls back to it), and every channel the target opens must show that identity.
 # --hmac 2    the TLS key is of hash 02 (48 bytes, SHA-384: TLS_AES_256_GCM_SHA384) instead of
 #             01. linux-host: the guest makes it (`nvme gen-tls-key --hmac=2`) and hands it to
 #             the host through the 9p share before the target starts; the target's log must
@@ -70,6 +73,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
     --hmac) TLS_HMAC=$2; shift ;;
+    --identity) TLS_IDENTITY=$2; shift ;;
     -h|--help) sed -n '2,/^# VMLAB_DIR/p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
@@ -83,6 +87,11 @@ case "$SCENARIO" in
 esac
 TLS_HMAC=${TLS_HMAC:-1}
 case "$TLS_HMAC" in 1|2) ;; *) echo "--hmac is 1 or 2" >&2; exit 2 ;; esac
+# The TLS PSK identity the guest's kernel host presents (linux-host): 1 (with the PSK's
+# digest, Linux 6.14+) or 0 (Linux 6.7-6.13's; a newer kernel falls back to it when the
+# keyring holds only that identity).
+TLS_IDENTITY=${TLS_IDENTITY:-1}
+case "$TLS_IDENTITY" in 0|1) ;; *) echo "--identity is 0 or 1" >&2; exit 2 ;; esac
 export KERNEL=${KERNEL:-sid}
 case "$KERNEL" in
   bookworm) skip "KERNEL=bookworm is Linux 6.1: no NVMe/TCP TLS (6.7+ has it)" ;;
@@ -94,7 +103,7 @@ TOOLS=$(VMLAB_DIR=$VMLAB_DIR "$HERE/guest-tools.sh" | tail -1) || skip "guest TL
 [ -s "$TOOLS" ] || skip "guest TLS tools were not made"
 
 resolve_qpath_bin
-begin_vm_run "qpath-vm-tls-$SCENARIO-$KERNEL-hmac$TLS_HMAC" 900
+begin_vm_run "qpath-vm-tls-$SCENARIO-$KERNEL-hmac$TLS_HMAC-id$TLS_IDENTITY" 900
 
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01
 QPATH_NQN=nqn.2026-11.io.qpath:tls
@@ -309,7 +318,8 @@ scenario_linux-host() {
   else
     start_target --config "$D/target.toml" || return 0
   fi
-  boot_guest "$HERE/guest/linux-host.sh" "vmlab.env.HOSTNQN=$HOSTNQN" ${guest_key[@]+"${guest_key[@]}"}
+  boot_guest "$HERE/guest/linux-host.sh" "vmlab.env.HOSTNQN=$HOSTNQN" "vmlab.env.IDENTITY=$TLS_IDENTITY" \
+    ${guest_key[@]+"${guest_key[@]}"}
   serve_guest
   check_guest
   local q suite n
@@ -319,6 +329,9 @@ scenario_linux-host() {
   n=$(grep "TLS channel open" "$D/target.log" | grep -c "$suite" || true)
   [ "$q" -ge 4 ] && [ "$n" = "$q" ] && pass "target: every channel ran $suite ($n)" \
     || fail "target: $n of $q channels ran $suite"
+  n=$(grep "TLS channel open" "$D/target.log" | grep -c "identity=NVMe${TLS_IDENTITY}R0" || true)
+  [ "$q" -ge 4 ] && [ "$n" = "$q" ] && pass "target: every channel's PSK identity is of version $TLS_IDENTITY ($n)" \
+    || fail "target: $n of $q channels presented an identity of version $TLS_IDENTITY"
   if grep -aq "NVMeTLSkey-1" "$D/target.log" "$SERIAL"; then fail "a TLS key is printed in a log"; else pass "no TLS key in the target log or the serial log"; fi
   check_target_after
 }

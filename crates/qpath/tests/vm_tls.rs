@@ -50,6 +50,21 @@ fn vm_tls_linux_host_to_qpath_target_needs_root_and_qemu() {
     run_scenario("linux-host");
 }
 
+/// `linux-host` with the PSK in the guest's keyring under the older identity (version 0, no
+/// digest: what Linux 6.7-6.13 present; 7.2 falls back to it): every channel the target opens
+/// shows that identity.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_linux_host_older_identity_to_qpath_target_needs_root_and_qemu() {
+    let what = "vm-tls --identity 0 linux-host";
+    vm_script::run(
+        "tests/vm-tls/run.sh",
+        &["--kernel", "sid", "--identity", "0", "linux-host"],
+        what,
+        SCENARIO_TIMEOUT_S,
+    );
+}
+
 /// `linux-host` with a key of hash 02 that the guest makes (`nvme gen-tls-key --hmac=2`):
 /// every channel runs TLS_AES_256_GCM_SHA384.
 #[test]

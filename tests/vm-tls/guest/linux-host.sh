@@ -34,13 +34,14 @@ if [ "${GUEST_KEY:-}" = 2 ]; then
 fi
 
 step "nvme discover --tls on $PORT1"
-# The PSKs go into the .nvme keyring once, by identity (version 1: with the digest), for the
+# The PSKs go into the .nvme keyring once, by identity (IDENTITY, default version 1: with the
+# digest; version 0 is the one Linux 6.7-6.13 present, which a newer kernel falls back to), for the
 # discovery NQN and the subsystem, as Linux documents (nvme check-tls-key --insert); connects
 # then name no key and the kernel finds it by identity. (Passing --tls-key to each connect
 # inserts it again: the second insert of an identity replaces the first key, and the first
 # controller's reconnect then asks tlshd for a key that no longer exists.)
 for sub in nqn.2014-08.org.nvmexpress.discovery "$NQN"; do
-  out=$(timeout 60 $SNVME check-tls-key --keydata="$KEY" --hostnqn="$HOSTNQN" --subsysnqn="$sub" --identity=1 --insert 2>&1); rc=$?
+  out=$(timeout 60 $SNVME check-tls-key --keydata="$KEY" --hostnqn="$HOSTNQN" --subsysnqn="$sub" --identity="${IDENTITY:-1}" --insert 2>&1); rc=$?
   echo "$out" | grep -v NVMeTLSkey
   [ $rc = 0 ] && pass "check-tls-key --insert for $sub" || fail "check-tls-key --insert ($sub) rc=$rc"
 done
