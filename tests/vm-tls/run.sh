@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
 # run.sh — NVMe/TCP over TLS 1.3 with Linux, in a vmlab QEMU guest (Linux 7.2, KERNEL=sid).
 #
-#   tests/vm-tls/run.sh [--kernel sid] linux-host|linux-target|linux-concat|linux-target-concat|ktls
+#   tests/vm-tls/run.sh [--kernel sid] [--hmac 1|2] [--identity 0|1] linux-host|linux-target|linux-concat|linux-target-concat|ktls
+#
+# --identity 0  linux-host: the guest's keyring holds the PSK under the older identity
+#             (`NVMe0R0x <hostnqn> <subnqn>`, no digest: what Linux 6.7-6.13 present; 7.2
+#             falls back to it), and every channel the target opens must show that identity.
+# --hmac 2    the TLS key is of hash 02 (48 bytes, SHA-384: TLS_AES_256_GCM_SHA384) instead of
+#             01. linux-host: the guest makes it (`nvme gen-tls-key --hmac=2`) and hands it to
+#             the host through the 9p share before the target starts; the target's log must
+#             show TLS_AES_256_GCM_SHA384 for every channel. linux-target: `qpath gen-tls-key
+#             --hmac 2` makes it (and the wrong key), nvmet takes it from the keyring. ktls:
+#             `qpath gen-tls-key --hmac 2` makes the key both ends in the guest use. The
+#             concatenation scenarios use no configured key. Every capture is checked for the
+#             suite its ServerHellos chose.
 #
 # linux-host  the guest's kernel NVMe/TCP host (tlshd from ktls-utils runs its handshakes;
 #             sid's nvme-cli derives and inserts the PSK) reaches `qpath target`, whose two
@@ -60,6 +72,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 while [ $# -gt 0 ]; do
   case "$1" in
     --kernel) KERNEL=$2; shift ;;
+    --hmac) TLS_HMAC=$2; shift ;;
+    --identity) TLS_IDENTITY=$2; shift ;;
     -h|--help) sed -n '2,/^# VMLAB_DIR/p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) break ;;
@@ -71,6 +85,13 @@ case "$SCENARIO" in
   linux-host|linux-target|linux-concat|linux-target-concat|ktls) ;;
   *) echo "usage: $0 [--kernel sid] linux-host|linux-target|linux-concat|linux-target-concat|ktls" >&2; exit 2 ;;
 esac
+TLS_HMAC=${TLS_HMAC:-1}
+case "$TLS_HMAC" in 1|2) ;; *) echo "--hmac is 1 or 2" >&2; exit 2 ;; esac
+# The TLS PSK identity the guest's kernel host presents (linux-host): 1 (with the PSK's
+# digest, Linux 6.14+) or 0 (Linux 6.7-6.13's; a newer kernel falls back to it when the
+# keyring holds only that identity).
+TLS_IDENTITY=${TLS_IDENTITY:-1}
+case "$TLS_IDENTITY" in 0|1) ;; *) echo "--identity is 0 or 1" >&2; exit 2 ;; esac
 export KERNEL=${KERNEL:-sid}
 case "$KERNEL" in
   bookworm) skip "KERNEL=bookworm is Linux 6.1: no NVMe/TCP TLS (6.7+ has it)" ;;
@@ -82,7 +103,7 @@ TOOLS=$(VMLAB_DIR=$VMLAB_DIR "$HERE/guest-tools.sh" | tail -1) || skip "guest TL
 [ -s "$TOOLS" ] || skip "guest TLS tools were not made"
 
 resolve_qpath_bin
-begin_vm_run "qpath-vm-tls-$SCENARIO-$KERNEL" 900
+begin_vm_run "qpath-vm-tls-$SCENARIO-$KERNEL-hmac$TLS_HMAC-id$TLS_IDENTITY" 900
 
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01
 QPATH_NQN=nqn.2026-11.io.qpath:tls
@@ -90,7 +111,7 @@ QPATH_NQN=nqn.2026-11.io.qpath:tls
 # A fresh key for this run, in a file only root reads; the target and the guest read it
 # from their files (never from a command line or a log).
 umask 077
-"$QPATH_BIN" gen-tls-key > "$D/tls.key"
+"$QPATH_BIN" gen-tls-key --hmac "$TLS_HMAC" > "$D/tls.key"
 cat > "$D/target.toml" <<TOML
 [[port]]
 id = 1
@@ -174,6 +195,19 @@ count_tls_records() {
   pdus=$(tshark -r "$pcap" "${nvme[@]}" -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
 }
 
+# check_suites PCAP PORT...: every ServerHello in the capture chose the key's suite
+# (0x1301 TLS_AES_128_GCM_SHA256 for hash 01, 0x1302 TLS_AES_256_GCM_SHA384 for hash 02).
+check_suites() {
+  local pcap=$1 p tls=() want=0x1301 suites
+  shift
+  for p in "$@"; do tls+=(-d "tcp.port==$p,tls"); done
+  [ "$TLS_HMAC" = 2 ] && want=0x1302
+  suites=$(tshark -r "$pcap" "${tls[@]}" -Y 'tls.handshake.type == 2' -T fields -e tls.handshake.ciphersuite 2>/dev/null \
+    | tr ',' '\n' | sort | uniq -c | tr '\n' ' ')
+  [ -n "$suites" ] && [ "$(printf '%s' "$suites" | grep -o '0x[0-9a-f]*' | sort -u)" = "$want" ] \
+    && pass "capture: every ServerHello chose suite $want ($suites)" || fail "capture: ServerHello suites: $suites (want $want)"
+}
+
 check_capture() {
   local i
   sleep 1
@@ -195,6 +229,7 @@ check_capture() {
     || fail "capture: $other frames with other record types"
   [ "$pdus" = 0 ] && pass "capture: no NVMe/TCP PDU in the clear (no ICReq, ICResp, capsule or data PDU)" \
     || fail "capture: $pdus clear NVMe/TCP PDUs"
+  check_suites "$PCAP" 4420 4421
   if [ "$pdus" = 0 ] && [ "$app" -gt 100 ]; then rm -f "$PCAP"; fi
 }
 
@@ -256,6 +291,15 @@ PY
 scenario_linux-host() {
   on_ask() {
     case "$1" in
+      guest-key)
+        # The guest's `nvme gen-tls-key --hmac=2` key, through the share (mode 0600 there):
+        # it replaces the host-made one, and the target starts with it.
+        install -m 600 "$GUEST_SHARE/tls.key" "$D/tls.key" && rm -f "$GUEST_SHARE/tls.key" \
+          || { fail "no key from the guest in the share"; return 1; }
+        if grep -qE '^NVMeTLSkey-1:02:[A-Za-z0-9+/=]{72}:$' "$D/tls.key"; then
+          pass "the guest's key is of hash 02 (48 bytes and CRC, as nvme gen-tls-key --hmac=2 prints it)"
+        else fail "the guest's key is not a key of hash 02"; return 1; fi
+        start_target --config "$D/target.toml" ;;
       ana-inaccessible) rpc set_ana_state port=1 group=1 state=inaccessible > /dev/null ;;
       ana-optimized) rpc set_ana_state port=1 group=1 state=optimized > /dev/null ;;
       restart-target)
@@ -266,13 +310,28 @@ scenario_linux-host() {
       *) fail "unexpected request from the guest: $1"; return 1 ;;
     esac
   }
-  start_target --config "$D/target.toml" || return 0
-  boot_guest "$HERE/guest/linux-host.sh" "vmlab.env.HOSTNQN=$HOSTNQN"
+  local guest_key=()
+  if [ "$TLS_HMAC" = 2 ]; then
+    GUEST_SHARE=$D/share
+    mkdir -m 700 -p "$GUEST_SHARE"
+    guest_key=(vmlab.env.GUEST_KEY=2)
+  else
+    start_target --config "$D/target.toml" || return 0
+  fi
+  boot_guest "$HERE/guest/linux-host.sh" "vmlab.env.HOSTNQN=$HOSTNQN" "vmlab.env.IDENTITY=$TLS_IDENTITY" \
+    ${guest_key[@]+"${guest_key[@]}"}
   serve_guest
   check_guest
-  local q
+  local q suite n
   q=$(grep -c "TLS channel open" "$D/target.log" || true)
   [ "$q" -ge 4 ] && pass "target: $q queues opened a TLS channel" || fail "target: $q TLS channels opened"
+  suite=TLS_AES_128_GCM_SHA256; [ "$TLS_HMAC" = 2 ] && suite=TLS_AES_256_GCM_SHA384
+  n=$(grep "TLS channel open" "$D/target.log" | grep -c "$suite" || true)
+  [ "$q" -ge 4 ] && [ "$n" = "$q" ] && pass "target: every channel ran $suite ($n)" \
+    || fail "target: $n of $q channels ran $suite"
+  n=$(grep "TLS channel open" "$D/target.log" | grep -c "identity=NVMe${TLS_IDENTITY}R0" || true)
+  [ "$q" -ge 4 ] && [ "$n" = "$q" ] && pass "target: every channel's PSK identity is of version $TLS_IDENTITY ($n)" \
+    || fail "target: $n of $q channels presented an identity of version $TLS_IDENTITY"
   if grep -aq "NVMeTLSkey-1" "$D/target.log" "$SERIAL"; then fail "a TLS key is printed in a log"; else pass "no TLS key in the target log or the serial log"; fi
   check_target_after
 }
@@ -319,7 +378,7 @@ scenario_linux-target() {
           pass "qpath connect --tls to Linux nvmet: live, namespace listed"
         else fail "qpath connect --tls to Linux nvmet: rc=$rc"; return 1; fi ;;
       connect-wrong-key)
-        umask 077; "$QPATH_BIN" gen-tls-key > "$D/wrong.key"; umask 022
+        umask 077; "$QPATH_BIN" gen-tls-key --hmac "$TLS_HMAC" > "$D/wrong.key"; umask 022
         out=$(on_host connect -a "$g" -s 4420 -n "$QPATH_NQN" -q "$HOSTNQN" -i 2 --tls --tls-key "$D/wrong.key" -l 0 2>&1); rc=$?
         printf '%s\n' "$out" | tail -3 | sed 's/^/    /'
         if [ $rc != 0 ] && printf '%s' "$out" | grep -q 'TLS'; then pass "qpath connect with a wrong key: refused in the TLS handshake"
@@ -396,6 +455,7 @@ scenario_ktls() {
     || fail "capture: $app frames of TLS application data"
   [ "$other" = 0 ] && pass "capture: only TLS record types" || fail "capture: $other frames with other record types"
   [ "$pdus" = 0 ] && pass "capture: no NVMe/TCP PDU in the clear" || fail "capture: $pdus clear NVMe/TCP PDUs"
+  check_suites "$pcap" 4420
   if [ "$pdus" = 0 ] && [ "$app" -gt 100 ]; then rm -f "$pcap"; fi
   if grep -aq "NVMeTLSkey-1" "$SERIAL"; then fail "a TLS key is printed in the serial log"; else pass "no TLS key in the serial log"; fi
 }

@@ -87,7 +87,7 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
         format!(
-            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} bytes, trace {:016x}",
+            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} authentications ({} failed), {} re-authentications, {} key rotations, {} bytes, trace {:016x}",
             self.seed,
             s.steps,
             s.virtual_ns as f64 / 1e9,
@@ -106,6 +106,10 @@ impl Report {
             s.preemptions,
             s.resizes,
             s.resizes_refused,
+            s.auths,
+            s.auth_failures,
+            s.reauths,
+            s.key_rotations,
             s.bytes,
             self.trace_hash
         )

@@ -33,6 +33,9 @@ use crate::net::{Dir, Link};
 use crate::oracle::Oracle;
 use crate::rng::Rng;
 
+mod auth;
+use auth::{AuthRun, SimAuth, TOKEN_AUTH};
+
 const NQN: &str = "nqn.2026-11.io.qpath:sim";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1d0000-0000-4000-8000-000000000001";
 const HOSTID: [u8; 16] = [0x5e; 16];
@@ -159,6 +162,14 @@ pub struct Summary {
     pub resizes: u64,
     /// Of the resizes asked for, those the target refused (a shrink over data).
     pub resizes_refused: u64,
+    /// DH-HMAC-CHAP transactions the host's queues completed (bring-up and re-authentication).
+    pub auths: u64,
+    /// Transactions that failed (refused, timed out or cut off): each reset its path.
+    pub auth_failures: u64,
+    /// Re-authentications of live queues started.
+    pub reauths: u64,
+    /// Times the operator rotated the host's keys.
+    pub key_rotations: u64,
 }
 
 /// The first invariant a run broke.
@@ -223,6 +234,9 @@ struct Req {
     low: usize,
     /// A shrink cut blocks of this write off while its last attempt was in flight.
     cut: bool,
+    /// Refused with AUTH_REQUIRED by a queue whose re-authentication with a key the
+    /// target no longer holds failed meanwhile (the operator's out-of-order change).
+    stale_auth: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,6 +256,8 @@ enum Phase {
 struct HostConn {
     q: HostQueue,
     link: usize,
+    /// The in-band authentication transaction under way on the queue.
+    auth: Option<AuthRun>,
 }
 
 struct Path {
@@ -253,6 +269,10 @@ struct Path {
     io: Option<HostConn>,
     /// The I/O queue's connection in the block core (its key there) and its link.
     io_conn: Option<(usize, usize)>,
+    /// The in-band authentication transaction under way on that queue (a
+    /// re-authentication: its commands go under the queue's reserved tag, beside the
+    /// core's I/O).
+    io_auth: Option<AuthRun>,
     /// The namespace's ANA state as this path last read it (`Change` until read).
     ana: AnaState,
     /// When the ANA log read in flight was sent.
@@ -272,6 +292,10 @@ struct Path {
     /// Attribute Changed notice enabled on the target: it owes this host an event, or
     /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
     event_owed: Option<u64>,
+    /// A queue of the path re-authenticates with a key the target no longer holds: the
+    /// target refuses it and, until it closes the queue, the queue's other commands
+    /// (AUTH_REQUIRED: the queue is no longer authenticated).
+    stale_auth: bool,
 }
 
 struct TConn {
@@ -324,6 +348,8 @@ enum Action {
     Fault,
     /// The host block core's periodic work.
     CoreTick,
+    RotateKeys,
+    HostKeys,
 }
 
 /// The simulated world.
@@ -361,6 +387,8 @@ pub struct World {
     /// Namespace resizes: their own stream, on in about half the seeds.
     ns_rng: Rng,
     resizes: bool,
+    /// In-band authentication: on in a share of seeds (its own stream).
+    auth: Option<SimAuth>,
     /// The namespace's size on the target, blocks (an operator's setting: kept across a
     /// restart).
     ns_blocks: usize,
@@ -471,6 +499,7 @@ impl World {
             resv_epoch: 0,
             ns_rng,
             resizes,
+            auth: SimAuth::draw(opts.seed, opts.steps),
             ns_blocks: NS_BLOCKS,
             host_blocks: NS_BLOCKS,
             saved_bytes: (NS_BLOCKS * BLOCK) as u64,
@@ -491,6 +520,10 @@ impl World {
             line: String::new(),
         };
         w.event(format_args!("seed {} policy {policy:?} {digests:?} ios {to_issue}", opts.seed));
+        if let Some(a) = &w.auth {
+            let what = a.describe();
+            w.event(format_args!("the subsystem requires DH-HMAC-CHAP of the host: {what}"));
+        }
         w.start_target();
         for (port, ctrl) in PORTS.iter().zip(ctrls) {
             w.paths.push(Path {
@@ -500,6 +533,7 @@ impl World {
                 admin: None,
                 io: None,
                 io_conn: None,
+                io_auth: None,
                 ana: AnaState::Change,
                 ana_read_ns: None,
                 next_ana_poll_ns: 0,
@@ -509,6 +543,7 @@ impl World {
                 id_ns_ns: None,
                 id_ns_again: false,
                 event_owed: None,
+                stale_auth: false,
             });
         }
         w
@@ -587,6 +622,8 @@ impl World {
             .expect("the simulated namespace");
         self.target.state = Some(state);
         self.target.restart_at_ns = None;
+        // The operator's keys are part of the saved configuration: every start has them.
+        self.configure_target_auth();
         if self.reservations {
             // Reservations are volatile here (no PTPL file): the host's bring-up registers
             // and reserves again after every start.
@@ -797,7 +834,7 @@ impl World {
         cfg.kato_ms = KATO_MS;
         cfg.digests = self.digests;
         let path = &mut self.paths[p];
-        path.admin = Some(HostConn { q: HostQueue::new(cfg), link });
+        path.admin = Some(HostConn { q: HostQueue::new(cfg), link, auth: None });
         path.phase = Phase::Connecting;
         path.phase_since_ns = self.now;
         path.ana = AnaState::Change;
@@ -827,6 +864,8 @@ impl World {
             links.push(c.link);
         }
         let conn = path.io_conn.take();
+        // A transaction under way on the I/O queue ends with it.
+        path.io_auth = None;
         if let Some(c) = path.admin.take() {
             links.push(c.link);
         }
@@ -848,8 +887,10 @@ impl World {
             self.core.free_conn(ckey);
             // This reset is the one it reports.
             let _ = self.paths[p].ctrl.take_io_failure();
-            if !control.is_empty() {
-                self.violate(format!("path {p}: a control completion on an I/O queue that sent none"));
+            // An authentication command ends with its transaction, dropped with the queue.
+            if let Some(d) = control.iter().find(|d| d.token != TOKEN_AUTH) {
+                let what = format!("path {p}: a control completion (token {}) no authentication sent", d.token);
+                self.violate(what);
             }
             links.push(link);
         }
@@ -857,6 +898,8 @@ impl World {
             self.close_link(l);
         }
         self.take_completions();
+        // After the completions of what the queue's failed re-authentication refused.
+        self.paths[p].stale_auth = false;
     }
 
     /// The host closes a connection: its end resets (Linux closes with SO_LINGER 0), and
@@ -961,7 +1004,7 @@ impl World {
                 let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
                 cfg.digests = self.digests;
                 let path = &mut self.paths[p];
-                path.io = Some(HostConn { q: HostQueue::new(cfg), link });
+                path.io = Some(HostConn { q: HostQueue::new(cfg), link, auth: None });
                 path.phase = Phase::IoConnecting;
                 path.phase_since_ns = self.now;
                 if self.resizes {
@@ -1126,6 +1169,8 @@ impl World {
 
     /// The command capsules in bytes path `p`'s I/O queue sent (its sends carry whole PDUs).
     fn commands_sent(&mut self, p: usize, ckey: usize, mut b: &[u8]) {
+        // A re-authentication's commands go under the queue's reserved tag: no request's.
+        let control_tag = self.core.queue_mut(ckey).map(|q| q.control_tag());
         while let Some(ch) = CommonHeader::peek(b) {
             let plen = ch.plen as usize;
             if plen < 12 || plen > b.len() {
@@ -1133,7 +1178,9 @@ impl World {
             }
             if ch.pdu_type == PduType::CapsuleCmd as u8 {
                 let cid = u16::from_le_bytes([b[10], b[11]]);
-                self.command_sent(p, ckey, cid);
+                if Some(cid) != control_tag {
+                    self.command_sent(p, ckey, cid);
+                }
                 if self.violation.is_some() {
                     return;
                 }
@@ -1178,18 +1225,26 @@ impl World {
         let mut control = Vec::new();
         self.core.deliver(ckey, false, now, |d| control.push(d));
         self.core.dispatch_after_service(self.qkeys[p], now);
-        if !control.is_empty() {
-            self.violate(format!("path {p}: a control completion on an I/O queue that sent none"));
-            return;
+        // The queue's reserved tag carries only a re-authentication's commands.
+        for d in control {
+            if d.token == TOKEN_AUTH {
+                self.auth_done(p, false, d);
+            } else {
+                self.violate(format!("path {p}: a control completion (token {}) no authentication sent", d.token));
+                return;
+            }
         }
+        self.take_completions();
         let failed = self
             .core
             .queue_mut(ckey)
             .filter(|q| q.state() == QueueState::Failed)
             .map(|q| q.error().unwrap_or("queue failed").to_string());
         if let Some(why) = failed {
+            self.auth_cut_off(p);
             self.fail_path(p, &why);
         } else if self.link_lost(link) {
+            self.auth_cut_off(p);
             self.fail_path(p, "connection lost");
         }
     }
@@ -1243,6 +1298,13 @@ impl World {
             self.reqs[ri].buf = c.buf;
             if self.reqs[ri].op != ROp::Flush && self.reqs[ri].buf.is_none() {
                 self.violate(format!("I/O {ri}: its buffer did not come back with its completion"));
+            }
+            if c.status == Status::AUTH_REQUIRED
+                && let RState::Inflight { path: p, .. } = self.reqs[ri].state
+                && self.paths[p].stale_auth
+            {
+                self.reqs[ri].stale_auth = true;
+                self.event(format_args!("io {ri} refused: its queue's re-authentication with a stale key failed"));
             }
             self.app_done(ri, c.status);
         }
@@ -1309,6 +1371,7 @@ impl World {
             room: 0,
             low: 0,
             cut: false,
+            stale_auth: false,
         });
         self.active += 1;
         self.event(format_args!("io {ri} {op:?} lba {lba} nlb {nlb} wid {wid}"));
@@ -1369,6 +1432,7 @@ impl World {
         } else if !status.is_success()
             && !status.is_path_error()
             && status != Status::RESERVATION_CONFLICT
+            && (status != Status::AUTH_REQUIRED || !self.reqs[ri].stale_auth)
             && (op == ROp::Flush || end <= low)
         {
             self.violate(format!("I/O {ri} ({op:?}, blocks {lba}..{end}, within the namespace) failed: {status}"));
@@ -1504,6 +1568,14 @@ impl World {
         if self.next_core_tick_ns <= self.now {
             out.push(Action::CoreTick);
         }
+        if let Some(a) = &self.auth {
+            if self.faults && a.rotate_at_step.is_some_and(|s| self.step >= s) {
+                out.push(Action::RotateKeys);
+            }
+            if a.host_update_at.is_some_and(|t| t <= self.now) {
+                out.push(Action::HostKeys);
+            }
+        }
         if self.faults && self.rng.chance(20_000) {
             out.push(Action::Fault);
         }
@@ -1528,7 +1600,7 @@ impl World {
             .chain(conns)
             .chain(paths)
             .chain(ka)
-            .chain([self.disk.next_due(), self.target.restart_at_ns, Some(self.next_core_tick_ns)])
+            .chain([self.disk.next_due(), self.target.restart_at_ns, Some(self.next_core_tick_ns), self.auth_due()])
             .flatten()
             .filter(|&t| t > self.now)
             .min()
@@ -1603,6 +1675,8 @@ impl World {
                 let now = self.at();
                 self.core.tick(now);
             }
+            Action::RotateKeys => self.rotate_keys(),
+            Action::HostKeys => self.update_host_keys(),
             Action::BitFlip => {
                 let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
                 if live.is_empty() {
@@ -1728,6 +1802,9 @@ impl World {
                 let t = self.target.conns.swap_remove(i);
                 self.links[l].target_closed = true;
                 self.sum.keep_alive_timeouts += u64::from(t.conn.close_reason() == Some("keep-alive timeout"));
+                if t.conn.close_reason() == Some("in-band authentication failed") {
+                    self.auth_refused_link(l);
+                }
                 self.event(format_args!("target conn {} on link {l} released: {:?}", t.id, t.conn.close_reason()));
                 continue;
             }
@@ -1763,8 +1840,22 @@ impl World {
         let path = &mut self.paths[p];
         let admin_done: Vec<Done> =
             path.admin.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
+        // The I/O queue's completions while it connects: only its authentication's.
+        let io_done: Vec<Done> = path.io.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
+        for d in io_done {
+            if d.token == TOKEN_AUTH {
+                self.auth_done(p, false, d);
+            } else {
+                self.violate(format!("path {p}: a completion (token {}) on an I/O queue still connecting", d.token));
+                return;
+            }
+        }
         for d in admin_done {
-            self.admin_done(p, d);
+            if d.token == TOKEN_AUTH {
+                self.auth_done(p, true, d);
+            } else {
+                self.admin_done(p, d);
+            }
         }
         let path = &self.paths[p];
         if matches!(path.phase, Phase::Down { .. }) {
@@ -1774,9 +1865,14 @@ impl World {
         let failed =
             [path.admin.as_ref(), path.io.as_ref()].into_iter().flatten().any(|c| c.q.state() == QueueState::Failed);
         if lost || failed {
+            self.auth_cut_off(p);
             self.fail_path(p, if lost { "connection lost" } else { "queue failed" });
             return;
         }
+        if !self.drive_auth(p, true) || !self.drive_auth(p, false) {
+            return;
+        }
+        let path = &self.paths[p];
         // The admin commands' timeout (the I/O's is the block core's, at its tick).
         let oldest = path.ana_read_ns.into_iter().chain(path.ka_sent_ns).chain(path.id_ns_ns).min();
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
@@ -1823,6 +1919,7 @@ impl World {
                 let now = self.at();
                 let ckey = self.core.install(self.qkeys[p], c.q, generation, now);
                 self.paths[p].io_conn = Some((ckey, c.link));
+                self.paths[p].io_auth = c.auth;
                 self.event(format_args!("path {p} live"));
                 self.view_changed(p);
                 self.read_ana(p);
@@ -1917,6 +2014,7 @@ impl World {
             && self.paths.iter().all(|p| {
                 p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && p.event_owed.is_none()
             })
+            && !self.auth_busy()
             && (!orphans || self.orphans() == 0))
             && self.now < deadline
             && self.step < self.drain_steps
@@ -1979,6 +2077,10 @@ impl World {
         if self.host_blocks != self.ns_blocks {
             let (h, t) = (self.host_blocks, self.ns_blocks);
             self.violate(format!("the host believes the namespace has {h} blocks; the target has {t}"));
+            return;
+        }
+        self.auth_final_checks();
+        if self.violation.is_some() {
             return;
         }
         let held = self.target.pool.outstanding();

@@ -629,9 +629,9 @@ impl QueueAuth {
             .hash_ids
             .iter()
             .filter_map(|&i| HashId::from_id(i))
-            // The generated PSK keys the channel's TLS 1.3 suite, and the TLS here takes
-            // SHA-256 PSKs only (TLS_AES_128_GCM_SHA256; README "TLS").
-            .filter(|h| !concat || *h == HashId::Sha256)
+            // The generated PSK keys the channel's TLS 1.3 suite of its hash: SHA-256 or
+            // SHA-384 (NVMe/TCP 1.1 §3.6.1.1); SHA-512 has no suite.
+            .filter(|h| !concat || tls::psk::PskHash::from_id(h.id()).is_some())
             .collect();
         // The configured hash if the host offers it, else the host's first (Linux nvmet does the same).
         self.hash = if offered.contains(&self.keys.hash) {
@@ -1098,7 +1098,7 @@ mod tests {
             assert!(matches!(m, Message::Success1(_)), "{m:?}");
             assert!(a.is_authenticated() && a.state() == AuthState::Done);
             let got = a.take_generated_psk().expect("a generated PSK");
-            assert_eq!(got.hash(), tls::psk::PskHash::Sha256, "SHA-256, the suite TLS here takes");
+            assert_eq!(got.hash(), tls::psk::PskHash::Sha384, "the configured hash, offered: a SHA-384 PSK");
             assert!(same_psk(&got, &psk), "the PSK is HMAC(Ks, C1 || C2)");
             assert!(a.take_generated_psk().is_none(), "handed over once");
         }
@@ -1146,11 +1146,11 @@ mod tests {
         n.sc_c = NEWTLSPSK;
         send(&mut a, &Message::Negotiate(n).encode());
         assert!(matches!(read(&mut a), Message::Failure1(Failure { rescode_exp: failure::CONCAT_MISMATCH, .. })));
-        // SHA-384 and SHA-512 only: no suite the TLS here takes for the PSK's hash.
+        // SHA-512 only: no TLS suite for the PSK's hash.
         let mut a = on_connect(Some(Arc::clone(&k)), HOST, SUB, ADMIN_PLAIN, 0).unwrap();
         let mut n = Negotiate::offer_all(4);
         n.sc_c = NEWTLSPSK;
-        n.hash_ids = vec![2, 3];
+        n.hash_ids = vec![3];
         send(&mut a, &Message::Negotiate(n).encode());
         assert!(matches!(read(&mut a), Message::Failure1(Failure { rescode_exp: failure::HASH_UNUSABLE, .. })));
         // A concatenating Reply without C2.
@@ -1161,11 +1161,13 @@ mod tests {
         let Message::Challenge(c) = read(&mut a) else { panic!("no challenge") };
         let mine = DhKeyPair::generate(DhGroup::Ffdhe2048).unwrap().unwrap();
         let ks = mine.shared_secret(&c.dhv).unwrap();
-        let ca = dhchap::challenge(HashId::Sha256, Some(&ks), &c.c1);
+        // The controller's hash (the configured SHA-384): a right R1, only C2 is missing.
+        let hash = HashId::from_id(c.hash_id).unwrap();
+        let ca = dhchap::challenge(hash, Some(&ks), &c.c1);
         let r1 = dhchap::response_sc(
             Role::Host,
             &ResponseInput {
-                hash: HashId::Sha256,
+                hash,
                 key: &k.host_key.transformed(HOST),
                 challenge: &ca,
                 seqnum: c.seqnum,

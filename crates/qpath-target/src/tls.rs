@@ -7,9 +7,10 @@
 //!   accept ─► first byte 0x16 (TLS handshake record)? ── required/allowed ─► TLS channel
 //!            └─ anything else (an ICReq starts with 0x00) ── none/allowed ─► plaintext
 //!                                                       └─ required ─► closed
-//!   ClientHello identity "NVMe<v>R01 <hostnqn> <subnqn> [<digest>]"
+//!   ClientHello identity "NVMe<v>R<hh> <hostnqn> <subnqn> [<digest>]"    hh: 01 or 02, the key's hash
 //!     └─ the subsystem's key for that host (discovery: any subsystem's key for the host)
-//!        → retained PSK → TLS PSK; no key: the handshake fails (alert), nothing else runs
+//!        → retained PSK → TLS PSK; no key (or one of the other hash): the handshake fails
+//!        (alert), the log says why, nothing else runs
 //!   ClientHello identity "NVMe1G<hh> <hostnqn> <subnqn> <digest>"
 //!     └─ the PSK the host's last secure channel concatenation generated in that subsystem
 //!        (held in memory only, while the host keeps its DH-HMAC-CHAP keys there)
@@ -186,6 +187,30 @@ impl PskLookup for KeyStore {
             target.subsystem(&id.subnqn)?.host_tls_key(&id.hostnqn)
         }?;
         key.key.retained(&id.hostnqn, Derivation::Standard).tls_psk(id)
+    }
+
+    /// A key for the host and subsystem of the other hash than the identity names: say so
+    /// (the host was given a key of hash 01 and the target one of hash 02, or the reverse).
+    fn refusal(&self, id: &Identity) -> Option<String> {
+        let target = self.0.upgrade()?;
+        let hash = if id.generated {
+            target.tls.generated.get(&id.hostnqn, &id.subnqn)?.hash()
+        } else if id.subnqn == nvme::nqn::DISCOVERY_NQN {
+            target.subsystems().iter().find_map(|s| s.host_tls_key(&id.hostnqn))?.key.hash()
+        } else {
+            target.subsystem(&id.subnqn)?.host_tls_key(&id.hostnqn)?.key.hash()
+        };
+        (hash != id.hash).then(|| {
+            format!(
+                "identity {id} names hash {:02}, and the TLS key for host {} in {} is of hash {:02} ({}); \
+                 give both ends the same key",
+                id.hash.id(),
+                id.hostnqn,
+                id.subnqn,
+                hash.id(),
+                hash.suite().name()
+            )
+        })
     }
 }
 

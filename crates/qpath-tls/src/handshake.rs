@@ -13,21 +13,32 @@
 //! Only TLS 1.3, only the two NVMe cipher suites, only a PSK (no certificate: a server with
 //! no PSK for the identity fails the handshake; a client refuses a server that did not use
 //! the PSK), `psk_dhe_ke` preferred (RFC 8446 §4.2.9; OpenSSL's default, as Linux's tlshd),
-//! no session tickets. OpenSSL's "legacy" PSK callbacks give TLS 1.3 PSKs of SHA-256 only
-//! (`TLS_AES_128_GCM_SHA256`); SHA-384 keys are refused with a clear error (see the README).
+//! no session tickets.
+//!
+//! The PSK travels in an `SSL_SESSION` through OpenSSL's TLS 1.3 session PSK callbacks
+//! ([`session`]), for both hashes: 01 with `TLS_AES_128_GCM_SHA256`, 02 with
+//! `TLS_AES_256_GCM_SHA384` (NVMe/TCP 1.1 §3.6.1.1). One path for both, because OpenSSL's
+//! "legacy" PSK callbacks, the only ones its Rust wrapper has, make every TLS 1.3 PSK a
+//! SHA-256 one; two paths would be two ways to get the same thing wrong. The suite follows
+//! the key: a client offers only its PSK's suite (as Linux's tlshd), and a server, which
+//! picks its suite before it looks at PSKs, narrows its suites to the one the first offered
+//! identity's `<hh>` names, from the ClientHello callback.
+
+#[allow(unsafe_code)]
+mod session;
 
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    ErrorCode, HandshakeError, MidHandshakeSslStream, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode,
-    SslOptions, SslStream, SslVerifyMode, SslVersion,
+    ClientHelloResponse, ErrorCode, HandshakeError, MidHandshakeSslStream, Ssl, SslContext, SslContextBuilder,
+    SslMethod, SslMode, SslOptions, SslRef, SslSession, SslStream, SslVerifyMode, SslVersion,
 };
 use zeroize::Zeroizing;
 
 use crate::Error;
-use crate::psk::{IDENTITY_MAX, Identity, PskHash, TlsPsk};
+use crate::psk::{IDENTITY_MAX, Identity, TlsPsk};
 use crate::record::{Dir, Keys, Suite};
 
 /// Most handshake bytes a peer may send before the handshake is done.
@@ -37,6 +48,12 @@ pub const HANDSHAKE_INPUT_MAX: usize = 64 * 1024;
 pub trait PskLookup: Send + Sync {
     /// The TLS PSK for `identity`, if this end holds a key for it.
     fn lookup(&self, identity: &Identity) -> Option<TlsPsk>;
+
+    /// Why this end holds no key for `identity`, when there is more to say than that (a key
+    /// for the host and subsystem of the other hash, say). Never key material.
+    fn refusal(&self, _identity: &Identity) -> Option<String> {
+        None
+    }
 }
 
 /// Per-connection state the OpenSSL callbacks fill in.
@@ -44,7 +61,13 @@ pub trait PskLookup: Send + Sync {
 struct Shared {
     /// Client: what it presents. Server: what the client presented and was found.
     identity: Option<Identity>,
+    /// Client: the identity as it goes on the wire (OpenSSL points at these bytes, which
+    /// stay put until the connection is dropped).
+    identity_wire: Box<[u8]>,
+    /// Client: its PSK.
     psk: Option<TlsPsk>,
+    /// Server: where the keys are.
+    lookup: Option<Arc<dyn PskLookup>>,
     /// Why the server found no key (for the log; never the key).
     refused: Option<String>,
     client_secret: Option<Zeroizing<Vec<u8>>>,
@@ -100,8 +123,8 @@ fn base_context(server: bool) -> Result<SslContextBuilder, Error> {
     let mut b = SslContextBuilder::new(method).map_err(|x| e("context", x))?;
     b.set_min_proto_version(Some(SslVersion::TLS1_3)).map_err(|x| e("TLS 1.3 only", x))?;
     b.set_max_proto_version(Some(SslVersion::TLS1_3)).map_err(|x| e("TLS 1.3 only", x))?;
-    // The legacy PSK callbacks carry SHA-256 PSKs in TLS 1.3 (see the module docs).
-    b.set_ciphersuites("TLS_AES_128_GCM_SHA256").map_err(|x| e("cipher suites", x))?;
+    // The two suites of NVMe/TCP; a connection narrows them to its PSK's (module docs).
+    b.set_ciphersuites("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384").map_err(|x| e("cipher suites", x))?;
     b.set_num_tickets(0).map_err(|x| e("tickets", x))?;
     b.set_options(SslOptions::NO_TICKET);
     // No certificate is ever accepted: a client without a trust store fails any
@@ -121,6 +144,7 @@ fn base_context(server: bool) -> Result<SslContextBuilder, Error> {
 /// The server side's shared configuration (one per port): how identities find their PSK.
 pub struct ServerConfig {
     ctx: SslContext,
+    lookup: Arc<dyn PskLookup>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -133,39 +157,92 @@ impl ServerConfig {
     /// A server that takes the PSKs `lookup` finds.
     pub fn new(lookup: Arc<dyn PskLookup>) -> Result<ServerConfig, Error> {
         let mut b = base_context(true)?;
-        b.set_psk_server_callback(move |ssl, identity, out| {
-            let found = server_psk(&*lookup, identity);
-            let len = match &found {
-                Ok((_, psk)) if psk.bytes().len() <= out.len() => {
-                    out[..psk.bytes().len()].copy_from_slice(psk.bytes());
-                    psk.bytes().len()
-                }
-                _ => 0,
-            };
-            with_shared(ssl, |s| match found {
-                Ok((id, psk)) => {
-                    s.identity = Some(id);
-                    s.psk = Some(psk);
-                }
-                Err(why) => s.refused = Some(why),
-            });
-            // 0: no PSK; OpenSSL then finds no way to authenticate and fails the handshake.
-            Ok(len)
+        b.set_client_hello_callback(|ssl, _alert| {
+            narrow_suites(ssl)?;
+            Ok(ClientHelloResponse::SUCCESS)
         });
-        Ok(ServerConfig { ctx: b.build() })
+        session::set_server_callback(&mut b);
+        Ok(ServerConfig { ctx: b.build(), lookup })
     }
 }
 
-fn server_psk(lookup: &dyn PskLookup, identity: Option<&[u8]>) -> Result<(Identity, TlsPsk), String> {
-    let bytes = identity.ok_or_else(|| "the client presented no PSK identity".to_string())?;
-    let id = Identity::parse(bytes).map_err(|e| e.to_string())?;
-    if id.hash != PskHash::Sha256 {
-        return Err(format!("identity {id}: SHA-384 PSKs are not supported yet"));
+/// The server's suite for a ClientHello: the one its first PSK identity's `<hh>` names
+/// (OpenSSL picks the suite before it looks at PSKs, and takes a PSK only of the suite's
+/// hash). A client that does not offer that suite is told why, in the log.
+fn narrow_suites(ssl: &mut SslRef) -> Result<(), openssl::error::ErrorStack> {
+    let Some(bytes) = session::client_hello_first_identity(ssl) else { return Ok(()) };
+    // An identity that does not parse is refused by the PSK lookup, with its reason.
+    let Ok(id) = Identity::parse(&bytes) else { return Ok(()) };
+    let suite = id.hash.suite();
+    let offered = ssl.client_hello_ciphers().is_some_and(|c| c.chunks_exact(2).any(|p| p == suite.id()));
+    if !offered {
+        with_shared(ssl, |s| {
+            s.refused = Some(format!(
+                "identity {id} names hash {:02}, and the client does not offer its cipher suite {}",
+                id.hash.id(),
+                suite.name()
+            ));
+        });
     }
-    match lookup.lookup(&id) {
-        Some(psk) => Ok((id, psk)),
-        None => Err(format!("no TLS key for identity {id}")),
+    ssl.set_ciphersuites(suite.name())
+}
+
+/// The server's session callback: the session for an identity the client offers, or none
+/// (the reason kept for the log).
+fn server_find(ssl: &SslRef, identity: &[u8]) -> Option<SslSession> {
+    with_shared(ssl, |s| {
+        let lookup = s.lookup.clone()?;
+        let found = server_psk(&*lookup, identity).and_then(|(id, psk)| {
+            let session = session::psk_session(ssl, psk.hash().suite(), psk.bytes())
+                .map_err(|e| format!("identity {id}: OpenSSL refused its PSK session: {e}"))?;
+            Ok((id, session))
+        });
+        match found {
+            Ok((id, session)) => {
+                s.identity = Some(id);
+                Some(session)
+            }
+            Err(why) => {
+                s.refused = Some(why);
+                None
+            }
+        }
+    })
+    .flatten()
+}
+
+fn server_psk(lookup: &dyn PskLookup, identity: &[u8]) -> Result<(Identity, TlsPsk), String> {
+    if identity.is_empty() {
+        return Err("the client presented no PSK identity".to_string());
     }
+    let id = Identity::parse(identity).map_err(|e| e.to_string())?;
+    let psk = match lookup.lookup(&id) {
+        Some(psk) => psk,
+        None => return Err(lookup.refusal(&id).unwrap_or_else(|| format!("no TLS key for identity {id}"))),
+    };
+    check_psk(&id, &psk).map_err(|e| e.to_string())?;
+    Ok((id, psk))
+}
+
+/// A PSK fits its identity: the same hash, and the hash's length (NVMe/TCP 1.1 §3.6.1.3).
+fn check_psk(id: &Identity, psk: &TlsPsk) -> Result<(), Error> {
+    if psk.hash() != id.hash {
+        return Err(Error::key(format!(
+            "identity {id} names hash {:02}, and its TLS PSK is of hash {:02}",
+            id.hash.id(),
+            psk.hash().id()
+        )));
+    }
+    if psk.bytes().len() != psk.hash().len() {
+        return Err(Error::key(format!(
+            "a TLS PSK of hash {:02} ({}) is {} bytes, not {}",
+            psk.hash().id(),
+            psk.hash().name(),
+            psk.hash().len(),
+            psk.bytes().len()
+        )));
+    }
+    Ok(())
 }
 
 /// The client side's shared configuration.
@@ -191,23 +268,19 @@ impl ClientConfig {
 
     fn new() -> Result<ClientConfig, Error> {
         let mut b = base_context(false)?;
-        b.set_psk_client_callback(|ssl, _hint, identity_out, psk_out| {
-            let r = with_shared(ssl, |s| {
-                let (Some(id), Some(psk)) = (&s.identity, &s.psk) else { return 0 };
-                let id = id.to_string();
-                // The identity goes out NUL-terminated; both must fit OpenSSL's buffers.
-                if id.len() >= identity_out.len() || psk.bytes().len() > psk_out.len() {
-                    return 0;
-                }
-                identity_out[..id.len()].copy_from_slice(id.as_bytes());
-                identity_out[id.len()] = 0;
-                psk_out[..psk.bytes().len()].copy_from_slice(psk.bytes());
-                psk.bytes().len()
-            });
-            Ok(r.unwrap_or(0))
-        });
+        session::set_client_callback(&mut b);
         Ok(ClientConfig { ctx: b.build() })
     }
+}
+
+/// The client's session callback: the connection's identity and a session with its PSK.
+fn client_offer(ssl: &SslRef) -> Option<session::Offer> {
+    with_shared(ssl, |s| {
+        let psk = s.psk.as_ref()?;
+        let session = session::psk_session(ssl, psk.hash().suite(), psk.bytes()).ok()?;
+        Some(session::Offer { identity: s.identity_wire.as_ptr(), identity_len: s.identity_wire.len(), session })
+    })
+    .flatten()
 }
 
 /// Bytes in and out of OpenSSL.
@@ -296,26 +369,34 @@ impl Handshake {
     /// The server side of a handshake on a new connection.
     pub fn server(cfg: &ServerConfig) -> Result<Handshake, Error> {
         let mut ssl = Ssl::new(&cfg.ctx).map_err(|e| Error::internal(format!("OpenSSL: {e}")))?;
-        ssl.set_ex_data(shared_index()?, Mutex::new(Shared::default()));
+        let shared = Shared { lookup: Some(Arc::clone(&cfg.lookup)), ..Shared::default() };
+        ssl.set_ex_data(shared_index()?, Mutex::new(shared));
         ssl.set_accept_state();
         Ok(Handshake { server: true, stage: Stage::Start(ssl), output: Vec::new(), input_total: 0 })
     }
 
     /// The client side, presenting `identity` with `psk`; its ClientHello is ready at once.
     pub fn client(cfg: &ClientConfig, identity: Identity, psk: TlsPsk) -> Result<Handshake, Error> {
+        // Only the PSK's suite: a server picks its suite before it looks at the PSK.
+        let suites = psk.hash().suite().name();
+        Handshake::client_offering(cfg, identity, psk, suites)
+    }
+
+    /// The client side, offering the TLS 1.3 cipher suites `suites` (OpenSSL's list syntax).
+    fn client_offering(cfg: &ClientConfig, identity: Identity, psk: TlsPsk, suites: &str) -> Result<Handshake, Error> {
         if identity.to_string().len() > IDENTITY_MAX {
             return Err(Error::identity(format!(
                 "the PSK identity of {} and {} is longer than the {IDENTITY_MAX} bytes TLS here carries",
                 identity.hostnqn, identity.subnqn
             )));
         }
-        if psk.hash() != PskHash::Sha256 {
-            return Err(Error::key("SHA-384 TLS keys (hash 02) are not supported yet; use a key of hash 01"));
-        }
+        check_psk(&identity, &psk)?;
         let mut ssl = Ssl::new(&cfg.ctx).map_err(|e| Error::internal(format!("OpenSSL: {e}")))?;
+        ssl.set_ciphersuites(suites).map_err(|e| Error::internal(format!("OpenSSL cipher suites: {e}")))?;
+        let identity_wire = identity.to_string().into_bytes().into_boxed_slice();
         ssl.set_ex_data(
             shared_index()?,
-            Mutex::new(Shared { identity: Some(identity), psk: Some(psk), ..Shared::default() }),
+            Mutex::new(Shared { identity: Some(identity), identity_wire, psk: Some(psk), ..Shared::default() }),
         );
         ssl.set_connect_state();
         let mut h = Handshake { server: false, stage: Stage::Start(ssl), output: Vec::new(), input_total: 0 };
@@ -410,6 +491,13 @@ fn finish(stream: &SslStream<MemIo>, server: bool, leftover: Vec<u8>) -> Result<
         with_shared(ssl, |s| (s.identity.take(), s.client_secret.take(), s.server_secret.take()))
             .ok_or_else(|| Error::internal("handshake state lost"))?;
     let identity = identity.ok_or_else(|| Error::handshake("no PSK identity"))?;
+    if suite.hash() != identity.hash {
+        return Err(Error::handshake(format!(
+            "identity {identity} names hash {:02}, and the suite is {}",
+            identity.hash.id(),
+            suite.name()
+        )));
+    }
     let (Some(c), Some(s)) = (client, server_secret) else {
         return Err(Error::internal("OpenSSL did not give the traffic secrets"));
     };
@@ -421,4 +509,181 @@ fn finish(stream: &SslStream<MemIo>, server: bool, leftover: Vec<u8>) -> Result<
         identity,
         leftover,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::psk::{ConfiguredPsk, Derivation, IdentityVersion, PskHash};
+
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-0908-0706-050403020100";
+    const SUB: &str = "nqn.2026-11.io.qpath:s1";
+
+    struct Store(ConfiguredPsk);
+    impl PskLookup for Store {
+        fn lookup(&self, id: &Identity) -> Option<TlsPsk> {
+            self.0.retained(&id.hostnqn, Derivation::Standard).tls_psk(id)
+        }
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// Runs a client and a server handshake against each other in memory.
+    fn run(mut c: Handshake, mut s: Handshake) -> (Result<Established, Error>, Result<Established, Error>) {
+        let (mut c_done, mut s_done) = (None, None);
+        let mut to_server = c.take_output();
+        for _ in 0..8 {
+            if s_done.is_none() && !to_server.is_empty() {
+                match s.step(&std::mem::take(&mut to_server)) {
+                    Ok(Progress::Done(e)) => s_done = Some(Ok(*e)),
+                    Ok(Progress::NeedInput) => {}
+                    Err(e) => s_done = Some(Err(e)),
+                }
+            }
+            let to_client = s.take_output();
+            if c_done.is_none() && !to_client.is_empty() {
+                match c.step(&to_client) {
+                    Ok(Progress::Done(e)) => c_done = Some(Ok(*e)),
+                    Ok(Progress::NeedInput) => {}
+                    Err(e) => c_done = Some(Err(e)),
+                }
+                to_server = c.take_output();
+            }
+            if c_done.is_some() && s_done.is_some() {
+                break;
+            }
+        }
+        let pending = || Err(Error::handshake("still running"));
+        (c_done.unwrap_or_else(pending), s_done.unwrap_or_else(pending))
+    }
+
+    fn client_and_server(
+        server_key: &ConfiguredPsk,
+        client_key: &ConfiguredPsk,
+        suites: Option<&str>,
+    ) -> (Handshake, Handshake) {
+        let cfg = ServerConfig::new(Arc::new(Store(server_key.clone()))).unwrap();
+        let r = client_key.retained(HOST, Derivation::Standard);
+        let id = r.identity(IdentityVersion::V1, HOST, SUB);
+        let psk = r.tls_psk(&id).unwrap();
+        let client_cfg = ClientConfig::shared().unwrap();
+        let c = match suites {
+            Some(list) => Handshake::client_offering(&client_cfg, id, psk, list).unwrap(),
+            None => Handshake::client(&client_cfg, id, psk).unwrap(),
+        };
+        (c, Handshake::server(&cfg).unwrap())
+    }
+
+    /// The session the callbacks hand OpenSSL: the PSK as its master key, the suite of the
+    /// PSK's hash, TLS 1.3.
+    #[test]
+    fn a_psk_session_carries_key_suite_and_version() {
+        let ctx = base_context(false).unwrap().build();
+        let ssl = Ssl::new(&ctx).unwrap();
+        for (suite, len) in [(Suite::Aes128GcmSha256, 32), (Suite::Aes256GcmSha384, 48)] {
+            let key: Vec<u8> = (0..len).map(|i: u8| i ^ 0x5a).collect();
+            let sess = session::psk_session(&ssl, suite, &key).unwrap();
+            assert_eq!(sess.master_key_len(), len.into());
+            let mut got = vec![0u8; 64];
+            let n = sess.master_key(&mut got);
+            assert!(got[..n] == key[..], "the master key is the PSK");
+            assert_eq!(sess.protocol_version(), SslVersion::TLS1_3);
+            assert_eq!(session::cipher_id(&sess), Some(suite.id()), "{}", suite.name());
+        }
+    }
+
+    /// The pre_shared_key extension's first identity, from bytes that may lie.
+    #[test]
+    fn the_first_offered_identity_is_read_within_its_lengths() {
+        let id = b"NVMe1R02 nqn.h nqn.s abc=";
+        let mut ext = Vec::new();
+        let entry_len = 2 + id.len() + 4;
+        ext.extend_from_slice(&u16::try_from(entry_len).unwrap().to_be_bytes());
+        ext.extend_from_slice(&u16::try_from(id.len()).unwrap().to_be_bytes());
+        ext.extend_from_slice(id);
+        ext.extend_from_slice(&[0, 0, 0, 0]);
+        ext.extend_from_slice(&[0, 33, 32]); // binders follow
+        assert_eq!(session::first_identity(&ext), Some(&id[..]));
+        for cut in 0..2 + entry_len {
+            assert_eq!(session::first_identity(&ext[..cut]), None, "cut at {cut}");
+        }
+        let mut long = ext.clone();
+        long[3] = 0xff; // an identity longer than its list
+        assert_eq!(session::first_identity(&long), None);
+        assert_eq!(session::first_identity(&[0, 6, 0, 0, 0, 0, 0, 0]), None, "an empty identity");
+    }
+
+    /// Hash 02 on both ends: TLS_AES_256_GCM_SHA384, with traffic secrets of SHA-384's
+    /// length that open each other's records.
+    #[test]
+    fn a_sha384_key_handshakes_with_aes_256() {
+        let k = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+        let (c, s) = client_and_server(&k, &k, None);
+        let (c, s) = run(c, s);
+        let (mut c, mut s) = (c.unwrap(), s.unwrap());
+        assert_eq!((c.suite, s.suite), (Suite::Aes256GcmSha384, Suite::Aes256GcmSha384));
+        assert_eq!(s.identity.hash, PskHash::Sha384);
+        assert!(s.identity.to_string().starts_with("NVMe1R02 "), "{}", s.identity);
+        let mut wire = Vec::new();
+        crate::record::seal_bytes(&mut c.seal, crate::record::content::APPLICATION_DATA, b"an ICReq", &mut wire)
+            .unwrap();
+        let (ty, n) = crate::record::open(&mut s.open, &mut wire, None).unwrap();
+        assert_eq!(ty, crate::record::content::APPLICATION_DATA);
+        assert_eq!(&wire[crate::record::HEADER_LEN..crate::record::HEADER_LEN + n], b"an ICReq");
+    }
+
+    /// A client that offers both suites, AES-128 first, with a hash-02 identity: the server
+    /// takes the suite the identity names (OpenSSL alone would pick AES-128 and ignore the
+    /// PSK). One that offers only AES-128 is refused, and the server says why.
+    #[test]
+    fn the_server_takes_the_suite_the_identity_names() {
+        let k = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+        let (c, s) = client_and_server(&k, &k, Some("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384"));
+        let (c, s) = run(c, s);
+        assert_eq!(c.unwrap().suite, Suite::Aes256GcmSha384);
+        assert_eq!(s.unwrap().suite, Suite::Aes256GcmSha384);
+        let (c, s) = client_and_server(&k, &k, Some("TLS_AES_128_GCM_SHA256"));
+        let (c, s) = run(c, s);
+        assert!(c.is_err());
+        let e = s.unwrap_err().to_string();
+        assert!(e.contains("does not offer its cipher suite TLS_AES_256_GCM_SHA384"), "{e}");
+    }
+
+    /// A wrong key of hash 02 fails the binder check; a client whose key is of the other
+    /// hash than the server's finds no key.
+    #[test]
+    fn wrong_or_other_hash_keys_are_refused() {
+        let k = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+        let other = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+        let (c, s) = client_and_server(&k, &other, None);
+        let (c, s) = run(c, s);
+        assert!(c.is_err() && s.is_err(), "a wrong key never makes a channel");
+        let k256 = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+        let (c, s) = client_and_server(&k, &k256, None);
+        let (c, s) = run(c, s);
+        assert!(c.is_err());
+        let e = s.unwrap_err().to_string();
+        assert!(e.contains("no TLS key for identity NVMe1R01"), "{e}");
+        let secret = hex(&k
+            .retained(HOST, Derivation::Standard)
+            .tls_psk(&k.retained(HOST, Derivation::Standard).identity(IdentityVersion::V1, HOST, SUB))
+            .unwrap()
+            .bytes()[..8]);
+        assert!(!e.contains(&secret), "no key in the error");
+    }
+
+    /// A PSK that does not fit its identity is refused before anything is sent.
+    #[test]
+    fn a_psk_that_does_not_fit_its_identity_is_refused() {
+        let k = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+        let r = k.retained(HOST, Derivation::Standard);
+        let id = r.identity(IdentityVersion::V1, HOST, SUB);
+        let cfg = ClientConfig::shared().unwrap();
+        let e = Handshake::client(&cfg, id.clone(), TlsPsk::from_bytes(PskHash::Sha384, &[1; 48])).unwrap_err();
+        assert!(e.to_string().contains("names hash 01, and its TLS PSK is of hash 02"), "{e}");
+        let e = Handshake::client(&cfg, id, TlsPsk::from_bytes(PskHash::Sha256, &[1; 48])).unwrap_err();
+        assert!(e.to_string().contains("hash 01 (sha256) is 32 bytes, not 48"), "{e}");
+    }
 }

@@ -190,15 +190,24 @@ const PREFIX: &str = "NVMeTLSkey-1:";
 impl ConfiguredPsk {
     /// A key from its bytes: 32 or 48 of them, matching `transform` when there is one.
     pub fn new(transform: Option<PskHash>, key: &[u8]) -> Result<ConfiguredPsk, Error> {
-        let ok = match transform {
-            Some(h) => key.len() == h.len(),
-            None => PskHash::for_key_len(key.len()).is_some(),
-        };
-        if !ok {
-            return Err(Error::key(format!(
-                "a TLS key is 32 bytes (hash 01 or 00) or 48 bytes (hash 02 or 00), not {}",
-                key.len()
-            )));
+        match transform {
+            // NVMe/TCP 1.1 §3.6.1.2: the key is as long as its hash's output.
+            Some(h) if key.len() != h.len() => {
+                return Err(Error::key(format!(
+                    "a TLS key of hash {:02} ({}) is {} bytes, not {} (hash 01 goes with 32-byte keys, 02 with 48)",
+                    h.id(),
+                    h.name(),
+                    h.len(),
+                    key.len()
+                )));
+            }
+            None if PskHash::for_key_len(key.len()).is_none() => {
+                return Err(Error::key(format!(
+                    "a TLS key is 32 bytes (hash 01 or 00) or 48 bytes (hash 02 or 00), not {}",
+                    key.len()
+                )));
+            }
+            _ => {}
         }
         Ok(ConfiguredPsk { transform, key: Zeroizing::new(key.to_vec()) })
     }
@@ -587,7 +596,13 @@ mod tests {
             assert!(ConfiguredPsk::parse(t).is_err(), "{t}");
         }
         let k32_as_384 = format!("NVMeTLSkey-1:02:{}", &text["NVMeTLSkey-1:01:".len()..]);
-        assert!(ConfiguredPsk::parse(&k32_as_384).is_err());
+        let e = ConfiguredPsk::parse(&k32_as_384).unwrap_err().to_string();
+        assert!(e.contains("hash 02 (sha384) is 48 bytes, not 32"), "{e}");
+        let k48 = k48.to_interchange();
+        let k48_as_256 = format!("NVMeTLSkey-1:01:{}", &k48["NVMeTLSkey-1:02:".len()..]);
+        let e = ConfiguredPsk::parse(&k48_as_256).unwrap_err().to_string();
+        assert!(e.contains("hash 01 (sha256) is 32 bytes, not 48"), "{e}");
+        assert!(!e.contains(&k48[16..40]), "no key in the error");
         assert!(!format!("{k:?}").contains(&text[16..30]), "Debug shows no key");
     }
 

@@ -85,6 +85,14 @@ impl Suite {
         }
     }
 
+    /// The two-byte suite id (RFC 8446 §B.4).
+    pub fn id(self) -> [u8; 2] {
+        match self {
+            Suite::Aes128GcmSha256 => [0x13, 0x01],
+            Suite::Aes256GcmSha384 => [0x13, 0x02],
+        }
+    }
+
     /// The hash of its key schedule.
     pub fn hash(self) -> PskHash {
         match self {

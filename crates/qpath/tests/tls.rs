@@ -7,6 +7,9 @@
 //! host inside the channel, each its own test. Each refusal closes that connection only,
 //! with the alert or C2HTermReq it calls for, executes nothing (the Connect it carries
 //! makes no controller; an intact one does), and the verified I/O beside it goes on.
+//! Keys of hash 02 (SHA-384, TLS_AES_256_GCM_SHA384) get verified I/O too, with the suite
+//! on both ends' queue views, and their refusals: a wrong key, and a host whose key is of
+//! the other hash than the target's, which the target's log explains.
 
 mod loopback;
 
@@ -81,7 +84,11 @@ fn pattern(i: u64, j: usize) -> u8 {
 
 /// Writes `blocks` 4 KiB blocks of a pattern from `seed` and reads them back.
 fn verified_io(ctrl: &std::sync::Arc<Controller>, seed: u8, blocks: u64) {
-    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    verified_io_in(&mut Context::new(ContextOptions::default()).unwrap(), ctrl, seed, blocks);
+}
+
+/// [`verified_io`] in a given context.
+fn verified_io_in(ctx: &mut Context, ctrl: &std::sync::Arc<Controller>, seed: u8, blocks: u64) {
     let dev = ctx.open(ctrl, Nsid(1)).unwrap();
     for i in 0..blocks {
         let mut data = IoBuf::new(if i % 4 == 3 { 131072 } else { 4096 });
@@ -614,4 +621,125 @@ fn a_block_device_head_connects_inside_tls_with_its_key_from_a_file() {
     assert!(e.contains("does the port require TLS"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
     t.server.shutdown();
+}
+
+/// What the target's reactors log (INFO and up), for the tests that read a refusal's
+/// reason there: installed once for this test binary.
+fn target_log() -> &'static std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    #[derive(Clone)]
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    static LOG: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = Sink(std::sync::Arc::clone(&buf));
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || sink.clone())
+            .finish();
+        tracing::subscriber::set_global_default(sub).expect("the only subscriber of this test binary");
+        buf
+    })
+}
+
+fn log_text() -> String {
+    String::from_utf8_lossy(&target_log().lock().unwrap()).into_owned()
+}
+
+/// A key of hash 02 on both ends: verified I/O inside TLS_AES_256_GCM_SHA384 on the
+/// required port (identity version 1) and the allowed port (version 0), the suite in the
+/// target's `list_queues` answer and in the host's queue statistics.
+#[test]
+fn verified_io_inside_tls_with_a_sha384_key() {
+    let key = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+    let t = start(&key);
+    let ctrl = Controller::connect(options(t.required, HOST, Some(&key))).unwrap();
+    let hub = host::stats::HostStats::new();
+    let mut ctx =
+        Context::new(ContextOptions { stats: Some(std::sync::Arc::clone(&hub)), ..Default::default() }).unwrap();
+    verified_io_in(&mut ctx, &ctrl, 41, 16);
+    let v = target::rpc::call(&t.server, "list_queues", &serde_json::json!({})).unwrap();
+    let ours: Vec<_> = v.as_array().unwrap().iter().filter(|q| q["port"] == 1).collect();
+    assert_eq!(ours.len(), 3, "admin + 2 I/O queues: {v}");
+    for q in &ours {
+        assert_eq!(q["secure_channel"], "tls1.3-user TLS_AES_256_GCM_SHA384", "{q}");
+    }
+    ctx.publish_stats();
+    let snap = hub.snapshot();
+    let mine: Vec<_> = snap.queues.iter().filter(|q| q.traddr == t.required).collect();
+    assert!(!mine.is_empty(), "the I/O queues: {:?}", snap.queues);
+    for q in mine {
+        assert_eq!(q.secure_channel.as_ref().map(|s| s.suite), Some("TLS_AES_256_GCM_SHA384"), "{q:?}");
+    }
+    drop(ctx);
+    let mut o = options(t.allowed, HOST, Some(&key));
+    o.tls.as_mut().unwrap().identity = IdentityVersion::V0;
+    let v0 = Controller::connect(o).unwrap();
+    verified_io(&v0, 43, 4);
+    let port2: Vec<_> = t.server.state.queues().into_iter().filter(|q| q.port == 2).collect();
+    assert!(
+        !port2.is_empty()
+            && port2.iter().all(|q| q.secure_channel.as_deref() == Some("tls1.3-user TLS_AES_256_GCM_SHA384")),
+        "{port2:?}"
+    );
+    for c in [ctrl, v0] {
+        c.delete();
+    }
+    t.server.shutdown();
+}
+
+/// A wrong key of hash 02 is refused as one of hash 01 is (`refused_wrong_psk`): version 1,
+/// no PSK for its digest (handshake_failure); version 0, the binder does not verify.
+#[test]
+fn refused_wrong_sha384_psk() {
+    let key = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+    let t = start(&key);
+    let good = Controller::connect(options(t.required, HOST, Some(&key))).unwrap();
+    let n = io_controllers(&t);
+    let wrong = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+    let (wire, err) = failed_handshake(t.required, &wrong, IdentityVersion::V1, HOST);
+    assert_eq!(alert_of(&wire), Some(40), "handshake_failure alert: {wire:?} ({err})");
+    let (wire, err) = failed_handshake(t.required, &wrong, IdentityVersion::V0, HOST);
+    let binder = alert_of(&wire);
+    assert!(binder == Some(47) || binder == Some(51), "illegal_parameter or decrypt_error alert: {wire:?} ({err})");
+    assert_eq!(io_controllers(&t), n, "nothing connected");
+    verified_io(&good, 45, 2);
+    good.delete();
+    t.server.shutdown();
+}
+
+/// A host with a key of hash 01 against a target that holds a key of hash 02 for it (and
+/// the reverse): the handshake fails (handshake_failure), and the target's log says the
+/// two keys are of different hashes, without either key.
+#[test]
+fn refused_a_key_of_the_other_hash_with_the_reason() {
+    target_log();
+    let k384 = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+    let k256 = ConfiguredPsk::generate(PskHash::Sha256).unwrap();
+    for (target_key, host_key) in [(&k384, &k256), (&k256, &k384)] {
+        let t = start(target_key);
+        let (wire, err) = failed_handshake(t.required, host_key, IdentityVersion::V1, HOST);
+        assert_eq!(alert_of(&wire), Some(40), "handshake_failure alert: {wire:?} ({err})");
+        let e = Controller::connect(options(t.required, HOST, Some(host_key))).unwrap_err().to_string();
+        assert!(e.contains("TLS"), "{e}");
+        assert_eq!(io_controllers(&t), 0);
+        t.server.shutdown();
+        let (theirs, ours) = (host_key.hash().id(), target_key.hash().id());
+        let want = format!("names hash {theirs:02}, and the TLS key for host {HOST} in {NQN} is of hash {ours:02}");
+        let text = log_text();
+        assert!(text.contains(&want), "{want}\nnot in the log:\n{text}");
+        for k in [&k384, &k256] {
+            let ki = k.to_interchange();
+            assert!(!text.contains(&ki[16..40]), "no key in the log");
+        }
+    }
 }

@@ -35,6 +35,12 @@ fn run_scenario(scenario: &str) {
     vm_script::run("tests/vm-tls/run.sh", &["--kernel", "sid", scenario], &what, SCENARIO_TIMEOUT_S);
 }
 
+/// A scenario with a key of hash 02 (SHA-384, TLS_AES_256_GCM_SHA384).
+fn run_scenario_sha384(scenario: &str) {
+    let what = format!("vm-tls --hmac 2 {scenario}");
+    vm_script::run("tests/vm-tls/run.sh", &["--kernel", "sid", "--hmac", "2", scenario], &what, SCENARIO_TIMEOUT_S);
+}
+
 /// The Linux 7.2 kernel host (`nvme connect --tls`, tlshd) discovers and connects to `qpath
 /// target` over TLS on two ports, verifies I/O across an ANA flip and a target restart, and
 /// the capture shows TLS records only.
@@ -42,6 +48,44 @@ fn run_scenario(scenario: &str) {
 #[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
 fn vm_tls_linux_host_to_qpath_target_needs_root_and_qemu() {
     run_scenario("linux-host");
+}
+
+/// `linux-host` with the PSK in the guest's keyring under the older identity (version 0, no
+/// digest: what Linux 6.7-6.13 present; 7.2 falls back to it): every channel the target opens
+/// shows that identity.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_linux_host_older_identity_to_qpath_target_needs_root_and_qemu() {
+    let what = "vm-tls --identity 0 linux-host";
+    vm_script::run(
+        "tests/vm-tls/run.sh",
+        &["--kernel", "sid", "--identity", "0", "linux-host"],
+        what,
+        SCENARIO_TIMEOUT_S,
+    );
+}
+
+/// `linux-host` with a key of hash 02 that the guest makes (`nvme gen-tls-key --hmac=2`):
+/// every channel runs TLS_AES_256_GCM_SHA384.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_linux_host_sha384_key_to_qpath_target_needs_root_and_qemu() {
+    run_scenario_sha384("linux-host");
+}
+
+/// `linux-target` with a key of hash 02 (`qpath gen-tls-key --hmac 2`): our host against
+/// nvmet and tlshd with TLS_AES_256_GCM_SHA384.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_qpath_host_sha384_key_to_linux_target_needs_root_and_qemu() {
+    run_scenario_sha384("linux-target");
+}
+
+/// `ktls` with a key of hash 02: kernel TLS with AES-256-GCM on our target and host.
+#[test]
+#[ignore = "needs root, QEMU and vmlab; run with --ignored (see the file's doc)"]
+fn vm_tls_kernel_tls_sha384_key_on_qpath_target_and_host_needs_root_and_qemu() {
+    run_scenario_sha384("ktls");
 }
 
 /// `qpath connect --tls` and a two-path `qpath bench` job reach the Linux 7.2 kernel target

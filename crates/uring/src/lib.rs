@@ -1,4 +1,6 @@
-//! The per-core io_uring event loop, and the crate that holds qpath's `unsafe` code.
+//! The per-core io_uring event loop, and the crate that holds qpath's `unsafe` code (the one
+//! other place is the TLS handshake's declarations of OpenSSL's session PSK callbacks,
+//! `tls::handshake`'s `session`).
 //!
 //! This crate owns everything between qpath's sans-IO protocol state machines and the
 //! kernel: one [`Ring`] per thread, the buffers lent to it ([`IoBuf`], [`SendMsg`]), the

@@ -7,7 +7,9 @@
 # flip of port 1 (I/O goes on through port 2), a restart of the target (kill -9: both
 # controllers reconnect over TLS, a new verify job runs), disconnect-all.
 # Settings (vmlab.env.*): NQN, ADDR, PORT1, PORT2 (tests/vm/guest/lib.sh), HOSTNQN, HOSTID,
-#   FIO_RUNTIME (15), IDENTITY (nvme-cli's default when unset).
+#   FIO_RUNTIME (15), IDENTITY (nvme-cli's default when unset), GUEST_KEY (2: the key is made
+#   here with `nvme gen-tls-key --hmac=2`, handed to the host through /host, and the target
+#   started with it: guest-key).
 . /vmlab/qpath-lib.sh
 HOSTNQN=${HOSTNQN:-nqn.2014-08.org.nvmexpress:uuid:3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01}
 HOSTID=${HOSTID:-3c1d7a52-6b2e-4f0a-9d11-5e2a7b8c9d01}
@@ -21,14 +23,25 @@ modprobe nvme-tcp
 step "nvme-cli $($SNVME version 2>&1 | head -1); kernel $(uname -r)"
 start_tlshd
 
+if [ "${GUEST_KEY:-}" = 2 ]; then
+  step "nvme gen-tls-key --hmac=2: a key of hash 02 (SHA-384), for both ends"
+  # Printed by nvme-cli on its output only: kept in a variable and a 0600 file, never shown.
+  KEY=$(timeout 60 $SNVME gen-tls-key --hmac=2 2>/dev/null | grep -oE '^NVMeTLSkey-1:02:[A-Za-z0-9+/=]{72}:$' | head -1)
+  if [ -n "$KEY" ]; then pass "gen-tls-key --hmac=2: a key of hash 02 (${#KEY} characters)"
+  else fail "gen-tls-key --hmac=2 printed no key of hash 02"; finish; fi
+  (umask 077; printf '%s\n' "$KEY" > /host/tls.key) || fail "writing the key to /host"
+  ask_host guest-key 120 && pass "host: the target runs with this key" || { fail "host: target with the guest's key"; finish; }
+fi
+
 step "nvme discover --tls on $PORT1"
-# The PSKs go into the .nvme keyring once, by identity (version 1: with the digest), for the
+# The PSKs go into the .nvme keyring once, by identity (IDENTITY, default version 1: with the
+# digest; version 0 is the one Linux 6.7-6.13 present, which a newer kernel falls back to), for the
 # discovery NQN and the subsystem, as Linux documents (nvme check-tls-key --insert); connects
 # then name no key and the kernel finds it by identity. (Passing --tls-key to each connect
 # inserts it again: the second insert of an identity replaces the first key, and the first
 # controller's reconnect then asks tlshd for a key that no longer exists.)
 for sub in nqn.2014-08.org.nvmexpress.discovery "$NQN"; do
-  out=$(timeout 60 $SNVME check-tls-key --keydata="$KEY" --hostnqn="$HOSTNQN" --subsysnqn="$sub" --identity=1 --insert 2>&1); rc=$?
+  out=$(timeout 60 $SNVME check-tls-key --keydata="$KEY" --hostnqn="$HOSTNQN" --subsysnqn="$sub" --identity="${IDENTITY:-1}" --insert 2>&1); rc=$?
   echo "$out" | grep -v NVMeTLSkey
   [ $rc = 0 ] && pass "check-tls-key --insert for $sub" || fail "check-tls-key --insert ($sub) rc=$rc"
 done
