@@ -9,7 +9,8 @@
 //!      │ I/O queue connections (DH-HMAC-CHAP on bring-up when asked: auth),
 //!      │ handed over once per (re)connect
 //!      ▼
-//!   Context (one per application thread: io_uring + owned queues)
+//!   Context (one per application thread: io_uring, sockets, mailbox, clock) around
+//!   BlockCore (context::blockcore: requests, tags, routing, failover; sans-I/O)
 //!      submit(dev, op, offset, buf) ─► tag ─► HostQueue ─► socket
 //!      poll() ◄─ CQE / C2HData ◄────────────────────────────┘
 //! ```
