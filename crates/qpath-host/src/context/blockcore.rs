@@ -340,12 +340,19 @@ impl<C: CoreController> BlockCore<C> {
     }
 
     /// Opens namespace `nsid` on queue `qkey` (one path): `block_shift` and `nsze` as the
-    /// controller identified them.
-    pub fn open_single(&mut self, qkey: usize, nsid: Nsid, block_shift: u8, nsze: u64) -> Result<DeviceId> {
+    /// controller identified them; `depth_limit` caps its requests on the wire.
+    pub fn open_single(
+        &mut self,
+        qkey: usize,
+        nsid: Nsid,
+        block_shift: u8,
+        nsze: u64,
+        depth_limit: Option<u16>,
+    ) -> Result<DeviceId> {
         if qkey >= self.queues.len() {
             return Err(Error::new(ErrorKind::Invalid, "no such queue"));
         }
-        self.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, None)
+        self.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, depth_limit)
     }
 
     /// Opens a multipath head whose path slots are `paths` (each a controller, the
@@ -386,11 +393,6 @@ impl<C: CoreController> BlockCore<C> {
     /// The queue of connection `ckey`, whose bytes the owner moves.
     pub fn queue_mut(&mut self, ckey: usize) -> Option<&mut HostQueue> {
         Some(&mut self.conns.get_mut(ckey)?.as_mut()?.q)
-    }
-
-    /// The connection key of queue `qkey`'s live connection, if it has one.
-    pub fn conn_of(&self, qkey: usize) -> Option<usize> {
-        self.queues.get(qkey)?.conn
     }
 
     /// Completed requests since the last drain.

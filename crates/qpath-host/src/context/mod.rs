@@ -557,10 +557,7 @@ impl Context {
         nsze: u64,
         depth_limit: Option<u16>,
     ) -> Result<DeviceId> {
-        if qkey >= self.core.queues.len() {
-            return Err(Error::new(ErrorKind::Invalid, "no such queue"));
-        }
-        self.core.new_device(DevKind::Single { qkey, nsid }, block_shift, nsze, depth_limit)
+        self.core.open_single(qkey, nsid, block_shift, nsze, depth_limit)
     }
 
     /// Claims `n` I/O queues of `ctrl` for this context, starting with the one
@@ -668,30 +665,15 @@ impl Context {
                         geometry = Some((ns.block_shift, ns.nsze));
                     }
                     let qkey = self.attach(c)?;
-                    Some(LocalPath { ctrl: Arc::clone(c), nsid: *nsid, qkey, suspect_at: None })
+                    Some((Arc::clone(c), *nsid, qkey))
                 }
                 None => None,
             });
         }
         let (block_shift, nsze) =
             geometry.ok_or_else(|| Error::new(ErrorKind::Invalid, "the head has no path with a known namespace"))?;
-        let sel = Selector::new(head.policy(), self.cpu());
-        let n = paths.len();
-        let m = Multi {
-            head: Arc::clone(head),
-            sel,
-            reference: head.reference(),
-            ref_gen: 1,
-            paths,
-            seen: 0,
-            seen_head: head.generation(),
-            ios: vec![0; n],
-            bytes: vec![0; n],
-        };
-        self.core.has_multi = true;
-        let id = self.core.new_device(DevKind::Multi(Box::new(m)), block_shift, nsze, None)?;
         let now = Instant::now();
-        self.core.refresh_device(id.0 as usize, now);
+        let id = self.core.open_multi(head, paths, block_shift, nsze, self.cpu(), now)?;
         self.settle_paths(now);
         Ok(id)
     }
