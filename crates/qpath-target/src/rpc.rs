@@ -246,17 +246,21 @@ fn serve(conn: UnixStream, handler: &Arc<Handler>) {
     }
 }
 
-/// The JSON-RPC error code of a refused call: -32602 (invalid params) for a wrong
-/// request, and codes in the server range for the rest, so a client can tell "no such
-/// thing" (-32001), "already there" (-32002) and "busy, try again" (-32003) from a
-/// mistake in its request.
+/// The JSON-RPC error codes of refusals a client can act on, in the server range: "no
+/// such thing", "already there" and "busy, try again". Every other refusal is -32602
+/// (invalid params). The server answers with them and the client reads them back.
+const ERROR_CODES: [(ErrorKind, i64); 3] =
+    [(ErrorKind::NotFound, -32001), (ErrorKind::Exists, -32002), (ErrorKind::Busy, -32003)];
+
+/// The JSON-RPC error code of a refused call ([`ERROR_CODES`], else -32602).
 fn error_code(kind: ErrorKind) -> i64 {
-    match kind {
-        ErrorKind::NotFound => -32001,
-        ErrorKind::Exists => -32002,
-        ErrorKind::Busy => -32003,
-        ErrorKind::Config | ErrorKind::Backend | ErrorKind::Io => -32602,
-    }
+    ERROR_CODES.iter().find(|(k, _)| *k == kind).map_or(-32602, |(_, c)| *c)
+}
+
+/// The kind of a refusal from its JSON-RPC error code ([`ERROR_CODES`], else a wrong
+/// request).
+fn error_kind(code: Option<i64>) -> ErrorKind {
+    ERROR_CODES.iter().find(|(_, c)| Some(*c) == code).map_or(ErrorKind::Config, |(k, _)| *k)
 }
 
 /// Answers one call with `methods`, a socket's table: `rpc_get_methods` answers the table;
@@ -358,13 +362,7 @@ pub fn client_call(socket: &Path, method: &str, params: Value) -> Result<Value, 
     let v: Value = serde_json::from_str(&line).map_err(|e| Error::new(ErrorKind::Io, format!("bad response: {e}")))?;
     if let Some(err) = v.get("error") {
         let msg = err.get("message").and_then(Value::as_str).unwrap_or("error");
-        let kind = match err.get("code").and_then(Value::as_i64) {
-            Some(-32001) => ErrorKind::NotFound,
-            Some(-32002) => ErrorKind::Exists,
-            Some(-32003) => ErrorKind::Busy,
-            _ => ErrorKind::Config,
-        };
-        return Err(Error::new(kind, msg.to_string()));
+        return Err(Error::new(error_kind(err.get("code").and_then(Value::as_i64)), msg.to_string()));
     }
     Ok(v.get("result").cloned().unwrap_or(Value::Null))
 }

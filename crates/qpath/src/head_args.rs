@@ -178,9 +178,9 @@ fn from_uri(uri: &str) -> Result<HeadSpec, String> {
                     _ => return Err(format!("{shown}: concat={v} is not a boolean (1 or 0)")),
                 }
             }
-            "tls_offload" => match v.as_str() {
-                "auto" | "off" => spec.tls_offload.clone_from(v),
-                _ => return Err(format!("{shown}: tls_offload={v} is not auto or off")),
+            "tls_offload" => match tls::kernel::Offload::parse(v) {
+                Some(o) => spec.tls_offload = o.name().to_string(),
+                None => return Err(format!("{shown}: tls_offload={v} is not auto or off")),
             },
             "dhchap_secret" | "dhchap_ctrl_secret" | "tls_key" => {
                 return Err(format!(
