@@ -21,8 +21,9 @@
 //! "legacy" PSK callbacks, the only ones its Rust wrapper has, make every TLS 1.3 PSK a
 //! SHA-256 one; two paths would be two ways to get the same thing wrong. The suite follows
 //! the key: a client offers only its PSK's suite (as Linux's tlshd), and a server, which
-//! picks its suite before it looks at PSKs, narrows its suites to the one the first offered
-//! identity's `<hh>` names, from the ClientHello callback.
+//! picks its suite before it looks at PSKs, narrows its suites, from the ClientHello
+//! callback, to the one named by the `<hh>` of the first offered identity it holds a key for
+//! (and whose suite the client offers), else of the first identity that parses.
 
 #[allow(unsafe_code)]
 mod session;
@@ -38,7 +39,7 @@ use openssl::ssl::{
 use zeroize::Zeroizing;
 
 use crate::Error;
-use crate::psk::{IDENTITY_MAX, Identity, TlsPsk};
+use crate::psk::{IDENTITY_MAX, Identity, PskHash, TlsPsk};
 use crate::record::{Dir, Keys, Suite};
 
 /// Most handshake bytes a peer may send before the handshake is done.
@@ -70,6 +71,8 @@ struct Shared {
     lookup: Option<Arc<dyn PskLookup>>,
     /// Why the server found no key (for the log; never the key).
     refused: Option<String>,
+    /// Server: the hash of the suite chosen for the ClientHello's identities.
+    hash: Option<PskHash>,
     client_secret: Option<Zeroizing<Vec<u8>>>,
     server_secret: Option<Zeroizing<Vec<u8>>>,
 }
@@ -166,25 +169,45 @@ impl ServerConfig {
     }
 }
 
-/// The server's suite for a ClientHello: the one its first PSK identity's `<hh>` names
-/// (OpenSSL picks the suite before it looks at PSKs, and takes a PSK only of the suite's
-/// hash). A client that does not offer that suite is told why, in the log.
+/// The server's suite for a ClientHello: the one named by the first offered PSK identity
+/// this server holds a key for and whose suite the client offers, or, if none is, by the
+/// first identity that parses (OpenSSL picks the suite before it looks at PSKs, and takes a
+/// PSK only of the suite's hash). A client that does not offer that suite is told why, in
+/// the log.
 fn narrow_suites(ssl: &mut SslRef) -> Result<(), openssl::error::ErrorStack> {
-    let Some(bytes) = session::client_hello_first_identity(ssl) else { return Ok(()) };
+    let offered = session::client_hello_identities(ssl);
+    let ciphers = ssl.client_hello_ciphers().map(<[u8]>::to_vec).unwrap_or_default();
+    let offers = |suite: Suite| ciphers.chunks_exact(2).any(|p| p == suite.id());
+    let lookup = with_shared(ssl, |s| s.lookup.clone()).flatten();
+    let holds = |bytes: &[u8]| lookup.as_deref().is_some_and(|l| server_psk(l, bytes).is_ok());
     // An identity that does not parse is refused by the PSK lookup, with its reason.
-    let Ok(id) = Identity::parse(&bytes) else { return Ok(()) };
+    let Some(id) = choose_identity(offered.iter().map(Vec::as_slice), holds, offers) else { return Ok(()) };
     let suite = id.hash.suite();
-    let offered = ssl.client_hello_ciphers().is_some_and(|c| c.chunks_exact(2).any(|p| p == suite.id()));
-    if !offered {
-        with_shared(ssl, |s| {
+    with_shared(ssl, |s| {
+        s.hash = Some(id.hash);
+        if !offers(suite) {
             s.refused = Some(format!(
                 "identity {id} names hash {:02}, and the client does not offer its cipher suite {}",
                 id.hash.id(),
                 suite.name()
             ));
-        });
-    }
+        }
+    });
     ssl.set_ciphersuites(suite.name())
+}
+
+/// Which offered identity names the connection's suite: the first one `holds` a key for
+/// whose suite the client `offers`; else the first one that parses.
+fn choose_identity<'a>(
+    offered: impl Iterator<Item = &'a [u8]> + Clone,
+    holds: impl Fn(&[u8]) -> bool,
+    offers: impl Fn(Suite) -> bool,
+) -> Option<Identity> {
+    let usable = offered.clone().find_map(|b| {
+        let id = Identity::parse(b).ok()?;
+        (offers(id.hash.suite()) && holds(b)).then_some(id)
+    });
+    usable.or_else(|| offered.into_iter().find_map(|b| Identity::parse(b).ok()))
 }
 
 /// The server's session callback: the session for an identity the client offers, or none
@@ -192,6 +215,13 @@ fn narrow_suites(ssl: &mut SslRef) -> Result<(), openssl::error::ErrorStack> {
 fn server_find(ssl: &SslRef, identity: &[u8]) -> Option<SslSession> {
     with_shared(ssl, |s| {
         let lookup = s.lookup.clone()?;
+        // OpenSSL would skip a session of another hash than the chosen suite's; skipping
+        // it here keeps the identity and the refusal those of the identities that count.
+        if let (Some(hash), Ok(id)) = (s.hash, Identity::parse(identity))
+            && id.hash != hash
+        {
+            return None;
+        }
         let found = server_psk(&*lookup, identity).and_then(|(id, psk)| {
             let session = session::psk_session(ssl, psk.hash().suite(), psk.bytes())
                 .map_err(|e| format!("identity {id}: OpenSSL refused its PSK session: {e}"))?;
@@ -594,25 +624,69 @@ mod tests {
         }
     }
 
-    /// The pre_shared_key extension's first identity, from bytes that may lie.
-    #[test]
-    fn the_first_offered_identity_is_read_within_its_lengths() {
-        let id = b"NVMe1R02 nqn.h nqn.s abc=";
-        let mut ext = Vec::new();
-        let entry_len = 2 + id.len() + 4;
-        ext.extend_from_slice(&u16::try_from(entry_len).unwrap().to_be_bytes());
-        ext.extend_from_slice(&u16::try_from(id.len()).unwrap().to_be_bytes());
-        ext.extend_from_slice(id);
-        ext.extend_from_slice(&[0, 0, 0, 0]);
+    /// The pre_shared_key extension's identities, from bytes that may lie.
+    fn psk_ext(ids: &[&[u8]]) -> Vec<u8> {
+        let mut list = Vec::new();
+        for id in ids {
+            list.extend_from_slice(&u16::try_from(id.len()).unwrap().to_be_bytes());
+            list.extend_from_slice(id);
+            list.extend_from_slice(&[0, 0, 0, 0]);
+        }
+        let mut ext = u16::try_from(list.len()).unwrap().to_be_bytes().to_vec();
+        ext.extend_from_slice(&list);
         ext.extend_from_slice(&[0, 33, 32]); // binders follow
-        assert_eq!(session::first_identity(&ext), Some(&id[..]));
-        for cut in 0..2 + entry_len {
-            assert_eq!(session::first_identity(&ext[..cut]), None, "cut at {cut}");
+        ext
+    }
+
+    fn all(e: &[u8]) -> Vec<&[u8]> {
+        session::offered_identities(e).collect()
+    }
+
+    #[test]
+    fn the_offered_identities_are_read_within_their_lengths() {
+        let (a, b) = (&b"NVMe1R02 nqn.h nqn.s abc="[..], &b"NVMe0R01 nqn.h nqn.s"[..]);
+        let ext = psk_ext(&[a, b]);
+        assert_eq!(all(&ext), vec![a, b]);
+        let first_end = 2 + 2 + a.len() + 4;
+        for cut in 0..first_end {
+            assert!(all(&ext[..cut]).is_empty(), "cut at {cut}");
+        }
+        for cut in first_end..first_end + 2 + b.len() + 4 {
+            assert_eq!(all(&ext[..cut]), Vec::<&[u8]>::new(), "the list's length is past the cut at {cut}");
         }
         let mut long = ext.clone();
-        long[3] = 0xff; // an identity longer than its list
-        assert_eq!(session::first_identity(&long), None);
-        assert_eq!(session::first_identity(&[0, 6, 0, 0, 0, 0, 0, 0]), None, "an empty identity");
+        long[3] = 0xff; // the first identity longer than its list
+        assert!(all(&long).is_empty());
+        let mut second_long = ext.clone();
+        second_long[first_end + 1] = 0xff; // the second longer than what is left
+        assert_eq!(all(&second_long), vec![a]);
+        assert!(all(&psk_ext(&[b"", b""])).is_empty(), "empty identities");
+        let many: Vec<&[u8]> = vec![a; 40];
+        assert_eq!(all(&psk_ext(&many)).len(), session::IDENTITIES_MAX);
+    }
+
+    /// With several identities offered, the suite is the first usable one's: one the server
+    /// holds a key for, whose suite the client offers; else the first that parses.
+    #[test]
+    fn the_suite_is_the_first_identity_the_server_can_use() {
+        let k = ConfiguredPsk::generate(PskHash::Sha384).unwrap();
+        let r = k.retained(HOST, Derivation::Standard);
+        let held = r.identity(IdentityVersion::V1, HOST, SUB).to_string();
+        let other = format!("NVMe1R01 {HOST} {SUB} {}", &held[held.rfind(' ').unwrap() + 1..]);
+        let store = Store(k.clone());
+        let holds = |b: &[u8]| server_psk(&store, b).is_ok();
+        let both = |_: Suite| true;
+        let pick = |ids: &[&[u8]], offers: &dyn Fn(Suite) -> bool| {
+            choose_identity(ids.iter().copied(), holds, offers).map(|i| i.hash)
+        };
+        let (h, o) = (held.as_bytes(), other.as_bytes());
+        assert_eq!(pick(&[o, h], &both), Some(PskHash::Sha384), "a key for the second, none for the first");
+        assert_eq!(pick(&[h, o], &both), Some(PskHash::Sha384));
+        assert_eq!(pick(&[b"garbage", h], &both), Some(PskHash::Sha384));
+        let only_128 = |s: Suite| s == Suite::Aes128GcmSha256;
+        assert_eq!(pick(&[h, o], &only_128), Some(PskHash::Sha384), "no usable one: the first that parses");
+        assert_eq!(pick(&[o], &both), Some(PskHash::Sha256), "no key: the first that parses, to refuse");
+        assert_eq!(pick(&[b"garbage"], &both), None);
     }
 
     /// Hash 02 on both ends: TLS_AES_256_GCM_SHA384, with traffic secrets of SHA-384's

@@ -1,5 +1,5 @@
-//! The handshake's calls into OpenSSL's C API (with `record/evp.rs` and `kernel/sys.rs`,
-//! the crate's only `unsafe` code): TLS 1.3 external PSKs carried in an `SSL_SESSION`, through OpenSSL's
+//! The handshake's calls into OpenSSL's C API (with `kernel/sys.rs`, the crate's only
+//! `unsafe` code): TLS 1.3 external PSKs carried in an `SSL_SESSION`, through OpenSSL's
 //! session PSK callbacks.
 //!
 //! Why not the `openssl` crate's PSK callbacks: they are OpenSSL's "legacy" ones
@@ -186,30 +186,40 @@ unsafe extern "C" fn find_session(
     1
 }
 
-/// The first identity of a ClientHello's pre_shared_key extension, if it has one (the
+/// The identities of a ClientHello's pre_shared_key extension, in the client's order (the
 /// client-hello callback's view, before the server picks its cipher suite). Bytes from the
 /// wire: every length is checked against what is there.
-pub(super) fn client_hello_first_identity(ssl: &SslRef) -> Option<Vec<u8>> {
+pub(super) fn client_hello_identities(ssl: &SslRef) -> Vec<Vec<u8>> {
     let mut out: *const c_uchar = std::ptr::null();
     let mut len: usize = 0;
     // SAFETY: `ssl` is in its client-hello callback (the only caller), where OpenSSL keeps
     // the ClientHello's extensions; it writes a pointer to the extension's body and its length.
     let found = unsafe { openssl_sys::SSL_client_hello_get0_ext(ssl.as_ptr(), EXT_PRE_SHARED_KEY, &mut out, &mut len) };
     if found != 1 || out.is_null() {
-        return None;
+        return Vec::new();
     }
     // SAFETY: OpenSSL's pointer and length of the extension's body, valid during the callback.
     let ext = unsafe { std::slice::from_raw_parts(out, len) };
-    first_identity(ext).map(<[u8]>::to_vec)
+    offered_identities(ext).map(<[u8]>::to_vec).collect()
 }
 
-/// `OfferedPsks.identities[0].identity` (RFC 8446 §4.2.11): `be16 identities length ||
-/// (be16 identity length || identity || be32 obfuscated_ticket_age)...`.
-pub(super) fn first_identity(ext: &[u8]) -> Option<&[u8]> {
-    let list_len = usize::from(u16::from_be_bytes(ext.get(..2)?.try_into().ok()?));
-    let list = ext.get(2..2 + list_len)?;
-    let id_len = usize::from(u16::from_be_bytes(list.get(..2)?.try_into().ok()?));
-    let id = list.get(2..2 + id_len)?;
-    list.get(2 + id_len..2 + id_len + 4)?;
-    (!id.is_empty()).then_some(id)
+/// The most identities a ClientHello is read for (a client offers one or two: its
+/// configured key's and a retained one's).
+pub(super) const IDENTITIES_MAX: usize = 16;
+
+/// `OfferedPsks.identities[i].identity` (RFC 8446 §4.2.11): `be16 identities length ||
+/// (be16 identity length || identity || be32 obfuscated_ticket_age)...`. Stops at the first
+/// entry whose lengths do not fit, skips empty identities, yields at most `IDENTITIES_MAX`.
+pub(super) fn offered_identities(ext: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let list = ext.get(..2).and_then(|b| ext.get(2..2 + usize::from(u16::from_be_bytes([b[0], b[1]])))).unwrap_or(&[]);
+    let mut rest = list;
+    std::iter::from_fn(move || {
+        let id_len = usize::from(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?));
+        let id = rest.get(2..2 + id_len)?;
+        rest.get(2 + id_len..2 + id_len + 4)?;
+        rest = &rest[2 + id_len + 4..];
+        Some(id)
+    })
+    .filter(|id| !id.is_empty())
+    .take(IDENTITIES_MAX)
 }
