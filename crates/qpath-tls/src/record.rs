@@ -263,7 +263,7 @@ impl<'a> Sealer<'a> {
             .keys
             .gcm
             .seal(self.nonce, &self.header, &mut self.out[inner.clone()])
-            .map_err(|_| Error::internal("AES-GCM seal"))?;
+            .map_err(|_| Error::internal("AES-GCM seal: a record longer than one nonce may seal"))?;
         self.out[inner.end..inner.end + TAG_LEN].copy_from_slice(&tag);
         Ok(inner.end + TAG_LEN)
     }

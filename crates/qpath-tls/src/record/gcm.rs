@@ -24,6 +24,11 @@ pub(crate) struct Gcm {
 #[derive(Debug)]
 pub(crate) struct BadKey;
 
+/// More bytes than AES-GCM seals under one nonce (about 64 GiB; never, for records of at
+/// most 2^14 bytes).
+#[derive(Debug)]
+pub(crate) struct TooLong;
+
 /// A record failed its authentication.
 #[derive(Debug)]
 pub(crate) struct BadTag;
@@ -46,11 +51,11 @@ impl Gcm {
         nonce: [u8; NONCE_LEN],
         header: &[u8; HEADER_LEN],
         in_out: &mut [u8],
-    ) -> Result<[u8; TAG_LEN], BadKey> {
+    ) -> Result<[u8; TAG_LEN], TooLong> {
         let tag = self
             .key
             .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(header), in_out)
-            .map_err(|_| BadKey)?;
+            .map_err(|_| TooLong)?;
         let mut t = [0u8; TAG_LEN];
         t.copy_from_slice(tag.as_ref());
         Ok(t)
