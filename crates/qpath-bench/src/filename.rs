@@ -174,7 +174,7 @@ fn target_err(raw: &str, why: impl std::fmt::Display) -> Error {
 
 /// What a URI's query may hold besides the transport ID's own keys (`hostnqn`, `hdgst`,
 /// `ddgst`, `adrfam`...): the engines read these from [`RemoteTarget::extra`].
-pub const URI_OPTIONS: [&str; 10] = [
+pub const URI_OPTIONS: [&str; 11] = [
     "reconnect_delay",
     "ctrl_loss_tmo",
     "fast_io_fail_tmo",
@@ -185,6 +185,7 @@ pub const URI_OPTIONS: [&str; 10] = [
     "tls_key",
     "concat",
     "tls_offload",
+    "tls_identity",
 ];
 
 fn parse_bool_flag(raw: &str, key: &str, v: &str) -> Result<bool> {

@@ -16,7 +16,9 @@
 
 /// Whether TLS queues hand their records to kernel TLS (`ConnectOptions::tls_offload`).
 pub use tls::kernel::Offload as TlsOffload;
-use tls::psk::{ConfiguredPsk, Derivation, Identity, IdentityVersion, RetainedPsk, TlsPsk};
+/// Which PSK identity a host presents (`HostTls::identity`).
+pub use tls::psk::IdentityVersion;
+use tls::psk::{ConfiguredPsk, Derivation, Identity, RetainedPsk, TlsPsk};
 
 /// A controller's TLS settings.
 #[derive(Clone, Debug)]

@@ -22,6 +22,13 @@
 //!
 //! SPDK is the user's build (`--spdk-dir`); the project never builds or ships it. Without
 //! it, the lab runs the qpath column alone and says which columns it left out and why.
+//!
+//! `--tls`: every connection of every column runs inside TLS 1.3 (NVMe/TCP 1.1 §3.6), with a
+//! PSK made for the run (hash 01, SHA-256) and the identity SPDK 24.01 presents and looks
+//! up, `NVMe0R01 <hostnqn> <subnqn>`. The key goes to SPDK in a file of mode 0600 (as
+//! `nvmf_subsystem_add_host --psk` and perf's `--psk-path` take it) and to qpath in its
+//! configuration and job; it is never printed. Running the lab with and without `--tls`
+//! gives each stack's cost of TLS; the two cross columns show the stacks interoperate.
 
 pub mod perf;
 pub mod process;
@@ -42,7 +49,7 @@ use bench::engine::remote::Controllers;
 use bench::job::JobFile;
 use bench::run::{RunOptions, StatusMode};
 use bench::{Error, ErrorKind, Result};
-use target::config::{Config, NamespaceConfig, PortConfig, SubsystemConfig};
+use target::config::{Config, HostAuthConfig, HostEntry, NamespaceConfig, PortConfig, SubsystemConfig};
 use target::reactor::{PollMode, ReactorOptions};
 
 use crate::result::{Cell, Goal, LabOutputArgs, LabResult};
@@ -65,6 +72,8 @@ const PERF_NO_HUGE_MIB: u32 = 512;
 /// A client run may take this much longer than its warm-up and duration (connect,
 /// teardown, a loaded machine) before it is killed.
 const CLIENT_SLACK: Duration = Duration::from_secs(60);
+/// The host NQN of `--tls` runs (its PSK is bound to it).
+pub const TLS_HOSTNQN: &str = "nqn.2026-11.io.qpath:lab-spdk-host";
 /// What nvmf_tgt logs once its listener is up (`nvmf/tcp.c`).
 const SPDK_LISTENING: &str = "Target Listening on";
 
@@ -104,6 +113,10 @@ pub struct SpdkArgs {
     /// CPU of the client (default 1 on a multi-CPU machine).
     #[arg(long = "client-cpu")]
     pub client_cpu: Option<usize>,
+    /// Every connection inside TLS 1.3, with a PSK made for the run (both targets require
+    /// it; the clients present the older identity, which SPDK 24.01 expects).
+    #[arg(long)]
+    pub tls: bool,
     /// Text/JSON output (no plot: the table is the result).
     #[command(flatten)]
     pub output: LabOutputArgs,
@@ -118,6 +131,7 @@ impl Default for SpdkArgs {
             rounds: 3,
             target_cpu: None,
             client_cpu: None,
+            tls: false,
             output: LabOutputArgs::default(),
         }
     }
@@ -204,8 +218,21 @@ fn spdk_memory() -> (SpdkMemory, SpdkMemory, String) {
 }
 
 /// The SPDK target's JSON configuration: a 256 MiB malloc bdev of 4 KiB blocks as
-/// namespace 1 of [`NQN`], open to any host, on TCP at `addr`.
-pub fn spdk_config(addr: SocketAddr) -> Value {
+/// namespace 1 of [`NQN`], open to any host, on TCP at `addr`; with `psk_file`, open only
+/// to [`TLS_HOSTNQN`] with that PSK, on a listener that requires TLS (SPDK 24.01's
+/// `secure_channel`, `nvmf_subsystem_add_host`'s `psk`).
+pub fn spdk_config(addr: SocketAddr, psk_file: Option<&Path>) -> Value {
+    let mut v = spdk_config_plain(addr);
+    let Some(psk) = psk_file else { return v };
+    let nvmf = v["subsystems"][1]["config"].as_array_mut().expect("built above");
+    nvmf[1]["params"]["allow_any_host"] = json!(false);
+    nvmf[3]["params"]["secure_channel"] = json!(true);
+    nvmf.push(json!({ "method": "nvmf_subsystem_add_host",
+                      "params": { "nqn": NQN, "host": TLS_HOSTNQN, "psk": psk.display().to_string() } }));
+    v
+}
+
+fn spdk_config_plain(addr: SocketAddr) -> Value {
     let blocks = u64::from(NAMESPACE_MIB) * (1 << 20) / u64::from(BLOCK_BYTES);
     json!({
         "subsystems": [
@@ -231,15 +258,29 @@ pub fn spdk_config(addr: SocketAddr) -> Value {
 }
 
 /// The qpath target's configuration: the same namespace (RAM, prefaulted as SPDK's malloc
-/// bdev is allocated whole), one port at `addr`, one busy-polling reactor on `cpu`.
-pub fn qpath_config(addr: SocketAddr, cpu: Option<usize>) -> Config {
+/// bdev is allocated whole), one port at `addr`, one busy-polling reactor on `cpu`; with
+/// `tls_key`, the port requires TLS and only [`TLS_HOSTNQN`] with that key may connect.
+pub fn qpath_config(addr: SocketAddr, cpu: Option<usize>, tls_key: Option<&str>) -> Config {
     let mut cfg = Config::embedded_default();
-    cfg.ports = vec![PortConfig::io(1, addr.to_string())];
+    let mut port = PortConfig::io(1, addr.to_string());
+    if tls_key.is_some() {
+        port.tls = target::tls::TlsMode::Required;
+    }
+    cfg.ports = vec![port];
     cfg.reactor = ReactorOptions { reactors: 1, cpus: cpu.into_iter().collect(), poll: PollMode::Busy, spin_us: 0 };
     let mut ns = NamespaceConfig::ram(1, &format!("{NAMESPACE_MIB}M"));
     ns.block_size = BLOCK_BYTES;
     ns.prefault = true;
-    cfg.subsystems = vec![SubsystemConfig::open(NQN, vec![ns])];
+    let mut sub = SubsystemConfig::open(NQN, vec![ns]);
+    if let Some(key) = tls_key {
+        sub.allow_any_host = false;
+        sub.hosts = vec![HostEntry::Auth(HostAuthConfig {
+            nqn: TLS_HOSTNQN.into(),
+            tls_key: Some(key.into()),
+            ..HostAuthConfig::default()
+        })];
+    }
+    cfg.subsystems = vec![sub];
     cfg
 }
 
@@ -260,6 +301,8 @@ struct Plan {
     spdk: std::result::Result<SpdkBins, String>,
     tgt_mem: SpdkMemory,
     perf_mem: SpdkMemory,
+    /// `--tls`: the run's configured PSK (interchange format); never printed.
+    tls_key: Option<zeroize::Zeroizing<String>>,
     notes: Vec<String>,
 }
 
@@ -311,6 +354,18 @@ fn plan(args: &SpdkArgs) -> Result<Plan> {
         args.rounds
     ));
     // Other work on the machine shows in the spreads; say how busy it was.
+    let tls_key = if args.tls {
+        let key = tls::psk::ConfiguredPsk::generate(tls::psk::PskHash::Sha256)
+            .map_err(|e| Error::new(ErrorKind::Target, format!("a TLS key for the run: {e}")))?;
+        notes.push(format!(
+            "TLS 1.3 on every connection: a key made for this run (hash 01, TLS_AES_128_GCM_SHA256), \
+             host {TLS_HOSTNQN}, identity version 0 (NVMe0R01, as SPDK 24.01 presents it); \
+             records sealed in user space by both stacks (this machine's kernel has no tls ULP)"
+        ));
+        Some(key.to_interchange())
+    } else {
+        None
+    };
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     if let Some(one_min) = load.split_whitespace().next() {
         notes.push(format!(
@@ -331,8 +386,24 @@ fn plan(args: &SpdkArgs) -> Result<Plan> {
         spdk,
         tgt_mem,
         perf_mem,
+        tls_key,
         notes,
     })
+}
+
+/// `--tls`: the key in a file SPDK reads (mode 0600: SPDK refuses a PSK file others may read).
+fn write_psk_file(plan: &Plan, dir: &Path) -> Result<Option<PathBuf>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let Some(key) = &plan.tls_key else { return Ok(None) };
+    let path = dir.join("tls.psk");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+    f.write_all(key.as_bytes()).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    Ok(Some(path))
 }
 
 /// Starts one target on a fresh loopback port.
@@ -341,9 +412,10 @@ fn start_target(kind: TargetKind, plan: &Plan, qpath_exe: &Path, dir: &Path) -> 
     match kind {
         TargetKind::Qpath => {
             let cfg_path = dir.join("qpath-target.toml");
-            let text = target::persist::to_toml(&qpath_config(addr, plan.target_cpu))
+            let key = plan.tls_key.as_ref().map(|k| k.as_str());
+            let text = target::persist::to_toml(&qpath_config(addr, plan.target_cpu, key))
                 .map_err(|e| Error::new(ErrorKind::Target, format!("the qpath target's configuration: {e}")))?;
-            std::fs::write(&cfg_path, text).map_err(|e| Error::io(format!("write {}", cfg_path.display()), e))?;
+            write_private(&cfg_path, text.as_bytes())?;
             let mut cmd = Command::new(qpath_exe);
             cmd.arg("target").arg("--config").arg(&cfg_path).arg("--rpc-socket").arg(dir.join("qpath.sock"));
             cmd.env("RUST_LOG", "warn");
@@ -352,7 +424,8 @@ fn start_target(kind: TargetKind, plan: &Plan, qpath_exe: &Path, dir: &Path) -> 
         TargetKind::Spdk => {
             let bins = plan.spdk.as_ref().expect("SPDK targets start only when SPDK was found");
             let cfg_path = dir.join("nvmf_tgt.json");
-            let text = serde_json::to_string_pretty(&spdk_config(addr)).expect("a JSON value serialises");
+            let psk = plan.tls_key.is_some().then(|| dir.join("tls.psk"));
+            let text = serde_json::to_string_pretty(&spdk_config(addr, psk.as_deref())).expect("a JSON value serialises");
             std::fs::write(&cfg_path, text).map_err(|e| Error::io(format!("write {}", cfg_path.display()), e))?;
             let cpu = plan.target_cpu.expect("checked by plan");
             let mut cmd = Command::new(&bins.nvmf_tgt);
@@ -363,18 +436,35 @@ fn start_target(kind: TargetKind, plan: &Plan, qpath_exe: &Path, dir: &Path) -> 
     }
 }
 
+/// Writes a file only its owner may read (the qpath target's configuration holds the key).
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+    f.write_all(bytes).map_err(|e| Error::io(format!("write {}", path.display()), e))
+}
+
 /// `qpath bench`'s job for one workload against `addr`.
 fn bench_job(w: &Workload, plan: &Plan, addr: SocketAddr) -> String {
     let cpus = plan.client_cpu.map_or_else(String::new, |c| format!("cpus_allowed={c}\n"));
     let ramp = if plan.warmup.is_zero() { String::new() } else { format!("ramp_time={}ms\n", plan.warmup.as_millis()) };
     format!(
-        "[{name}]\nioengine=qpath\nfilename=nvme+tcp://{addr}/{NQN}/1\nrw={rw}\nbs={bs}\niodepth={qd}\n\
+        "[{name}]\nioengine=qpath\nfilename=nvme+tcp://{addr}/{NQN}/1{tls}\nrw={rw}\nbs={bs}\niodepth={qd}\n\
          direct=1\nthread\nhipri\n{cpus}time_based\nruntime={ms}ms\n{ramp}size={NAMESPACE_MIB}m\n",
         name = w.name.replace(' ', "-"),
         rw = w.pattern.word(),
         bs = w.bs,
         qd = w.qd,
         ms = plan.duration.as_millis().max(1),
+        tls = plan
+            .tls_key
+            .as_ref()
+            .map_or_else(String::new, |k| format!("?hostnqn={TLS_HOSTNQN}&tls_key={}&tls_identity=0", k.as_str())),
     )
 }
 
@@ -416,7 +506,11 @@ fn run_perf(w: &Workload, plan: &Plan, addr: SocketAddr, dir: &Path) -> Result<M
     let warmup = u32::try_from(plan.warmup.as_secs()).unwrap_or(u32::MAX);
     let cpu = plan.client_cpu.expect("checked by plan");
     let mut cmd = Command::new(&bins.perf);
-    cmd.args(perf::args(w, secs, warmup, cpu, addr, NQN, plan.perf_mem));
+    let mut args = perf::args(w, secs, warmup, cpu, addr, NQN, plan.perf_mem);
+    if plan.tls_key.is_some() {
+        perf::add_tls(&mut args, TLS_HOSTNQN, &dir.join("tls.psk"));
+    }
+    cmd.args(args);
     let (out, err) = (dir.join("perf.out"), dir.join("perf.err"));
     let status = process::run_bounded("spdk_nvme_perf", cmd, &out, &err, plan.duration + plan.warmup + CLIENT_SLACK)?;
     let stdout = std::fs::read_to_string(&out).unwrap_or_default();
@@ -443,7 +537,7 @@ pub fn run(args: &SpdkArgs, qpath_exe: &Path, progress: &mut dyn std::io::Write)
     }
     let dir = std::env::temp_dir().join(format!("qpath-lab-spdk-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-    let result = run_rounds(&plan, qpath_exe, &dir, progress);
+    let result = write_psk_file(&plan, &dir).and_then(|_| run_rounds(&plan, qpath_exe, &dir, progress));
     if result.is_ok() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -505,13 +599,27 @@ pub struct Report {
     pub spdk_skipped: Option<String>,
     /// How it ran.
     pub notes: Vec<String>,
+    /// Every connection was inside TLS 1.3.
+    pub tls: bool,
 }
 
 impl Report {
     fn new(plan: &Plan, samples: Vec<Sample>) -> Report {
         let cells = table::cells(&samples);
         let checks = table::checks(&cells);
-        Report { samples, cells, checks, spdk_skipped: plan.spdk.as_ref().err().cloned(), notes: plan.notes.clone() }
+        Report {
+            samples,
+            cells,
+            checks,
+            spdk_skipped: plan.spdk.as_ref().err().cloned(),
+            notes: plan.notes.clone(),
+            tls: plan.tls_key.is_some(),
+        }
+    }
+
+    fn title(&self) -> String {
+        let over = if self.tls { "NVMe/TCP in TLS 1.3" } else { "NVMe/TCP" };
+        format!("qpath side by side with SPDK ({over} over loopback)")
     }
 
     /// Checks that failed.
@@ -522,7 +630,7 @@ impl Report {
     /// The text report: notes, the table (median and ×max/min per cell), every check with
     /// PASS or FAIL.
     pub fn text(&self) -> String {
-        let mut s = String::from("spdk: qpath side by side with SPDK (NVMe/TCP over loopback)\n");
+        let mut s = format!("spdk: {}\n", self.title());
         for n in &self.notes {
             let _ = writeln!(s, "  {n}");
         }
@@ -549,7 +657,7 @@ impl Report {
 
     /// The same as a lab result (rows per measured cell, goals per check) for `--json`.
     pub fn lab_result(&self) -> LabResult {
-        let mut r = LabResult::new("spdk", "qpath side by side with SPDK (NVMe/TCP over loopback)");
+        let mut r = LabResult::new("spdk", self.title());
         for n in &self.notes {
             r.note(n.clone());
         }
@@ -661,12 +769,12 @@ mod tests {
     #[test]
     fn both_targets_serve_the_same_namespace() {
         let addr: SocketAddr = "127.0.0.1:4999".parse().unwrap();
-        let v = spdk_config(addr);
+        let v = spdk_config(addr, None);
         let bdev = &v["subsystems"][0]["config"][0]["params"];
         assert_eq!(bdev["num_blocks"].as_u64().unwrap() * bdev["block_size"].as_u64().unwrap(), 256 << 20);
         let listener = &v["subsystems"][1]["config"][3]["params"]["listen_address"];
         assert_eq!((listener["traddr"].as_str(), listener["trsvcid"].as_str()), (Some("127.0.0.1"), Some("4999")));
-        let c = qpath_config(addr, Some(0));
+        let c = qpath_config(addr, Some(0), None);
         c.build_state().unwrap();
         let ns = &c.subsystems[0].namespaces[0];
         assert_eq!((ns.block_size, ns.prefault), (4096, true));
@@ -688,6 +796,7 @@ mod tests {
             spdk: Err("none".into()),
             tgt_mem: SpdkMemory::Huge,
             perf_mem: SpdkMemory::Huge,
+            tls_key: None,
             notes: vec![],
         };
         let text = bench_job(&WORKLOADS[3], &plan, "127.0.0.1:4420".parse().unwrap());
@@ -698,6 +807,36 @@ mod tests {
         {
             assert!(text.contains(want), "{want}: {text}");
         }
-        assert!(text.contains(&format!("filename=nvme+tcp://127.0.0.1:4420/{NQN}/1")), "{text}");
+        assert!(text.contains(&format!("filename=nvme+tcp://127.0.0.1:4420/{NQN}/1\n")), "{text}");
+        let key = tls::psk::ConfiguredPsk::generate(tls::psk::PskHash::Sha256).unwrap().to_interchange();
+        let tls_plan = Plan { tls_key: Some(key.clone()), ..plan };
+        let text = bench_job(&WORKLOADS[3], &tls_plan, "127.0.0.1:4420".parse().unwrap());
+        let f = JobFile::parse(&text, "t").unwrap();
+        assert_eq!(f.jobs.len(), 1);
+        let uri = format!("/{NQN}/1?hostnqn={TLS_HOSTNQN}&tls_key={}&tls_identity=0\n", key.as_str());
+        assert!(text.contains(&uri), "the job connects as the key's host, with the older identity");
+    }
+
+    /// With a key, both targets require TLS and admit only the lab's host with that key.
+    #[test]
+    fn tls_targets_require_the_channel_and_the_key() {
+        let addr: SocketAddr = "127.0.0.1:4999".parse().unwrap();
+        let v = spdk_config(addr, Some(Path::new("/d/tls.psk")));
+        let nvmf = v["subsystems"][1]["config"].as_array().unwrap();
+        assert_eq!(nvmf[1]["params"]["allow_any_host"], json!(false));
+        assert_eq!(nvmf[3]["params"]["secure_channel"], json!(true));
+        assert_eq!(nvmf[4]["method"], "nvmf_subsystem_add_host");
+        assert_eq!(nvmf[4]["params"]["host"], TLS_HOSTNQN);
+        assert_eq!(nvmf[4]["params"]["psk"], "/d/tls.psk");
+        let key = tls::psk::ConfiguredPsk::generate(tls::psk::PskHash::Sha256).unwrap().to_interchange();
+        let c = qpath_config(addr, Some(0), Some(key.as_str()));
+        c.build_state().unwrap();
+        assert_eq!(c.ports[0].tls, target::tls::TlsMode::Required);
+        let sub = &c.subsystems[0];
+        assert!(!sub.allow_any_host);
+        assert_eq!(sub.hosts.len(), 1);
+        assert_eq!(sub.hosts[0].nqn(), TLS_HOSTNQN);
+        let text = target::persist::to_toml(&c).unwrap();
+        assert!(text.contains("tls = \"required\"") && text.contains(key.as_str()), "the child reads its key back");
     }
 }

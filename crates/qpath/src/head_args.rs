@@ -71,9 +71,10 @@ pub struct HeadArgs {
     /// inside TLS 1.3. Only the file's path is kept; the key is never printed.
     #[arg(long, value_name = "FILE")]
     pub tls_key_file: Option<PathBuf>,
-    /// The TLS PSK identity to present: 1 (with the PSK digest; Linux 6.14+) or 0.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
-    pub tls_identity: u8,
+    /// The TLS PSK identity to present: 1 (with the PSK digest; Linux 6.14+; the default)
+    /// or 0 (Linux before 6.14, SPDK 24.01).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub tls_identity: Option<u8>,
     /// Secure channel concatenation (as `nvme connect --concat`): the admin queue
     /// authenticates in plaintext with --dhchap-secret-file, which makes the TLS key of every
     /// queue, anew at each connect. Not with --tls-key-file.
@@ -120,7 +121,9 @@ impl HeadArgs {
         spec.dhchap_secret_file = absolute(&self.dhchap_secret_file)?;
         spec.dhchap_ctrl_secret_file = absolute(&self.dhchap_ctrl_secret_file)?;
         spec.tls_key_file = absolute(&self.tls_key_file)?;
-        spec.tls_identity = self.tls_identity;
+        if let Some(v) = self.tls_identity {
+            spec.tls_identity = v;
+        }
         spec.concat |= self.concat;
         if let Some(o) = &self.tls_offload {
             spec.tls_offload.clone_from(o);
@@ -182,6 +185,13 @@ fn from_uri(uri: &str) -> Result<HeadSpec, String> {
                 Some(o) => spec.tls_offload = o.name().to_string(),
                 None => return Err(format!("{shown}: tls_offload={v} is not auto or off")),
             },
+            "tls_identity" => {
+                spec.tls_identity = match v.as_str() {
+                    "0" => 0,
+                    "1" => 1,
+                    _ => return Err(format!("{shown}: tls_identity={v} is not 1 (with the key's digest) or 0")),
+                }
+            }
             "dhchap_secret" | "dhchap_ctrl_secret" | "tls_key" => {
                 return Err(format!(
                     "{shown}: a block device keeps its settings (device state, `list`), so it takes \
@@ -256,6 +266,13 @@ mod tests {
         assert_eq!(s.tls_offload, "off", "the URI's choice stays when the flag is not given");
         let e = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?tls_offload=kernel"]).unwrap_err();
         assert!(e.contains("tls_offload=kernel"), "{e}");
+        let s = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?tls_identity=0"]).unwrap();
+        assert_eq!(s.tls_identity, 0, "the URI's choice stays when the flag is not given");
+        let s = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?tls_identity=0", "--tls-identity", "1"]).unwrap();
+        assert_eq!(s.tls_identity, 1, "the flag wins");
+        assert_eq!(spec(&["-a", "h", "-n", "nqn.x:y"]).unwrap().tls_identity, 1, "1 by default");
+        let e = spec(&["--uri", "nvme+tcp://h/nqn.x:y/1?tls_identity=v0"]).unwrap_err();
+        assert!(e.contains("tls_identity=v0 is not 1"), "{e}");
         let s = spec(&["-a", "h", "-n", "n", "--dhchap-secret-file", "/s", "--dhchap-ctrl-secret-file", "/c"]).unwrap();
         assert_eq!(
             (s.dhchap_secret_file.as_deref(), s.dhchap_ctrl_secret_file.as_deref()),

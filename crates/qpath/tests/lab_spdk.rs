@@ -101,3 +101,45 @@ fn with_an_spdk_build_from_env_all_four_columns_run() {
     assert_eq!(goals.len(), 15);
     assert!(goals.iter().all(|g| g["ratio"].as_f64().unwrap() > 0.0), "{goals:?}");
 }
+
+/// `--tls` without SPDK: the qpath column runs inside TLS 1.3 (the target requires it, so
+/// a number means the channel stood), the report says so, and the run's key is nowhere in
+/// what the lab prints.
+#[test]
+fn with_tls_the_qpath_column_runs_in_the_channel_and_the_key_stays_out_of_the_report() {
+    let (out, err) = lab(&["--tls", "--duration", "0.3", "--warmup", "0", "--rounds", "1"], RUN_TIMEOUT);
+    assert!(out.contains("NVMe/TCP in TLS 1.3 over loopback"), "{out}");
+    assert!(out.contains("TLS 1.3 on every connection"), "{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| ["4k rand", "128k read"].iter().any(|w| l.starts_with(w))).collect();
+    assert_eq!(rows.len(), 5, "{out}");
+    for row in rows {
+        let qpath = row.rsplit("  ").next().unwrap().trim();
+        assert!(cell_number(qpath) > 0.0, "{row}");
+    }
+    for text in [&out, &err] {
+        assert!(!text.contains("NVMeTLSkey-1"), "no key in the lab's output: {text}");
+    }
+}
+
+#[test]
+fn with_an_spdk_build_from_env_all_four_columns_run_in_tls() {
+    let Some(spdk) = std::env::var_os("QPATH_LAB_SPDK_DIR") else {
+        println!("SKIP: QPATH_LAB_SPDK_DIR does not name an SPDK build (nvmf_tgt, spdk_nvme_perf)");
+        return;
+    };
+    let spdk = spdk.into_string().unwrap();
+    let (out, err) = lab(
+        &["--spdk-dir", &spdk, "--tls", "--duration", "1", "--warmup", "1", "--rounds", "1", "--json"],
+        SPDK_RUN_TIMEOUT,
+    );
+    assert!(!out.contains("NVMeTLSkey-1") && !err.contains("NVMeTLSkey-1"), "no key in the lab's output");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["spdk_run"], true, "{out}");
+    // Every column, the two cross ones included: each stack's host in TLS with the other's
+    // target, the older identity, one key.
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 20, "five workloads × four columns");
+    for r in rows {
+        assert!(r["median"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}

@@ -80,6 +80,9 @@ pub struct ControllerKey {
     /// `tls_offload=auto|off` from the URI: kernel TLS for those queues where the kernel
     /// offers it (default auto), or records in user space.
     pub tls_offload: Option<String>,
+    /// `tls_identity=0|1` from the URI: the PSK identity to present, 1 (with the PSK's
+    /// digest, the default) or 0 (what Linux hosts before 6.14 and SPDK 24.01 present).
+    pub tls_identity: Option<String>,
 }
 
 /// A DH-HMAC-CHAP secret from a URI: compared as written, never printed.
@@ -118,6 +121,7 @@ impl ControllerKey {
             tls_key: uri_option(remote, "tls_key").map(Secret),
             concat: uri_option(remote, "concat"),
             tls_offload: uri_option(remote, "tls_offload"),
+            tls_identity: uri_option(remote, "tls_identity"),
         }
     }
 }
@@ -345,10 +349,24 @@ impl Controllers {
         o.dhchap_secret = key.dhchap_secret.as_ref().map(|s| s.0.clone());
         o.dhchap_ctrl_secret = key.dhchap_ctrl_secret.as_ref().map(|s| s.0.clone());
         o.tls = match &key.tls_key {
-            Some(k) => Some(
-                host::tls::HostTls::parse(&k.0)
-                    .map_err(|e| Error::new(ErrorKind::Target, format!("{}: tls_key: {e}", key.addr)))?,
-            ),
+            Some(k) => {
+                let mut t = host::tls::HostTls::parse(&k.0)
+                    .map_err(|e| Error::new(ErrorKind::Target, format!("{}: tls_key: {e}", key.addr)))?;
+                t.identity = match key.tls_identity.as_deref() {
+                    None | Some("1") => host::tls::IdentityVersion::V1,
+                    Some("0") => host::tls::IdentityVersion::V0,
+                    Some(v) => {
+                        return Err(Error::new(
+                            ErrorKind::Target,
+                            format!("{}: tls_identity={v}: 1 (with the key's digest) or 0 (without)", key.addr),
+                        ));
+                    }
+                };
+                Some(t)
+            }
+            None if key.tls_identity.is_some() => {
+                return Err(Error::new(ErrorKind::Target, format!("{}: tls_identity needs tls_key", key.addr)));
+            }
             None => None,
         };
         o.concat = match key.concat.as_deref().map(str::to_ascii_lowercase).as_deref() {
@@ -431,6 +449,7 @@ mod tests {
             tls_key: None,
             concat: None,
             tls_offload: None,
+            tls_identity: None,
         };
         let a = p[&k];
         assert_eq!(a.nr_io_queues, 34, "33 hogs and the WAL writer share one controller");
@@ -593,6 +612,26 @@ mod tests {
         let e = c.connect_options(&key("?concat=maybe")).unwrap_err().to_string();
         assert!(e.contains("concat=maybe is not a boolean"), "{e}");
         assert_ne!(key("?concat=1"), key(""), "a concatenating controller is another controller");
+    }
+
+    #[test]
+    fn tls_identity_from_the_uri() {
+        let key = |q: &str| {
+            let t = RemoteTarget::parse_uri(&format!("nvme+tcp://127.0.0.1:4420/nqn.x:a/1{q}")).unwrap();
+            ControllerKey::of(&t, None)
+        };
+        let c = Controllers::for_jobs(&JobFile::parse("[a]\nsize=1m\n", "t").unwrap());
+        let k = "tls_key=NVMeTLSkey-1:01:cXBhdGgtdGxzLWJlbmNobWFyay1rZXktbm90LXNlY3LHGjqK:";
+        let version = |q: &str| c.connect_options(&key(q)).map(|o| o.tls.map(|t| t.identity));
+        use host::tls::IdentityVersion as V;
+        assert_eq!(version(&format!("?{k}")).unwrap(), Some(V::V1), "1 by default");
+        assert_eq!(version(&format!("?{k}&tls_identity=1")).unwrap(), Some(V::V1));
+        assert_eq!(version(&format!("?{k}&tls_identity=0")).unwrap(), Some(V::V0));
+        let e = version(&format!("?{k}&tls_identity=2")).unwrap_err().to_string();
+        assert!(e.contains("tls_identity=2: 1 (with the key's digest) or 0"), "{e}");
+        let e = version("?tls_identity=0").unwrap_err().to_string();
+        assert!(e.contains("tls_identity needs tls_key"), "{e}");
+        assert_ne!(key(&format!("?{k}&tls_identity=0")), key(&format!("?{k}")), "another identity, another controller");
     }
 
     #[test]

@@ -63,6 +63,18 @@ pub fn args(
     a
 }
 
+/// What a TLS run adds to perf's arguments: the host NQN in the transport ID (the PSK is
+/// bound to it), SPDK's ssl sockets and the PSK file.
+pub fn add_tls(args: &mut Vec<String>, hostnqn: &str, psk_file: &std::path::Path) {
+    if let Some(i) = args.iter().position(|a| a == "-r")
+        && let Some(trid) = args.get_mut(i + 1)
+    {
+        trid.push_str(&format!(" hostnqn:{hostnqn}"));
+    }
+    // perf reads its options in order and takes --psk-path only once ssl is the socket.
+    args.extend(["-S".into(), "ssl".into(), "--psk-path".into(), psk_file.display().to_string()]);
+}
+
 /// An SPDK core mask (`-m` / `-c`) of the one CPU `cpu`.
 pub fn core_mask(cpu: usize) -> String {
     // A u128 mask covers the CPUs a lab runs on; larger indexes are refused by the caller.
@@ -146,5 +158,15 @@ Total                                                                    :   500
         let a = args(&WORKLOADS[0], 5, 0, 0, addr, "nqn.x", SpdkMemory::Huge);
         assert!(!a.contains(&"-a".to_string()) && a.contains(&"0x1".to_string()));
         assert_eq!(core_mask(5), "0x20");
+    }
+
+    #[test]
+    fn a_tls_run_names_its_host_and_key_file() {
+        let addr: SocketAddr = "127.0.0.1:4420".parse().unwrap();
+        let mut a = args(&WORKLOADS[0], 5, 0, 0, addr, "nqn.x", SpdkMemory::Huge);
+        add_tls(&mut a, "nqn.h", std::path::Path::new("/d/tls.psk"));
+        let r = a.iter().position(|x| x == "-r").unwrap();
+        assert!(a[r + 1].ends_with("subnqn:nqn.x hostnqn:nqn.h"), "{a:?}");
+        assert!(a.ends_with(&["-S", "ssl", "--psk-path", "/d/tls.psk"].map(String::from)), "{a:?}");
     }
 }
