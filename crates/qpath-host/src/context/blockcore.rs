@@ -183,7 +183,7 @@ impl<C: CoreController> BlockCore<C> {
         };
         let bs = 1u64 << d.block_shift;
         let len64 = u64::from(len);
-        if !offset.is_multiple_of(bs) || !len64.is_multiple_of(bs) || (len == 0 && matches!(op, Op::Read | Op::Write)) {
+        if !offset.is_multiple_of(bs) || !len64.is_multiple_of(bs) || (len == 0 && op.has_data()) {
             return Err((
                 Error::new(ErrorKind::Invalid, format!("offset {offset} / length {len} not multiples of {bs}")),
                 buf,
@@ -199,7 +199,7 @@ impl<C: CoreController> BlockCore<C> {
                 return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
             }
         }
-        if matches!(op, Op::Read | Op::Write) && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
+        if op.has_data() && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
             return Err((Error::new(ErrorKind::Invalid, "buffer smaller than the transfer"), buf));
         }
         if nlb > 65536 {
@@ -732,14 +732,17 @@ impl<C: CoreController> BlockCore<C> {
                 r.len,
                 r.buf.take(),
             ),
-            Op::Write => (
-                Sqe::rw(opc::WRITE, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
-                DataDir::ToController,
-                r.len,
-                r.buf.take(),
-            ),
+            Op::Write | Op::WriteFua => {
+                let mut sqe = Sqe::rw(opc::WRITE, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len));
+                sqe.set_fua(r.op.fua());
+                (sqe, DataDir::ToController, r.len, r.buf.take())
+            }
             Op::Flush => (Sqe::flush(cid, nsid), DataDir::None, 0, r.buf.take()),
-            Op::WriteZeroes => (Sqe::write_zeroes(cid, nsid, r.slba, r.nlb, false), DataDir::None, 0, r.buf.take()),
+            Op::WriteZeroes | Op::WriteZeroesFua => {
+                let mut sqe = Sqe::write_zeroes(cid, nsid, r.slba, r.nlb, false);
+                sqe.set_fua(r.op.fua());
+                (sqe, DataDir::None, 0, r.buf.take())
+            }
             Op::Deallocate => {
                 let mut b = self.dsm_bufs.pop().unwrap_or_else(|| IoBuf::new(4096));
                 b.set_len(16);
@@ -1269,9 +1272,9 @@ impl<C: CoreController> BlockCore<C> {
 pub(super) fn op_code(op: Op) -> u8 {
     match op {
         Op::Read => opc::READ,
-        Op::Write => opc::WRITE,
+        Op::Write | Op::WriteFua => opc::WRITE,
         Op::Flush => opc::FLUSH,
-        Op::WriteZeroes => opc::WRITE_ZEROES,
+        Op::WriteZeroes | Op::WriteZeroesFua => opc::WRITE_ZEROES,
         Op::Deallocate => opc::DATASET_MANAGEMENT,
     }
 }

@@ -60,11 +60,19 @@ pub enum Op {
     Read,
     /// Write from the buffer.
     Write,
+    /// Write from the buffer with Force Unit Access: the data is on non-volatile media
+    /// when the write completes (NVM Command Set 1.0 §3.2.6, CDW12 bit 30), so a
+    /// volatile write cache needs no Flush after it for this range.
+    WriteFua,
     /// Flush the volatile write cache.
     Flush,
     /// Write zeroes (no buffer).
     WriteZeroes,
-    /// Deallocate (discard) the range (no buffer).
+    /// Write zeroes with Force Unit Access (NVM Command Set 1.0 §3.2.8: Write Zeroes
+    /// carries FUA in CDW12 bit 30 as Write does).
+    WriteZeroesFua,
+    /// Deallocate (discard) the range (no buffer). Dataset Management has no FUA bit:
+    /// a caller that needs a deallocation durable follows it with a Flush.
     Deallocate,
 }
 
@@ -72,10 +80,20 @@ impl Op {
     fn direction(self) -> Direction {
         match self {
             Op::Read => Direction::Read,
-            Op::Write | Op::WriteZeroes => Direction::Write,
+            Op::Write | Op::WriteFua | Op::WriteZeroes | Op::WriteZeroesFua => Direction::Write,
             Op::Deallocate => Direction::Trim,
             Op::Flush => Direction::Sync,
         }
+    }
+
+    /// Whether the command carries Force Unit Access.
+    pub fn fua(self) -> bool {
+        matches!(self, Op::WriteFua | Op::WriteZeroesFua)
+    }
+
+    /// Whether the caller's buffer carries the data (a read's or a write's).
+    pub fn has_data(self) -> bool {
+        matches!(self, Op::Read | Op::Write | Op::WriteFua)
     }
 }
 
