@@ -1316,13 +1316,10 @@ impl World {
         let roll = self.rng.below(100);
         let nlb = 1 + self.rng.index(MAX_NLB);
         let lba = self.rng.index(self.host_blocks - nlb + 1);
-        // The block core has no FUA write (nor has `Context`): the draw stays, so the
-        // schedule's other choices stay where they were, and every write waits for a flush.
+        // A share of the writes go with FUA: durable at their acknowledgement (the oracle
+        // counts them so), through the target's real FUA path (its write, then its sync).
         let op = match roll {
-            0..45 => {
-                let _fua = self.rng.chance(300_000);
-                ROp::Write { fua: false }
-            }
+            0..45 => ROp::Write { fua: self.rng.chance(300_000) },
             45..92 => ROp::Read,
             _ => ROp::Flush,
         };
@@ -1378,7 +1375,8 @@ impl World {
         let (cop, len) = match op {
             ROp::Flush => (Op::Flush, 0),
             ROp::Read => (Op::Read, nlb * BLOCK),
-            ROp::Write { .. } => (Op::Write, nlb * BLOCK),
+            ROp::Write { fua: false } => (Op::Write, nlb * BLOCK),
+            ROp::Write { fua: true } => (Op::WriteFua, nlb * BLOCK),
         };
         let buf = self.reqs[ri].buf.take();
         let now = self.at();
