@@ -34,7 +34,7 @@ use super::{
     QEntry, QueueConn, StallReport,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::failover::{Disposition, disposition};
+use crate::failover::{Disposition, disposition, lost_authentication};
 use crate::head::path_id;
 use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection};
 use crate::queue::{DataDir, Done, HostQueue, Io, QueueState};
@@ -944,7 +944,11 @@ impl<C: CoreController> BlockCore<C> {
         let latency = nanos_since(wire.sent, now);
         let qkey = r.qkey;
         let path = r.path;
-        let path_error = status.is_path_error();
+        let lost_auth = lost_authentication(status);
+        if lost_auth {
+            self.fail_unauthenticated_queue(qkey);
+        }
+        let path_error = status.is_path_error() || lost_auth;
         if let DevKind::Multi(m) = &mut self.devices[dev].kind {
             let counted = wire.via_reference;
             m.on_complete(
@@ -1013,6 +1017,26 @@ impl<C: CoreController> BlockCore<C> {
         let total = nanos_since(r.start, now);
         self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
         self.complete(rid, status);
+    }
+
+    /// Queue `qkey`'s connection answered a command with Authentication Required: the
+    /// target no longer has it authenticated and will answer every command so until it
+    /// closes it. The connection fails (its owner sees the failed queue after this
+    /// delivery and runs [`BlockCore::abort_conn`] and [`BlockCore::fail_conn`]: its
+    /// commands fail over or wait, and the controller resets and reconnects, which
+    /// authenticates again with the host's current key).
+    fn fail_unauthenticated_queue(&mut self, qkey: usize) {
+        let Some(ckey) = self.queues[qkey].conn else { return };
+        let Some(Some(c)) = self.conns.get_mut(ckey) else { return };
+        if c.q.state() == QueueState::Failed {
+            return;
+        }
+        tracing::warn!(
+            traddr = %self.queues[qkey].ctrl.traddr(),
+            "the target answered Authentication Required: the queue is no longer authenticated; reconnecting"
+        );
+        c.q.set_failed("the target no longer has the queue authenticated (Authentication Required)");
+        self.touched.push(ckey);
     }
 
     /// Holds a request whose command may still execute on its lost controller for

@@ -1205,6 +1205,11 @@ mod tests {
             disposition(Status::HOST_PATH_ERROR.with_dnr(true), false, 0, &o, never_asked),
             Disposition::Complete
         );
+        // A queue that lost its authentication: the command was not executed; the queue
+        // waits for its reconnect (which authenticates again), within the same bounds.
+        assert_eq!(d(Status::AUTH_REQUIRED, 0, false), Disposition::Requeue);
+        assert_eq!(d(Status::AUTH_REQUIRED, 2, false), Disposition::Complete, "max_retries reached");
+        assert_eq!(d(Status::AUTH_REQUIRED, 0, true), Disposition::Complete, "past fast_io_fail_tmo or dead");
     }
 
     #[test]
@@ -1216,6 +1221,7 @@ mod tests {
             Status::ANA_TRANSITION,
             Status::ANA_PERSISTENT_LOSS,
             Status::TRANSIENT_TRANSPORT_ERROR,
+            Status::AUTH_REQUIRED,
         ] {
             for retries in 0..3 {
                 assert_eq!(disposition(status, true, retries, &o, never_asked), Disposition::Failover, "{status}");

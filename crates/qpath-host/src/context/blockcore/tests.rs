@@ -500,6 +500,75 @@ fn a_multipath_fua_write_failed_over_to_the_other_path_still_carries_fua() {
 }
 
 #[test]
+fn authentication_required_fails_the_queue_and_the_io_goes_again_after_the_reconnect_unheld() {
+    // The target took the queue's authentication away (a re-authentication with a key it
+    // no longer holds failed): it answers the queue's commands with Authentication
+    // Required (DNR) until it closes it. Not executed, so not held; not the application's
+    // error: the queue is lost, and the reconnect authenticates again.
+    let hold = Duration::from_secs(5);
+    let mut rig = Rig::new(4, ContextOptions::default(), None, hold);
+    rig.submit(Op::WriteFua, 0, 1, 0);
+    rig.submit(Op::Read, 1, 2, 0);
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 2);
+    rig.answer(sent[0].1, Status::AUTH_REQUIRED, 1);
+    assert!(rig.done().is_empty(), "not completed to the caller");
+    assert_eq!(rig.queue().state(), QueueState::Failed, "the queue is failed for its owner to close");
+    assert!(rig.core.take_touched().contains(&rig.ckey));
+    // The owner closes the failed connection: the read still on it is requeued too, and
+    // the controller is told to reset.
+    rig.lose_connection(2);
+    assert!(rig.ctrl.io_failure_reported());
+    rig.reconnect(4, 3);
+    let again = rig.sent_fua();
+    assert_eq!(
+        again.iter().map(|&(op, _, fua)| (op, fua)).collect::<Vec<_>>(),
+        [(W, true), (R, false)],
+        "the refused write goes at once (it was not executed), with its FUA; the read too"
+    );
+    for &(_, cid, _) in &again {
+        rig.answer(cid, Status::SUCCESS, 4);
+    }
+    let mut done = rig.done();
+    done.sort_unstable_by_key(|&(t, _)| t);
+    assert_eq!(done, [(1, Status::SUCCESS), (2, Status::SUCCESS)]);
+}
+
+#[test]
+fn authentication_required_until_the_retries_run_out_reaches_the_caller() {
+    let opts = ContextOptions { max_retries: 1, ..ContextOptions::default() };
+    let mut rig = Rig::new(4, opts, None, Duration::ZERO);
+    rig.submit(Op::Read, 0, 7, 0);
+    let cid = rig.sent()[0].1;
+    rig.answer(cid, Status::AUTH_REQUIRED, 1);
+    rig.lose_connection(2);
+    rig.reconnect(4, 3);
+    let cid = rig.sent()[0].1;
+    rig.answer(cid, Status::AUTH_REQUIRED, 4);
+    assert_eq!(rig.done(), [(7, Status::AUTH_REQUIRED)], "max_retries reached: bounded as a path error");
+}
+
+#[test]
+fn a_multipath_io_refused_for_authentication_goes_to_the_other_path() {
+    let mut mp = multipath(ContextOptions::default(), Duration::from_secs(5));
+    let t0 = mp.t0;
+    mp.core.submit(mp.dev, 0, Op::Write, 0, 4096, buf(), 9, t0).map_err(|(e, _)| e).unwrap();
+    let first: Vec<_> = (0..2).map(|p| mp.sent(p)).collect();
+    let path = if first[0].is_empty() { 1 } else { 0 };
+    let ck = mp.ckeys[path];
+    let mut out = Vec::new();
+    EncoderConfig::default().capsule_resp(&mut out, &Cqe::with_status(Cid(first[path][0].1), Status::AUTH_REQUIRED));
+    mp.core.conns[ck].as_mut().unwrap().q.feed(&out);
+    mp.core.deliver(ck, false, t0 + Duration::from_millis(1), |_| {});
+    assert!(mp.core.done.is_empty(), "not completed to the caller");
+    assert_eq!(mp.core.conns[ck].as_ref().unwrap().q.state(), QueueState::Failed);
+    // The owner closes the failed connection; the write, not executed, is not held.
+    mp.lose(path, t0 + Duration::from_millis(2));
+    let moved = mp.sent(1 - path);
+    assert_eq!(moved.iter().map(|&(op, _)| op).collect::<Vec<_>>(), [W], "on the other path at once");
+}
+
+#[test]
 fn a_hold_longer_than_ctrl_loss_tmo_fails_the_write_then_without_sending_it() {
     let hold = Duration::from_secs(10);
     let mut rig = Rig::new(4, ContextOptions::default(), Some(Duration::from_secs(3)), hold);
