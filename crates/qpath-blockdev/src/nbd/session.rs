@@ -127,7 +127,7 @@ impl Slot {
 /// until the data is durable: a write and a write zeroes carry it as NVMe FUA (CDW12 bit
 /// 30, NVM Command Set 1.0 §3.2.6 and §3.2.8), one command per chunk instead of the
 /// chunks and then a Flush; without a volatile cache every completed write is durable
-/// and FUA asks for nothing more (NVMe Base 2.1 §5.2.25).
+/// and FUA asks for nothing more (NVMe Base 2.1, Identify Controller VWC).
 fn nvme_op(cmd: Command, vwc: bool) -> Op {
     match cmd {
         Command::Read => Op::Read,

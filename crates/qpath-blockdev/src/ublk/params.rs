@@ -15,9 +15,9 @@ const LOGICAL_SHIFT_MAX: u8 = 12;
 /// them, a volatile write cache when it has one (the block layer then sends flushes),
 /// and with it FUA: a journal's FUA write goes as one NVMe Write with FUA (NVM Command
 /// Set 1.0 §3.2.6) instead of the write and a flush the block layer sends to a disk
-/// without FUA. Linux's NVMe driver offers FUA on the same condition
-/// (`nvme_update_disk_info`: `BLK_FEAT_WRITE_CACHE | BLK_FEAT_FUA` when VWC is
-/// present); without a volatile cache a completed write is durable and FUA means nothing.
+/// without FUA. Linux's NVMe driver offers FUA on the same condition (a write cache and
+/// FUA together when VWC is present, `drivers/nvme/host/core.c`); without a volatile
+/// cache a completed write is durable and FUA means nothing.
 pub fn params_of(info: &DeviceInfo, read_only: bool) -> Result<Params> {
     if info.block_shift > LOGICAL_SHIFT_MAX {
         return Err(Error::new(

@@ -117,9 +117,9 @@ pub fn plan(d: &IoDesc, info: &DeviceInfo, buf_cap: usize) -> Planned {
 /// Whether request `d` goes to the namespace with Force Unit Access. The kernel sends
 /// `UBLK_IO_F_FUA` only to a device that offered it (`UBLK_ATTR_FUA`, which
 /// [`super::params::params_of`] sets with a volatile write cache, as Linux's NVMe driver
-/// sets `BLK_FEAT_FUA` only with VWC, `nvme_update_disk_info`). Without a volatile cache
-/// every write is durable when it completes (NVMe Base 2.1 §5.2.25, Volatile Write
-/// Cache), so the flag asks for nothing more and the command goes without it.
+/// offers FUA only with VWC, `drivers/nvme/host/core.c`). Without a volatile cache every
+/// write is durable when it completes (NVMe Base 2.1, Identify Controller VWC), so the
+/// flag asks for nothing more and the command goes without it.
 fn fua(d: &IoDesc, info: &DeviceInfo) -> bool {
     d.flags & uring::ublk::io_flags::FUA != 0 && info.volatile_cache
 }
