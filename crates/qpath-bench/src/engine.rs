@@ -181,6 +181,19 @@ pub fn hipri(job: &JobSpec) -> bool {
     }
 }
 
+/// Whether the job's writes go with Force Unit Access (`writefua=1`, the name of fio's sg
+/// engine option): each write is durable when it completes (NVM Command Set 1.0 §3.2.6),
+/// which costs the target a sync per write where it has a volatile cache.
+pub fn writefua(job: &JobSpec) -> bool {
+    match job.engine_option("writefua") {
+        None => false,
+        Some(v) => crate::job::value::parse_bool(v).unwrap_or(false),
+    }
+}
+
+/// The engines that can send a write with FUA: the NVMe ones.
+pub const WRITEFUA_ENGINES: [&str; 2] = ["qpath", "qpath-passthru"];
+
 /// A resolver hook: given the requested `ioengine` (`None` if unset) and the target,
 /// return the name of the engine to use, or `None` to fall back to the default rules.
 pub type Resolver = dyn Fn(Option<&str>, &Target) -> Option<String> + Send + Sync;

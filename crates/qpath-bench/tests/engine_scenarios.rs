@@ -350,6 +350,14 @@ fn psync_write_then_read_verify_of_a_file() {
 }
 
 #[test]
+fn writefua_on_an_engine_that_cannot_send_fua_is_a_job_error_not_a_silent_plain_write() {
+    let (_, run) = run_with(&Ram::default(), "[j]\nioengine=ram\nrw=write\nbs=4k\nsize=64k\nwritefua=1\n");
+    let e = run.jobs[0].outcome.error.as_ref().expect("refused");
+    assert!(e.message.contains("writefua=1: the ram engine cannot send a write with FUA"), "{}", e.message);
+    assert_eq!(run.jobs[0].outcome.stat.dirs[1].total_ios, 0, "nothing written");
+}
+
+#[test]
 fn missing_directory_is_reported_before_start() {
     let text = "[a]\nfilename=/nonexistent-dir/x\nrw=write\nsize=64k\n";
     let file = JobFile::parse(text, "t").unwrap();

@@ -100,6 +100,21 @@ pub fn hold_time(i: HoldInputs) -> Duration {
     Duration::from_millis(detect_ms) + quiesce
 }
 
+/// Whether `status` says the queue the command went on is no longer authenticated:
+/// Authentication Required (NVMe Base 2.1, Fabrics command status values: 91h, Command
+/// Specific, with DNR) on a queue that was live, so one that authenticated at its
+/// bring-up. The target takes a queue's authentication away when a re-authentication
+/// fails (a host still holding a rotated-out key) and answers its other commands so until
+/// it closes the queue. The command was not executed: the queue is lost, not the command
+/// (the DNR is the queue's, not the namespace's). A reconnect authenticates again with the
+/// host's current key; another path may be authenticated now. Linux's host completes
+/// such I/O with the error (its `nvme_decide_disposition` honours the DNR); qpath treats
+/// it as a path error, bounded as one by `ctrl_loss_tmo` and the retry limits.
+#[inline]
+pub fn lost_authentication(status: Status) -> bool {
+    status.with_dnr(true) == Status::AUTH_REQUIRED
+}
+
 /// What becomes of a request whose command came back with `status` (Linux
 /// `nvme_decide_disposition`): the caller gets it, or it goes out again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,8 +129,9 @@ pub enum Disposition {
 
 /// The disposition of a request that already went through `retries` path changes
 /// (multipath) or transport retries (single path). On a single path only a transport
-/// failure is retried, as Linux requeues it, and not once `ctrl_gone` (the controller is
-/// dead or past fast_io_fail_tmo; asked only then: it takes the controller's lock).
+/// failure (or a queue that lost its authentication, [`lost_authentication`]) is retried,
+/// as Linux requeues the first, and not once `ctrl_gone` (the controller is dead or past
+/// fast_io_fail_tmo; asked only then: it takes the controller's lock).
 #[inline]
 pub fn disposition(
     status: Status,
@@ -125,10 +141,13 @@ pub fn disposition(
     ctrl_gone: impl FnOnce() -> bool,
 ) -> Disposition {
     if multipath {
-        if status.is_path_error() && retries < opts.max_failovers {
+        if (status.is_path_error() || lost_authentication(status)) && retries < opts.max_failovers {
             return Disposition::Failover;
         }
-    } else if status == Status::HOST_PATH_ERROR && retries < opts.max_retries && !ctrl_gone() {
+    } else if (status == Status::HOST_PATH_ERROR || lost_authentication(status))
+        && retries < opts.max_retries
+        && !ctrl_gone()
+    {
         return Disposition::Requeue;
     }
     Disposition::Complete

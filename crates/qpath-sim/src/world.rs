@@ -234,9 +234,6 @@ struct Req {
     low: usize,
     /// A shrink cut blocks of this write off while its last attempt was in flight.
     cut: bool,
-    /// Refused with AUTH_REQUIRED by a queue whose re-authentication with a key the
-    /// target no longer holds failed meanwhile (the operator's out-of-order change).
-    stale_auth: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,10 +289,6 @@ struct Path {
     /// Attribute Changed notice enabled on the target: it owes this host an event, or
     /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
     event_owed: Option<u64>,
-    /// A queue of the path re-authenticates with a key the target no longer holds: the
-    /// target refuses it and, until it closes the queue, the queue's other commands
-    /// (AUTH_REQUIRED: the queue is no longer authenticated).
-    stale_auth: bool,
 }
 
 struct TConn {
@@ -543,7 +536,6 @@ impl World {
                 id_ns_ns: None,
                 id_ns_again: false,
                 event_owed: None,
-                stale_auth: false,
             });
         }
         w
@@ -898,8 +890,6 @@ impl World {
             self.close_link(l);
         }
         self.take_completions();
-        // After the completions of what the queue's failed re-authentication refused.
-        self.paths[p].stale_auth = false;
     }
 
     /// The host closes a connection: its end resets (Linux closes with SO_LINGER 0), and
@@ -1299,13 +1289,6 @@ impl World {
             if self.reqs[ri].op != ROp::Flush && self.reqs[ri].buf.is_none() {
                 self.violate(format!("I/O {ri}: its buffer did not come back with its completion"));
             }
-            if c.status == Status::AUTH_REQUIRED
-                && let RState::Inflight { path: p, .. } = self.reqs[ri].state
-                && self.paths[p].stale_auth
-            {
-                self.reqs[ri].stale_auth = true;
-                self.event(format_args!("io {ri} refused: its queue's re-authentication with a stale key failed"));
-            }
             self.app_done(ri, c.status);
         }
     }
@@ -1316,13 +1299,10 @@ impl World {
         let roll = self.rng.below(100);
         let nlb = 1 + self.rng.index(MAX_NLB);
         let lba = self.rng.index(self.host_blocks - nlb + 1);
-        // The block core has no FUA write (nor has `Context`): the draw stays, so the
-        // schedule's other choices stay where they were, and every write waits for a flush.
+        // A share of the writes go with FUA: durable at their acknowledgement (the oracle
+        // counts them so), through the target's real FUA path (its write, then its sync).
         let op = match roll {
-            0..45 => {
-                let _fua = self.rng.chance(300_000);
-                ROp::Write { fua: false }
-            }
+            0..45 => ROp::Write { fua: self.rng.chance(300_000) },
             45..92 => ROp::Read,
             _ => ROp::Flush,
         };
@@ -1371,14 +1351,14 @@ impl World {
             room: 0,
             low: 0,
             cut: false,
-            stale_auth: false,
         });
         self.active += 1;
         self.event(format_args!("io {ri} {op:?} lba {lba} nlb {nlb} wid {wid}"));
         let (cop, len) = match op {
             ROp::Flush => (Op::Flush, 0),
             ROp::Read => (Op::Read, nlb * BLOCK),
-            ROp::Write { .. } => (Op::Write, nlb * BLOCK),
+            ROp::Write { fua: false } => (Op::Write, nlb * BLOCK),
+            ROp::Write { fua: true } => (Op::WriteFua, nlb * BLOCK),
         };
         let buf = self.reqs[ri].buf.take();
         let now = self.at();
@@ -1432,7 +1412,6 @@ impl World {
         } else if !status.is_success()
             && !status.is_path_error()
             && status != Status::RESERVATION_CONFLICT
-            && (status != Status::AUTH_REQUIRED || !self.reqs[ri].stale_auth)
             && (op == ROp::Flush || end <= low)
         {
             self.violate(format!("I/O {ri} ({op:?}, blocks {lba}..{end}, within the namespace) failed: {status}"));

@@ -73,7 +73,11 @@ fn a_shrink_under_a_write_keeps_the_namespace_startable_and_the_write_kept_or_re
 /// - 0: a write failed over at once when its connection was lost, while the old path's
 ///   disk still had it, landed after its retry was acknowledged and overwritten (without
 ///   the hold, seed 18 still shows it: see the test below).
-const FOUND: &[(u64, u64)] = &[(0, 5_000)];
+/// - 42 and 249: an I/O the target refused with Authentication Required on a queue whose
+///   re-authentication with a rotated-out key failed reached the application as an
+///   error (the host completed the DNR status); it is a path error now: the queue
+///   reconnects and the I/O goes again.
+const FOUND: &[(u64, u64)] = &[(0, 5_000), (42, 5_000), (249, 5_000)];
 
 #[test]
 fn every_seed_that_found_a_bug_stays_clean() {
@@ -85,11 +89,12 @@ fn every_seed_that_found_a_bug_stays_clean() {
 /// Seed 0 found it first (then seed 18, once reservation faults changed seed 0's
 /// schedule). Since the host's production block core replaced the simulator's stand-in,
 /// the schedules changed again: without the hold (the core's `failover_hold` zero), 13 of
-/// seeds 0..60 read back an overwritten write; seed 3 is the first.
+/// seeds 0..60 read back an overwritten write; since a share of the workload's writes go
+/// with FUA, 19 of seeds 0..60 do, seed 0 the first.
 #[test]
 fn failing_over_without_the_quiesce_hold_loses_an_acknowledged_write() {
-    let r = run(Options { failover_quiesce: false, ..opts(3, 5_000) });
-    let v = r.violation.expect("seed 18 without the hold reads back an overwritten write");
+    let r = run(Options { failover_quiesce: false, ..opts(0, 5_000) });
+    let v = r.violation.expect("seed 0 without the hold reads back an overwritten write");
     assert!(v.what.contains("read (I/O") && v.what.contains("may hold only"), "{v:?}");
 }
 
@@ -108,9 +113,9 @@ fn a_seed_replays_byte_for_byte() {
 /// Seed 7's trace hash at 3,000 steps. Nothing in a trace depends on the machine, the
 /// build or the process (no path, clock, thread or hash-ordered map reaches it), so this
 /// holds on every machine and in debug and release builds alike.
-const SEED_7_TRACE_HASH: u64 = 0xedba_4871_ce68_fe73;
+const SEED_7_TRACE_HASH: u64 = 0xf008_d6b6_f1ff_f61e;
 /// Seed 3's, a seed that resizes the namespace (seed 7 draws no resize).
-const SEED_3_TRACE_HASH: u64 = 0x3c0a_8c70_b32c_8770;
+const SEED_3_TRACE_HASH: u64 = 0xe741_915b_8cb9_4f3e;
 
 #[test]
 fn a_seed_hashes_the_same_on_every_machine() {
@@ -149,14 +154,15 @@ fn live_queues_reauthenticate_after_a_key_rotation() {
     assert!(!after.iter().any(|l| l.contains("authentication failed")), "{after:#?}");
 }
 
-/// Seed 211 (seed 8 before the block core ran the I/O): the operator re-authenticates the
+/// Seed 58 (seed 8 before the block core ran the I/O, 211 before the workload's FUA
+/// writes): the operator re-authenticates the
 /// host with its old key after rotating the target's: the target refuses it
 /// (AUTH_Failure1) on an I/O queue, the trace says so, the path resets and reconnects, and
 /// every I/O check holds (an I/O the target refused on that queue while its
-/// re-authentication was failing ends with AUTH_REQUIRED, see docs/design.md).
+/// re-authentication was failing goes again after the reconnect, see docs/design.md).
 #[test]
 fn a_reauthentication_with_a_stale_key_is_refused_with_a_trace_line() {
-    let r = run(Options { trace: true, ..opts(211, 5_000) });
+    let r = run(Options { trace: true, ..opts(58, 5_000) });
     assert!(r.violation.is_none(), "{:?}", r.violation);
     assert!(r.trace.iter().any(|l| l.contains("the host re-authenticates with its old key")));
     assert!(

@@ -63,6 +63,8 @@ L="$(cat $Q_/logical_block_size) $(cat $Q_/physical_block_size) $(cat $Q_/max_hw
   || fail "limits (logical physical max_hw_sectors_kb discard_granularity): $L"
 [ "$(cat $Q_/write_cache)" = "write back" ] && pass "write cache: write back (VWC), so the block layer sends flushes" \
   || fail "write_cache: $(cat $Q_/write_cache)"
+[ "$(cat $Q_/fua)" = 1 ] && pass "FUA offered with the volatile cache (a FUA write is one NVMe Write with FUA)" \
+  || fail "queue/fua: $(cat $Q_/fua)"
 
 step "ext4: mkfs, files, remount, verify"
 if /usr/sbin/mkfs.ext4 -q -F -b 4096 -E nodiscard /dev/ublkb0 && mkdir -p /mnt/u && mount -t ext4 /dev/ublkb0 /mnt/u; then
@@ -75,7 +77,7 @@ if /usr/sbin/mkfs.ext4 -q -F -b 4096 -E nodiscard /dev/ublkb0 && mkdir -p /mnt/u
     pass "56 files read back identical after umount + mount ($(wc -l < /tmp/sums) checksums)"
   else fail "file verification: $(grep -v OK /tmp/sums.out | head -5)"; fi
 
-  step "fsync reaches the target as Flush (journal commits: PREFLUSH and FUA become flushes)"
+  step "fsync reaches the target as Flush (a journal commit's PREFLUSH; its FUA write goes as NVMe FUA)"
   ask_host flush-before || fail "host did not take the flush counters"
   dd if=/dev/urandom of=/mnt/u/fsynced bs=4k count=16 conv=fsync 2>/dev/null || fail "dd conv=fsync"
   ask_host flush-after && pass "the target counted Flush commands after fsync" || fail "the target saw no Flush"

@@ -78,6 +78,7 @@ impl EngineFactory for PassthruFactory {
             ready: VecDeque::new(),
             reaped: VecDeque::new(),
             spinner: Spinner::new(super::hipri(ctx.job)),
+            writefua: super::writefua(ctx.job),
         }))
     }
 }
@@ -92,6 +93,8 @@ struct PassthruEngine {
     ready: VecDeque<IoU>,
     reaped: VecDeque<IoU>,
     spinner: Spinner,
+    /// Writes carry FUA (`writefua=1`).
+    writefua: bool,
 }
 
 impl PassthruEngine {
@@ -127,7 +130,11 @@ impl PassthruEngine {
         let sgl = SglDescriptor::transport(unit.len);
         Ok(match unit.ddir {
             Ddir::Read => (Sqe::rw(opc::READ, Cid(0), self.nsid, slba, nlb, sgl), DataDir::FromController),
-            _ => (Sqe::rw(opc::WRITE, Cid(0), self.nsid, slba, nlb, sgl), DataDir::ToController),
+            _ => {
+                let mut sqe = Sqe::rw(opc::WRITE, Cid(0), self.nsid, slba, nlb, sgl);
+                sqe.set_fua(self.writefua);
+                (sqe, DataDir::ToController)
+            }
         })
     }
 }

@@ -77,6 +77,7 @@ impl EngineFactory for QpathFactory {
             ready: VecDeque::new(),
             reaped: VecDeque::new(),
             spinner: Spinner::new(super::hipri(ctx.job)),
+            write_op: if super::writefua(ctx.job) { Op::WriteFua } else { Op::Write },
             used: Vec::new(),
         }))
     }
@@ -140,6 +141,8 @@ struct QpathEngine {
     heads: Arc<Heads>,
     /// The policy's name when `dev` is a multipath head.
     mpath_policy: Option<String>,
+    /// What a write unit becomes: `Op::WriteFua` with `writefua=1`.
+    write_op: Op,
     ctx: Context,
     dev: Option<DeviceId>,
     /// Units on the wire, by unit index (their buffers are inside the host).
@@ -266,7 +269,7 @@ impl Engine for QpathEngine {
         };
         let (op, buf) = match unit.ddir {
             Ddir::Read => (Op::Read, uring_buf::take(&mut unit)),
-            Ddir::Write => (Op::Write, uring_buf::take(&mut unit)),
+            Ddir::Write => (self.write_op, uring_buf::take(&mut unit)),
             Ddir::Sync => (Op::Flush, None),
         };
         let idx = unit.index as usize;

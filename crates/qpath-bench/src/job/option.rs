@@ -103,6 +103,8 @@ const NAMES: &[(&str, &[&str])] = &[
     ("hostnqn", &[]),
     ("digest_enable", &[]),
     ("enable_sgl", &[]),
+    // fio's sg engine: writes with Force Unit Access (the qpath engines send NVMe FUA)
+    ("writefua", &[]),
     // multipath, read by the qpath engine (crate::engine::mpath)
     ("mpath_policy", &["iopolicy"]),
     ("rr_min_io", &[]),
@@ -266,6 +268,11 @@ pub fn apply(spec: &mut JobSpec, name: &str, value: Option<&str>) -> Result<Appl
             spec.engine_options.push((name.to_string(), value.map(str::to_string)));
             return Ok(Applied::Engine);
         }
+        "writefua" => {
+            parse_bool(value)?;
+            spec.engine_options.push((name.to_string(), value.map(str::to_string)));
+            return Ok(Applied::Engine);
+        }
         "mpath_policy" | "rr_min_io" | "mpath_ref_queues" | "paths" => {
             crate::engine::mpath::check_option(name, value)?;
             spec.engine_options.push((name.to_string(), value.map(str::to_string)));
@@ -364,6 +371,16 @@ mod tests {
     fn verify_methods() {
         assert_eq!(parse_verify("crc32c"), Ok(VerifyKind::Crc32c));
         assert!(parse_verify("md5").unwrap_err().contains("crc32c only"));
+    }
+
+    #[test]
+    fn writefua_takes_fio_booleans_and_refuses_anything_else() {
+        let job = |text: &str| crate::job::JobFile::parse(&format!("[j]\nsize=1m\n{text}\n"), "t").map(|f| f.jobs);
+        for (text, want) in [("writefua=1", true), ("writefua", true), ("writefua=0", false), ("", false)] {
+            assert_eq!(crate::engine::writefua(&job(text).unwrap()[0]), want, "{text}");
+        }
+        let e = job("writefua=sometimes").unwrap_err();
+        assert!(e.to_string().contains("'sometimes' is not a boolean"), "{e}");
     }
 
     #[test]

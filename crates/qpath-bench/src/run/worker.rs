@@ -354,6 +354,16 @@ fn setup<'a>(
     }
     let needed_size = spec.filesize.or(spec.size.map(|s| spec.offset + s));
     let mut ctx = EngineCtx { job: spec, target: &spec.target, iodepth: spec.iodepth, needed_size };
+    if crate::engine::writefua(spec) && !crate::engine::WRITEFUA_ENGINES.contains(&factory.name()) {
+        return Err(Error::new(
+            ErrorKind::Option,
+            format!(
+                "{who}: writefua=1: the {} engine cannot send a write with FUA (only the NVMe engines, \
+                 on a remote filename or the embedded target, can)",
+                factory.name()
+            ),
+        ));
+    }
     let mut engine = factory.create(&ctx)?;
     let caps = engine.capabilities();
     let mut depth = spec.iodepth;

@@ -9,7 +9,7 @@
 //!                                         │ zero_blocks_max blocks (trim, write zeroes)
 //!                                         ▼
 //!                          Context::submit (at most COMMANDS_MAX in flight)
-//!                                         │ completions; a FUA write adds a Flush
+//!                                         │ FUA: NVMe FUA writes; a FUA trim adds a Flush
 //!                                         ▼
 //!                          reply (simple, or structured for reads) ─► one SENDMSG
 //! ```
@@ -54,7 +54,7 @@ const SEND_GRACE: Duration = Duration::from_secs(10);
 
 const TOKEN_RECV: u64 = 1;
 const TOKEN_SEND: u64 = 2;
-/// The chunk index of a FUA write's closing Flush.
+/// The chunk index of a FUA trim's closing Flush.
 const FLUSH_CHUNK: u32 = u32::MAX;
 
 /// What a session did, for the log and the server's counters.
@@ -96,7 +96,7 @@ struct Slot {
     received: u32,
     status: Status,
     refusal: Option<Refusal>,
-    /// A FUA write's Flush went out.
+    /// A FUA trim's Flush went out.
     flushing: bool,
     /// Data bytes this request holds in memory.
     held: u64,
@@ -120,6 +120,30 @@ impl Slot {
             held: 0,
         }
     }
+}
+
+/// The NVMe operation of each chunk of `cmd` (not a Flush or nothing) on a namespace
+/// with a volatile write cache (`vwc`) or not. NBD_CMD_FLAG_FUA asks that the reply wait
+/// until the data is durable: a write and a write zeroes carry it as NVMe FUA (CDW12 bit
+/// 30, NVM Command Set 1.0 §3.2.6 and §3.2.8), one command per chunk instead of the
+/// chunks and then a Flush; without a volatile cache every completed write is durable
+/// and FUA asks for nothing more (NVMe Base 2.1, Identify Controller VWC).
+fn nvme_op(cmd: Command, vwc: bool) -> Op {
+    match cmd {
+        Command::Read => Op::Read,
+        Command::Write { fua } if fua && vwc => Op::WriteFua,
+        Command::Write { .. } => Op::Write,
+        Command::WriteZeroes { fua } if fua && vwc => Op::WriteZeroesFua,
+        Command::WriteZeroes { .. } => Op::WriteZeroes,
+        Command::Trim { .. } => Op::Deallocate,
+        Command::Flush | Command::Disconnect | Command::Nothing => Op::Flush,
+    }
+}
+
+/// Whether `cmd`'s reply waits for a Flush after its chunks: a trim with FUA on a volatile
+/// cache, as Dataset Management has no FUA bit of its own.
+fn closing_flush(cmd: Command, vwc: bool) -> bool {
+    vwc && cmd == Command::Trim { fua: true }
 }
 
 /// The transmission phase of one client.
@@ -476,14 +500,14 @@ impl<'a> Session<'a> {
                     let off = u64::from(c) * s.per_chunk;
                     let b = s.bufs[c as usize].take();
                     let n = b.as_ref().map_or(0, |b| b.len());
-                    let op = if s.cmd == Command::Read { Op::Read } else { Op::Write };
+                    let op = nvme_op(s.cmd, self.info.volatile_cache);
                     (op, s.req.offset + off, u32::try_from(n).expect("a chunk is at most max_transfer"), b)
                 }
                 Command::Trim { .. } | Command::WriteZeroes { .. } => {
                     let blocks = u64::from(s.req.length) >> bs_shift;
                     let first = u64::from(c) * s.per_chunk;
                     let n = (blocks - first).min(s.per_chunk);
-                    let op = if matches!(s.cmd, Command::Trim { .. }) { Op::Deallocate } else { Op::WriteZeroes };
+                    let op = nvme_op(s.cmd, self.info.volatile_cache);
                     let bytes = u32::try_from(n << bs_shift).expect("zero_blocks_max keeps a command under 2 GiB");
                     (op, s.req.offset + (first << bs_shift), bytes, None)
                 }
@@ -543,17 +567,13 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// All chunks of slot `i` completed: a FUA write on a volatile cache flushes first.
+    /// All chunks of slot `i` completed: a FUA trim on a volatile cache flushes first.
     fn complete(&mut self, i: u16) {
         let vwc = self.info.volatile_cache;
         let s = &mut self.slots[usize::from(i)];
-        let fua = matches!(
-            s.cmd,
-            Command::Write { fua: true } | Command::Trim { fua: true } | Command::WriteZeroes { fua: true }
-        );
-        if fua && vwc && s.status.is_success() && s.chunks > 0 {
-            // NBD_CMD_FLAG_FUA: the reply waits until the data is durable (an NVMe Flush
-            // covers every write completed before it, NVMe Base 2.0 §7.1).
+        if closing_flush(s.cmd, vwc) && s.status.is_success() && s.chunks > 0 {
+            // NBD_CMD_FLAG_FUA: the reply waits until the deallocation is durable (an
+            // NVMe Flush covers every command completed before it, NVMe Base 2.0 §7.1).
             s.flushing = true;
             s.chunks = 1;
             s.issued = 0;
@@ -662,5 +682,25 @@ impl<'a> Session<'a> {
             self.closing.get_or_insert_with(|| format!("send: errno {}", -result));
             self.gone = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fua_goes_as_nvme_fua_where_the_command_has_it_and_as_a_closing_flush_where_not() {
+        let ops = |vwc| {
+            [Command::Write { fua: true }, Command::WriteZeroes { fua: true }, Command::Trim { fua: true }]
+                .map(|c| (nvme_op(c, vwc), closing_flush(c, vwc)))
+        };
+        assert_eq!(ops(true), [(Op::WriteFua, false), (Op::WriteZeroesFua, false), (Op::Deallocate, true)]);
+        // No volatile cache: a completed command is durable; nothing more to ask.
+        assert_eq!(ops(false), [(Op::Write, false), (Op::WriteZeroes, false), (Op::Deallocate, false)]);
+        let plain = [Command::Read, Command::Write { fua: false }, Command::WriteZeroes { fua: false }]
+            .map(|c| (nvme_op(c, true), closing_flush(c, true)));
+        assert_eq!(plain, [(Op::Read, false), (Op::Write, false), (Op::WriteZeroes, false)]);
+        assert!(!closing_flush(Command::Trim { fua: false }, true));
     }
 }

@@ -12,8 +12,12 @@ const LOGICAL_SHIFT_MAX: u8 = 12;
 
 /// The parameters of a device over `info`: block sizes, largest request (the largest
 /// transfer: `max_io_buf_bytes`), capacity, discard and write zeroes when the namespace has
-/// them, a volatile write cache when it has one (the block layer then sends flushes and
-/// turns FUA into a flush after the write, as it does for any disk without FUA).
+/// them, a volatile write cache when it has one (the block layer then sends flushes),
+/// and with it FUA: a journal's FUA write goes as one NVMe Write with FUA (NVM Command
+/// Set 1.0 §3.2.6) instead of the write and a flush the block layer sends to a disk
+/// without FUA. Linux's NVMe driver offers FUA on the same condition (a write cache and
+/// FUA together when VWC is present, `drivers/nvme/host/core.c`); without a volatile
+/// cache a completed write is durable and FUA means nothing.
 pub fn params_of(info: &DeviceInfo, read_only: bool) -> Result<Params> {
     if info.block_shift > LOGICAL_SHIFT_MAX {
         return Err(Error::new(
@@ -28,7 +32,7 @@ pub fn params_of(info: &DeviceInfo, read_only: bool) -> Result<Params> {
     }
     let mut attrs = 0;
     if info.volatile_cache {
-        attrs |= attr::VOLATILE_CACHE;
+        attrs |= attr::VOLATILE_CACHE | attr::FUA;
     }
     if read_only || info.read_only {
         attrs |= attr::READ_ONLY;
@@ -87,7 +91,7 @@ mod tests {
         assert_eq!(p.basic.physical_bs_shift, 12);
         assert_eq!(p.basic.max_sectors, 1024);
         assert_eq!(p.basic.dev_sectors, 1 << 21);
-        assert_eq!(p.basic.attrs, attr::VOLATILE_CACHE);
+        assert_eq!(p.basic.attrs, attr::VOLATILE_CACHE | attr::FUA);
         let d = p.discard.unwrap();
         assert_eq!((d.max_discard_sectors, d.max_write_zeroes_sectors, d.max_discard_segments), (65536, 65536, 1));
     }
@@ -99,7 +103,7 @@ mod tests {
         i.volatile_cache = false;
         i.read_only = true;
         let p = params_of(&i, false).unwrap();
-        assert_eq!(p.basic.attrs, attr::READ_ONLY);
+        assert_eq!(p.basic.attrs, attr::READ_ONLY, "no volatile cache: no flush, no FUA");
         assert_eq!(p.discard.unwrap().max_discard_sectors, 0);
         i.write_zeroes = false;
         assert!(params_of(&i, false).unwrap().discard.is_none());

@@ -34,7 +34,7 @@ use super::{
     QEntry, QueueConn, StallReport,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::failover::{Disposition, disposition};
+use crate::failover::{Disposition, disposition, lost_authentication};
 use crate::head::path_id;
 use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection};
 use crate::queue::{DataDir, Done, HostQueue, Io, QueueState};
@@ -183,7 +183,7 @@ impl<C: CoreController> BlockCore<C> {
         };
         let bs = 1u64 << d.block_shift;
         let len64 = u64::from(len);
-        if !offset.is_multiple_of(bs) || !len64.is_multiple_of(bs) || (len == 0 && matches!(op, Op::Read | Op::Write)) {
+        if !offset.is_multiple_of(bs) || !len64.is_multiple_of(bs) || (len == 0 && op.has_data()) {
             return Err((
                 Error::new(ErrorKind::Invalid, format!("offset {offset} / length {len} not multiples of {bs}")),
                 buf,
@@ -199,7 +199,7 @@ impl<C: CoreController> BlockCore<C> {
                 return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
             }
         }
-        if matches!(op, Op::Read | Op::Write) && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
+        if op.has_data() && buf.as_ref().is_none_or(|b| b.capacity() < len as usize) {
             return Err((Error::new(ErrorKind::Invalid, "buffer smaller than the transfer"), buf));
         }
         if nlb > 65536 {
@@ -732,14 +732,17 @@ impl<C: CoreController> BlockCore<C> {
                 r.len,
                 r.buf.take(),
             ),
-            Op::Write => (
-                Sqe::rw(opc::WRITE, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len)),
-                DataDir::ToController,
-                r.len,
-                r.buf.take(),
-            ),
+            Op::Write | Op::WriteFua => {
+                let mut sqe = Sqe::rw(opc::WRITE, cid, nsid, r.slba, r.nlb, SglDescriptor::transport(r.len));
+                sqe.set_fua(r.op.fua());
+                (sqe, DataDir::ToController, r.len, r.buf.take())
+            }
             Op::Flush => (Sqe::flush(cid, nsid), DataDir::None, 0, r.buf.take()),
-            Op::WriteZeroes => (Sqe::write_zeroes(cid, nsid, r.slba, r.nlb, false), DataDir::None, 0, r.buf.take()),
+            Op::WriteZeroes | Op::WriteZeroesFua => {
+                let mut sqe = Sqe::write_zeroes(cid, nsid, r.slba, r.nlb, false);
+                sqe.set_fua(r.op.fua());
+                (sqe, DataDir::None, 0, r.buf.take())
+            }
             Op::Deallocate => {
                 let mut b = self.dsm_bufs.pop().unwrap_or_else(|| IoBuf::new(4096));
                 b.set_len(16);
@@ -941,7 +944,11 @@ impl<C: CoreController> BlockCore<C> {
         let latency = nanos_since(wire.sent, now);
         let qkey = r.qkey;
         let path = r.path;
-        let path_error = status.is_path_error();
+        let lost_auth = lost_authentication(status);
+        if lost_auth {
+            self.fail_unauthenticated_queue(qkey);
+        }
+        let path_error = status.is_path_error() || lost_auth;
         if let DevKind::Multi(m) = &mut self.devices[dev].kind {
             let counted = wire.via_reference;
             m.on_complete(
@@ -1010,6 +1017,26 @@ impl<C: CoreController> BlockCore<C> {
         let total = nanos_since(r.start, now);
         self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
         self.complete(rid, status);
+    }
+
+    /// Queue `qkey`'s connection answered a command with Authentication Required: the
+    /// target no longer has it authenticated and will answer every command so until it
+    /// closes it. The connection fails (its owner sees the failed queue after this
+    /// delivery and runs [`BlockCore::abort_conn`] and [`BlockCore::fail_conn`]: its
+    /// commands fail over or wait, and the controller resets and reconnects, which
+    /// authenticates again with the host's current key).
+    fn fail_unauthenticated_queue(&mut self, qkey: usize) {
+        let Some(ckey) = self.queues[qkey].conn else { return };
+        let Some(Some(c)) = self.conns.get_mut(ckey) else { return };
+        if c.q.state() == QueueState::Failed {
+            return;
+        }
+        tracing::warn!(
+            traddr = %self.queues[qkey].ctrl.traddr(),
+            "the target answered Authentication Required: the queue is no longer authenticated; reconnecting"
+        );
+        c.q.set_failed("the target no longer has the queue authenticated (Authentication Required)");
+        self.touched.push(ckey);
     }
 
     /// Holds a request whose command may still execute on its lost controller for
@@ -1269,9 +1296,9 @@ impl<C: CoreController> BlockCore<C> {
 pub(super) fn op_code(op: Op) -> u8 {
     match op {
         Op::Read => opc::READ,
-        Op::Write => opc::WRITE,
+        Op::Write | Op::WriteFua => opc::WRITE,
         Op::Flush => opc::FLUSH,
-        Op::WriteZeroes => opc::WRITE_ZEROES,
+        Op::WriteZeroes | Op::WriteZeroesFua => opc::WRITE_ZEROES,
         Op::Deallocate => opc::DATASET_MANAGEMENT,
     }
 }

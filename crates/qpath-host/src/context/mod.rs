@@ -60,11 +60,19 @@ pub enum Op {
     Read,
     /// Write from the buffer.
     Write,
+    /// Write from the buffer with Force Unit Access: the data is on non-volatile media
+    /// when the write completes (NVM Command Set 1.0 §3.2.6, CDW12 bit 30), so a
+    /// volatile write cache needs no Flush after it for this range.
+    WriteFua,
     /// Flush the volatile write cache.
     Flush,
     /// Write zeroes (no buffer).
     WriteZeroes,
-    /// Deallocate (discard) the range (no buffer).
+    /// Write zeroes with Force Unit Access (NVM Command Set 1.0 §3.2.8: Write Zeroes
+    /// carries FUA in CDW12 bit 30 as Write does).
+    WriteZeroesFua,
+    /// Deallocate (discard) the range (no buffer). Dataset Management has no FUA bit:
+    /// a caller that needs a deallocation durable follows it with a Flush.
     Deallocate,
 }
 
@@ -72,10 +80,20 @@ impl Op {
     fn direction(self) -> Direction {
         match self {
             Op::Read => Direction::Read,
-            Op::Write | Op::WriteZeroes => Direction::Write,
+            Op::Write | Op::WriteFua | Op::WriteZeroes | Op::WriteZeroesFua => Direction::Write,
             Op::Deallocate => Direction::Trim,
             Op::Flush => Direction::Sync,
         }
+    }
+
+    /// Whether the command carries Force Unit Access.
+    pub fn fua(self) -> bool {
+        matches!(self, Op::WriteFua | Op::WriteZeroesFua)
+    }
+
+    /// Whether the caller's buffer carries the data (a read's or a write's).
+    pub fn has_data(self) -> bool {
+        matches!(self, Op::Read | Op::Write | Op::WriteFua)
     }
 }
 
@@ -1187,6 +1205,11 @@ mod tests {
             disposition(Status::HOST_PATH_ERROR.with_dnr(true), false, 0, &o, never_asked),
             Disposition::Complete
         );
+        // A queue that lost its authentication: the command was not executed; the queue
+        // waits for its reconnect (which authenticates again), within the same bounds.
+        assert_eq!(d(Status::AUTH_REQUIRED, 0, false), Disposition::Requeue);
+        assert_eq!(d(Status::AUTH_REQUIRED, 2, false), Disposition::Complete, "max_retries reached");
+        assert_eq!(d(Status::AUTH_REQUIRED, 0, true), Disposition::Complete, "past fast_io_fail_tmo or dead");
     }
 
     #[test]
@@ -1198,6 +1221,7 @@ mod tests {
             Status::ANA_TRANSITION,
             Status::ANA_PERSISTENT_LOSS,
             Status::TRANSIENT_TRANSPORT_ERROR,
+            Status::AUTH_REQUIRED,
         ] {
             for retries in 0..3 {
                 assert_eq!(disposition(status, true, retries, &o, never_asked), Disposition::Failover, "{status}");

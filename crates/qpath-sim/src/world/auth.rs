@@ -181,7 +181,6 @@ impl World {
         let now = self.now;
         let Some(a) = &self.auth else { return };
         let (keys, generation) = (a.host_keys.clone(), a.target_gen);
-        let stale = live && keys != a.target_keys;
         let qid = if admin { 0 } else { 1 };
         // The DH work runs inline (`BringUp`) for a re-authentication too: the simulator
         // runs on one thread.
@@ -190,7 +189,6 @@ impl World {
         if let Some(c) = self.conn_mut(p, admin) {
             *c.auth = Some(AuthRun { m, pending: None, live, keys, target_gen: generation });
         }
-        self.paths[p].stale_auth |= stale;
         let what = if live { "re-authenticates" } else { "authenticates" };
         // (Not the transaction id: the host counts those per process, not per run.)
         self.event(format_args!("path {p} queue {qid} {what} (the target's keys: generation {generation})"));

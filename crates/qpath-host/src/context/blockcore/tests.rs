@@ -47,11 +47,19 @@ fn take_sent(q: &mut HostQueue) -> Vec<u8> {
 }
 
 /// (opcode, command id) of every command capsule in a byte stream.
-fn commands(mut b: &[u8]) -> Vec<(u8, u16)> {
+fn commands(b: &[u8]) -> Vec<(u8, u16)> {
+    capsules(b).into_iter().map(|(op, cid, _)| (op, cid)).collect()
+}
+
+/// (opcode, command id, Force Unit Access) of every command capsule in a byte stream:
+/// FUA as the target reads it, CDW12 bit 30 of the capsule's SQE (which starts after
+/// the 8-byte common header; CDW12 at byte 48 of it).
+fn capsules(mut b: &[u8]) -> Vec<(u8, u16, bool)> {
     let mut cmds = Vec::new();
     while let Some(ch) = CommonHeader::peek(b) {
         if ch.pdu_type == PduType::CapsuleCmd as u8 {
-            cmds.push((b[8], u16::from_le_bytes([b[10], b[11]])));
+            let cdw12 = u32::from_le_bytes([b[56], b[57], b[58], b[59]]);
+            cmds.push((b[8], u16::from_le_bytes([b[10], b[11]]), cdw12 & (1 << 30) != 0));
         }
         b = &b[ch.plen as usize..];
     }
@@ -231,8 +239,8 @@ impl Rig {
 
     fn submit(&mut self, op: Op, block: u64, token: u64, ms: u64) {
         let (len, b) = match op {
-            Op::Read | Op::Write => (4096, buf()),
-            Op::Deallocate | Op::WriteZeroes => (4096, None),
+            Op::Read | Op::Write | Op::WriteFua => (4096, buf()),
+            Op::Deallocate | Op::WriteZeroes | Op::WriteZeroesFua => (4096, None),
             Op::Flush => (0, None),
         };
         let now = self.at(ms);
@@ -246,6 +254,11 @@ impl Rig {
     /// The commands the core handed the queue since the last look: (opcode, cid).
     fn sent(&mut self) -> Vec<(u8, u16)> {
         commands(&take_sent(self.queue()))
+    }
+
+    /// The same with each one's FUA bit.
+    fn sent_fua(&mut self) -> Vec<(u8, u16, bool)> {
+        capsules(&take_sent(self.queue()))
     }
 
     /// The controller answers command `cid` with `status`; the core takes the completions.
@@ -436,6 +449,123 @@ fn a_write_whose_connection_failed_is_not_sent_again_before_its_hold_ends() {
     rig.answer(sent[0].1, Status::SUCCESS, 5101);
     let done = rig.done();
     assert!(done.contains(&(1, Status::SUCCESS)), "{done:?}");
+}
+
+#[test]
+fn a_fua_write_carries_fua_on_the_wire_and_a_plain_write_does_not() {
+    let mut rig = Rig::simple(8);
+    rig.submit(Op::Write, 0, 1, 0);
+    rig.submit(Op::WriteFua, 1, 2, 0);
+    rig.submit(Op::WriteZeroes, 2, 3, 0);
+    rig.submit(Op::WriteZeroesFua, 3, 4, 0);
+    rig.submit(Op::Read, 4, 5, 0);
+    let wz = nvme::opcode::io::WRITE_ZEROES;
+    let sent: Vec<(u8, bool)> = rig.sent_fua().iter().map(|&(op, _, fua)| (op, fua)).collect();
+    assert_eq!(sent, [(W, false), (W, true), (wz, false), (wz, true), (R, false)]);
+}
+
+#[test]
+fn a_requeued_fua_write_still_carries_fua_when_it_is_sent_again() {
+    // A lost connection requeues the write; sent again after the reconnect (and after
+    // its failover hold), it must still ask for durability, or its acknowledgement
+    // would promise what the target did not do.
+    let hold = Duration::from_secs(1);
+    let mut rig = Rig::new(4, ContextOptions::default(), None, hold);
+    rig.submit(Op::WriteFua, 0, 1, 0);
+    assert_eq!(rig.sent_fua().iter().map(|&(op, _, fua)| (op, fua)).collect::<Vec<_>>(), [(W, true)]);
+    rig.lose_connection(10);
+    rig.reconnect(4, 20);
+    assert!(rig.sent().is_empty(), "held");
+    rig.core.tick(rig.at(1010));
+    let again = rig.sent_fua();
+    assert_eq!(again.iter().map(|&(op, _, fua)| (op, fua)).collect::<Vec<_>>(), [(W, true)], "FUA kept");
+    rig.answer(again[0].1, Status::SUCCESS, 1011);
+    assert_eq!(rig.done(), [(1, Status::SUCCESS)]);
+}
+
+#[test]
+fn a_multipath_fua_write_failed_over_to_the_other_path_still_carries_fua() {
+    let mut mp = multipath(ContextOptions::default(), Duration::ZERO);
+    let t0 = mp.t0;
+    mp.core.submit(mp.dev, 0, Op::WriteFua, 0, 4096, buf(), 9, t0).map_err(|(e, _)| e).unwrap();
+    let first: Vec<_> =
+        (0..2).map(|p| capsules(&take_sent(&mut mp.core.conns[mp.ckeys[p]].as_mut().unwrap().q))).collect();
+    let path = if first[0].is_empty() { 1 } else { 0 };
+    assert_eq!(first[path].iter().map(|&(op, _, fua)| (op, fua)).collect::<Vec<_>>(), [(W, true)]);
+    mp.lose(path, t0 + Duration::from_millis(1));
+    mp.core.tick(t0 + Duration::from_millis(2));
+    let other = 1 - path;
+    let moved = capsules(&take_sent(&mut mp.core.conns[mp.ckeys[other]].as_mut().unwrap().q));
+    assert_eq!(moved.iter().map(|&(op, _, fua)| (op, fua)).collect::<Vec<_>>(), [(W, true)], "FUA kept");
+}
+
+#[test]
+fn authentication_required_fails_the_queue_and_the_io_goes_again_after_the_reconnect_unheld() {
+    // The target took the queue's authentication away (a re-authentication with a key it
+    // no longer holds failed): it answers the queue's commands with Authentication
+    // Required (DNR) until it closes it. Not executed, so not held; not the application's
+    // error: the queue is lost, and the reconnect authenticates again.
+    let hold = Duration::from_secs(5);
+    let mut rig = Rig::new(4, ContextOptions::default(), None, hold);
+    rig.submit(Op::WriteFua, 0, 1, 0);
+    rig.submit(Op::Read, 1, 2, 0);
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 2);
+    rig.answer(sent[0].1, Status::AUTH_REQUIRED, 1);
+    assert!(rig.done().is_empty(), "not completed to the caller");
+    assert_eq!(rig.queue().state(), QueueState::Failed, "the queue is failed for its owner to close");
+    assert!(rig.core.take_touched().contains(&rig.ckey));
+    // The owner closes the failed connection: the read still on it is requeued too, and
+    // the controller is told to reset.
+    rig.lose_connection(2);
+    assert!(rig.ctrl.io_failure_reported());
+    rig.reconnect(4, 3);
+    let again = rig.sent_fua();
+    assert_eq!(
+        again.iter().map(|&(op, _, fua)| (op, fua)).collect::<Vec<_>>(),
+        [(W, true), (R, false)],
+        "the refused write goes at once (it was not executed), with its FUA; the read too"
+    );
+    for &(_, cid, _) in &again {
+        rig.answer(cid, Status::SUCCESS, 4);
+    }
+    let mut done = rig.done();
+    done.sort_unstable_by_key(|&(t, _)| t);
+    assert_eq!(done, [(1, Status::SUCCESS), (2, Status::SUCCESS)]);
+}
+
+#[test]
+fn authentication_required_until_the_retries_run_out_reaches_the_caller() {
+    let opts = ContextOptions { max_retries: 1, ..ContextOptions::default() };
+    let mut rig = Rig::new(4, opts, None, Duration::ZERO);
+    rig.submit(Op::Read, 0, 7, 0);
+    let cid = rig.sent()[0].1;
+    rig.answer(cid, Status::AUTH_REQUIRED, 1);
+    rig.lose_connection(2);
+    rig.reconnect(4, 3);
+    let cid = rig.sent()[0].1;
+    rig.answer(cid, Status::AUTH_REQUIRED, 4);
+    assert_eq!(rig.done(), [(7, Status::AUTH_REQUIRED)], "max_retries reached: bounded as a path error");
+}
+
+#[test]
+fn a_multipath_io_refused_for_authentication_goes_to_the_other_path() {
+    let mut mp = multipath(ContextOptions::default(), Duration::from_secs(5));
+    let t0 = mp.t0;
+    mp.core.submit(mp.dev, 0, Op::Write, 0, 4096, buf(), 9, t0).map_err(|(e, _)| e).unwrap();
+    let first: Vec<_> = (0..2).map(|p| mp.sent(p)).collect();
+    let path = if first[0].is_empty() { 1 } else { 0 };
+    let ck = mp.ckeys[path];
+    let mut out = Vec::new();
+    EncoderConfig::default().capsule_resp(&mut out, &Cqe::with_status(Cid(first[path][0].1), Status::AUTH_REQUIRED));
+    mp.core.conns[ck].as_mut().unwrap().q.feed(&out);
+    mp.core.deliver(ck, false, t0 + Duration::from_millis(1), |_| {});
+    assert!(mp.core.done.is_empty(), "not completed to the caller");
+    assert_eq!(mp.core.conns[ck].as_ref().unwrap().q.state(), QueueState::Failed);
+    // The owner closes the failed connection; the write, not executed, is not held.
+    mp.lose(path, t0 + Duration::from_millis(2));
+    let moved = mp.sent(1 - path);
+    assert_eq!(moved.iter().map(|&(op, _)| op).collect::<Vec<_>>(), [W], "on the other path at once");
 }
 
 #[test]
