@@ -26,6 +26,7 @@ use uring::IoBuf;
 use uring::Wait;
 use uring::ublk::{CharDev, IoDesc, op};
 
+use super::size::Sizes;
 use crate::device::DeviceInfo;
 use crate::errno::{errno_of, linux};
 
@@ -140,6 +141,8 @@ pub struct QueueSetup {
     pub stop: Arc<AtomicBool>,
     /// Counters.
     pub stats: Arc<QueueStats>,
+    /// Where the queue reports its namespace's size when it changes.
+    pub sizes: Arc<Sizes>,
 }
 
 /// How long a poll sleeps when nothing happens while NVMe commands are in flight (the
@@ -155,7 +158,7 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 
 /// Runs queue `s.q_id` until its device stops or `s.stop` is set; `ready` hears once all
 /// its tags are fetched (or why the queue could not start).
-pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
+pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
     let q = s.q_id;
     let mut ctx = match Context::new(s.context.clone()) {
         Ok(c) => c,
@@ -226,6 +229,13 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
         if let Err(e) = ctx.poll(Wait::Block { timeout: Some(idle) }) {
             tracing::warn!(queue = q, error = %e, "ublk queue ring failed");
             break;
+        }
+        // The context re-reads the namespace's size on each turn (a resize): this turn's
+        // requests are planned against it, and the device's size thread hears of it.
+        let size = ctx.capacity(dev);
+        if size != s.info.size {
+            s.info.size = size;
+            s.sizes.report(q, size);
         }
         fetched.extend(ctx.user_completions());
         for c in fetched.drain(..) {
