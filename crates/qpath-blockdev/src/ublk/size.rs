@@ -152,13 +152,17 @@ pub fn run(dev_id: u32, sizes: &Sizes, mut have: u64) {
             Step::Keep => {
                 if !told_keep {
                     told_keep = true;
+                    let what = if want > have {
+                        "the namespace's new blocks are out of reach until the device is added again"
+                    } else {
+                        "its requests past the namespace's new end fail"
+                    };
                     tracing::warn!(
                         dev_id,
                         device_bytes = have,
                         namespace_bytes = want,
-                        "the namespace was resized but /dev/ublkb{dev_id} keeps its size: this kernel's ublk cannot \
-                         change a device's size (UPDATE_SIZE, Linux 6.16+); requests past the namespace's end fail, \
-                         a grown namespace's new blocks are reachable once the device is added again"
+                        "the namespace was resized but /dev/ublkb{dev_id} keeps its size, as this kernel's ublk \
+                         cannot change a device's size (UPDATE_SIZE, Linux 6.16+): {what}"
                     );
                 }
             }
