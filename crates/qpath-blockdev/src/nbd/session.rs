@@ -15,8 +15,9 @@
 //! ```
 //!
 //! A namespace resized under a session: NBD has no message that tells a client a new size
-//! (the protocol's `NBD_OPT_INFO`/`NBD_OPT_GO` give it once, during negotiation), so the
-//! export keeps the size it was given. A grown namespace's new blocks are not offered; a
+//! (the protocol's `NBD_OPT_INFO`/`NBD_OPT_GO` give it once, during negotiation; the
+//! experimental RESIZE extension's `NBD_CMD_RESIZE` is a client asking the server to
+//! resize), so the export keeps the size the client was given. A grown namespace's new blocks are not offered; a
 //! shrunk one's requests past the new end are refused, each with its own error (`ENOSPC`
 //! for a write or write zeroes, `EINVAL` otherwise, as past the export's end), from the
 //! poll turn on which the context read the new size.
