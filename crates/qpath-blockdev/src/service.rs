@@ -225,6 +225,9 @@ impl Service {
                             "errors": q.errors_total.load(Relaxed),
                             "ring_enters": q.enters_total.load(Relaxed),
                             "ring_completions": q.completions_total.load(Relaxed),
+                            // Turns that brought nothing to act on, requests, NVMe
+                            // completions, both.
+                            "turns": q.turns_total.each_ref().map(|t| t.load(Relaxed)),
                         })
                     })
                     .collect();

@@ -230,14 +230,14 @@ fi
 # fio above hands the kernel one I/O per io_submit (its default); the same job again with
 # batches of 8 (submitted together, reaped 8 at a time), the server counted by its rings
 # alone, and qpath bench given the same batches.
-echo "queue counters before: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(\[[^]]*\]\).*/\1/')"
+echo "queue counters before: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
 counters > /tmp/c.before
 strace --seccomp-bpf -f -c -e trace=io_submit -o /tmp/strace.fio8 \
   fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count8 --rw=randread --bs=4k --iodepth=16 \
   --iodepth_batch_submit=8 --iodepth_batch_complete_min=8 --size=128m --runtime=10 --time_based \
   --group_reporting > /tmp/fio.count8 2>&1
 counters > /tmp/c.after
-echo "queue counters after: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(\[[^]]*\]\).*/\1/')"
+echo "queue counters after: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
 read rb eb < /tmp/c.before; read ra ea < /tmp/c.after
 R8=$((ra - rb)); E8=$((ea - eb)); S8=$(calls_of /tmp/strace.fio8 io_submit)
 { cat /tmp/count.fio; printf 'iodepth_batch_submit=8\niodepth_batch_complete_min=8\n'; } > /tmp/count8.fio

@@ -121,6 +121,10 @@ pub struct QueueStats {
     pub enters_total: AtomicU64,
     /// Ring completions (ublk commands and NVMe/TCP socket operations).
     pub completions_total: AtomicU64,
+    /// Loop turns (one blocking `io_uring_enter` each) by what they brought, to show
+    /// where a batch's wake-ups go: nothing the queue acts on (a timeout, a send's or a
+    /// partial receive's completion), new requests only, NVMe completions only, both.
+    pub turns_total: [AtomicU64; 4],
     /// The queue's thread is serving.
     pub running: AtomicBool,
 }
@@ -209,6 +213,7 @@ pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
     // walks them); their room is taken once here, never per turn.
     let mut fetched = Vec::with_capacity(usize::from(depth));
     let mut done = Vec::with_capacity(usize::from(depth));
+    let mut turns = [0u64; 4];
     loop {
         if s.stop.load(Ordering::Relaxed) && stop_at.is_none() {
             stop_at = Some(Instant::now());
@@ -238,6 +243,7 @@ pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
             s.sizes.report(q, size);
         }
         fetched.extend(ctx.user_completions());
+        let turn_had_requests = !fetched.is_empty();
         for c in fetched.drain(..) {
             let tag = u16::try_from(Context::user_value(c.token)).unwrap_or(u16::MAX);
             let buf = match c.payload {
@@ -287,6 +293,7 @@ pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
             }
         }
         done.extend(ctx.completions());
+        turns[usize::from(turn_had_requests) | usize::from(!done.is_empty()) << 1] += 1;
         for c in done.drain(..) {
             nvme -= 1;
             let tag = u16::try_from(c.token).unwrap_or(u16::MAX);
@@ -311,6 +318,9 @@ pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
         s.stats.errors_total.store(errors, Ordering::Relaxed);
         s.stats.enters_total.store(rs.enters, Ordering::Relaxed);
         s.stats.completions_total.store(rs.completions, Ordering::Relaxed);
+        for (total, n) in s.stats.turns_total.iter().zip(turns) {
+            total.store(n, Ordering::Relaxed);
+        }
     }
     s.stats.running.store(false, Ordering::Relaxed);
     tracing::info!(queue = q, requests, errors, "ublk queue ended");
