@@ -537,7 +537,7 @@ impl Control {
     /// UPDATE_SIZE: the disk `/dev/ublkbN` takes a new capacity of `sectors` (512 B) at
     /// once (`set_capacity_and_notify`: a uevent, and openers see the new size). Only
     /// while the disk exists, between START_DEV and STOP_DEV: kernels before the fix that
-    /// checks for a disk (`ublk_ctrl_set_size`, 2026) dereference a null one.
+    /// checks for a disk (`ublk_ctrl_set_size` answering ENODEV) dereference a null one.
     pub fn update_size(&mut self, dev_id: u32, sectors: u64) -> Result<(), Error> {
         self.checked("UPDATE_SIZE", cmd::UPDATE_SIZE, dev_id, sectors, None, CONTROL_TIMEOUT).map(drop)
     }
