@@ -619,7 +619,7 @@ EOF
 # Tools the guest gets for these scenarios (with their libraries): ext4 tools, fstrim,
 # filefrag, the NBD client, strace, util-linux blkdiscard (-z: write zeroes).
 BLOCKDEV_TOOLS="/usr/sbin/mkfs.ext4 /usr/sbin/fstrim /usr/sbin/filefrag /usr/sbin/nbd-client /usr/bin/strace
-  /usr/sbin/blkdiscard"
+  /usr/sbin/blkdiscard /usr/sbin/blockdev"
 
 dir_ios() {    # DIR: commands of that direction the target counted, all ports (trim: Deallocate, sync: Flush)
   rpc stats | python3 -c 'import json,sys; print(sum(p["dirs"][sys.argv[1]]["ios"] for p in json.load(sys.stdin)["ports"]))' "$1"
@@ -689,8 +689,20 @@ ublk_on_ask() {
       flap-start) start_flapper ;;
       flap-stop) stop_flapper ;;
       restart-target) restart_target_same "$D/ublk.toml" ;;
+      ublk-grow) ublk_resize "$UBLK_GROWN" ;;
+      ublk-shrink) ublk_resize "$UBLK_SIZE" ;;
       *) fail "unexpected request from the guest: $1"; return 1 ;;
     esac
+}
+# The ublk part's namespace (file_target_toml's 256 MiB) and the size it grows to.
+UBLK_SIZE=$((256 << 20)) UBLK_GROWN=$((320 << 20))
+ublk_resize() {   # BYTES: resize_namespace of namespace 1 while /dev/ublkb0 serves it
+  local out
+  if out=$(rpc resize_namespace nqn="$QPATH_NQN" nsid=1 size="$1" 2>&1); then
+    pass "rpc resize_namespace nqn=$QPATH_NQN nsid=1 size=$1 under /dev/ublkb0: $out"
+  else
+    fail "rpc resize_namespace nqn=$QPATH_NQN nsid=1 size=$1: $out"; return 1
+  fi
 }
 
 scenario_ublk() {
@@ -700,7 +712,7 @@ scenario_ublk() {
   start_target --config "$D/ublk.toml" || return 0
   guest_payload $BLOCKDEV_TOOLS
   boot_guest "$VM_DIR/guest/ublk.sh" "vmlab.env.UBLK_FIO_RUNTIME=${UBLK_FIO_RUNTIME:-30}" \
-    "vmlab.env.PORT1=4420" "vmlab.env.PORT2=4421"
+    "vmlab.env.PORT1=4420" "vmlab.env.PORT2=4421" "vmlab.env.UBLK_SIZE=$UBLK_SIZE" "vmlab.env.UBLK_GROWN=$UBLK_GROWN"
   serve_guest
   check_guest
   grep -aE '^(UBLK|BENCH)-SYSCALLS|^SYSCALLS-PER-(IO|BATCH)' "$SERIAL" | sed 's/^/  guest /'
@@ -748,7 +760,7 @@ scenario_blockdev() {
   for part in ublk nbd ublk-nvmet; do GUEST_FILES+=(--file "$VM_DIR/guest/$part.sh:/vmlab/part-$part.sh"); done
   boot_guest "$VM_DIR/guest/blockdev.sh" "vmlab.env.UBLK_FIO_RUNTIME=${UBLK_FIO_RUNTIME:-30}" \
     "vmlab.env.NBD_FIO_RUNTIME=${NBD_FIO_RUNTIME:-30}" "vmlab.env.UBLK_NVMET_FIO_RUNTIME=${UBLK_NVMET_FIO_RUNTIME:-20}" \
-    "vmlab.env.PORT1=4420" "vmlab.env.PORT2=4421"
+    "vmlab.env.PORT1=4420" "vmlab.env.PORT2=4421" "vmlab.env.UBLK_SIZE=$UBLK_SIZE" "vmlab.env.UBLK_GROWN=$UBLK_GROWN"
   serve_guest
   check_guest
   grep -aE '^(UBLK|BENCH)-SYSCALLS|^SYSCALLS-PER-(IO|BATCH)' "$SERIAL" | sed 's/^/  guest /'

@@ -211,6 +211,9 @@ impl Service {
                 m.insert("discard".into(), json!(i.discard));
                 m.insert("write_zeroes".into(), json!(i.write_zeroes));
                 m.insert("volatile_cache".into(), json!(i.volatile_cache));
+                // The namespace's size now: `size` (the kernel's) follows it where the
+                // kernel has UPDATE_SIZE.
+                m.insert("namespace_size".into(), json!(s.dev.namespace_size()));
                 let q: Vec<Value> = s
                     .dev
                     .stats
@@ -222,6 +225,9 @@ impl Service {
                             "errors": q.errors_total.load(Relaxed),
                             "ring_enters": q.enters_total.load(Relaxed),
                             "ring_completions": q.completions_total.load(Relaxed),
+                            // Turns that brought nothing to act on, requests, NVMe
+                            // completions, both.
+                            "turns": q.turns_total.each_ref().map(|t| t.load(Relaxed)),
                         })
                     })
                     .collect();

@@ -541,3 +541,48 @@ fn io_fails_with_eio_after_fast_io_fail_tmo_and_works_again_after_the_reconnect(
     nbd.stop();
     blockdev::spec::disconnect(&ctrls);
 }
+
+/// A namespace shrunk under a connected client: NBD cannot tell the client (no such
+/// message), so the export keeps its size, and requests past the namespace's new end are
+/// refused one by one, with the errors of a request past the export's end: ENOSPC for a
+/// write, EINVAL for a read. Within the new end everything works on the same connection.
+#[test]
+fn a_shrunk_namespace_refuses_requests_past_its_new_end_and_the_export_keeps_its_size() {
+    let (server, addrs) = loopback::target(1, "16M");
+    let dir = Dir::new("shrink");
+    let sock = dir.path("nbd.sock");
+    let (ctrls, nbd) = serve(&addrs, &sock, "numa");
+    let (mut c, size) = Raw::negotiate(&sock);
+    assert_eq!(size, 16 << 20);
+    c.request(0, 1, 1, 12 << 20, 4096, &[0x77; 4096]);
+    assert_eq!(c.answer(), (1, 0, vec![]), "a write past the coming end, before the shrink");
+    c.request(0, 6, 2, 12 << 20, 4096, &[]);
+    assert_eq!(c.answer(), (2, 0, vec![]), "zeroed again: the target shrinks only over unwritten blocks");
+    let r = target::rpc::call(&server, "resize_namespace", &serde_json::json!({"nqn": NQN, "nsid": 1, "size": "8M"}));
+    r.expect("the target shrinks the namespace");
+    // Every controller rescans after the Namespace Attribute Changed event.
+    let t0 = Instant::now();
+    for ctrl in &ctrls {
+        while ctrl.namespace(nvme::Nsid(1)).is_none_or(|n| n.size_bytes() != 8 << 20) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the host did not see the shrink");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // The session reads the new size on its next turn: the first answer after this one.
+    c.request(0, 0, 3, 0, 4096, &[]);
+    assert_eq!(c.answer().1, 0);
+    c.request(0, 1, 4, 12 << 20, 4096, &[0x55; 4096]);
+    assert_eq!(c.answer().1, 28, "ENOSPC for a write past the new end");
+    c.request(0, 0, 5, 8 << 20, 4096, &[]);
+    assert_eq!(c.answer().1, 22, "EINVAL for a read past the new end");
+    c.request(0, 1, 6, (8 << 20) - 4096, 4096, &[0x66; 4096]);
+    assert_eq!(c.answer(), (6, 0, vec![]), "the last block within the new end is written");
+    c.request(0, 0, 7, (8 << 20) - 4096, 4096, &[]);
+    assert_eq!(c.answer(), (7, 0, vec![0x66; 4096]));
+    // A new client is given the new size.
+    let (_c2, size2) = Raw::negotiate(&sock);
+    assert_eq!(size2, 8 << 20);
+    nbd.stop();
+    blockdev::spec::disconnect(&ctrls);
+    server.shutdown();
+}

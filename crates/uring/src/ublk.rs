@@ -75,6 +75,9 @@ pub mod cmd {
     pub const END_USER_RECOVERY: u32 = ioc(IOC_RW, 0x11, CTRL_CMD_SIZE);
     /// `UBLK_U_CMD_GET_FEATURES`.
     pub const GET_FEATURES: u32 = ioc(IOC_READ, 0x13, CTRL_CMD_SIZE);
+    /// `UBLK_U_CMD_UPDATE_SIZE` (Linux 6.16+, offered when GET_FEATURES has
+    /// [`super::flags::UPDATE_SIZE`]): the disk's new capacity, sectors in `data[0]`.
+    pub const UPDATE_SIZE: u32 = ioc(IOC_RW, 0x15, CTRL_CMD_SIZE);
     /// `UBLK_U_IO_FETCH_REQ`.
     pub const FETCH_REQ: u32 = ioc(IOC_RW, 0x20, IO_CMD_SIZE);
     /// `UBLK_U_IO_COMMIT_AND_FETCH_REQ`.
@@ -91,6 +94,9 @@ pub mod flags {
     pub const USER_RECOVERY_REISSUE: u64 = 1 << 4;
     /// `UBLK_F_CMD_IOCTL_ENCODE`.
     pub const CMD_IOCTL_ENCODE: u64 = 1 << 6;
+    /// `UBLK_F_UPDATE_SIZE`: a feature of the driver, not of a device (GET_FEATURES says
+    /// whether [`super::cmd::UPDATE_SIZE`] exists; ADD_DEV need not ask for it).
+    pub const UPDATE_SIZE: u64 = 1 << 10;
 }
 
 /// Device states (`UBLK_S_DEV_*`).
@@ -528,6 +534,14 @@ impl Control {
         self.checked("DEL_DEV", cmd::DEL_DEV, dev_id, 0, None, timeout).map(drop)
     }
 
+    /// UPDATE_SIZE: the disk `/dev/ublkbN` takes a new capacity of `sectors` (512 B) at
+    /// once (`set_capacity_and_notify`: a uevent, and openers see the new size). Only
+    /// while the disk exists, between START_DEV and STOP_DEV: kernels before the fix that
+    /// checks for a disk (`ublk_ctrl_set_size` answering ENODEV) dereference a null one.
+    pub fn update_size(&mut self, dev_id: u32, sectors: u64) -> Result<(), Error> {
+        self.checked("UPDATE_SIZE", cmd::UPDATE_SIZE, dev_id, sectors, None, CONTROL_TIMEOUT).map(drop)
+    }
+
     /// START_USER_RECOVERY: a device whose server died (state QUIESCED or FAIL_IO) takes
     /// a new server.
     pub fn start_recovery(&mut self, dev_id: u32) -> Result<(), Error> {
@@ -685,6 +699,10 @@ mod tests {
         assert_eq!(cmd::START_USER_RECOVERY, 0xc020_7510);
         assert_eq!(cmd::FETCH_REQ, 0xc010_7520);
         assert_eq!(cmd::COMMIT_AND_FETCH_REQ, 0xc010_7521);
+        // _IOWR('u', 0x15, struct ublksrv_ctrl_cmd); _IOR('u', 0x13, ...).
+        assert_eq!(cmd::UPDATE_SIZE, 0xc020_7515);
+        assert_eq!(cmd::GET_FEATURES, 0x8020_7513);
+        assert_eq!(flags::UPDATE_SIZE, 0x400);
     }
 
     #[test]

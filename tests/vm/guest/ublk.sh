@@ -1,8 +1,10 @@
 #!/bin/sh
 # ublk scenario, guest side: `qpath host` in the guest serves /dev/ublkb0 over both paths of
 # `qpath target` on the host (netns vmlab); a file system, fstrim, fio verify under path
-# flaps, a target kill -9 + restart, and a kill -9 + restart of qpath itself (user recovery).
-# Settings: UBLK_FIO_RUNTIME (s, per fio phase).
+# flaps, the namespace grown and shrunk under the device, a target kill -9 + restart, and a
+# kill -9 + restart of qpath itself (user recovery).
+# Settings: UBLK_FIO_RUNTIME (s, per fio phase); UBLK_SIZE, UBLK_GROWN (the namespace's bytes
+# before and after the grow).
 . /vmlab/qpath-lib.sh
 Q=/vmlab/qpath
 SOCK=/tmp/qpath-host.sock
@@ -121,6 +123,35 @@ if [ -x /usr/sbin/blkdiscard ] && /usr/sbin/blkdiscard -f -z -o $((250 << 20)) -
     || fail "blkdiscard -z: nonzero bytes before $before, after $after"
 else fail "blkdiscard -z on /dev/ublkb0"; fi
 
+step "the namespace grows and shrinks under /dev/ublkb0: the device follows (UBLK_U_CMD_UPDATE_SIZE)"
+# Linux 6.16+ offers UPDATE_SIZE; an older kernel keeps the device's size (the host's log says so).
+OLD=${UBLK_SIZE:-268435456}; NEW=${UBLK_GROWN:-335544320}
+getsize() { /usr/sbin/blockdev --getsize64 /dev/ublkb0; }
+size_is() { [ "$(getsize)" = "$1" ]; }
+listed_size() { $Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | grep -o '"size":[0-9]*' | head -1 | cut -d: -f2; }
+if ask_host ublk-grow; then
+  if wait_until 20 size_is $NEW; then pass "blockdev --getsize64 /dev/ublkb0: $NEW after the grow"
+  else fail "blockdev --getsize64 /dev/ublkb0: $(getsize) after the grow to $NEW"; show_host_log $HOSTS 10; fi
+  [ "$(listed_size)" = $NEW ] && pass "qpath ublk list: size $NEW" || fail "qpath ublk list: size $(listed_size), not $NEW"
+  # 1 MiB of random data 16 MiB past the old end, written and read back through the device.
+  dd if=/dev/urandom of=/tmp/past bs=1M count=1 2>/dev/null
+  at=$(((OLD >> 20) + 16))
+  if dd if=/tmp/past of=/dev/ublkb0 bs=1M seek=$at count=1 oflag=direct 2>/tmp/dd.err \
+      && dd if=/dev/ublkb0 of=/tmp/past.back bs=1M skip=$at count=1 iflag=direct 2>>/tmp/dd.err \
+      && cmp -s /tmp/past /tmp/past.back; then pass "1 MiB written at $at MiB (past the old end) reads back identical"
+  else fail "write/read-back past the old end: $(cat /tmp/dd.err)"; fi
+  # The target shrinks only over unwritten blocks: deallocate what lies past the old end.
+  /usr/sbin/blkdiscard -f -o $OLD -l $((NEW - OLD)) /dev/ublkb0 || fail "blkdiscard past the old end"
+  if ask_host ublk-shrink; then
+    if wait_until 20 size_is $OLD; then pass "blockdev --getsize64 /dev/ublkb0: $OLD after the shrink"
+    else fail "blockdev --getsize64 /dev/ublkb0: $(getsize) after the shrink to $OLD"; show_host_log $HOSTS 10; fi
+    [ "$(listed_size)" = $OLD ] && pass "qpath ublk list: size $OLD" || fail "qpath ublk list: size $(listed_size), not $OLD"
+    n=$(dd if=/dev/ublkb0 of=/dev/null bs=1M skip=$((OLD >> 20)) count=1 iflag=direct 2>&1 | sed -n 's/^\([0-9]*\)+\([0-9]*\) records in.*/\1\2/p')
+    [ "$n" = 00 ] && pass "a read at the new end gets nothing (the block layer's end)" || fail "read at the new end: '$n' records"
+  else fail "the host did not shrink the namespace"; fi
+else fail "the host did not grow the namespace"; fi
+grep -E "resized with its namespace|keeps its size" /tmp/host.$HOSTS.log | tail -3
+
 step "fio randrw crc32c verify on /dev/ublkb0 while one path flaps every 10 s"
 ask_host flap-start || fail "host did not start flapping"
 $FIO --name=flaps --rw=randrw --bs=4k --iodepth=16 --size=128m --runtime=$RT --time_based \
@@ -201,14 +232,14 @@ fi
 # fio above hands the kernel one I/O per io_submit (its default); the same job again with
 # batches of 8 (submitted together, reaped 8 at a time), the server counted by its rings
 # alone, and qpath bench given the same batches.
-echo "queue counters before: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(\[[^]]*\]\).*/\1/')"
+echo "queue counters before: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
 counters > /tmp/c.before
 strace --seccomp-bpf -f -c -e trace=io_submit -o /tmp/strace.fio8 \
   fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count8 --rw=randread --bs=4k --iodepth=16 \
   --iodepth_batch_submit=8 --iodepth_batch_complete_min=8 --size=128m --runtime=10 --time_based \
   --group_reporting > /tmp/fio.count8 2>&1
 counters > /tmp/c.after
-echo "queue counters after: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(\[[^]]*\]\).*/\1/')"
+echo "queue counters after: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
 read rb eb < /tmp/c.before; read ra ea < /tmp/c.after
 R8=$((ra - rb)); E8=$((ea - eb)); S8=$(calls_of /tmp/strace.fio8 io_submit)
 { cat /tmp/count.fio; printf 'iodepth_batch_submit=8\niodepth_batch_complete_min=8\n'; } > /tmp/count8.fio

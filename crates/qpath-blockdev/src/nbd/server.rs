@@ -396,6 +396,9 @@ fn client(
             return;
         }
     };
+    // Each client is given the namespace's size as its context reads it now (it may have
+    // been resized since the server started); NBD cannot tell it of a later change.
+    let export = Export { size: ctx.capacity(dev), ..export };
     let (lim, early) = match negotiate(&mut stream, &export) {
         Ok(x) => x,
         Err(why) => {

@@ -14,6 +14,14 @@
 //!                          reply (simple, or structured for reads) ─► one SENDMSG
 //! ```
 //!
+//! A namespace resized under a session: NBD has no message that tells a client a new size
+//! (the protocol's `NBD_OPT_INFO`/`NBD_OPT_GO` give it once, during negotiation; the
+//! experimental RESIZE extension's `NBD_CMD_RESIZE` is a client asking the server to
+//! resize), so the export keeps the size the client was given. A grown namespace's new blocks are not offered; a
+//! shrunk one's requests past the new end are refused, each with its own error (`ENOSPC`
+//! for a write or write zeroes, `EINVAL` otherwise, as past the export's end), from the
+//! poll turn on which the context read the new size.
+//!
 //! Limits: at most [`REQUESTS_MAX`] requests and [`DATA_MAX`] bytes of data held per
 //! client; past them the session stops parsing and stops receiving, so TCP pushes back on
 //! the client. Buffers come from a per-session pool and are reused (no allocation per I/O
@@ -153,6 +161,8 @@ pub struct Session<'a> {
     fd: RawFd,
     info: DeviceInfo,
     lim: Limits,
+    /// The size the client was given: `lim.size` never grows past it.
+    export_size: u64,
     framer: Framer,
     rbuf: Option<IoBuf>,
     rpos: usize,
@@ -203,6 +213,7 @@ impl<'a> Session<'a> {
             fd,
             info,
             lim,
+            export_size: lim.size,
             framer: Framer::new(),
             rbuf: Some(IoBuf::new(RECV_BUF)),
             rpos: 0,
@@ -261,6 +272,8 @@ impl<'a> Session<'a> {
                 self.closing.get_or_insert_with(|| format!("ring: {e}"));
                 self.gone = true;
             }
+            // The namespace's size as the context read it this turn (a resize).
+            self.lim.size = self.ctx.capacity(self.dev).min(self.export_size);
             let mut done = std::mem::take(&mut self.turn_done);
             done.extend(self.ctx.completions());
             for c in done.drain(..) {

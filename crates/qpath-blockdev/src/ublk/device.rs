@@ -14,8 +14,9 @@
 //! Devices are created with `UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE`: when the
 //! serving process dies, the kernel keeps `/dev/ublkbN`, holds new I/O and requeues what the
 //! dead server had (Linux 6.0+); a new server re-attaches and the application sees no error.
-//! A device is only ever recovered over the namespace it was created for: same size and
-//! block size, or it is refused.
+//! A device is only ever recovered over a namespace of the block size it was created
+//! with, or it is refused; a namespace resized while no server ran is taken over at the
+//! device's old size, which then follows the namespace ([`super::size`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +29,7 @@ use uring::ublk::{CONTROL_TIMEOUT, CharDev, Control, DevInfo, flags, state};
 
 use super::params::params_of;
 use super::queue::{self, QueueSetup, QueueStats};
+use super::size::{self, Sizes};
 use crate::device::DeviceInfo;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -75,6 +77,10 @@ pub struct UblkDevice {
     dev: Arc<CharDev>,
     threads: Vec<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
+    /// The namespace's size as the queues see it; the size thread's wake-up.
+    sizes: Arc<Sizes>,
+    /// The size thread (from START_DEV / END_USER_RECOVERY until STOP_DEV).
+    sizer: Option<JoinHandle<()>>,
     /// Per-queue counters.
     pub stats: Vec<Arc<QueueStats>>,
 }
@@ -135,6 +141,7 @@ impl UblkDevice {
                 d.halt();
                 return Err(err(&e));
             }
+            d.follow_size(info.size)?;
             Ok(d)
         })();
         match result {
@@ -172,12 +179,14 @@ impl UblkDevice {
             ));
         }
         let p = ctl.params(dev_id).map_err(|e| err(&e))?;
-        if p.basic.dev_sectors != info.size >> 9 || p.basic.logical_bs_shift != info.block_shift {
+        // Its size may differ (the namespace was resized while no server ran): the device
+        // then follows it once served. Its block size may not: every offset would move.
+        if p.basic.logical_bs_shift != info.block_shift {
             return Err(Error::new(
                 ErrorKind::Invalid,
                 format!(
-                    "ublk device {dev_id} has {} sectors of 2^{} B; namespace {} of {} has {} bytes in 2^{} B blocks: not the same disk, not taking it over",
-                    p.basic.dev_sectors, p.basic.logical_bs_shift, info.nsid, info.subnqn, info.size, info.block_shift
+                    "ublk device {dev_id} has 2^{} B blocks; namespace {} of {} has 2^{} B blocks: not the same disk, not taking it over",
+                    p.basic.logical_bs_shift, info.nsid, info.subnqn, info.block_shift
                 ),
             ));
         }
@@ -196,6 +205,7 @@ impl UblkDevice {
             d.halt();
             return Err(err(&e));
         }
+        d.follow_size(p.basic.dev_sectors << 9)?;
         tracing::info!(dev_id, queues = opts.queues, "ublk device recovered: this process serves it now");
         Ok(d)
     }
@@ -209,7 +219,16 @@ impl UblkDevice {
         dev: Arc<CharDev>,
     ) -> Result<UblkDevice> {
         let stop = Arc::new(AtomicBool::new(false));
-        let mut d = UblkDevice { dev_id, info: info.clone(), dev, threads: Vec::new(), stop, stats: Vec::new() };
+        let mut d = UblkDevice {
+            dev_id,
+            info: info.clone(),
+            dev,
+            threads: Vec::new(),
+            stop,
+            sizes: Sizes::new(opts.queues, info.size),
+            sizer: None,
+            stats: Vec::new(),
+        };
         for q in 0..opts.queues {
             let stats = Arc::new(QueueStats::default());
             let setup = QueueSetup {
@@ -220,6 +239,7 @@ impl UblkDevice {
                 context: opts.context.clone(),
                 stop: Arc::clone(&d.stop),
                 stats: Arc::clone(&stats),
+                sizes: Arc::clone(&d.sizes),
             };
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let t = std::thread::Builder::new()
@@ -241,6 +261,36 @@ impl UblkDevice {
             }
         }
         Ok(d)
+    }
+
+    /// Starts the size thread over a disk of `have` bytes (it exists now: after START_DEV
+    /// or END_USER_RECOVERY). A thread that cannot start stops the queues.
+    fn follow_size(&mut self, have: u64) -> Result<()> {
+        let (id, sizes) = (self.dev_id, Arc::clone(&self.sizes));
+        match std::thread::Builder::new().name(format!("ublk{id}size")).spawn(move || size::run(id, &sizes, have)) {
+            Ok(t) => {
+                self.sizer = Some(t);
+                Ok(())
+            }
+            Err(e) => {
+                self.halt();
+                Err(Error::io("spawning a ublk device's size thread", &e))
+            }
+        }
+    }
+
+    /// The namespace's size as every queue serves it now (the device's, once the kernel
+    /// followed it).
+    pub fn namespace_size(&self) -> u64 {
+        self.sizes.namespace_size()
+    }
+
+    /// Ends the size thread: it sends no UPDATE_SIZE after this returns.
+    fn stop_sizer(&mut self) {
+        self.sizes.stop();
+        if let Some(t) = self.sizer.take() {
+            let _ = t.join();
+        }
     }
 
     /// The device number (`/dev/ublkbN`).
@@ -265,6 +315,7 @@ impl UblkDevice {
 
     /// Stops the queue threads (they finish their NVMe commands) and waits for them.
     fn halt(&mut self) {
+        self.stop_sizer();
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -275,6 +326,8 @@ impl UblkDevice {
     /// queues end), then DEL_DEV once `/dev/ublkcN` is closed.
     pub fn delete(mut self) -> Result<()> {
         let mut ctl = Control::open().map_err(|e| err(&e))?;
+        // No UPDATE_SIZE once the disk is going away.
+        self.stop_sizer();
         let stopped = ctl.stop(self.dev_id).map_err(|e| err(&e));
         self.halt();
         let id = self.dev_id;

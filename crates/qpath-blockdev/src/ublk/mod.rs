@@ -3,12 +3,14 @@
 //! - [`params`]: the namespace's limits as ublk parameters.
 //! - [`queue`]: one queue on one thread: ublk commands and NVMe/TCP on one io_uring.
 //! - [`device`]: create, serve, delete, recover after a restart.
+//! - [`size`]: the device follows its namespace's size (UPDATE_SIZE).
 //! - this module: the state file each device leaves so a restarted server can take it
 //!   over (`state_dir/ublk-N.json`: the namespace's paths and the device's layout).
 
 pub mod device;
 pub mod params;
 pub mod queue;
+pub mod size;
 
 use std::path::{Path, PathBuf};
 

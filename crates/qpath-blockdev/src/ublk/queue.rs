@@ -26,6 +26,7 @@ use uring::IoBuf;
 use uring::Wait;
 use uring::ublk::{CharDev, IoDesc, op};
 
+use super::size::Sizes;
 use crate::device::DeviceInfo;
 use crate::errno::{errno_of, linux};
 
@@ -136,6 +137,10 @@ pub struct QueueStats {
     pub enters_total: AtomicU64,
     /// Ring completions (ublk commands and NVMe/TCP socket operations).
     pub completions_total: AtomicU64,
+    /// Loop turns (one blocking `io_uring_enter` each) by what they brought, to show
+    /// where a batch's wake-ups go: nothing the queue acts on (a timeout, a send's or a
+    /// partial receive's completion), new requests only, NVMe completions only, both.
+    pub turns_total: [AtomicU64; 4],
     /// The queue's thread is serving.
     pub running: AtomicBool,
 }
@@ -156,6 +161,8 @@ pub struct QueueSetup {
     pub stop: Arc<AtomicBool>,
     /// Counters.
     pub stats: Arc<QueueStats>,
+    /// Where the queue reports its namespace's size when it changes.
+    pub sizes: Arc<Sizes>,
 }
 
 /// How long a poll sleeps when nothing happens while NVMe commands are in flight (the
@@ -171,7 +178,7 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 
 /// Runs queue `s.q_id` until its device stops or `s.stop` is set; `ready` hears once all
 /// its tags are fetched (or why the queue could not start).
-pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
+pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
     let q = s.q_id;
     let mut ctx = match Context::new(s.context.clone()) {
         Ok(c) => c,
@@ -222,6 +229,7 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
     // walks them); their room is taken once here, never per turn.
     let mut fetched = Vec::with_capacity(usize::from(depth));
     let mut done = Vec::with_capacity(usize::from(depth));
+    let mut turns = [0u64; 4];
     loop {
         if s.stop.load(Ordering::Relaxed) && stop_at.is_none() {
             stop_at = Some(Instant::now());
@@ -243,7 +251,15 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
             tracing::warn!(queue = q, error = %e, "ublk queue ring failed");
             break;
         }
+        // The context re-reads the namespace's size on each turn (a resize): this turn's
+        // requests are planned against it, and the device's size thread hears of it.
+        let size = ctx.capacity(dev);
+        if size != s.info.size {
+            s.info.size = size;
+            s.sizes.report(q, size);
+        }
         fetched.extend(ctx.user_completions());
+        let turn_had_requests = !fetched.is_empty();
         for c in fetched.drain(..) {
             let tag = u16::try_from(Context::user_value(c.token)).unwrap_or(u16::MAX);
             let buf = match c.payload {
@@ -293,6 +309,7 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
             }
         }
         done.extend(ctx.completions());
+        turns[usize::from(turn_had_requests) | usize::from(!done.is_empty()) << 1] += 1;
         for c in done.drain(..) {
             nvme -= 1;
             let tag = u16::try_from(c.token).unwrap_or(u16::MAX);
@@ -317,6 +334,9 @@ pub fn run(s: QueueSetup, ready: SyncSender<Result<(), String>>) {
         s.stats.errors_total.store(errors, Ordering::Relaxed);
         s.stats.enters_total.store(rs.enters, Ordering::Relaxed);
         s.stats.completions_total.store(rs.completions, Ordering::Relaxed);
+        for (total, n) in s.stats.turns_total.iter().zip(turns) {
+            total.store(n, Ordering::Relaxed);
+        }
     }
     s.stats.running.store(false, Ordering::Relaxed);
     tracing::info!(queue = q, requests, errors, "ublk queue ended");
