@@ -425,7 +425,8 @@ fn start_target(kind: TargetKind, plan: &Plan, qpath_exe: &Path, dir: &Path) -> 
             let bins = plan.spdk.as_ref().expect("SPDK targets start only when SPDK was found");
             let cfg_path = dir.join("nvmf_tgt.json");
             let psk = plan.tls_key.is_some().then(|| dir.join("tls.psk"));
-            let text = serde_json::to_string_pretty(&spdk_config(addr, psk.as_deref())).expect("a JSON value serialises");
+            let text =
+                serde_json::to_string_pretty(&spdk_config(addr, psk.as_deref())).expect("a JSON value serialises");
             std::fs::write(&cfg_path, text).map_err(|e| Error::io(format!("write {}", cfg_path.display()), e))?;
             let cpu = plan.target_cpu.expect("checked by plan");
             let mut cmd = Command::new(&bins.nvmf_tgt);
