@@ -130,6 +130,19 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// The host context refused the next chunk: the request fails, and the chunks not
+    /// submitted (this one and the rest) count as done, since no completion will come for
+    /// them. True when nothing is left in flight, so the request can be answered now;
+    /// otherwise the last outstanding chunk's completion answers it.
+    fn refuse_unissued(&mut self) -> bool {
+        self.status = Status::INTERNAL;
+        self.done += self.chunks - self.issued;
+        self.issued = self.chunks;
+        self.done >= self.chunks
+    }
+}
+
 /// The NVMe operation of each chunk of `cmd` (not a Flush or nothing) on a namespace
 /// with a volatile write cache (`vwc`) or not. NBD_CMD_FLAG_FUA asks that the reply wait
 /// until the data is durable: a write and a write zeroes carry it as NVMe FUA (CDW12 bit
@@ -543,9 +556,7 @@ impl<'a> Session<'a> {
                 }
                 // Checked before submission, so this is a bug or a namespace that shrank.
                 tracing::warn!(error = %e, offset, len, "NBD request refused by the host context");
-                s.status = Status::INTERNAL;
-                s.issued = s.chunks;
-                if s.done >= s.issued {
+                if s.refuse_unissued() {
                     self.complete(i);
                 }
                 true
@@ -701,6 +712,26 @@ impl<'a> Session<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request the host context refused is answered: at once when none of its chunks
+    /// is in flight, else when the last one in flight completes (a refused single-chunk
+    /// write used to wait for a completion that never came, and its client for a reply).
+    #[test]
+    fn a_refused_request_is_answered_once_nothing_of_it_is_in_flight() {
+        let mut s = Slot::empty();
+        s.chunks = 1;
+        assert!(s.refuse_unissued(), "one chunk, refused: nothing in flight");
+        assert!(!s.status.is_success());
+        let mut s = Slot::empty();
+        (s.chunks, s.issued, s.done) = (4, 2, 1);
+        assert!(!s.refuse_unissued(), "the second chunk is still in flight");
+        assert_eq!((s.issued, s.done), (4, 3));
+        s.done += 1; // its completion (on_done)
+        assert!(s.done >= s.chunks && s.issued >= s.chunks, "on_done answers it now");
+        let mut s = Slot::empty();
+        (s.chunks, s.issued, s.done) = (3, 2, 2);
+        assert!(s.refuse_unissued(), "the issued chunks completed already");
+    }
 
     #[test]
     fn fua_goes_as_nvme_fua_where_the_command_has_it_and_as_a_closing_flush_where_not() {
