@@ -98,6 +98,11 @@ const TOKEN_ID_NS: u64 = 7;
 /// Keep Alive Timeout the admin Connect asks for; the host sends a Keep Alive every half
 /// of it (as Linux does), and the target tears the controller down when it passes.
 const KATO_MS: u32 = 1500;
+/// The controllers' `reconnect_delay`: between failed connect attempts (the first after a
+/// reset goes at once, as the production admin thread's).
+const RECONNECT_DELAY: Duration = Duration::from_millis(20);
+/// The controllers' `ctrl_loss_tmo`: the production default.
+const CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
 
 /// How a run is made.
 #[derive(Clone, Copy, Debug)]
@@ -241,8 +246,8 @@ struct Req {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    /// No controller; reconnect at this time.
-    Down { until_ns: u64 },
+    /// No association; the controller machine says when to connect.
+    Down,
     /// Admin queue handshake (ICReq, Connect).
     Connecting,
     /// CC.EN set, waiting for its completion.
@@ -278,11 +283,8 @@ struct Path {
     /// When the ANA log read in flight was sent.
     ana_read_ns: Option<u64>,
     next_ana_poll_ns: u64,
-    /// When the Keep Alive in flight was sent.
-    ka_sent_ns: Option<u64>,
-    next_ka_ns: u64,
-    /// Its controller as the host's I/O side sees it (generation, change count, class,
-    /// geometry, failover hold), kept current by this stand-in.
+    /// Its controller: the production controller machine, and the host's I/O side's view
+    /// (generation, change count, class, geometry, failover hold).
     ctrl: Arc<SimCtrl>,
     /// When the Identify Namespace in flight was sent, and whether an event asked for
     /// another read meanwhile.
@@ -340,9 +342,9 @@ enum Action {
     Timers(usize),
     Tick(usize),
     Submit,
-    Reconnect(usize),
+    /// A path's controller machine has a deadline due.
+    Ctrl(usize),
     AnaPoll(usize),
-    KeepAlive(usize),
     BitFlip,
     Restart,
     Fault,
@@ -449,10 +451,20 @@ impl World {
         // production block core with a queue of each and the head's device. Its clock is
         // `base` plus the virtual time: only differences of it are ever read.
         let base = Instant::now();
+        let clock = Arc::new(AtomicU64::new(0));
         let ctrls: Vec<Arc<SimCtrl>> = (0..PORTS.len())
             .map(|i| {
-                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16));
-                SimCtrl::new(addr, BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64, opts.failover_quiesce)
+                let cfg = host::controller::MachineConfig {
+                    traddr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16)),
+                    kato: Duration::from_millis(u64::from(KATO_MS)),
+                    reconnect_delay: RECONNECT_DELAY,
+                    ctrl_loss_tmo: Some(CTRL_LOSS_TMO),
+                    fast_io_fail_tmo: None,
+                    // The event request is kept only where the namespace changes.
+                    aer: resizes,
+                };
+                let (shift, nsze) = (BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64);
+                SimCtrl::new(cfg, Arc::clone(&clock), shift, nsze, opts.failover_quiesce)
             })
             .collect();
         let head = SimHead::new(policy, &ctrls);
@@ -474,7 +486,7 @@ impl World {
             rng,
             net_rng,
             now: 0,
-            clock: Arc::new(AtomicU64::new(0)),
+            clock,
             links: Vec::new(),
             target: Target {
                 state: None,
@@ -528,7 +540,7 @@ impl World {
         for (port, ctrl) in PORTS.iter().zip(ctrls) {
             w.paths.push(Path {
                 port: *port,
-                phase: Phase::Down { until_ns: 0 },
+                phase: Phase::Down,
                 phase_since_ns: 0,
                 admin: None,
                 io: None,
@@ -537,8 +549,6 @@ impl World {
                 ana: AnaState::Change,
                 ana_read_ns: None,
                 next_ana_poll_ns: 0,
-                ka_sent_ns: None,
-                next_ka_ns: 0,
                 ctrl,
                 id_ns_ns: None,
                 id_ns_again: false,
@@ -838,23 +848,87 @@ impl World {
         path.phase = Phase::Connecting;
         path.phase_since_ns = self.now;
         path.ana = AnaState::Change;
-        path.ctrl.reconnected();
         self.event(format_args!("path {p} reconnect (link {link})"));
     }
 
-    /// The path's controller is reset: its queues fail (their I/O is requeued or failed),
-    /// its connections close, and it reconnects a little later.
+    /// The path's association failed: a live controller's machine resets it (its
+    /// queues fail, their I/O is requeued or failed, its connections close, and it
+    /// reconnects); a bring-up under way ends and the machine tries again later.
     fn fail_path(&mut self, p: usize, why: &str) {
-        if matches!(self.paths[p].phase, Phase::Down { .. }) {
+        if self.paths[p].phase == Phase::Down {
             return;
         }
         self.sum.path_resets += 1;
-        let delay = self.rng.range(1_000_000, 40_000_000);
-        self.event(format_args!("path {p} reset: {why}; reconnect in {delay}"));
+        self.event(format_args!("path {p} reset: {why}"));
+        let now = self.now;
+        let ctrl = Arc::clone(&self.paths[p].ctrl);
+        if ctrl.machine().is_live() {
+            ctrl.machine().on_lost(now, why);
+            self.ctrl_step(p);
+        } else {
+            self.tear_down(p, why);
+            ctrl.machine().on_connected(now, Err(why.to_string()));
+        }
+    }
+
+    /// Steps path `p`'s controller machine: does every action it hands out now.
+    fn ctrl_step(&mut self, p: usize) {
+        let ctrl = Arc::clone(&self.paths[p].ctrl);
+        while let Some(a) = ctrl.poll() {
+            match a {
+                host::controller::Action::Connect => self.reconnect(p),
+                host::controller::Action::TearDown => {
+                    let why = ctrl.machine().last_error().unwrap_or("reset").to_string();
+                    self.tear_down(p, &why);
+                }
+                host::controller::Action::Send(cmd) => self.admin_send(p, cmd),
+                host::controller::Action::Delete { .. } | host::controller::Action::Lost => {
+                    self.event(format_args!("path {p} controller given up ({a:?})"));
+                    self.tear_down(p, "controller given up");
+                }
+            }
+        }
+    }
+
+    /// Sends an admin command path `p`'s controller machine asked for.
+    fn admin_send(&mut self, p: usize, cmd: host::controller::AdminCmd) {
+        use host::controller::AdminCmd;
+        let sent = match cmd {
+            AdminCmd::KeepAlive => {
+                let io = Io { sqe: Sqe::keep_alive(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_KA };
+                self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(2, io).is_ok())
+            }
+            AdminCmd::AsyncEventRequest => self.arm_event(p),
+            AdminCmd::AnaLog => self.read_ana(p),
+            AdminCmd::Rescan => {
+                // As the production driver: the Changed Namespace List (which re-arms the
+                // event), then the namespace again.
+                let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
+                let io = Io {
+                    sqe,
+                    buf: Some(IoBuf::new(4096)),
+                    len: 4096,
+                    dir: DataDir::FromController,
+                    token: TOKEN_CHANGED_NS,
+                };
+                let sent = self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(6, io).is_ok());
+                if sent {
+                    self.read_namespace(p);
+                }
+                sent
+            }
+        };
+        if !sent {
+            self.paths[p].ctrl.machine().on_admin_done(cmd, false);
+        }
+    }
+
+    /// Drops path `p`'s association: its queues fail (their I/O is requeued or failed)
+    /// and its connections close.
+    fn tear_down(&mut self, p: usize, why: &str) {
         let path = &mut self.paths[p];
-        path.phase = Phase::Down { until_ns: self.now + delay };
+        path.phase = Phase::Down;
         path.ana_read_ns = None;
-        path.ka_sent_ns = None;
         path.id_ns_ns = None;
         path.id_ns_again = false;
         // A new controller reads the namespace at its bring-up.
@@ -955,8 +1029,9 @@ impl World {
         if self.paths[p].ctrl.take_ana_refresh() {
             self.paths[p].ana = AnaState::Change;
             self.view_changed(p);
-            self.read_ana(p);
+            self.paths[p].ctrl.machine().request_ana_refresh();
         }
+        self.ctrl_step(p);
     }
 
     /// The production host's failover hold for the target controller `cntlid`, from
@@ -977,20 +1052,20 @@ impl World {
         })
     }
 
-    fn read_ana(&mut self, p: usize) {
+    /// Whether the ANA log read went out.
+    fn read_ana(&mut self, p: usize) -> bool {
         let len = nvme::log::AnaLog::size(1, 4).next_multiple_of(4);
         let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::ANA, 0, false, len as u32, 0);
         let io =
             Io { sqe, buf: Some(IoBuf::new(4096)), len: len as u32, dir: DataDir::FromController, token: TOKEN_ANA };
         let path = &mut self.paths[p];
-        if path.ana_read_ns.is_some() {
-            return;
-        }
         if let Some(c) = &mut path.admin
             && c.q.submit(1, io).is_ok()
         {
             path.ana_read_ns = Some(self.now);
+            return true;
         }
+        false
     }
 
     fn admin_done(&mut self, p: usize, d: Done) {
@@ -1012,8 +1087,10 @@ impl World {
                 }
             }
             TOKEN_CC => self.fail_path(p, "enabling the controller failed"),
-            TOKEN_KA if d.cqe.status.is_success() => self.paths[p].ka_sent_ns = None,
-            TOKEN_KA => self.fail_path(p, "keep-alive failed"),
+            TOKEN_KA => {
+                let ok = d.cqe.status.is_success();
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::KeepAlive, ok);
+            }
             TOKEN_ANA => {
                 self.paths[p].ana_read_ns = None;
                 let state = d
@@ -1022,6 +1099,8 @@ impl World {
                     .filter(|_| d.cqe.status.is_success())
                     .and_then(|b| nvme::log::AnaLog::decode(b.as_full()).ok())
                     .and_then(|log| log.groups.iter().find(|g| g.grpid == ANA_GROUP).map(|g| g.state));
+                let ok = state.is_some();
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::AnaLog, ok);
                 match state {
                     Some(s) => {
                         if s != self.paths[p].ana {
@@ -1031,7 +1110,7 @@ impl World {
                         self.view_changed(p);
                         self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
                     }
-                    None => self.fail_path(p, "the ANA log could not be read"),
+                    None => self.event(format_args!("path {p}: the ANA log could not be read")),
                 }
             }
             TOKEN_AEC if d.cqe.status.is_success() => {}
@@ -1041,28 +1120,16 @@ impl World {
                 self.event(format_args!("path {p} event {ev:?}"));
                 if ev == nvme::features::AsyncEvent::NS_CHANGED {
                     self.paths[p].event_owed = None;
-                    // As the production host's `handle_event`: read the Changed Namespace
-                    // List (which re-arms the event), then the namespace again.
-                    let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
-                    let io = Io {
-                        sqe,
-                        buf: Some(IoBuf::new(4096)),
-                        len: 4096,
-                        dir: DataDir::FromController,
-                        token: TOKEN_CHANGED_NS,
-                    };
-                    if let Some(c) = self.paths[p].admin.as_mut()
-                        && let Err((e, _)) = c.q.submit(6, io)
-                    {
-                        self.violate(format!("path {p}: the Changed Namespace List read could not be sent: {e}"));
-                        return;
-                    }
-                    self.read_namespace(p);
                 }
-                self.arm_event(p);
+                // The machine re-arms the request and rescans on a namespace notice.
+                self.paths[p].ctrl.machine().on_event(ev);
             }
-            TOKEN_AER => self.fail_path(p, "the asynchronous event request failed"),
+            TOKEN_AER => {
+                let aer = host::controller::AdminCmd::AsyncEventRequest;
+                self.paths[p].ctrl.machine().on_admin_done(aer, false);
+            }
             TOKEN_CHANGED_NS if d.cqe.status.is_success() => {
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::Rescan, true);
                 let list = d.buf.as_ref().and_then(|b| nvme::log::decode_changed_ns_list(b.as_full()));
                 let list: Vec<u32> = list.unwrap_or_default().iter().map(|n| n.0).collect();
                 self.event(format_args!("path {p} changed namespaces {list:?}"));
@@ -1072,7 +1139,10 @@ impl World {
                     self.paths[p].event_owed = None;
                 }
             }
-            TOKEN_CHANGED_NS => self.fail_path(p, "the Changed Namespace List could not be read"),
+            TOKEN_CHANGED_NS => {
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::Rescan, false);
+                self.fail_path(p, "the Changed Namespace List could not be read");
+            }
             TOKEN_ID_NS => {
                 self.paths[p].id_ns_ns = None;
                 let id = d
@@ -1109,7 +1179,7 @@ impl World {
     /// In seeds that resize the namespace, a new controller's admin queue does what the
     /// production host's bring-up and admin loop do: enables the Namespace Attribute
     /// Changed notice, then reads the namespace (so a change after that read comes as an
-    /// event), and keeps one Asynchronous Event Request outstanding.
+    /// event); the controller machine keeps one Asynchronous Event Request outstanding.
     fn watch_namespace(&mut self, p: usize) {
         let aec = nvme::identify::oaes::NS_ATTR;
         let sqe = Sqe::set_features(Cid(0), nvme::features::fid::ASYNC_EVENT, aec);
@@ -1118,14 +1188,12 @@ impl World {
             let _ = c.q.submit(3, io);
         }
         self.read_namespace(p);
-        self.arm_event(p);
     }
 
-    fn arm_event(&mut self, p: usize) {
+    /// Whether the event request went out.
+    fn arm_event(&mut self, p: usize) -> bool {
         let io = Io { sqe: Sqe::async_event_request(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_AER };
-        if let Some(c) = self.paths[p].admin.as_mut() {
-            let _ = c.q.submit(5, io);
-        }
+        self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(5, io).is_ok())
     }
 
     /// Identify Namespace; if one is in flight, another after it.
@@ -1551,15 +1619,11 @@ impl World {
             out.push(Action::Submit);
         }
         for (p, path) in self.paths.iter().enumerate() {
-            match path.phase {
-                Phase::Down { until_ns } if until_ns <= self.now => out.push(Action::Reconnect(p)),
-                Phase::Live if !path.ana.is_accessible() && path.next_ana_poll_ns <= self.now => {
-                    out.push(Action::AnaPoll(p));
-                }
-                _ => {}
+            if path.phase == Phase::Live && !path.ana.is_accessible() && path.next_ana_poll_ns <= self.now {
+                out.push(Action::AnaPoll(p));
             }
-            if path.phase == Phase::Live && path.ka_sent_ns.is_none() && path.next_ka_ns <= self.now {
-                out.push(Action::KeepAlive(p));
+            if path.ctrl.machine().next_deadline().is_some_and(|t| t <= self.now) {
+                out.push(Action::Ctrl(p));
             }
         }
         if self.target.restart_at_ns.is_some_and(|t| t <= self.now) {
@@ -1590,12 +1654,10 @@ impl World {
         let links = self.links.iter().filter(|l| !l.down).flat_map(|l| [l.to_target.next_due(), l.to_host.next_due()]);
         let conns = self.target.conns.iter().flat_map(|t| [t.conn.next_timer(), Some(t.next_tick_ns)]);
         let paths = self.paths.iter().map(|p| match p.phase {
-            Phase::Down { until_ns } => Some(until_ns),
             Phase::Live if !p.ana.is_accessible() => Some(p.next_ana_poll_ns),
             _ => None,
         });
-        let ka =
-            self.paths.iter().filter(|p| p.phase == Phase::Live && p.ka_sent_ns.is_none()).map(|p| Some(p.next_ka_ns));
+        let ka = self.paths.iter().map(|p| p.ctrl.machine().next_deadline());
         links
             .chain(conns)
             .chain(paths)
@@ -1650,20 +1712,13 @@ impl World {
                     self.to_issue -= 1;
                 }
             }
-            Action::Reconnect(p) => self.reconnect(p),
+            Action::Ctrl(p) => self.ctrl_step(p),
             Action::AnaPoll(p) => {
+                // The simulator's own: a path whose namespace is not accessible re-reads
+                // the ANA log (its target sends no ANA change notice).
                 self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
-                self.read_ana(p);
-            }
-            Action::KeepAlive(p) => {
-                let path = &mut self.paths[p];
-                path.next_ka_ns = self.now + u64::from(KATO_MS) * 1_000_000 / 2;
-                let io = Io { sqe: Sqe::keep_alive(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_KA };
-                if let Some(c) = path.admin.as_mut()
-                    && c.q.submit(2, io).is_ok()
-                {
-                    path.ka_sent_ns = Some(self.now);
-                }
+                self.paths[p].ctrl.machine().request_ana_refresh();
+                self.ctrl_step(p);
             }
             Action::Restart => {
                 self.event(format_args!("target restart"));
@@ -1858,7 +1913,7 @@ impl World {
             }
         }
         let path = &self.paths[p];
-        if matches!(path.phase, Phase::Down { .. }) {
+        if path.phase == Phase::Down {
             return;
         }
         let lost = [path.admin.as_ref(), path.io.as_ref()].into_iter().flatten().any(|c| self.link_lost(c.link));
@@ -1873,18 +1928,20 @@ impl World {
             return;
         }
         let path = &self.paths[p];
-        // The admin commands' timeout (the I/O's is the block core's, at its tick).
-        let oldest = path.ana_read_ns.into_iter().chain(path.ka_sent_ns).chain(path.id_ns_ns).min();
+        // The admin reads' timeout (the I/O's is the block core's, at its tick; the keep-alive's
+        // is the controller machine's, KATO).
+        let oldest = path.ana_read_ns.into_iter().chain(path.id_ns_ns).min();
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
         if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
             path.ctrl.report_io_failure("command timeout");
             self.take_ctrl_reports(p);
             return;
         }
-        // An admin queue that works (a stalled one fails its keep-alive within the I/O
-        // timeout) carries the event well within twice that.
+        // An admin queue that works (a stalled one fails its keep-alive within one and a
+        // half KATO: sent at half of it, expired a KATO later) carries the event well
+        // within that and an I/O timeout.
         if let Some(t) = path.event_owed
-            && self.now - t > 2 * IO_TIMEOUT_NS
+            && self.now - t > u64::from(KATO_MS) * 1_500_000 + IO_TIMEOUT_NS
         {
             self.violate(format!(
                 "path {p}: the namespace changed while its controller had the namespace-changed notice enabled, \
@@ -1921,8 +1978,12 @@ impl World {
                 self.paths[p].io_conn = Some((ckey, c.link));
                 self.paths[p].io_auth = c.auth;
                 self.event(format_args!("path {p} live"));
+                let ctrl = Arc::clone(&self.paths[p].ctrl);
+                ctrl.machine().on_connected(self.now, Ok(()));
+                // The bring-up's ANA read, then what the machine asks (the event request).
+                ctrl.machine().request_ana_refresh();
                 self.view_changed(p);
-                self.read_ana(p);
+                self.ctrl_step(p);
                 self.flush_path(p);
             }
             _ => {}
