@@ -93,9 +93,13 @@ impl SimCtrl {
     pub fn poll(&self) -> Option<host::controller::Action> {
         let now = self.clock.load(Relaxed);
         let before = self.generation();
+        let before = (before, self.machine().state());
         let a = self.machine().poll(now);
-        if self.generation() != before {
-            // A new association: queues of the older one are stale.
+        let generation = self.generation();
+        let after = (generation, self.machine().state());
+        if after != before {
+            // A new association (queues of the older one are stale), or the controller
+            // given up: the core re-reads its paths.
             self.changed();
         }
         a
@@ -186,7 +190,14 @@ impl CoreController for SimCtrl {
         if nsid != NSID {
             return PathClass::Gone;
         }
-        let link = if self.is_live() { LinkState::Live } else { LinkState::Reconnecting };
+        // As the production head's `class_of`: the machine's state and fail-fast, except
+        // that a live controller whose I/O queue is down is reconnecting it.
+        let state = self.machine().state();
+        let fail_fast = self.should_fail_io();
+        let link = match LinkState::of(state, fail_fast) {
+            LinkState::Live if !self.is_live() => LinkState::Reconnecting,
+            l => l,
+        };
         PathClass::of(self.ana(), link)
     }
 
@@ -258,6 +269,8 @@ mod tests {
     fn the_class_follows_the_ana_state_read_and_the_link_and_every_change_moves_the_count() {
         let c = ctrl();
         assert_eq!(c.path_class(NSID), PathClass::Transient, "not connected yet");
+        assert_eq!(c.poll(), Some(host::controller::Action::Connect));
+        c.machine().on_connected(0, Ok(()));
         let n0 = c.change_count();
         c.set_state(AnaState::Optimized, true);
         assert_eq!(c.path_class(NSID), PathClass::Optimized);
@@ -277,9 +290,12 @@ mod tests {
         assert_eq!(c.namespace_geometry(NSID), Some((9, 64)));
         assert!(c.change_count() > n2, "a resize moves the count");
         let (g, n3) = (c.generation(), c.change_count());
-        assert_eq!(c.poll(), Some(host::controller::Action::Connect));
+        c.machine().on_lost(1, "link down");
+        assert_eq!(c.poll(), Some(host::controller::Action::TearDown));
         assert_eq!(c.generation(), g + 1, "the machine's generation");
         assert!(c.change_count() > n3, "a new association moves the count");
+        c.set_state(AnaState::Optimized, true);
+        assert_eq!(c.path_class(NSID), PathClass::Transient, "the controller is reconnecting");
     }
 
     #[test]
@@ -316,7 +332,10 @@ mod tests {
         assert!(!c.should_fail_io());
         c.clock.store(3_000_000_000, Relaxed);
         assert_eq!(c.ctrl_loss_tmo(), Some(Duration::from_secs(3)));
+        let n = c.change_count();
         assert_eq!(c.poll(), Some(host::controller::Action::Lost));
         assert!(c.should_fail_io(), "dead: waiting I/O fails");
+        assert!(c.change_count() > n, "the core re-reads its paths");
+        assert_eq!(c.path_class(NSID), PathClass::Gone);
     }
 }

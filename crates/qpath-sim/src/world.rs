@@ -103,6 +103,13 @@ const KATO_MS: u32 = 1500;
 const RECONNECT_DELAY: Duration = Duration::from_millis(20);
 /// The controllers' `ctrl_loss_tmo`: the production default.
 const CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
+/// In the seeds with port outages, a `ctrl_loss_tmo` some outages outlast.
+const OUTAGE_CTRL_LOSS_TMO: Duration = Duration::from_secs(3);
+/// A port outage lasts this long at most (ns).
+const OUTAGE_MAX_NS: u64 = 6_000_000_000;
+/// Slack of the checks on the controller machine's deadlines: the scheduler may run
+/// other ready actions before a due one.
+const DEADLINE_SLACK_NS: u64 = 100_000_000;
 
 /// How a run is made.
 #[derive(Clone, Copy, Debug)]
@@ -294,6 +301,8 @@ struct Path {
     /// Attribute Changed notice enabled on the target: it owes this host an event, or
     /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
     event_owed: Option<u64>,
+    /// Since when the admin link has carried nothing toward the host (a stall).
+    silent_since: Option<u64>,
     /// A queue of the path re-authenticates with a key the target no longer holds: the
     /// target refuses it and, until it closes the queue, the queue's other commands
     /// (AUTH_REQUIRED: the queue is no longer authenticated).
@@ -389,6 +398,16 @@ pub struct World {
     /// Namespace resizes: their own stream, on in about half the seeds.
     ns_rng: Rng,
     resizes: bool,
+    /// Port outages (a port goes silent: every link through it stalls both ways and new
+    /// connections hang): their own stream, in about a quarter of the seeds, which also
+    /// get a `ctrl_loss_tmo` some outages outlast.
+    outage_rng: Rng,
+    outages: bool,
+    ctrl_loss_tmo: Duration,
+    /// Until when each port is silent (ns).
+    port_silent_until: [u64; 2],
+    /// Since when no path's controller has been live (ns).
+    no_path_since: Option<u64>,
     /// In-band authentication: on in a share of seeds (its own stream).
     auth: Option<SimAuth>,
     /// The namespace's size on the target, blocks (an operator's setting: kept across a
@@ -447,6 +466,9 @@ impl World {
         let reservations = resv_rng.chance(500_000);
         let mut ns_rng = Rng::new(opts.seed ^ 0x2e51_2e21);
         let resizes = ns_rng.chance(500_000);
+        let mut outage_rng = Rng::new(opts.seed ^ 0x0c71_1055);
+        let outages = outage_rng.chance(250_000);
+        let ctrl_loss_tmo = if outages { OUTAGE_CTRL_LOSS_TMO } else { CTRL_LOSS_TMO };
         // The host: one controller view per path, a multipath head over them, and the
         // production block core with a queue of each and the head's device. Its clock is
         // `base` plus the virtual time: only differences of it are ever read.
@@ -458,7 +480,7 @@ impl World {
                     traddr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16)),
                     kato: Duration::from_millis(u64::from(KATO_MS)),
                     reconnect_delay: RECONNECT_DELAY,
-                    ctrl_loss_tmo: Some(CTRL_LOSS_TMO),
+                    ctrl_loss_tmo: Some(ctrl_loss_tmo),
                     fast_io_fail_tmo: None,
                     // The event request is kept only where the namespace changes.
                     aer: resizes,
@@ -511,6 +533,11 @@ impl World {
             resv_epoch: 0,
             ns_rng,
             resizes,
+            outage_rng,
+            outages,
+            ctrl_loss_tmo,
+            port_silent_until: [0; 2],
+            no_path_since: Some(0),
             auth: SimAuth::draw(opts.seed, opts.steps),
             ns_blocks: NS_BLOCKS,
             host_blocks: NS_BLOCKS,
@@ -532,6 +559,9 @@ impl World {
             line: String::new(),
         };
         w.event(format_args!("seed {} policy {policy:?} {digests:?} ios {to_issue}", opts.seed));
+        if outages {
+            w.event(format_args!("ports may go silent; ctrl_loss_tmo {} ms", ctrl_loss_tmo.as_millis()));
+        }
         if let Some(a) = &w.auth {
             let what = a.describe();
             w.event(format_args!("the subsystem requires DH-HMAC-CHAP of the host: {what}"));
@@ -553,6 +583,7 @@ impl World {
                 id_ns_ns: None,
                 id_ns_again: false,
                 event_owed: None,
+                silent_since: None,
                 stale_auth: false,
             });
         }
@@ -805,6 +836,12 @@ impl World {
             return;
         };
         let p = state.port(port).expect("the simulated port");
+        // A silent port: the connection's packets go nowhere until the outage ends.
+        let silent = self.port_silent_until[PORTS.iter().position(|&q| q == port).unwrap_or(0)];
+        if silent > self.now {
+            self.links[link].to_target.stalled_until_ns = silent;
+            self.links[link].to_host.stalled_until_ns = silent;
+        }
         let id = self.target.next_conn_id;
         self.target.next_conn_id += 1;
         let conn = Connection::new(state, p, None, 0);
@@ -1817,6 +1854,77 @@ impl World {
         if self.resizes && self.ns_rng.chance(100_000) {
             self.resize_namespace();
         }
+        if self.outages && self.outage_rng.chance(50_000) {
+            self.port_outage();
+        }
+    }
+
+    /// A port goes silent for a while: every link of the path through it stalls both
+    /// ways (so the host's resets are lost too), and new connections hang until it ends.
+    fn port_outage(&mut self) {
+        let i = self.outage_rng.index(PORTS.len());
+        let until = self.now + self.outage_rng.range(500_000_000, OUTAGE_MAX_NS);
+        self.port_silent_until[i] = self.port_silent_until[i].max(until);
+        self.event(format_args!("fault: port {} silent until {until}", PORTS[i]));
+        let path = &self.paths[i];
+        let links: Vec<usize> = [path.admin.as_ref(), path.io.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|c| c.link)
+            .chain(path.io_conn.map(|(_, l)| l))
+            .collect();
+        for l in links {
+            let link = &mut self.links[l];
+            link.to_target.stalled_until_ns = link.to_target.stalled_until_ns.max(until);
+            link.to_host.stalled_until_ns = link.to_host.stalled_until_ns.max(until);
+        }
+    }
+
+    /// The controller machine's deadlines, checked from outside: a live path whose
+    /// controller has answered nothing for more than one and a half KATO (a keep-alive
+    /// goes at half of it and expires a KATO later) has been reset; while no path is
+    /// live, no I/O waits past `ctrl_loss_tmo` (plus a bring-up's timeout, which ends an
+    /// attempt under way, and a tick of the block core).
+    fn check_ctrl_deadlines(&mut self) {
+        if self.paths.iter().any(|p| p.ctrl.machine().is_live()) {
+            self.no_path_since = None;
+        } else if self.no_path_since.is_none() {
+            self.no_path_since = Some(self.now);
+        }
+        if let Some(t) = self.no_path_since {
+            let bound = t + self.ctrl_loss_tmo.as_nanos() as u64 + IO_TIMEOUT_NS + 2 * CORE_TICK_NS + DEADLINE_SLACK_NS;
+            if self.now > bound
+                && let Some(ri) = self.reqs.iter().position(|r| r.state != RState::Done)
+            {
+                self.violate(format!(
+                    "I/O {ri} still waits {} ms after every path became unusable (ctrl_loss_tmo {} ms)",
+                    (self.now - t) / 1_000_000,
+                    self.ctrl_loss_tmo.as_millis()
+                ));
+                return;
+            }
+        }
+        let kato_ns = u64::from(KATO_MS) * 1_000_000;
+        for p in 0..self.paths.len() {
+            let path = &mut self.paths[p];
+            let silent = path.admin.as_ref().map(|c| self.links[c.link].to_host.stalled_until_ns > self.now);
+            path.silent_since = match (silent, path.silent_since) {
+                (Some(true), Some(t)) => Some(t),
+                (Some(true), None) => Some(self.now),
+                _ => None,
+            };
+            if path.phase == Phase::Live
+                && let Some(t) = path.silent_since
+                && self.now - t > kato_ns * 3 / 2 + DEADLINE_SLACK_NS
+            {
+                self.violate(format!(
+                    "path {p}: its controller has answered nothing for {} ms and the host still has it live \
+                     (KATO {KATO_MS} ms)",
+                    (self.now - t) / 1_000_000
+                ));
+                return;
+            }
+        }
     }
 
     /// After every action: each end sends what it queued, notices closed connections,
@@ -1832,6 +1940,7 @@ impl World {
             self.take_ctrl_reports(p);
         }
         self.take_completions();
+        self.check_ctrl_deadlines();
         // What the core queued goes out now.
         for p in 0..self.paths.len() {
             self.flush_path(p);
@@ -2019,6 +2128,7 @@ impl World {
             l.to_target.stalled_until_ns = 0;
             l.to_host.stalled_until_ns = 0;
         }
+        self.port_silent_until = [0; 2];
         if let Some(state) = &self.target.state {
             for port in PORTS {
                 let _ = state.set_ana_state(port, ANA_GROUP, AnaState::Optimized);
@@ -2073,7 +2183,11 @@ impl World {
     fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
         while !(self.idle()
             && self.paths.iter().all(|p| {
-                p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && p.event_owed.is_none()
+                // A controller given up (ctrl_loss_tmo) stays down: it is settled too.
+                (p.phase == Phase::Live || p.ctrl.machine().state() == host::controller::CtrlState::Dead)
+                    && p.ana_read_ns.is_none()
+                    && p.id_ns_ns.is_none()
+                    && p.event_owed.is_none()
             })
             && !self.auth_busy()
             && (!orphans || self.orphans() == 0))
