@@ -23,14 +23,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvme::features::{AsyncEvent, NumQueues, aer_notice, aer_type, fid};
+use nvme::features::{AsyncEvent, NumQueues, fid};
 use nvme::identify::{IdentifyController, NsIdDesc, cmic};
 use nvme::{AnaGrpId, AnaState, Cntlid, Nsid, Sqe};
 use uring::MailboxSender;
 
 mod bell;
+pub mod machine;
 
 use bell::{Bell, BellRx};
+pub use machine::{Action, AdminCmd, CtrlMachine, MachineConfig};
 
 use crate::admin::{self, ADMIN_TIMEOUT};
 use crate::error::{BadTransition, Error, ErrorKind, Result};
@@ -287,15 +289,13 @@ struct QueueSlot {
 }
 
 struct Inner {
-    state: CtrlState,
+    /// The lifecycle, keep-alive, AER/ANA, reset, reconnect and ctrl-loss decisions
+    /// (stepped by the admin thread; read by every caller of `state`, `should_fail_io`).
+    m: CtrlMachine,
     cntlid: Cntlid,
     id: IdentifyController,
     namespaces: Vec<NsInfo>,
     slots: Vec<QueueSlot>,
-    /// When the controller last stopped being live (for fast_io_fail_tmo / ctrl_loss_tmo).
-    failed_at: Option<Instant>,
-    last_error: Option<String>,
-    reconnects: u64,
     reauths: u64,
     reauth_failures: u64,
 }
@@ -320,7 +320,10 @@ pub struct Controller {
     /// Connect options.
     pub opts: ConnectOptions,
     inner: Mutex<Inner>,
-    /// Bumped at every (re)connect; queues of an older generation are stale.
+    /// The machine's clock: its times are ns since this instant.
+    origin: Instant,
+    /// The machine's generation, mirrored for one load: bumped at every new
+    /// association; queues of an older generation are stale.
     generation: AtomicU64,
     /// Bumped when ANA states or the namespace list change (multipath heads re-read).
     change_count: AtomicU64,
@@ -474,7 +477,7 @@ impl Controller {
         let (bell, bell_rx) = bell::pair().map_err(|e| Error::io("admin thread's wake-up socket", &e))?;
         let ctrl = Arc::new(Controller {
             inner: Mutex::new(Inner {
-                state: CtrlState::Live,
+                m: CtrlMachine::live(MachineConfig::of(&opts), 0),
                 cntlid: b.cntlid,
                 id: b.id,
                 namespaces: b.namespaces,
@@ -484,12 +487,10 @@ impl Controller {
                     .enumerate()
                     .map(|(i, q)| QueueSlot { owner: None, parked: Some(q), user: i >= nq - nuser })
                     .collect(),
-                failed_at: None,
-                last_error: None,
-                reconnects: 0,
                 reauths: 0,
                 reauth_failures: 0,
             }),
+            origin: Instant::now(),
             generation: AtomicU64::new(1),
             change_count: AtomicU64::new(1),
             live: AtomicBool::new(true),
@@ -522,7 +523,23 @@ impl Controller {
 
     /// Lifecycle state.
     pub fn state(&self) -> CtrlState {
-        self.lock().state
+        self.lock().m.state()
+    }
+
+    /// The machine's time now (ns since `origin`).
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Runs `f` on the machine at the time now, then mirrors its generation and
+    /// liveness into the atomics the I/O path loads.
+    fn step<R>(&self, f: impl FnOnce(&mut CtrlMachine, u64) -> R) -> R {
+        let now = self.now_ns();
+        let mut g = self.lock();
+        let r = f(&mut g.m, now);
+        self.generation.store(g.m.generation(), Ordering::Release);
+        self.live.store(g.m.is_live(), Ordering::Release);
+        r
     }
 
     /// Whether the controller is live (one relaxed load).
@@ -582,19 +599,14 @@ impl Controller {
 
     /// How long the controller has been down, if it is.
     pub fn down_for(&self) -> Option<Duration> {
-        self.lock().failed_at.map(|t| t.elapsed())
+        let now = self.now_ns();
+        self.lock().m.down_for(now)
     }
 
     /// Whether I/O waiting for this controller should fail now (fast_io_fail_tmo passed, or dead).
     pub fn should_fail_io(&self) -> bool {
-        let g = self.lock();
-        if g.state == CtrlState::Dead {
-            return true;
-        }
-        match (g.failed_at, self.opts.fast_io_fail_tmo) {
-            (Some(t), Some(tmo)) => t.elapsed() >= tmo,
-            _ => false,
-        }
+        let now = self.now_ns();
+        self.lock().m.should_fail_io(now)
     }
 
     /// A summary.
@@ -604,16 +616,16 @@ impl Controller {
             traddr: self.opts.traddr,
             subnqn: self.opts.subnqn.clone(),
             cntlid: g.cntlid,
-            state: g.state,
+            state: g.m.state(),
             model: g.id.mn.clone(),
             serial: g.id.sn.clone(),
             firmware: g.id.fr.clone(),
             io_queues: g.slots.len(),
-            reconnects: g.reconnects,
+            reconnects: g.m.reconnects(),
             reauths: g.reauths,
             reauth_failures: g.reauth_failures,
             admin_wakeups: self.admin_wakeups.load(Ordering::Relaxed),
-            last_error: g.last_error.clone(),
+            last_error: g.m.last_error().map(str::to_string),
         }
     }
 
@@ -669,7 +681,7 @@ impl Controller {
     pub fn report_io_failure(&self, why: &str) {
         if !self.io_failed.swap(true, Ordering::AcqRel) {
             tracing::warn!(traddr = %self.opts.traddr, "I/O queue failed: {why}");
-            self.lock().last_error = Some(why.to_string());
+            self.lock().m.set_last_error(why.to_string());
             self.bell.ring();
         }
     }
@@ -732,7 +744,7 @@ impl Controller {
         if let Err(e) = admin {
             let mut g = self.lock();
             g.reauth_failures += 1;
-            g.last_error = Some(format!("re-authentication: {e}"));
+            g.m.set_last_error(format!("re-authentication: {e}"));
             return Err(e);
         }
         // With concatenation only the admin queue re-authenticates (as Linux): the I/O
@@ -842,43 +854,6 @@ impl Controller {
         }
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
-        }
-    }
-
-    /// Moves the controller to `to` if its state machine allows it. A refusal is logged
-    /// at error level (in release builds too) and leaves the state as it was; the caller
-    /// decides what to do instead.
-    #[must_use = "a refused transition leaves the state as it was"]
-    fn transition(&self, to: CtrlState) -> std::result::Result<CtrlState, BadTransition<CtrlState>> {
-        let mut g = self.lock();
-        let s = match g.state.transition(to) {
-            Ok(s) => s,
-            Err(e) => {
-                drop(g);
-                tracing::error!(traddr = %self.opts.traddr, from = ?e.from, to = ?e.to, "controller state change refused");
-                return Err(e);
-            }
-        };
-        if s != g.state {
-            tracing::info!(traddr = %self.opts.traddr, from = ?g.state, to = ?s, "controller state");
-        }
-        g.state = s;
-        let live = s == CtrlState::Live;
-        if !live && g.failed_at.is_none() {
-            g.failed_at = Some(Instant::now());
-        }
-        if live {
-            g.failed_at = None;
-        }
-        self.live.store(live, Ordering::Release);
-        Ok(s)
-    }
-
-    /// Deleting, then Dead (a delete, or ctrl_loss_tmo expired): the admin thread ends
-    /// after this either way; a refusal (logged) stops the sequence where it is.
-    fn retire(&self) {
-        if self.transition(CtrlState::Deleting).is_ok() && self.transition(CtrlState::Dead).is_err() {
-            tracing::error!(traddr = %self.opts.traddr, "controller deleted but not marked dead");
         }
     }
 }
@@ -1096,28 +1071,27 @@ fn scan_namespaces(admin: &mut SyncQueue, id: &IdentifyController) -> Result<Vec
     Ok(out)
 }
 
-fn submit_aer(admin: &mut SyncQueue) -> Option<u64> {
-    admin
-        .submit(Io { sqe: Sqe::async_event_request(nvme::Cid(0)), buf: None, len: 0, dir: DataDir::None, token: 0 })
-        .ok()
+fn submit(admin: &mut SyncQueue, sqe: Sqe) -> Option<u64> {
+    admin.submit(Io { sqe, buf: None, len: 0, dir: DataDir::None, token: 0 }).ok()
 }
 
 /// Whether the admin thread goes on (`Break`: it ends).
 type Step = ControlFlow<()>;
 
-/// The admin thread: serves control requests, sends keep-alives, keeps an AER
-/// outstanding and refreshes ANA state while the controller is live; resets and
-/// reconnects it when the admin queue or an I/O queue fails.
+/// The admin thread: the driver of the controller's [`CtrlMachine`]. It serves control
+/// requests on the live admin queue, feeds the machine what the admin queue and the
+/// I/O side report (answers, events, failures, ANA refresh requests) and does what the
+/// machine asks (send a Keep Alive, keep an AER outstanding, re-read ANA or rescan,
+/// tear the association down, bring up a new one, shut down or give up).
 ///
 /// Between turns of a live controller it sleeps until the admin socket has input, the
-/// bell rings (a request, an I/O queue's failure, an ANA refresh) or the keep-alive is
-/// due, holding no reference to the controller: an idle controller costs about two
-/// wake-ups per keep-alive timeout instead of one every 20 ms, and a request is served
-/// at once instead of at the next turn.
+/// bell rings (a request, an I/O queue's failure, an ANA refresh) or the machine's next
+/// deadline (the keep-alive), holding no reference to the controller: an idle controller
+/// costs about two wake-ups per keep-alive timeout instead of one every 20 ms, and a
+/// request is served at once instead of at the next turn. While it reconnects it sleeps
+/// until the next attempt (or `ctrl_loss_tmo`), or a delete.
 fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Receiver<AdminReq>, bell: &BellRx) {
-    let mut admin = Some(admin);
-    let aer = admin.as_mut().and_then(submit_aer);
-    let mut a = AdminLoop { admin, aer, ka: KeepAlive { last: Instant::now(), token: None }, readable: true };
+    let mut d = Driver { admin: Some(admin), ka: None, aer: None, readable: true, delete_reply: None };
     // Not on the I/O path: it must not take a tick from a CPU a polling reactor or a
     // pinned job thread spins on.
     let mut place = uring::placement::Helper::default();
@@ -1127,342 +1101,301 @@ fn admin_thread(weak: &std::sync::Weak<Controller>, admin: SyncQueue, rx: &Recei
         }
         let Some(ctrl) = weak.upgrade() else { return };
         ctrl.admin_wakeups.fetch_add(1, Ordering::Relaxed);
-        let step = match ctrl.state() {
-            CtrlState::Live => a.live(&ctrl, rx),
-            CtrlState::Resetting => a.reset(&ctrl),
-            CtrlState::Connecting => a.reconnect(ctrl, weak, rx),
-            CtrlState::New | CtrlState::Deleting | CtrlState::Dead => return,
-        };
-        if step.is_break() {
+        if d.turn(&ctrl, rx).is_break() {
             return;
         }
-        let Some(ctrl) = weak.upgrade() else { return };
-        let sleep = (ctrl.state() == CtrlState::Live)
-            .then(|| a.ka.next_due(Duration::from_millis(u64::from(ctrl.opts.kato_ms))));
+        let (state, wait) = ctrl.step(|m, now| {
+            let wait = m.next_deadline().map_or(IDLE_WAKE, |t| Duration::from_nanos(t.saturating_sub(now)));
+            (m.state(), wait.min(IDLE_WAKE))
+        });
         drop(ctrl);
-        a.readable = match (sleep, a.admin.as_ref()) {
-            (Some(d), Some(q)) => bell.wait(q.stream(), d),
-            _ => true,
-        };
+        match (state, d.admin.as_ref()) {
+            (CtrlState::Live, Some(q)) => d.readable = bell.wait(q.stream(), wait),
+            (CtrlState::Connecting, _) => {
+                d.readable = true;
+                if d.wait_for_retry(weak, rx, wait).is_break() {
+                    return;
+                }
+            }
+            _ => d.readable = true,
+        }
     }
 }
 
-/// The longest an admin thread sleeps between turns of a live controller, whatever its
-/// keep-alive timeout (a safety net: everything that needs it sooner rings its bell).
+/// The longest an admin thread sleeps between turns, whatever its keep-alive timeout
+/// (a safety net: everything that needs it sooner rings its bell).
 const IDLE_WAKE: Duration = Duration::from_secs(1);
 
-/// What the admin thread holds across turns.
-struct AdminLoop {
+/// What the admin thread holds across turns: the association's admin queue and the
+/// commands the machine has outstanding on it.
+struct Driver {
     admin: Option<SyncQueue>,
+    /// The Keep Alive in flight.
+    ka: Option<u64>,
     /// The outstanding Asynchronous Event Request.
     aer: Option<u64>,
-    ka: KeepAlive,
     /// Whether the admin socket may have input (the last sleep did not rule it out).
     readable: bool,
+    /// The caller of a delete, answered once it is done.
+    delete_reply: Option<SyncSender<()>>,
 }
 
-/// The keep-alive in flight and when the last one went out.
-struct KeepAlive {
-    last: Instant,
-    token: Option<u64>,
-}
-
-impl KeepAlive {
-    /// How long the admin thread may sleep: until the next keep-alive is due, or the one
-    /// in flight expires; at most [`IDLE_WAKE`].
-    fn next_due(&self, kato: Duration) -> Duration {
-        if kato.is_zero() {
-            return IDLE_WAKE;
-        }
-        let at = if self.token.is_some() { kato } else { kato / 2 };
-        at.saturating_sub(self.last.elapsed()).min(IDLE_WAKE)
-    }
-
-    /// Sends one at half the timeout (Linux sends every kato/2 since 6.x), one at a time.
-    fn send_when_due(&mut self, q: &mut SyncQueue, kato: Duration) {
-        if !kato.is_zero() && self.last.elapsed() >= kato / 2 && self.token.is_none() {
-            let io = Io { sqe: Sqe::keep_alive(nvme::Cid(0)), buf: None, len: 0, dir: DataDir::None, token: 0 };
-            self.token = q.submit(io).ok();
-            self.last = Instant::now();
-        }
-    }
-
-    /// Takes the answer if it came; whether the keep-alive has gone unanswered for KATO.
-    ///
-    /// That means the link or the controller is gone (Linux gives the keep-alive request a
-    /// timeout of KATO; its expiry starts error recovery): the caller resets, so the I/O of
-    /// this path fails over now instead of waiting for TCP to give up, which takes about 15
-    /// minutes. Called after the pump, so a reply that has already arrived counts.
-    fn expired(&mut self, ctrl: &Controller, q: &mut SyncQueue, kato: Duration) -> bool {
-        if let Some(t) = self.token
-            && let Some(d) = q.take(t)
+impl Driver {
+    /// One turn: the inputs (requests, the admin queue's answers and state, the I/O
+    /// side's reports) go to the machine, then every action it hands out is done.
+    fn turn(&mut self, ctrl: &Arc<Controller>, rx: &Receiver<AdminReq>) -> Step {
+        if ctrl.state() == CtrlState::Live
+            && let Some(q) = self.admin.as_mut()
         {
-            self.token = None;
-            if !d.cqe.status.is_success() {
-                tracing::warn!("keep-alive failed: {}", d.cqe.status);
-            }
-        }
-        let expired = self.token.is_some() && !kato.is_zero() && self.last.elapsed() >= kato;
-        if expired {
-            tracing::warn!(traddr = %ctrl.opts.traddr, kato_ms = ctrl.opts.kato_ms, "keep-alive timed out");
-            ctrl.lock().last_error = Some(format!("keep-alive timed out after {} ms", ctrl.opts.kato_ms));
-        }
-        expired
-    }
-}
-
-impl AdminLoop {
-    /// One turn of a live controller: the control requests queued, the keep-alive, the
-    /// admin queue's input, ANA and AER handled; a reset when anything failed.
-    fn live(&mut self, ctrl: &Arc<Controller>, rx: &Receiver<AdminReq>) -> Step {
-        let Some(q) = self.admin.as_mut() else {
-            // Live without an admin queue: reset; with no way to reset, end the thread
-            // rather than spin (the refusal is logged).
-            return if ctrl.transition(CtrlState::Resetting).is_err() { Step::Break(()) } else { Step::Continue(()) };
-        };
-        loop {
-            match rx.try_recv() {
-                Ok(req) => serve_request(ctrl, q, req)?,
-                Err(TryRecvError::Disconnected) => {
-                    let _ = admin::shutdown(q);
-                    ctrl.retire();
-                    return Step::Break(());
+            loop {
+                match rx.try_recv() {
+                    Ok(AdminReq::Delete { reply }) => {
+                        self.delete_reply = Some(reply);
+                        ctrl.step(|m, _| m.delete());
+                    }
+                    Ok(req) => serve_request(ctrl, q, req),
+                    // The controller is being dropped: shut it down.
+                    Err(TryRecvError::Disconnected) => {
+                        ctrl.step(|m, _| m.delete());
+                        break;
+                    }
+                    Err(TryRecvError::Empty) => break,
                 }
-                Err(TryRecvError::Empty) => break,
+            }
+            // Input the sleep saw (or, after a turn that did not sleep, may be there): one
+            // read, which waits at most 20 ms.
+            let pumped = if std::mem::take(&mut self.readable) {
+                q.pump(Instant::now() + Duration::from_millis(20))
+            } else {
+                Ok(())
+            };
+            if let Some(t) = self.ka
+                && let Some(d) = q.take(t)
+            {
+                self.ka = None;
+                ctrl.step(|m, _| m.on_admin_done(AdminCmd::KeepAlive, d.cqe.status.is_success()));
+            }
+            if let Some(t) = self.aer
+                && let Some(d) = q.take(t)
+            {
+                self.aer = None;
+                if d.cqe.status.is_success() {
+                    ctrl.step(|m, _| m.on_event(AsyncEvent::from_dw0(d.cqe.dw0)));
+                } else {
+                    ctrl.step(|m, _| m.on_admin_done(AdminCmd::AsyncEventRequest, false));
+                }
+            }
+            let failed = match &pumped {
+                Err(e) if e.kind != ErrorKind::Timeout => Some(e.to_string()),
+                _ if q.queue().state() == crate::queue::QueueState::Failed => Some("admin queue failed".to_string()),
+                _ => None,
+            };
+            if let Some(why) = failed {
+                ctrl.step(|m, now| m.on_lost(now, &why));
             }
         }
-        let kato = Duration::from_millis(u64::from(ctrl.opts.kato_ms));
-        self.ka.send_when_due(q, kato);
-        // Input the sleep saw (or, after a turn that did not sleep, may be there): one
-        // read, which waits at most 20 ms.
-        let pumped = if std::mem::take(&mut self.readable) {
-            q.pump(Instant::now() + Duration::from_millis(20))
-        } else {
-            Ok(())
-        };
-        let ka_expired = self.ka.expired(ctrl, q, kato);
+        if ctrl.io_failed.swap(false, Ordering::AcqRel) {
+            ctrl.step(|m, now| {
+                let why = m.last_error().unwrap_or("an I/O queue failed").to_string();
+                m.on_lost(now, &why);
+            });
+        }
         if ctrl.ana_refresh.swap(false, Ordering::AcqRel) {
-            let id = ctrl.identify();
-            if let Ok(ns) = scan_namespaces(q, &id) {
-                ctrl.lock().namespaces = ns;
+            ctrl.step(|m, _| m.request_ana_refresh());
+        }
+        while let Some(a) = ctrl.step(CtrlMachine::poll) {
+            self.act(ctrl, a)?;
+        }
+        Step::Continue(())
+    }
+
+    /// Does what the machine asked.
+    fn act(&mut self, ctrl: &Arc<Controller>, a: Action) -> Step {
+        match a {
+            Action::Send(cmd) => self.send(ctrl, cmd),
+            Action::TearDown => {
+                // The machine moved to a new generation: queues no context has claimed
+                // yet belong to the old association, and a context that claims one
+                // during the reconnect gets the new one instead.
+                (self.admin, self.ka, self.aer) = (None, None, None);
+                for slot in &mut ctrl.lock().slots {
+                    slot.parked = None;
+                }
+            }
+            Action::Connect => self.reconnect(ctrl),
+            Action::Delete { shutdown } => {
+                if shutdown && let Some(q) = self.admin.as_mut() {
+                    let _ = admin::shutdown(q);
+                }
+                self.admin = None;
+                if let Some(r) = self.delete_reply.take() {
+                    let _ = r.send(());
+                }
+                return Step::Break(());
+            }
+            Action::Lost => {
+                self.admin = None;
                 ctrl.change_count.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-        if let Some(t) = self.aer
-            && let Some(d) = q.take(t)
-        {
-            self.aer = None;
-            if d.cqe.status.is_success() {
-                handle_event(ctrl, q, AsyncEvent::from_dw0(d.cqe.dw0));
-                self.aer = submit_aer(q);
-            }
-        }
-        let failed = ka_expired
-            || pumped.as_ref().is_err_and(|e| e.kind != ErrorKind::Timeout)
-            || q.queue().state() == crate::queue::QueueState::Failed
-            || ctrl.io_failed.swap(false, Ordering::AcqRel);
-        if failed {
-            if let Err(e) = &pumped {
-                ctrl.lock().last_error = Some(e.to_string());
-            }
-            if ctrl.transition(CtrlState::Resetting).is_err() {
-                // The refusal is logged; the admin queue is lost or unanswered, and
-                // without a reset nothing can bring it back.
                 return Step::Break(());
             }
         }
         Step::Continue(())
     }
 
-    /// Drops the old connection's admin queue and unclaimed I/O queues, then reconnects.
-    fn reset(&mut self, ctrl: &Controller) -> Step {
-        self.admin = None;
-        self.aer = None;
-        self.ka.token = None;
-        ctrl.generation.fetch_add(1, Ordering::AcqRel);
-        // Queues no context has claimed yet belong to the old connection: a context
-        // that claims one during the reconnect gets the new one instead.
-        for slot in &mut ctrl.lock().slots {
-            slot.parked = None;
+    /// Sends one admin command the machine asked for: the Keep Alive and the event request
+    /// go out and are answered at a later turn; the ANA and namespace reads block here.
+    fn send(&mut self, ctrl: &Controller, cmd: AdminCmd) {
+        let Some(q) = self.admin.as_mut() else {
+            ctrl.step(|m, _| m.on_admin_done(cmd, false));
+            return;
+        };
+        match cmd {
+            AdminCmd::KeepAlive => {
+                self.ka = submit(q, Sqe::keep_alive(nvme::Cid(0)));
+                if self.ka.is_none() {
+                    ctrl.step(|m, _| m.on_admin_done(cmd, false));
+                }
+            }
+            AdminCmd::AsyncEventRequest => {
+                self.aer = submit(q, Sqe::async_event_request(nvme::Cid(0)));
+                if self.aer.is_none() {
+                    ctrl.step(|m, _| m.on_admin_done(cmd, false));
+                }
+            }
+            AdminCmd::AnaLog | AdminCmd::Rescan => {
+                if cmd == AdminCmd::Rescan {
+                    // Reading the changed list (RAE clear) re-arms the event.
+                    let _ = admin::get_log(q, nvme::log::lid::CHANGED_NS, 0, false, 4096, 4096);
+                }
+                let id = ctrl.identify();
+                let r = scan_namespaces(q, &id);
+                let ok = r.is_ok();
+                match r {
+                    Ok(ns) => {
+                        ctrl.lock().namespaces = ns;
+                        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Err(e) => tracing::warn!(traddr = %ctrl.opts.traddr, "rescan failed: {e}"),
+                }
+                ctrl.step(|m, _| m.on_admin_done(cmd, ok));
+            }
         }
-        if ctrl.transition(CtrlState::Connecting).is_err() { Step::Break(()) } else { Step::Continue(()) }
     }
 
-    /// One reconnect attempt: ends the controller on delete or after ctrl_loss_tmo; on
-    /// success hands the new I/O queues to their contexts, else waits reconnect_delay.
-    fn reconnect(
-        &mut self,
-        ctrl: Arc<Controller>,
-        weak: &std::sync::Weak<Controller>,
-        rx: &Receiver<AdminReq>,
-    ) -> Step {
-        if let Ok(AdminReq::Delete { reply }) = rx.try_recv() {
-            ctrl.retire();
-            let _ = reply.send(());
-            return Step::Break(());
-        }
-        let down = ctrl.down_for().unwrap_or_default();
-        if ctrl.opts.ctrl_loss_tmo.is_some_and(|t| down >= t) {
-            tracing::warn!(traddr = %ctrl.opts.traddr, "ctrl_loss_tmo expired: controller deleted");
-            ctrl.retire();
-            ctrl.change_count.fetch_add(1, Ordering::AcqRel);
-            return Step::Break(());
-        }
+    /// One connect attempt (the bring-up blocks here): on success every I/O queue goes
+    /// to the context that owns its slot (or is parked until one claims it).
+    fn reconnect(&mut self, ctrl: &Arc<Controller>) {
         let nq = ctrl.io_queue_count();
         let keys = ctrl.keys();
-        match bring_up(&ctrl.opts, keys.as_ref(), Some(nq)) {
-            Ok(b) if b.io.len() == nq => self.reconnected(&ctrl, b),
+        let b = match bring_up(&ctrl.opts, keys.as_ref(), Some(nq)) {
+            Ok(b) if b.io.len() == nq => b,
             Ok(b) => {
-                ctrl.lock().last_error = Some(format!("reconnect got {} I/O queues, had {nq}", b.io.len()));
-                drop(ctrl);
-                std::thread::sleep(Duration::from_millis(100));
-                Step::Continue(())
+                let why = format!("reconnect got {} I/O queues, had {nq}", b.io.len());
+                ctrl.step(|m, now| m.on_connected(now, Err(why)));
+                return;
             }
             Err(e) => {
-                tracing::debug!(traddr = %ctrl.opts.traddr, "reconnect failed: {e}");
-                ctrl.lock().last_error = Some(e.to_string());
-                let delay = ctrl.opts.reconnect_delay;
-                drop(ctrl);
-                wait_for_retry(weak, rx, delay)
+                ctrl.step(|m, now| m.on_connected(now, Err(e.to_string())));
+                return;
             }
+        };
+        {
+            let mut g = ctrl.lock();
+            g.cntlid = b.cntlid;
+            ctrl.failover_hold_ns.store(hold_ns(&ctrl.opts, &b.id), Ordering::Relaxed);
+            g.id = b.id;
+            g.namespaces = b.namespaces;
         }
-    }
-
-    /// A reconnect brought up every I/O queue: each goes to the context that owns its
-    /// slot (or is parked until one claims it), and the controller is live again.
-    fn reconnected(&mut self, ctrl: &Arc<Controller>, b: Bringup) -> Step {
-        let generation = ctrl.generation();
-        let mut g = ctrl.lock();
-        g.cntlid = b.cntlid;
-        ctrl.failover_hold_ns.store(hold_ns(&ctrl.opts, &b.id), Ordering::Relaxed);
-        g.id = b.id;
-        g.namespaces = b.namespaces;
-        g.reconnects += 1;
-        let mut to_send = Vec::new();
-        for (i, conn) in b.io.into_iter().enumerate() {
-            let slot = &mut g.slots[i];
-            match &slot.owner {
-                Some(o) => to_send.push((o.clone(), u16::try_from(i).unwrap_or(0), conn)),
-                None => slot.parked = Some(conn),
-            }
-        }
-        drop(g);
         ctrl.io_failed.store(false, Ordering::Release);
-        if ctrl.transition(CtrlState::Live).is_err() {
-            // The new connections are dropped with `to_send` and `b.admin`.
-            return Step::Break(());
+        ctrl.step(|m, now| m.on_connected(now, Ok(())));
+        if !ctrl.is_live() {
+            // Refused (logged): the new connections are dropped here.
+            return;
+        }
+        let generation = ctrl.generation();
+        let mut to_send = Vec::new();
+        {
+            let mut g = ctrl.lock();
+            for (i, conn) in b.io.into_iter().enumerate() {
+                let slot = &mut g.slots[i];
+                match &slot.owner {
+                    Some(o) => to_send.push((o.clone(), u16::try_from(i).unwrap_or(0), conn)),
+                    None => slot.parked = Some(conn),
+                }
+            }
         }
         ctrl.change_count.fetch_add(1, Ordering::AcqRel);
         for (owner, index, (stream, queue)) in to_send {
             let _ = owner.send(QueueMsg::Queue { ctrl: Arc::clone(ctrl), index, generation, stream, queue });
         }
-        self.admin = Some(b.admin);
-        self.aer = self.admin.as_mut().and_then(submit_aer);
-        self.ka.last = Instant::now();
+        (self.admin, self.ka, self.aer) = (Some(b.admin), None, None);
         tracing::info!(traddr = %ctrl.opts.traddr, "controller reconnected");
-        Step::Continue(())
+    }
+
+    /// Sleeps until the next attempt (`wait`), or until a request comes: a delete goes to
+    /// the machine, other requests are refused (their callers see the controller is not
+    /// live).
+    fn wait_for_retry(&mut self, weak: &std::sync::Weak<Controller>, rx: &Receiver<AdminReq>, wait: Duration) -> Step {
+        match rx.recv_timeout(wait) {
+            Ok(AdminReq::Delete { reply }) => {
+                self.delete_reply = Some(reply);
+                if let Some(c) = weak.upgrade() {
+                    c.step(|m, _| m.delete());
+                }
+                Step::Continue(())
+            }
+            Ok(_) | Err(RecvTimeoutError::Timeout) => Step::Continue(()),
+            // The controller is gone (every sender dropped): nothing to reconnect for.
+            Err(RecvTimeoutError::Disconnected) => Step::Break(()),
+        }
     }
 }
 
-/// Serves one control request on the live admin queue (`Break` after a delete).
-fn serve_request(ctrl: &Controller, q: &mut SyncQueue, req: AdminReq) -> Step {
+/// Serves one control request on the live admin queue.
+fn serve_request(ctrl: &Controller, q: &mut SyncQueue, req: AdminReq) {
     match req {
         AdminReq::Command { io, reply } => {
             let _ = reply.send(q.execute(io, ADMIN_TIMEOUT));
         }
         AdminReq::Authenticate { deadline, reply } => {
-            let r = if ctrl.opts.concat {
-                // Linux `nvme_ctrl_auth_work` with concatenation: the admin queue, inside
-                // the generated channel, replaces its PSK (REPLACETLSPSK). The new PSK keys
-                // no connection here: the queues are connected, and a reconnect concatenates
-                // again from plaintext (the PSK lives as long as the association).
-                let keys = ctrl.keys();
-                let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
-                crate::auth::authenticate_concat(
-                    q,
-                    keys.as_ref(),
-                    hostnqn,
-                    subnqn,
-                    deadline,
-                    crate::auth::Occasion::Reauthentication,
-                    crate::auth::Concat::ReplaceTlsPsk,
-                )
-                .map(drop)
-            } else if q.queue().was_authenticated() {
-                let keys = ctrl.keys();
-                let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
-                crate::auth::authenticate(
-                    q,
-                    keys.as_ref(),
-                    hostnqn,
-                    subnqn,
-                    deadline,
-                    crate::auth::Occasion::Reauthentication,
-                )
-            } else {
-                // Linux re-authenticates only queues that authenticated at connect.
-                Err(Error::new(
-                    ErrorKind::Invalid,
-                    "the controller did not ask for authentication at connect: nothing to renew",
-                ))
-            };
-            let _ = reply.send(r);
+            let _ = reply.send(authenticate_admin(ctrl, q, deadline));
         }
+        // Taken by the caller.
         AdminReq::Delete { reply } => {
-            let _ = admin::shutdown(q);
-            ctrl.retire();
             let _ = reply.send(());
-            return Step::Break(());
-        }
-    }
-    Step::Continue(())
-}
-
-/// Sleeps `delay` before the next reconnect attempt, or until a delete arrives (other
-/// requests are refused: their callers see the controller is not live).
-fn wait_for_retry(weak: &std::sync::Weak<Controller>, rx: &Receiver<AdminReq>, delay: Duration) -> Step {
-    let until = Instant::now() + delay;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Step::Continue(());
-        }
-        match rx.recv_timeout(left) {
-            Ok(AdminReq::Delete { reply }) => {
-                if let Some(c) = weak.upgrade() {
-                    c.retire();
-                }
-                let _ = reply.send(());
-                return Step::Break(());
-            }
-            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-            // The controller is gone (every sender dropped): nothing to reconnect for.
-            Err(RecvTimeoutError::Disconnected) => return Step::Break(()),
         }
     }
 }
 
-fn handle_event(ctrl: &Controller, q: &mut SyncQueue, ev: AsyncEvent) {
-    tracing::info!(traddr = %ctrl.opts.traddr, ?ev, "asynchronous event");
-    if ev.event_type != aer_type::NOTICE {
-        return;
-    }
-    match ev.info {
-        aer_notice::ANA_CHANGE | aer_notice::NS_ATTR_CHANGED => {
-            if ev.info == aer_notice::NS_ATTR_CHANGED {
-                // Reading the changed list (RAE clear) re-arms the event.
-                let _ = admin::get_log(q, nvme::log::lid::CHANGED_NS, 0, false, 4096, 4096);
-            }
-            let id = ctrl.identify();
-            match scan_namespaces(q, &id) {
-                Ok(ns) => {
-                    ctrl.lock().namespaces = ns;
-                    ctrl.change_count.fetch_add(1, Ordering::AcqRel);
-                }
-                Err(e) => tracing::warn!("rescan after event failed: {e}"),
-            }
-        }
-        _ => {}
+/// Re-authenticates the live admin queue by `deadline`.
+fn authenticate_admin(ctrl: &Controller, q: &mut SyncQueue, deadline: Instant) -> Result<()> {
+    if ctrl.opts.concat {
+        // Linux `nvme_ctrl_auth_work` with concatenation: the admin queue, inside
+        // the generated channel, replaces its PSK (REPLACETLSPSK). The new PSK keys
+        // no connection here: the queues are connected, and a reconnect concatenates
+        // again from plaintext (the PSK lives as long as the association).
+        let keys = ctrl.keys();
+        let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
+        crate::auth::authenticate_concat(
+            q,
+            keys.as_ref(),
+            hostnqn,
+            subnqn,
+            deadline,
+            crate::auth::Occasion::Reauthentication,
+            crate::auth::Concat::ReplaceTlsPsk,
+        )
+        .map(drop)
+    } else if q.queue().was_authenticated() {
+        let keys = ctrl.keys();
+        let (hostnqn, subnqn) = (&ctrl.opts.hostnqn, &ctrl.opts.subnqn);
+        crate::auth::authenticate(q, keys.as_ref(), hostnqn, subnqn, deadline, crate::auth::Occasion::Reauthentication)
+    } else {
+        // Linux re-authenticates only queues that authenticated at connect.
+        Err(Error::new(
+            ErrorKind::Invalid,
+            "the controller did not ask for authentication at connect: nothing to renew",
+        ))
     }
 }
 

@@ -2,15 +2,16 @@
 //! [`CoreController`] view of the simulator's path state, and the [`CoreHead`] of the
 //! multipath head over the two paths.
 //!
-//! The simulator's own stand-in (bring-up, keep-alive, AER/ANA, reset and reconnect, in
-//! `world.rs`) keeps this view current; the host's decisions read it through the traits
-//! the production `Controller` and `Head` implement, so what they see is what a block
-//! core over real controllers would see:
+//! Each holds the production controller machine ([`CtrlMachine`]): its lifecycle,
+//! keep-alive schedule and expiry, AER and ANA re-reads, reset and reconnect timing,
+//! generation and `ctrl_loss_tmo` / `fast_io_fail_tmo` are the production decisions,
+//! stepped by `world.rs` in virtual time over the simulated admin link (the bring-up's
+//! steps are the simulator's own). The host's decisions read this view through the
+//! traits the production `Controller` and `Head` implement:
 //!
 //! ```text
-//!   world.rs path state ── sync ──► SimCtrl (atomics) ──► CoreController ──► decisions
-//!      reconnect        generation += 1            path_class = PathClass::of(ANA, link)
-//!      ANA / size / link change_count += 1         failover_hold = failover::hold_time
+//!   world.rs ── poll / on_* ──► CtrlMachine ── generation, should_fail_io ──► CoreController
+//!      ANA / size / link ── sync ──► SimCtrl (atomics): path_class, geometry, hold
 //!   ◄── take_io_failure, take_ana_refresh ◄── report_io_failure, request_ana_refresh
 //! ```
 //!
@@ -19,10 +20,11 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use host::context::ctrlview::{CoreController, CoreHead};
+use host::controller::{CtrlMachine, MachineConfig};
 use host::head::ReferenceSelector;
 use host::mpath::{LinkState, PathClass, Policy};
 use nvme::{AnaState, Nsid};
@@ -30,15 +32,14 @@ use nvme::{AnaState, Nsid};
 /// The only namespace of the simulated subsystem.
 pub const NSID: Nsid = Nsid(1);
 
-/// The production host's default `ctrl_loss_tmo` (`ConnectOptions`): the simulated
-/// controllers reconnect well within it.
-const CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
-
 /// One path's controller, as its host knows it.
 #[derive(Debug)]
 pub struct SimCtrl {
     traddr: SocketAddr,
-    generation: AtomicU64,
+    /// The production controller machine, stepped by the world.
+    machine: Mutex<CtrlMachine>,
+    /// The world's virtual time, ns (what `should_fail_io` compares with).
+    clock: Arc<AtomicU64>,
     change_count: AtomicU64,
     /// The ANA state of the namespace's group as last read (`AnaState as u8`).
     ana: AtomicU8,
@@ -57,13 +58,15 @@ pub struct SimCtrl {
 }
 
 impl SimCtrl {
-    /// A controller not connected yet, at `traddr`, its namespace assumed to have
-    /// `nsze` blocks of `1 << block_shift` bytes until it is identified.
-    /// Without `quiesce` its failover hold is zero (the bug the hold fixes, on purpose).
-    pub fn new(traddr: SocketAddr, block_shift: u8, nsze: u64, quiesce: bool) -> Arc<SimCtrl> {
+    /// A controller not connected yet, following `cfg` in the time of `clock`, its
+    /// namespace assumed to have `nsze` blocks of `1 << block_shift` bytes until it is
+    /// identified. Without `quiesce` its failover hold is zero (the bug the hold fixes,
+    /// on purpose).
+    pub fn new(cfg: MachineConfig, clock: Arc<AtomicU64>, block_shift: u8, nsze: u64, quiesce: bool) -> Arc<SimCtrl> {
         Arc::new(SimCtrl {
-            traddr,
-            generation: AtomicU64::new(0),
+            traddr: cfg.traddr,
+            machine: Mutex::new(CtrlMachine::new(cfg)),
+            clock,
             change_count: AtomicU64::new(1),
             ana: AtomicU8::new(AnaState::Change as u8),
             live: AtomicBool::new(false),
@@ -81,10 +84,25 @@ impl SimCtrl {
         self.change_count.fetch_add(1, Relaxed);
     }
 
-    /// A reconnect started: queues of the older connection are dead.
-    pub fn reconnected(&self) {
-        self.generation.fetch_add(1, Relaxed);
-        self.changed();
+    /// The controller machine (the world steps it; nothing else holds it across a call).
+    pub fn machine(&self) -> MutexGuard<'_, CtrlMachine> {
+        self.machine.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next action of the machine at the world's time now, if any.
+    pub fn poll(&self) -> Option<host::controller::Action> {
+        let now = self.clock.load(Relaxed);
+        let before = self.generation();
+        let before = (before, self.machine().state());
+        let a = self.machine().poll(now);
+        let generation = self.generation();
+        let after = (generation, self.machine().state());
+        if after != before {
+            // A new association (queues of the older one are stale), or the controller
+            // given up: the core re-reads its paths.
+            self.changed();
+        }
+        a
     }
 
     /// The controller came up as `cntlid`, with failover hold `hold`
@@ -130,7 +148,7 @@ impl CoreController for SimCtrl {
     type Head = SimHead;
 
     fn generation(&self) -> u64 {
-        self.generation.load(Relaxed)
+        self.machine().generation()
     }
 
     fn change_count(&self) -> u64 {
@@ -141,10 +159,9 @@ impl CoreController for SimCtrl {
         self.live.load(Relaxed)
     }
 
-    /// Never: a simulated controller reconnects forever (no fast_io_fail_tmo, and the
-    /// drain ends long before `ctrl_loss_tmo`), so waiting I/O waits for it.
+    /// The machine's answer at the world's time now.
     fn should_fail_io(&self) -> bool {
-        false
+        self.machine().should_fail_io(self.clock.load(Relaxed))
     }
 
     fn failover_hold(&self) -> Duration {
@@ -155,7 +172,7 @@ impl CoreController for SimCtrl {
     }
 
     fn ctrl_loss_tmo(&self) -> Option<Duration> {
-        Some(CTRL_LOSS_TMO)
+        self.machine().config().ctrl_loss_tmo
     }
 
     fn report_io_failure(&self, why: &str) {
@@ -173,7 +190,14 @@ impl CoreController for SimCtrl {
         if nsid != NSID {
             return PathClass::Gone;
         }
-        let link = if self.is_live() { LinkState::Live } else { LinkState::Reconnecting };
+        // As the production head's `class_of`: the machine's state and fail-fast, except
+        // that a live controller whose I/O queue is down is reconnecting it.
+        let state = self.machine().state();
+        let fail_fast = self.should_fail_io();
+        let link = match LinkState::of(state, fail_fast) {
+            LinkState::Live if !self.is_live() => LinkState::Reconnecting,
+            l => l,
+        };
         PathClass::of(self.ana(), link)
     }
 
@@ -230,13 +254,23 @@ mod tests {
     use super::*;
 
     fn ctrl() -> Arc<SimCtrl> {
-        SimCtrl::new(SocketAddr::from(([127, 0, 0, 1], 4420)), 9, 128, true)
+        let cfg = MachineConfig {
+            traddr: SocketAddr::from(([127, 0, 0, 1], 4420)),
+            kato: Duration::from_millis(1500),
+            reconnect_delay: Duration::from_millis(20),
+            ctrl_loss_tmo: Some(Duration::from_secs(3)),
+            fast_io_fail_tmo: None,
+            aer: false,
+        };
+        SimCtrl::new(cfg, Arc::new(AtomicU64::new(0)), 9, 128, true)
     }
 
     #[test]
     fn the_class_follows_the_ana_state_read_and_the_link_and_every_change_moves_the_count() {
         let c = ctrl();
         assert_eq!(c.path_class(NSID), PathClass::Transient, "not connected yet");
+        assert_eq!(c.poll(), Some(host::controller::Action::Connect));
+        c.machine().on_connected(0, Ok(()));
         let n0 = c.change_count();
         c.set_state(AnaState::Optimized, true);
         assert_eq!(c.path_class(NSID), PathClass::Optimized);
@@ -256,9 +290,12 @@ mod tests {
         assert_eq!(c.namespace_geometry(NSID), Some((9, 64)));
         assert!(c.change_count() > n2, "a resize moves the count");
         let (g, n3) = (c.generation(), c.change_count());
-        c.reconnected();
-        assert_eq!(c.generation(), g + 1);
-        assert!(c.change_count() > n3);
+        c.machine().on_lost(1, "link down");
+        assert_eq!(c.poll(), Some(host::controller::Action::TearDown));
+        assert_eq!(c.generation(), g + 1, "the machine's generation");
+        assert!(c.change_count() > n3, "a new association moves the count");
+        c.set_state(AnaState::Optimized, true);
+        assert_eq!(c.path_class(NSID), PathClass::Transient, "the controller is reconnecting");
     }
 
     #[test]
@@ -285,5 +322,20 @@ mod tests {
         a.enabled(3, Duration::from_millis(750));
         assert_eq!((a.cntlid(), a.failover_hold()), (3, Duration::from_millis(750)));
         assert!(!a.should_fail_io());
+    }
+
+    #[test]
+    fn io_fails_once_the_machine_gives_the_controller_up_in_virtual_time() {
+        let c = ctrl();
+        assert_eq!(c.poll(), Some(host::controller::Action::Connect));
+        c.machine().on_connected(0, Err("refused".into()));
+        assert!(!c.should_fail_io());
+        c.clock.store(3_000_000_000, Relaxed);
+        assert_eq!(c.ctrl_loss_tmo(), Some(Duration::from_secs(3)));
+        let n = c.change_count();
+        assert_eq!(c.poll(), Some(host::controller::Action::Lost));
+        assert!(c.should_fail_io(), "dead: waiting I/O fails");
+        assert!(c.change_count() > n, "the core re-reads its paths");
+        assert_eq!(c.path_class(NSID), PathClass::Gone);
     }
 }

@@ -10,8 +10,9 @@
 //!        ▼                     │
 //!   host::context::blockcore::BlockCore: request slots, Selector over   (real)
 //!        │  PathClass::of, tags, failover/requeue/hold, I/O timeout at its tick
-//!        ├─ ctrl::SimCtrl per path (CoreController), SimHead (CoreHead): bring-up,
-//!        │  keep-alive, ANA log and AER, reset → reconnect   (simulator stand-in)
+//!        ├─ ctrl::SimCtrl per path (CoreController) over host::controller::CtrlMachine:
+//!        │  keep-alive, AER, ANA re-reads, reset → reconnect, ctrl-loss      (real)
+//!        │  its bring-up steps, SimHead (CoreHead)                       (simulated)
 //!        ├─ host::queue::HostQueue × (admin + I/O) per path               (real)
 //!        ▼
 //!   net::Link: in-order byte pipes, any split, delays, stalls, resets   (simulated)
@@ -29,9 +30,9 @@
 //! ([`Report::trace_hash`]).
 //!
 //! The host's block core is the production one (`Context` runs the same around its
-//! ring). Not reached yet: the production `Controller` (admin thread, sockets, `Instant`),
-//! whose bring-up, keep-alive, ANA/AER handling and reconnect the simulator's stand-in
-//! does; it needs a sans-I/O state machine first.
+//! ring), and so is each controller's admin life, the machine the production admin
+//! thread drives; the bring-up it asks for is the simulator's own (the production one is
+//! a blocking function over sockets).
 //!
 //! ```
 //! let opts = qpath_sim::Options {

@@ -98,6 +98,18 @@ const TOKEN_ID_NS: u64 = 7;
 /// Keep Alive Timeout the admin Connect asks for; the host sends a Keep Alive every half
 /// of it (as Linux does), and the target tears the controller down when it passes.
 const KATO_MS: u32 = 1500;
+/// The controllers' `reconnect_delay`: between failed connect attempts (the first after a
+/// reset goes at once, as the production admin thread's).
+const RECONNECT_DELAY: Duration = Duration::from_millis(20);
+/// The controllers' `ctrl_loss_tmo`: the production default.
+const CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
+/// In the seeds with port outages, a `ctrl_loss_tmo` some outages outlast.
+const OUTAGE_CTRL_LOSS_TMO: Duration = Duration::from_secs(3);
+/// A port outage lasts this long at most (ns).
+const OUTAGE_MAX_NS: u64 = 6_000_000_000;
+/// Slack of the checks on the controller machine's deadlines: the scheduler may run
+/// other ready actions before a due one.
+const DEADLINE_SLACK_NS: u64 = 100_000_000;
 
 /// How a run is made.
 #[derive(Clone, Copy, Debug)]
@@ -238,8 +250,8 @@ struct Req {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    /// No controller; reconnect at this time.
-    Down { until_ns: u64 },
+    /// No association; the controller machine says when to connect.
+    Down,
     /// Admin queue handshake (ICReq, Connect).
     Connecting,
     /// CC.EN set, waiting for its completion.
@@ -275,11 +287,8 @@ struct Path {
     /// When the ANA log read in flight was sent.
     ana_read_ns: Option<u64>,
     next_ana_poll_ns: u64,
-    /// When the Keep Alive in flight was sent.
-    ka_sent_ns: Option<u64>,
-    next_ka_ns: u64,
-    /// Its controller as the host's I/O side sees it (generation, change count, class,
-    /// geometry, failover hold), kept current by this stand-in.
+    /// Its controller: the production controller machine, and the host's I/O side's view
+    /// (generation, change count, class, geometry, failover hold).
     ctrl: Arc<SimCtrl>,
     /// When the Identify Namespace in flight was sent, and whether an event asked for
     /// another read meanwhile.
@@ -289,6 +298,8 @@ struct Path {
     /// Attribute Changed notice enabled on the target: it owes this host an event, or
     /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
     event_owed: Option<u64>,
+    /// Since when the admin link has carried nothing toward the host (a stall).
+    silent_since: Option<u64>,
 }
 
 struct TConn {
@@ -333,9 +344,9 @@ enum Action {
     Timers(usize),
     Tick(usize),
     Submit,
-    Reconnect(usize),
+    /// A path's controller machine has a deadline due.
+    Ctrl(usize),
     AnaPoll(usize),
-    KeepAlive(usize),
     BitFlip,
     Restart,
     Fault,
@@ -380,6 +391,16 @@ pub struct World {
     /// Namespace resizes: their own stream, on in about half the seeds.
     ns_rng: Rng,
     resizes: bool,
+    /// Port outages (a port goes silent: every link through it stalls both ways and new
+    /// connections hang): their own stream, in about a quarter of the seeds, which also
+    /// get a `ctrl_loss_tmo` some outages outlast.
+    outage_rng: Rng,
+    outages: bool,
+    ctrl_loss_tmo: Duration,
+    /// Until when each port is silent (ns).
+    port_silent_until: [u64; 2],
+    /// Since when no path's controller has been live (ns).
+    no_path_since: Option<u64>,
     /// In-band authentication: on in a share of seeds (its own stream).
     auth: Option<SimAuth>,
     /// The namespace's size on the target, blocks (an operator's setting: kept across a
@@ -438,14 +459,27 @@ impl World {
         let reservations = resv_rng.chance(500_000);
         let mut ns_rng = Rng::new(opts.seed ^ 0x2e51_2e21);
         let resizes = ns_rng.chance(500_000);
+        let mut outage_rng = Rng::new(opts.seed ^ 0x0c71_1055);
+        let outages = outage_rng.chance(250_000);
+        let ctrl_loss_tmo = if outages { OUTAGE_CTRL_LOSS_TMO } else { CTRL_LOSS_TMO };
         // The host: one controller view per path, a multipath head over them, and the
         // production block core with a queue of each and the head's device. Its clock is
         // `base` plus the virtual time: only differences of it are ever read.
         let base = Instant::now();
+        let clock = Arc::new(AtomicU64::new(0));
         let ctrls: Vec<Arc<SimCtrl>> = (0..PORTS.len())
             .map(|i| {
-                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16));
-                SimCtrl::new(addr, BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64, opts.failover_quiesce)
+                let cfg = host::controller::MachineConfig {
+                    traddr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16)),
+                    kato: Duration::from_millis(u64::from(KATO_MS)),
+                    reconnect_delay: RECONNECT_DELAY,
+                    ctrl_loss_tmo: Some(ctrl_loss_tmo),
+                    fast_io_fail_tmo: None,
+                    // The event request is kept only where the namespace changes.
+                    aer: resizes,
+                };
+                let (shift, nsze) = (BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64);
+                SimCtrl::new(cfg, Arc::clone(&clock), shift, nsze, opts.failover_quiesce)
             })
             .collect();
         let head = SimHead::new(policy, &ctrls);
@@ -467,7 +501,7 @@ impl World {
             rng,
             net_rng,
             now: 0,
-            clock: Arc::new(AtomicU64::new(0)),
+            clock,
             links: Vec::new(),
             target: Target {
                 state: None,
@@ -492,6 +526,11 @@ impl World {
             resv_epoch: 0,
             ns_rng,
             resizes,
+            outage_rng,
+            outages,
+            ctrl_loss_tmo,
+            port_silent_until: [0; 2],
+            no_path_since: Some(0),
             auth: SimAuth::draw(opts.seed, opts.steps),
             ns_blocks: NS_BLOCKS,
             host_blocks: NS_BLOCKS,
@@ -513,6 +552,9 @@ impl World {
             line: String::new(),
         };
         w.event(format_args!("seed {} policy {policy:?} {digests:?} ios {to_issue}", opts.seed));
+        if outages {
+            w.event(format_args!("ports may go silent; ctrl_loss_tmo {} ms", ctrl_loss_tmo.as_millis()));
+        }
         if let Some(a) = &w.auth {
             let what = a.describe();
             w.event(format_args!("the subsystem requires DH-HMAC-CHAP of the host: {what}"));
@@ -521,7 +563,7 @@ impl World {
         for (port, ctrl) in PORTS.iter().zip(ctrls) {
             w.paths.push(Path {
                 port: *port,
-                phase: Phase::Down { until_ns: 0 },
+                phase: Phase::Down,
                 phase_since_ns: 0,
                 admin: None,
                 io: None,
@@ -530,12 +572,11 @@ impl World {
                 ana: AnaState::Change,
                 ana_read_ns: None,
                 next_ana_poll_ns: 0,
-                ka_sent_ns: None,
-                next_ka_ns: 0,
                 ctrl,
                 id_ns_ns: None,
                 id_ns_again: false,
                 event_owed: None,
+                silent_since: None,
             });
         }
         w
@@ -787,6 +828,12 @@ impl World {
             return;
         };
         let p = state.port(port).expect("the simulated port");
+        // A silent port: the connection's packets go nowhere until the outage ends.
+        let silent = self.port_silent_until[PORTS.iter().position(|&q| q == port).unwrap_or(0)];
+        if silent > self.now {
+            self.links[link].to_target.stalled_until_ns = silent;
+            self.links[link].to_host.stalled_until_ns = silent;
+        }
         let id = self.target.next_conn_id;
         self.target.next_conn_id += 1;
         let conn = Connection::new(state, p, None, 0);
@@ -830,23 +877,87 @@ impl World {
         path.phase = Phase::Connecting;
         path.phase_since_ns = self.now;
         path.ana = AnaState::Change;
-        path.ctrl.reconnected();
         self.event(format_args!("path {p} reconnect (link {link})"));
     }
 
-    /// The path's controller is reset: its queues fail (their I/O is requeued or failed),
-    /// its connections close, and it reconnects a little later.
+    /// The path's association failed: a live controller's machine resets it (its
+    /// queues fail, their I/O is requeued or failed, its connections close, and it
+    /// reconnects); a bring-up under way ends and the machine tries again later.
     fn fail_path(&mut self, p: usize, why: &str) {
-        if matches!(self.paths[p].phase, Phase::Down { .. }) {
+        if self.paths[p].phase == Phase::Down {
             return;
         }
         self.sum.path_resets += 1;
-        let delay = self.rng.range(1_000_000, 40_000_000);
-        self.event(format_args!("path {p} reset: {why}; reconnect in {delay}"));
+        self.event(format_args!("path {p} reset: {why}"));
+        let now = self.now;
+        let ctrl = Arc::clone(&self.paths[p].ctrl);
+        if ctrl.machine().is_live() {
+            ctrl.machine().on_lost(now, why);
+            self.ctrl_step(p);
+        } else {
+            self.tear_down(p, why);
+            ctrl.machine().on_connected(now, Err(why.to_string()));
+        }
+    }
+
+    /// Steps path `p`'s controller machine: does every action it hands out now.
+    fn ctrl_step(&mut self, p: usize) {
+        let ctrl = Arc::clone(&self.paths[p].ctrl);
+        while let Some(a) = ctrl.poll() {
+            match a {
+                host::controller::Action::Connect => self.reconnect(p),
+                host::controller::Action::TearDown => {
+                    let why = ctrl.machine().last_error().unwrap_or("reset").to_string();
+                    self.tear_down(p, &why);
+                }
+                host::controller::Action::Send(cmd) => self.admin_send(p, cmd),
+                host::controller::Action::Delete { .. } | host::controller::Action::Lost => {
+                    self.event(format_args!("path {p} controller given up ({a:?})"));
+                    self.tear_down(p, "controller given up");
+                }
+            }
+        }
+    }
+
+    /// Sends an admin command path `p`'s controller machine asked for.
+    fn admin_send(&mut self, p: usize, cmd: host::controller::AdminCmd) {
+        use host::controller::AdminCmd;
+        let sent = match cmd {
+            AdminCmd::KeepAlive => {
+                let io = Io { sqe: Sqe::keep_alive(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_KA };
+                self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(2, io).is_ok())
+            }
+            AdminCmd::AsyncEventRequest => self.arm_event(p),
+            AdminCmd::AnaLog => self.read_ana(p),
+            AdminCmd::Rescan => {
+                // As the production driver: the Changed Namespace List (which re-arms the
+                // event), then the namespace again.
+                let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
+                let io = Io {
+                    sqe,
+                    buf: Some(IoBuf::new(4096)),
+                    len: 4096,
+                    dir: DataDir::FromController,
+                    token: TOKEN_CHANGED_NS,
+                };
+                let sent = self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(6, io).is_ok());
+                if sent {
+                    self.read_namespace(p);
+                }
+                sent
+            }
+        };
+        if !sent {
+            self.paths[p].ctrl.machine().on_admin_done(cmd, false);
+        }
+    }
+
+    /// Drops path `p`'s association: its queues fail (their I/O is requeued or failed)
+    /// and its connections close.
+    fn tear_down(&mut self, p: usize, why: &str) {
         let path = &mut self.paths[p];
-        path.phase = Phase::Down { until_ns: self.now + delay };
+        path.phase = Phase::Down;
         path.ana_read_ns = None;
-        path.ka_sent_ns = None;
         path.id_ns_ns = None;
         path.id_ns_again = false;
         // A new controller reads the namespace at its bring-up.
@@ -945,8 +1056,9 @@ impl World {
         if self.paths[p].ctrl.take_ana_refresh() {
             self.paths[p].ana = AnaState::Change;
             self.view_changed(p);
-            self.read_ana(p);
+            self.paths[p].ctrl.machine().request_ana_refresh();
         }
+        self.ctrl_step(p);
     }
 
     /// The production host's failover hold for the target controller `cntlid`, from
@@ -967,20 +1079,20 @@ impl World {
         })
     }
 
-    fn read_ana(&mut self, p: usize) {
+    /// Whether the ANA log read went out.
+    fn read_ana(&mut self, p: usize) -> bool {
         let len = nvme::log::AnaLog::size(1, 4).next_multiple_of(4);
         let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::ANA, 0, false, len as u32, 0);
         let io =
             Io { sqe, buf: Some(IoBuf::new(4096)), len: len as u32, dir: DataDir::FromController, token: TOKEN_ANA };
         let path = &mut self.paths[p];
-        if path.ana_read_ns.is_some() {
-            return;
-        }
         if let Some(c) = &mut path.admin
             && c.q.submit(1, io).is_ok()
         {
             path.ana_read_ns = Some(self.now);
+            return true;
         }
+        false
     }
 
     fn admin_done(&mut self, p: usize, d: Done) {
@@ -1002,8 +1114,10 @@ impl World {
                 }
             }
             TOKEN_CC => self.fail_path(p, "enabling the controller failed"),
-            TOKEN_KA if d.cqe.status.is_success() => self.paths[p].ka_sent_ns = None,
-            TOKEN_KA => self.fail_path(p, "keep-alive failed"),
+            TOKEN_KA => {
+                let ok = d.cqe.status.is_success();
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::KeepAlive, ok);
+            }
             TOKEN_ANA => {
                 self.paths[p].ana_read_ns = None;
                 let state = d
@@ -1012,6 +1126,8 @@ impl World {
                     .filter(|_| d.cqe.status.is_success())
                     .and_then(|b| nvme::log::AnaLog::decode(b.as_full()).ok())
                     .and_then(|log| log.groups.iter().find(|g| g.grpid == ANA_GROUP).map(|g| g.state));
+                let ok = state.is_some();
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::AnaLog, ok);
                 match state {
                     Some(s) => {
                         if s != self.paths[p].ana {
@@ -1021,7 +1137,7 @@ impl World {
                         self.view_changed(p);
                         self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
                     }
-                    None => self.fail_path(p, "the ANA log could not be read"),
+                    None => self.event(format_args!("path {p}: the ANA log could not be read")),
                 }
             }
             TOKEN_AEC if d.cqe.status.is_success() => {}
@@ -1031,28 +1147,16 @@ impl World {
                 self.event(format_args!("path {p} event {ev:?}"));
                 if ev == nvme::features::AsyncEvent::NS_CHANGED {
                     self.paths[p].event_owed = None;
-                    // As the production host's `handle_event`: read the Changed Namespace
-                    // List (which re-arms the event), then the namespace again.
-                    let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
-                    let io = Io {
-                        sqe,
-                        buf: Some(IoBuf::new(4096)),
-                        len: 4096,
-                        dir: DataDir::FromController,
-                        token: TOKEN_CHANGED_NS,
-                    };
-                    if let Some(c) = self.paths[p].admin.as_mut()
-                        && let Err((e, _)) = c.q.submit(6, io)
-                    {
-                        self.violate(format!("path {p}: the Changed Namespace List read could not be sent: {e}"));
-                        return;
-                    }
-                    self.read_namespace(p);
                 }
-                self.arm_event(p);
+                // The machine re-arms the request and rescans on a namespace notice.
+                self.paths[p].ctrl.machine().on_event(ev);
             }
-            TOKEN_AER => self.fail_path(p, "the asynchronous event request failed"),
+            TOKEN_AER => {
+                let aer = host::controller::AdminCmd::AsyncEventRequest;
+                self.paths[p].ctrl.machine().on_admin_done(aer, false);
+            }
             TOKEN_CHANGED_NS if d.cqe.status.is_success() => {
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::Rescan, true);
                 let list = d.buf.as_ref().and_then(|b| nvme::log::decode_changed_ns_list(b.as_full()));
                 let list: Vec<u32> = list.unwrap_or_default().iter().map(|n| n.0).collect();
                 self.event(format_args!("path {p} changed namespaces {list:?}"));
@@ -1062,7 +1166,10 @@ impl World {
                     self.paths[p].event_owed = None;
                 }
             }
-            TOKEN_CHANGED_NS => self.fail_path(p, "the Changed Namespace List could not be read"),
+            TOKEN_CHANGED_NS => {
+                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::Rescan, false);
+                self.fail_path(p, "the Changed Namespace List could not be read");
+            }
             TOKEN_ID_NS => {
                 self.paths[p].id_ns_ns = None;
                 let id = d
@@ -1099,7 +1206,7 @@ impl World {
     /// In seeds that resize the namespace, a new controller's admin queue does what the
     /// production host's bring-up and admin loop do: enables the Namespace Attribute
     /// Changed notice, then reads the namespace (so a change after that read comes as an
-    /// event), and keeps one Asynchronous Event Request outstanding.
+    /// event); the controller machine keeps one Asynchronous Event Request outstanding.
     fn watch_namespace(&mut self, p: usize) {
         let aec = nvme::identify::oaes::NS_ATTR;
         let sqe = Sqe::set_features(Cid(0), nvme::features::fid::ASYNC_EVENT, aec);
@@ -1108,14 +1215,12 @@ impl World {
             let _ = c.q.submit(3, io);
         }
         self.read_namespace(p);
-        self.arm_event(p);
     }
 
-    fn arm_event(&mut self, p: usize) {
+    /// Whether the event request went out.
+    fn arm_event(&mut self, p: usize) -> bool {
         let io = Io { sqe: Sqe::async_event_request(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_AER };
-        if let Some(c) = self.paths[p].admin.as_mut() {
-            let _ = c.q.submit(5, io);
-        }
+        self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(5, io).is_ok())
     }
 
     /// Identify Namespace; if one is in flight, another after it.
@@ -1530,15 +1635,11 @@ impl World {
             out.push(Action::Submit);
         }
         for (p, path) in self.paths.iter().enumerate() {
-            match path.phase {
-                Phase::Down { until_ns } if until_ns <= self.now => out.push(Action::Reconnect(p)),
-                Phase::Live if !path.ana.is_accessible() && path.next_ana_poll_ns <= self.now => {
-                    out.push(Action::AnaPoll(p));
-                }
-                _ => {}
+            if path.phase == Phase::Live && !path.ana.is_accessible() && path.next_ana_poll_ns <= self.now {
+                out.push(Action::AnaPoll(p));
             }
-            if path.phase == Phase::Live && path.ka_sent_ns.is_none() && path.next_ka_ns <= self.now {
-                out.push(Action::KeepAlive(p));
+            if path.ctrl.machine().next_deadline().is_some_and(|t| t <= self.now) {
+                out.push(Action::Ctrl(p));
             }
         }
         if self.target.restart_at_ns.is_some_and(|t| t <= self.now) {
@@ -1569,12 +1670,10 @@ impl World {
         let links = self.links.iter().filter(|l| !l.down).flat_map(|l| [l.to_target.next_due(), l.to_host.next_due()]);
         let conns = self.target.conns.iter().flat_map(|t| [t.conn.next_timer(), Some(t.next_tick_ns)]);
         let paths = self.paths.iter().map(|p| match p.phase {
-            Phase::Down { until_ns } => Some(until_ns),
             Phase::Live if !p.ana.is_accessible() => Some(p.next_ana_poll_ns),
             _ => None,
         });
-        let ka =
-            self.paths.iter().filter(|p| p.phase == Phase::Live && p.ka_sent_ns.is_none()).map(|p| Some(p.next_ka_ns));
+        let ka = self.paths.iter().map(|p| p.ctrl.machine().next_deadline());
         links
             .chain(conns)
             .chain(paths)
@@ -1629,20 +1728,13 @@ impl World {
                     self.to_issue -= 1;
                 }
             }
-            Action::Reconnect(p) => self.reconnect(p),
+            Action::Ctrl(p) => self.ctrl_step(p),
             Action::AnaPoll(p) => {
+                // The simulator's own: a path whose namespace is not accessible re-reads
+                // the ANA log (its target sends no ANA change notice).
                 self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
-                self.read_ana(p);
-            }
-            Action::KeepAlive(p) => {
-                let path = &mut self.paths[p];
-                path.next_ka_ns = self.now + u64::from(KATO_MS) * 1_000_000 / 2;
-                let io = Io { sqe: Sqe::keep_alive(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_KA };
-                if let Some(c) = path.admin.as_mut()
-                    && c.q.submit(2, io).is_ok()
-                {
-                    path.ka_sent_ns = Some(self.now);
-                }
+                self.paths[p].ctrl.machine().request_ana_refresh();
+                self.ctrl_step(p);
             }
             Action::Restart => {
                 self.event(format_args!("target restart"));
@@ -1741,6 +1833,77 @@ impl World {
         if self.resizes && self.ns_rng.chance(100_000) {
             self.resize_namespace();
         }
+        if self.outages && self.outage_rng.chance(50_000) {
+            self.port_outage();
+        }
+    }
+
+    /// A port goes silent for a while: every link of the path through it stalls both
+    /// ways (so the host's resets are lost too), and new connections hang until it ends.
+    fn port_outage(&mut self) {
+        let i = self.outage_rng.index(PORTS.len());
+        let until = self.now + self.outage_rng.range(500_000_000, OUTAGE_MAX_NS);
+        self.port_silent_until[i] = self.port_silent_until[i].max(until);
+        self.event(format_args!("fault: port {} silent until {until}", PORTS[i]));
+        let path = &self.paths[i];
+        let links: Vec<usize> = [path.admin.as_ref(), path.io.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|c| c.link)
+            .chain(path.io_conn.map(|(_, l)| l))
+            .collect();
+        for l in links {
+            let link = &mut self.links[l];
+            link.to_target.stalled_until_ns = link.to_target.stalled_until_ns.max(until);
+            link.to_host.stalled_until_ns = link.to_host.stalled_until_ns.max(until);
+        }
+    }
+
+    /// The controller machine's deadlines, checked from outside: a live path whose
+    /// controller has answered nothing for more than one and a half KATO (a keep-alive
+    /// goes at half of it and expires a KATO later) has been reset; while no path is
+    /// live, no I/O waits past `ctrl_loss_tmo` (plus a bring-up's timeout, which ends an
+    /// attempt under way, and a tick of the block core).
+    fn check_ctrl_deadlines(&mut self) {
+        if self.paths.iter().any(|p| p.ctrl.machine().is_live()) {
+            self.no_path_since = None;
+        } else if self.no_path_since.is_none() {
+            self.no_path_since = Some(self.now);
+        }
+        if let Some(t) = self.no_path_since {
+            let bound = t + self.ctrl_loss_tmo.as_nanos() as u64 + IO_TIMEOUT_NS + 2 * CORE_TICK_NS + DEADLINE_SLACK_NS;
+            if self.now > bound
+                && let Some(ri) = self.reqs.iter().position(|r| r.state != RState::Done)
+            {
+                self.violate(format!(
+                    "I/O {ri} still waits {} ms after every path became unusable (ctrl_loss_tmo {} ms)",
+                    (self.now - t) / 1_000_000,
+                    self.ctrl_loss_tmo.as_millis()
+                ));
+                return;
+            }
+        }
+        let kato_ns = u64::from(KATO_MS) * 1_000_000;
+        for p in 0..self.paths.len() {
+            let path = &mut self.paths[p];
+            let silent = path.admin.as_ref().map(|c| self.links[c.link].to_host.stalled_until_ns > self.now);
+            path.silent_since = match (silent, path.silent_since) {
+                (Some(true), Some(t)) => Some(t),
+                (Some(true), None) => Some(self.now),
+                _ => None,
+            };
+            if path.phase == Phase::Live
+                && let Some(t) = path.silent_since
+                && self.now - t > kato_ns * 3 / 2 + DEADLINE_SLACK_NS
+            {
+                self.violate(format!(
+                    "path {p}: its controller has answered nothing for {} ms and the host still has it live \
+                     (KATO {KATO_MS} ms)",
+                    (self.now - t) / 1_000_000
+                ));
+                return;
+            }
+        }
     }
 
     /// After every action: each end sends what it queued, notices closed connections,
@@ -1756,6 +1919,7 @@ impl World {
             self.take_ctrl_reports(p);
         }
         self.take_completions();
+        self.check_ctrl_deadlines();
         // What the core queued goes out now.
         for p in 0..self.paths.len() {
             self.flush_path(p);
@@ -1837,7 +2001,7 @@ impl World {
             }
         }
         let path = &self.paths[p];
-        if matches!(path.phase, Phase::Down { .. }) {
+        if path.phase == Phase::Down {
             return;
         }
         let lost = [path.admin.as_ref(), path.io.as_ref()].into_iter().flatten().any(|c| self.link_lost(c.link));
@@ -1852,18 +2016,20 @@ impl World {
             return;
         }
         let path = &self.paths[p];
-        // The admin commands' timeout (the I/O's is the block core's, at its tick).
-        let oldest = path.ana_read_ns.into_iter().chain(path.ka_sent_ns).chain(path.id_ns_ns).min();
+        // The admin reads' timeout (the I/O's is the block core's, at its tick; the keep-alive's
+        // is the controller machine's, KATO).
+        let oldest = path.ana_read_ns.into_iter().chain(path.id_ns_ns).min();
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
         if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
             path.ctrl.report_io_failure("command timeout");
             self.take_ctrl_reports(p);
             return;
         }
-        // An admin queue that works (a stalled one fails its keep-alive within the I/O
-        // timeout) carries the event well within twice that.
+        // An admin queue that works (a stalled one fails its keep-alive within one and a
+        // half KATO: sent at half of it, expired a KATO later) carries the event well
+        // within that and an I/O timeout.
         if let Some(t) = path.event_owed
-            && self.now - t > 2 * IO_TIMEOUT_NS
+            && self.now - t > u64::from(KATO_MS) * 1_500_000 + IO_TIMEOUT_NS
         {
             self.violate(format!(
                 "path {p}: the namespace changed while its controller had the namespace-changed notice enabled, \
@@ -1900,8 +2066,12 @@ impl World {
                 self.paths[p].io_conn = Some((ckey, c.link));
                 self.paths[p].io_auth = c.auth;
                 self.event(format_args!("path {p} live"));
+                let ctrl = Arc::clone(&self.paths[p].ctrl);
+                ctrl.machine().on_connected(self.now, Ok(()));
+                // The bring-up's ANA read, then what the machine asks (the event request).
+                ctrl.machine().request_ana_refresh();
                 self.view_changed(p);
-                self.read_ana(p);
+                self.ctrl_step(p);
                 self.flush_path(p);
             }
             _ => {}
@@ -1937,6 +2107,7 @@ impl World {
             l.to_target.stalled_until_ns = 0;
             l.to_host.stalled_until_ns = 0;
         }
+        self.port_silent_until = [0; 2];
         if let Some(state) = &self.target.state {
             for port in PORTS {
                 let _ = state.set_ana_state(port, ANA_GROUP, AnaState::Optimized);
@@ -1991,7 +2162,11 @@ impl World {
     fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
         while !(self.idle()
             && self.paths.iter().all(|p| {
-                p.phase == Phase::Live && p.ana_read_ns.is_none() && p.id_ns_ns.is_none() && p.event_owed.is_none()
+                // A controller given up (ctrl_loss_tmo) stays down: it is settled too.
+                (p.phase == Phase::Live || p.ctrl.machine().state() == host::controller::CtrlState::Dead)
+                    && p.ana_read_ns.is_none()
+                    && p.id_ns_ns.is_none()
+                    && p.event_owed.is_none()
             })
             && !self.auth_busy()
             && (!orphans || self.orphans() == 0))
@@ -2053,7 +2228,9 @@ impl World {
             ));
             return;
         }
-        if self.host_blocks != self.ns_blocks {
+        // A host whose every controller was given up (ctrl_loss_tmo) reads nothing more.
+        let all_lost = self.paths.iter().all(|p| p.ctrl.machine().state() == host::controller::CtrlState::Dead);
+        if self.host_blocks != self.ns_blocks && !all_lost {
             let (h, t) = (self.host_blocks, self.ns_blocks);
             self.violate(format!("the host believes the namespace has {h} blocks; the target has {t}"));
             return;

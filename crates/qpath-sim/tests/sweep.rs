@@ -87,10 +87,10 @@ fn every_seed_that_found_a_bug_stays_clean() {
 }
 
 /// Seed 0 found it first (then seed 18, once reservation faults changed seed 0's
-/// schedule). Since the host's production block core replaced the simulator's stand-in,
-/// the schedules changed again: without the hold (the core's `failover_hold` zero), 13 of
-/// seeds 0..60 read back an overwritten write; since a share of the workload's writes go
-/// with FUA, 19 of seeds 0..60 do, seed 0 the first.
+/// schedule). The schedules changed since (the production block core, FUA writes, the
+/// production controller machine): without the hold (the core's `failover_hold` zero), 11
+/// of seeds 0..60 read back an overwritten write, seed 0 the first (0 8 15 16 17 18 34 35
+/// 48 50 59).
 #[test]
 fn failing_over_without_the_quiesce_hold_loses_an_acknowledged_write() {
     let r = run(Options { failover_quiesce: false, ..opts(0, 5_000) });
@@ -113,9 +113,9 @@ fn a_seed_replays_byte_for_byte() {
 /// Seed 7's trace hash at 3,000 steps. Nothing in a trace depends on the machine, the
 /// build or the process (no path, clock, thread or hash-ordered map reaches it), so this
 /// holds on every machine and in debug and release builds alike.
-const SEED_7_TRACE_HASH: u64 = 0xf008_d6b6_f1ff_f61e;
+const SEED_7_TRACE_HASH: u64 = 0x30be_5363_3db0_f050;
 /// Seed 3's, a seed that resizes the namespace (seed 7 draws no resize).
-const SEED_3_TRACE_HASH: u64 = 0xe741_915b_8cb9_4f3e;
+const SEED_3_TRACE_HASH: u64 = 0x6782_8d34_3761_2797;
 
 #[test]
 fn a_seed_hashes_the_same_on_every_machine() {
@@ -134,15 +134,16 @@ fn a_seed_hashes_the_same_on_every_machine() {
 }
 
 /// Key rotation with re-authentication, through the production host's step machine and
-/// the target's real transaction. Seed 180: the operator rotates the keys, the host gets
+/// the target's real transaction. Seed 10: the operator rotates the keys, the host gets
 /// them a moment later and re-authenticates its four live queues beside their I/O (the
 /// I/O queues' under their reserved tags, beside the block core's commands); those that
 /// finish before the next fault authenticate with the new keys, none is refused. (Seeds
 /// chosen from a sweep: if the simulator's schedule changes, pick others with
-/// `qpath sim --seed N --trace`; seed 20 was this one before the block core ran the I/O.)
+/// `qpath sim --seed N --trace`; seed 20 was this one before the block core ran the I/O,
+/// seed 180 before the controller machine did the admin side.)
 #[test]
 fn live_queues_reauthenticate_after_a_key_rotation() {
-    let r = run(Options { trace: true, ..opts(180, 5_000) });
+    let r = run(Options { trace: true, ..opts(10, 5_000) });
     assert!(r.violation.is_none(), "{:?}", r.violation);
     assert_eq!(r.summary.key_rotations, 1, "{}", r.summary_line());
     let from = r.trace.iter().position(|l| l.contains("the operator gives the host the target's keys")).unwrap();
@@ -154,15 +155,15 @@ fn live_queues_reauthenticate_after_a_key_rotation() {
     assert!(!after.iter().any(|l| l.contains("authentication failed")), "{after:#?}");
 }
 
-/// Seed 58 (seed 8 before the block core ran the I/O, 211 before the workload's FUA
-/// writes): the operator re-authenticates the
+/// Seed 8 (also before the block core ran the I/O; 211, 58 and 124 in the schedules
+/// between): the operator re-authenticates the
 /// host with its old key after rotating the target's: the target refuses it
 /// (AUTH_Failure1) on an I/O queue, the trace says so, the path resets and reconnects, and
 /// every I/O check holds (an I/O the target refused on that queue while its
 /// re-authentication was failing goes again after the reconnect, see docs/design.md).
 #[test]
 fn a_reauthentication_with_a_stale_key_is_refused_with_a_trace_line() {
-    let r = run(Options { trace: true, ..opts(58, 5_000) });
+    let r = run(Options { trace: true, ..opts(8, 5_000) });
     assert!(r.violation.is_none(), "{:?}", r.violation);
     assert!(r.trace.iter().any(|l| l.contains("the host re-authenticates with its old key")));
     assert!(
