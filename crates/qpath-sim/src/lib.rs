@@ -88,7 +88,7 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
         format!(
-            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} authentications ({} failed), {} re-authentications, {} key rotations, {} bytes, trace {:016x}",
+            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} admin-link silences, {} outages of both ports, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} authentications ({} failed), {} re-authentications, {} key rotations, {} bytes, trace {:016x}",
             self.seed,
             s.steps,
             s.virtual_ns as f64 / 1e9,
@@ -97,6 +97,8 @@ impl Report {
             s.requeues,
             s.resets,
             s.stalls,
+            s.admin_silences,
+            s.both_port_outages,
             s.crashes,
             s.ana_changes,
             s.slow_disk,

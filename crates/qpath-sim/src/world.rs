@@ -107,6 +107,14 @@ const CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
 const OUTAGE_CTRL_LOSS_TMO: Duration = Duration::from_secs(3);
 /// A port outage lasts this long at most (ns).
 const OUTAGE_MAX_NS: u64 = 6_000_000_000;
+/// An admin-link silence (the controller's answers stop, its I/O link keeps flowing)
+/// lasts between these (ns): past one and a half KATO, so only the keep-alive's expiry
+/// can end it.
+const ADMIN_SILENCE_NS: (u64, u64) = (2_400_000_000, 4_500_000_000);
+/// An outage of both ports at once lasts between these (ns): past `ctrl_loss_tmo` (3 s in
+/// these seeds) plus the time the host takes to see both paths gone (a keep-alive's expiry
+/// or an I/O timeout) and the check's slack, so a controller that is never given up is seen.
+const BOTH_PORTS_NS: (u64, u64) = (7_000_000_000, 9_000_000_000);
 /// Slack of the checks on the controller machine's deadlines: the scheduler may run
 /// other ready actions before a due one.
 const DEADLINE_SLACK_NS: u64 = 100_000_000;
@@ -152,6 +160,10 @@ pub struct Summary {
     pub resets: u64,
     /// Link directions stalled.
     pub stalls: u64,
+    /// Admin links silenced toward the host while their I/O links flow.
+    pub admin_silences: u64,
+    /// Outages of both ports at once.
+    pub both_port_outages: u64,
     /// Target crashes (each followed by a restart).
     pub crashes: u64,
     /// ANA state changes.
@@ -300,6 +312,14 @@ struct Path {
     event_owed: Option<u64>,
     /// Since when the admin link has carried nothing toward the host (a stall).
     silent_since: Option<u64>,
+    /// The controller generation the I/O queue in the block core was installed under.
+    io_generation: u64,
+    /// I/O queues of older associations the block core still holds, with their link and
+    /// generation: as in production, a reset the controller machine decides (a keep-alive
+    /// expiry, an admin command's timeout) leaves them to the core, which fails a queue of
+    /// an older generation at its next tick (only in the seeds with controller faults;
+    /// elsewhere the simulator fails them at the reset, as before).
+    retired: Vec<(usize, usize, u64)>,
 }
 
 struct TConn {
@@ -399,6 +419,25 @@ pub struct World {
     ctrl_loss_tmo: Duration,
     /// Until when each port is silent (ns).
     port_silent_until: [u64; 2],
+    /// Controller faults: their own stream. In about half the seeds an admin link goes
+    /// silent toward the host while the path's I/O link keeps flowing (mostly on a path
+    /// with no I/O in flight), and a reset the controller machine decides leaves the old
+    /// I/O queue to the block core.
+    ctrl_rng: Rng,
+    ctrl_faults: bool,
+    /// In those seeds, admin-link silences also come at these counts of I/Os left to
+    /// issue (smallest first), most of them in the drain after the fault phase, where no
+    /// other fault resets the path before its keep-alive expires.
+    admin_silence_at: Vec<u64>,
+    /// In about one seed in eight, both ports go silent once for longer than
+    /// `ctrl_loss_tmo`, late in the workload (most of it is issued in the drain after the
+    /// fault phase): once no more than this many I/Os are left to issue and one is in flight.
+    /// The controllers are given up then, so what is left of the workload and the read-back
+    /// fail with a path error.
+    both_ports_at: Option<u64>,
+    /// Until when both ports are silent (ns): the heal at the end of the fault phase lets
+    /// such an outage run its course (it is the check of `ctrl_loss_tmo`).
+    both_silent_until: u64,
     /// Since when no path's controller has been live (ns).
     no_path_since: Option<u64>,
     /// In-band authentication: on in a share of seeds (its own stream).
@@ -461,7 +500,16 @@ impl World {
         let resizes = ns_rng.chance(500_000);
         let mut outage_rng = Rng::new(opts.seed ^ 0x0c71_1055);
         let outages = outage_rng.chance(250_000);
-        let ctrl_loss_tmo = if outages { OUTAGE_CTRL_LOSS_TMO } else { CTRL_LOSS_TMO };
+        let mut ctrl_rng = Rng::new(opts.seed ^ 0xad41_5e1e);
+        let ctrl_faults = ctrl_rng.chance(500_000);
+        let mut admin_silence_at: Vec<u64> = if ctrl_faults {
+            (0..2).map(|_| to_issue / 4 + ctrl_rng.below(to_issue / 2)).collect()
+        } else {
+            Vec::new()
+        };
+        admin_silence_at.sort_unstable();
+        let both_ports_at = ctrl_rng.chance(125_000).then(|| to_issue / 16 + ctrl_rng.below(to_issue / 16 + 1));
+        let ctrl_loss_tmo = if outages || both_ports_at.is_some() { OUTAGE_CTRL_LOSS_TMO } else { CTRL_LOSS_TMO };
         // The host: one controller view per path, a multipath head over them, and the
         // production block core with a queue of each and the head's device. Its clock is
         // `base` plus the virtual time: only differences of it are ever read.
@@ -530,6 +578,11 @@ impl World {
             outages,
             ctrl_loss_tmo,
             port_silent_until: [0; 2],
+            ctrl_rng,
+            ctrl_faults,
+            admin_silence_at,
+            both_ports_at,
+            both_silent_until: 0,
             no_path_since: Some(0),
             auth: SimAuth::draw(opts.seed, opts.steps),
             ns_blocks: NS_BLOCKS,
@@ -555,6 +608,13 @@ impl World {
         if outages {
             w.event(format_args!("ports may go silent; ctrl_loss_tmo {} ms", ctrl_loss_tmo.as_millis()));
         }
+        if ctrl_faults {
+            w.event(format_args!("admin links may go silent toward the host"));
+        }
+        if let Some(s) = both_ports_at {
+            let ms = ctrl_loss_tmo.as_millis();
+            w.event(format_args!("both ports go silent with {s} I/Os left to issue; ctrl_loss_tmo {ms} ms"));
+        }
         if let Some(a) = &w.auth {
             let what = a.describe();
             w.event(format_args!("the subsystem requires DH-HMAC-CHAP of the host: {what}"));
@@ -577,6 +637,8 @@ impl World {
                 id_ns_again: false,
                 event_owed: None,
                 silent_since: None,
+                io_generation: 0,
+                retired: Vec::new(),
             });
         }
         w
@@ -908,6 +970,9 @@ impl World {
                 host::controller::Action::Connect => self.reconnect(p),
                 host::controller::Action::TearDown => {
                     let why = ctrl.machine().last_error().unwrap_or("reset").to_string();
+                    if self.ctrl_faults {
+                        self.retire_io(p);
+                    }
                     self.tear_down(p, &why);
                 }
                 host::controller::Action::Send(cmd) => self.admin_send(p, cmd),
@@ -950,6 +1015,72 @@ impl World {
         if !sent {
             self.paths[p].ctrl.machine().on_admin_done(cmd, false);
         }
+    }
+
+    /// A reset the controller machine decided: as the production admin thread, it drops
+    /// the admin queue and leaves the I/O queue, still working, to the block core, which
+    /// fails it at its next tick once it sees the controller's newer generation.
+    fn retire_io(&mut self, p: usize) {
+        let path = &mut self.paths[p];
+        let Some((ckey, link)) = path.io_conn else { return };
+        let working = self.core.queue_mut(ckey).is_some_and(|q| q.state() != QueueState::Failed);
+        if !working || self.link_lost(link) {
+            return;
+        }
+        let path = &mut self.paths[p];
+        path.io_conn = None;
+        path.io_auth = None;
+        path.retired.push((ckey, link, path.io_generation));
+        self.event(format_args!("path {p}: its I/O queue (link {link}) is left to the block core"));
+    }
+
+    /// Path `p`'s I/O queues of older associations: their completions go to the core;
+    /// one that failed (the core's tick) or lost its link is failed over and closed.
+    fn service_retired(&mut self, p: usize) {
+        let mut i = 0;
+        while i < self.paths[p].retired.len() {
+            let (ckey, link, _) = self.paths[p].retired[i];
+            let now = self.at();
+            let mut control = Vec::new();
+            self.core.deliver(ckey, false, now, |d| control.push(d));
+            self.core.dispatch_after_service(self.qkeys[p], now);
+            // A re-authentication's commands end with their transaction, dropped at the reset.
+            if let Some(d) = control.iter().find(|d| d.token != TOKEN_AUTH) {
+                let what = format!("path {p}: a control completion (token {}) no authentication sent", d.token);
+                self.violate(what);
+                return;
+            }
+            self.take_completions();
+            let failed = self.core.queue_mut(ckey).is_none_or(|q| q.state() == QueueState::Failed);
+            if failed || self.link_lost(link) {
+                self.paths[p].retired.swap_remove(i);
+                self.close_retired(p, ckey, link, "connection lost");
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Fails, frees and closes an I/O queue of an older association of path `p`.
+    fn close_retired(&mut self, p: usize, ckey: usize, link: usize, why: &str) {
+        if let Some(q) = self.core.queue_mut(ckey)
+            && q.state() != QueueState::Failed
+        {
+            q.set_failed(why);
+        }
+        let now = self.at();
+        let mut control = Vec::new();
+        if let Some(why) = self.core.abort_conn(ckey) {
+            self.core.fail_conn(ckey, &why, now, |d| control.push(d));
+        }
+        self.core.free_conn(ckey);
+        if let Some(d) = control.iter().find(|d| d.token != TOKEN_AUTH) {
+            let what = format!("path {p}: a control completion (token {}) no authentication sent", d.token);
+            self.violate(what);
+        }
+        self.event(format_args!("path {p}: its old I/O queue (link {link}) closed"));
+        self.close_link(link);
+        self.take_completions();
     }
 
     /// Drops path `p`'s association: its queues fail (their I/O is requeued or failed)
@@ -1262,6 +1393,29 @@ impl World {
         }
     }
 
+    /// Sends what path `p`'s I/O queues of older associations queued (the data of writes
+    /// in flight there; a new command there is checked as any other, and breaks the rule
+    /// that commands go only on a live path).
+    fn flush_retired(&mut self, p: usize) {
+        for i in 0..self.paths[p].retired.len() {
+            let (ckey, link, _) = self.paths[p].retired[i];
+            while let Some(msg) = self.core.queue_mut(ckey).and_then(HostQueue::take_send) {
+                let bytes = msg.to_vec();
+                let down = self.links[link].down;
+                if !down {
+                    self.links[link].to_target.send(&bytes, self.now, &mut self.net_rng);
+                }
+                let r = if down { Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) } else { Ok(()) };
+                if let Some(q) = self.core.queue_mut(ckey) {
+                    q.on_send_done(msg, r);
+                }
+                if !down {
+                    self.commands_sent(p, ckey, &bytes);
+                }
+            }
+        }
+    }
+
     /// The command capsules in bytes path `p`'s I/O queue sent (its sends carry whole PDUs).
     fn commands_sent(&mut self, p: usize, ckey: usize, mut b: &[u8]) {
         // A re-authentication's commands go under the queue's reserved tag: no request's.
@@ -1354,6 +1508,8 @@ impl World {
             for ckey in touched {
                 if let Some(p) = self.paths.iter().position(|x| x.io_conn.is_some_and(|(k, _)| k == ckey)) {
                     self.service_io(p);
+                } else if let Some(p) = self.paths.iter().position(|x| x.retired.iter().any(|r| r.0 == ckey)) {
+                    self.service_retired(p);
                 }
             }
         }
@@ -1773,6 +1929,8 @@ impl World {
                 Some((p, HostEnd::Admin))
             } else if path.io.as_ref().is_some_and(|c| c.link == l) {
                 Some((p, HostEnd::IoConnecting))
+            } else if let Some(&(ckey, _, _)) = path.retired.iter().find(|r| r.1 == l) {
+                Some((p, HostEnd::Io(ckey)))
             } else {
                 path.io_conn.filter(|&(_, link)| link == l).map(|(ckey, _)| (p, HostEnd::Io(ckey)))
             }
@@ -1836,6 +1994,48 @@ impl World {
         if self.outages && self.outage_rng.chance(50_000) {
             self.port_outage();
         }
+        if self.ctrl_faults && self.ctrl_rng.chance(50_000) {
+            self.admin_silence();
+        }
+    }
+
+    /// A path's admin link goes silent toward the host (the target gets the keep-alives
+    /// and answers them; the answers wait), while its I/O link keeps flowing: only the
+    /// keep-alive's expiry ends it, the block core's I/O timeout does not (mostly a path
+    /// with no I/O in flight is chosen, where no I/O could time out anyway).
+    fn admin_silence(&mut self) {
+        let live: Vec<usize> = (0..self.paths.len()).filter(|&p| self.paths[p].phase == Phase::Live).collect();
+        if live.is_empty() {
+            return;
+        }
+        let idle: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&p| {
+                let conn = self.paths[p].io_conn;
+                conn.and_then(|(k, _)| self.core.queue_mut(k)).is_none_or(|q| q.outstanding() == 0)
+            })
+            .collect();
+        let from = if idle.is_empty() || self.ctrl_rng.chance(200_000) { &live } else { &idle };
+        let p = from[self.ctrl_rng.index(from.len())];
+        let Some(l) = self.paths[p].admin.as_ref().map(|c| c.link) else { return };
+        let until = self.now + self.ctrl_rng.range(ADMIN_SILENCE_NS.0, ADMIN_SILENCE_NS.1);
+        let pipe = &mut self.links[l].to_host;
+        pipe.stalled_until_ns = pipe.stalled_until_ns.max(until);
+        self.sum.admin_silences += 1;
+        self.event(format_args!("fault: path {p}'s admin link {l} silent toward the host until {until}"));
+    }
+
+    /// Both ports go silent at once for longer than `ctrl_loss_tmo`: every I/O must end
+    /// with a path error once the host gives both controllers up, none may wait for ever.
+    fn both_ports_silent(&mut self) {
+        let until = self.now + self.ctrl_rng.range(BOTH_PORTS_NS.0, BOTH_PORTS_NS.1);
+        self.sum.both_port_outages += 1;
+        self.both_silent_until = until;
+        self.event(format_args!("fault: both ports silent until {until}"));
+        for i in 0..PORTS.len() {
+            self.silence_port(i, until);
+        }
     }
 
     /// A port goes silent for a while: every link of the path through it stalls both
@@ -1843,6 +2043,11 @@ impl World {
     fn port_outage(&mut self) {
         let i = self.outage_rng.index(PORTS.len());
         let until = self.now + self.outage_rng.range(500_000_000, OUTAGE_MAX_NS);
+        self.silence_port(i, until);
+    }
+
+    /// Port `i` is silent until `until`: every link of its path, and every new one.
+    fn silence_port(&mut self, i: usize, until: u64) {
         self.port_silent_until[i] = self.port_silent_until[i].max(until);
         self.event(format_args!("fault: port {} silent until {until}", PORTS[i]));
         let path = &self.paths[i];
@@ -1851,6 +2056,7 @@ impl World {
             .flatten()
             .map(|c| c.link)
             .chain(path.io_conn.map(|(_, l)| l))
+            .chain(path.retired.iter().map(|&(_, l, _)| l))
             .collect();
         for l in links {
             let link = &mut self.links[l];
@@ -1919,6 +2125,14 @@ impl World {
             self.take_ctrl_reports(p);
         }
         self.take_completions();
+        if self.admin_silence_at.last().is_some_and(|&n| self.to_issue <= n) {
+            self.admin_silence_at.pop();
+            self.admin_silence();
+        }
+        if self.both_ports_at.is_some_and(|n| self.to_issue <= n) && self.active > 0 {
+            self.both_ports_at = None;
+            self.both_ports_silent();
+        }
         self.check_ctrl_deadlines();
         // What the core queued goes out now.
         for p in 0..self.paths.len() {
@@ -1957,6 +2171,7 @@ impl World {
 
     fn flush_path(&mut self, p: usize) {
         self.flush_io(p);
+        self.flush_retired(p);
         let path = &mut self.paths[p];
         for c in [path.admin.as_mut(), path.io.as_mut()].into_iter().flatten() {
             while let Some(msg) = c.q.take_send() {
@@ -1980,6 +2195,7 @@ impl World {
         self.flush_path(p);
         // Completions first: a queue that failed still hands back what completed.
         self.service_io(p);
+        self.service_retired(p);
         let path = &mut self.paths[p];
         let admin_done: Vec<Done> =
             path.admin.as_mut().map(|c| c.q.completions().drain(..).collect()).unwrap_or_default();
@@ -2061,9 +2277,24 @@ impl World {
                 // As the controller hands `Context` a queue it connected: installed under
                 // the controller's generation, its waiting requests go out on it.
                 let generation = path.ctrl.generation();
+                // NVMe Base 2.x §3.9: a new association; the core tells the queues of the
+                // old one by their older generation (and fails them at its tick).
+                if let Some(&(_, l, g)) = path.retired.iter().find(|r| r.2 >= generation) {
+                    self.violate(format!(
+                        "path {p}: its new association has generation {generation}, not newer than the \
+                         old I/O queue (link {l}, generation {g}) the block core still holds"
+                    ));
+                    return;
+                }
+                // The core has not ticked since the reset: its old queues go now, before the
+                // new one takes their place.
+                for (ckey, l, _) in std::mem::take(&mut self.paths[p].retired) {
+                    self.close_retired(p, ckey, l, "controller reset");
+                }
                 let now = self.at();
                 let ckey = self.core.install(self.qkeys[p], c.q, generation, now);
                 self.paths[p].io_conn = Some((ckey, c.link));
+                self.paths[p].io_generation = generation;
                 self.paths[p].io_auth = c.auth;
                 self.event(format_args!("path {p} live"));
                 let ctrl = Arc::clone(&self.paths[p].ctrl);
@@ -2108,6 +2339,11 @@ impl World {
             l.to_host.stalled_until_ns = 0;
         }
         self.port_silent_until = [0; 2];
+        if self.both_silent_until > self.now {
+            for i in 0..PORTS.len() {
+                self.silence_port(i, self.both_silent_until);
+            }
+        }
         if let Some(state) = &self.target.state {
             for port in PORTS {
                 let _ = state.set_ana_state(port, ANA_GROUP, AnaState::Optimized);
@@ -2167,6 +2403,7 @@ impl World {
                     && p.ana_read_ns.is_none()
                     && p.id_ns_ns.is_none()
                     && p.event_owed.is_none()
+                    && p.retired.is_empty()
             })
             && !self.auth_busy()
             && (!orphans || self.orphans() == 0))
@@ -2198,6 +2435,14 @@ impl World {
             let outstanding = conn.and_then(|(k, _)| self.core.queue_mut(k)).map_or(0, |q| q.outstanding());
             if outstanding != 0 {
                 self.violate(format!("path {p}: {outstanding} queue commands still held at the end"));
+                return;
+            }
+            if let Some(&(_, l, g)) = self.paths[p].retired.first() {
+                let now = self.paths[p].ctrl.generation();
+                self.violate(format!(
+                    "path {p}: the block core still holds an I/O queue of an old association at the end \
+                     (link {l}, generation {g}; the controller's is {now})"
+                ));
                 return;
             }
         }
