@@ -425,9 +425,9 @@ pub struct World {
     /// I/O queue to the block core.
     ctrl_rng: Rng,
     ctrl_faults: bool,
-    /// In those seeds, admin-link silences also come at these counts of I/Os left to
-    /// issue (smallest first), most of them in the drain after the fault phase, where no
-    /// other fault resets the path before its keep-alive expires.
+    /// In those seeds, two admin-link silences also come in the drain after the fault
+    /// phase, where no other fault resets the path before its keep-alive expires: once no
+    /// more than these counts of I/Os are left to issue (smallest first) and a path is live.
     admin_silence_at: Vec<u64>,
     /// In about one seed in eight, both ports go silent once for longer than
     /// `ctrl_loss_tmo`, late in the workload (most of it is issued in the drain after the
@@ -2125,7 +2125,10 @@ impl World {
             self.take_ctrl_reports(p);
         }
         self.take_completions();
-        if self.admin_silence_at.last().is_some_and(|&n| self.to_issue <= n) {
+        if !self.faults
+            && self.admin_silence_at.last().is_some_and(|&n| self.to_issue <= n)
+            && self.paths.iter().any(|p| p.phase == Phase::Live)
+        {
             self.admin_silence_at.pop();
             self.admin_silence();
         }
@@ -2393,10 +2396,21 @@ impl World {
         self.sum.bit_flips = self.links.iter().map(|l| l.to_target.flips + l.to_host.flips).sum();
     }
 
-    /// Runs until the application is idle and every path is up (and, with `orphans`, no
-    /// target connection of a closed link is left), the deadline, or the step limit.
+    /// Runs until the world is settled ([`World::settled`]), the deadline, or the step limit.
     fn drain(&mut self, deadline: u64, orphans: bool, acts: &mut Vec<Action>) {
-        while !(self.idle()
+        while !self.settled(orphans) && self.now < deadline && self.step < self.drain_steps && self.violation.is_none()
+        {
+            if !self.one_step(acts) {
+                break;
+            }
+        }
+    }
+
+    /// The application is idle, every path is up (or given up) with nothing of its own
+    /// under way, no link that is up is stalled, and, with `orphans`, no target connection
+    /// of a closed link is left.
+    fn settled(&self, orphans: bool) -> bool {
+        self.idle()
             && self.paths.iter().all(|p| {
                 // A controller given up (ctrl_loss_tmo) stays down: it is settled too.
                 (p.phase == Phase::Live || p.ctrl.machine().state() == host::controller::CtrlState::Dead)
@@ -2406,15 +2420,15 @@ impl World {
                     && p.retired.is_empty()
             })
             && !self.auth_busy()
-            && (!orphans || self.orphans() == 0))
-            && self.now < deadline
-            && self.step < self.drain_steps
-            && self.violation.is_none()
-        {
-            if !self.one_step(acts) {
-                break;
-            }
-        }
+            && !self.silent_links()
+            && (!orphans || self.orphans() == 0)
+    }
+
+    /// Whether a link still up is stalled (the heal ends every stall but those of the
+    /// controller faults in the drain: an admin link's silence, both ports out), so the
+    /// drain lets the host see it through.
+    fn silent_links(&self) -> bool {
+        self.links.iter().any(|l| !l.down && l.to_target.stalled_until_ns.max(l.to_host.stalled_until_ns) > self.now)
     }
 
     fn final_checks(&mut self) {
