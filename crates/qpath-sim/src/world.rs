@@ -971,7 +971,7 @@ impl World {
                 host::controller::Action::TearDown => {
                     let why = ctrl.machine().last_error().unwrap_or("reset").to_string();
                     if self.ctrl_faults {
-                        self.retire_io(p);
+                        self.retire_io(p, &why);
                     }
                     self.tear_down(p, &why);
                 }
@@ -1020,7 +1020,7 @@ impl World {
     /// A reset the controller machine decided: as the production admin thread, it drops
     /// the admin queue and leaves the I/O queue, still working, to the block core, which
     /// fails it at its next tick once it sees the controller's newer generation.
-    fn retire_io(&mut self, p: usize) {
+    fn retire_io(&mut self, p: usize, why: &str) {
         let path = &mut self.paths[p];
         let Some((ckey, link)) = path.io_conn else { return };
         let working = self.core.queue_mut(ckey).is_some_and(|q| q.state() != QueueState::Failed);
@@ -1031,7 +1031,7 @@ impl World {
         path.io_conn = None;
         path.io_auth = None;
         path.retired.push((ckey, link, path.io_generation));
-        self.event(format_args!("path {p}: its I/O queue (link {link}) is left to the block core"));
+        self.event(format_args!("path {p} reset ({why}): its I/O queue (link {link}) is left to the block core"));
     }
 
     /// Path `p`'s I/O queues of older associations: their completions go to the core;

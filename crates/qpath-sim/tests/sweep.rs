@@ -40,10 +40,12 @@ fn a_fixed_sweep_keeps_every_invariant() {
     let seeds = if cfg!(debug_assertions) { 0..24 } else { 0..500 };
     let (mut ios, mut resizes, mut refused) = (0, 0, 0);
     let (mut auths, mut reauths, mut rotations) = (0, 0, 0);
+    let (mut silences, mut both_out) = (0, 0);
     for seed in seeds {
         let s = assert_clean_with(Options { shrink_under_writes: true, ..opts(seed, 5_000) });
         (ios, resizes, refused) = (ios + s.ios, resizes + s.resizes, refused + s.resizes_refused);
         (auths, reauths, rotations) = (auths + s.auths, reauths + s.reauths, rotations + s.key_rotations);
+        (silences, both_out) = (silences + s.admin_silences, both_out + s.both_port_outages);
     }
     assert!(ios > 1000, "{ios} I/Os");
     // The namespace resize faults reach the sweep: resizes made and shrinks refused.
@@ -53,6 +55,9 @@ fn a_fixed_sweep_keeps_every_invariant() {
         auths > 20 && rotations > 2 && reauths > 2,
         "{auths} authentications, {rotations} rotations, {reauths} re-authentications"
     );
+    // And the controller faults: admin links silent past 1.5 KATO, both ports out past
+    // ctrl_loss_tmo (about one seed in eight).
+    assert!(silences > 10 && both_out > 1, "{silences} admin-link silences, {both_out} outages of both ports");
 }
 
 /// A shrink while a write to the blocks it cuts off is in flight. Seed 17 found it: the
@@ -172,4 +177,44 @@ fn a_reauthentication_with_a_stale_key_is_refused_with_a_trace_line() {
         r.summary_line()
     );
     assert!(r.summary.auth_failures > 0 && r.summary.auths > 0, "{}", r.summary_line());
+}
+
+/// An admin link silent toward the host while its I/O link flows (the target answers the
+/// keep-alives; the answers wait): only the keep-alive's expiry can end it, and it does,
+/// within one and a half KATO (the sweep checks the bound at every step); the I/O queue of
+/// the old association, still working, is left to the block core, which fails it at its
+/// tick because the controller's generation moved, and it is closed before the new one is
+/// installed. Seed 4 (chosen from a scan of seeds 0..24 with admin-link silences; if the
+/// schedule changes, pick another with `qpath sim --seed N --trace`). A keep-alive that
+/// never expires or a reset that keeps the generation breaks it (MUTATIONS.md 13, 14).
+#[test]
+fn a_silent_admin_link_resets_its_path_by_keep_alive_and_the_core_drops_the_old_queue() {
+    let r = run(Options { trace: true, shrink_under_writes: true, ..opts(4, 5_000) });
+    assert!(r.violation.is_none(), "{:?}", r.violation);
+    assert!(r.summary.admin_silences > 0, "{}", r.summary_line());
+    let silent = r.trace.iter().position(|l| l.contains("admin link") && l.contains("silent toward the host")).unwrap();
+    let reset = r.trace[silent..]
+        .iter()
+        .find(|l| l.contains(" reset (keep-alive timed out") && l.contains("is left to the block core"))
+        .unwrap_or_else(|| panic!("no keep-alive reset after the silence: {}", r.summary_line()));
+    let link = reset.split("(link ").nth(1).and_then(|t| t.split(')').next()).unwrap();
+    let closed = format!("its old I/O queue (link {link}) closed");
+    assert!(r.trace.iter().any(|l| l.contains(&closed)), "{reset}: the old queue is never closed");
+}
+
+/// Both ports silent for longer than ctrl_loss_tmo (3 s in such seeds): the host gives
+/// both controllers up, and every I/O waiting for a path fails with a path error then
+/// (the sweep checks that none waits past ctrl_loss_tmo and that an I/O within the
+/// namespace fails only with a path error). Seed 5 (chosen from a scan of seeds 0..24:
+/// 5, 9 and 21 draw the outage). A `ctrl_loss_tmo` that never fires breaks it
+/// (MUTATIONS.md 15).
+#[test]
+fn both_ports_out_past_ctrl_loss_tmo_fail_the_waiting_io() {
+    let r = run(Options { trace: true, shrink_under_writes: true, ..opts(5, 5_000) });
+    assert!(r.violation.is_none(), "{:?}", r.violation);
+    assert_eq!(r.summary.both_port_outages, 1, "{}", r.summary_line());
+    let out = r.trace.iter().position(|l| l.contains("fault: both ports silent until")).unwrap();
+    let lost = r.trace[out..].iter().filter(|l| l.contains("controller given up (Lost)")).count();
+    assert_eq!(lost, 2, "both controllers given up: {}", r.summary_line());
+    assert!(r.summary.io_errors > 0, "{}", r.summary_line());
 }
