@@ -200,6 +200,8 @@ fn a_silent_admin_link_resets_its_path_by_keep_alive_and_the_core_drops_the_old_
     let link = reset.split("(link ").nth(1).and_then(|t| t.split(')').next()).unwrap();
     let closed = format!("its old I/O queue (link {link}) closed");
     assert!(r.trace.iter().any(|l| l.contains(&closed)), "{reset}: the old queue is never closed");
+    // The controller faults replay too.
+    assert_eq!(run(Options { shrink_under_writes: true, ..opts(4, 5_000) }).trace_hash, r.trace_hash);
 }
 
 /// Both ports silent for longer than ctrl_loss_tmo (3 s in such seeds): the host gives
