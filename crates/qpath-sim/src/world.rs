@@ -1044,6 +1044,7 @@ impl World {
             let mut control = Vec::new();
             self.core.deliver(ckey, false, now, |d| control.push(d));
             self.core.dispatch_after_service(self.qkeys[p], now);
+            self.flush_decided();
             // A re-authentication's commands end with their transaction, dropped at the reset.
             if let Some(d) = control.iter().find(|d| d.token != TOKEN_AUTH) {
                 let what = format!("path {p}: a control completion (token {}) no authentication sent", d.token);
@@ -1466,6 +1467,17 @@ impl World {
         }
     }
 
+    /// What the block core queued on any path while it handled a delivery goes out now,
+    /// checked against the host's view of that path as the core saw it when it decided
+    /// (a completion later in the same delivery may ask for an ANA read, which turns the
+    /// view to "change": seed 334 at 20,000 steps).
+    fn flush_decided(&mut self) {
+        for q in 0..self.paths.len() {
+            self.flush_io(q);
+            self.flush_retired(q);
+        }
+    }
+
     /// Hands the core path `p`'s I/O completions (after bytes came in or a send
     /// finished), then fails the path if its queue failed or its link is gone.
     fn service_io(&mut self, p: usize) {
@@ -1474,6 +1486,7 @@ impl World {
         let mut control = Vec::new();
         self.core.deliver(ckey, false, now, |d| control.push(d));
         self.core.dispatch_after_service(self.qkeys[p], now);
+        self.flush_decided();
         // The queue's reserved tag carries only a re-authentication's commands.
         for d in control {
             if d.token == TOKEN_AUTH {

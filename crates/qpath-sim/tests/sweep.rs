@@ -220,3 +220,15 @@ fn both_ports_out_past_ctrl_loss_tmo_fail_the_waiting_io() {
     assert_eq!(lost, 2, "both controllers given up: {}", r.summary_line());
     assert!(r.summary.io_errors > 0, "{}", r.summary_line());
 }
+
+/// Seed 334 at 20,000 steps (the release sweep's length) found a false alarm of the
+/// simulator's own: one delivery on path 0 handed the block core a completion it failed
+/// over to path 0 (still optimized as the host had last read it) and then two with ANA
+/// Inaccessible, which asked for an ANA read and turned the host's view of path 0 to
+/// "change"; the capsule the core had queued went out only at the end of the step, and
+/// the check, made then, saw a send on a path under ANA change. What the core queues in a
+/// delivery now goes out, and is checked, before anything else happens.
+#[test]
+fn a_send_is_checked_against_the_view_the_core_decided_it_with() {
+    assert_clean_with(Options { shrink_under_writes: true, ..opts(334, 20_000) });
+}
