@@ -1378,6 +1378,12 @@ impl World {
     /// caught too).
     fn flush_io(&mut self, p: usize) {
         let Some((ckey, link)) = self.paths[p].io_conn else { return };
+        self.flush_conn(p, ckey, link);
+    }
+
+    /// Sends what the core's connection `ckey` of path `p` queued over `link` (a link that
+    /// is down fails the send), checking each command capsule as it goes.
+    fn flush_conn(&mut self, p: usize, ckey: usize, link: usize) {
         while let Some(msg) = self.core.queue_mut(ckey).and_then(HostQueue::take_send) {
             let bytes = msg.to_vec();
             let down = self.links[link].down;
@@ -1400,20 +1406,7 @@ impl World {
     fn flush_retired(&mut self, p: usize) {
         for i in 0..self.paths[p].retired.len() {
             let (ckey, link, _) = self.paths[p].retired[i];
-            while let Some(msg) = self.core.queue_mut(ckey).and_then(HostQueue::take_send) {
-                let bytes = msg.to_vec();
-                let down = self.links[link].down;
-                if !down {
-                    self.links[link].to_target.send(&bytes, self.now, &mut self.net_rng);
-                }
-                let r = if down { Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)) } else { Ok(()) };
-                if let Some(q) = self.core.queue_mut(ckey) {
-                    q.on_send_done(msg, r);
-                }
-                if !down {
-                    self.commands_sent(p, ckey, &bytes);
-                }
-            }
+            self.flush_conn(p, ckey, link);
         }
     }
 
