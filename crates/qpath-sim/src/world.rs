@@ -1064,6 +1064,17 @@ impl World {
 
     /// Fails, frees and closes an I/O queue of an older association of path `p`.
     fn close_retired(&mut self, p: usize, ckey: usize, link: usize, why: &str) {
+        self.fail_io_conn(p, ckey, why);
+        self.event(format_args!("path {p}: its old I/O queue (link {link}) closed"));
+        self.close_link(link);
+        self.take_completions();
+    }
+
+    /// Fails and frees path `p`'s I/O connection `ckey` as `Context` fails a connection:
+    /// the queue gives its commands back with a path error, and the core fails them over,
+    /// holds or requeues them. An authentication command ends with its transaction,
+    /// dropped with the queue; any other control completion is a violation.
+    fn fail_io_conn(&mut self, p: usize, ckey: usize, why: &str) {
         if let Some(q) = self.core.queue_mut(ckey)
             && q.state() != QueueState::Failed
         {
@@ -1079,9 +1090,6 @@ impl World {
             let what = format!("path {p}: a control completion (token {}) no authentication sent", d.token);
             self.violate(what);
         }
-        self.event(format_args!("path {p}: its old I/O queue (link {link}) closed"));
-        self.close_link(link);
-        self.take_completions();
     }
 
     /// Drops path `p`'s association: its queues fail (their I/O is requeued or failed)
@@ -1107,26 +1115,9 @@ impl World {
         // The core sees the path down before its commands fail over.
         self.view_changed(p);
         if let Some((ckey, link)) = conn {
-            // As `Context` fails a connection: the queue gives its commands back with a
-            // path error, and the core fails them over, holds or requeues them.
-            if let Some(q) = self.core.queue_mut(ckey)
-                && q.state() != QueueState::Failed
-            {
-                q.set_failed(why);
-            }
-            let now = self.at();
-            let mut control = Vec::new();
-            if let Some(why) = self.core.abort_conn(ckey) {
-                self.core.fail_conn(ckey, &why, now, |d| control.push(d));
-            }
-            self.core.free_conn(ckey);
+            self.fail_io_conn(p, ckey, why);
             // This reset is the one it reports.
             let _ = self.paths[p].ctrl.take_io_failure();
-            // An authentication command ends with its transaction, dropped with the queue.
-            if let Some(d) = control.iter().find(|d| d.token != TOKEN_AUTH) {
-                let what = format!("path {p}: a control completion (token {}) no authentication sent", d.token);
-                self.violate(what);
-            }
             links.push(link);
         }
         for l in links {
