@@ -474,7 +474,8 @@ pub struct NamespaceConfig {
     /// live as long as the target process.
     #[serde(default)]
     pub ptpl_file: Option<PathBuf>,
-    /// UUID (default: derived from the subsystem NQN and NSID).
+    /// UUID (default: derived from the subsystem NQN and NSID; over RPC, a random one). A UUID
+    /// of its own gives the namespace its own NGUID and EUI-64 too.
     pub uuid: Option<String>,
     /// Provisioned limits.
     #[serde(default)]

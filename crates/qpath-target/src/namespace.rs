@@ -213,7 +213,7 @@ impl Namespace {
                 format!("ANA group {} out of range 1..={}", spec.anagrpid, crate::port::ANA_GROUPS),
             ));
         }
-        let (nguid, eui64, derived_uuid) = derive_ids(subnqn, nsid);
+        let (nguid, eui64, uuid) = namespace_ids(subnqn, nsid, spec.uuid);
         Ok(Namespace {
             nsid,
             backend: spec.backend,
@@ -223,7 +223,7 @@ impl Namespace {
             anagrpid: AnaGrpId(spec.anagrpid),
             nguid,
             eui64,
-            uuid: spec.uuid.unwrap_or(derived_uuid),
+            uuid,
             readonly: spec.readonly,
             write_protect: AtomicU32::new(if spec.readonly {
                 nvme::features::write_protect::UNTIL_POWER_CYCLE
@@ -541,12 +541,34 @@ fn backend_err(f: &crate::backend::FileBackend, e: &std::io::Error) -> Error {
     Error::new(ErrorKind::Backend, format!("{}: {e}", f.path.display()))
 }
 
-/// Stable identifiers from the subsystem NQN and NSID, so a namespace keeps
-/// its identity across target restarts (Linux multipath matches paths by them).
-fn derive_ids(subnqn: &str, nsid: Nsid) -> ([u8; 16], [u8; 8], [u8; 16]) {
+/// A namespace's identifiers (NGUID, EUI-64, UUID). Without a configured UUID they are
+/// derived from the subsystem NQN and NSID, so a namespace keeps its identity across
+/// target restarts (Linux multipath matches paths by them). A configured UUID other than
+/// the derived one names another namespace under that NSID, so the NGUID and EUI-64
+/// follow it: NVMe Base 2.x §4.7.1 wants each identifier unique to one namespace, and a
+/// host (Linux `nvme_ns_ids_equal`) tells a namespace replaced under the same NSID from the
+/// old one only by them. A configuration saved by the target carries the derived UUID;
+/// reading it back keeps the derived NGUID too.
+fn namespace_ids(subnqn: &str, nsid: Nsid, uuid: Option<[u8; 16]>) -> ([u8; 16], [u8; 8], [u8; 16]) {
+    let derived = derive_ids(subnqn, nsid, None);
+    match uuid {
+        Some(u) if u != derived.2 => {
+            let (nguid, eui64, _) = derive_ids(subnqn, nsid, Some(&u));
+            (nguid, eui64, u)
+        }
+        _ => derived,
+    }
+}
+
+/// Identifiers from the subsystem NQN, NSID and (when the namespace has its own) UUID.
+fn derive_ids(subnqn: &str, nsid: Nsid, uuid: Option<&[u8; 16]>) -> ([u8; 16], [u8; 8], [u8; 16]) {
     let mut words = [0u32; 4];
     for (i, w) in words.iter_mut().enumerate() {
-        let seed = format!("qpath/{i}/{subnqn}/{}", nsid.0);
+        let mut seed = format!("qpath/{i}/{subnqn}/{}", nsid.0);
+        if let Some(u) = uuid {
+            seed.push('/');
+            seed.push_str(&nvme::nqn::format_uuid(u));
+        }
         *w = nvme::tcp::crc32c(seed.as_bytes());
     }
     let mut nguid = [0u8; 16];
@@ -673,6 +695,23 @@ mod tests {
         assert_ne!(a.nguid, c.nguid);
         assert_eq!(a.uuid[6] >> 4, 4);
         assert_eq!(a.nblocks(), 2048);
+    }
+
+    #[test]
+    fn a_namespace_with_its_own_uuid_has_its_own_nguid_and_eui64() {
+        let derived = Namespace::new("nqn.x", Nsid(1), spec(1 << 20)).unwrap();
+        // A saved configuration carries the derived UUID: the same namespace.
+        let saved =
+            Namespace::new("nqn.x", Nsid(1), NamespaceSpec { uuid: Some(derived.uuid), ..spec(1 << 20) }).unwrap();
+        assert_eq!((saved.nguid, saved.eui64, saved.uuid), (derived.nguid, derived.eui64, derived.uuid));
+        // Another UUID under the same NSID: every identifier differs.
+        let u = [7u8; 16];
+        let other = Namespace::new("nqn.x", Nsid(1), NamespaceSpec { uuid: Some(u), ..spec(1 << 20) }).unwrap();
+        assert_eq!(other.uuid, u);
+        assert_ne!(other.nguid, derived.nguid);
+        assert_ne!(other.eui64, derived.eui64);
+        let again = Namespace::new("nqn.x", Nsid(1), NamespaceSpec { uuid: Some(u), ..spec(1 << 20) }).unwrap();
+        assert_eq!((again.nguid, again.eui64), (other.nguid, other.eui64));
     }
 
     #[test]

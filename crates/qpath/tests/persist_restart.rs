@@ -289,3 +289,50 @@ fn a_save_into_a_read_only_directory_fails_the_change_and_touches_nothing_root()
     t.call("save_config", json!({}));
     assert!(std::fs::read_to_string(&f).unwrap().contains(HOST_X));
 }
+
+/// A namespace added over RPC under an NSID another namespace had is a new namespace to
+/// hosts (every identifier differs from the removed one's, as Linux nvmet's new UUID makes
+/// it), and with `--persist` it keeps its identity through a kill -9 and a restart; a
+/// namespace of the configuration file keeps the identity derived from its NQN and NSID.
+#[test]
+fn a_namespace_added_again_under_its_nsid_is_a_new_namespace_that_keeps_its_identity() {
+    let d = Dir::new("persist-ns-identity");
+    let (f, sock, log, img) = (d.path("target.toml"), d.path("rpc.sock"), d.path("target.log"), d.path("vol1.img"));
+    std::fs::File::create(&img).unwrap().set_len(8 << 20).unwrap();
+    let port = loopback::free_port();
+    std::fs::write(
+        &f,
+        format!(
+            "[reactor]\nreactors = 1\npoll = \"block\"\n[[port]]\nid = 1\naddr = \"127.0.0.1:{port}\"\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nhosts = [\"{HOST_A}\"]\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"{}\"\n",
+            img.display()
+        ),
+    )
+    .unwrap();
+    let args = ["--config", f.to_str().unwrap(), "--persist"];
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let ids = |nsid: u32| {
+        let c = connect(addr, HOST_A, None);
+        let n = c.namespace(Nsid(nsid)).unwrap_or_else(|| panic!("namespace {nsid} is listed"));
+        c.delete();
+        (n.nguid, n.eui64, n.uuid)
+    };
+    let t = TargetProcess::start(&args, &sock, &log);
+    let file_ns = ids(1);
+    t.call("add_namespace", json!({"nqn": NQN, "nsid": 2, "backend": "ram", "size": "8M"}));
+    let first = ids(2);
+    t.call("remove_namespace", json!({"nqn": NQN, "nsid": 2}));
+    t.call("add_namespace", json!({"nqn": NQN, "nsid": 2, "backend": "ram", "size": "8M"}));
+    let second = ids(2);
+    assert_ne!(first.0, second.0, "the NGUID of a new namespace under NSID 2");
+    assert_ne!(first.1, second.1, "the EUI-64 of a new namespace under NSID 2");
+    assert_ne!(first.2, second.2, "the UUID of a new namespace under NSID 2");
+    assert!(second.2.is_some_and(|u| u[6] >> 4 == 4), "a random (version 4) UUID");
+
+    t.kill9();
+    let t = TargetProcess::start(&args, &sock, &log);
+    assert_eq!(ids(2), second, "the added namespace after the restart");
+    assert_eq!(ids(1), file_ns, "the configuration file's namespace after the restart");
+    drop(t);
+}

@@ -43,7 +43,11 @@ const ADD_NAMESPACE: &[Param] = &[
     Param::default("ana_group", ANA_GROUP, "1", "ANA group"),
     Param::default("readonly", Type::Boolean, "false", "serve it read-only (the file opened O_RDONLY)"),
     Param::optional("ptpl_file", Type::String, "where reservations persist through power loss, once a host asks"),
-    Param::optional("uuid", Type::String, "UUID (default: derived from the subsystem's NQN and the NSID)"),
+    Param::optional(
+        "uuid",
+        Type::String,
+        "UUID (default: a new random one, kept by save_config: a namespace added while the target runs is a new namespace to hosts, even under an NSID another had)",
+    ),
     Param::default("qos", Type::Object(QOS), "{}", "provisioned limits {iops, bytes_per_sec, delay_us}"),
     Param::default("prefault", Type::Boolean, "false", "backend ram: fault every page in at creation"),
     Param::default("huge_pages", Type::Boolean, "false", "backend ram: ask for transparent huge pages"),
@@ -520,7 +524,10 @@ fn list_subsystems(server: &Server, _: &Value) -> Result<Value, Error> {
 }
 
 fn add_subsystem_(server: &Server, p: &Value) -> Result<Value, Error> {
-    let cfg: SubsystemConfig = table("add_subsystem", p.clone())?;
+    let mut cfg: SubsystemConfig = table("add_subsystem", p.clone())?;
+    for n in &mut cfg.namespaces {
+        new_namespace_uuid(n)?;
+    }
     let s = add_subsystem(&server.state, &cfg)?;
     let a = s.access();
     let mut answer = json!({"nqn": s.nqn, "allow_any_host": a.allow_any, "hosts": a.hosts});
@@ -545,9 +552,32 @@ fn add_namespace_(server: &Server, p: &Value) -> Result<Value, Error> {
     if let Some(o) = q.as_object_mut() {
         o.remove("nqn");
     }
-    let cfg: NamespaceConfig = table("add_namespace", q)?;
+    let mut cfg: NamespaceConfig = table("add_namespace", q)?;
+    new_namespace_uuid(&mut cfg)?;
     let nsid = add_namespace(&s, &cfg)?;
     Ok(json!({"nsid": nsid.0}))
+}
+
+/// A namespace added while the target runs is a new namespace, even under an NSID (or a
+/// subsystem NQN) another one had: without a UUID of its own it gets a random one (Linux
+/// nvmet makes a new UUID for each namespace too), so hosts do not take it for the one
+/// removed. `save_config` and `--persist` keep the UUID, so it stays across restarts.
+fn new_namespace_uuid(n: &mut NamespaceConfig) -> Result<(), Error> {
+    if n.uuid.is_none() {
+        n.uuid = Some(nvme::nqn::format_uuid(&random_uuid()?));
+    }
+    Ok(())
+}
+
+/// A random (version 4, RFC 9562 §5.4) UUID.
+fn random_uuid() -> Result<[u8; 16], Error> {
+    let mut u = [0u8; 16];
+    nvme::auth::fill_random(&mut u).map_err(|e| {
+        Error::new(ErrorKind::Backend, format!("a UUID for the namespace: the system's random source: {e}"))
+    })?;
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    Ok(u)
 }
 
 fn remove_namespace(server: &Server, p: &Value) -> Result<Value, Error> {
