@@ -390,8 +390,13 @@ fn client(
     };
     let dev = match ctx.open_head(head) {
         Ok(d) => d,
-        Err(e) => {
+        Err(e) if e.kind == host::error::ErrorKind::Busy => {
             tracing::warn!(%peer, error = %e, "NBD client refused: no free I/O queue on the namespace's controllers (each client takes one per path; connect with more I/O queues)");
+            stats.refused_clients_total.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "NBD client refused: the namespace cannot be opened");
             stats.refused_clients_total.fetch_add(1, Ordering::Relaxed);
             return;
         }

@@ -688,8 +688,12 @@ impl Context {
                 None => None,
             });
         }
-        let (block_shift, nsze) =
-            geometry.ok_or_else(|| Error::new(ErrorKind::Invalid, "the head has no path with a known namespace"))?;
+        let (block_shift, nsze) = geometry.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Invalid,
+                "no path's controller lists the namespace (removed from the target, or not visible to this host)",
+            )
+        })?;
         let now = Instant::now();
         let id = self.core.open_multi(head, paths, block_shift, nsze, self.cpu(), now)?;
         self.settle_paths(now);
