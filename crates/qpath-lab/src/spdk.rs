@@ -393,16 +393,9 @@ fn plan(args: &SpdkArgs) -> Result<Plan> {
 
 /// `--tls`: the key in a file SPDK reads (mode 0600: SPDK refuses a PSK file others may read).
 fn write_psk_file(plan: &Plan, dir: &Path) -> Result<Option<PathBuf>> {
-    use std::os::unix::fs::OpenOptionsExt as _;
     let Some(key) = &plan.tls_key else { return Ok(None) };
     let path = dir.join("tls.psk");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
-    f.write_all(key.as_bytes()).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    write_private(&path, key.as_bytes())?;
     Ok(Some(path))
 }
 
@@ -437,7 +430,9 @@ fn start_target(kind: TargetKind, plan: &Plan, qpath_exe: &Path, dir: &Path) -> 
     }
 }
 
-/// Writes a file only its owner may read (the qpath target's configuration holds the key).
+/// Writes a file only its owner may read (the PSK file, and the qpath target's configuration,
+/// which holds the key), in the run's own directory ([`run_dir`]), replacing one the run
+/// wrote before.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new()
@@ -536,8 +531,7 @@ pub fn run(args: &SpdkArgs, qpath_exe: &Path, progress: &mut dyn std::io::Write)
     for n in &plan.notes {
         let _ = writeln!(progress, "spdk: {n}");
     }
-    let dir = std::env::temp_dir().join(format!("qpath-lab-spdk-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let dir = run_dir()?;
     let result = write_psk_file(&plan, &dir).and_then(|_| run_rounds(&plan, qpath_exe, &dir, progress));
     if result.is_ok() {
         let _ = std::fs::remove_dir_all(&dir);
@@ -546,6 +540,29 @@ pub fn run(args: &SpdkArgs, qpath_exe: &Path, progress: &mut dyn std::io::Write)
     }
     let samples = result?;
     Ok(Report::new(&plan, samples))
+}
+
+/// A new directory only this user may enter, for the run's configurations, key and logs:
+/// never one that was there before (another's files, or links planted in the shared
+/// temporary directory, are never written through).
+fn run_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let base = std::env::temp_dir();
+    let pid = std::process::id();
+    let mut last = None;
+    for n in 0..100 {
+        let dir = base.join(if n == 0 { format!("qpath-lab-spdk-{pid}") } else { format!("qpath-lab-spdk-{pid}-{n}") });
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(dir),
+            Err(e) => return Err(Error::io(format!("create {}", dir.display()), e)),
+        }
+    }
+    let dir = last.unwrap_or(base);
+    Err(Error::io(
+        format!("create a run directory like {} (100 names taken)", dir.display()),
+        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+    ))
 }
 
 fn run_rounds(plan: &Plan, qpath_exe: &Path, dir: &Path, progress: &mut dyn std::io::Write) -> Result<Vec<Sample>> {
@@ -749,6 +766,21 @@ pub fn lab(args: &SpdkArgs, qpath_exe: &Path) -> Result<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_run_gets_a_new_private_directory_and_never_writes_through_an_existing_one() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (a, b) = (run_dir().unwrap(), run_dir().unwrap());
+        assert_ne!(a, b, "the second run's directory is a new one");
+        for d in [&a, &b] {
+            assert_eq!(std::fs::metadata(d).unwrap().permissions().mode() & 0o777, 0o700);
+        }
+        write_private(&b.join("tls.psk"), b"key").unwrap();
+        assert_eq!(std::fs::metadata(b.join("tls.psk")).unwrap().permissions().mode() & 0o777, 0o600);
+        for d in [a, b] {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
 
     #[test]
     fn without_a_dir_or_binaries_spdk_is_not_found_and_the_reason_says_so() {
