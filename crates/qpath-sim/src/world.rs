@@ -341,6 +341,25 @@ struct Target {
 /// removed when the run ends.
 struct ScratchFile(std::path::PathBuf);
 
+impl ScratchFile {
+    /// A new file in the temporary directory: never one that was there (someone's file, or a
+    /// link planted there, is neither written through nor removed by the run).
+    fn create() -> ScratchFile {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut last = None;
+        for _ in 0..100 {
+            let n = RUN.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!("qpath-sim-{}-{n}.img", std::process::id()));
+            match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+                Ok(_) => return ScratchFile(path),
+                Err(e) => last = Some((path, e)),
+            }
+        }
+        let (path, e) = last.expect("tried at least once");
+        panic!("the simulated namespace's scratch file {}: {e}", path.display());
+    }
+}
+
 impl Drop for ScratchFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
@@ -480,9 +499,7 @@ impl World {
         let mut rng = Rng::new(opts.seed);
         let net_rng = rng.fork();
         let disk = SimDisk::new(NS_BLOCKS * BLOCK, MAX_BLOCKS * BLOCK, rng.fork());
-        let n = RUN.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("qpath-sim-{}-{n}.img", std::process::id()));
-        let file = ScratchFile(path);
+        let file = ScratchFile::create();
         let policy = match rng.below(3) {
             0 => Policy::RoundRobin { rr_min_io: 1 },
             1 => Policy::QueueDepth,
@@ -864,7 +881,7 @@ impl World {
     /// Gives the real file (which the target's resize and open look at, outside the I/O
     /// path) this disk's length, and its data from byte `from` on.
     fn copy_disk_to_file(&self, from: usize) {
-        let opened = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&self.file.0);
+        let opened = std::fs::OpenOptions::new().write(true).open(&self.file.0);
         let synced = opened.and_then(|f| self.disk.copy_to(&f, from));
         if let Err(e) = synced {
             panic!("the simulated namespace's scratch file {}: {e}", self.file.0.display());
@@ -2510,6 +2527,30 @@ impl World {
             violation: self.violation,
             trace_hash: self.hash,
             trace: self.trace,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scratch_file_is_always_new_and_a_file_already_there_is_left_as_it_was() {
+        let n = RUN.load(Ordering::Relaxed);
+        let theirs: Vec<_> = (n..n + 3)
+            .map(|k| std::env::temp_dir().join(format!("qpath-sim-{}-{k}.img", std::process::id())))
+            .collect();
+        for p in &theirs {
+            std::fs::write(p, b"someone's data").unwrap();
+        }
+        let mine = ScratchFile::create();
+        assert!(!theirs.contains(&mine.0), "{} was there before", mine.0.display());
+        assert_eq!(std::fs::metadata(&mine.0).unwrap().len(), 0);
+        drop(mine);
+        for p in &theirs {
+            assert_eq!(std::fs::read(p).unwrap(), b"someone's data", "{}", p.display());
+            std::fs::remove_file(p).unwrap();
         }
     }
 }
