@@ -5,6 +5,9 @@
 //! second, fresh controller reads back as zeros. As Linux, which removes a disk whose
 //! namespace's identifiers changed (`nvme_validate_ns` in `drivers/nvme/host/core.c`).
 //!
+//! A namespace only removed: the device refuses I/O at once too, rather than sending it
+//! for the target to answer Invalid Namespace.
+//!
 //! The target derives a namespace's NGUID and EUI-64 from its subsystem and NSID, so the
 //! new namespace is given its own UUID here: the identifier that tells the two apart.
 
@@ -131,5 +134,27 @@ fn a_multipath_head_refuses_io_once_every_path_has_another_namespace_under_its_n
     drop(ctx);
     a.delete();
     b.delete();
+    server.shutdown();
+}
+
+#[test]
+fn a_device_whose_namespace_was_removed_fails_io_at_once_instead_of_sending_it() {
+    let (server, addrs) = loopback::target(1, "16M");
+    let ctrl = connect(addrs[0]);
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let dev = ctx.open(&ctrl, Nsid(1)).unwrap();
+    assert_eq!(io(&mut ctx, dev, Op::Write, 0, 0x5a).map(|r| r.0), Ok(Status::SUCCESS));
+    call(&server, "remove_namespace", &json!({"nqn": DEFAULT_NQN, "nsid": 1})).expect("the target removes it");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ctrl.namespace(Nsid(1)).is_some() {
+        assert!(Instant::now() < deadline, "the host's controller did not rescan");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ctx.poll(Wait::Poll).unwrap();
+    let (kind, why) = io(&mut ctx, dev, Op::Write, 0, 0xa5).map(|r| r.0).expect_err("refused at submission");
+    assert_eq!(kind, ErrorKind::NamespaceGone, "{why}");
+    assert!(why.contains("namespace 1 was removed"), "{why}");
+    drop(ctx);
+    ctrl.delete();
     server.shutdown();
 }
