@@ -19,6 +19,13 @@
 //!   anything else                     BLK_STS_IOERR          EIO          NBD_EIO
 //! ```
 //!
+//! An I/O the host's context refuses before sending it (its device's namespace was
+//! removed, or another namespace is under its NSID; a range past the end) gets the
+//! status of [`refusal_status`]: EIO, as Linux fails a bio of a disk it removed
+//! (`bio_queue_enter` finds the disk dead and ends the bio with `bio_io_error`) or one
+//! past a disk's end (`bio_check_eod`). Not ENODEV: that is what opening a removed disk's
+//! node gives, not its I/O, and NBD has no such error value.
+//!
 //! "No usable path any more" is the status the host's context completes an I/O with once
 //! every path is gone for longer than `fast_io_fail_tmo` / `ctrl_loss_tmo`
 //! (`Status::HOST_PATH_ERROR` with the context's own meaning): Linux's multipath head fails
@@ -47,6 +54,17 @@ pub mod linux {
     pub const EREMOTEIO: i32 = 121;
     /// No such device: a ublk I/O command aborted (`UBLK_IO_RES_ABORT`).
     pub const ENODEV: i32 = 19;
+}
+
+/// The status an I/O gets when the host's context refuses it before sending it
+/// (`kind`: its error's kind): a device whose namespace is gone fails as a device with no
+/// path left (EIO, NBD_EIO, "no path to the namespace"), as the requests of that device
+/// that were waiting do; any other refusal as an internal error (EIO).
+pub fn refusal_status(kind: host::ErrorKind) -> Status {
+    match kind {
+        host::ErrorKind::NamespaceGone => Status::HOST_PATH_ERROR,
+        _ => Status::INTERNAL,
+    }
 }
 
 /// NBD error values (the NBD protocol document, "Error values").
@@ -159,6 +177,16 @@ mod tests {
         assert_eq!(nbd_error_of(Status::LBA_OUT_OF_RANGE), nbd::EINVAL);
         assert_eq!(nbd_error_of(Status::HOST_PATH_ERROR), nbd::EIO);
         assert_eq!(nbd_error_of(Status::SUCCESS), 0);
+    }
+
+    #[test]
+    fn an_io_to_a_namespace_removed_or_replaced_fails_eio_as_linux_fails_a_removed_disks() {
+        let s = refusal_status(host::ErrorKind::NamespaceGone);
+        assert_eq!((errno_of(s), nbd_error_of(s)), (linux::EIO, nbd::EIO));
+        assert_eq!(reason_of(s), "no path to the namespace");
+        // Other refusals: EIO too (an internal error), with their own reason.
+        let s = refusal_status(host::ErrorKind::Invalid);
+        assert_eq!((errno_of(s), nbd_error_of(s), reason_of(s)), (linux::EIO, nbd::EIO, "I/O error"));
     }
 
     #[test]

@@ -1433,8 +1433,8 @@ pub fn refresh_ana(ctrl: &Controller) {
 }
 
 /// The block core's view of a controller ([`crate::context::ctrlview`]): the same calls as
-/// the methods of the same names, each one load, except `path_class` and
-/// `namespace_geometry`, which lock the controller briefly and are called per poll turn
+/// the methods of the same names, each one load, except `path_class`,
+/// `namespace_geometry` and `namespace_ids`, which lock the controller briefly and are called per poll turn
 /// at most, when a change count moved.
 impl crate::context::ctrlview::CoreController for Controller {
     type Head = crate::head::Head;
@@ -1482,6 +1482,13 @@ impl crate::context::ctrlview::CoreController for Controller {
     fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
         let g = self.lock();
         g.namespaces.iter().find(|n| n.nsid == nsid).map(|n| (n.block_shift, n.nsze))
+    }
+
+    fn namespace_ids(&self, nsid: Nsid) -> Option<crate::context::ctrlview::NsIds> {
+        // The list is replaced only by a scan that succeeded (a failed rescan keeps it).
+        let g = self.lock();
+        let n = g.namespaces.iter().find(|n| n.nsid == nsid)?;
+        Some(crate::context::ctrlview::NsIds { nguid: n.nguid, eui64: n.eui64, uuid: n.uuid })
     }
 
     fn traddr(&self) -> SocketAddr {

@@ -18,6 +18,9 @@ pub enum ErrorKind {
     Invalid,
     /// The controller is gone (ctrl_loss_tmo expired or deleted).
     Gone,
+    /// The namespace a device was opened on is gone: the target removed it, or put
+    /// another namespace under its NSID.
+    NamespaceGone,
     /// No resource (queue, tag) is free.
     Busy,
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering::Re
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use host::context::ctrlview::{CoreController, CoreHead};
+use host::context::ctrlview::{CoreController, CoreHead, NsIds};
 use host::controller::{CtrlMachine, MachineConfig};
 use host::head::ReferenceSelector;
 use host::mpath::{LinkState, PathClass, Policy};
@@ -203,6 +203,11 @@ impl CoreController for SimCtrl {
 
     fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
         (nsid == NSID).then(|| (self.block_shift.load(Relaxed), self.nsze.load(Relaxed)))
+    }
+
+    /// The simulated namespace never changes identity.
+    fn namespace_ids(&self, nsid: Nsid) -> Option<NsIds> {
+        (nsid == NSID).then_some(NsIds { nguid: [0x51; 16], eui64: [0; 8], uuid: None })
     }
 
     fn traddr(&self) -> SocketAddr {

@@ -42,7 +42,7 @@ use uring::{IoBuf, Payload, SEND_SEGMENTS_MAX, SendMsg, Wait};
 use super::request::{Command, Frame, Framer, Limits, PAYLOAD_HARD_MAX, Refusal, Request, check};
 use super::wire::{error_chunk, offset_data_header, simple_reply};
 use crate::device::DeviceInfo;
-use crate::errno::{nbd, nbd_error_of, reason_of};
+use crate::errno::{nbd, nbd_error_of, reason_of, refusal_status};
 
 /// Requests one client may have in flight.
 pub const REQUESTS_MAX: usize = 64;
@@ -135,8 +135,8 @@ impl Slot {
     /// submitted (this one and the rest) count as done, since no completion will come for
     /// them. True when nothing is left in flight, so the request can be answered now;
     /// otherwise the last outstanding chunk's completion answers it.
-    fn refuse_unissued(&mut self) -> bool {
-        self.status = Status::INTERNAL;
+    fn refuse_unissued(&mut self, status: Status) -> bool {
+        self.status = status;
         self.done += self.chunks - self.issued;
         self.issued = self.chunks;
         self.done >= self.chunks
@@ -554,9 +554,14 @@ impl<'a> Session<'a> {
                 if e.kind == host::ErrorKind::Busy && self.commands > 0 {
                     return false;
                 }
-                // Checked before submission, so this is a bug or a namespace that shrank.
-                tracing::warn!(error = %e, offset, len, "NBD request refused by the host context");
-                if s.refuse_unissued() {
+                if e.kind == host::ErrorKind::NamespaceGone {
+                    // The host said it once at warn level; every request gets it now.
+                    tracing::debug!(error = %e, offset, len, "NBD request refused by the host context");
+                } else {
+                    // Checked before submission, so this is a bug or a namespace that shrank.
+                    tracing::warn!(error = %e, offset, len, "NBD request refused by the host context");
+                }
+                if s.refuse_unissued(refusal_status(e.kind)) {
                     self.complete(i);
                 }
                 true
@@ -720,17 +725,17 @@ mod tests {
     fn a_refused_request_is_answered_once_nothing_of_it_is_in_flight() {
         let mut s = Slot::empty();
         s.chunks = 1;
-        assert!(s.refuse_unissued(), "one chunk, refused: nothing in flight");
+        assert!(s.refuse_unissued(Status::INTERNAL), "one chunk, refused: nothing in flight");
         assert!(!s.status.is_success());
         let mut s = Slot::empty();
         (s.chunks, s.issued, s.done) = (4, 2, 1);
-        assert!(!s.refuse_unissued(), "the second chunk is still in flight");
+        assert!(!s.refuse_unissued(Status::INTERNAL), "the second chunk is still in flight");
         assert_eq!((s.issued, s.done), (4, 3));
         s.done += 1; // its completion (on_done)
         assert!(s.done >= s.chunks && s.issued >= s.chunks, "on_done answers it now");
         let mut s = Slot::empty();
         (s.chunks, s.issued, s.done) = (3, 2, 2);
-        assert!(s.refuse_unissued(), "the issued chunks completed already");
+        assert!(s.refuse_unissued(Status::INTERNAL), "the issued chunks completed already");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use uring::ublk::{CharDev, IoDesc, op};
 
 use super::size::Sizes;
 use crate::device::DeviceInfo;
-use crate::errno::{errno_of, linux};
+use crate::errno::{errno_of, linux, refusal_status};
 
 /// What the thread does with one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -294,8 +294,14 @@ pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
                             None
                         }
                         Err((e, back)) => {
-                            tracing::warn!(queue = q, tag, error = %e, "ublk request refused by the host context");
-                            Some((-linux::EIO, back.or(keep).expect("the buffer comes back")))
+                            if e.kind == host::ErrorKind::NamespaceGone {
+                                // The host said it once at warn level; every I/O gets it now.
+                                tracing::debug!(queue = q, tag, error = %e, "ublk request refused by the host context");
+                            } else {
+                                tracing::warn!(queue = q, tag, error = %e, "ublk request refused by the host context");
+                            }
+                            let r = -errno_of(refusal_status(e.kind));
+                            Some((r, back.or(keep).expect("the buffer comes back")))
                         }
                     }
                 }

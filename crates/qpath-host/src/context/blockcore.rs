@@ -27,7 +27,8 @@ use nvme::opcode::io as opc;
 use nvme::{Cid, Nsid, SglDescriptor, Sqe, Status};
 use uring::IoBuf;
 
-use super::ctrlview::{CoreController, CoreHead};
+use self::identity::NsPresence;
+use super::ctrlview::{CoreController, CoreHead, NsIds};
 use super::req::{Claim, OnWire, Req, ReqState};
 use super::{
     AFTER_TAG_BUILT, Completion, ContextOptions, DepthLimitOrder, DevEntry, DevKind, DeviceId, LocalPath, Multi, Op,
@@ -181,6 +182,14 @@ impl<C: CoreController> BlockCore<C> {
         let Some(d) = self.devices.get(dev.0 as usize) else {
             return Err((Error::new(ErrorKind::Invalid, "no such device"), buf));
         };
+        if d.presence.refuses() {
+            // The namespace may be back since the last poll turn (only a refusal looks).
+            self.refresh_size(dev.0 as usize);
+            if let Some(e) = self.refusal(dev.0 as usize) {
+                return Err((e, buf));
+            }
+        }
+        let d = &self.devices[dev.0 as usize];
         let bs = 1u64 << d.block_shift;
         let len64 = u64::from(len);
         if !offset.is_multiple_of(bs) || !len64.is_multiple_of(bs) || (len == 0 && op.has_data()) {
@@ -195,6 +204,9 @@ impl<C: CoreController> BlockCore<C> {
             // The namespace may have grown since the last poll turn (not a per-I/O cost:
             // only a refusal looks, with one load per controller).
             let nsze = self.refresh_size(dev.0 as usize);
+            if let Some(e) = self.refusal(dev.0 as usize) {
+                return Err((e, buf));
+            }
             if slba.checked_add(nlb).is_none_or(|e| e > nsze) {
                 return Err((Error::new(ErrorKind::Invalid, "beyond the end of the device"), buf));
             }
@@ -336,7 +348,7 @@ impl<C: CoreController> BlockCore<C> {
     /// Gives a path the owner was asked for ([`BlockCore::take_attaches`]) the queue
     /// `qkey` it claimed of that controller ([`BlockCore::add_queue`]).
     pub fn attach_path(&mut self, a: PathAttach<C>, qkey: usize) {
-        self.set_path(a.dev, a.slot, LocalPath { ctrl: a.ctrl, nsid: a.nsid, qkey, suspect_at: None });
+        self.set_path(a.dev, a.slot, LocalPath::new(a.ctrl, a.nsid, qkey));
     }
 
     /// Opens namespace `nsid` on queue `qkey` (one path): `block_shift` and `nsze` as the
@@ -371,8 +383,7 @@ impl<C: CoreController> BlockCore<C> {
             return Err(Error::new(ErrorKind::Invalid, "no such queue"));
         }
         let n = paths.len();
-        let paths =
-            paths.into_iter().map(|p| p.map(|(ctrl, nsid, qkey)| LocalPath { ctrl, nsid, qkey, suspect_at: None }));
+        let paths = paths.into_iter().map(|p| p.map(|(ctrl, nsid, qkey)| LocalPath::new(ctrl, nsid, qkey)));
         let m = Multi {
             head: Arc::clone(head),
             sel: crate::mpath::Selector::new(CoreHead::policy(&**head), cpu),
@@ -502,6 +513,8 @@ impl<C: CoreController> BlockCore<C> {
         if key == d.size_seen {
             return d.nsze;
         }
+        self.refresh_presence(dev);
+        let d = &self.devices[dev];
         let geometry = match &d.kind {
             DevKind::Single { qkey, nsid } => self.queues[*qkey].ctrl.namespace_geometry(*nsid),
             DevKind::Spread(sp) => sp.qkeys.first().and_then(|&k| self.queues[k].ctrl.namespace_geometry(sp.nsid)),
@@ -521,7 +534,7 @@ impl<C: CoreController> BlockCore<C> {
         let d = &mut self.devices[dev];
         d.size_seen = key;
         let Some((shift, nsze)) = geometry else {
-            // The namespace is gone from the controller's list: its commands say so.
+            // Gone from the controller's list: the device refuses I/O (`refresh_presence`).
             return d.nsze;
         };
         let nsze = if shift == d.block_shift {
@@ -540,6 +553,120 @@ impl<C: CoreController> BlockCore<C> {
             d.nsze = nsze;
         }
         nsze
+    }
+
+    /// The identifiers device `dev`'s namespace has now, as its controllers list it (at
+    /// its opening: the first present path's of a multipath device).
+    fn listed_ids(&self, kind: &DevKind<C>) -> Option<NsIds> {
+        match kind {
+            DevKind::Single { qkey, nsid } => self.queues[*qkey].ctrl.namespace_ids(*nsid),
+            DevKind::Spread(sp) => sp.qkeys.first().and_then(|&k| self.queues[k].ctrl.namespace_ids(sp.nsid)),
+            DevKind::Multi(m) => m.paths.iter().flatten().find_map(|lp| lp.ctrl.namespace_ids(lp.nsid)),
+        }
+    }
+
+    /// The NSID device `dev` addresses (the first path's of a multipath device).
+    fn dev_nsid(&self, dev: usize) -> Option<Nsid> {
+        match &self.devices[dev].kind {
+            DevKind::Single { nsid, .. } => Some(*nsid),
+            DevKind::Spread(sp) => Some(sp.nsid),
+            DevKind::Multi(m) => m.paths.iter().flatten().map(|lp| lp.nsid).next(),
+        }
+    }
+
+    /// Compares device `dev`'s namespace, as its controllers' last successful scans list
+    /// it, with the one it was opened on ([`identity`]); called where its size is re-read
+    /// (a change count moved). A namespace removed or replaced fails every request of
+    /// the device not yet on the wire, and the device refuses I/O; the same namespace
+    /// listed again takes I/O again. Said once in the log at each change.
+    fn refresh_presence(&mut self, dev: usize) {
+        let d = &self.devices[dev];
+        let opened = d.ids;
+        let seen = match &d.kind {
+            DevKind::Single { qkey, nsid } => {
+                Some(identity::seen(opened, self.queues[*qkey].ctrl.namespace_ids(*nsid)))
+            }
+            DevKind::Spread(sp) => {
+                sp.qkeys.first().map(|&k| identity::seen(opened, self.queues[k].ctrl.namespace_ids(sp.nsid)))
+            }
+            DevKind::Multi(m) => identity::fold(
+                m.paths.iter().flatten().map(|lp| identity::seen(opened, lp.ctrl.namespace_ids(lp.nsid))),
+            ),
+        };
+        let Some(seen) = seen else { return };
+        let was = d.presence;
+        let now = was.transition(seen);
+        if now == was {
+            return;
+        }
+        self.devices[dev].presence = now;
+        let nsid = self.dev_nsid(dev).map_or(0, |n| n.0);
+        let old = opened.map_or_else(|| "none".to_string(), |i| i.to_string());
+        match (now, seen) {
+            (NsPresence::Replaced, identity::Seen::Replaced(new)) => tracing::warn!(
+                device = dev, nsid, old = %old, new = %new,
+                "another namespace is under the NSID the device was opened on: the device refuses I/O from now on"
+            ),
+            (NsPresence::Removed, _) => tracing::warn!(
+                device = dev, nsid, ids = %old,
+                "the namespace was removed from the controller: the device refuses I/O until it is back"
+            ),
+            (NsPresence::Present, _) => tracing::info!(device = dev, nsid, ids = %old, "the namespace is back"),
+            (NsPresence::Replaced, _) => {}
+        }
+        if now.refuses() {
+            self.fail_unsent(dev);
+        }
+    }
+
+    /// The error a submission to device `dev` gets while its namespace is gone.
+    fn refusal(&self, dev: usize) -> Option<Error> {
+        let nsid = self.dev_nsid(dev).map_or(0, |n| n.0);
+        match self.devices[dev].presence {
+            NsPresence::Present => None,
+            NsPresence::Removed => Some(Error::new(
+                ErrorKind::NamespaceGone,
+                format!("namespace {nsid} was removed from the target: the device refuses I/O"),
+            )),
+            NsPresence::Replaced => Some(Error::new(
+                ErrorKind::NamespaceGone,
+                format!(
+                    "namespace {nsid} was replaced by another namespace under the same NSID: the device refuses I/O"
+                ),
+            )),
+        }
+    }
+
+    /// Fails every request of device `dev` that is not on the wire (waiting for a queue,
+    /// a path, a tag or budget, or held after a lost connection): its namespace is gone,
+    /// and nothing of it may go out any more, to another namespace under its NSID least
+    /// of all. Completed with the status of a device that has no path left (EIO, as
+    /// Linux fails a bio of a disk it removed).
+    fn fail_unsent(&mut self, dev: usize) {
+        let reqs = &self.reqs;
+        let of_dev = |rid: &u32| reqs[*rid as usize].dev as usize == dev;
+        let mut unsent: Vec<u32> = Vec::new();
+        for qe in &mut self.queues {
+            unsent.extend(qe.waiting.iter().copied().filter(of_dev));
+            qe.waiting.retain(|r| !of_dev(r));
+        }
+        unsent.extend(self.held.iter().copied().filter(of_dev));
+        self.held.retain(|r| !of_dev(r));
+        let d = &mut self.devices[dev];
+        unsent.extend(d.waiting.drain(..));
+        let budget: Vec<u32> = d.budget_waiting.drain(..).collect();
+        for rid in budget {
+            let r = &self.reqs[rid as usize];
+            if let Some((tag, shared)) = r.state.tag() {
+                self.free_tag(dev, r.qkey, tag, shared);
+            }
+            if self.set_state(rid, ReqState::Waiting) {
+                unsent.push(rid);
+            }
+        }
+        for rid in unsent {
+            self.complete(rid, Status::HOST_PATH_ERROR);
+        }
     }
 
     pub(super) fn has_multi_refresh(&mut self) {
@@ -571,7 +698,10 @@ impl<C: CoreController> BlockCore<C> {
         if budget == Some(0) {
             return Err(Error::new(ErrorKind::Invalid, "a device's depth limit must be at least 1"));
         }
+        let ids = self.listed_ids(&kind);
         self.devices.push(DevEntry {
+            ids,
+            presence: NsPresence::Present,
             kind,
             block_shift,
             nsze,
@@ -976,7 +1106,12 @@ impl<C: CoreController> BlockCore<C> {
         let multipath = matches!(self.devices[dev].kind, DevKind::Multi(_));
         let retries = self.reqs[rid as usize].retries;
         let queues = &self.queues;
-        let disposition = disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io());
+        let mut disposition =
+            disposition(status, multipath, retries, &self.opts, || queues[qkey].ctrl.should_fail_io());
+        if self.devices[dev].presence.refuses() {
+            // The namespace is gone: a path error ends here, never sent (or held) again.
+            disposition = Disposition::Complete;
+        }
         if disposition != Disposition::Complete
             && crate::failover::must_hold(op_code(self.reqs[rid as usize].op), status)
         {
@@ -1147,7 +1282,7 @@ impl<C: CoreController> BlockCore<C> {
                 // A controller this context has a queue of: that queue. Another claims a
                 // queue of it, which is the owner's to do (`take_attaches`).
                 match self.queues.iter().position(|q| Arc::ptr_eq(&q.ctrl, &c)) {
-                    Some(qkey) => self.set_path(dev, i, LocalPath { ctrl: c, nsid: n, qkey, suspect_at: None }),
+                    Some(qkey) => self.set_path(dev, i, LocalPath::new(c, n, qkey)),
                     None => self.attaches.push(PathAttach { dev, slot: i, ctrl: c, nsid: n }),
                 }
             }
@@ -1167,6 +1302,8 @@ impl<C: CoreController> BlockCore<C> {
             return;
         }
         m.seen = key;
+        let opened = self.devices[dev].ids;
+        let DevKind::Multi(m) = &mut self.devices[dev].kind else { return };
         let mut states = Vec::with_capacity(m.paths.len());
         for (i, p) in m.paths.iter_mut().enumerate() {
             states.push(match p {
@@ -1179,6 +1316,9 @@ impl<C: CoreController> BlockCore<C> {
                     let conn = self.queues[lp.qkey].conn.is_some();
                     if class.is_usable() && (!conn || lp.suspect_at.is_some()) {
                         class = PathClass::Transient;
+                    }
+                    if path_has_other_ns(dev, lp, opened) {
+                        class = PathClass::Gone;
                     }
                     PathState::new(path_id(&lp.ctrl, lp.nsid), class)
                 }
@@ -1293,6 +1433,28 @@ impl<C: CoreController> BlockCore<C> {
     }
 }
 
+/// Whether the namespace under path `lp`'s NSID is another than the one device `dev`
+/// was opened on (`opened`): such a path is out of the device's path set, its I/O goes to
+/// the others (Linux removes that path's disk from the head the same way). Read when the
+/// device's path view moved (a change count among it), not per I/O; said once in the log.
+fn path_has_other_ns<C: CoreController>(dev: usize, lp: &mut LocalPath<C>, opened: Option<NsIds>) -> bool {
+    let other = match identity::seen(opened, lp.ctrl.namespace_ids(lp.nsid)) {
+        identity::Seen::Replaced(new) => {
+            if !lp.other_ns {
+                tracing::warn!(
+                    device = dev, nsid = lp.nsid.0, traddr = %lp.ctrl.traddr(),
+                    old = %opened.map_or_else(|| "none".to_string(), |i| i.to_string()), new = %new,
+                    "another namespace is under the NSID through this path: the path leaves the device's path set"
+                );
+            }
+            true
+        }
+        identity::Seen::Same | identity::Seen::Removed => false,
+    };
+    lp.other_ns = other;
+    other
+}
+
 pub(super) fn op_code(op: Op) -> u8 {
     match op {
         Op::Read => opc::READ,
@@ -1308,5 +1470,6 @@ fn nanos_since(t: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX)
 }
 
+pub(crate) mod identity;
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!   BlockCore<C: CoreController>            Controller (admin thread, sockets)
-//!     per poll turn / tick:  generation, change_count, is_live, path_class, namespace_geometry
+//!     per poll turn / tick:  generation, change_count, is_live, path_class
+//!     when a change count moved: namespace_geometry, namespace_ids
 //!     per failed command:    should_fail_io, failover_hold, ctrl_loss_tmo, report_io_failure,
 //!                            request_ana_refresh
 //!     logs, stall reports:   traddr, cntlid
@@ -54,10 +55,54 @@ pub trait CoreController {
     fn path_class(&self, nsid: Nsid) -> PathClass;
     /// Namespace `nsid`'s block shift and size in blocks, as last identified.
     fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)>;
+    /// Namespace `nsid`'s identifiers as the controller's last successful scan read them;
+    /// `None`: that scan did not list it (the target removed it). A scan that failed
+    /// leaves the last list in place: it never makes a namespace look removed.
+    fn namespace_ids(&self, nsid: Nsid) -> Option<NsIds>;
     /// Its address (logs, stall reports).
     fn traddr(&self) -> SocketAddr;
     /// Its controller id (stall reports).
     fn cntlid(&self) -> u16;
+}
+
+/// The identifiers of a namespace (NVMe Base 2.1 §4.5.2, Identify Namespace NGUID and
+/// EUI64 and the Namespace Identification Descriptor list's UUID): what makes it this
+/// namespace and not another one the target later put under the same NSID. Compared
+/// whole, as Linux compares them before it keeps a disk after a rescan
+/// (`nvme_ns_ids_equal` in `drivers/nvme/host/core.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsIds {
+    /// NGUID (all zeros: not reported).
+    pub nguid: [u8; 16],
+    /// EUI-64 (all zeros: not reported).
+    pub eui64: [u8; 8],
+    /// UUID, when a descriptor reported one.
+    pub uuid: Option<[u8; 16]>,
+}
+
+impl NsIds {
+    /// Whether the namespace reported no identifier at all: then nothing tells a
+    /// replacement from the same namespace, and the core does not try.
+    pub fn is_empty(&self) -> bool {
+        self.nguid == [0; 16] && self.eui64 == [0; 8] && self.uuid.is_none()
+    }
+}
+
+impl std::fmt::Display for NsIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hex = |f: &mut std::fmt::Formatter<'_>, b: &[u8]| b.iter().try_for_each(|x| write!(f, "{x:02x}"));
+        f.write_str("nguid ")?;
+        hex(f, &self.nguid)?;
+        f.write_str(" eui64 ")?;
+        hex(f, &self.eui64)?;
+        match &self.uuid {
+            Some(u) => {
+                f.write_str(" uuid ")?;
+                hex(f, u)
+            }
+            None => f.write_str(" uuid none"),
+        }
+    }
 }
 
 /// A multipath head as the block core sees it: path slots of controllers, a policy, and

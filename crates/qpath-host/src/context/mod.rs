@@ -240,6 +240,15 @@ struct LocalPath<C> {
     qkey: usize,
     /// An ANA error was seen: the path counts as transient until the controller's change count moves.
     suspect_at: Option<u64>,
+    /// The namespace under `nsid` through this controller is not the device's any more
+    /// (other identifiers): the path is out of the path set.
+    other_ns: bool,
+}
+
+impl<C> LocalPath<C> {
+    fn new(ctrl: Arc<C>, nsid: Nsid, qkey: usize) -> LocalPath<C> {
+        LocalPath { ctrl, nsid, qkey, suspect_at: None, other_ns: false }
+    }
 }
 
 struct Multi<C: CoreController> {
@@ -355,6 +364,10 @@ struct DevEntry<C: CoreController> {
     /// re-read ([`BlockCore::refresh_sizes`]): a namespace resized (Namespace Attribute
     /// Changed, a rescan) moves them.
     size_seen: u64,
+    /// The identifiers of the namespace the device was opened on (`None`: not known).
+    ids: Option<ctrlview::NsIds>,
+    /// Whether that namespace is still there ([`blockcore::identity`]).
+    presence: blockcore::identity::NsPresence,
     /// Requests waiting for a path (multipath) or a shared tag.
     waiting: VecDeque<u32>,
     /// This device's share of the host-wide tag set, if one is used.
@@ -543,7 +556,7 @@ impl Context {
         let mut devs = Vec::new();
         for a in attaches {
             if let Ok(qkey) = self.attach(&a.ctrl) {
-                self.core.set_path(a.dev, a.slot, LocalPath { ctrl: a.ctrl, nsid: a.nsid, qkey, suspect_at: None });
+                self.core.set_path(a.dev, a.slot, LocalPath::new(a.ctrl, a.nsid, qkey));
                 devs.push(a.dev);
             }
         }

@@ -13,7 +13,7 @@ use nvme::{Cid, Cntlid, Cqe, Nsid, Status};
 use uring::IoBuf;
 
 use super::*;
-use crate::context::ctrlview::{CoreController, CoreHead};
+use crate::context::ctrlview::{CoreController, CoreHead, NsIds};
 use crate::context::req::ReqState;
 use crate::context::{ContextOptions, DevKind, DeviceId, Multi, Op};
 use crate::head::ReferenceSelector;
@@ -81,7 +81,14 @@ struct TestCtrl {
     io_failures: AtomicU32,
     ana_refreshes: AtomicU32,
     nsze: AtomicU64,
+    /// Namespace 1's identifiers as the last scan listed them; `None`: not listed.
+    ids: Mutex<Option<NsIds>>,
 }
+
+/// Namespace 1's identifiers when the test starts.
+const IDS_A: NsIds = NsIds { nguid: [0xa1; 16], eui64: [0xa2; 8], uuid: Some([0xa3; 16]) };
+/// Another namespace's.
+const IDS_B: NsIds = NsIds { nguid: [0xb1; 16], eui64: [0xb2; 8], uuid: Some([0xb3; 16]) };
 
 impl TestCtrl {
     fn new(port: u16, hold: Duration, ctrl_loss_tmo: Option<Duration>) -> Arc<TestCtrl> {
@@ -96,6 +103,7 @@ impl TestCtrl {
             io_failures: AtomicU32::new(0),
             ana_refreshes: AtomicU32::new(0),
             nsze: AtomicU64::new(2048),
+            ids: Mutex::new(Some(IDS_A)),
         })
     }
 
@@ -110,6 +118,16 @@ impl TestCtrl {
     fn resize(&self, nsze: u64) {
         self.nsze.store(nsze, Relaxed);
         self.change_count.fetch_add(1, Relaxed);
+    }
+
+    /// A rescan lists namespace 1 with `ids` (`None`: not at all).
+    fn list(&self, ids: Option<NsIds>) {
+        *self.ids.lock().unwrap() = ids;
+        self.change_count.fetch_add(1, Relaxed);
+    }
+
+    fn listed(&self) -> bool {
+        self.ids.lock().unwrap().is_some()
     }
 
     fn io_failure_reported(&self) -> bool {
@@ -153,7 +171,7 @@ impl CoreController for TestCtrl {
     }
 
     fn path_class(&self, nsid: Nsid) -> PathClass {
-        match (nsid == Nsid(1), self.live.load(Relaxed), self.fail_io.load(Relaxed)) {
+        match (nsid == Nsid(1) && self.listed(), self.live.load(Relaxed), self.fail_io.load(Relaxed)) {
             (false, _, _) | (_, false, true) => PathClass::Gone,
             (true, true, _) => PathClass::Optimized,
             (true, false, false) => PathClass::Transient,
@@ -161,7 +179,11 @@ impl CoreController for TestCtrl {
     }
 
     fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
-        (nsid == Nsid(1)).then(|| (9, self.nsze.load(Relaxed)))
+        (nsid == Nsid(1) && self.listed()).then(|| (9, self.nsze.load(Relaxed)))
+    }
+
+    fn namespace_ids(&self, nsid: Nsid) -> Option<NsIds> {
+        if nsid == Nsid(1) { *self.ids.lock().unwrap() } else { None }
     }
 
     fn traddr(&self) -> SocketAddr {
@@ -293,6 +315,12 @@ impl Rig {
     /// The request slot of the caller's `token`.
     fn rid_of(&self, token: u64) -> u32 {
         u32::try_from(self.core.reqs.iter().position(|r| r.token == token).unwrap()).unwrap()
+    }
+
+    /// [`try_submit`] at `ms`.
+    fn try_io(&mut self, op: Op, block: u64, token: u64, ms: u64) -> std::result::Result<(), (ErrorKind, String)> {
+        let now = self.at(ms);
+        try_submit(&mut self.core, self.dev, op, block, token, now)
     }
 
     fn waiting(&self) -> usize {
@@ -807,7 +835,7 @@ fn multipath(opts: ContextOptions, hold: Duration) -> Multipath {
         head.paths.lock().unwrap().push(Some((Arc::clone(&c), Nsid(1))));
         let qkey = core.add_queue(&c, 0).unwrap();
         ckeys[i] = core.install(qkey, live_queue(8), c.generation(), t0);
-        paths.push(Some(LocalPath { ctrl: Arc::clone(&c), nsid: Nsid(1), qkey, suspect_at: None }));
+        paths.push(Some(LocalPath::new(Arc::clone(&c), Nsid(1), qkey)));
         ctrls.push(c);
     }
     let m = Multi {
@@ -962,4 +990,148 @@ fn an_ana_error_asks_its_controller_for_the_ana_log_and_the_read_takes_the_other
     assert_eq!(mp.ctrls[1 - path].ana_refreshes.load(Relaxed), 0);
     assert_eq!(mp.sent(1 - path).len(), 1, "failed over to the other path");
     assert!(mp.core.done.is_empty());
+}
+
+/// Submits a 4 KiB `op` at `block` of `dev`; the refusal's kind and text if refused.
+fn try_submit(
+    core: &mut BlockCore<TestCtrl>,
+    dev: DeviceId,
+    op: Op,
+    block: u64,
+    token: u64,
+    now: Instant,
+) -> std::result::Result<(), (ErrorKind, String)> {
+    let (len, b) = if op == Op::Flush { (0, None) } else { (4096, buf()) };
+    core.submit(dev, 0, op, block * 4096, len, b, token, now).map_err(|(e, _)| (e.kind, e.to_string()))
+}
+
+#[test]
+fn a_namespace_replaced_under_its_nsid_fails_what_waits_and_the_device_refuses_io_for_good() {
+    let mut rig = Rig::simple(8);
+    rig.core.refresh_sizes();
+    rig.submit(Op::Write, 0, 1, 0);
+    assert_eq!(rig.sent().len(), 1);
+    // The connection goes: the write waits for the reconnect; another write waits too.
+    rig.lose_connection(1);
+    rig.submit(Op::Write, 1, 2, 2);
+    assert_eq!(rig.waiting(), 2);
+    // A rescan lists another namespace (new NGUID) under NSID 1: at the poll turn both
+    // waiting writes fail, neither goes to the new namespace when the queue is back.
+    rig.ctrl.list(Some(IDS_B));
+    rig.core.refresh_sizes();
+    let mut done = rig.done();
+    done.sort_unstable_by_key(|&(t, _)| t);
+    assert_eq!(done, [(1, Status::HOST_PATH_ERROR), (2, Status::HOST_PATH_ERROR)]);
+    assert_eq!(rig.waiting(), 0);
+    rig.reconnect(8, 3);
+    assert!(rig.sent().is_empty(), "nothing sent to the namespace that replaced it");
+    for op in [Op::Write, Op::Read, Op::Flush] {
+        let (kind, why) = rig.try_io(op, 0, 3, 4).unwrap_err();
+        assert_eq!(kind, ErrorKind::NamespaceGone, "{op:?}");
+        assert!(why.contains("namespace 1 was replaced"), "{why}");
+    }
+    // For good: even a rescan that shows the old identifiers again opens nothing.
+    rig.ctrl.list(Some(IDS_A));
+    rig.core.refresh_sizes();
+    assert_eq!(rig.try_io(Op::Read, 0, 4, 5).unwrap_err().0, ErrorKind::NamespaceGone);
+    assert!(rig.sent().is_empty() && rig.done().is_empty());
+    assert_eq!(rig.core.in_flight(), 0);
+}
+
+#[test]
+fn a_write_on_the_wire_when_its_namespace_was_replaced_is_not_sent_again_after_a_path_error() {
+    let mut rig = Rig::simple(8);
+    rig.submit(Op::Write, 0, 1, 0);
+    let cid = rig.sent()[0].1;
+    rig.ctrl.list(Some(IDS_B));
+    rig.core.refresh_sizes();
+    // It was on the wire before the host knew: its path error ends it, no retry.
+    rig.answer(cid, Status::HOST_PATH_ERROR, 1);
+    assert_eq!(rig.done(), [(1, Status::HOST_PATH_ERROR)]);
+    assert!(rig.sent().is_empty());
+    assert_eq!(rig.waiting(), 0);
+}
+
+#[test]
+fn a_removed_namespace_fails_io_at_once_and_the_same_namespace_back_takes_io_again() {
+    let mut rig = Rig::simple(8);
+    rig.core.refresh_sizes();
+    rig.lose_connection(0);
+    rig.submit(Op::Read, 0, 1, 1);
+    assert_eq!(rig.waiting(), 1);
+    // Gone from the controller's list: the waiting read fails (does not hang), a new one
+    // is refused at submission.
+    rig.ctrl.list(None);
+    rig.core.refresh_sizes();
+    assert_eq!(rig.done(), [(1, Status::HOST_PATH_ERROR)]);
+    let (kind, why) = rig.try_io(Op::Write, 0, 2, 2).unwrap_err();
+    assert_eq!(kind, ErrorKind::NamespaceGone);
+    assert!(why.contains("namespace 1 was removed"), "{why}");
+    rig.reconnect(8, 3);
+    assert!(rig.sent().is_empty());
+    // Listed again with the identifiers the device was opened on: the same namespace.
+    // The submission finds it back without waiting for a poll turn.
+    rig.ctrl.list(Some(IDS_A));
+    assert_eq!(rig.try_io(Op::Write, 0, 3, 4), Ok(()));
+    let sent = rig.sent();
+    assert_eq!(sent.len(), 1);
+    rig.answer(sent[0].1, Status::SUCCESS, 5);
+    assert_eq!(rig.done(), [(3, Status::SUCCESS)]);
+    // Removed, then another namespace under the NSID: replaced, for good.
+    rig.ctrl.list(None);
+    rig.core.refresh_sizes();
+    rig.ctrl.list(Some(IDS_B));
+    rig.core.refresh_sizes();
+    rig.ctrl.list(Some(IDS_A));
+    let (kind, why) = rig.try_io(Op::Read, 0, 4, 6).unwrap_err();
+    assert!(kind == ErrorKind::NamespaceGone && why.contains("replaced"), "{why}");
+}
+
+#[test]
+fn a_change_that_keeps_the_namespace_does_not_refuse_io() {
+    // A controller's change count moves for many reasons (ANA, reconnects, a resize, a
+    // rescan that listed the same namespace): only its identifiers decide.
+    let mut rig = Rig::simple(8);
+    rig.ctrl.resize(4096);
+    rig.core.refresh_sizes();
+    rig.ctrl.list(Some(IDS_A));
+    rig.core.refresh_sizes();
+    assert_eq!(rig.try_io(Op::Read, 300, 1, 1), Ok(()));
+    assert_eq!(rig.sent().len(), 1);
+}
+
+#[test]
+fn a_multipath_path_whose_namespace_was_replaced_leaves_the_path_set_and_the_device_refuses_when_none_is_left() {
+    let mut mp = multipath(ContextOptions::default(), Duration::ZERO);
+    let t0 = mp.t0;
+    mp.core.refresh_sizes();
+    // Path 0's controller lists another namespace under NSID 1; path 1's the device's.
+    mp.ctrls[0].list(Some(IDS_B));
+    mp.core.refresh_sizes();
+    mp.core.refresh_all_paths(t0);
+    for token in 0..4u64 {
+        assert_eq!(try_submit(&mut mp.core, mp.dev, Op::Write, token, token, t0), Ok(()));
+    }
+    assert!(mp.sent(0).is_empty(), "nothing to the replaced namespace");
+    let on_1 = mp.sent(1);
+    assert_eq!(on_1.len(), 4, "all on the path that still carries the namespace");
+    // Path 1's goes too: no path carries the namespace, the device refuses.
+    mp.ctrls[1].list(Some(IDS_B));
+    mp.core.refresh_sizes();
+    mp.core.refresh_all_paths(t0);
+    let (kind, why) = try_submit(&mut mp.core, mp.dev, Op::Write, 0, 9, t0).unwrap_err();
+    assert!(kind == ErrorKind::NamespaceGone && why.contains("replaced"), "{why}");
+    // The writes on the wire come back with a path error: none is sent again.
+    let mut out = Vec::new();
+    for &(_, cid) in &on_1 {
+        EncoderConfig::default().capsule_resp(&mut out, &Cqe::with_status(Cid(cid), Status::HOST_PATH_ERROR));
+    }
+    let ck = mp.ckeys[1];
+    mp.core.conns[ck].as_mut().unwrap().q.feed(&out);
+    mp.core.deliver(ck, false, t0, |_| {});
+    mp.core.tick(t0 + Duration::from_millis(100));
+    assert!(mp.sent(0).is_empty() && mp.sent(1).is_empty());
+    let done: Vec<Status> = mp.core.done.drain(..).map(|c| c.status).collect();
+    assert_eq!(done, [Status::HOST_PATH_ERROR; 4]);
+    assert_eq!(mp.core.in_flight(), 0);
 }
