@@ -8,8 +8,8 @@
 //! A namespace only removed: the device refuses I/O at once too, rather than sending it
 //! for the target to answer Invalid Namespace.
 //!
-//! The target derives a namespace's NGUID and EUI-64 from its subsystem and NSID, so the
-//! new namespace is given its own UUID here: the identifier that tells the two apart.
+//! The new namespace is added as an operator would, without identifiers of its own: the
+//! target gives a namespace added while it runs a new UUID, NGUID and EUI-64.
 
 mod loopback;
 
@@ -27,9 +27,6 @@ use target::config::DEFAULT_NQN;
 use target::rpc::call;
 use target::server::Server;
 use uring::{IoBuf, Wait};
-
-/// The new namespace's UUID (the old one's is derived from the NQN and NSID).
-const NEW_UUID: &str = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9";
 
 fn connect(addr: std::net::SocketAddr) -> Arc<Controller> {
     let mut o = ConnectOptions::new(addr, DEFAULT_NQN);
@@ -61,15 +58,17 @@ fn io(
     }
 }
 
-/// Removes namespace 1 and adds a new RAM namespace under NSID 1 with its own UUID, then
-/// waits (at most 10 s) until every controller's rescan lists the new one.
+/// Removes namespace 1 and adds a new RAM namespace under NSID 1 (no identifiers given),
+/// then waits (at most 10 s) until every controller's rescan lists the new one: another
+/// NGUID than the old one's.
 fn replace_namespace(server: &Server, ctrls: &[&Arc<Controller>]) {
+    let old = ctrls[0].namespace(Nsid(1)).expect("namespace 1 is listed").nguid;
     call(server, "remove_namespace", &json!({"nqn": DEFAULT_NQN, "nsid": 1})).expect("the target removes it");
-    let add = json!({"nqn": DEFAULT_NQN, "nsid": 1, "backend": "ram", "size": "16M", "uuid": NEW_UUID});
+    let add = json!({"nqn": DEFAULT_NQN, "nsid": 1, "backend": "ram", "size": "16M"});
     call(server, "add_namespace", &add).expect("the target adds another under NSID 1");
     let deadline = Instant::now() + Duration::from_secs(10);
     for c in ctrls {
-        while c.namespace(Nsid(1)).and_then(|n| n.uuid).is_none_or(|u| nvme::nqn::format_uuid(&u) != NEW_UUID) {
+        while c.namespace(Nsid(1)).is_none_or(|n| n.nguid == old) {
             assert!(Instant::now() < deadline, "the host's controller did not rescan");
             std::thread::sleep(Duration::from_millis(10));
         }

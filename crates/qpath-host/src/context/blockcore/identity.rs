@@ -83,7 +83,8 @@ mod tests {
 
     const A: NsIds = NsIds { nguid: [1; 16], eui64: [1; 8], uuid: Some([1; 16]) };
     /// The same NGUID and EUI-64, another UUID: what a target that derives the first two
-    /// from the NSID gives a new namespace. Linux compares all three, so does the core.
+    /// from the NSID alone gives a namespace configured with its own UUID. Linux compares
+    /// all three, so does the core.
     const B: NsIds = NsIds { uuid: Some([2; 16]), ..A };
 
     #[test]
