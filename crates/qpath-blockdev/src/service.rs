@@ -10,13 +10,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use host::controller::Controller;
+use host::head::Head;
 use serde_json::{Value, json};
 
 use crate::device::{DeviceInfo, LIVE_WAIT_DEFAULT, TRANSFER_CAP_DEFAULT, wait_live};
 use crate::error::{Error, ErrorKind, Result};
 use crate::spec::{HeadSpec, disconnect};
 use crate::ublk::device::{UblkDevice, UblkOptions, list_devices};
-use crate::ublk::{DeviceState, load_states, remove_state, save_state};
+use crate::ublk::{DeviceState, load_states, namespace_id_hex, remove_state, save_state};
 
 /// How a device is added.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -111,6 +112,7 @@ impl Service {
             spec: spec.clone(),
             max_transfer: opts.max_transfer,
             read_only: opts.read_only,
+            namespace_id: Some(namespace_id_hex(&head.uid)),
         };
         if let Err(e) = save_state(&self.state_dir, &st) {
             tracing::warn!(error = %e, "ublk device {} serves, but its state was not saved: a restarted qpath cannot take it over", dev.dev_id());
@@ -151,6 +153,7 @@ impl Service {
     fn recover(&self, st: &DeviceState) -> Result<String> {
         let (ctrls, head) = st.spec.connect()?;
         let made = (|| {
+            same_namespace(st, &head)?;
             wait_live(&head, LIVE_WAIT_DEFAULT)?;
             let info = DeviceInfo::probe(&head, st.max_transfer)?;
             let uo = UblkOptions { read_only: st.read_only, ..UblkOptions::default() };
@@ -279,6 +282,25 @@ impl Service {
     }
 }
 
+/// A device is taken over only while its namespace is the one it was made for: after the
+/// target replaced the namespace under the NSID, the device's data (a file system, a
+/// database) is not on it, and serving it would hand the application another namespace's
+/// blocks (Linux removes a disk whose namespace's identifiers changed).
+fn same_namespace(st: &DeviceState, head: &Head) -> Result<()> {
+    let now = namespace_id_hex(&head.uid);
+    match &st.namespace_id {
+        Some(was) if *was != now => Err(Error::new(
+            ErrorKind::Invalid,
+            format!(
+                "namespace {} of {} is not the one /dev/ublkb{} was made for (its identifiers changed: the target \
+                 replaced it); the device is not taken over: delete it with `qpath ublk del {}`",
+                st.spec.nsid, st.spec.subnqn, st.dev_id, st.dev_id
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn describe(dev: &UblkDevice, spec: &HeadSpec, paths: usize) -> Value {
     let i = dev.info();
     json!({
@@ -312,4 +334,32 @@ pub fn default_state_dir() -> PathBuf {
 /// A parameter error.
 pub(crate) fn invalid(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::Invalid, what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_is_taken_over_only_while_its_namespace_is_the_one_it_was_made_for() {
+        let head = Head::new("nqn.x:y", [0xab; 16], host::mpath::Policy::Numa);
+        let mut st = DeviceState {
+            dev_id: 3,
+            spec: HeadSpec::new(vec!["127.0.0.1:4420".into()], "nqn.x:y"),
+            max_transfer: 512 << 10,
+            read_only: false,
+            namespace_id: Some(namespace_id_hex(&[0xab; 16])),
+        };
+        assert!(same_namespace(&st, &head).is_ok());
+        st.namespace_id = Some(namespace_id_hex(&[0xcd; 16]));
+        let why = same_namespace(&st, &head).unwrap_err().to_string();
+        assert!(why.contains("not the one /dev/ublkb3 was made for") && why.contains("qpath ublk del 3"), "{why}");
+        // A state file written before the identifier was kept: nothing to compare.
+        st.namespace_id = None;
+        assert!(same_namespace(&st, &head).is_ok());
+        // Such a file has no field for it, and reads back.
+        let old = serde_json::to_string(&st).unwrap();
+        assert!(!old.contains("namespace_id"), "{old}");
+        assert_eq!(serde_json::from_str::<DeviceState>(&old).unwrap(), st);
+    }
 }

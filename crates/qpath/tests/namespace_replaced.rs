@@ -157,3 +157,26 @@ fn a_device_whose_namespace_was_removed_fails_io_at_once_instead_of_sending_it()
     ctrl.delete();
     server.shutdown();
 }
+
+/// A head made for a namespace is opened again (an NBD client connecting to an export, a
+/// ublk queue starting) after the target replaced the namespace: the open is refused, so a
+/// new device never reaches the other namespace, which stays untouched.
+#[test]
+fn a_head_is_not_opened_again_once_another_namespace_is_under_its_nsid() {
+    let (server, addrs) = loopback::target(1, "16M");
+    let ctrl = connect(addrs[0]);
+    let heads = Head::build(&[Arc::clone(&ctrl)], Policy::Numa);
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let dev = ctx.open_head(&heads[0]).expect("the head opens while its namespace is there");
+    assert_eq!(io(&mut ctx, dev, Op::Write, 0, 0x5a).map(|r| r.0), Ok(Status::SUCCESS));
+    drop(ctx);
+    replace_namespace(&server, &[&ctrl]);
+    let mut ctx = Context::new(ContextOptions::default()).unwrap();
+    let e = ctx.open_head(&heads[0]).expect_err("a head is not opened on another namespace");
+    assert_eq!(e.kind, ErrorKind::NamespaceGone, "{e}");
+    assert!(e.to_string().contains("namespace 1 of") && e.to_string().contains("was replaced"), "{e}");
+    drop(ctx);
+    assert_new_namespace_untouched(addrs[0]);
+    ctrl.delete();
+    server.shutdown();
+}

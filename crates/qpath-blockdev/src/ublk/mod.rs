@@ -30,6 +30,16 @@ pub struct DeviceState {
     /// Served read-only.
     #[serde(default)]
     pub read_only: bool,
+    /// The unique identifier (NGUID, else EUI-64, else UUID; hex) of the namespace the
+    /// device was made for: a restarted server takes the device over only while the
+    /// namespace under the NSID is still that one. Absent in a state file of an older qpath.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_id: Option<String>,
+}
+
+/// A namespace's unique identifier as a state file holds it.
+pub fn namespace_id_hex(uid: &[u8; 16]) -> String {
+    uid.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Where device `dev_id`'s state lives in `dir`.
@@ -95,6 +105,7 @@ mod tests {
             spec: HeadSpec::new(vec!["127.0.0.1:4420".into(), "127.0.0.1:4421".into()], "nqn.x:y"),
             max_transfer: 512 << 10,
             read_only: false,
+            namespace_id: Some(namespace_id_hex(&[0xab; 16])),
         };
         save_state(&dir, &s).unwrap();
         std::fs::write(dir.join("ublk-9.json"), b"{not json").unwrap();

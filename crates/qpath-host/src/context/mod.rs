@@ -682,30 +682,56 @@ impl Context {
         self.core.new_device(DevKind::Spread(Box::new(dev)), ns.block_shift, ns.nsze, None)
     }
 
-    /// Opens a multipath head: attaches a queue of every path's controller.
+    /// Opens a multipath head: attaches a queue of every path's controller whose namespace
+    /// is the head's. A path whose controller lists another namespace under the NSID (other
+    /// identifiers: the target replaced it since the head was made) is left out, and with no
+    /// path left to the head's namespace the open is refused: a device made for a namespace
+    /// never reaches another one (an NBD client connecting, a ublk queue starting).
     pub fn open_head(&mut self, head: &Arc<Head>) -> Result<DeviceId> {
         let slots = head.paths();
         let mut paths = Vec::with_capacity(slots.len());
         let mut geometry = None;
+        let mut replaced = None;
         for s in &slots {
             paths.push(match s {
                 Some((c, nsid)) => {
-                    if geometry.is_none()
-                        && let Some(ns) = c.namespace(*nsid)
+                    let ns = c.namespace(*nsid);
+                    if head.uid != [0; 16]
+                        && let Some(n) = ns.as_ref().filter(|n| n.unique_id() != Some(head.uid))
                     {
-                        geometry = Some((ns.block_shift, ns.nsze));
+                        tracing::warn!(
+                            traddr = %c.opts.traddr, nsid = n.nsid.0,
+                            "the namespace under the NSID through this path is not the one the device was made for \
+                             (other identifiers): the path is left out"
+                        );
+                        replaced = Some(n.nsid);
+                        None
+                    } else {
+                        if geometry.is_none()
+                            && let Some(ns) = ns
+                        {
+                            geometry = Some((ns.block_shift, ns.nsze));
+                        }
+                        let qkey = self.attach(c)?;
+                        Some((Arc::clone(c), *nsid, qkey))
                     }
-                    let qkey = self.attach(c)?;
-                    Some((Arc::clone(c), *nsid, qkey))
                 }
                 None => None,
             });
         }
-        let (block_shift, nsze) = geometry.ok_or_else(|| {
-            Error::new(
+        let (block_shift, nsze) = geometry.ok_or_else(|| match replaced {
+            Some(nsid) => Error::new(
+                ErrorKind::NamespaceGone,
+                format!(
+                    "namespace {} of {} was replaced by another namespace under the same NSID: it is not the one \
+                     the device was made for",
+                    nsid.0, head.subnqn
+                ),
+            ),
+            None => Error::new(
                 ErrorKind::Invalid,
                 "no path's controller lists the namespace (removed from the target, or not visible to this host)",
-            )
+            ),
         })?;
         let now = Instant::now();
         let id = self.core.open_multi(head, paths, block_shift, nsze, self.cpu(), now)?;
