@@ -2487,6 +2487,10 @@ impl Connection {
             self.set_state(ConnState::Closed);
             return;
         }
+        // An idle queue lets go of a removed namespace too (one load when nothing
+        // changed): its map would keep the namespace, and its file open and locked, for
+        // as long as the host stays connected without a command.
+        self.refresh_ns();
         let Some(b) = &self.binding else { return };
         let ctrl = Arc::clone(b.controller());
         if self.traffic_ms > self.traffic_reported_ms {

@@ -253,6 +253,37 @@ fn rpc_add_namespace_never_shrinks_grows_only_when_asked_and_locks_until_removed
     assert!(!new.exists(), "the failed add removed the file it created");
 }
 
+/// A removed file namespace lets its file go while a host stays connected to the
+/// subsystem without a command: the file can be served again (and is then locked by the
+/// new namespace), as the operator who removed it expects.
+#[test]
+fn a_removed_namespace_lets_its_file_go_while_an_idle_host_stays_connected() {
+    let d = Dir::new("idle-host");
+    let img = d.image("vol1.img", 4 * MIB);
+    let t = Target::start(&d, "t", &[file_ns(&img, "")]);
+    let (admin, cntlid) = Peer::admin(t.addr, 30_000);
+    let mut q = Peer::io(t.addr, cntlid, 1, 31);
+    // The I/O queue has used the namespace, then stays connected and silent.
+    let sqe = Sqe::rw(io::READ, Cid(7), Nsid(1), 0, 1, SglDescriptor::transport(512));
+    assert_eq!(q.cmd(&sqe, &[]).0.status, Status::SUCCESS);
+    let nqn = format!("nqn={NQN}");
+    t.rpc("remove_namespace", &[&nqn, "nsid:=1"]).unwrap();
+    let path = format!("path={}", img.display());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match t.rpc("add_namespace", &[&nqn, "backend=file", &path, "nsid:=1"]) {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(e.contains("already used by namespace 1"), "{e}");
+                assert!(Instant::now() < deadline, "the removed namespace still holds its file: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    assert_eq!(namespace_sizes(&t), vec![(1, 4 * MIB)]);
+    drop((admin, q));
+}
+
 #[test]
 fn two_namespaces_of_one_config_on_one_file_are_refused() {
     let d = Dir::new("twice");
