@@ -241,6 +241,7 @@ fn list(a: &ListArgs) -> R {
 pub fn host(a: HostArgs) -> R {
     let stop = stop_on_signals()?;
     let state_dir = a.state_dir.clone().unwrap_or_else(default_state_dir);
+    let _one_host = blockdev::ublk::lock_state_dir(&state_dir)?;
     let svc = Service::new(state_dir.clone());
     if !a.no_recover {
         for (id, r) in svc.recover_all() {

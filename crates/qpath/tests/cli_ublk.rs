@@ -111,8 +111,14 @@ fn qpath_host_answers_checks_its_parameters_and_forgets_devices_the_kernel_lost(
     assert!(ok && out.contains("device"), "{out}");
     let (ok, out) = qpath(&["ublk", "list", "--rpc-socket", dir.path("nobody.sock").to_str().unwrap()]);
     assert!(!ok && out.contains("nobody.sock"), "a socket given and not answering is an error: {out}");
-    // A second qpath host on the same socket is refused; the first keeps serving.
-    let (ok, out) = qpath(&["host", "--rpc-socket", s, "--state-dir", state.to_str().unwrap()]);
+    // A second qpath host on the same state directory is refused, naming the first; on
+    // the same socket too; the first keeps serving.
+    let other_sock = dir.path("other.sock");
+    let (ok, out) =
+        qpath(&["host", "--rpc-socket", other_sock.to_str().unwrap(), "--state-dir", state.to_str().unwrap()]);
+    assert!(!ok && out.contains(&format!("used by another qpath host (process {})", host.id())), "{out}");
+    assert!(!other_sock.exists(), "the refused host made no socket");
+    let (ok, out) = qpath(&["host", "--rpc-socket", s, "--state-dir", dir.path("state2").to_str().unwrap()]);
     assert!(!ok && out.contains("another process serves"), "{out}");
     assert!(qpath(&["rpc", "--socket", s, "ublk_list"]).0);
     // SIGTERM: it stops and removes its socket.

@@ -42,6 +42,53 @@ pub fn namespace_id_hex(uid: &[u8; 16]) -> String {
     uid.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// One `qpath host` per state directory: two would each take over the devices the other
+/// serves after a restart and remove each other's state files. The lock (an open-file
+/// lock on `DIR/host.lock`, holding the holder's pid as text) lasts as long as the returned
+/// file is open, and goes with the process however it ends.
+pub fn lock_state_dir(dir: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::io(format!("{}: creating the state directory", dir.display()), &e))?;
+    let path = dir.join("host.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| Error::io(path.display(), &e))?;
+    if let Err(e) = uring::try_lock_file(f.as_raw_fd(), uring::FileLock::Exclusive) {
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(Error::io(format!("{}: locking", path.display()), &e));
+        }
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() { String::new() } else { format!(" (process {holder})") };
+        return Err(Error::new(
+            ErrorKind::Busy,
+            format!(
+                "the state directory {} is used by another qpath host{who}: one qpath host per state directory \
+                 (another --state-dir for a second one)",
+                dir.display()
+            ),
+        ));
+    }
+    let pid = std::process::id().to_string();
+    f.set_len(0)
+        .and_then(|()| f.rewind())
+        .and_then(|()| f.write_all(pid.as_bytes()))
+        .map_err(|e| Error::io(path.display(), &e))?;
+    Ok(f)
+}
+
 /// Where device `dev_id`'s state lives in `dir`.
 pub fn state_path(dir: &Path, dev_id: u32) -> PathBuf {
     dir.join(format!("ublk-{dev_id}.json"))
@@ -96,6 +143,19 @@ pub fn remove_state(dir: &Path, dev_id: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_host_per_state_directory_and_the_second_is_told_who_holds_it() {
+        let dir = std::env::temp_dir().join(format!("qpath-ublk-lock-{}", std::process::id()));
+        let first = lock_state_dir(&dir).unwrap();
+        let why = lock_state_dir(&dir).unwrap_err().to_string();
+        assert!(why.contains("used by another qpath host"), "{why}");
+        assert!(why.contains(&format!("(process {})", std::process::id())), "{why}");
+        drop(first);
+        let again = lock_state_dir(&dir).expect("free once the first is gone");
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn state_round_trip() {
