@@ -315,6 +315,9 @@ struct Path {
     scan_for: Vec<host::controller::AdminCmd>,
     /// When the scan's command in flight was sent.
     scan_sent_ns: Option<u64>,
+    /// The target's ANA mark of this path's port when the bring-up or the scan under way
+    /// started ([`World::ana_mark`]).
+    ana_mark: Option<(u64, u64)>,
     /// Its controller: the production controller machine, and the host's I/O side's view
     /// (generation, change count, class, geometry, failover hold).
     ctrl: Arc<SimCtrl>,
@@ -651,6 +654,7 @@ impl World {
                 scan: None,
                 scan_for: Vec::new(),
                 scan_sent_ns: None,
+                ana_mark: None,
                 ctrl,
                 event_owed: None,
                 silent_since: None,
@@ -1201,9 +1205,39 @@ impl World {
         })
     }
 
+    /// The target's ANA state of path `p`'s port can be told from its mark: the target's
+    /// restarts so far and the ANA change count of the namespace's group on that port.
+    /// `None` while the target is down.
+    fn ana_mark(&self, p: usize) -> Option<(u64, u64)> {
+        let state = self.target.state.as_ref()?;
+        let port = state.port(self.paths[p].port)?;
+        Some((self.sum.crashes, port.ana_group_chgcnt(ANA_GROUP)))
+    }
+
+    /// A scan (the bring-up's or the machine's) read ANA state `read` for the namespace
+    /// through path `p`: if the target's state of that port did not change while the scan
+    /// ran, the host must have read it as it is (the production scan's lookup of the
+    /// namespace's group in the ANA log).
+    fn check_ana_read(&mut self, p: usize, read: AnaState) {
+        let Some(mark) = self.paths[p].ana_mark.take() else { return };
+        if self.ana_mark(p) != Some(mark) {
+            return;
+        }
+        let port = self.paths[p].port;
+        let truth = self.target.state.as_ref().and_then(|s| s.port(port)).map(|pt| pt.ana_state(ANA_GROUP));
+        if let Some(truth) = truth.filter(|&t| t != read) {
+            self.violate(format!(
+                "path {p} read ANA {} for the namespace while port {port} was {} throughout the read",
+                read.linux_name(),
+                truth.linux_name()
+            ));
+        }
+    }
+
     /// Path `p`'s admin queue is up: the production bring-up starts on it.
     fn start_bringup(&mut self, p: usize) {
         let cfg = BringupConfig { want_queues: 1, queue_size: IO_ENTRIES };
+        self.paths[p].ana_mark = self.ana_mark(p);
         let path = &mut self.paths[p];
         path.bringup = Some(Bringup::new(cfg));
         path.phase = Phase::BringingUp;
@@ -1303,6 +1337,7 @@ impl World {
     /// and the machine is told the association is live.
     fn go_live(&mut self, p: usize, b: Brought) {
         let Some((nsze, ana)) = self.the_namespace(p, &b.namespaces) else { return };
+        self.check_ana_read(p, ana);
         let path = &mut self.paths[p];
         path.bringup = None;
         let cntlid = path.admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
@@ -1357,6 +1392,7 @@ impl World {
         if path.scan.is_none() {
             let rescan = cmd == host::controller::AdminCmd::Rescan;
             path.scan = Some(Box::new(if rescan { NsScan::rescan(id) } else { NsScan::new(id) }));
+            self.paths[p].ana_mark = self.ana_mark(p);
             self.drive_scan(p);
         }
     }
@@ -1389,6 +1425,10 @@ impl World {
         let path = &mut self.paths[p];
         path.scan_sent_ns = None;
         let Some(scan) = path.scan.take() else { return };
+        if path.scan_for.is_empty() {
+            self.violate(format!("path {p}: a namespace scan ended that no command of the controller asked for"));
+            return;
+        }
         let cmd = path.scan_for.remove(0);
         if let Some(list) = scan.changed() {
             let list: Vec<u32> = list.iter().map(|n| n.0).collect();
@@ -1409,6 +1449,10 @@ impl World {
         self.paths[p].ctrl.machine().on_admin_done(cmd, learned.is_some());
         match learned {
             Some((nsze, ana)) => {
+                self.check_ana_read(p, ana);
+                if self.violation.is_some() {
+                    return;
+                }
                 self.learn_namespace(p, nsze, ana);
                 self.view_changed(p);
             }
