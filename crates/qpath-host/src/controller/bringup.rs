@@ -41,7 +41,7 @@ use crate::queue::{DataDir, Done, Io};
 pub const CSTS_POLL: Duration = Duration::from_millis(2);
 /// The largest ANA log chunk one Get Log Page asks for.
 const ANA_CHUNK: usize = 64 * 1024;
-/// Entries in one page of the active namespace list (NVMe Base 2.x §5.17.2.2: 1024 NSIDs).
+/// Entries in one page of the active namespace list (NVMe Base 2.x, Identify CNS 02h: 1024 NSIDs).
 const NS_LIST_PAGE: usize = 1024;
 /// Pages of the active namespace list read at most: a controller that keeps handing out
 /// full pages past this many namespaces is refused (the limit on a wire value).
@@ -437,7 +437,7 @@ impl NsScan {
                 }
                 let page = decode_ns_list(data_of(what, d, IDENTIFY_SIZE)?);
                 self.pages += 1;
-                // NVMe Base 2.x §5.17.2.2: NSIDs greater than the one asked after, ascending.
+                // NVMe Base 2.x, Identify CNS 02h: NSIDs greater than the one asked after, ascending.
                 if page.first().is_some_and(|&n| n <= after) || page.windows(2).any(|w| w[1] <= w[0]) {
                     return Err(Error::new(
                         ErrorKind::Protocol,
@@ -736,8 +736,9 @@ impl Bringup {
             return Err(Error::status(what, d.cqe.status));
         }
         let id = IdentifyController::decode(data_of(what, d, IDENTIFY_SIZE)?);
-        // NVMe/TCP 1.0 §3.3: IOCCSZ counts the 64-byte SQE (4 × 16 bytes) at least; ICDOFF
-        // must be 0 for TCP; MAXCMD bounds the queue entries.
+        // NVMe over Fabrics: IOCCSZ counts the 64-byte SQE (4 × 16 bytes) at least; the
+        // host sends in-capsule data right after the SQE (ICDOFF 0); MAXCMD bounds the
+        // queue entries.
         if id.ioccsz < 4 || id.icdoff != 0 || id.maxcmd == 0 {
             return Err(Error::new(
                 ErrorKind::Protocol,
@@ -766,7 +767,7 @@ impl Bringup {
 }
 
 /// The asynchronous events the host enables: namespace attribute and ANA change notices
-/// the controller offers (OAES bits 8 and 11; NVMe Base 2.x §5.27.1.7).
+/// the controller offers (OAES bits 8 and 11; NVMe Base 2.x, Set Features 0Bh).
 fn want_aen(id: &IdentifyController) -> u32 {
     (id.oaes & (oaes::NS_ATTR | oaes::ANA_CHANGE)) & ((1 << 8) | (1 << 11))
 }
