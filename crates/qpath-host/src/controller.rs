@@ -23,12 +23,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvme::features::{AsyncEvent, NumQueues, fid};
-use nvme::identify::{IdentifyController, NsIdDesc, cmic};
+use nvme::features::AsyncEvent;
+use nvme::identify::IdentifyController;
 use nvme::{AnaGrpId, AnaState, Cntlid, Nsid, Sqe};
 use uring::MailboxSender;
 
 mod bell;
+pub mod bringup;
 pub mod machine;
 
 use bell::{Bell, BellRx};
@@ -947,48 +948,117 @@ fn bring_up(
         tls = Some(crate::tls::QueueTls::generated(&psk, &opts.hostnqn, &opts.subnqn));
     }
     let cntlid = admin.queue().cntlid();
-    let cap = admin::enable(&mut admin)?;
-    let id = admin::identify_controller(&mut admin)?;
-    if id.ioccsz < 4 || id.icdoff != 0 || id.maxcmd == 0 {
-        return Err(Error::new(
-            ErrorKind::Protocol,
-            format!("unusable controller: ioccsz {} icdoff {} maxcmd {}", id.ioccsz, id.icdoff, id.maxcmd),
-        ));
-    }
     let want = match want_queues {
         Some(n) => n,
         None if opts.nr_io_queues == 0 => uring::online_cpus().max(1) + usize::from(opts.nr_user_queues),
         None => usize::from(opts.nr_io_queues) + usize::from(opts.nr_user_queues),
     };
-    let want32 = u32::try_from(want).unwrap_or(u32::MAX);
-    let cqe = admin.command(
-        Sqe::set_features(nvme::Cid(0), fid::NUM_QUEUES, NumQueues { nsq: want32, ncq: want32 }.to_dw()),
-        ADMIN_TIMEOUT,
-    )?;
-    let granted = NumQueues::from_dw(cqe.dw0);
-    let n = usize::try_from(granted.nsq.min(granted.ncq)).unwrap_or(1).min(want);
-    // Entries: the asked queue size, bounded by CAP.MQES + 1 and MAXCMD.
-    let entries = opts.queue_size.min(cap.mqes.saturating_add(1)).min(id.maxcmd.max(2));
-    let connect_io = |i: usize| -> Result<(TcpStream, HostQueue)> {
-        let qid = u16::try_from(i + 1).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
-        let mut cfg = queue_cfg(opts, qid, entries, cntlid, tls.as_ref());
-        cfg.max_in_capsule = id.in_capsule_data_size() as usize;
-        cfg.dhchap.clone_from(&dhchap);
-        Ok(SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?.into_parts())
-    };
-    let io = if dhchap.is_some() {
-        run_parallel(n, true, &connect_io).into_iter().collect::<Result<Vec<_>>>()?
-    } else {
-        (0..n).map(connect_io).collect::<Result<_>>()?
-    };
-    // Asynchronous events: namespace attribute and ANA change notices, one AER outstanding.
-    let want_aen =
-        (id.oaes & (nvme::identify::oaes::NS_ATTR | nvme::identify::oaes::ANA_CHANGE)) & ((1 << 8) | (1 << 11));
-    if want_aen != 0 {
-        admin.command(Sqe::set_features(nvme::Cid(0), fid::ASYNC_EVENT, want_aen), ADMIN_TIMEOUT)?;
+    let mut io = Vec::new();
+    let mut m = bringup::Bringup::new(bringup::BringupConfig { want_queues: want, queue_size: opts.queue_size });
+    let b = drive(&mut admin, &mut m, |count, entries, max_in_capsule| {
+        let connect_io = |i: usize| -> Result<(TcpStream, HostQueue)> {
+            let qid = u16::try_from(i + 1).map_err(|_| Error::new(ErrorKind::Invalid, "too many queues"))?;
+            let mut cfg = queue_cfg(opts, qid, entries, cntlid, tls.as_ref());
+            cfg.max_in_capsule = max_in_capsule;
+            cfg.dhchap.clone_from(&dhchap);
+            Ok(SyncQueue::connect(opts.traddr, cfg, opts.connect_timeout)?.into_parts())
+        };
+        io = if dhchap.is_some() {
+            run_parallel(count, true, &connect_io).into_iter().collect::<Result<Vec<_>>>()?
+        } else {
+            (0..count).map(connect_io).collect::<Result<_>>()?
+        };
+        Ok(())
+    })?;
+    Ok(Bringup { admin, cntlid, id: b.id, namespaces: b.namespaces, io })
+}
+
+/// The admin steps of a bring-up, an enable or a namespace scan, as [`drive`] runs them.
+pub(crate) trait AdminSteps {
+    /// The outcome.
+    type Out;
+    fn poll(&mut self, now_ns: u64) -> bringup::Next<Self::Out>;
+    fn on_done(&mut self, now_ns: u64, d: &Done);
+    fn on_error(&mut self, e: Error);
+    /// Only a bring-up asks for I/O queues.
+    fn io_connected(&mut self) {}
+}
+
+impl AdminSteps for bringup::Bringup {
+    type Out = bringup::Brought;
+    fn poll(&mut self, now_ns: u64) -> bringup::Next<Self::Out> {
+        bringup::Bringup::poll(self, now_ns)
     }
-    let namespaces = scan_namespaces(&mut admin, &id)?;
-    Ok(Bringup { admin, cntlid, id, namespaces, io })
+    fn on_done(&mut self, now_ns: u64, d: &Done) {
+        bringup::Bringup::on_done(self, now_ns, d);
+    }
+    fn on_error(&mut self, e: Error) {
+        bringup::Bringup::on_error(self, e);
+    }
+    fn io_connected(&mut self) {
+        bringup::Bringup::io_connected(self);
+    }
+}
+
+impl AdminSteps for bringup::NsScan {
+    type Out = Vec<NsInfo>;
+    fn poll(&mut self, now_ns: u64) -> bringup::Next<Self::Out> {
+        bringup::NsScan::poll(self, now_ns)
+    }
+    fn on_done(&mut self, _now_ns: u64, d: &Done) {
+        bringup::NsScan::on_done(self, d);
+    }
+    fn on_error(&mut self, e: Error) {
+        bringup::NsScan::on_error(self, e);
+    }
+}
+
+impl AdminSteps for bringup::Enable {
+    type Out = nvme::fabrics::Cap;
+    fn poll(&mut self, now_ns: u64) -> bringup::Next<Self::Out> {
+        bringup::Enable::poll(self, now_ns)
+    }
+    fn on_done(&mut self, now_ns: u64, d: &Done) {
+        bringup::Enable::on_done(self, now_ns, d);
+    }
+    fn on_error(&mut self, e: Error) {
+        bringup::Enable::on_error(self, e);
+    }
+}
+
+/// Runs admin steps over a blocking admin queue, each command within [`ADMIN_TIMEOUT`],
+/// on the wall clock; `connect_io(count, entries, max_in_capsule)` connects the I/O
+/// queues when the steps ask for them.
+pub(crate) fn drive<M: AdminSteps>(
+    admin: &mut SyncQueue,
+    m: &mut M,
+    mut connect_io: impl FnMut(usize, u16, usize) -> Result<()>,
+) -> Result<M::Out> {
+    let origin = Instant::now();
+    let now = || u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    loop {
+        match m.poll(now()) {
+            bringup::Next::Command { io, .. } => match admin.execute(io, ADMIN_TIMEOUT) {
+                Ok(d) => m.on_done(now(), &d),
+                Err(e) => m.on_error(e),
+            },
+            bringup::Next::Sleep { until_ns } => {
+                std::thread::sleep(Duration::from_nanos(until_ns.saturating_sub(now())))
+            }
+            bringup::Next::ConnectIo { count, entries, max_in_capsule } => {
+                match connect_io(count, entries, max_in_capsule) {
+                    Ok(()) => m.io_connected(),
+                    Err(e) => m.on_error(e),
+                }
+            }
+            // Every command is answered before the next poll here.
+            bringup::Next::Wait => {
+                return Err(Error::new(ErrorKind::Protocol, "internal error: a step left outstanding"));
+            }
+            bringup::Next::Done(out) => return Ok(out),
+            bringup::Next::Failed(e) => return Err(e),
+        }
+    }
 }
 
 /// Most I/O queues brought up at once (see [`run_parallel`]).
@@ -1042,33 +1112,11 @@ fn run_parallel<T: Send>(n: usize, stop_on_error: bool, f: &(dyn Fn(usize) -> Re
         .collect()
 }
 
-fn scan_namespaces(admin: &mut SyncQueue, id: &IdentifyController) -> Result<Vec<NsInfo>> {
-    let nsids = admin::active_namespaces(admin)?;
-    let ana = if id.cmic & cmic::ANA != 0 { Some(admin::ana_log(admin, id, nsids.len())?) } else { None };
-    let mut out = Vec::with_capacity(nsids.len());
-    for nsid in nsids {
-        let (ns, descs) = admin::identify_namespace(admin, nsid)?;
-        if ns.nsze == 0 || ns.block_size() == 0 {
-            continue;
-        }
-        let state = ana
-            .as_ref()
-            .and_then(|l| l.groups.iter().find(|g| g.grpid == ns.anagrpid))
-            .map_or(AnaState::Optimized, |g| g.state);
-        let uuid = descs.iter().find_map(|d| if let NsIdDesc::Uuid(u) = d { Some(*u) } else { None });
-        out.push(NsInfo {
-            nsid,
-            nsze: ns.nsze,
-            block_shift: u8::try_from(ns.block_size().trailing_zeros()).unwrap_or(9),
-            anagrpid: ns.anagrpid,
-            ana_state: state,
-            nguid: ns.nguid,
-            eui64: ns.eui64,
-            uuid,
-            shared: ns.nmic & 1 != 0,
-        });
-    }
-    Ok(out)
+/// The namespace scan over the live admin queue; a `rescan` reads the Changed Namespace
+/// List first (which re-arms its notice).
+fn scan_namespaces(admin: &mut SyncQueue, id: &IdentifyController, rescan: bool) -> Result<Vec<NsInfo>> {
+    let mut scan = if rescan { bringup::NsScan::rescan(id) } else { bringup::NsScan::new(id) };
+    drive(admin, &mut scan, |_, _, _| Err(Error::new(ErrorKind::Protocol, "a namespace scan connects no queue")))
 }
 
 fn submit(admin: &mut SyncQueue, sqe: Sqe) -> Option<u64> {
@@ -1263,12 +1311,8 @@ impl Driver {
                 }
             }
             AdminCmd::AnaLog | AdminCmd::Rescan => {
-                if cmd == AdminCmd::Rescan {
-                    // Reading the changed list (RAE clear) re-arms the event.
-                    let _ = admin::get_log(q, nvme::log::lid::CHANGED_NS, 0, false, 4096, 4096);
-                }
                 let id = ctrl.identify();
-                let r = scan_namespaces(q, &id);
+                let r = scan_namespaces(q, &id, cmd == AdminCmd::Rescan);
                 let ok = r.is_ok();
                 match r {
                     Ok(ns) => {

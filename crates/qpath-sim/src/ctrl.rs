@@ -5,8 +5,9 @@
 //! Each holds the production controller machine ([`CtrlMachine`]): its lifecycle,
 //! keep-alive schedule and expiry, AER and ANA re-reads, reset and reconnect timing,
 //! generation and `ctrl_loss_tmo` / `fast_io_fail_tmo` are the production decisions,
-//! stepped by `world.rs` in virtual time over the simulated admin link (the bring-up's
-//! steps are the simulator's own). The host's decisions read this view through the
+//! stepped by `world.rs` in virtual time over the simulated admin link, with the
+//! production bring-up ([`host::controller::bringup`]) for each association it connects.
+//! The host's decisions read this view through the
 //! traits the production `Controller` and `Head` implement:
 //!
 //! ```text

@@ -11,8 +11,9 @@
 //!   host::context::blockcore::BlockCore: request slots, Selector over   (real)
 //!        │  PathClass::of, tags, failover/requeue/hold, I/O timeout at its tick
 //!        ├─ ctrl::SimCtrl per path (CoreController) over host::controller::CtrlMachine:
-//!        │  keep-alive, AER, ANA re-reads, reset → reconnect, ctrl-loss      (real)
-//!        │  its bring-up steps, SimHead (CoreHead)                       (simulated)
+//!        │  keep-alive, AER, ANA re-reads, reset → reconnect, ctrl-loss,     (real)
+//!        │  bring-up steps and namespace scan (controller::bringup)
+//!        │  SimHead (CoreHead); one I/O queue a path, step timeouts     (simulated)
 //!        ├─ host::queue::HostQueue × (admin + I/O) per path               (real)
 //!        ▼
 //!   net::Link: in-order byte pipes, any split, delays, stalls, resets   (simulated)
@@ -31,8 +32,8 @@
 //!
 //! The host's block core is the production one (`Context` runs the same around its
 //! ring), and so is each controller's admin life, the machine the production admin
-//! thread drives; the bring-up it asks for is the simulator's own (the production one is
-//! a blocking function over sockets).
+//! thread drives, and so is the bring-up it asks for: the step machine the production
+//! `bring_up()` drives over sockets, driven here over the simulated admin link.
 //!
 //! ```
 //! let opts = qpath_sim::Options {

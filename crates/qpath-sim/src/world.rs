@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use host::context::blockcore::BlockCore;
 use host::context::ctrlview::CoreController;
 use host::context::{ContextOptions, DeviceId, Op};
+use host::controller::bringup::{Bringup, BringupConfig, Brought, Next, NsScan};
 use host::mpath::Policy;
 use host::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
+use nvme::identify::IdentifyController;
 use nvme::tcp::{CommonHeader, Digests, PduType};
 use nvme::{AnaGrpId, AnaState, Cid, Cntlid, Nsid, Sqe, Status};
 use target::backend::{Backend, FileBackend, FileRequest};
@@ -85,16 +87,18 @@ const ANA_POLL_NS: u64 = 20_000_000;
 const DRAIN_NS: u64 = 30_000_000_000;
 /// Steps the drain may take, whatever the virtual time.
 const DRAIN_STEPS: u64 = 300_000;
-/// Admin command tokens.
-const TOKEN_CC: u64 = 1;
-const TOKEN_ANA: u64 = 2;
+/// Admin command tokens: the production bring-up's commands, the production namespace
+/// scan's (a rescan or ANA re-read the controller machine asks for), the Keep Alive and
+/// the Asynchronous Event Request (kept only in seeds that resize).
+const TOKEN_BRINGUP: u64 = 1;
+const TOKEN_SCAN: u64 = 2;
 const TOKEN_KA: u64 = 3;
-/// Set Features Asynchronous Event Configuration, the Asynchronous Event Request, the
-/// Changed Namespace List and Identify Namespace (only in seeds that resize).
-const TOKEN_AEC: u64 = 4;
 const TOKEN_AER: u64 = 5;
-const TOKEN_CHANGED_NS: u64 = 6;
-const TOKEN_ID_NS: u64 = 7;
+/// Their command ids on the admin queue (one of each outstanding at most).
+const TAG_BRINGUP: u16 = 0;
+const TAG_SCAN: u16 = 1;
+const TAG_KA: u16 = 2;
+const TAG_AER: u16 = 5;
 /// Keep Alive Timeout the admin Connect asks for; the host sends a Keep Alive every half
 /// of it (as Linux does), and the target tears the controller down when it passes.
 const KATO_MS: u32 = 1500;
@@ -264,11 +268,12 @@ struct Req {
 enum Phase {
     /// No association; the controller machine says when to connect.
     Down,
-    /// Admin queue handshake (ICReq, Connect).
+    /// Admin queue handshake (ICReq, Connect, in-band authentication).
     Connecting,
-    /// CC.EN set, waiting for its completion.
-    Enabling,
-    /// I/O queue handshake.
+    /// The production bring-up's admin steps ([`Bringup`]): enable, identify, queues,
+    /// events, the namespace scan.
+    BringingUp,
+    /// The I/O queue's handshake, which the bring-up asked for.
     IoConnecting,
     /// Up.
     Live,
@@ -296,16 +301,26 @@ struct Path {
     io_auth: Option<AuthRun>,
     /// The namespace's ANA state as this path last read it (`Change` until read).
     ana: AnaState,
-    /// When the ANA log read in flight was sent.
-    ana_read_ns: Option<u64>,
     next_ana_poll_ns: u64,
+    /// The production bring-up of the association under way, and when it asked to be
+    /// polled again (its pause between CSTS reads).
+    bringup: Option<Bringup>,
+    bringup_wake_ns: Option<u64>,
+    /// The association's Identify Controller, as its bring-up read it (what a scan sizes
+    /// its ANA log read by).
+    id: Option<IdentifyController>,
+    /// The production namespace scan under way for the controller machine, and the
+    /// commands (`AnaLog`, `Rescan`) it and the scans queued behind it answer, in order.
+    scan: Option<Box<NsScan>>,
+    scan_for: Vec<host::controller::AdminCmd>,
+    /// When the scan's command in flight was sent.
+    scan_sent_ns: Option<u64>,
+    /// The target's ANA mark of this path's port when the bring-up or the scan under way
+    /// started ([`World::ana_mark`]).
+    ana_mark: Option<(u64, u64)>,
     /// Its controller: the production controller machine, and the host's I/O side's view
     /// (generation, change count, class, geometry, failover hold).
     ctrl: Arc<SimCtrl>,
-    /// When the Identify Namespace in flight was sent, and whether an event asked for
-    /// another read meanwhile.
-    id_ns_ns: Option<u64>,
-    id_ns_again: bool,
     /// The namespace changed (at this time) while the path's controller had the Namespace
     /// Attribute Changed notice enabled on the target: it owes this host an event, or
     /// (while an earlier one masks it) a Changed Namespace List that names the namespace.
@@ -385,6 +400,8 @@ enum Action {
     Submit,
     /// A path's controller machine has a deadline due.
     Ctrl(usize),
+    /// A path's bring-up pause is over.
+    Bringup(usize),
     AnaPoll(usize),
     BitFlip,
     Restart,
@@ -647,11 +664,15 @@ impl World {
                 io_conn: None,
                 io_auth: None,
                 ana: AnaState::Change,
-                ana_read_ns: None,
                 next_ana_poll_ns: 0,
+                bringup: None,
+                bringup_wake_ns: None,
+                id: None,
+                scan: None,
+                scan_for: Vec::new(),
+                scan_sent_ns: None,
+                ana_mark: None,
                 ctrl,
-                id_ns_ns: None,
-                id_ns_again: false,
                 event_owed: None,
                 silent_since: None,
                 io_generation: 0,
@@ -1007,27 +1028,12 @@ impl World {
         let sent = match cmd {
             AdminCmd::KeepAlive => {
                 let io = Io { sqe: Sqe::keep_alive(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_KA };
-                self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(2, io).is_ok())
+                self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(TAG_KA, io).is_ok())
             }
             AdminCmd::AsyncEventRequest => self.arm_event(p),
-            AdminCmd::AnaLog => self.read_ana(p),
-            AdminCmd::Rescan => {
-                // As the production driver: the Changed Namespace List (which re-arms the
-                // event), then the namespace again.
-                let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::CHANGED_NS, 0, false, 4096, 0);
-                let io = Io {
-                    sqe,
-                    buf: Some(IoBuf::new(4096)),
-                    len: 4096,
-                    dir: DataDir::FromController,
-                    token: TOKEN_CHANGED_NS,
-                };
-                let sent = self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(6, io).is_ok());
-                if sent {
-                    self.read_namespace(p);
-                }
-                sent
-            }
+            // As the production driver: the production namespace scan (a rescan reads the
+            // Changed Namespace List first, which re-arms the event).
+            AdminCmd::AnaLog | AdminCmd::Rescan => return self.start_scan(p, cmd),
         };
         if !sent {
             self.paths[p].ctrl.machine().on_admin_done(cmd, false);
@@ -1114,9 +1120,12 @@ impl World {
     fn tear_down(&mut self, p: usize, why: &str) {
         let path = &mut self.paths[p];
         path.phase = Phase::Down;
-        path.ana_read_ns = None;
-        path.id_ns_ns = None;
-        path.id_ns_again = false;
+        // The bring-up and the scans end with their admin queue.
+        path.bringup = None;
+        path.bringup_wake_ns = None;
+        path.scan = None;
+        path.scan_for.clear();
+        path.scan_sent_ns = None;
         // A new controller reads the namespace at its bring-up.
         path.event_owed = None;
         let mut links = Vec::new();
@@ -1201,15 +1210,9 @@ impl World {
         self.ctrl_step(p);
     }
 
-    /// The production host's failover hold for the target controller `cntlid`, from
-    /// the Identify Controller data the real target builds for it.
-    fn failover_hold(&self, cntlid: Cntlid) -> std::time::Duration {
-        let state = self.target.state.as_ref().expect("a running target enabled the controller");
-        let ctrl = state
-            .subsystem(NQN)
-            .and_then(|s| s.controller(cntlid))
-            .expect("the controller the host just enabled exists on the target");
-        let id = nvme::identify::IdentifyController::decode(&target::admin::identify_controller(state, &ctrl)[..]);
+    /// The production host's failover hold for a controller that identified itself
+    /// with `id` (as the production `Controller` sets it at every (re)connect).
+    fn failover_hold(id: &IdentifyController) -> std::time::Duration {
         host::failover::hold_time(host::failover::HoldInputs {
             kato_ms: KATO_MS,
             kas: id.kas,
@@ -1219,69 +1222,289 @@ impl World {
         })
     }
 
-    /// Whether the ANA log read went out.
-    fn read_ana(&mut self, p: usize) -> bool {
-        let len = nvme::log::AnaLog::size(1, 4).next_multiple_of(4);
-        let sqe = Sqe::get_log_page(Cid(0), Nsid::BROADCAST, nvme::log::lid::ANA, 0, false, len as u32, 0);
-        let io =
-            Io { sqe, buf: Some(IoBuf::new(4096)), len: len as u32, dir: DataDir::FromController, token: TOKEN_ANA };
-        let path = &mut self.paths[p];
-        if let Some(c) = &mut path.admin
-            && c.q.submit(1, io).is_ok()
-        {
-            path.ana_read_ns = Some(self.now);
-            return true;
-        }
-        false
+    /// The target's ANA state of path `p`'s port can be told from its mark: the target's
+    /// restarts so far and the ANA change count of the namespace's group on that port.
+    /// `None` while the target is down.
+    fn ana_mark(&self, p: usize) -> Option<(u64, u64)> {
+        let state = self.target.state.as_ref()?;
+        let port = state.port(self.paths[p].port)?;
+        Some((self.sum.crashes, port.ana_group_chgcnt(ANA_GROUP)))
     }
 
-    fn admin_done(&mut self, p: usize, d: Done) {
-        match d.token {
-            TOKEN_CC if d.cqe.status.is_success() && self.paths[p].phase == Phase::Enabling => {
-                let cntlid = self.paths[p].admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
-                let hold = self.failover_hold(cntlid);
-                self.paths[p].ctrl.enabled(cntlid.0, hold);
+    /// A scan (the bring-up's or the machine's) read ANA state `read` for the namespace
+    /// through path `p`: if the target's state of that port did not change while the scan
+    /// ran, the host must have read it as it is (the production scan's lookup of the
+    /// namespace's group in the ANA log).
+    fn check_ana_read(&mut self, p: usize, read: AnaState) {
+        let Some(mark) = self.paths[p].ana_mark.take() else { return };
+        if self.ana_mark(p) != Some(mark) {
+            return;
+        }
+        let port = self.paths[p].port;
+        let truth = self.target.state.as_ref().and_then(|s| s.port(port)).map(|pt| pt.ana_state(ANA_GROUP));
+        if let Some(truth) = truth.filter(|&t| t != read) {
+            self.violate(format!(
+                "path {p} read ANA {} for the namespace while port {port} was {} throughout the read",
+                read.linux_name(),
+                truth.linux_name()
+            ));
+        }
+    }
+
+    /// Path `p`'s admin queue is up: the production bring-up starts on it.
+    fn start_bringup(&mut self, p: usize) {
+        let cfg = BringupConfig { want_queues: 1, queue_size: IO_ENTRIES };
+        self.paths[p].ana_mark = self.ana_mark(p);
+        let path = &mut self.paths[p];
+        path.bringup = Some(Bringup::new(cfg));
+        path.phase = Phase::BringingUp;
+        path.phase_since_ns = self.now;
+        self.drive_bringup(p);
+    }
+
+    /// Does what path `p`'s bring-up hands out now: a command goes out on the admin
+    /// queue, a pause is kept, the I/O queue starts to connect, or the association goes
+    /// live (or fails).
+    fn drive_bringup(&mut self, p: usize) {
+        let now = self.now;
+        let path = &mut self.paths[p];
+        let Some(m) = path.bringup.as_mut() else { return };
+        match m.poll(now) {
+            Next::Command { mut io, what } => {
+                io.token = TOKEN_BRINGUP;
+                let sent = path.admin.as_mut().is_some_and(|c| c.q.submit(TAG_BRINGUP, io).is_ok());
+                // Each step has an I/O timeout of its own (as `ADMIN_TIMEOUT` per command).
+                path.phase_since_ns = now;
+                self.event(format_args!("path {p} bring-up: {what}"));
+                if !sent {
+                    self.fail_path(p, &format!("{what} could not be sent"));
+                }
+            }
+            Next::Wait => {}
+            Next::Sleep { until_ns } => path.bringup_wake_ns = Some(until_ns),
+            Next::ConnectIo { count, entries, max_in_capsule } => {
+                if count != 1 {
+                    self.violate(format!(
+                        "path {p}: the bring-up asks for {count} I/O queues, the simulator asked for 1"
+                    ));
+                    return;
+                }
+                let cntlid = path.admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
                 let link = self.new_link();
                 self.accept(self.paths[p].port, link);
-                let mut cfg = QueueConfig::io(1, IO_ENTRIES, cntlid, NQN, HOSTNQN, HOSTID);
+                let mut cfg = QueueConfig::io(1, entries, cntlid, NQN, HOSTNQN, HOSTID);
                 cfg.digests = self.digests;
+                cfg.max_in_capsule = max_in_capsule;
                 let path = &mut self.paths[p];
                 path.io = Some(HostConn { q: HostQueue::new(cfg), link, auth: None });
                 path.phase = Phase::IoConnecting;
                 path.phase_since_ns = self.now;
-                if self.resizes {
-                    self.watch_namespace(p);
+                self.event(format_args!("path {p} bring-up: I/O queue of {entries} entries (link {link})"));
+            }
+            Next::Done(b) => self.go_live(p, b),
+            Next::Failed(e) => {
+                let why = format!("bring-up failed: {e}");
+                self.fail_path(p, &why);
+            }
+        }
+    }
+
+    /// The bring-up's pause (between CSTS reads) is over.
+    fn bringup_wake(&mut self, p: usize) {
+        self.paths[p].bringup_wake_ns = None;
+        self.drive_bringup(p);
+    }
+
+    /// What path `p`'s scan found for the simulated namespace, checked before use as the
+    /// production host's scan checks what it keeps: its size within what the operator
+    /// may set, its blocks the disk's. `None` (after a violation) if not usable.
+    fn the_namespace(&mut self, p: usize, namespaces: &[host::controller::NsInfo]) -> Option<(u64, AnaState)> {
+        let Some(ns) = namespaces.iter().find(|n| n.nsid == NSID) else {
+            self.violate(format!("path {p}: the namespace scan did not find namespace {}", NSID.0));
+            return None;
+        };
+        if !usize::try_from(ns.nsze).is_ok_and(|n| (MIN_BLOCKS..=MAX_BLOCKS).contains(&n)) {
+            self.violate(format!("path {p}: Identify Namespace reports {} blocks", ns.nsze));
+            return None;
+        }
+        if ns.block_size() as usize != BLOCK {
+            self.violate(format!("path {p}: Identify Namespace reports {}-byte blocks", ns.block_size()));
+            return None;
+        }
+        Some((ns.nsze, ns.ana_state))
+    }
+
+    /// The host learns the namespace's size and ANA state from a scan.
+    fn learn_namespace(&mut self, p: usize, nsze: u64, ana: AnaState) {
+        self.paths[p].ctrl.identified(BLOCK.trailing_zeros() as u8, nsze);
+        let n = nsze as usize;
+        if n != self.host_blocks {
+            self.event(format_args!("path {p} reads the namespace's size: {n} blocks"));
+            self.host_blocks = n;
+        }
+        if ana != self.paths[p].ana {
+            self.event(format_args!("path {p} reads ANA {}", ana.linux_name()));
+        }
+        self.paths[p].ana = ana;
+        self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
+    }
+
+    /// The bring-up finished: the host knows the namespace, the I/O queue goes to the
+    /// block core (as the production controller hands `Context` a queue it connected),
+    /// and the machine is told the association is live.
+    fn go_live(&mut self, p: usize, b: Brought) {
+        let Some((nsze, ana)) = self.the_namespace(p, &b.namespaces) else { return };
+        self.check_ana_read(p, ana);
+        let path = &mut self.paths[p];
+        path.bringup = None;
+        let cntlid = path.admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
+        path.ctrl.enabled(cntlid.0, World::failover_hold(&b.id));
+        path.id = Some(b.id);
+        let Some(c) = path.io.take() else {
+            self.violate(format!("path {p}: the bring-up finished without its I/O queue"));
+            return;
+        };
+        path.phase = Phase::Live;
+        self.learn_namespace(p, nsze, ana);
+        // As the controller hands `Context` a queue it connected: installed under the
+        // controller's generation, its waiting requests go out on it.
+        let generation = self.paths[p].ctrl.generation();
+        // NVMe Base 2.x §3.9: a new association; the core tells the queues of the old one
+        // by their older generation (and fails them at its tick).
+        if let Some(&(_, l, g)) = self.paths[p].retired.iter().find(|r| r.2 >= generation) {
+            self.violate(format!(
+                "path {p}: its new association has generation {generation}, not newer than the \
+                 old I/O queue (link {l}, generation {g}) the block core still holds"
+            ));
+            return;
+        }
+        // The core has not ticked since the reset: its old queues go now, before the new
+        // one takes their place.
+        for (ckey, l, _) in std::mem::take(&mut self.paths[p].retired) {
+            self.close_retired(p, ckey, l, "controller reset");
+        }
+        let now = self.at();
+        let ckey = self.core.install(self.qkeys[p], c.q, generation, now);
+        self.paths[p].io_conn = Some((ckey, c.link));
+        self.paths[p].io_generation = generation;
+        self.paths[p].io_auth = c.auth;
+        self.event(format_args!("path {p} live"));
+        let ctrl = Arc::clone(&self.paths[p].ctrl);
+        ctrl.machine().on_connected(self.now, Ok(()));
+        self.view_changed(p);
+        self.ctrl_step(p);
+        self.flush_path(p);
+    }
+
+    /// The controller machine asks for an ANA re-read or a rescan: the production
+    /// namespace scan runs (after the one under way, if any); with no live association
+    /// to run it on, the command fails at once.
+    fn start_scan(&mut self, p: usize, cmd: host::controller::AdminCmd) {
+        let path = &mut self.paths[p];
+        let Some(id) = path.id.as_ref().filter(|_| path.admin.is_some() && path.phase == Phase::Live) else {
+            path.ctrl.machine().on_admin_done(cmd, false);
+            return;
+        };
+        path.scan_for.push(cmd);
+        if path.scan.is_none() {
+            let rescan = cmd == host::controller::AdminCmd::Rescan;
+            path.scan = Some(Box::new(if rescan { NsScan::rescan(id) } else { NsScan::new(id) }));
+            self.paths[p].ana_mark = self.ana_mark(p);
+            self.drive_scan(p);
+        }
+    }
+
+    /// Does what path `p`'s scan hands out now.
+    fn drive_scan(&mut self, p: usize) {
+        let path = &mut self.paths[p];
+        let Some(scan) = path.scan.as_mut() else { return };
+        match scan.poll(self.now) {
+            Next::Command { mut io, .. } => {
+                io.token = TOKEN_SCAN;
+                if path.admin.as_mut().is_some_and(|c| c.q.submit(TAG_SCAN, io).is_ok()) {
+                    path.scan_sent_ns = Some(self.now);
+                } else {
+                    self.scan_done(p, None);
                 }
             }
-            TOKEN_CC => self.fail_path(p, "enabling the controller failed"),
+            Next::Done(ns) => self.scan_done(p, Some(ns)),
+            Next::Failed(e) => {
+                self.event(format_args!("path {p}: the namespace scan failed: {e}"));
+                self.scan_done(p, None);
+            }
+            Next::Wait | Next::Sleep { .. } | Next::ConnectIo { .. } => {}
+        }
+    }
+
+    /// Path `p`'s scan ended (`None`: failed): the machine's command it answers is done,
+    /// the host learns what it found, and the next scan queued starts.
+    fn scan_done(&mut self, p: usize, found: Option<Vec<host::controller::NsInfo>>) {
+        let path = &mut self.paths[p];
+        path.scan_sent_ns = None;
+        let Some(scan) = path.scan.take() else { return };
+        if path.scan_for.is_empty() {
+            self.violate(format!("path {p}: a namespace scan ended that no command of the controller asked for"));
+            return;
+        }
+        let cmd = path.scan_for.remove(0);
+        if let Some(list) = scan.changed() {
+            let list: Vec<u32> = list.iter().map(|n| n.0).collect();
+            // NVMe Base 2.x §5.16.1.5: a change while the event was masked (until this read)
+            // is in the list; the Identify behind this read sees it.
+            if list.contains(&NSID.0) {
+                self.paths[p].event_owed = None;
+            }
+            self.event(format_args!("path {p} changed namespaces {list:?}"));
+        }
+        let learned = match found {
+            Some(ns) => self.the_namespace(p, &ns),
+            None => None,
+        };
+        if self.violation.is_some() {
+            return;
+        }
+        self.paths[p].ctrl.machine().on_admin_done(cmd, learned.is_some());
+        match learned {
+            Some((nsze, ana)) => {
+                self.check_ana_read(p, ana);
+                if self.violation.is_some() {
+                    return;
+                }
+                self.learn_namespace(p, nsze, ana);
+                self.view_changed(p);
+            }
+            None => self.event(format_args!("path {p}: the namespace scan ({cmd:?}) could not be read")),
+        }
+        if let Some(&next) = self.paths[p].scan_for.first() {
+            self.paths[p].scan_for.remove(0);
+            self.start_scan(p, next);
+        }
+    }
+
+    fn admin_done(&mut self, p: usize, d: Done) {
+        match d.token {
+            TOKEN_BRINGUP => {
+                let Some(m) = self.paths[p].bringup.as_mut() else {
+                    self.violate(format!("path {p}: a bring-up completion with no bring-up under way"));
+                    return;
+                };
+                m.on_done(self.now, &d);
+                self.drive_bringup(p);
+            }
+            TOKEN_SCAN => {
+                let path = &mut self.paths[p];
+                path.scan_sent_ns = None;
+                let Some(scan) = path.scan.as_mut() else {
+                    self.violate(format!("path {p}: a scan completion with no scan under way"));
+                    return;
+                };
+                scan.on_done(&d);
+                self.drive_scan(p);
+            }
             TOKEN_KA => {
                 let ok = d.cqe.status.is_success();
                 self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::KeepAlive, ok);
             }
-            TOKEN_ANA => {
-                self.paths[p].ana_read_ns = None;
-                let state = d
-                    .buf
-                    .as_ref()
-                    .filter(|_| d.cqe.status.is_success())
-                    .and_then(|b| nvme::log::AnaLog::decode(b.as_full()).ok())
-                    .and_then(|log| log.groups.iter().find(|g| g.grpid == ANA_GROUP).map(|g| g.state));
-                let ok = state.is_some();
-                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::AnaLog, ok);
-                match state {
-                    Some(s) => {
-                        if s != self.paths[p].ana {
-                            self.event(format_args!("path {p} reads ANA {}", s.linux_name()));
-                        }
-                        self.paths[p].ana = s;
-                        self.view_changed(p);
-                        self.paths[p].next_ana_poll_ns = self.now + ANA_POLL_NS;
-                    }
-                    None => self.event(format_args!("path {p}: the ANA log could not be read")),
-                }
-            }
-            TOKEN_AEC if d.cqe.status.is_success() => {}
-            TOKEN_AEC => self.fail_path(p, "enabling asynchronous events failed"),
             TOKEN_AER if d.cqe.status.is_success() => {
                 let ev = nvme::features::AsyncEvent::from_dw0(d.cqe.dw0);
                 self.event(format_args!("path {p} event {ev:?}"));
@@ -1295,88 +1518,14 @@ impl World {
                 let aer = host::controller::AdminCmd::AsyncEventRequest;
                 self.paths[p].ctrl.machine().on_admin_done(aer, false);
             }
-            TOKEN_CHANGED_NS if d.cqe.status.is_success() => {
-                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::Rescan, true);
-                let list = d.buf.as_ref().and_then(|b| nvme::log::decode_changed_ns_list(b.as_full()));
-                let list: Vec<u32> = list.unwrap_or_default().iter().map(|n| n.0).collect();
-                self.event(format_args!("path {p} changed namespaces {list:?}"));
-                // NVMe Base 2.x §5.16.1.5: a change while the event was masked (until this
-                // read) is in the list; the Identify queued behind this read sees it.
-                if list.contains(&1) {
-                    self.paths[p].event_owed = None;
-                }
-            }
-            TOKEN_CHANGED_NS => {
-                self.paths[p].ctrl.machine().on_admin_done(host::controller::AdminCmd::Rescan, false);
-                self.fail_path(p, "the Changed Namespace List could not be read");
-            }
-            TOKEN_ID_NS => {
-                self.paths[p].id_ns_ns = None;
-                let id = d
-                    .buf
-                    .as_ref()
-                    .filter(|_| d.cqe.status.is_success())
-                    .map(|b| nvme::identify::IdentifyNamespace::decode(b.as_full()));
-                let Some(id) = id else {
-                    self.fail_path(p, "Identify Namespace failed");
-                    return;
-                };
-                // Checked before use, as the production host's scan does.
-                let Some(n) = usize::try_from(id.nsze).ok().filter(|n| (MIN_BLOCKS..=MAX_BLOCKS).contains(n)) else {
-                    self.violate(format!("path {p}: Identify Namespace reports {} blocks", id.nsze));
-                    return;
-                };
-                if id.block_size() as usize != BLOCK {
-                    self.violate(format!("path {p}: Identify Namespace reports {}-byte blocks", id.block_size()));
-                    return;
-                }
-                self.paths[p].ctrl.identified(BLOCK.trailing_zeros() as u8, n as u64);
-                if n != self.host_blocks {
-                    self.event(format_args!("path {p} reads the namespace's size: {n} blocks"));
-                    self.host_blocks = n;
-                }
-                if std::mem::take(&mut self.paths[p].id_ns_again) {
-                    self.read_namespace(p);
-                }
-            }
             t => self.violate(format!("path {p}: an admin completion carries token {t}, which no command had")),
         }
-    }
-
-    /// In seeds that resize the namespace, a new controller's admin queue does what the
-    /// production host's bring-up and admin loop do: enables the Namespace Attribute
-    /// Changed notice, then reads the namespace (so a change after that read comes as an
-    /// event); the controller machine keeps one Asynchronous Event Request outstanding.
-    fn watch_namespace(&mut self, p: usize) {
-        let aec = nvme::identify::oaes::NS_ATTR;
-        let sqe = Sqe::set_features(Cid(0), nvme::features::fid::ASYNC_EVENT, aec);
-        let io = Io { sqe, buf: None, len: 0, dir: DataDir::None, token: TOKEN_AEC };
-        if let Some(c) = self.paths[p].admin.as_mut() {
-            let _ = c.q.submit(3, io);
-        }
-        self.read_namespace(p);
     }
 
     /// Whether the event request went out.
     fn arm_event(&mut self, p: usize) -> bool {
         let io = Io { sqe: Sqe::async_event_request(Cid(0)), buf: None, len: 0, dir: DataDir::None, token: TOKEN_AER };
-        self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(5, io).is_ok())
-    }
-
-    /// Identify Namespace; if one is in flight, another after it.
-    fn read_namespace(&mut self, p: usize) {
-        let path = &mut self.paths[p];
-        if path.id_ns_ns.is_some() {
-            path.id_ns_again = true;
-            return;
-        }
-        let sqe = Sqe::identify(Cid(0), nvme::identify::cns::NAMESPACE, Nsid(1), 0, 0);
-        let io = Io { sqe, buf: Some(IoBuf::new(4096)), len: 4096, dir: DataDir::FromController, token: TOKEN_ID_NS };
-        if let Some(c) = path.admin.as_mut()
-            && c.q.submit(4, io).is_ok()
-        {
-            path.id_ns_ns = Some(self.now);
-        }
+        self.paths[p].admin.as_mut().is_some_and(|c| c.q.submit(TAG_AER, io).is_ok())
     }
 
     /// Sends what the block core gave path `p`'s I/O queue, watching the commands that
@@ -1811,6 +1960,9 @@ impl World {
             if path.ctrl.machine().next_deadline().is_some_and(|t| t <= self.now) {
                 out.push(Action::Ctrl(p));
             }
+            if path.bringup_wake_ns.is_some_and(|t| t <= self.now) {
+                out.push(Action::Bringup(p));
+            }
         }
         if self.target.restart_at_ns.is_some_and(|t| t <= self.now) {
             out.push(Action::Restart);
@@ -1843,7 +1995,7 @@ impl World {
             Phase::Live if !p.ana.is_accessible() => Some(p.next_ana_poll_ns),
             _ => None,
         });
-        let ka = self.paths.iter().map(|p| p.ctrl.machine().next_deadline());
+        let ka = self.paths.iter().flat_map(|p| [p.ctrl.machine().next_deadline(), p.bringup_wake_ns]);
         links
             .chain(conns)
             .chain(paths)
@@ -1899,6 +2051,10 @@ impl World {
                 }
             }
             Action::Ctrl(p) => self.ctrl_step(p),
+            Action::Bringup(p) => {
+                self.bringup_wake(p);
+                self.flush_path(p);
+            }
             Action::AnaPoll(p) => {
                 // The simulator's own: a path whose namespace is not accessible re-reads
                 // the ANA log (its target sends no ANA change notice).
@@ -2251,7 +2407,7 @@ impl World {
         let path = &self.paths[p];
         // The admin reads' timeout (the I/O's is the block core's, at its tick; the keep-alive's
         // is the controller machine's, KATO).
-        let oldest = path.ana_read_ns.into_iter().chain(path.id_ns_ns).min();
+        let oldest = path.scan_sent_ns;
         let stuck_bringup = path.phase != Phase::Live && self.now - path.phase_since_ns > IO_TIMEOUT_NS;
         if stuck_bringup || oldest.is_some_and(|t| self.now - t > IO_TIMEOUT_NS) {
             path.ctrl.report_io_failure("command timeout");
@@ -2274,52 +2430,16 @@ impl World {
         let path = &mut self.paths[p];
         match path.phase {
             Phase::Connecting if path.admin.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => {
-                let sqe = nvme::fabrics::PropertyCmd::set_sqe(
-                    Cid(0),
-                    nvme::fabrics::prop::CC,
-                    false,
-                    u64::from(nvme::fabrics::Cc::enable_value().0),
-                );
-                let io = Io { sqe, buf: None, len: 0, dir: DataDir::None, token: TOKEN_CC };
-                if let Some(c) = path.admin.as_mut()
-                    && c.q.submit(0, io).is_ok()
-                {
-                    path.phase = Phase::Enabling;
-                }
+                self.start_bringup(p);
                 self.flush_path(p);
             }
             Phase::IoConnecting if path.io.as_ref().is_some_and(|c| c.q.state() == QueueState::Live) => {
-                path.phase = Phase::Live;
-                let Some(c) = path.io.take() else { return };
-                // As the controller hands `Context` a queue it connected: installed under
-                // the controller's generation, its waiting requests go out on it.
-                let generation = path.ctrl.generation();
-                // NVMe Base 2.x §3.9: a new association; the core tells the queues of the
-                // old one by their older generation (and fails them at its tick).
-                if let Some(&(_, l, g)) = path.retired.iter().find(|r| r.2 >= generation) {
-                    self.violate(format!(
-                        "path {p}: its new association has generation {generation}, not newer than the \
-                         old I/O queue (link {l}, generation {g}) the block core still holds"
-                    ));
-                    return;
+                path.phase = Phase::BringingUp;
+                path.phase_since_ns = self.now;
+                if let Some(m) = path.bringup.as_mut() {
+                    m.io_connected();
                 }
-                // The core has not ticked since the reset: its old queues go now, before the
-                // new one takes their place.
-                for (ckey, l, _) in std::mem::take(&mut self.paths[p].retired) {
-                    self.close_retired(p, ckey, l, "controller reset");
-                }
-                let now = self.at();
-                let ckey = self.core.install(self.qkeys[p], c.q, generation, now);
-                self.paths[p].io_conn = Some((ckey, c.link));
-                self.paths[p].io_generation = generation;
-                self.paths[p].io_auth = c.auth;
-                self.event(format_args!("path {p} live"));
-                let ctrl = Arc::clone(&self.paths[p].ctrl);
-                ctrl.machine().on_connected(self.now, Ok(()));
-                // The bring-up's ANA read, then what the machine asks (the event request).
-                ctrl.machine().request_ana_refresh();
-                self.view_changed(p);
-                self.ctrl_step(p);
+                self.drive_bringup(p);
                 self.flush_path(p);
             }
             _ => {}
@@ -2428,8 +2548,7 @@ impl World {
             && self.paths.iter().all(|p| {
                 // A controller given up (ctrl_loss_tmo) stays down: it is settled too.
                 (p.phase == Phase::Live || p.ctrl.machine().state() == host::controller::CtrlState::Dead)
-                    && p.ana_read_ns.is_none()
-                    && p.id_ns_ns.is_none()
+                    && p.scan.is_none()
                     && p.event_owed.is_none()
                     && p.retired.is_empty()
             })

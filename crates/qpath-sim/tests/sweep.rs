@@ -118,9 +118,9 @@ fn a_seed_replays_byte_for_byte() {
 /// Seed 7's trace hash at 3,000 steps. Nothing in a trace depends on the machine, the
 /// build or the process (no path, clock, thread or hash-ordered map reaches it), so this
 /// holds on every machine and in debug and release builds alike.
-const SEED_7_TRACE_HASH: u64 = 0x30be_5363_3db0_f050;
+const SEED_7_TRACE_HASH: u64 = 0x46b1_9b4c_5570_c5df;
 /// Seed 3's, a seed that resizes the namespace (seed 7 draws no resize).
-const SEED_3_TRACE_HASH: u64 = 0x6782_8d34_3761_2797;
+const SEED_3_TRACE_HASH: u64 = 0xe6b2_5a64_c9e1_d5ed;
 
 #[test]
 fn a_seed_hashes_the_same_on_every_machine() {
@@ -139,16 +139,17 @@ fn a_seed_hashes_the_same_on_every_machine() {
 }
 
 /// Key rotation with re-authentication, through the production host's step machine and
-/// the target's real transaction. Seed 10: the operator rotates the keys, the host gets
+/// the target's real transaction. Seed 20: the operator rotates the keys, the host gets
 /// them a moment later and re-authenticates its four live queues beside their I/O (the
 /// I/O queues' under their reserved tags, beside the block core's commands); those that
 /// finish before the next fault authenticate with the new keys, none is refused. (Seeds
 /// chosen from a sweep: if the simulator's schedule changes, pick others with
 /// `qpath sim --seed N --trace`; seed 20 was this one before the block core ran the I/O,
-/// seed 180 before the controller machine did the admin side.)
+/// seed 180 before the controller machine did the admin side, seed 10 before the
+/// production bring-up did; a scan of seeds 0..120 found 20 and 117.)
 #[test]
 fn live_queues_reauthenticate_after_a_key_rotation() {
-    let r = run(Options { trace: true, ..opts(10, 5_000) });
+    let r = run(Options { trace: true, ..opts(20, 5_000) });
     assert!(r.violation.is_none(), "{:?}", r.violation);
     assert_eq!(r.summary.key_rotations, 1, "{}", r.summary_line());
     let from = r.trace.iter().position(|l| l.contains("the operator gives the host the target's keys")).unwrap();
@@ -160,15 +161,16 @@ fn live_queues_reauthenticate_after_a_key_rotation() {
     assert!(!after.iter().any(|l| l.contains("authentication failed")), "{after:#?}");
 }
 
-/// Seed 8 (also before the block core ran the I/O; 211, 58 and 124 in the schedules
-/// between): the operator re-authenticates the
+/// Seed 194 (the first of seeds 0..700 once the production bring-up ran in the simulator;
+/// 194, 214 and 346 show it; 8 before, and before the block core ran the I/O; 211, 58 and
+/// 124 in the schedules between): the operator re-authenticates the
 /// host with its old key after rotating the target's: the target refuses it
 /// (AUTH_Failure1) on an I/O queue, the trace says so, the path resets and reconnects, and
 /// every I/O check holds (an I/O the target refused on that queue while its
 /// re-authentication was failing goes again after the reconnect, see docs/design.md).
 #[test]
 fn a_reauthentication_with_a_stale_key_is_refused_with_a_trace_line() {
-    let r = run(Options { trace: true, ..opts(8, 5_000) });
+    let r = run(Options { trace: true, ..opts(194, 5_000) });
     assert!(r.violation.is_none(), "{:?}", r.violation);
     assert!(r.trace.iter().any(|l| l.contains("the host re-authenticates with its old key")));
     assert!(
