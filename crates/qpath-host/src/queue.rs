@@ -290,6 +290,8 @@ pub struct HostQueue {
     kernel_tls: Option<tls::record::Suite>,
     /// A handover to kernel TLS is still to be tried (`tls_offload` auto).
     kernel_tls_wanted: bool,
+    /// [`HostQueue::abort_all`] ran: nothing more is sent.
+    aborted: bool,
 }
 
 impl std::fmt::Debug for HostQueue {
@@ -340,6 +342,7 @@ impl HostQueue {
             tls: None,
             kernel_tls: None,
             kernel_tls_wanted: false,
+            aborted: false,
             cfg,
         };
         q.kernel_tls_wanted = q.cfg.tls.is_some() && q.cfg.tls_offload == tls::kernel::Offload::Auto;
@@ -980,6 +983,7 @@ impl HostQueue {
                 }
             }
         }
+        self.aborted = true;
         // A batch the channel holds with no send in flight will not be sent now: its
         // write buffers come back to their commands.
         if let Some(ch) = self.tls.as_mut()
@@ -988,6 +992,7 @@ impl HostQueue {
         {
             self.plain_send_done(b, Err(std::io::Error::other("queue failed")));
         }
+        self.return_unsent();
     }
 
     // ------------------------------------------------------------------ send
@@ -1026,6 +1031,18 @@ impl HostQueue {
         self.plain_send_done(msg, result);
     }
 
+    /// After [`HostQueue::abort_all`], the queue's own batch that no send took (its driver
+    /// sends nothing more once it aborted): the write buffers it gathers come back to their
+    /// commands, which finish now. With a send still in flight, that send's return does it.
+    fn return_unsent(&mut self) {
+        // (`take_plain_send` gives nothing while a batch is out, in the secure channel too.)
+        if self.aborted
+            && let Some(b) = self.take_plain_send()
+        {
+            self.plain_send_done(b, Err(std::io::Error::other("queue aborted")));
+        }
+    }
+
     /// The queue's own batch went out (or failed).
     fn plain_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>) {
         self.tx_inflight = false;
@@ -1049,6 +1066,7 @@ impl HostQueue {
         }
         owners.clear();
         self.inflight_owners = owners;
+        self.return_unsent();
     }
 }
 
@@ -1390,6 +1408,41 @@ mod tests {
         assert_eq!(CommonHeader::peek(&cmd).unwrap().plen, 72 + 512);
         respond(&mut q, Cqe::success(Cid(0)));
         assert_eq!(drain(&mut q), [(10, 0, Status::SUCCESS, Some(4096))]);
+    }
+
+    #[test]
+    fn aborting_returns_write_buffers_of_a_batch_never_sent() {
+        let mut q = live();
+        submit(&mut q, 0, write_io(16384, 1));
+        sent(&mut q);
+        // The H2CData for the R2T gathers the caller's buffer; the queue fails before its
+        // driver took that batch, and nothing will send it.
+        q.feed(&r2t(0, 0, 16384));
+        q.set_failed("connection reset");
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert_eq!(drain(&mut q), [(1, 0, Status::HOST_PATH_ERROR, Some(16384))]);
+        assert_eq!(q.outstanding(), 0);
+        assert!(q.take_send().is_none());
+    }
+
+    #[test]
+    fn aborting_during_a_send_returns_the_next_batchs_write_buffers_with_it() {
+        let mut q = live();
+        submit(&mut q, 0, write_io(16384, 1));
+        submit(&mut q, 1, write_io(16384, 2));
+        sent(&mut q);
+        q.feed(&r2t(0, 0, 16384));
+        let first = q.take_send().expect("the first H2CData");
+        // Gathered while the first batch is out.
+        q.feed(&r2t(1, 0, 16384));
+        q.set_failed("connection reset");
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert!(drain(&mut q).is_empty(), "both buffers are still in batches");
+        q.on_send_done(first, Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        let mut done = drain(&mut q);
+        done.sort_unstable_by_key(|d| d.0);
+        assert_eq!(done, [(1, 0, Status::HOST_PATH_ERROR, Some(16384)), (2, 1, Status::HOST_PATH_ERROR, Some(16384))]);
+        assert_eq!(q.outstanding(), 0);
     }
 
     #[test]
