@@ -8,15 +8,16 @@
 //! path, the in-process loopback and the fuzzer.
 //!
 //! ```text
-//!  submit(Io) ─► CapsuleCmd (+ in-capsule data) ───────────────► target
+//!  submit(Io) ─► CapsuleCmd (+ in-capsule data, from the caller's buffer) ► target
 //!             ◄─ R2T ─► H2CData from the caller's buffer ──────►
 //!  on_recv  ◄── C2HData into the caller's buffer / CapsuleResp ◄─
 //!           ─► completions(): (token, Cqe, buffer back)
 //! ```
 //!
 //! Per I/O: no allocation (slots indexed by command id, reused send
-//! batches), no lock. A write's buffer may travel in a send batch; the I/O
-//! completes only when both its response arrived and its buffer came back.
+//! batches), no lock, no copy of write data. A write's buffer travels in a send
+//! batch (in-capsule data and H2CData alike); the I/O completes only when both
+//! its response arrived and its buffer came back.
 
 use std::ops::Range;
 
@@ -40,6 +41,10 @@ pub const DIRECT_RECV_MIN: usize = 16 * 1024;
 /// headers and responses, little enough that the next large payload is mostly placed
 /// directly too. Any other receive asks for the whole free buffer.
 const RECV_AFTER_DIRECT: usize = 512;
+
+/// Iovecs one write's in-capsule data may add to a send batch: its range of the caller's
+/// buffer, and the header segment after it (the data digest and the next PDUs).
+const IN_CAPSULE_SEGMENTS: usize = 2;
 
 /// Static parameters of a queue.
 #[derive(Clone, Debug)]
@@ -290,6 +295,8 @@ pub struct HostQueue {
     kernel_tls: Option<tls::record::Suite>,
     /// A handover to kernel TLS is still to be tried (`tls_offload` auto).
     kernel_tls_wanted: bool,
+    /// [`HostQueue::abort_all`] ran: nothing more is sent.
+    aborted: bool,
 }
 
 impl std::fmt::Debug for HostQueue {
@@ -340,6 +347,7 @@ impl HostQueue {
             tls: None,
             kernel_tls: None,
             kernel_tls_wanted: false,
+            aborted: false,
             cfg,
         };
         q.kernel_tls_wanted = q.cfg.tls.is_some() && q.cfg.tls_offload == tls::kernel::Offload::Auto;
@@ -514,13 +522,32 @@ impl HostQueue {
         self.scratch.clear();
         let w = self.enc.capsule_cmd(&mut self.scratch, &io.sqe, if in_capsule { len } else { 0 });
         self.tx.push_bytes(&self.scratch);
-        if in_capsule {
-            let data = &io.buf.as_ref().map_or(&[][..], |b| &b.as_full()[..len]);
-            // In-capsule data is copied into the batch (at most a few KiB): the
-            // caller's buffer stays in the slot and is free the moment the CQE arrives.
-            self.tx.push_bytes(data);
-            if w.ddgst {
-                self.tx.push_bytes(&crc32c(data).to_le_bytes());
+        let mut buf_in_flight = false;
+        if in_capsule && let Some(buf) = io.buf.take() {
+            let digest = w.ddgst.then(|| crc32c(&buf.as_full()[..len]));
+            // The data rides in the batch as a range of the caller's buffer, as SPDK's host
+            // gathers it (`nvme_tcp.c`, the capsule's iovecs): the kernel copies it into the
+            // socket once, and nothing copies it before. The buffer comes back with the
+            // batch, and the command completes once both it and the CQE are back. A batch
+            // that would run out of iovecs (a deep queue's worth of writes) copies instead.
+            let buf = if self.tx.segments() + IN_CAPSULE_SEGMENTS <= uring::SEND_SEGMENTS_MAX {
+                match self.tx.push_buf(buf, 0..len) {
+                    Ok(()) => {
+                        self.tx_owners.push(tag);
+                        buf_in_flight = true;
+                        None
+                    }
+                    Err((_, b)) => Some(b),
+                }
+            } else {
+                Some(buf)
+            };
+            if let Some(b) = &buf {
+                self.tx.push_bytes(&b.as_full()[..len]);
+            }
+            io.buf = buf;
+            if let Some(d) = digest {
+                self.tx.push_bytes(&d.to_le_bytes());
             }
         }
         let s = &mut self.slots[usize::from(tag)];
@@ -529,7 +556,7 @@ impl HostQueue {
         s.dir = io.dir;
         s.len = io.len;
         s.buf = io.buf;
-        s.buf_in_flight = false;
+        s.buf_in_flight = buf_in_flight;
         s.received = 0;
         s.cqe = None;
         s.sqe = io.sqe;
@@ -980,6 +1007,7 @@ impl HostQueue {
                 }
             }
         }
+        self.aborted = true;
         // A batch the channel holds with no send in flight will not be sent now: its
         // write buffers come back to their commands.
         if let Some(ch) = self.tls.as_mut()
@@ -988,6 +1016,7 @@ impl HostQueue {
         {
             self.plain_send_done(b, Err(std::io::Error::other("queue failed")));
         }
+        self.return_unsent();
     }
 
     // ------------------------------------------------------------------ send
@@ -1026,6 +1055,18 @@ impl HostQueue {
         self.plain_send_done(msg, result);
     }
 
+    /// After [`HostQueue::abort_all`], the queue's own batch that no send took (its driver
+    /// sends nothing more once it aborted): the write buffers it gathers come back to their
+    /// commands, which finish now. With a send still in flight, that send's return does it.
+    fn return_unsent(&mut self) {
+        // (`take_plain_send` gives nothing while a batch is out, in the secure channel too.)
+        if self.aborted
+            && let Some(b) = self.take_plain_send()
+        {
+            self.plain_send_done(b, Err(std::io::Error::other("queue aborted")));
+        }
+    }
+
     /// The queue's own batch went out (or failed).
     fn plain_send_done(&mut self, mut msg: SendMsg, result: std::io::Result<()>) {
         self.tx_inflight = false;
@@ -1049,6 +1090,7 @@ impl HostQueue {
         }
         owners.clear();
         self.inflight_owners = owners;
+        self.return_unsent();
     }
 }
 
@@ -1384,12 +1426,134 @@ mod tests {
         assert_eq!(drain(&mut q), [(9, 3, Status::SUCCESS, Some(16384))]);
         assert_eq!(q.outstanding(), 0);
 
-        // A small write travels in the capsule and its buffer stays with the command.
+        // A small write travels in the capsule, gathered from the caller's buffer: the same
+        // rule holds, the response may overtake the batch that carries the data.
         submit(&mut q, 0, write_io(512, 10));
-        let cmd = sent(&mut q);
+        let batch = q.take_send().expect("the capsule");
+        let cmd = batch.to_vec();
         assert_eq!(CommonHeader::peek(&cmd).unwrap().plen, 72 + 512);
+        assert!(cmd[72..].iter().all(|&b| b == 0xa5), "the caller's data follows the header");
         respond(&mut q, Cqe::success(Cid(0)));
+        assert!(drain(&mut q).is_empty(), "completed while its in-capsule data was in flight");
+        q.on_send_done(batch, Ok(()));
         assert_eq!(drain(&mut q), [(10, 0, Status::SUCCESS, Some(4096))]);
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn in_capsule_writes_send_the_callers_buffer_without_copying_it() {
+        let mut q = live();
+        for tag in 0..4u16 {
+            let mut io = write_io(4096, u64::from(tag));
+            io.buf.as_mut().unwrap().fill(tag.to_le_bytes()[0] + 1);
+            submit(&mut q, tag, io);
+        }
+        let batch = q.take_send().expect("four capsules");
+        // Only the headers were copied into the batch; each write's data is its own buffer.
+        assert_eq!(batch.header().len(), 4 * 72, "capsule headers only");
+        assert_eq!(batch.len(), 4 * (72 + 4096));
+        let bytes = batch.to_vec();
+        for tag in 0..4usize {
+            let at = tag * (72 + 4096);
+            assert_eq!(pdu_types(&bytes[at..at + 72 + 4096]), [PduType::CapsuleCmd as u8]);
+            assert!(
+                bytes[at + 72..at + 72 + 4096].iter().all(|&b| b == tag.to_le_bytes()[0] + 1),
+                "write {tag}'s data"
+            );
+        }
+        q.on_send_done(batch, Ok(()));
+        for tag in 0..4u16 {
+            respond(&mut q, Cqe::success(Cid(tag)));
+        }
+        assert_eq!(drain(&mut q).len(), 4);
+    }
+
+    #[test]
+    fn a_batch_of_more_writes_than_iovecs_copies_the_rest_and_stays_sendable() {
+        let mut q = live_with(config(1024, 1024));
+        for tag in 0..700u16 {
+            let mut io = write_io(512, u64::from(tag));
+            io.buf.as_mut().unwrap().fill(tag.to_le_bytes()[0]);
+            submit(&mut q, tag, io);
+        }
+        let batch = q.take_send().expect("700 capsules");
+        assert!(batch.segments() <= uring::SEND_SEGMENTS_MAX, "{} segments", batch.segments());
+        let bytes = batch.to_vec();
+        assert_eq!(bytes.len(), 700 * (72 + 512));
+        for tag in 0..700usize {
+            let at = tag * (72 + 512) + 72;
+            assert!(bytes[at..at + 512].iter().all(|&b| b == tag.to_le_bytes()[0]), "write {tag}'s data");
+        }
+        q.on_send_done(batch, Ok(()));
+        for tag in 0..700u16 {
+            respond(&mut q, Cqe::success(Cid(tag)));
+        }
+        assert_eq!(drain(&mut q).len(), 700);
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn in_capsule_data_keeps_its_digest() {
+        let mut cfg = config(ENTRIES, ENTRIES);
+        cfg.digests = Digests { header: false, data: true };
+        let mut q = HostQueue::new(cfg);
+        sent(&mut q);
+        q.feed(&IcResp { pfv: 0, cpda: 0, digests: Digests { header: false, data: true }, maxh2cdata: 65536 }.encode());
+        sent(&mut q);
+        connect_response(&mut q, 0);
+        assert_eq!(q.state(), QueueState::Live, "{:?}", q.error());
+        submit(&mut q, 1, write_io(4096, 1));
+        let bytes = sent(&mut q);
+        let ch = CommonHeader::peek(&bytes).unwrap();
+        assert_eq!(ch.plen as usize, bytes.len());
+        let data = &bytes[bytes.len() - 4 - 4096..bytes.len() - 4];
+        assert!(data.iter().all(|&b| b == 0xa5));
+        assert_eq!(bytes[bytes.len() - 4..], crc32c(data).to_le_bytes(), "the data digest follows the data");
+    }
+
+    #[test]
+    fn aborting_returns_in_capsule_write_buffers_of_a_batch_never_sent() {
+        let mut q = live();
+        submit(&mut q, 0, write_io(4096, 1));
+        q.set_failed("connection reset");
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert_eq!(drain(&mut q), [(1, 0, Status::HOST_PATH_ERROR, Some(4096))]);
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn aborting_returns_write_buffers_of_a_batch_never_sent() {
+        let mut q = live();
+        submit(&mut q, 0, write_io(16384, 1));
+        sent(&mut q);
+        // The H2CData for the R2T gathers the caller's buffer; the queue fails before its
+        // driver took that batch, and nothing will send it.
+        q.feed(&r2t(0, 0, 16384));
+        q.set_failed("connection reset");
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert_eq!(drain(&mut q), [(1, 0, Status::HOST_PATH_ERROR, Some(16384))]);
+        assert_eq!(q.outstanding(), 0);
+        assert!(q.take_send().is_none());
+    }
+
+    #[test]
+    fn aborting_during_a_send_returns_the_next_batchs_write_buffers_with_it() {
+        let mut q = live();
+        submit(&mut q, 0, write_io(16384, 1));
+        submit(&mut q, 1, write_io(16384, 2));
+        sent(&mut q);
+        q.feed(&r2t(0, 0, 16384));
+        let first = q.take_send().expect("the first H2CData");
+        // Gathered while the first batch is out.
+        q.feed(&r2t(1, 0, 16384));
+        q.set_failed("connection reset");
+        q.abort_all(Status::HOST_PATH_ERROR);
+        assert!(drain(&mut q).is_empty(), "both buffers are still in batches");
+        q.on_send_done(first, Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        let mut done = drain(&mut q);
+        done.sort_unstable_by_key(|d| d.0);
+        assert_eq!(done, [(1, 0, Status::HOST_PATH_ERROR, Some(16384)), (2, 1, Status::HOST_PATH_ERROR, Some(16384))]);
+        assert_eq!(q.outstanding(), 0);
     }
 
     #[test]
