@@ -121,6 +121,24 @@ enum Phase<T> {
     Over,
 }
 
+impl<T> Phase<T> {
+    /// The gate at the top of each machine's `poll`: `None` when the current step is to be
+    /// handed out now (the phase is then `Over` until the caller sets it), else what `poll`
+    /// answers (waiting, the outcome once, or a failure for a poll after it).
+    fn gate(&mut self, what: &str) -> Option<Next<T>> {
+        match std::mem::replace(self, Phase::Over) {
+            Phase::Ready => None,
+            Phase::Outstanding => {
+                *self = Phase::Outstanding;
+                Some(Next::Wait)
+            }
+            Phase::Finished(Ok(t)) => Some(Next::Done(t)),
+            Phase::Finished(Err(e)) => Some(Next::Failed(e)),
+            Phase::Over => Some(Next::Failed(over(what))),
+        }
+    }
+}
+
 /// Prefixes an error with the step it ended.
 fn in_step(what: &str, e: Error) -> Error {
     Error { kind: e.kind, context: format!("{what}: {}", e.context), status: e.status }
@@ -183,15 +201,8 @@ impl Enable {
     /// The next thing to do at `now_ns`.
     #[must_use = "the step handed out must be done"]
     pub fn poll(&mut self, now_ns: u64) -> Next<Cap> {
-        match std::mem::replace(&mut self.phase, Phase::Over) {
-            Phase::Ready => {}
-            Phase::Outstanding => {
-                self.phase = Phase::Outstanding;
-                return Next::Wait;
-            }
-            Phase::Finished(Ok(c)) => return Next::Done(c),
-            Phase::Finished(Err(e)) => return Next::Failed(e),
-            Phase::Over => return Next::Failed(over("enabling the controller")),
+        if let Some(next) = self.phase.gate("enabling the controller") {
+            return next;
         }
         let (sqe, what) = match self.step {
             EnableStep::Cap => (PropertyCmd::get_sqe(Cid(0), prop::CAP, true), "Property Get CAP"),
@@ -359,15 +370,8 @@ impl NsScan {
     /// The next thing to do (the scan has no pause: `now_ns` is for symmetry).
     #[must_use = "the step handed out must be done"]
     pub fn poll(&mut self, _now_ns: u64) -> Next<Vec<NsInfo>> {
-        match std::mem::replace(&mut self.phase, Phase::Over) {
-            Phase::Ready => {}
-            Phase::Outstanding => {
-                self.phase = Phase::Outstanding;
-                return Next::Wait;
-            }
-            Phase::Finished(Ok(ns)) => return Next::Done(ns),
-            Phase::Finished(Err(e)) => return Next::Failed(e),
-            Phase::Over => return Next::Failed(over("namespace scan")),
+        if let Some(next) = self.phase.gate("namespace scan") {
+            return next;
         }
         let io = match self.step {
             ScanStep::ChangedList => {
@@ -582,15 +586,8 @@ impl Bringup {
     /// The next thing to do at `now_ns`.
     #[must_use = "the step handed out must be done"]
     pub fn poll(&mut self, now_ns: u64) -> Next<Brought> {
-        match std::mem::replace(&mut self.phase, Phase::Over) {
-            Phase::Ready => {}
-            Phase::Outstanding => {
-                self.phase = Phase::Outstanding;
-                return Next::Wait;
-            }
-            Phase::Finished(Ok(b)) => return Next::Done(b),
-            Phase::Finished(Err(e)) => return Next::Failed(e),
-            Phase::Over => return Next::Failed(over("bring-up")),
+        if let Some(next) = self.phase.gate("bring-up") {
+            return next;
         }
         // A sub-machine's steps are this machine's; its outcome moves this one on.
         self.phase = Phase::Ready;
