@@ -16,19 +16,21 @@ use nvme::Nsid;
 use crate::controller::{Controller, CtrlState};
 use crate::mpath::{LinkState, PathClass, PathIndex, PathState, Policy, Selection};
 
-/// A multipath namespace.
-pub struct Head {
+/// A multipath namespace. Generic over its controllers as the block core is
+/// ([`crate::context::ctrlview`]): `Head` is `Head<Controller>`, and the simulator's heads are
+/// the same type over its controllers.
+pub struct Head<C = Controller> {
     /// Subsystem NQN.
     pub subnqn: String,
     /// The namespace's unique id (NGUID, or EUI-64, or UUID).
     pub uid: [u8; 16],
-    inner: Mutex<HeadInner>,
+    inner: Mutex<HeadInner<C>>,
     generation: AtomicU64,
 }
 
-struct HeadInner {
+struct HeadInner<C> {
     /// Path slots: index = `PathIndex`; a removed path leaves `None` (its slot stays Gone).
-    paths: Vec<Option<(Arc<Controller>, Nsid)>>,
+    paths: Vec<Option<(Arc<C>, Nsid)>>,
     policy: Policy,
     reference: Option<ReferenceSelector>,
 }
@@ -114,9 +116,9 @@ pub struct PathInfo {
     pub class: PathClass,
 }
 
-impl Head {
+impl<C> Head<C> {
     /// A head with no paths.
-    pub fn new(subnqn: &str, uid: [u8; 16], policy: Policy) -> Arc<Head> {
+    pub fn new(subnqn: &str, uid: [u8; 16], policy: Policy) -> Arc<Head<C>> {
         Arc::new(Head {
             subnqn: subnqn.to_string(),
             uid,
@@ -125,7 +127,7 @@ impl Head {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, HeadInner> {
+    fn lock(&self) -> MutexGuard<'_, HeadInner<C>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -140,7 +142,7 @@ impl Head {
     }
 
     /// Adds a path (the namespace `nsid` through `ctrl`), reusing a free slot.
-    pub fn add_path(&self, ctrl: Arc<Controller>, nsid: Nsid) -> usize {
+    pub fn add_path(&self, ctrl: Arc<C>, nsid: Nsid) -> usize {
         let mut g = self.lock();
         if let Some(i) =
             g.paths.iter().position(|p| p.as_ref().is_some_and(|(c, n)| Arc::ptr_eq(c, &ctrl) && *n == nsid))
@@ -163,7 +165,7 @@ impl Head {
     }
 
     /// Removes the path through `ctrl` (its I/O fails over to the others).
-    pub fn remove_path(&self, ctrl: &Arc<Controller>) {
+    pub fn remove_path(&self, ctrl: &Arc<C>) {
         let mut g = self.lock();
         for p in &mut g.paths {
             if p.as_ref().is_some_and(|(c, _)| Arc::ptr_eq(c, ctrl)) {
@@ -175,7 +177,7 @@ impl Head {
     }
 
     /// The path slots.
-    pub fn paths(&self) -> Vec<Option<(Arc<Controller>, Nsid)>> {
+    pub fn paths(&self) -> Vec<Option<(Arc<C>, Nsid)>> {
         self.lock().paths.clone()
     }
 
@@ -206,7 +208,9 @@ impl Head {
     pub fn reference(&self) -> Option<ReferenceSelector> {
         self.lock().reference.clone()
     }
+}
 
+impl Head<Controller> {
     /// The selector's view of every slot now (control plane: locks the controllers briefly).
     pub fn path_states(&self) -> Vec<PathState> {
         self.paths()
@@ -263,8 +267,8 @@ impl Head {
 }
 
 /// The block core's view of a head ([`crate::context::ctrlview`]).
-impl crate::context::ctrlview::CoreHead for Head {
-    type Ctrl = Controller;
+impl<C> crate::context::ctrlview::CoreHead for Head<C> {
+    type Ctrl = C;
 
     #[inline]
     fn generation(&self) -> u64 {
@@ -279,7 +283,7 @@ impl crate::context::ctrlview::CoreHead for Head {
         Head::reference(self)
     }
 
-    fn paths(&self) -> Vec<Option<(Arc<Controller>, Nsid)>> {
+    fn paths(&self) -> Vec<Option<(Arc<C>, Nsid)>> {
         Head::paths(self)
     }
 }

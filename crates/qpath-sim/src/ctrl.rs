@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering::Re
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use host::context::ctrlview::{CoreController, CoreHead, NsIds};
+use host::context::ctrlview::{CoreController, NsIds};
 use host::controller::{CtrlMachine, MachineConfig};
-use host::head::ReferenceSelector;
+use host::head::Head;
 use host::mpath::{LinkState, PathClass, Policy};
 use nvme::{AnaState, Nsid};
 
@@ -146,7 +146,7 @@ impl SimCtrl {
 }
 
 impl CoreController for SimCtrl {
-    type Head = SimHead;
+    type Head = Head<SimCtrl>;
 
     fn generation(&self) -> u64 {
         self.machine().generation()
@@ -220,39 +220,17 @@ impl CoreController for SimCtrl {
     }
 }
 
-/// The multipath head over the simulated paths: fixed slots, one policy from the seed.
-#[derive(Debug)]
-pub struct SimHead {
-    policy: Policy,
-    paths: Vec<Option<(Arc<SimCtrl>, Nsid)>>,
-}
-
-impl SimHead {
-    /// A head of namespace [`NSID`] through each of `ctrls`.
-    pub fn new(policy: Policy, ctrls: &[Arc<SimCtrl>]) -> Arc<SimHead> {
-        Arc::new(SimHead { policy, paths: ctrls.iter().map(|c| Some((Arc::clone(c), NSID))).collect() })
+/// The multipath head of namespace [`NSID`] through each of `ctrls`: the production
+/// [`Head`], over the simulator's controllers (its slots and policy stay as made for the
+/// run). The device is opened on it with `BlockCore::open_multi`, which takes the
+/// namespace's geometry and identity from the controllers, so the head's unique id is
+/// not consulted (zero: unknown).
+pub fn head(subnqn: &str, policy: Policy, ctrls: &[Arc<SimCtrl>]) -> Arc<Head<SimCtrl>> {
+    let h = Head::new(subnqn, [0; 16], policy);
+    for c in ctrls {
+        h.add_path(Arc::clone(c), NSID);
     }
-}
-
-impl CoreHead for SimHead {
-    type Ctrl = SimCtrl;
-
-    /// The slots and policy never change in a run.
-    fn generation(&self) -> u64 {
-        1
-    }
-
-    fn policy(&self) -> Policy {
-        self.policy
-    }
-
-    fn reference(&self) -> Option<ReferenceSelector> {
-        None
-    }
-
-    fn paths(&self) -> Vec<Option<(Arc<SimCtrl>, Nsid)>> {
-        self.paths.clone()
-    }
+    h
 }
 
 #[cfg(test)]
@@ -321,7 +299,7 @@ mod tests {
     #[test]
     fn the_head_has_a_slot_per_controller_and_the_hold_is_the_one_set_at_enable() {
         let (a, b) = (ctrl(), ctrl());
-        let h = SimHead::new(Policy::QueueDepth, &[Arc::clone(&a), Arc::clone(&b)]);
+        let h = head("nqn.x", Policy::QueueDepth, &[Arc::clone(&a), Arc::clone(&b)]);
         let slots = h.paths();
         assert_eq!(slots.len(), 2);
         assert!(slots[1].as_ref().is_some_and(|(c, n)| Arc::ptr_eq(c, &b) && *n == NSID));

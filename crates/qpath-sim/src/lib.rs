@@ -13,7 +13,8 @@
 //!        ├─ ctrl::SimCtrl per path (CoreController) over host::controller::CtrlMachine:
 //!        │  keep-alive, AER, ANA re-reads, reset → reconnect, ctrl-loss,     (real)
 //!        │  bring-up steps and namespace scan (controller::bringup)
-//!        │  SimHead (CoreHead); one I/O queue a path, step timeouts     (simulated)
+//!        ├─ host::head::Head over the paths' SimCtrls (CoreHead)          (real)
+//!        │  one I/O queue a path, step timeouts                         (simulated)
 //!        ├─ host::queue::HostQueue × (admin + I/O) per path               (real)
 //!        ▼
 //!   net::Link: in-order byte pipes, any split, delays, stalls, resets   (simulated)

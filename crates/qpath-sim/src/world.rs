@@ -29,7 +29,7 @@ use target::subsystem::{HostAccess, SubsysKind, SubsysLimits, Subsystem};
 use target::tcp::{ConnCtx, ConnState, Connection};
 use uring::IoBuf;
 
-use crate::ctrl::{NSID, SimCtrl, SimHead};
+use crate::ctrl::{NSID, SimCtrl};
 use crate::disk::{BLOCK, SimDisk};
 use crate::net::{Dir, Link};
 use crate::oracle::Oracle;
@@ -564,7 +564,7 @@ impl World {
                 SimCtrl::new(cfg, Arc::clone(&clock), shift, nsze, opts.failover_quiesce)
             })
             .collect();
-        let head = SimHead::new(policy, &ctrls);
+        let head = crate::ctrl::head(NQN, policy, &ctrls);
         let core_opts = ContextOptions {
             max_requests: CORE_REQUESTS,
             io_timeout: Duration::from_nanos(IO_TIMEOUT_NS),
