@@ -89,7 +89,7 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
         format!(
-            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} admin-link silences, {} outages of both ports, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} authentications ({} failed), {} re-authentications, {} key rotations, {} bytes, trace {:016x}",
+            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} admin-link silences, {} outages of both ports, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} authentications ({} failed), {} re-authentications, {} key rotations, {} namespace removals ({} given back, {} replaced), {} submissions refused, {} bytes, trace {:016x}",
             self.seed,
             s.steps,
             s.virtual_ns as f64 / 1e9,
@@ -114,6 +114,10 @@ impl Report {
             s.auth_failures,
             s.reauths,
             s.key_rotations,
+            s.ns_removals,
+            s.ns_restores,
+            s.ns_replacements,
+            s.refused,
             s.bytes,
             self.trace_hash
         )
