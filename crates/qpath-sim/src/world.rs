@@ -124,6 +124,10 @@ const BOTH_PORTS_NS: (u64, u64) = (7_000_000_000, 9_000_000_000);
 /// Namespace faults: the operator gives the namespace back, or puts another in its place,
 /// between these (ns) after removing it (the replacement only once the host let go).
 const NS_GAP_NS: (u64, u64) = (50_000_000, 2_000_000_000);
+/// An application whose submission was refused (its namespace gone) waits this long (ns)
+/// before its next one, as one that retries a device it lost would, rather than spending its
+/// whole workload on refusals within a moment.
+const APP_BACKOFF_NS: u64 = 10_000_000;
 /// A restore the target refuses while the removed namespace still holds its file (a
 /// command on it in flight) is tried again this much later (ns).
 const NS_RETRY_NS: u64 = 10_000_000;
@@ -556,6 +560,8 @@ pub struct World {
     other: Option<OtherNs>,
     /// The device refused a submission because its namespace was replaced.
     refused_replaced: bool,
+    /// The application submits nothing before this (ns): it backs off after a refusal.
+    app_pause_until: u64,
     /// The namespace's size on the target, blocks (an operator's setting: kept across a
     /// restart).
     ns_blocks: usize,
@@ -690,6 +696,7 @@ impl World {
             first_uuid: None,
             other: None,
             refused_replaced: false,
+            app_pause_until: 0,
             ns_blocks: NS_BLOCKS,
             host_blocks: NS_BLOCKS,
             saved_bytes: (NS_BLOCKS * BLOCK) as u64,
@@ -2103,6 +2110,7 @@ impl World {
         }
         self.active -= 1;
         self.sum.refused += 1;
+        self.app_pause_until = self.now + APP_BACKOFF_NS;
         self.event(format_args!("io {ri} refused: {why}"));
         let replaced = why.contains("replaced");
         if self.sum.ns_removals == 0 {
@@ -2288,7 +2296,7 @@ impl World {
                 out.push(Action::Tick(i));
             }
         }
-        if self.to_issue > 0 && self.active < APP_DEPTH {
+        if self.to_issue > 0 && self.active < APP_DEPTH && self.now >= self.app_pause_until {
             out.push(Action::Submit);
         }
         for (p, path) in self.paths.iter().enumerate() {
@@ -2340,6 +2348,7 @@ impl World {
             .chain(ka)
             .chain([self.disk.next_due(), self.target.restart_at_ns, Some(self.next_core_tick_ns), self.auth_due()])
             .chain([self.other.as_ref().and_then(|o| o.disk.next_due()), self.ns_back.map(|b| b.1)])
+            .chain([(self.to_issue > 0).then_some(self.app_pause_until)])
             .flatten()
             .filter(|&t| t > self.now)
             .min()
