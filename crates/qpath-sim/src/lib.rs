@@ -22,8 +22,14 @@
 //!   namespaces, file backend's FileOps
 //!        ▼
 //!   disk::SimDisk behind the FileIo trait: cache + durable image,       (simulated)
-//!   crash keeps only what was synced (and, by the seed, some of the rest)
+//!   crash keeps only what was synced (and, by the seed, some of the rest);
+//!   a second one for a namespace the operator put in place of the first
 //! ```
+//!
+//! Faults include the operator removing the namespace (the target's real
+//! `remove_namespace`), then giving it back or putting another under its NSID: each
+//! path's controller view reports what the production scan read, and the host's block
+//! core tells the same namespace from another by its identifiers.
 //!
 //! Time is virtual: the target reads it through [`target::TargetState::with_virtual_clock`]
 //! and the connections through `ConnCtx::now_ns`; nothing sleeps, nothing spawns a thread,
