@@ -914,6 +914,11 @@ impl World {
     /// its command handlers call it (the hosts' Reservation commands are not sent over
     /// the simulated links).
     fn reservation_change(&mut self) {
+        // The reservation is the original namespace's: one put in its place is never the
+        // device's to write, and one removed has none.
+        if self.ns_on_target != NsOnTarget::Original {
+            return;
+        }
         let Some(ns) = self
             .target
             .state
