@@ -2202,6 +2202,18 @@ impl World {
                 }
                 return;
             }
+            if status == Status::INVALID_NS && self.reqs[ri].sends <= 1 {
+                // Sent once, to an NSID the target had no namespace under: nothing ran, so
+                // the blocks keep what they held (the oracle is unchanged across the gap).
+                if let ROp::Write { .. } = op
+                    && (self.disk.executed(wid) || self.other.as_ref().is_some_and(|o| o.disk.executed(wid)))
+                {
+                    self.violate(format!(
+                        "write {wid} (I/O {ri}) was refused with Invalid Namespace but a disk executed it"
+                    ));
+                }
+                return;
+            }
             if status == Status::RESERVATION_CONFLICT {
                 // NVMe Base 2.x §8.1.22: a command refused for a conflict did nothing.
                 let failovers = self.reqs[ri].sends.saturating_sub(1);
