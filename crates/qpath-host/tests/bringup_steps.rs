@@ -429,6 +429,21 @@ fn a_rescan_reads_the_changed_list_first_then_scans_as_the_bring_up() {
     assert!(ns.iter().all(|n| n.uuid.is_none()), "no descriptor list: no UUID, the namespace stays");
 }
 
+/// Only Invalid Field in Command says the controller has no descriptor list: another error
+/// on it (a data digest error is a transient transport error) fails the scan, so the UUID
+/// read before is kept rather than taken as absent (which makes the namespace look replaced).
+#[test]
+fn a_descriptor_list_lost_to_a_transport_error_fails_the_scan_instead_of_dropping_the_uuid() {
+    let mut f = Fake::new();
+    f.descs = Err(Status::TRANSIENT_TRANSPORT_ERROR);
+    let id = f.id.clone();
+    let e = scan(&mut f, NsScan::new(&id)).expect_err("the UUID is unknown, not absent");
+    assert!(e.to_string().contains("Identification Descriptors"), "{e}");
+    f.descs = Err(Status::INVALID_FIELD.with_dnr(false));
+    let ns = scan(&mut f, NsScan::new(&id)).expect("a controller without the list");
+    assert!(ns.iter().all(|n| n.uuid.is_none()));
+}
+
 #[test]
 fn a_rescan_tells_what_the_changed_list_named() {
     let mut f = Fake::new();

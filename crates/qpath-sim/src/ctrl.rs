@@ -12,7 +12,8 @@
 //!
 //! ```text
 //!   world.rs ── poll / on_* ──► CtrlMachine ── generation, should_fail_io ──► CoreController
-//!      ANA / size / link ── sync ──► SimCtrl (atomics): path_class, geometry, hold
+//!      ANA / link ── sync ──► SimCtrl (atomics): path_class, hold
+//!      the scan's NsInfo ── listed ──► SimCtrl: geometry, identifiers (what the scan read)
 //!   ◄── take_io_failure, take_ana_refresh ◄── report_io_failure, request_ana_refresh
 //! ```
 //!
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use host::context::ctrlview::{CoreController, NsIds};
-use host::controller::{CtrlMachine, MachineConfig};
+use host::controller::{CtrlMachine, MachineConfig, NsInfo};
 use host::head::Head;
 use host::mpath::{LinkState, PathClass, Policy};
 use nvme::{AnaState, Nsid};
@@ -48,9 +49,9 @@ pub struct SimCtrl {
     live: AtomicBool,
     cntlid: AtomicU16,
     hold_ns: AtomicU64,
-    /// Block shift and size in blocks of namespace 1, as last identified.
-    block_shift: AtomicU8,
-    nsze: AtomicU64,
+    /// Namespace 1 as the last successful scan read it (`None`: not listed, the target
+    /// removed it), as the production `Controller` keeps its scan's list.
+    listed: Mutex<Option<NsInfo>>,
     /// Reports the host's I/O side made that the stand-in has not acted on yet.
     io_failure: Mutex<Option<String>>,
     ana_refresh: AtomicBool,
@@ -60,10 +61,10 @@ pub struct SimCtrl {
 
 impl SimCtrl {
     /// A controller not connected yet, following `cfg` in the time of `clock`, its
-    /// namespace assumed to have `nsze` blocks of `1 << block_shift` bytes until it is
-    /// identified. Without `quiesce` its failover hold is zero (the bug the hold fixes,
-    /// on purpose).
-    pub fn new(cfg: MachineConfig, clock: Arc<AtomicU64>, block_shift: u8, nsze: u64, quiesce: bool) -> Arc<SimCtrl> {
+    /// namespace assumed to be `assumed` (what the application was told to open: the
+    /// target's namespace 1 as configured) until a scan reads it. Without `quiesce` its
+    /// failover hold is zero (the bug the hold fixes, on purpose).
+    pub fn new(cfg: MachineConfig, clock: Arc<AtomicU64>, assumed: NsInfo, quiesce: bool) -> Arc<SimCtrl> {
         Arc::new(SimCtrl {
             traddr: cfg.traddr,
             machine: Mutex::new(CtrlMachine::new(cfg)),
@@ -73,8 +74,7 @@ impl SimCtrl {
             live: AtomicBool::new(false),
             cntlid: AtomicU16::new(0),
             hold_ns: AtomicU64::new(0),
-            block_shift: AtomicU8::new(block_shift),
-            nsze: AtomicU64::new(nsze),
+            listed: Mutex::new(Some(assumed)),
             io_failure: Mutex::new(None),
             ana_refresh: AtomicBool::new(false),
             quiesce,
@@ -122,12 +122,24 @@ impl SimCtrl {
         }
     }
 
-    /// Identify Namespace said `nsze` blocks of `1 << block_shift` bytes.
-    pub fn identified(&self, block_shift: u8, nsze: u64) {
-        let was = (self.block_shift.swap(block_shift, Relaxed), self.nsze.swap(nsze, Relaxed));
-        if was != (block_shift, nsze) {
+    /// A scan succeeded and read namespace 1 as `ns` (`None`: not in the active list). A
+    /// change of its size or identifiers moves the change count.
+    pub fn listed(&self, ns: Option<&NsInfo>) {
+        let key = |n: &NsInfo| (n.block_shift, n.nsze, n.nguid, n.eui64, n.uuid);
+        let mut l = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let changed = l.as_ref().map(key) != ns.map(key);
+        *l = ns.cloned();
+        drop(l);
+        if changed {
             self.changed();
         }
+    }
+
+    fn with_listed<R>(&self, nsid: Nsid, f: impl FnOnce(&NsInfo) -> R) -> Option<R> {
+        if nsid != NSID {
+            return None;
+        }
+        self.listed.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(f)
     }
 
     /// The reset the I/O side asked for ([`CoreController::report_io_failure`]), once.
@@ -192,23 +204,28 @@ impl CoreController for SimCtrl {
             return PathClass::Gone;
         }
         // As the production head's `class_of`: the machine's state and fail-fast, except
-        // that a live controller whose I/O queue is down is reconnecting it.
+        // that a live controller whose I/O queue is down is reconnecting it; a namespace
+        // the last scan did not list is gone through a live controller.
         let state = self.machine().state();
         let fail_fast = self.should_fail_io();
         let link = match LinkState::of(state, fail_fast) {
             LinkState::Live if !self.is_live() => LinkState::Reconnecting,
             l => l,
         };
-        PathClass::of(self.ana(), link)
+        match self.with_listed(nsid, |_| ()) {
+            Some(()) => PathClass::of(self.ana(), link),
+            None if link == LinkState::Live => PathClass::Gone,
+            None => PathClass::of(AnaState::Inaccessible, link),
+        }
     }
 
     fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
-        (nsid == NSID).then(|| (self.block_shift.load(Relaxed), self.nsze.load(Relaxed)))
+        self.with_listed(nsid, |n| (n.block_shift, n.nsze))
     }
 
-    /// The simulated namespace never changes identity.
+    /// What the last successful scan read (the production `Controller`'s rule).
     fn namespace_ids(&self, nsid: Nsid) -> Option<NsIds> {
-        (nsid == NSID).then_some(NsIds { nguid: [0x51; 16], eui64: [0; 8], uuid: None })
+        self.with_listed(nsid, |n| NsIds { nguid: n.nguid, eui64: n.eui64, uuid: n.uuid })
     }
 
     fn traddr(&self) -> SocketAddr {
@@ -246,7 +263,21 @@ mod tests {
             fast_io_fail_tmo: None,
             aer: false,
         };
-        SimCtrl::new(cfg, Arc::new(AtomicU64::new(0)), 9, 128, true)
+        SimCtrl::new(cfg, Arc::new(AtomicU64::new(0)), ns(128, 1), true)
+    }
+
+    fn ns(nsze: u64, id: u8) -> NsInfo {
+        NsInfo {
+            nsid: NSID,
+            nsze,
+            block_shift: 9,
+            anagrpid: nvme::AnaGrpId(1),
+            ana_state: AnaState::Optimized,
+            nguid: [id; 16],
+            eui64: [id; 8],
+            uuid: Some([id; 16]),
+            shared: true,
+        }
     }
 
     #[test]
@@ -270,7 +301,7 @@ mod tests {
         assert_eq!(c.path_class(NSID), PathClass::Transient, "reconnecting");
         assert_eq!(c.path_class(Nsid(2)), PathClass::Gone, "no such namespace");
         let n2 = c.change_count();
-        c.identified(9, 64);
+        c.listed(Some(&ns(64, 1)));
         assert_eq!(c.namespace_geometry(NSID), Some((9, 64)));
         assert!(c.change_count() > n2, "a resize moves the count");
         let (g, n3) = (c.generation(), c.change_count());
@@ -280,6 +311,28 @@ mod tests {
         assert!(c.change_count() > n3, "a new association moves the count");
         c.set_state(AnaState::Optimized, true);
         assert_eq!(c.path_class(NSID), PathClass::Transient, "the controller is reconnecting");
+    }
+
+    #[test]
+    fn the_identifiers_and_size_are_what_the_last_scan_read() {
+        let c = ctrl();
+        assert_eq!(c.namespace_ids(NSID).map(|i| i.nguid), Some([1; 16]), "as assumed until scanned");
+        let n0 = c.change_count();
+        c.listed(Some(&ns(128, 1)));
+        assert_eq!(c.change_count(), n0, "the same namespace read again: no change");
+        c.listed(None);
+        assert_eq!((c.namespace_ids(NSID), c.namespace_geometry(NSID)), (None, None), "removed");
+        assert!(c.change_count() > n0);
+        assert_eq!(c.poll(), Some(host::controller::Action::Connect));
+        c.machine().on_connected(0, Ok(()));
+        c.set_state(AnaState::Optimized, true);
+        assert_eq!(c.path_class(NSID), PathClass::Gone, "not listed by a live controller");
+        let n1 = c.change_count();
+        c.listed(Some(&ns(128, 2)));
+        assert!(c.change_count() > n1, "another namespace under the NSID moves the count");
+        assert_eq!(c.namespace_ids(NSID), Some(NsIds { nguid: [2; 16], eui64: [2; 8], uuid: Some([2; 16]) }));
+        assert_eq!(c.path_class(NSID), PathClass::Optimized);
+        assert_eq!(c.namespace_ids(Nsid(2)), None);
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct SimDisk {
     pub slow: bool,
     /// Operations completed so far.
     pub ops: u64,
+    /// Operations submitted so far (what the checks count per disk).
+    pub submitted: u64,
+    /// Of those, writes.
+    pub writes: u64,
 }
 
 impl SimDisk {
@@ -93,6 +97,8 @@ impl SimDisk {
             now_ns: 0,
             slow: false,
             ops: 0,
+            submitted: 0,
+            writes: 0,
         }
     }
 
@@ -290,9 +296,37 @@ impl FileIo for SimDisk {
             FileOp::Sync { .. } => (Kind::Sync, None),
             FileOp::Fallocate { .. } => (Kind::Unsupported, None),
         };
+        self.submitted += 1;
+        self.writes += u64::from(matches!(kind, Kind::Write { .. }));
         let due_ns = self.now_ns + self.delay_ns();
         self.pending.push(Pending { due_ns, token, kind, buf });
         Ok(())
+    }
+}
+
+/// The target's file I/O over two simulated disks: each operation goes to the disk of the
+/// file it names (by inode), as the kernel sends it to that file's. `other` is the disk of
+/// a namespace the operator put in place of the first one (its file's inode with it).
+pub struct Disks<'a> {
+    /// The disk of the namespace the host's device was opened on.
+    pub first: &'a mut SimDisk,
+    /// Another namespace's disk and its file's inode.
+    pub other: Option<(&'a mut SimDisk, u64)>,
+}
+
+impl FileIo for Disks<'_> {
+    fn submit(&mut self, op: FileOp<'_>, token: u64) -> Result<(), (std::io::Error, Option<IoBuf>)> {
+        use std::os::unix::fs::MetadataExt as _;
+        let file = match &op {
+            FileOp::Read { file, .. }
+            | FileOp::Write { file, .. }
+            | FileOp::Sync { file }
+            | FileOp::Fallocate { file, .. } => *file,
+        };
+        match &mut self.other {
+            Some((disk, ino)) if file.metadata().is_ok_and(|m| m.ino() == *ino) => disk.submit(op, token),
+            _ => self.first.submit(op, token),
+        }
     }
 }
 

@@ -23,8 +23,14 @@
 //!   namespaces, file backend's FileOps
 //!        ▼
 //!   disk::SimDisk behind the FileIo trait: cache + durable image,       (simulated)
-//!   crash keeps only what was synced (and, by the seed, some of the rest)
+//!   crash keeps only what was synced (and, by the seed, some of the rest);
+//!   a second one for a namespace the operator put in place of the first
 //! ```
+//!
+//! Faults include the operator removing the namespace (the target's real
+//! `remove_namespace`), then giving it back or putting another under its NSID: each
+//! path's controller view reports what the production scan read, and the host's block
+//! core tells the same namespace from another by its identifiers.
 //!
 //! Time is virtual: the target reads it through [`target::TargetState::with_virtual_clock`]
 //! and the connections through `ConnCtx::now_ns`; nothing sleeps, nothing spawns a thread,
@@ -90,7 +96,7 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let s = &self.summary;
         format!(
-            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} admin-link silences, {} outages of both ports, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} authentications ({} failed), {} re-authentications, {} key rotations, {} bytes, trace {:016x}",
+            "seed {}: {} steps, {:.3} s virtual, {} I/Os ({} failed), {} requeues, {} resets, {} stalls, {} admin-link silences, {} outages of both ports, {} crashes, {} ANA changes, {} slow-disk periods, {} bit flips, {} path resets, {} reconnects, {} keep-alive timeouts, {} reservation preemptions, {} resizes ({} refused), {} authentications ({} failed), {} re-authentications, {} key rotations, {} namespace removals ({} given back, {} replaced), {} submissions refused, {} bytes, trace {:016x}",
             self.seed,
             s.steps,
             s.virtual_ns as f64 / 1e9,
@@ -115,6 +121,10 @@ impl Report {
             s.auth_failures,
             s.reauths,
             s.key_rotations,
+            s.ns_removals,
+            s.ns_restores,
+            s.ns_replacements,
+            s.refused,
             s.bytes,
             self.trace_hash
         )

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use host::context::blockcore::BlockCore;
 use host::context::ctrlview::CoreController;
+use host::context::ctrlview::NsIds;
 use host::context::{ContextOptions, DeviceId, Op};
+use host::controller::NsInfo;
 use host::controller::bringup::{Bringup, BringupConfig, Brought, Next, NsScan};
 use host::mpath::Policy;
 use host::queue::{DataDir, Done, HostQueue, Io, QueueConfig, QueueState};
@@ -30,7 +32,7 @@ use target::tcp::{ConnCtx, ConnState, Connection};
 use uring::IoBuf;
 
 use crate::ctrl::{NSID, SimCtrl};
-use crate::disk::{BLOCK, SimDisk};
+use crate::disk::{BLOCK, Disks, SimDisk};
 use crate::net::{Dir, Link};
 use crate::oracle::Oracle;
 use crate::rng::Rng;
@@ -119,6 +121,17 @@ const ADMIN_SILENCE_NS: (u64, u64) = (2_400_000_000, 4_500_000_000);
 /// these seeds) plus the time the host takes to see both paths gone (a keep-alive's expiry
 /// or an I/O timeout) and the check's slack, so a controller that is never given up is seen.
 const BOTH_PORTS_NS: (u64, u64) = (7_000_000_000, 9_000_000_000);
+/// Namespace faults: the operator gives the namespace back, or puts another in its place,
+/// between these (ns) after removing it (the replacement only once the host let go).
+const NS_GAP_NS: (u64, u64) = (50_000_000, 2_000_000_000);
+/// An application whose submission was refused (its namespace gone) waits this long (ns)
+/// before its next one, as one that retries a device it lost would, rather than spending its
+/// whole workload on refusals within a moment.
+const APP_BACKOFF_NS: u64 = 10_000_000;
+/// A restore the target refuses while the removed namespace still holds its file (a
+/// command on it in flight) is tried again this much later (ns).
+const NS_RETRY_NS: u64 = 10_000_000;
+
 /// Slack of the checks on the controller machine's deadlines: the scheduler may run
 /// other ready actions before a due one.
 const DEADLINE_SLACK_NS: u64 = 100_000_000;
@@ -198,6 +211,14 @@ pub struct Summary {
     pub reauths: u64,
     /// Times the operator rotated the host's keys.
     pub key_rotations: u64,
+    /// Times the operator removed the namespace.
+    pub ns_removals: u64,
+    /// Times the operator gave the same namespace back (its data, its UUID).
+    pub ns_restores: u64,
+    /// Times the operator put another namespace under its NSID.
+    pub ns_replacements: u64,
+    /// Application submissions the host refused at once (its namespace gone).
+    pub refused: u64,
 }
 
 /// The first invariant a run broke.
@@ -262,6 +283,9 @@ struct Req {
     low: usize,
     /// A shrink cut blocks of this write off while its last attempt was in flight.
     cut: bool,
+    /// The namespace was not on the target at some time from the send of its last attempt
+    /// to its completion (it may end with Invalid Namespace).
+    ns_gone: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,6 +342,8 @@ struct Path {
     /// The target's ANA mark of this path's port when the bring-up or the scan under way
     /// started ([`World::ana_mark`]).
     ana_mark: Option<(u64, u64)>,
+    /// The target's count of namespace changes (removals and additions) then.
+    ns_mark: Option<u64>,
     /// Its controller: the production controller machine, and the host's I/O side's view
     /// (generation, change count, class, geometry, failover hold).
     ctrl: Arc<SimCtrl>,
@@ -395,6 +421,8 @@ enum HostEnd {
 enum Action {
     Deliver(usize, Dir),
     Disk(usize),
+    /// An operation of the replacing namespace's disk.
+    OtherDisk(usize),
     Timers(usize),
     Tick(usize),
     Submit,
@@ -410,6 +438,44 @@ enum Action {
     CoreTick,
     RotateKeys,
     HostKeys,
+}
+
+/// Which namespace the operator has under NSID 1: a setting, kept across a restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NsOnTarget {
+    /// The one the host's device was opened on (its data on `World::disk`).
+    Original,
+    /// None: the operator removed it.
+    Removed,
+    /// Another namespace (new UUID, its own file and disk).
+    Replacement,
+}
+
+/// What the operator does after removing the namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NsBack {
+    /// Gives the same namespace back: its file (data kept), its UUID passed explicitly.
+    Same,
+    /// Puts a new namespace (a new UUID, a fresh file) under NSID 1, once the host let go.
+    Other,
+}
+
+/// A namespace fault drawn from the seed: when the removal comes and what follows it.
+#[derive(Clone, Copy, Debug)]
+struct NsFault {
+    back: NsBack,
+    /// Once no more than this many I/Os are left to issue.
+    at: u64,
+    /// The return comes this long (ns) after the removal at the earliest.
+    gap_ns: u64,
+}
+
+/// The namespace that replaced the original one: its file, disk and UUID.
+struct OtherNs {
+    file: ScratchFile,
+    ino: u64,
+    disk: SimDisk,
+    uuid: [u8; 16],
 }
 
 /// The simulated world.
@@ -478,6 +544,24 @@ pub struct World {
     no_path_since: Option<u64>,
     /// In-band authentication: on in a share of seeds (its own stream).
     auth: Option<SimAuth>,
+    /// Namespace removal, then the same namespace back or another in its place: its own
+    /// stream, in about one seed in eight, late in the workload.
+    nsf_rng: Rng,
+    ns_fault: Option<NsFault>,
+    /// The namespace's return that is due (what comes back, from when).
+    ns_back: Option<(NsBack, u64)>,
+    ns_on_target: NsOnTarget,
+    /// Removals and additions of namespace 1 so far (what a scan's read is checked by).
+    ns_changes: u64,
+    /// The original namespace's identifiers and UUID on the target, once it started.
+    first_ids: Option<NsIds>,
+    first_uuid: Option<[u8; 16]>,
+    /// The namespace that replaced it, once there is one.
+    other: Option<OtherNs>,
+    /// The device refused a submission because its namespace was replaced.
+    refused_replaced: bool,
+    /// The application submits nothing before this (ns): it backs off after a refusal.
+    app_pause_until: u64,
     /// The namespace's size on the target, blocks (an operator's setting: kept across a
     /// restart).
     ns_blocks: usize,
@@ -544,40 +628,24 @@ impl World {
         admin_silence_at.sort_unstable();
         let both_ports_at = ctrl_rng.chance(125_000).then(|| to_issue / 16 + ctrl_rng.below(to_issue / 16 + 1));
         let ctrl_loss_tmo = if outages || both_ports_at.is_some() { OUTAGE_CTRL_LOSS_TMO } else { CTRL_LOSS_TMO };
-        // The host: one controller view per path, a multipath head over them, and the
-        // production block core with a queue of each and the head's device. Its clock is
-        // `base` plus the virtual time: only differences of it are ever read.
+        let mut nsf_rng = Rng::new(opts.seed ^ 0x4e5f_4a11);
+        let ns_fault = nsf_rng.chance(125_000).then(|| NsFault {
+            back: if nsf_rng.chance(500_000) { NsBack::Same } else { NsBack::Other },
+            at: to_issue / 8 + nsf_rng.below(to_issue / 8 + 1),
+            gap_ns: nsf_rng.range(NS_GAP_NS.0, NS_GAP_NS.1),
+        });
+        // The host's production block core; its clock is `base` plus the virtual time:
+        // only differences of it are ever read. Its paths and device come once the target
+        // is up (the device is opened on the namespace the target has).
         let base = Instant::now();
         let clock = Arc::new(AtomicU64::new(0));
-        let ctrls: Vec<Arc<SimCtrl>> = (0..PORTS.len())
-            .map(|i| {
-                let cfg = host::controller::MachineConfig {
-                    traddr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16)),
-                    kato: Duration::from_millis(u64::from(KATO_MS)),
-                    reconnect_delay: RECONNECT_DELAY,
-                    ctrl_loss_tmo: Some(ctrl_loss_tmo),
-                    fast_io_fail_tmo: None,
-                    // The event request is kept only where the namespace changes.
-                    aer: resizes,
-                };
-                let (shift, nsze) = (BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64);
-                SimCtrl::new(cfg, Arc::clone(&clock), shift, nsze, opts.failover_quiesce)
-            })
-            .collect();
-        let head = crate::ctrl::head(NQN, policy, &ctrls);
         let core_opts = ContextOptions {
             max_requests: CORE_REQUESTS,
             io_timeout: Duration::from_nanos(IO_TIMEOUT_NS),
             max_failovers: MAX_FAILOVERS,
             ..ContextOptions::default()
         };
-        let mut core = BlockCore::new(core_opts, base);
-        let qkeys: Vec<usize> =
-            ctrls.iter().map(|c| core.add_queue(c, 0).expect("a queue of the simulated controller")).collect();
-        let slots = ctrls.iter().zip(&qkeys).map(|(c, &q)| Some((Arc::clone(c), NSID, q))).collect();
-        let dev = core
-            .open_multi(&head, slots, BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64, 0, base)
-            .expect("the simulated multipath device");
+        let core = BlockCore::new(core_opts, base);
         let mut w = World {
             opts,
             rng,
@@ -596,8 +664,8 @@ impl World {
             file,
             paths: Vec::new(),
             core,
-            dev,
-            qkeys,
+            dev: DeviceId(u32::MAX),
+            qkeys: Vec::new(),
             base,
             next_core_tick_ns: CORE_TICK_NS,
             digests,
@@ -619,6 +687,16 @@ impl World {
             both_silent_until: 0,
             no_path_since: Some(0),
             auth: SimAuth::draw(opts.seed, opts.steps),
+            nsf_rng,
+            ns_fault,
+            ns_back: None,
+            ns_on_target: NsOnTarget::Original,
+            ns_changes: 0,
+            first_ids: None,
+            first_uuid: None,
+            other: None,
+            refused_replaced: false,
+            app_pause_until: 0,
             ns_blocks: NS_BLOCKS,
             host_blocks: NS_BLOCKS,
             saved_bytes: (NS_BLOCKS * BLOCK) as u64,
@@ -653,7 +731,46 @@ impl World {
             let what = a.describe();
             w.event(format_args!("the subsystem requires DH-HMAC-CHAP of the host: {what}"));
         }
+        if let Some(f) = ns_fault {
+            let what = if f.back == NsBack::Same { "gives it back" } else { "puts another in its place" };
+            w.event(format_args!("the operator removes the namespace with {} I/Os left to issue and {what}", f.at));
+        }
         w.start_target();
+        // The host: one controller view per path, assuming the namespace the application
+        // opens is the target's (as configured) until a scan reads it; a multipath head
+        // over them; a queue of each in the core, and the head's device.
+        let assumed = NsInfo {
+            nsid: NSID,
+            nsze: NS_BLOCKS as u64,
+            block_shift: BLOCK.trailing_zeros() as u8,
+            anagrpid: ANA_GROUP,
+            ana_state: AnaState::Change,
+            nguid: w.first_ids.map_or([0; 16], |i| i.nguid),
+            eui64: w.first_ids.map_or([0; 8], |i| i.eui64),
+            uuid: w.first_ids.and_then(|i| i.uuid),
+            shared: true,
+        };
+        let ctrls: Vec<Arc<SimCtrl>> = (0..PORTS.len())
+            .map(|i| {
+                let cfg = host::controller::MachineConfig {
+                    traddr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420 + i as u16)),
+                    kato: Duration::from_millis(u64::from(KATO_MS)),
+                    reconnect_delay: RECONNECT_DELAY,
+                    ctrl_loss_tmo: Some(ctrl_loss_tmo),
+                    fast_io_fail_tmo: None,
+                    // The event request is kept only where the namespace changes.
+                    aer: resizes || ns_fault.is_some(),
+                };
+                SimCtrl::new(cfg, Arc::clone(&w.clock), assumed.clone(), opts.failover_quiesce)
+            })
+            .collect();
+        let head = crate::ctrl::head(NQN, policy, &ctrls);
+        w.qkeys = ctrls.iter().map(|c| w.core.add_queue(c, 0).expect("a queue of the simulated controller")).collect();
+        let slots = ctrls.iter().zip(&w.qkeys).map(|(c, &q)| Some((Arc::clone(c), NSID, q))).collect();
+        w.dev = w
+            .core
+            .open_multi(&head, slots, BLOCK.trailing_zeros() as u8, NS_BLOCKS as u64, 0, base)
+            .expect("the simulated multipath device");
         for (port, ctrl) in PORTS.iter().zip(ctrls) {
             w.paths.push(Path {
                 port: *port,
@@ -672,6 +789,7 @@ impl World {
                 scan_for: Vec::new(),
                 scan_sent_ns: None,
                 ana_mark: None,
+                ns_mark: None,
                 ctrl,
                 event_owed: None,
                 silent_since: None,
@@ -719,40 +837,13 @@ impl World {
         )
         .expect("the simulated subsystem");
         let subsys = state.add_subsystem(subsys).expect("the simulated subsystem");
-        // The size the saved configuration holds: the file's length when it was last
-        // saved (persist.rs saves a file namespace's size so, after every change such as
-        // a resize). The file is this disk's, as it is now.
-        let size = self.saved_bytes;
-        if self.resizes {
-            self.copy_disk_to_file(self.disk.size());
+        // The namespace the operator has configured (none once removed).
+        if self.ns_on_target != NsOnTarget::Removed
+            && let Err(e) = self.add_namespace(&subsys, self.ns_on_target)
+        {
+            self.violate(format!("the target cannot start its namespace again: {e}"));
+            return;
         }
-        let owner = format!("namespace 1 of {NQN}");
-        let opened =
-            FileBackend::open(&FileRequest { grow: true, ..FileRequest::read_write(&self.file.0, Some(size), &owner) });
-        let backend = match opened {
-            Ok((b, _)) => b,
-            Err(e) => {
-                let len = self.disk.size() / BLOCK;
-                self.violate(format!(
-                    "the target cannot start its namespace again ({len} blocks in the file, {} in the saved \
-                     configuration): {e}",
-                    size / BLOCK as u64
-                ));
-                return;
-            }
-        };
-        subsys
-            .add_namespace(NamespaceSpec {
-                nsid: 1,
-                backend: Backend::File(backend),
-                size: None,
-                block_size: BLOCK as u32,
-                anagrpid: ANA_GROUP.0,
-                uuid: None,
-                readonly: false,
-                ptpl_file: None,
-            })
-            .expect("the simulated namespace");
         self.target.state = Some(state);
         self.target.restart_at_ns = None;
         // The operator's keys are part of the saved configuration: every start has them.
@@ -765,12 +856,69 @@ impl World {
         }
     }
 
+    /// Adds namespace 1 to `subsys` as the operator configured it (`which`): the original,
+    /// on its file, with its size in the saved configuration (the file's length when it was
+    /// last saved: persist.rs saves a file namespace's size so, after every change such as
+    /// a resize) and, once known, its UUID (a saved configuration carries it; a restore
+    /// passes it explicitly); or the replacement on its own file with its own UUID.
+    fn add_namespace(&mut self, subsys: &Subsystem, which: NsOnTarget) -> Result<(), String> {
+        let owner = format!("namespace 1 of {NQN}");
+        let (path, size, uuid) = match which {
+            NsOnTarget::Original => {
+                if self.resizes {
+                    // The file is this disk's, as it is now.
+                    self.copy_disk_to_file(self.disk.size());
+                }
+                (self.file.0.clone(), self.saved_bytes, self.first_uuid)
+            }
+            NsOnTarget::Replacement => {
+                let Some(o) = &self.other else { return Err("no replacing namespace".to_string()) };
+                (o.file.0.clone(), (NS_BLOCKS * BLOCK) as u64, Some(o.uuid))
+            }
+            NsOnTarget::Removed => return Ok(()),
+        };
+        let req = FileRequest { grow: true, ..FileRequest::read_write(&path, Some(size), &owner) };
+        let backend = FileBackend::open(&req).map(|(b, _)| b).map_err(|e| {
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len()) / BLOCK as u64;
+            format!("{e} ({len} blocks in the file, {} in the saved configuration)", size / BLOCK as u64)
+        })?;
+        subsys
+            .add_namespace(NamespaceSpec {
+                nsid: 1,
+                backend: Backend::File(backend),
+                size: None,
+                block_size: BLOCK as u32,
+                anagrpid: ANA_GROUP.0,
+                uuid,
+                readonly: false,
+                ptpl_file: None,
+            })
+            .map_err(|e| e.to_string())?;
+        if which == NsOnTarget::Original && self.first_ids.is_none() {
+            let ns = subsys.namespaces().0.get(NSID).cloned().expect("the namespace just added");
+            self.first_ids = Some(NsIds { nguid: ns.nguid, eui64: ns.eui64, uuid: Some(ns.uuid) });
+            self.first_uuid = Some(ns.uuid);
+        }
+        Ok(())
+    }
+
+    /// The identifiers of the namespace the target has under NSID 1 now.
+    fn target_ids(&self) -> Option<NsIds> {
+        let ns = self.target.state.as_ref()?.subsystem(NQN)?.namespaces().0.get(NSID).cloned()?;
+        Some(NsIds { nguid: ns.nguid, eui64: ns.eui64, uuid: Some(ns.uuid) })
+    }
+
     /// The reservation changes hands: this host registers and reserves the namespace
     /// (Write Exclusive), taking it back from the other host if it has it; or the other
     /// host registers and preempts it. The target's real reservation logic, called as
     /// its command handlers call it (the hosts' Reservation commands are not sent over
     /// the simulated links).
     fn reservation_change(&mut self) {
+        // The reservation is the original namespace's: one put in its place is never the
+        // device's to write, and one removed has none.
+        if self.ns_on_target != NsOnTarget::Original {
+            return;
+        }
         let Some(ns) = self
             .target
             .state
@@ -816,6 +964,9 @@ impl World {
     /// workload wrote there), half just past the last block the disk holds data in (an
     /// operator who looked first), so both outcomes are common.
     fn resize_namespace(&mut self) {
+        if self.ns_on_target != NsOnTarget::Original {
+            return;
+        }
         let Some(sub) = self.target.state.as_ref().and_then(|s| s.subsystem(NQN)) else { return };
         let old = self.ns_blocks;
         let roll = self.ns_rng.below(4);
@@ -883,19 +1034,119 @@ impl World {
                     }
                 }
                 self.ns_blocks = new;
-                // NVMe Base 2.x §5.2 (Asynchronous Event Request): each controller with the
-                // notice enabled reports the change.
-                for p in 0..self.paths.len() {
-                    let enabled = self.paths[p]
-                        .admin
-                        .as_ref()
-                        .and_then(|c| sub.controller(c.q.cntlid()))
-                        .is_some_and(|c| c.aen_enabled() & nvme::identify::oaes::NS_ATTR != 0);
-                    if enabled && self.paths[p].event_owed.is_none() {
-                        self.paths[p].event_owed = Some(self.now);
-                    }
-                }
+                self.owe_ns_event(&sub);
             }
+        }
+    }
+
+    /// Namespace 1 changed on the target: NVMe Base 2.x §5.2 (Asynchronous Event
+    /// Request): each controller with the notice enabled owes its host the event.
+    fn owe_ns_event(&mut self, sub: &Subsystem) {
+        for p in 0..self.paths.len() {
+            let enabled = self.paths[p]
+                .admin
+                .as_ref()
+                .and_then(|c| sub.controller(c.q.cntlid()))
+                .is_some_and(|c| c.aen_enabled() & nvme::identify::oaes::NS_ATTR != 0);
+            if enabled && self.paths[p].event_owed.is_none() {
+                self.paths[p].event_owed = Some(self.now);
+            }
+        }
+    }
+
+    /// The operator removes namespace 1: the target's real `remove_namespace` (what the RPC
+    /// of that name calls). Commands the target is executing on it complete; a later one
+    /// gets Invalid Namespace; every controller is told (Namespace Attribute Changed). What
+    /// comes back, and when, is the fault's.
+    fn remove_ns(&mut self, f: NsFault) {
+        let Some(sub) = self.target.state.as_ref().and_then(|s| s.subsystem(NQN)) else { return };
+        if let Err(e) = sub.remove_namespace(NSID) {
+            self.violate(format!("the target refused to remove namespace 1: {e}"));
+            return;
+        }
+        self.ns_on_target = NsOnTarget::Removed;
+        self.ns_changes += 1;
+        self.sum.ns_removals += 1;
+        for r in &mut self.reqs {
+            if let RState::Inflight { .. } = r.state {
+                r.ns_gone = true;
+            }
+        }
+        self.owe_ns_event(&sub);
+        self.ns_back = Some((f.back, self.now + f.gap_ns));
+        self.event(format_args!("fault: the operator removes namespace 1"));
+    }
+
+    /// Whether the host let go of the removed namespace, as an operator who waits before
+    /// reusing its NSID sees it: every live controller lists no namespace 1 (none scanning),
+    /// the others are down (their next bring-up reads what the target has then), and no
+    /// command of the device is left on any queue, old associations' included.
+    fn host_let_go(&self) -> bool {
+        self.paths.iter().all(|p| match p.phase {
+            Phase::Down => true,
+            Phase::Live => p.scan.is_none() && p.retired.is_empty() && p.ctrl.namespace_ids(NSID).is_none(),
+            _ => false,
+        }) && self.core.in_flight() == 0
+    }
+
+    /// The removed namespace's return, once due: the same namespace (its file, with the
+    /// data it had, and its UUID passed explicitly, as an operator restoring it would; tried
+    /// again a little later while the target still holds that file for a command on the
+    /// removed one), or a new one under NSID 1 (a new UUID, a fresh file and disk), once
+    /// the host let go of the old.
+    fn ns_return(&mut self) {
+        let Some((back, at)) = self.ns_back else { return };
+        if self.now < at {
+            return;
+        }
+        let Some(sub) = self.target.state.as_ref().and_then(|s| s.subsystem(NQN)) else { return };
+        match back {
+            NsBack::Same => {
+                if let Err(e) = self.add_namespace(&sub, NsOnTarget::Original) {
+                    self.event(format_args!("the target refuses namespace 1 back for now: {e}"));
+                    self.ns_back = Some((back, self.now + NS_RETRY_NS));
+                    return;
+                }
+                self.ns_on_target = NsOnTarget::Original;
+                self.sum.ns_restores += 1;
+                self.event(format_args!("fault: the operator gives namespace 1 back (its file, its UUID)"));
+            }
+            NsBack::Other => {
+                if !self.host_let_go() {
+                    return;
+                }
+                if self.other.is_none() {
+                    use std::os::unix::fs::MetadataExt as _;
+                    let file = ScratchFile::create();
+                    let ino = std::fs::metadata(&file.0)
+                        .map(|m| m.ino())
+                        .unwrap_or_else(|e| panic!("the replacing namespace's scratch file {}: {e}", file.0.display()));
+                    let disk = SimDisk::new(NS_BLOCKS * BLOCK, MAX_BLOCKS * BLOCK, self.nsf_rng.fork());
+                    // A new UUID, as the target's RPC draws one (version 4, RFC 9562 §5.4).
+                    let mut uuid = [0u8; 16];
+                    for b in &mut uuid {
+                        *b = self.nsf_rng.below(256) as u8;
+                    }
+                    uuid[6] = (uuid[6] & 0x0f) | 0x40;
+                    uuid[8] = (uuid[8] & 0x3f) | 0x80;
+                    self.other = Some(OtherNs { file, ino, disk, uuid });
+                }
+                if let Err(e) = self.add_namespace(&sub, NsOnTarget::Replacement) {
+                    self.violate(format!("the target refused a new namespace under NSID 1: {e}"));
+                    return;
+                }
+                self.ns_on_target = NsOnTarget::Replacement;
+                self.sum.ns_replacements += 1;
+                self.event(format_args!("fault: the operator puts a new namespace under NSID 1"));
+            }
+        }
+        self.ns_back = None;
+        self.ns_changes += 1;
+        self.owe_ns_event(&sub);
+        if self.reservations && back == NsBack::Same {
+            // A namespace added anew has no reservation: this host takes it again.
+            self.resv_ours = false;
+            self.reservation_change();
         }
     }
 
@@ -911,9 +1162,10 @@ impl World {
 
     fn with_conn<R>(&mut self, i: usize, f: impl FnOnce(&mut Connection, &mut ConnCtx<'_>) -> R) -> R {
         let t = &mut self.target.conns[i];
+        let mut disks = Disks { first: &mut self.disk, other: self.other.as_mut().map(|o| (&mut o.disk, o.ino)) };
         let mut ctx = ConnCtx {
             pool: &mut self.target.pool,
-            file_io: &mut self.disk,
+            file_io: &mut disks,
             token: t.id << 16,
             now_ns: self.now,
             offload: None,
@@ -949,6 +1201,10 @@ impl World {
         self.target.pool = BufPool::new(1 << 20, 16 << 20);
         for what in self.disk.crash() {
             self.event(format_args!("crash: disk {what}"));
+        }
+        let other = self.other.as_mut().map(|o| o.disk.crash()).unwrap_or_default();
+        for what in other {
+            self.event(format_args!("crash: the replacing namespace's disk {what}"));
         }
         self.oracle.crashed();
         let at = self.now + self.rng.range(1_000_000, 50_000_000);
@@ -1255,6 +1511,7 @@ impl World {
     fn start_bringup(&mut self, p: usize) {
         let cfg = BringupConfig { want_queues: 1, queue_size: IO_ENTRIES };
         self.paths[p].ana_mark = self.ana_mark(p);
+        self.paths[p].ns_mark = Some(self.ns_changes);
         let path = &mut self.paths[p];
         path.bringup = Some(Bringup::new(cfg));
         path.phase = Phase::BringingUp;
@@ -1315,14 +1572,28 @@ impl World {
         self.drive_bringup(p);
     }
 
-    /// What path `p`'s scan found for the simulated namespace, checked before use as the
-    /// production host's scan checks what it keeps: its size within what the operator
-    /// may set, its blocks the disk's. `None` (after a violation) if not usable.
-    fn the_namespace(&mut self, p: usize, namespaces: &[host::controller::NsInfo]) -> Option<(u64, AnaState)> {
-        let Some(ns) = namespaces.iter().find(|n| n.nsid == NSID) else {
-            self.violate(format!("path {p}: the namespace scan did not find namespace {}", NSID.0));
-            return None;
-        };
+    /// What path `p`'s scan found for the simulated namespace (`Some(None)`: not listed),
+    /// checked against the target: while no namespace was removed or added from the scan's
+    /// start to its end, it must have read the one the target has (identifiers and all), or
+    /// its absence. Then checked before use as the production host's scan checks what it
+    /// keeps: its size within what the operator may set, its blocks the disk's. `None`
+    /// (after a violation) if not usable.
+    fn the_namespace(&mut self, p: usize, namespaces: &[NsInfo]) -> Option<Option<NsInfo>> {
+        let found = namespaces.iter().find(|n| n.nsid == NSID);
+        if self.paths[p].ns_mark.take() == Some(self.ns_changes) && self.target.state.is_some() {
+            let read = found.map(|n| NsIds { nguid: n.nguid, eui64: n.eui64, uuid: n.uuid });
+            let truth = self.target_ids();
+            if read != truth {
+                let show = |i: Option<NsIds>| i.map_or_else(|| "not listed".to_string(), |i| i.to_string());
+                self.violate(format!(
+                    "path {p}: the namespace scan read namespace 1 as {} while the target had {} throughout the scan",
+                    show(read),
+                    show(truth)
+                ));
+                return None;
+            }
+        }
+        let Some(ns) = found else { return Some(None) };
         if !usize::try_from(ns.nsze).is_ok_and(|n| (MIN_BLOCKS..=MAX_BLOCKS).contains(&n)) {
             self.violate(format!("path {p}: Identify Namespace reports {} blocks", ns.nsze));
             return None;
@@ -1331,12 +1602,24 @@ impl World {
             self.violate(format!("path {p}: Identify Namespace reports {}-byte blocks", ns.block_size()));
             return None;
         }
-        Some((ns.nsze, ns.ana_state))
+        Some(Some(ns.clone()))
     }
 
-    /// The host learns the namespace's size and ANA state from a scan.
-    fn learn_namespace(&mut self, p: usize, nsze: u64, ana: AnaState) {
-        self.paths[p].ctrl.identified(BLOCK.trailing_zeros() as u8, nsze);
+    /// The host learns the namespace from a scan (`None`: not listed): its identifiers,
+    /// size and ANA state.
+    fn learn_namespace(&mut self, p: usize, ns: Option<&NsInfo>) {
+        let was = self.paths[p].ctrl.namespace_ids(NSID);
+        self.paths[p].ctrl.listed(ns);
+        let now = self.paths[p].ctrl.namespace_ids(NSID);
+        if was != now {
+            match now {
+                None => self.event(format_args!("path {p} reads: no namespace 1")),
+                Some(i) if Some(i) == self.first_ids => self.event(format_args!("path {p} reads namespace 1")),
+                Some(_) => self.event(format_args!("path {p} reads another namespace under NSID 1")),
+            }
+        }
+        let Some(ns) = ns else { return };
+        let (nsze, ana) = (ns.nsze, ns.ana_state);
         let n = nsze as usize;
         if n != self.host_blocks {
             self.event(format_args!("path {p} reads the namespace's size: {n} blocks"));
@@ -1353,8 +1636,11 @@ impl World {
     /// block core (as the production controller hands `Context` a queue it connected),
     /// and the machine is told the association is live.
     fn go_live(&mut self, p: usize, b: Brought) {
-        let Some((nsze, ana)) = self.the_namespace(p, &b.namespaces) else { return };
-        self.check_ana_read(p, ana);
+        let Some(found) = self.the_namespace(p, &b.namespaces) else { return };
+        match &found {
+            Some(ns) => self.check_ana_read(p, ns.ana_state),
+            None => self.paths[p].ana_mark = None,
+        }
         let path = &mut self.paths[p];
         path.bringup = None;
         let cntlid = path.admin.as_ref().map_or(Cntlid(0), |c| c.q.cntlid());
@@ -1365,7 +1651,7 @@ impl World {
             return;
         };
         path.phase = Phase::Live;
-        self.learn_namespace(p, nsze, ana);
+        self.learn_namespace(p, found.as_ref());
         // As the controller hands `Context` a queue it connected: installed under the
         // controller's generation, its waiting requests go out on it.
         let generation = self.paths[p].ctrl.generation();
@@ -1410,6 +1696,7 @@ impl World {
             let rescan = cmd == host::controller::AdminCmd::Rescan;
             path.scan = Some(Box::new(if rescan { NsScan::rescan(id) } else { NsScan::new(id) }));
             self.paths[p].ana_mark = self.ana_mark(p);
+            self.paths[p].ns_mark = Some(self.ns_changes);
             self.drive_scan(p);
         }
     }
@@ -1438,7 +1725,7 @@ impl World {
 
     /// Path `p`'s scan ended (`None`: failed): the machine's command it answers is done,
     /// the host learns what it found, and the next scan queued starts.
-    fn scan_done(&mut self, p: usize, found: Option<Vec<host::controller::NsInfo>>) {
+    fn scan_done(&mut self, p: usize, found: Option<Vec<NsInfo>>) {
         let path = &mut self.paths[p];
         path.scan_sent_ns = None;
         let Some(scan) = path.scan.take() else { return };
@@ -1465,12 +1752,15 @@ impl World {
         }
         self.paths[p].ctrl.machine().on_admin_done(cmd, learned.is_some());
         match learned {
-            Some((nsze, ana)) => {
-                self.check_ana_read(p, ana);
+            Some(found) => {
+                match &found {
+                    Some(ns) => self.check_ana_read(p, ns.ana_state),
+                    None => self.paths[p].ana_mark = None,
+                }
                 if self.violation.is_some() {
                     return;
                 }
-                self.learn_namespace(p, nsze, ana);
+                self.learn_namespace(p, found.as_ref());
                 self.view_changed(p);
             }
             None => self.event(format_args!("path {p}: the namespace scan ({cmd:?}) could not be read")),
@@ -1608,6 +1898,7 @@ impl World {
         r.state = RState::Inflight { path: p, tag: cid };
         r.sent_preempted = (self.reservations && !self.resv_ours).then_some(self.resv_epoch);
         (r.room, r.low, r.cut) = (self.ns_blocks, self.ns_blocks, false);
+        r.ns_gone = self.ns_on_target != NsOnTarget::Original;
         let sends = r.sends;
         if sends > 1 {
             self.sum.requeues += 1;
@@ -1775,6 +2066,7 @@ impl World {
             room: 0,
             low: 0,
             cut: false,
+            ns_gone: false,
         });
         self.active += 1;
         self.event(format_args!("io {ri} {op:?} lba {lba} nlb {nlb} wid {wid}"));
@@ -1786,12 +2078,66 @@ impl World {
         };
         let buf = self.reqs[ri].buf.take();
         let now = self.at();
-        if let Err((e, buf)) = self.core.submit(self.dev, 0, cop, (lba * BLOCK) as u64, len as u32, buf, ri as u64, now)
-        {
-            self.reqs[ri].buf = buf;
-            self.violate(format!("the host's block core refused I/O {ri} ({op:?}, blocks {lba}..{}): {e}", lba + nlb));
+        match self.core.submit(self.dev, 0, cop, (lba * BLOCK) as u64, len as u32, buf, ri as u64, now) {
+            Err((e, buf)) if e.kind == host::ErrorKind::NamespaceGone => {
+                self.reqs[ri].buf = buf;
+                self.refused(ri, &e.context);
+            }
+            Err((e, buf)) => {
+                self.reqs[ri].buf = buf;
+                self.violate(format!(
+                    "the host's block core refused I/O {ri} ({op:?}, blocks {lba}..{}): {e}",
+                    lba + nlb
+                ));
+            }
+            Ok(()) if self.refused_replaced => {
+                self.violate(format!(
+                    "the host took I/O {ri} ({op:?}) though its device refused I/O before because another namespace \
+                     is under its NSID"
+                ));
+            }
+            Ok(()) => {}
         }
         true
+    }
+
+    /// The host refused application I/O `ri` at submission, its namespace gone (`why`): it
+    /// ends there (counted, never completed later). Checked: only after the operator
+    /// removed the namespace; "replaced" only once another namespace is under its NSID, and
+    /// for good from then on; "removed" never once the same namespace is back and every
+    /// path's controller lists it again.
+    fn refused(&mut self, ri: usize, why: &str) {
+        let r = &mut self.reqs[ri];
+        r.state = RState::Done;
+        let (op, lba, nlb) = (r.op, r.lba, r.nlb);
+        if op != ROp::Flush {
+            self.busy[lba..lba + nlb].fill(false);
+        }
+        self.active -= 1;
+        self.sum.refused += 1;
+        self.app_pause_until = self.now + APP_BACKOFF_NS;
+        self.event(format_args!("io {ri} refused: {why}"));
+        let replaced = why.contains("replaced");
+        if self.sum.ns_removals == 0 {
+            self.violate(format!("the host refused I/O {ri} though the namespace was never removed: {why}"));
+        } else if replaced && self.sum.ns_replacements == 0 {
+            self.violate(format!(
+                "the host refused I/O {ri} as if its namespace were replaced, though the target only removed it: {why}"
+            ));
+        } else if replaced {
+            self.refused_replaced = true;
+        } else if self.ns_on_target == NsOnTarget::Original
+            && self.paths.iter().any(|p| p.phase == Phase::Live)
+            && self.paths.iter().all(|p| {
+                let dead = p.ctrl.machine().state() == host::controller::CtrlState::Dead;
+                dead || (p.phase == Phase::Live && p.ctrl.namespace_ids(NSID) == self.first_ids)
+            })
+        {
+            self.violate(format!(
+                "the host refused I/O {ri} though namespace 1 is back and every path's controller lists it with the \
+                 identifiers the device was opened on: {why}"
+            ));
+        }
     }
 
     fn app_done(&mut self, ri: usize, status: Status) {
@@ -1809,7 +2155,8 @@ impl World {
             self.busy[lba..lba + nlb].fill(false);
         }
         self.event(format_args!("io {ri} done {status}"));
-        let (room, low, cut) = (self.reqs[ri].room, self.reqs[ri].low, self.reqs[ri].cut);
+        let (room, low, cut, ns_gone) =
+            (self.reqs[ri].room, self.reqs[ri].low, self.reqs[ri].cut, self.reqs[ri].ns_gone);
         let end = lba + nlb;
         if status.is_success() && op != ROp::Flush && end > room {
             self.violate(format!(
@@ -1836,6 +2183,7 @@ impl World {
         } else if !status.is_success()
             && !status.is_path_error()
             && status != Status::RESERVATION_CONFLICT
+            && (status != Status::INVALID_NS || !ns_gone)
             && (op == ROp::Flush || end <= low)
         {
             self.violate(format!("I/O {ri} ({op:?}, blocks {lba}..{end}, within the namespace) failed: {status}"));
@@ -1850,6 +2198,18 @@ impl World {
                 {
                     self.violate(format!(
                         "write {wid} (I/O {ri}) was refused as out of range but the disk executed it"
+                    ));
+                }
+                return;
+            }
+            if status == Status::INVALID_NS && self.reqs[ri].sends <= 1 {
+                // Sent once, to an NSID the target had no namespace under: nothing ran, so
+                // the blocks keep what they held (the oracle is unchanged across the gap).
+                if let ROp::Write { .. } = op
+                    && (self.disk.executed(wid) || self.other.as_ref().is_some_and(|o| o.disk.executed(wid)))
+                {
+                    self.violate(format!(
+                        "write {wid} (I/O {ri}) was refused with Invalid Namespace but a disk executed it"
                     ));
                 }
                 return;
@@ -1942,6 +2302,9 @@ impl World {
             }
         }
         out.extend(self.disk.due().into_iter().map(Action::Disk));
+        if let Some(o) = &self.other {
+            out.extend(o.disk.due().into_iter().map(Action::OtherDisk));
+        }
         for (i, t) in self.target.conns.iter().enumerate() {
             if t.conn.next_timer().is_some_and(|d| d <= self.now) {
                 out.push(Action::Timers(i));
@@ -1950,7 +2313,7 @@ impl World {
                 out.push(Action::Tick(i));
             }
         }
-        if self.to_issue > 0 && self.active < APP_DEPTH {
+        if self.to_issue > 0 && self.active < APP_DEPTH && self.now >= self.app_pause_until {
             out.push(Action::Submit);
         }
         for (p, path) in self.paths.iter().enumerate() {
@@ -2001,6 +2364,8 @@ impl World {
             .chain(paths)
             .chain(ka)
             .chain([self.disk.next_due(), self.target.restart_at_ns, Some(self.next_core_tick_ns), self.auth_due()])
+            .chain([self.other.as_ref().and_then(|o| o.disk.next_due()), self.ns_back.map(|b| b.1)])
+            .chain([(self.to_issue > 0).then_some(self.app_pause_until)])
             .flatten()
             .filter(|&t| t > self.now)
             .min()
@@ -2030,9 +2395,13 @@ impl World {
                 q.on_recv(buf, n);
                 self.event(format_args!("link {l} -> host {n} bytes"));
             }
-            Action::Disk(i) => {
-                let what = self.disk.describe(i);
-                let (token, res, buf) = self.disk.complete(i);
+            Action::Disk(i) | Action::OtherDisk(i) => {
+                let disk = match (a, self.other.as_mut()) {
+                    (Action::OtherDisk(_), Some(o)) => &mut o.disk,
+                    _ => &mut self.disk,
+                };
+                let what = disk.describe(i);
+                let (token, res, buf) = disk.complete(i);
                 let id = token >> 16;
                 let slot = (token & 0xffff) as u16;
                 self.event(format_args!("disk {what} done (conn {id} slot {slot}) {:?}", res.as_ref().ok()));
@@ -2235,6 +2604,20 @@ impl World {
         }
     }
 
+    /// The namespace that replaced the one the host's device was opened on gets nothing
+    /// from that device: no write, and no other command either (the only host here is that
+    /// device's).
+    fn check_other_disk(&mut self) {
+        let Some(o) = &self.other else { return };
+        if o.disk.submitted > 0 {
+            let (w, n) = (o.disk.writes, o.disk.submitted);
+            self.violate(format!(
+                "the namespace that replaced the device's under NSID 1 received {w} writes ({n} commands in all) from \
+                 the device"
+            ));
+        }
+    }
+
     /// The controller machine's deadlines, checked from outside: a live path whose
     /// controller has answered nothing for more than one and a half KATO (a keep-alive
     /// goes at half of it and expires a KATO later) has been reset; while no path is
@@ -2306,6 +2689,15 @@ impl World {
             self.both_ports_at = None;
             self.both_ports_silent();
         }
+        if let Some(f) = self.ns_fault
+            && self.to_issue <= f.at
+            && self.target.state.is_some()
+        {
+            self.ns_fault = None;
+            self.remove_ns(f);
+        }
+        self.ns_return();
+        self.check_other_disk();
         self.check_ctrl_deadlines();
         // What the core queued goes out now.
         for p in 0..self.paths.len() {
@@ -2453,19 +2845,26 @@ impl World {
         STEP.set(self.step);
         self.now += self.rng.below(20_000);
         self.clock.store(self.now, Ordering::Relaxed);
-        self.disk.now_ns = self.now;
+        self.set_disk_clock();
         self.actions(acts);
         if acts.is_empty() {
             let Some(t) = self.next_due() else { return false };
             self.now = t;
             self.clock.store(self.now, Ordering::Relaxed);
-            self.disk.now_ns = self.now;
+            self.set_disk_clock();
             return true;
         }
         let a = acts[self.rng.index(acts.len())];
         self.run_action(a);
         self.settle();
         true
+    }
+
+    fn set_disk_clock(&mut self) {
+        self.disk.now_ns = self.now;
+        if let Some(o) = &mut self.other {
+            o.disk.now_ns = self.now;
+        }
     }
 
     fn heal(&mut self) {
@@ -2553,6 +2952,8 @@ impl World {
                     && p.retired.is_empty()
             })
             && !self.auth_busy()
+            && self.ns_fault.is_none()
+            && self.ns_back.is_none()
             && !self.silent_links()
             && (!orphans || self.orphans() == 0)
     }
@@ -2597,8 +2998,9 @@ impl World {
             self.violate(format!("I/O {ri}: its buffer never came back"));
             return;
         }
-        if self.disk.in_flight() != 0 {
-            let n = self.disk.in_flight();
+        let other = self.other.as_ref().map_or(0, |o| o.disk.in_flight());
+        if self.disk.in_flight() + other != 0 {
+            let n = self.disk.in_flight() + other;
             self.violate(format!("{n} disk operations still in flight at the end"));
             return;
         }
@@ -2622,7 +3024,12 @@ impl World {
         }
         // A host whose every controller was given up (ctrl_loss_tmo) reads nothing more.
         let all_lost = self.paths.iter().all(|p| p.ctrl.machine().state() == host::controller::CtrlState::Dead);
-        if self.host_blocks != self.ns_blocks && !all_lost {
+        if let Some((back, _)) = self.ns_back {
+            self.violate(format!("the namespace's return ({back:?}) never came: the host never let go of it"));
+            return;
+        }
+        let replaced = self.ns_on_target == NsOnTarget::Replacement;
+        if self.host_blocks != self.ns_blocks && !all_lost && !replaced {
             let (h, t) = (self.host_blocks, self.ns_blocks);
             self.violate(format!("the host believes the namespace has {h} blocks; the target has {t}"));
             return;

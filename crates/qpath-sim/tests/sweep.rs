@@ -41,11 +41,13 @@ fn a_fixed_sweep_keeps_every_invariant() {
     let (mut ios, mut resizes, mut refused) = (0, 0, 0);
     let (mut auths, mut reauths, mut rotations) = (0, 0, 0);
     let (mut silences, mut both_out) = (0, 0);
+    let (mut removals, mut back) = (0, 0);
     for seed in seeds {
         let s = assert_clean_with(Options { shrink_under_writes: true, ..opts(seed, 5_000) });
         (ios, resizes, refused) = (ios + s.ios, resizes + s.resizes, refused + s.resizes_refused);
         (auths, reauths, rotations) = (auths + s.auths, reauths + s.reauths, rotations + s.key_rotations);
         (silences, both_out) = (silences + s.admin_silences, both_out + s.both_port_outages);
+        (removals, back) = (removals + s.ns_removals, back + s.ns_restores + s.ns_replacements);
     }
     assert!(ios > 1000, "{ios} I/Os");
     // The namespace resize faults reach the sweep: resizes made and shrinks refused.
@@ -58,6 +60,51 @@ fn a_fixed_sweep_keeps_every_invariant() {
     // And the controller faults: admin links silent past 1.5 KATO, both ports out past
     // ctrl_loss_tmo (about one seed in eight).
     assert!(silences > 10 && both_out > 1, "{silences} admin-link silences, {both_out} outages of both ports");
+    // And the namespace removals (about one seed in eight), each followed by its return.
+    assert!(removals > 1 && back == removals, "{removals} namespace removals, {back} returns");
+}
+
+/// The operator removes the namespace late in the workload and gives it back (its file,
+/// its UUID): the host's device refuses I/O while it is gone (each refusal ends its I/O,
+/// counted), takes I/O again once a scan lists it with the same identifiers, and every
+/// block reads back what the oracle allows (the data kept across the gap). Seed 1 (of the
+/// CI seeds, 1 and 16 draw a removal given back; if the schedule changes, pick another with
+/// `qpath sim --seed N --trace`). The block core ignoring the identity breaks the sweep
+/// (MUTATIONS.md 17).
+#[test]
+fn a_namespace_removed_and_given_back_takes_io_again_with_its_data() {
+    let r = run(Options { trace: true, shrink_under_writes: true, ..opts(1, 5_000) });
+    assert!(r.violation.is_none(), "{:?}", r.violation);
+    let s = &r.summary;
+    assert_eq!((s.ns_removals, s.ns_restores, s.ns_replacements), (1, 1, 0), "{}", r.summary_line());
+    let gone = r.trace.iter().position(|l| l.contains("fault: the operator removes namespace 1")).unwrap();
+    let back = r.trace.iter().position(|l| l.contains("the operator gives namespace 1 back")).unwrap();
+    let refused = r.trace[gone..back].iter().filter(|l| l.contains(" refused: namespace 1 was removed")).count();
+    assert!(refused > 0 && s.refused == refused as u64, "{refused} refused in the gap: {}", r.summary_line());
+    let after = &r.trace[back..];
+    assert!(after.iter().filter(|l| l.contains(" reads namespace 1")).count() >= 2, "both paths list it again");
+    assert!(after.iter().filter(|l| l.contains(" done SUCCESS")).count() > 20, "I/O resumes");
+    assert!(!after.iter().any(|l| l.contains(" refused: ")), "nothing refused once it is back");
+}
+
+/// The operator removes the namespace and, once the host let go of it, puts a new one (new
+/// UUID, fresh file and disk) under NSID 1: the host reads it on both paths as another
+/// namespace, its device refuses every later I/O, and the new namespace's disk gets no
+/// command from it (checked after every step). Seed 31 (the first seed that draws a
+/// replacement; 43 58 77 120 too). A controller view that makes a replacement look the
+/// same breaks it (MUTATIONS.md 18). Namespace faults replay too.
+#[test]
+fn a_namespace_replaced_under_its_nsid_gets_nothing_from_the_device() {
+    let r = run(Options { trace: true, shrink_under_writes: true, ..opts(31, 5_000) });
+    assert!(r.violation.is_none(), "{:?}", r.violation);
+    let s = &r.summary;
+    assert_eq!((s.ns_removals, s.ns_restores, s.ns_replacements), (1, 0, 1), "{}", r.summary_line());
+    let new = r.trace.iter().position(|l| l.contains("the operator puts a new namespace under NSID 1")).unwrap();
+    let after = &r.trace[new..];
+    assert_eq!(after.iter().filter(|l| l.contains(" reads another namespace under NSID 1")).count(), 2);
+    assert!(after.iter().any(|l| l.contains(" refused: namespace 1 was replaced")), "{}", r.summary_line());
+    assert!(!after.iter().any(|l| l.contains(" done SUCCESS")), "nothing succeeds once it is replaced");
+    assert_eq!(run(Options { shrink_under_writes: true, ..opts(31, 5_000) }).trace_hash, r.trace_hash);
 }
 
 /// A shrink while a write to the blocks it cuts off is in flight. Seed 17 found it: the
@@ -82,7 +129,10 @@ fn a_shrink_under_a_write_keeps_the_namespace_startable_and_the_write_kept_or_re
 ///   re-authentication with a rotated-out key failed reached the application as an
 ///   error (the host completed the DNR status); it is a path error now: the queue
 ///   reconnects and the I/O goes again.
-const FOUND: &[(u64, u64)] = &[(0, 5_000), (42, 5_000), (249, 5_000)];
+/// - 31 at 20,000 steps (the simulator's own): a reservation preemption drawn while another
+///   namespace was under NSID 1 was tried on that one, which has no reservation (Reservation
+///   Conflict); reservation faults are the original namespace's only now.
+const FOUND: &[(u64, u64)] = &[(0, 5_000), (42, 5_000), (249, 5_000), (31, 20_000)];
 
 #[test]
 fn every_seed_that_found_a_bug_stays_clean() {
@@ -233,4 +283,18 @@ fn both_ports_out_past_ctrl_loss_tmo_fail_the_waiting_io() {
 #[test]
 fn a_send_is_checked_against_the_view_the_core_decided_it_with() {
     assert_clean_with(Options { shrink_under_writes: true, ..opts(334, 20_000) });
+}
+
+/// Seeds 176 200 223 293 391 439 475 of 0..500 (5,000 steps, shrinks under writes) found it
+/// once each path's controller view reported what the production scan read: a bit flipped
+/// on the admin link made the Namespace Identification Descriptor list's command fail (a
+/// data digest error), the scan took that as "no UUID", and the same namespace looked like
+/// another one under its NSID (its device would refuse I/O for good; the check of what a
+/// scan read against the target saw it first). The scan now fails instead, and the list
+/// read before stays.
+#[test]
+fn a_descriptor_list_lost_to_a_digest_error_leaves_the_namespace_as_it_was() {
+    for seed in [293, 223] {
+        assert_clean_with(Options { shrink_under_writes: true, ..opts(seed, 5_000) });
+    }
 }

@@ -30,7 +30,7 @@ use nvme::identify::{
     IDENTIFY_SIZE, IdentifyController, IdentifyNamespace, NsIdDesc, cmic, cns, decode_ns_descs, decode_ns_list, oaes,
 };
 use nvme::log::{AnaLog, decode_changed_ns_list, lid};
-use nvme::{AnaState, Cid, Nsid, Sqe};
+use nvme::{AnaState, Cid, Nsid, Sqe, Status};
 use uring::IoBuf;
 
 use super::NsInfo;
@@ -488,9 +488,21 @@ impl NsScan {
                 self.step = ScanStep::Descriptors;
             }
             ScanStep::Descriptors => {
-                // A controller without the descriptor list answers with an error status:
-                // the namespace has no UUID then (its NGUID and EUI-64 still count).
-                let descs = if ok { decode_ns_descs(data_of(what, d, IDENTIFY_SIZE)?) } else { Vec::new() };
+                // A controller without the descriptor list answers Invalid Field in Command
+                // (a CNS value it does not support): the namespace has no UUID then (its
+                // NGUID and EUI-64 still count). Any other error (a transport or data digest
+                // error) says nothing of the UUID: the scan fails and the list read before
+                // stays, as Linux's `nvme_identify_ns_descs` fails the namespace's validation.
+                // Taken as "no UUID", it made the same namespace look like another one under
+                // its NSID, whose device then refuses I/O for good (the simulator's seed 293).
+                let unsupported = d.cqe.status.with_dnr(false) == Status::INVALID_FIELD.with_dnr(false);
+                let descs = if ok {
+                    decode_ns_descs(data_of(what, d, IDENTIFY_SIZE)?)
+                } else if unsupported {
+                    Vec::new()
+                } else {
+                    return Err(Error::status(format!("{what} {}", self.nsids[self.index].0), d.cqe.status));
+                };
                 if let Some(ns) = self.ns.take() {
                     self.found(&ns, &descs);
                 }
