@@ -49,6 +49,7 @@
 //!     trace: false,
 //!     failover_quiesce: true,
 //!     shrink_under_writes: false,
+//!     faults: qpath_sim::Faults::ALL,
 //! };
 //! let r = qpath_sim::run(opts);
 //! assert!(r.violation.is_none(), "{:?}", r.violation);
@@ -57,11 +58,13 @@
 
 pub mod ctrl;
 pub mod disk;
+pub mod faults;
 pub mod net;
 pub mod oracle;
 pub mod rng;
 pub mod world;
 
+pub use faults::{Fault, Faults};
 pub use world::{Options, Report, Summary, Violation, World};
 
 /// Runs one seed; a panic in the code under test is reported as the violation.

@@ -33,6 +33,7 @@ use uring::IoBuf;
 
 use crate::ctrl::{NSID, SimCtrl};
 use crate::disk::{BLOCK, Disks, SimDisk};
+use crate::faults::{Fault, Faults};
 use crate::net::{Dir, Link};
 use crate::oracle::Oracle;
 use crate::rng::Rng;
@@ -158,6 +159,8 @@ pub struct Options {
     /// landed after the cut, extending the file past the namespace (seed 17).
     /// Off: the simulated operator puts such a shrink off, as before (see docs/design.md).
     pub shrink_under_writes: bool,
+    /// The fault families the run draws (all by default: [`Faults::ALL`]).
+    pub faults: Faults,
 }
 
 /// Counts of what a run did.
@@ -613,27 +616,33 @@ impl World {
         let digests = Digests { header: d & 1 != 0, data: d & 2 != 0 };
         let flip_rng = Rng::new(opts.seed ^ 0xb17f_11b5);
         let mut resv_rng = Rng::new(opts.seed ^ 0x7e5e_7a71);
-        let reservations = resv_rng.chance(500_000);
+        let reservations = resv_rng.chance(500_000) && opts.faults.has(Fault::Reservation);
         let mut ns_rng = Rng::new(opts.seed ^ 0x2e51_2e21);
-        let resizes = ns_rng.chance(500_000);
+        let resizes = ns_rng.chance(500_000) && opts.faults.has(Fault::Resize);
         let mut outage_rng = Rng::new(opts.seed ^ 0x0c71_1055);
-        let outages = outage_rng.chance(250_000);
+        let outages = outage_rng.chance(250_000) && opts.faults.has(Fault::Outage);
         let mut ctrl_rng = Rng::new(opts.seed ^ 0xad41_5e1e);
-        let ctrl_faults = ctrl_rng.chance(500_000);
+        let ctrl_faults = ctrl_rng.chance(500_000) && opts.faults.has(Fault::Controller);
         let mut admin_silence_at: Vec<u64> = if ctrl_faults {
             (0..2).map(|_| to_issue / 4 + ctrl_rng.below(to_issue / 2)).collect()
         } else {
             Vec::new()
         };
         admin_silence_at.sort_unstable();
-        let both_ports_at = ctrl_rng.chance(125_000).then(|| to_issue / 16 + ctrl_rng.below(to_issue / 16 + 1));
+        let both_ports_at = ctrl_rng
+            .chance(125_000)
+            .then(|| to_issue / 16 + ctrl_rng.below(to_issue / 16 + 1))
+            .filter(|_| opts.faults.has(Fault::Controller));
         let ctrl_loss_tmo = if outages || both_ports_at.is_some() { OUTAGE_CTRL_LOSS_TMO } else { CTRL_LOSS_TMO };
         let mut nsf_rng = Rng::new(opts.seed ^ 0x4e5f_4a11);
-        let ns_fault = nsf_rng.chance(125_000).then(|| NsFault {
-            back: if nsf_rng.chance(500_000) { NsBack::Same } else { NsBack::Other },
-            at: to_issue / 8 + nsf_rng.below(to_issue / 8 + 1),
-            gap_ns: nsf_rng.range(NS_GAP_NS.0, NS_GAP_NS.1),
-        });
+        let ns_fault = nsf_rng
+            .chance(125_000)
+            .then(|| NsFault {
+                back: if nsf_rng.chance(500_000) { NsBack::Same } else { NsBack::Other },
+                at: to_issue / 8 + nsf_rng.below(to_issue / 8 + 1),
+                gap_ns: nsf_rng.range(NS_GAP_NS.0, NS_GAP_NS.1),
+            })
+            .filter(|_| opts.faults.has(Fault::Namespace));
         // The host's production block core; its clock is `base` plus the virtual time:
         // only differences of it are ever read. Its paths and device come once the target
         // is up (the device is opened on the namespace the target has).
@@ -2334,7 +2343,10 @@ impl World {
             out.push(Action::CoreTick);
         }
         if let Some(a) = &self.auth {
-            if self.faults && a.rotate_at_step.is_some_and(|s| self.step >= s) {
+            if self.faults
+                && self.opts.faults.has(Fault::KeyRotation)
+                && a.rotate_at_step.is_some_and(|s| self.step >= s)
+            {
                 out.push(Action::RotateKeys);
             }
             if a.host_update_at.is_some_and(|t| t <= self.now) {
@@ -2346,7 +2358,12 @@ impl World {
         }
         // Both digests cover every byte a receiver acts on (the ICReq/ICResp exchange
         // aside, which carries no command): a flipped bit must be caught, never used.
-        if self.faults && self.digests.header && self.digests.data && self.flip_rng.chance(3_000) {
+        if self.faults
+            && self.opts.faults.has(Fault::BitFlip)
+            && self.digests.header
+            && self.digests.data
+            && self.flip_rng.chance(3_000)
+        {
             out.push(Action::BitFlip);
         }
     }
@@ -2477,11 +2494,40 @@ impl World {
     }
 
     fn fault(&mut self) {
-        match self.rng.below(100) {
+        let roll = self.rng.below(100);
+        let family = match roll {
+            0..30 => Fault::Reset,
+            30..50 => Fault::Stall,
+            50..60 => Fault::Crash,
+            60..85 => Fault::Ana,
+            _ => Fault::SlowDisk,
+        };
+        if self.opts.faults.has(family) && !self.link_or_target_fault(roll) {
+            return;
+        }
+        if self.reservations && self.resv_rng.chance(100_000) {
+            self.reservation_change();
+        }
+        if self.resizes && self.ns_rng.chance(100_000) {
+            self.resize_namespace();
+        }
+        if self.outages && self.outage_rng.chance(50_000) {
+            self.port_outage();
+        }
+        if self.ctrl_faults && self.ctrl_rng.chance(50_000) {
+            self.admin_silence();
+        }
+    }
+
+    /// The fault `fault` rolled (`roll` of 0..100): a link reset or stall, a target crash,
+    /// an ANA change or a slow disk. False: nothing could be done (no live link, no
+    /// target), and the fault's turn ends there.
+    fn link_or_target_fault(&mut self, roll: u64) -> bool {
+        match roll {
             0..30 => {
                 let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
                 if live.is_empty() {
-                    return;
+                    return false;
                 }
                 let l = live[self.rng.index(live.len())];
                 self.sum.resets += 1;
@@ -2494,7 +2540,7 @@ impl World {
             30..50 => {
                 let live: Vec<usize> = (0..self.links.len()).filter(|&l| !self.links[l].down).collect();
                 if live.is_empty() {
-                    return;
+                    return false;
                 }
                 let l = live[self.rng.index(live.len())];
                 let d = if self.rng.chance(500_000) { Dir::ToHost } else { Dir::ToTarget };
@@ -2509,7 +2555,7 @@ impl World {
                 }
             }
             60..85 => {
-                let Some(state) = self.target.state.clone() else { return };
+                let Some(state) = self.target.state.clone() else { return false };
                 let port = PORTS[self.rng.index(PORTS.len())];
                 let s = [AnaState::Optimized, AnaState::NonOptimized, AnaState::Inaccessible, AnaState::Change]
                     [self.rng.index(4)];
@@ -2524,18 +2570,7 @@ impl World {
                 self.event(format_args!("fault: disk slow {slow}"));
             }
         }
-        if self.reservations && self.resv_rng.chance(100_000) {
-            self.reservation_change();
-        }
-        if self.resizes && self.ns_rng.chance(100_000) {
-            self.resize_namespace();
-        }
-        if self.outages && self.outage_rng.chance(50_000) {
-            self.port_outage();
-        }
-        if self.ctrl_faults && self.ctrl_rng.chance(50_000) {
-            self.admin_silence();
-        }
+        true
     }
 
     /// A path's admin link goes silent toward the host (the target gets the keep-alives

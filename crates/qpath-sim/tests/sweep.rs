@@ -6,10 +6,10 @@
 //! one is `cargo test --release -p qpath-sim --test sweep` or
 //! `qpath sim --seeds 0..500` on a release build.
 
-use qpath_sim::{Options, run};
+use qpath_sim::{Faults, Options, run};
 
 fn opts(seed: u64, steps: u64) -> Options {
-    Options { seed, steps, trace: false, failover_quiesce: true, shrink_under_writes: false }
+    Options { seed, steps, trace: false, failover_quiesce: true, shrink_under_writes: false, faults: Faults::ALL }
 }
 
 fn assert_clean(seed: u64, steps: u64) -> qpath_sim::Summary {
@@ -297,4 +297,44 @@ fn a_descriptor_list_lost_to_a_digest_error_leaves_the_namespace_as_it_was() {
     for seed in [293, 223] {
         assert_clean_with(Options { shrink_under_writes: true, ..opts(seed, 5_000) });
     }
+}
+
+/// `qpath sim --faults`: a family left out is never injected, the others still are, and a
+/// run is one schedule per (seed, families). Seeds 0..12 at 3,000 steps draw every main
+/// family somewhere (checked first, so the test cannot pass on seeds that draw nothing).
+#[test]
+fn fault_families_left_out_are_never_drawn_and_the_rest_still_are() {
+    let faults = |f: &str| Faults::parse(f).unwrap();
+    let sum = |f: Faults| {
+        let mut t = qpath_sim::Summary::default();
+        for seed in 0..12 {
+            let r = run(Options { faults: f, ..opts(seed, 3_000) });
+            assert!(r.violation.is_none(), "seed {seed} with {}: {:?}", f.to_arg(), r.violation);
+            let s = r.summary;
+            t.resets += s.resets;
+            t.stalls += s.stalls;
+            t.crashes += s.crashes;
+            t.ana_changes += s.ana_changes;
+            t.slow_disk += s.slow_disk;
+            t.ios += s.ios;
+        }
+        t
+    };
+    let all = sum(Faults::ALL);
+    assert!(all.resets > 0 && all.stalls > 0 && all.crashes > 0 && all.ana_changes > 0, "{all:?}");
+    let none = sum(Faults::NONE);
+    assert_eq!((none.resets, none.stalls, none.crashes, none.ana_changes, none.slow_disk), (0, 0, 0, 0, 0));
+    assert!(none.ios > 0, "the workload runs without faults");
+    let no_crash = sum(faults("-crash"));
+    assert_eq!(no_crash.crashes, 0);
+    assert!(no_crash.resets > 0 && no_crash.ana_changes > 0, "{no_crash:?}");
+    let crash_only = sum(faults("crash"));
+    assert!(crash_only.crashes > 0, "{crash_only:?}");
+    assert_eq!((crash_only.resets, crash_only.stalls, crash_only.ana_changes), (0, 0, 0));
+    let f = faults("reset,ana");
+    let (a, b) = (
+        run(Options { trace: true, faults: f, ..opts(3, 3_000) }),
+        run(Options { trace: true, faults: f, ..opts(3, 3_000) }),
+    );
+    assert_eq!(a.trace_hash, b.trace_hash, "one schedule per seed and families");
 }

@@ -25,13 +25,21 @@ pub struct SimArgs {
     /// refuses the others' writes past the new end; off, the simulated operator waits).
     #[arg(long)]
     shrink_under_writes: bool,
+    /// The fault families to draw: all (default), none, a list of families (only those:
+    /// reset,crash) or a list with a leading - each (all but those: -crash,-namespace). The
+    /// families: reset, stall, crash, ana, slow-disk, bit-flip, reservation, resize, outage,
+    /// controller, namespace, key-rotation
+    #[arg(long, default_value = "all", value_parser = qpath_sim::Faults::parse, allow_hyphen_values = true)]
+    faults: qpath_sim::Faults,
 }
 
 /// The command that replays `seed` as `a` ran it, with every event.
 fn replay_command(seed: u64, a: &SimArgs) -> String {
     let quiesce = if a.no_failover_quiesce { " --no-failover-quiesce" } else { "" };
     let shrink = if a.shrink_under_writes { " --shrink-under-writes" } else { "" };
-    format!("qpath sim --seed {seed} --steps {}{quiesce}{shrink} --trace", a.steps)
+    let faults =
+        if a.faults == qpath_sim::Faults::ALL { String::new() } else { format!(" --faults={}", a.faults.to_arg()) };
+    format!("qpath sim --seed {seed} --steps {}{quiesce}{shrink}{faults} --trace", a.steps)
 }
 
 fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
@@ -50,6 +58,9 @@ pub fn run(a: &SimArgs) -> Result<(), Box<dyn std::error::Error>> {
         (None, Some(s)) => s..s + 1,
         (None, None) => return Err("give --seed N or --seeds A..B".into()),
     };
+    if a.faults != qpath_sim::Faults::ALL {
+        println!("fault families drawn: {}", a.faults.to_arg());
+    }
     let started = std::time::Instant::now();
     let (mut ios, mut runs) = (0u64, 0u64);
     for seed in seeds {
@@ -59,6 +70,7 @@ pub fn run(a: &SimArgs) -> Result<(), Box<dyn std::error::Error>> {
             trace: a.trace,
             failover_quiesce: !a.no_failover_quiesce,
             shrink_under_writes: a.shrink_under_writes,
+            faults: a.faults,
         });
         for line in &r.trace {
             println!("{line}");
@@ -105,5 +117,12 @@ mod tests {
             (Some(18), 5000, true, true, true)
         );
         assert_eq!(replay_command(3, &parse(&[])), "qpath sim --seed 3 --steps 20000 --trace");
+        // With fewer fault families the replay draws the same ones.
+        let c = parse(&["--seeds", "0..9", "--faults", "-crash,-namespace"]);
+        let again = replay_command(4, &c);
+        assert!(again.contains("--faults="), "{again}");
+        let words: Vec<&str> = again.split(' ').skip(2).collect();
+        assert_eq!(parse(&words).faults, c.faults);
+        assert!(T::try_parse_from(["sim", "--seed", "1", "--faults", "crahs"]).is_err());
     }
 }
