@@ -555,23 +555,27 @@ impl<C: CoreController> BlockCore<C> {
         nsze
     }
 
+    /// The (controller, NSID) a device of `kind` reaches its namespace through: its queue's
+    /// of a single device, the first queue's of a spread one, every present path's of a
+    /// multipath one. No allocation (read where sizes are re-read, and on a refusal).
+    fn dev_paths<'a>(&'a self, kind: &'a DevKind<C>) -> impl Iterator<Item = (&'a C, Nsid)> + 'a {
+        let (one, paths) = match kind {
+            DevKind::Single { qkey, nsid } => (Some((&*self.queues[*qkey].ctrl, *nsid)), None),
+            DevKind::Spread(sp) => (sp.qkeys.first().map(|&k| (&*self.queues[k].ctrl, sp.nsid)), None),
+            DevKind::Multi(m) => (None, Some(m.paths.iter().flatten().map(|lp| (&*lp.ctrl, lp.nsid)))),
+        };
+        one.into_iter().chain(paths.into_iter().flatten())
+    }
+
     /// The identifiers device `dev`'s namespace has now, as its controllers list it (at
     /// its opening: the first present path's of a multipath device).
     fn listed_ids(&self, kind: &DevKind<C>) -> Option<NsIds> {
-        match kind {
-            DevKind::Single { qkey, nsid } => self.queues[*qkey].ctrl.namespace_ids(*nsid),
-            DevKind::Spread(sp) => sp.qkeys.first().and_then(|&k| self.queues[k].ctrl.namespace_ids(sp.nsid)),
-            DevKind::Multi(m) => m.paths.iter().flatten().find_map(|lp| lp.ctrl.namespace_ids(lp.nsid)),
-        }
+        self.dev_paths(kind).find_map(|(c, nsid)| c.namespace_ids(nsid))
     }
 
     /// The NSID device `dev` addresses (the first path's of a multipath device).
     fn dev_nsid(&self, dev: usize) -> Option<Nsid> {
-        match &self.devices[dev].kind {
-            DevKind::Single { nsid, .. } => Some(*nsid),
-            DevKind::Spread(sp) => Some(sp.nsid),
-            DevKind::Multi(m) => m.paths.iter().flatten().map(|lp| lp.nsid).next(),
-        }
+        self.dev_paths(&self.devices[dev].kind).map(|(_, nsid)| nsid).next()
     }
 
     /// Compares device `dev`'s namespace, as its controllers' last successful scans list
@@ -582,17 +586,9 @@ impl<C: CoreController> BlockCore<C> {
     fn refresh_presence(&mut self, dev: usize) {
         let d = &self.devices[dev];
         let opened = d.ids;
-        let seen = match &d.kind {
-            DevKind::Single { qkey, nsid } => {
-                Some(identity::seen(opened, self.queues[*qkey].ctrl.namespace_ids(*nsid)))
-            }
-            DevKind::Spread(sp) => {
-                sp.qkeys.first().map(|&k| identity::seen(opened, self.queues[k].ctrl.namespace_ids(sp.nsid)))
-            }
-            DevKind::Multi(m) => identity::fold(
-                m.paths.iter().flatten().map(|lp| identity::seen(opened, lp.ctrl.namespace_ids(lp.nsid))),
-            ),
-        };
+        // One path (single, spread) says it alone; a multipath device's paths together.
+        let seen =
+            identity::fold(self.dev_paths(&d.kind).map(|(c, nsid)| identity::seen(opened, c.namespace_ids(nsid))));
         let Some(seen) = seen else { return };
         let was = d.presence;
         let now = was.transition(seen);

@@ -38,9 +38,10 @@ pub(crate) fn seen(opened: Option<NsIds>, now: Option<NsIds>) -> Seen {
     }
 }
 
-/// What the paths of a multipath device say together: the namespace is there while one
-/// path still carries it; replaced when none does and one carries another; removed when
-/// none lists it. `None`: no path to ask (not attached yet), nothing learnt.
+/// What the paths of a device say together (a single device's one path alone): the
+/// namespace is there while one path still carries it; replaced when none does and one
+/// carries another; removed when none lists it. `None`: no path to ask (not attached
+/// yet), nothing learnt.
 pub(crate) fn fold(paths: impl Iterator<Item = Seen>) -> Option<Seen> {
     paths.fold(None, |acc, s| match (acc, s) {
         (Some(Seen::Same), _) | (_, Seen::Same) => Some(Seen::Same),
