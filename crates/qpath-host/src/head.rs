@@ -297,9 +297,5 @@ pub(crate) fn path_id<C>(c: &Arc<C>, nsid: Nsid) -> u64 {
 /// The class of the namespace `nsid` through `c` now.
 pub(crate) fn class_of(c: &Controller, nsid: Nsid) -> PathClass {
     let link = LinkState::of(c.state(), c.should_fail_io());
-    match c.namespace(nsid) {
-        Some(ns) => PathClass::of(ns.ana_state, link),
-        None if link == LinkState::Live => PathClass::Gone,
-        None => PathClass::of(nvme::AnaState::Inaccessible, link),
-    }
+    PathClass::of_listed(c.namespace(nsid).map(|ns| ns.ana_state), link)
 }

@@ -117,6 +117,18 @@ impl PathClass {
         }
     }
 
+    /// The class of the namespace through a controller whose link is `link` and whose last
+    /// scan listed it in ANA state `ana` (`None`: not listed): a namespace a live controller
+    /// does not list is gone through it; through a controller that is reconnecting or gone,
+    /// its link decides.
+    pub fn of_listed(ana: Option<AnaState>, link: LinkState) -> PathClass {
+        match ana {
+            Some(ana) => PathClass::of(ana, link),
+            None if link == LinkState::Live => PathClass::Gone,
+            None => PathClass::of(AnaState::Inaccessible, link),
+        }
+    }
+
     /// Whether I/O may be sent on a path of this class.
     #[inline]
     pub fn is_usable(self) -> bool {
