@@ -224,6 +224,12 @@ impl NsInfo {
         self.nsze << self.block_shift
     }
 
+    /// Its identifiers, as the block core compares them to tell another namespace under
+    /// the same NSID ([`crate::context::ctrlview::NsIds`]).
+    pub fn ids(&self) -> crate::context::ctrlview::NsIds {
+        crate::context::ctrlview::NsIds { nguid: self.nguid, eui64: self.eui64, uuid: self.uuid }
+    }
+
     /// The identity multipath groups paths by: NGUID, else EUI-64, else UUID.
     pub fn unique_id(&self) -> Option<[u8; 16]> {
         if self.nguid != [0; 16] {
@@ -1531,8 +1537,7 @@ impl crate::context::ctrlview::CoreController for Controller {
     fn namespace_ids(&self, nsid: Nsid) -> Option<crate::context::ctrlview::NsIds> {
         // The list is replaced only by a scan that succeeded (a failed rescan keeps it).
         let g = self.lock();
-        let n = g.namespaces.iter().find(|n| n.nsid == nsid)?;
-        Some(crate::context::ctrlview::NsIds { nguid: n.nguid, eui64: n.eui64, uuid: n.uuid })
+        g.namespaces.iter().find(|n| n.nsid == nsid).map(NsInfo::ids)
     }
 
     fn traddr(&self) -> SocketAddr {

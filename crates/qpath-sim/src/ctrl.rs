@@ -125,7 +125,7 @@ impl SimCtrl {
     /// A scan succeeded and read namespace 1 as `ns` (`None`: not in the active list). A
     /// change of its size or identifiers moves the change count.
     pub fn listed(&self, ns: Option<&NsInfo>) {
-        let key = |n: &NsInfo| (n.block_shift, n.nsze, n.nguid, n.eui64, n.uuid);
+        let key = |n: &NsInfo| (n.block_shift, n.nsze, n.ids());
         let mut l = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
         let changed = l.as_ref().map(key) != ns.map(key);
         *l = ns.cloned();
@@ -212,11 +212,7 @@ impl CoreController for SimCtrl {
             LinkState::Live if !self.is_live() => LinkState::Reconnecting,
             l => l,
         };
-        match self.with_listed(nsid, |_| ()) {
-            Some(()) => PathClass::of(self.ana(), link),
-            None if link == LinkState::Live => PathClass::Gone,
-            None => PathClass::of(AnaState::Inaccessible, link),
-        }
+        PathClass::of_listed(self.with_listed(nsid, |_| self.ana()), link)
     }
 
     fn namespace_geometry(&self, nsid: Nsid) -> Option<(u8, u64)> {
@@ -225,7 +221,7 @@ impl CoreController for SimCtrl {
 
     /// What the last successful scan read (the production `Controller`'s rule).
     fn namespace_ids(&self, nsid: Nsid) -> Option<NsIds> {
-        self.with_listed(nsid, |n| NsIds { nguid: n.nguid, eui64: n.eui64, uuid: n.uuid })
+        self.with_listed(nsid, NsInfo::ids)
     }
 
     fn traddr(&self) -> SocketAddr {

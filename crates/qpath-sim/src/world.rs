@@ -1590,7 +1590,7 @@ impl World {
     fn the_namespace(&mut self, p: usize, namespaces: &[NsInfo]) -> Option<Option<NsInfo>> {
         let found = namespaces.iter().find(|n| n.nsid == NSID);
         if self.paths[p].ns_mark.take() == Some(self.ns_changes) && self.target.state.is_some() {
-            let read = found.map(|n| NsIds { nguid: n.nguid, eui64: n.eui64, uuid: n.uuid });
+            let read = found.map(NsInfo::ids);
             let truth = self.target_ids();
             if read != truth {
                 let show = |i: Option<NsIds>| i.map_or_else(|| "not listed".to_string(), |i| i.to_string());
