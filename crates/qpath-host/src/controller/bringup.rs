@@ -186,6 +186,17 @@ enum EnableStep {
     },
 }
 
+impl EnableStep {
+    /// The step's command, for errors.
+    fn what(self) -> &'static str {
+        match self {
+            EnableStep::Cap => "Property Get CAP",
+            EnableStep::Cc => "Property Set CC",
+            EnableStep::Csts { .. } => "Property Get CSTS",
+        }
+    }
+}
+
 impl Default for Enable {
     fn default() -> Enable {
         Enable::new()
@@ -204,19 +215,17 @@ impl Enable {
         if let Some(next) = self.phase.gate("enabling the controller") {
             return next;
         }
-        let (sqe, what) = match self.step {
-            EnableStep::Cap => (PropertyCmd::get_sqe(Cid(0), prop::CAP, true), "Property Get CAP"),
-            EnableStep::Cc => {
-                (PropertyCmd::set_sqe(Cid(0), prop::CC, false, u64::from(Cc::enable_value().0)), "Property Set CC")
-            }
+        let sqe = match self.step {
+            EnableStep::Cap => PropertyCmd::get_sqe(Cid(0), prop::CAP, true),
+            EnableStep::Cc => PropertyCmd::set_sqe(Cid(0), prop::CC, false, u64::from(Cc::enable_value().0)),
             EnableStep::Csts { at_ns, .. } if now_ns < at_ns => {
                 self.phase = Phase::Ready;
                 return Next::Sleep { until_ns: at_ns };
             }
-            EnableStep::Csts { .. } => (PropertyCmd::get_sqe(Cid(0), prop::CSTS, false), "Property Get CSTS"),
+            EnableStep::Csts { .. } => PropertyCmd::get_sqe(Cid(0), prop::CSTS, false),
         };
         self.phase = Phase::Outstanding;
-        Next::Command { io: plain_io(sqe), what }
+        Next::Command { io: plain_io(sqe), what: self.step.what() }
     }
 
     /// The completion of the command handed out, at `now_ns`.
@@ -234,33 +243,25 @@ impl Enable {
 
     /// The command handed out did not complete (transport failure, driver's timeout).
     pub fn on_error(&mut self, e: Error) {
-        let what = match self.step {
-            EnableStep::Cap => "Property Get CAP",
-            EnableStep::Cc => "Property Set CC",
-            EnableStep::Csts { .. } => "Property Get CSTS",
-        };
-        self.phase = Phase::Finished(Err(in_step(what, e)));
+        self.phase = Phase::Finished(Err(in_step(self.step.what(), e)));
     }
 
     fn answer(&mut self, now_ns: u64, d: &Done) -> Result<Option<Cap>> {
-        let status = |what: &str| {
-            if d.cqe.status.is_success() { Ok(()) } else { Err(Error::status(what, d.cqe.status)) }
-        };
+        if !d.cqe.status.is_success() {
+            return Err(Error::status(self.step.what(), d.cqe.status));
+        }
         match self.step {
             EnableStep::Cap => {
-                status("Property Get CAP")?;
                 self.cap = Some(Cap::from_u64(d.cqe.result64()));
                 self.step = EnableStep::Cc;
             }
             EnableStep::Cc => {
-                status("Property Set CC")?;
                 // CAP.TO: the longest CSTS.RDY may take, in 500 ms units (0 read as 1).
                 let to = self.cap.map_or(1, |c| u64::from(c.to.max(1)));
                 let deadline_ns = now_ns.saturating_add(to * 500_000_000);
                 self.step = EnableStep::Csts { deadline_ns, at_ns: now_ns };
             }
             EnableStep::Csts { deadline_ns, .. } => {
-                status("Property Get CSTS")?;
                 let s = d.cqe.dw0;
                 if s & csts::CFS != 0 {
                     return Err(Error::new(ErrorKind::Protocol, "controller fatal status while enabling"));
