@@ -23,7 +23,7 @@ use nvme::identify::IdentifyController;
 use nvme::tcp::{CommonHeader, Digests, PduType};
 use nvme::{AnaGrpId, AnaState, Cid, Cntlid, Nsid, Sqe, Status};
 use target::backend::{Backend, FileBackend, FileRequest};
-use target::namespace::NamespaceSpec;
+use target::namespace::{Namespace, NamespaceSpec};
 use target::pool::BufPool;
 use target::port::PortKind;
 use target::registry::{TargetOptions, TargetState};
@@ -556,9 +556,8 @@ pub struct World {
     ns_on_target: NsOnTarget,
     /// Removals and additions of namespace 1 so far (what a scan's read is checked by).
     ns_changes: u64,
-    /// The original namespace's identifiers and UUID on the target, once it started.
+    /// The original namespace's identifiers (its UUID among them) on the target, once it started.
     first_ids: Option<NsIds>,
-    first_uuid: Option<[u8; 16]>,
     /// The namespace that replaced it, once there is one.
     other: Option<OtherNs>,
     /// The device refused a submission because its namespace was replaced.
@@ -702,7 +701,6 @@ impl World {
             ns_on_target: NsOnTarget::Original,
             ns_changes: 0,
             first_ids: None,
-            first_uuid: None,
             other: None,
             refused_replaced: false,
             app_pause_until: 0,
@@ -878,7 +876,7 @@ impl World {
                     // The file is this disk's, as it is now.
                     self.copy_disk_to_file(self.disk.size());
                 }
-                (self.file.0.clone(), self.saved_bytes, self.first_uuid)
+                (self.file.0.clone(), self.saved_bytes, self.first_ids.and_then(|i| i.uuid))
             }
             NsOnTarget::Replacement => {
                 let Some(o) = &self.other else { return Err("no replacing namespace".to_string()) };
@@ -905,16 +903,19 @@ impl World {
             .map_err(|e| e.to_string())?;
         if which == NsOnTarget::Original && self.first_ids.is_none() {
             let ns = subsys.namespaces().0.get(NSID).cloned().expect("the namespace just added");
-            self.first_ids = Some(NsIds { nguid: ns.nguid, eui64: ns.eui64, uuid: Some(ns.uuid) });
-            self.first_uuid = Some(ns.uuid);
+            self.first_ids = Some(ids_of(&ns));
         }
         Ok(())
     }
 
+    /// The namespace the target has under NSID 1 now.
+    fn target_ns(&self) -> Option<Arc<Namespace>> {
+        self.target.state.as_ref()?.subsystem(NQN)?.namespaces().0.get(NSID).cloned()
+    }
+
     /// The identifiers of the namespace the target has under NSID 1 now.
     fn target_ids(&self) -> Option<NsIds> {
-        let ns = self.target.state.as_ref()?.subsystem(NQN)?.namespaces().0.get(NSID).cloned()?;
-        Some(NsIds { nguid: ns.nguid, eui64: ns.eui64, uuid: Some(ns.uuid) })
+        self.target_ns().as_deref().map(ids_of)
     }
 
     /// The reservation changes hands: this host registers and reserves the namespace
@@ -928,15 +929,7 @@ impl World {
         if self.ns_on_target != NsOnTarget::Original {
             return;
         }
-        let Some(ns) = self
-            .target
-            .state
-            .as_ref()
-            .and_then(|s| s.subsystem(NQN))
-            .and_then(|s| s.namespaces().0.get(Nsid(1)).cloned())
-        else {
-            return;
-        };
+        let Some(ns) = self.target_ns() else { return };
         let keys = |c: u64, p: u64| {
             let mut d = [0u8; 16];
             d[..8].copy_from_slice(&c.to_le_bytes());
@@ -3090,6 +3083,11 @@ impl World {
             trace: self.trace,
         }
     }
+}
+
+/// A target namespace's identifiers, as a host's scan reads them.
+fn ids_of(ns: &Namespace) -> NsIds {
+    NsIds { nguid: ns.nguid, eui64: ns.eui64, uuid: Some(ns.uuid) }
 }
 
 #[cfg(test)]
