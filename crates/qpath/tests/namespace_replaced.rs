@@ -26,7 +26,7 @@ use serde_json::json;
 use target::config::DEFAULT_NQN;
 use target::rpc::call;
 use target::server::Server;
-use uring::{IoBuf, Wait};
+use uring::Wait;
 
 fn connect(addr: std::net::SocketAddr) -> Arc<Controller> {
     let mut o = ConnectOptions::new(addr, DEFAULT_NQN);
@@ -35,8 +35,7 @@ fn connect(addr: std::net::SocketAddr) -> Arc<Controller> {
     Controller::connect(o).expect("the host connects")
 }
 
-/// Submits one 4 KiB I/O filled with `byte` and waits for its completion; a refusal at
-/// submission is the error.
+/// [`loopback::io_4k`], a refusal at submission as its kind and message.
 fn io(
     ctx: &mut Context,
     dev: DeviceId,
@@ -44,18 +43,7 @@ fn io(
     offset: u64,
     byte: u8,
 ) -> Result<(Status, Vec<u8>), (ErrorKind, String)> {
-    let mut b = IoBuf::new(4096);
-    b.set_len(4096);
-    b.fill(byte);
-    ctx.submit(dev, op, offset, 4096, Some(b), 7).map_err(|(e, _)| (e.kind, e.to_string()))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(Instant::now() < deadline, "I/O timed out");
-        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(5)) }).unwrap();
-        if let Some(c) = ctx.completions().next() {
-            return Ok((c.status, c.buf.map(|b| b.to_vec()).unwrap_or_default()));
-        }
-    }
+    loopback::io_4k(ctx, dev, op, offset, byte).map_err(|e| (e.kind, e.to_string()))
 }
 
 /// Removes namespace 1 and adds a new RAM namespace under NSID 1 (no identifiers given),

@@ -20,7 +20,7 @@ use serde_json::json;
 use target::config::DEFAULT_NQN;
 use target::rpc::call;
 use target::server::Server;
-use uring::{IoBuf, Wait};
+use uring::Wait;
 
 const MIB: u64 = 1 << 20;
 
@@ -45,21 +45,9 @@ fn resize(server: &Server, ctrls: &[&Arc<Controller>], mib: u64) {
     }
 }
 
-/// Submits one 4 KiB I/O and waits for its completion; a refusal at submission is the error.
+/// [`loopback::io_4k`], a refusal at submission as its kind.
 fn io(ctx: &mut Context, dev: DeviceId, op: Op, offset: u64, byte: u8) -> Result<(Status, Vec<u8>), ErrorKind> {
-    let mut b = IoBuf::new(4096);
-    b.set_len(4096);
-    b.fill(byte);
-    let buf = matches!(op, Op::Read | Op::Write).then_some(b);
-    ctx.submit(dev, op, offset, 4096, buf, 7).map_err(|(e, _)| e.kind)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(Instant::now() < deadline, "I/O timed out");
-        ctx.poll(Wait::Block { timeout: Some(Duration::from_millis(5)) }).unwrap();
-        if let Some(c) = ctx.completions().next() {
-            return Ok((c.status, c.buf.map(|b| b.to_vec()).unwrap_or_default()));
-        }
-    }
+    loopback::io_4k(ctx, dev, op, offset, byte).map_err(|e| e.kind)
 }
 
 /// Grows 16 → 24 MiB and shrinks to 8 MiB under the open `devs`.
