@@ -1489,6 +1489,13 @@ impl World {
         Some((self.sum.crashes, port.ana_group_chgcnt(ANA_GROUP)))
     }
 
+    /// A scan (the bring-up's or the machine's) of path `p` starts: what the target has
+    /// now, which its reads are checked against if it does not change meanwhile.
+    fn mark_scan_start(&mut self, p: usize) {
+        self.paths[p].ana_mark = self.ana_mark(p);
+        self.paths[p].ns_mark = Some(self.ns_changes);
+    }
+
     /// A scan (the bring-up's or the machine's) read ANA state `read` for the namespace
     /// through path `p`: if the target's state of that port did not change while the scan
     /// ran, the host must have read it as it is (the production scan's lookup of the
@@ -1512,8 +1519,7 @@ impl World {
     /// Path `p`'s admin queue is up: the production bring-up starts on it.
     fn start_bringup(&mut self, p: usize) {
         let cfg = BringupConfig { want_queues: 1, queue_size: IO_ENTRIES };
-        self.paths[p].ana_mark = self.ana_mark(p);
-        self.paths[p].ns_mark = Some(self.ns_changes);
+        self.mark_scan_start(p);
         let path = &mut self.paths[p];
         path.bringup = Some(Bringup::new(cfg));
         path.phase = Phase::BringingUp;
@@ -1697,8 +1703,7 @@ impl World {
         if path.scan.is_none() {
             let rescan = cmd == host::controller::AdminCmd::Rescan;
             path.scan = Some(Box::new(if rescan { NsScan::rescan(id) } else { NsScan::new(id) }));
-            self.paths[p].ana_mark = self.ana_mark(p);
-            self.paths[p].ns_mark = Some(self.ns_changes);
+            self.mark_scan_start(p);
             self.drive_scan(p);
         }
     }
