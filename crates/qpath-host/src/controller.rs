@@ -1449,39 +1449,6 @@ fn authenticate_admin(ctrl: &Controller, q: &mut SyncQueue, deadline: Instant) -
     }
 }
 
-/// Re-reads ANA states (after an I/O failed with an ANA status).
-pub fn refresh_ana(ctrl: &Controller) {
-    let id = ctrl.identify();
-    let nns = ctrl.namespaces().len();
-    let len =
-        nvme::log::AnaLog::size(usize::try_from(id.nanagrpid.max(1)).unwrap_or(1), nns.max(1024)).next_multiple_of(4);
-    let sqe = Sqe::get_log_page(
-        nvme::Cid(0),
-        Nsid::BROADCAST,
-        nvme::log::lid::ANA,
-        0,
-        false,
-        u32::try_from(len).unwrap_or(4096),
-        0,
-    );
-    let buf = uring::IoBuf::new(len.next_multiple_of(4096));
-    let io =
-        Io { sqe, buf: Some(buf), len: u32::try_from(len).unwrap_or(4096), dir: DataDir::FromController, token: 0 };
-    if let Ok(d) = ctrl.admin_command(io)
-        && let Some(b) = d.buf
-        && let Ok(log) = nvme::log::AnaLog::decode(&b.as_full()[..len])
-    {
-        let mut g = ctrl.lock();
-        for ns in &mut g.namespaces {
-            if let Some(gr) = log.groups.iter().find(|gr| gr.grpid == ns.anagrpid) {
-                ns.ana_state = gr.state;
-            }
-        }
-        drop(g);
-        ctrl.change_count.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
 /// The block core's view of a controller ([`crate::context::ctrlview`]): the same calls as
 /// the methods of the same names, each one load, except `path_class`,
 /// `namespace_geometry` and `namespace_ids`, which lock the controller briefly and are called per poll turn
