@@ -8,9 +8,7 @@ use crate::ids::{Cid, Cntlid, QueueId};
 use crate::opcode::fctype;
 use crate::sgl::SglDescriptor;
 use crate::sqe::Sqe;
-use crate::wire::{
-    get_str, get_u8, get_u16, get_u32, get_u64, len_u16, len_u32, put_str, put_u8, put_u16, put_u32, put_u64,
-};
+use crate::wire::{get_u8, get_u16, get_u32, get_u64, len_u16, len_u32, put_str, put_u8, put_u16, put_u32, put_u64};
 
 /// Size of the Connect command's data.
 pub const CONNECT_DATA_SIZE: usize = 1024;
@@ -317,11 +315,6 @@ pub mod csts {
 /// NVMe version value for the VS property (major.minor.tertiary).
 pub const fn version(major: u32, minor: u32, ter: u32) -> u32 {
     (major << 16) | (minor << 8) | ter
-}
-
-/// Reads the NQN-sized fields of a Connect data buffer for logging without validating them.
-pub fn connect_data_nqns_lossy(b: &[u8]) -> (String, String) {
-    (get_str(b, 256, 256), get_str(b, 512, 256))
 }
 
 #[cfg(test)]

@@ -98,8 +98,3 @@ pub fn data_direction(opcode: u8) -> DataDirection {
         _ => DataDirection::Bidirectional,
     }
 }
-
-/// The transfer direction of a Fabrics command type (its low two bits, as for opcodes).
-pub fn fabrics_data_direction(fctype: u8) -> DataDirection {
-    data_direction(fctype)
-}

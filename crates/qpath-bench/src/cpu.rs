@@ -35,11 +35,6 @@ pub fn proc_thread_usage() -> Option<ThreadUsage> {
     parse(&stat, &status)
 }
 
-/// A usage hook that knows nothing (for tests or platforms without procfs).
-pub fn no_usage() -> Option<ThreadUsage> {
-    None
-}
-
 fn parse(stat: &str, status: &str) -> Option<ThreadUsage> {
     let tid = stat.split_whitespace().next()?.parse().ok()?;
     // The command name may contain spaces and parentheses: fields start after the last ')'.

@@ -705,11 +705,6 @@ impl Backend {
         matches!(self, Backend::File(_))
     }
 
-    /// Whether data buffers must be page aligned (O_DIRECT).
-    pub fn needs_alignment(&self) -> bool {
-        matches!(self, Backend::File(f) if f.direct)
-    }
-
     /// Identify Namespace DLFEAT (NVM Command Set 1.0 §4.1.5.1, Figure 97): bits 2:0 = 001b
     /// "a deallocated logical block reads as all zeros", bit 3 "Write Zeroes supports the
     /// Deallocate bit". Null reads zeros and RAM zero-fills, so both are 09h; a file or block

@@ -75,14 +75,6 @@ impl std::fmt::Debug for Persist {
     }
 }
 
-/// Whether RPC `method` changes the configuration: each such method is followed by a save
-/// under [`SaveMode::EveryChange`]. The RPC table says which ([`crate::rpc::methods::TARGET`],
-/// `Effect::Configures`); `set_port_fault` injects faults for tests and `clear_reservation`
-/// acts on reservations, which persist on their own: neither is one.
-pub fn is_change(method: &str) -> bool {
-    crate::rpc::methods::TARGET.iter().any(|m| m.name == method && m.effect == crate::rpc::schema::Effect::Configures)
-}
-
 /// What a save did, as RPC answers it (no secret in it).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Saved {
