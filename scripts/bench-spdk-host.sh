@@ -13,7 +13,18 @@
 # perf's median (IOPS; MiB/s for r128k; for r1 also mean latency, where lower is better).
 # Only ratios within one run mean anything on a shared machine: give the load average with
 # them (printed at the end). The target is stopped by its pid when the script ends.
+#
+# BOOST=1 runs everything in a session of its own whose scheduler group gets nice -20 (root:
+# sched(7) "autogroup"), so that builds in other sessions take little of the two CPUs. Without
+# it, on a busy 2-CPU machine, the target and the client get a share each and the column
+# measures the scheduler: 4k writes stopped near 100K IOPS with either client at load 3, and
+# reached 330K with perf when boosted. Both columns (and the load average) belong in a report.
 set -euo pipefail
+if [ "${BOOST:-0}" = 1 ] && [ -z "${BENCH_BOOSTED:-}" ]; then
+  exec setsid -w env BENCH_BOOSTED=1 bash -c \
+    'echo -20 > /proc/self/autogroup || echo "BOOST: cannot raise the session'"'"'s weight; running unboosted" >&2
+     exec nice -n -20 "$0" "$@"' "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 SPDK_DIR=${SPDK_DIR:?set SPDK_DIR to an SPDK build (its build/bin holds nvmf_tgt and spdk_nvme_perf)}
 A=${QPATH_BIN:-$PWD/target/release/qpath}
@@ -117,4 +128,4 @@ for c, by in runs.items():
         extra = " (lat %.3f)" % (m[2] / base_lat) if c == "r1" and base_lat else ""
         print(f"{c:7} {who:7} {m[0]:11.0f} {m[1]:12.1f} {m[2]:14.2f}  {ratio:.3f}{extra}")
 PY
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)${BENCH_BOOSTED:+ (boosted: own session, nice -20)}"

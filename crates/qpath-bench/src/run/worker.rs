@@ -804,8 +804,9 @@ impl Worker<'_> {
         }
     }
 
-    /// Reap completions (fio `wait_for_completions` / `io_u_queued_complete`).
-    fn reap(&mut self, min: usize) {
+    /// Reap completions (fio `wait_for_completions` / `io_u_queued_complete`); the time
+    /// they completed at, if any did.
+    fn reap(&mut self, min: usize) -> Option<Instant> {
         let in_flight = self.in_flight as usize;
         let min = min.min(in_flight);
         let max = self.complete_max.clamp(min.max(1), in_flight.max(1));
@@ -818,12 +819,12 @@ impl Worker<'_> {
             Err(e) => {
                 self.fail(5, format!("{} getevents: {e}", self.engine.name()));
                 self.broken = true;
-                return;
+                return None;
             }
         };
         assert!(n <= in_flight, "engine reaped {n} units with only {in_flight} in flight");
         if n == 0 {
-            return;
+            return None;
         }
         if self.accounting {
             self.stats.mark_complete(n);
@@ -834,6 +835,7 @@ impl Worker<'_> {
             self.in_flight -= 1;
             self.complete(unit, now);
         }
+        Some(now)
     }
 
     /// Run the current phase until its source is exhausted, the deadline passes or the
@@ -849,8 +851,13 @@ impl Worker<'_> {
         let mut source_done = false;
         let mut last_progress = Instant::now();
         let mut sample_due_ms = self.sampler.due_ms();
+        // The time the last reap's completions were stamped with: the next pass starts right
+        // after them and uses it for its deadline, ramp and sampling checks instead of reading
+        // the clock again. At 4 KiB QD32 a job thread reaps one completion per pass, and the
+        // clock reads of this loop were about 5% of its samples.
+        let mut reaped_at: Option<Instant> = None;
         loop {
-            let now = Instant::now();
+            let now = reaped_at.take().unwrap_or_else(Instant::now);
             if let Some(r) = ramp_end
                 && now >= r
             {
@@ -913,10 +920,9 @@ impl Worker<'_> {
             let full = self.in_flight >= self.depth || busy;
             if full || draining || self.caps.polled {
                 let min = if full || draining { self.complete_min.max(1) } else { 0 };
-                let before = self.in_flight;
-                self.reap(min);
-                if self.in_flight < before {
-                    last_progress = Instant::now();
+                if let Some(at) = self.reap(min) {
+                    last_progress = at;
+                    reaped_at = Some(at);
                 } else if last_progress.elapsed() > self.stall_timeout {
                     let stuck = self.in_flight;
                     self.fail(
