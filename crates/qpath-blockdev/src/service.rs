@@ -286,9 +286,15 @@ impl Service {
                     c.cfg = next;
                     c.failed.insert(label.clone(), Failed { reason: "being created".into(), retry: None });
                 }
-                _ => {
+                other => {
+                    // Not saved: the name only names the device while it is served.
+                    if let (Some(c), Some(n)) = (other, &entry.name)
+                        && c.cfg.find(n).is_some()
+                    {
+                        return Err(invalid(format!("name {n:?} is a device of {}", c.file.display())));
+                    }
                     drop(g);
-                    return self.add(spec, opts, None);
+                    return self.add(spec, opts, entry.name);
                 }
             }
         }

@@ -219,19 +219,23 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
         return;
     }
     let dir = Dir::new("ublk-config");
+    let t = TargetProcess::start_default(&dir, "target", &[]);
     let file = dir.path("host.toml");
     let f = file.to_str().unwrap();
-    // Port 9 (discard) listens nowhere here: the paths cannot connect.
+    // Port 9 (discard) listens nowhere here: db's paths cannot connect. disk's do, and its
+    // device cannot be made (no ublk_drv).
     std::fs::write(
         &file,
         format!(
-            "[[ublk]]\nname = \"db\"\npaths = [\"127.0.0.1:9\"]\nsubnqn = \"{NQN}\"\nctrl_loss_tmo = -1\nreconnect_delay = 1\n"
+            "[[ublk]]\nname = \"db\"\npaths = [\"127.0.0.1:9\"]\nsubnqn = \"{NQN}\"\nctrl_loss_tmo = -1\nreconnect_delay = 1\n\n\
+             [[ublk]]\nname = \"disk\"\npaths = [\"{}\"]\nsubnqn = \"{NQN}\"\n",
+            t.addrs[0]
         ),
     )
     .unwrap();
     let (ok, out) = qpath(&["host", "--config", f, "--check"]);
     assert!(
-        ok && out.contains("db: /dev/ublkb? (the kernel picks) over namespace 1 of") && out.contains("1 device(s)"),
+        ok && out.contains("db: /dev/ublkb? (the kernel picks) over namespace 1 of") && out.contains("2 device(s)"),
         "{out}"
     );
     let bad = dir.path("bad.toml");
@@ -245,11 +249,24 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
 
     let host = HostProcess::start(&dir, "host1", &["--config", f, "--persist"]);
     assert!(host.log().contains("configured device \"db\" not created: connecting"), "{}", host.log());
+    assert!(host.log().contains("configured device \"disk\" not created") && host.log().contains("modprobe ublk_drv"));
     let list = host.list();
-    assert_eq!(names(&list), ["db"], "{list:?}");
-    assert_eq!(list[0]["state"], "not created");
+    assert_eq!(names(&list), ["db", "disk"], "{list:?}");
+    assert_eq!((&list[0]["state"], &list[1]["state"]), (&json!("not created"), &json!("not created")));
     assert!(list[0]["error"].as_str().unwrap().contains("127.0.0.1:9"), "{list:?}");
     assert_eq!(list[0]["retrying"], true, "ctrl_loss_tmo -1: tried again as a controller reconnects");
+    assert!(list[1]["error"].as_str().unwrap().contains("modprobe ublk_drv"), "{list:?}");
+    assert_eq!(list[1]["retrying"], false, "no driver: tried again at the next start or SIGHUP, not in a loop");
+    // disk's paths, connected to find its namespace, are disconnected again.
+    let t0 = Instant::now();
+    loop {
+        let (_, ctrls) = qpath(&["rpc", "--socket", t.rpc.to_str().unwrap(), "list_controllers"]);
+        if !ctrls.contains(NQN) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "controllers left on the target: {ctrls}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // ublk_add over the socket, with a secret file: it fails (nothing listens), is kept,
     // and the file names the secret's file only.
@@ -294,7 +311,7 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
     let (ok, out) = qpath(&["ublk", "del", "--rpc-socket", s, "--name", "web"]);
     assert!(ok, "{out}");
     let text = std::fs::read_to_string(&file).unwrap();
-    assert!(!text.contains("web") && text.contains("name = \"db\""), "{text}");
+    assert!(!text.contains("web") && text.contains("name = \"db\"") && text.contains("name = \"disk\""), "{text}");
     let (ok, out) = host.rpc(&["ublk_del", "name=nothing"]);
     assert!(!ok && out.contains("no device named \"nothing\""), "{out}");
 
@@ -327,4 +344,46 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
     assert!(!ok);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), before, "without --persist nothing is written");
     host.stop();
+}
+
+/// Under systemd (`Type=notify`): READY=1 once the control socket answers and the
+/// configured devices were tried, with a STATUS= that counts those not created;
+/// RELOADING=1 then READY=1 around a SIGHUP; STOPPING=1 at SIGTERM.
+#[test]
+fn qpath_host_tells_systemd_it_is_ready_after_trying_its_devices() {
+    if !no_ublk_here() {
+        return;
+    }
+    let dir = Dir::new("ublk-notify");
+    let notify = dir.path("notify.sock");
+    let listener = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    listener.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let file = dir.path("host.toml");
+    std::fs::write(&file, format!("[[ublk]]\nname = \"db\"\npaths = [\"127.0.0.1:9\"]\nsubnqn = \"{NQN}\"\n")).unwrap();
+    let sock = dir.path("host.sock");
+    let log = std::fs::File::create(dir.path("host.log")).unwrap();
+    let mut host = Command::new(env!("CARGO_BIN_EXE_qpath"))
+        .args(["host", "--config", file.to_str().unwrap(), "--rpc-socket", sock.to_str().unwrap()])
+        .args(["--state-dir", dir.path("state").to_str().unwrap()])
+        .env("NOTIFY_SOCKET", &notify)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let next = || {
+        let mut buf = [0u8; 1024];
+        let n = listener.recv(&mut buf).expect("a notification within 30 s");
+        String::from_utf8(buf[..n].to_vec()).unwrap()
+    };
+    let ready = next();
+    assert_eq!(ready, "READY=1\nSTATUS=serving 0 ublk device(s); 1 configured device(s) not created (qpath ublk list)");
+    assert!(sock.exists(), "the control socket is up before READY=1");
+    let (ok, out) = qpath(&["rpc", "--socket", sock.to_str().unwrap(), "ublk_list"]);
+    assert!(ok && out.contains("\"db\""), "the device was tried before READY=1: {out}");
+    assert!(Command::new("kill").args(["-HUP", &host.id().to_string()]).status().unwrap().success());
+    assert_eq!(next(), "RELOADING=1");
+    assert!(next().starts_with("READY=1\nSTATUS=serving 0 ublk device(s)"));
+    assert!(Command::new("kill").args(["-TERM", &host.id().to_string()]).status().unwrap().success());
+    assert_eq!(next(), "STOPPING=1\nSTATUS=shutting down");
+    assert!(host.wait().unwrap().success());
 }
