@@ -96,6 +96,8 @@ struct Served {
 struct Failed {
     reason: String,
     retry: Option<Retry>,
+    /// Tries that failed in a row (at start, on retries, at SIGHUP).
+    attempts: u64,
 }
 
 /// When a configured device whose paths did not connect is tried again.
@@ -284,7 +286,7 @@ impl Service {
                     next.ublk.push(entry.clone());
                     next.check().map_err(|e| invalid(format!("{}: {e}", c.file.display())))?;
                     c.cfg = next;
-                    c.failed.insert(label.clone(), Failed { reason: "being created".into(), retry: None });
+                    c.failed.insert(label.clone(), Failed { reason: "being created".into(), retry: None, attempts: 0 });
                 }
                 other => {
                     // Not saved: the name only names the device while it is served.
@@ -565,6 +567,7 @@ impl Service {
                     "state": "not created",
                     "error": f.map_or("not tried yet", |f| f.reason.as_str()),
                     "retrying": f.is_some_and(|f| f.retry.is_some()),
+                    "attempts": f.map_or(0, |f| f.attempts),
                     "dev_id": e.opts.dev_id,
                     "subnqn": e.spec.subnqn,
                     "nsid": e.spec.nsid,
@@ -601,7 +604,7 @@ impl Service {
             for l in labels {
                 let reason = "deleted from outside this qpath host (SIGHUP creates it again; ublk_del name=... \
                               removes it from the configuration)";
-                c.failed.insert(l, Failed { reason: reason.into(), retry: None });
+                c.failed.insert(l, Failed { reason: reason.into(), retry: None, attempts: 0 });
             }
         }
     }
@@ -637,7 +640,10 @@ impl Service {
 fn note_failure(c: &mut Configured, e: &UblkEntry, err: &Error) {
     let label = e.label();
     let now = Instant::now();
-    let until_before = c.failed.get(&label).and_then(|f| f.retry.as_ref()).map(|r| r.until);
+    let before = c.failed.get(&label);
+    let until_before = before.and_then(|f| f.retry.as_ref()).map(|r| r.until);
+    let attempts = before.map_or(0, |f| f.attempts) + 1;
+    let same = before.is_some_and(|f| f.reason == err.to_string());
     let retry = (err.kind == ErrorKind::Host).then(|| {
         let every = Duration::from_secs(e.spec.reconnect_delay.max(1));
         // The deadline counts from the first failure.
@@ -645,8 +651,13 @@ fn note_failure(c: &mut Configured, e: &UblkEntry, err: &Error) {
             .unwrap_or_else(|| u64::try_from(e.spec.ctrl_loss_tmo).ok().map(|s| now + Duration::from_secs(s)));
         Retry { next: now + every, every, until }
     });
-    tracing::warn!(device = %label, retrying = retry.is_some(), "configured device not created: {err}");
-    c.failed.insert(label, Failed { reason: err.to_string(), retry });
+    // Once per reason: a device retried for ever would otherwise fill the log.
+    if same {
+        tracing::debug!(device = %label, attempts, "configured device still not created: {err}");
+    } else {
+        tracing::warn!(device = %label, retrying = retry.is_some(), "configured device not created: {err}");
+    }
+    c.failed.insert(label, Failed { reason: err.to_string(), retry, attempts });
 }
 
 /// A device is taken over only while its namespace is the one it was made for: after the
@@ -706,6 +717,39 @@ pub(crate) fn invalid(what: impl Into<String>) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A configured device whose paths do not connect is tried again every
+    /// `reconnect_delay` until `ctrl_loss_tmo` has passed since its first failure, then
+    /// given up (until a SIGHUP); with `ctrl_loss_tmo = -1`, never given up.
+    #[test]
+    fn a_configured_device_is_retried_until_ctrl_loss_tmo_then_given_up() {
+        let dir = std::env::temp_dir().join(format!("qpath-service-retry-{}", std::process::id()));
+        let svc = Service::new(dir.clone());
+        let mut cfg = HostConfig::default();
+        for (name, tmo) in [("brief", 1), ("forever", -1)] {
+            // Port 9 (discard) listens nowhere here.
+            let mut spec = HeadSpec::new(vec!["127.0.0.1:9".into()], "nqn.x:y");
+            spec.reconnect_delay = 1;
+            spec.ctrl_loss_tmo = tmo;
+            cfg.ublk.push(UblkEntry::new(Some(name.into()), spec, AddOptions::default()));
+        }
+        svc.set_config(dir.join("host.toml"), false, cfg);
+        let started = svc.start_configured();
+        assert!(started.iter().all(|(_, r)| r.as_ref().is_err_and(|e| e.contains("127.0.0.1:9"))), "{started:?}");
+        let retrying = |name: &str| svc.cfg_lock().as_ref().unwrap().failed[name].retry.is_some();
+        let attempts = |name: &str| svc.cfg_lock().as_ref().unwrap().failed[name].attempts;
+        assert!(retrying("brief") && retrying("forever"));
+        std::thread::sleep(Duration::from_millis(1100));
+        svc.retry_due();
+        // Due at 1 s, with brief's 1 s deadline passed too: given up, not tried.
+        assert!(!retrying("brief") && attempts("brief") == 1);
+        assert!(retrying("forever") && attempts("forever") == 2);
+        std::thread::sleep(Duration::from_millis(1100));
+        svc.retry_due();
+        assert_eq!((attempts("brief"), attempts("forever")), (1, 3));
+        assert!(svc.status().contains("2 configured device(s) not created"), "{}", svc.status());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_device_is_taken_over_only_while_its_namespace_is_the_one_it_was_made_for() {

@@ -255,6 +255,13 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
     assert_eq!((&list[0]["state"], &list[1]["state"]), (&json!("not created"), &json!("not created")));
     assert!(list[0]["error"].as_str().unwrap().contains("127.0.0.1:9"), "{list:?}");
     assert_eq!(list[0]["retrying"], true, "ctrl_loss_tmo -1: tried again as a controller reconnects");
+    // And it is (reconnect_delay = 1 s); disk is not.
+    let t0 = Instant::now();
+    while host.list()[0]["attempts"].as_u64().unwrap() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "db not tried again: {:?}", host.list());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(host.list()[1]["attempts"], 1, "{:?}", host.list());
     assert!(list[1]["error"].as_str().unwrap().contains("modprobe ublk_drv"), "{list:?}");
     assert_eq!(list[1]["retrying"], false, "no driver: tried again at the next start or SIGHUP, not in a loop");
     // disk's paths, connected to find its namespace, are disconnected again.
@@ -323,7 +330,11 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
     .unwrap();
     host.signal("-HUP");
     let t0 = Instant::now();
-    while names(&host.list()) != ["logs"] {
+    // Tried, not only listed: its error is its paths'.
+    let tried = |l: &[serde_json::Value]| {
+        l.len() == 1 && l[0]["name"] == "logs" && l[0]["error"].as_str().is_some_and(|e| e.contains("127.0.0.1:9"))
+    };
+    while !tried(&host.list()) {
         assert!(t0.elapsed() < Duration::from_secs(20), "SIGHUP did not apply: {:?}", host.list());
         std::thread::sleep(Duration::from_millis(100));
     }
