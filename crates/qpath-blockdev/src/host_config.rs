@@ -43,6 +43,9 @@ pub const DEVICES_MAX: usize = 256;
 /// Longest device name.
 pub const NAME_LEN_MAX: usize = 64;
 
+/// Largest file read (a device takes well under 1 KiB).
+pub const FILE_LEN_MAX: u64 = 1 << 20;
+
 /// The devices one `qpath host` serves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostConfig {
@@ -175,6 +178,10 @@ fn key_problem(k: &str, v: &Value) -> Option<String> {
 impl HostConfig {
     /// Reads and checks a file. Errors name the file, the line and the key.
     pub fn load(path: &Path) -> Result<HostConfig> {
+        let len = std::fs::metadata(path).map_err(|e| Error::io(format!("read {}", path.display()), &e))?.len();
+        if len > FILE_LEN_MAX {
+            return Err(config_error(format!("{}: {len} bytes; at most {FILE_LEN_MAX}", path.display())));
+        }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(format!("read {}", path.display()), &e))?;
         HostConfig::parse(&text).map_err(|e| Error::new(e.kind, format!("{}: {}", path.display(), e.context)))
     }
@@ -516,6 +523,11 @@ mod tests {
         c.ublk.clear();
         c.save(&file).unwrap();
         assert_eq!(HostConfig::load(&file).unwrap(), c);
+        // A file far larger than any configuration is refused before it is read.
+        let big = d.0.join("big.toml");
+        std::fs::write(&big, vec![b'#'; usize::try_from(FILE_LEN_MAX).unwrap() + 1]).unwrap();
+        assert!(HostConfig::load(&big).unwrap_err().to_string().contains("at most"));
+        assert!(HostConfig::load(&d.0.join("missing.toml")).unwrap_err().to_string().contains("missing.toml"));
     }
 
     #[test]
