@@ -56,7 +56,9 @@ files > /root/files-before.txt
 t "dpkg -i installs the package" dpkg -i /root/qpath.deb
 UNIT=$(ls /lib/systemd/system/qpath-target.service /usr/lib/systemd/system/qpath-target.service 2> /dev/null | head -1)
 c "the unit is installed" "[ -n '$UNIT' ]"
-for f in /usr/bin/qpath /etc/qpath/target.toml /etc/default/qpath-target /usr/share/man/man1/qpath.1.gz \
+HUNIT=$(ls /lib/systemd/system/qpath-host.service /usr/lib/systemd/system/qpath-host.service 2> /dev/null | head -1)
+c "the host's unit is installed" "[ -n '$HUNIT' ]"
+for f in /usr/bin/qpath /etc/qpath/target.toml /etc/qpath/host.toml /etc/default/qpath-target /usr/share/man/man1/qpath.1.gz \
   /usr/share/man/man1/qpath-target.1.gz /usr/share/bash-completion/completions/qpath \
   /usr/share/zsh/vendor-completions/_qpath /usr/share/fish/vendor_completions.d/qpath.fish \
   /usr/share/doc/qpath/copyright /usr/share/doc/qpath/README.md /usr/share/doc/qpath/examples/target.toml; do
@@ -65,7 +67,10 @@ done
 c "/var/lib/qpath exists, mode 750" "[ \"\$(stat -c %a /var/lib/qpath)\" = 750 ]"
 c "the configuration files are conffiles" \
   "dpkg-query -W -f='\${Conffiles}' qpath | grep -q '/etc/qpath/target.toml ' && dpkg-query -W -f='\${Conffiles}' qpath | grep -q '/etc/default/qpath-target '"
+c "/etc/qpath/host.toml is a conffile" "dpkg-query -W -f='\${Conffiles}' qpath | grep -q '/etc/qpath/host.toml '"
 c "qpath --version names its commit" "qpath --version | grep -q 'commit'"
+c "the shipped host configuration checks and lists no device" \
+  "qpath host --config /etc/qpath/host.toml --check | grep -q 'configuration OK, 0 device(s)'"
 c "the shipped configuration checks" "qpath target --config /etc/qpath/target.toml --check"
 c "the shipped configuration listens on loopback only" "! grep -E '^addr' /etc/qpath/target.toml | grep -v '\"127\\.0\\.0\\.1:'"
 
@@ -122,9 +127,49 @@ TOML
   systemctl reset-failed qpath-target 2> /dev/null
   cp /root/target.toml.good /etc/qpath/target.toml
   systemd-analyze security --no-pager qpath-target 2> /dev/null | tail -1 | sed 's/^/info: /'
+
+  # ---- the host service: ublk devices from /etc/qpath/host.toml ----------------------------
+  HSOCK=/run/qpath-host/qpath-host.sock
+  c "the host service: installed but not enabled" "[ \"\$(systemctl is-enabled qpath-host)\" = disabled ]"
+  c "the host service: installed but not started" "! systemctl is-active --quiet qpath-host"
+  t "systemd-analyze verify accepts the host's unit" systemd-analyze verify --man=no "$HUNIT"
+  t "systemctl start qpath-host returns once it is ready (Type=notify), with the empty configuration" \
+    systemctl start qpath-host
+  c "its STATUS: no device" "systemctl show -p StatusText --value qpath-host | grep -qx 'serving 0 ublk device(s)'"
+  t "its control socket answers ublk_list in /run/qpath-host" bash -c "qpath rpc --socket $HSOCK ublk_list | grep -qx '\[\]'"
+  t "qpath ublk list finds the service's socket by itself" qpath ublk list
+  # This container has no ublk driver: a configured device fails by name, the service goes on.
+  t "the target, for the host's device" systemctl start qpath-target
+  cat >> /etc/qpath/host.toml << TOML
+
+[[ublk]]
+name = "pkgtest"
+paths = ["127.0.0.1:4420"]
+subnqn = "$NQN"
+TOML
+  t "systemctl reload qpath-host (the edited host.toml)" systemctl reload qpath-host
+  w "the configured device fails by name (no ublk_drv here), in ublk_list" 30 \
+    "qpath rpc --socket $HSOCK ublk_list | tr -d ' \n' | grep -q '\"error\":\"[^\"]*ublk[^\"]*\",\"name\":\"pkgtest\"'"
+  c "STATUS says one configured device was not created" \
+    "systemctl show -p StatusText --value qpath-host | grep -q '1 configured device(s) not created'"
+  c "the journal names it and why" "journalctl -u qpath-host --no-pager | grep -q 'configured device not created'"
+  c "the service is still up" "systemctl is-active --quiet qpath-host"
+  t "systemctl restart qpath-host with a device that cannot be created: it starts, ready" systemctl restart qpath-host
+  c "after the restart: up, the device named as not created" \
+    "systemctl is-active --quiet qpath-host && qpath rpc --socket $HSOCK ublk_list | grep -q pkgtest"
+  c "qpath ublk add through the service (fails here: no ublk_drv) is kept in host.toml by --persist" \
+    "! qpath ublk add --name added -a 127.0.0.1 -s 4420 -n $NQN && grep -q 'name = \"added\"' /etc/qpath/host.toml && [ -f /etc/qpath/host.toml.bak ]"
+  t "qpath ublk del --name takes it out of host.toml" qpath ublk del --name added
+  c "host.toml no longer lists it" "! grep -q 'name = \"added\"' /etc/qpath/host.toml"
+  t "systemctl stop qpath-host" systemctl stop qpath-host
+  c "the host stopped cleanly" "! systemctl is-failed --quiet qpath-host"
+  systemctl stop qpath-target
+  systemd-analyze security --no-pager qpath-host 2> /dev/null | tail -1 | sed 's/^/info: host: /'
   if [ $FAILED != 0 ]; then
     echo "the service's journal:"
     journalctl -u qpath-target --no-pager -n 40 | sed 's/^/      /'
+    echo "the host service's journal:"
+    journalctl -u qpath-host --no-pager -n 40 | sed 's/^/      /'
   fi
 else
   # ---- no systemd: the binary on the shipped configuration, by hand ------------------------
@@ -151,8 +196,8 @@ t "dpkg -r removes the package" dpkg -r qpath
 if [ "$MODE" = boot ]; then
   c "dpkg -r stopped the running service" "! systemctl is-active --quiet qpath-target"
 fi
-c "the binary and the unit are gone" "[ ! -e /usr/bin/qpath ] && [ ! -e '$UNIT' ]"
-c "dpkg -r keeps the configuration (conffiles)" "[ -f /etc/qpath/target.toml ] && [ -f /etc/default/qpath-target ]"
+c "the binary and the units are gone" "[ ! -e /usr/bin/qpath ] && [ ! -e '$UNIT' ] && [ ! -e '$HUNIT' ]"
+c "dpkg -r keeps the configuration (conffiles)" "[ -f /etc/qpath/target.toml ] && [ -f /etc/qpath/host.toml ] && [ -f /etc/default/qpath-target ]"
 c "dpkg -r keeps the namespace's image" "[ -f /var/lib/qpath/vol2.img ]"
 t "dpkg --purge purges it" dpkg --purge qpath
 c "dpkg --purge removes /etc/qpath and /etc/default/qpath-target" "[ ! -e /etc/qpath ] && [ ! -e /etc/default/qpath-target ]"

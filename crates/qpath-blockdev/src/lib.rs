@@ -21,6 +21,7 @@
 //! - [`nbd`]: the NBD protocol (sans I/O) and its server.
 //! - [`ublk`]: `/dev/ublkbN` devices (Linux `ublk_drv`), created, served, recovered.
 //! - [`service`], [`rpc`]: the devices of one `qpath host` process and its control socket.
+//! - [`host_config`]: the devices `qpath host --config` serves, kept across reboots.
 //! - [`spec`], [`device`]: a namespace's paths, and the limits a device takes from Identify.
 
 #![forbid(unsafe_code)]
@@ -28,6 +29,7 @@
 pub mod device;
 pub mod errno;
 pub mod error;
+pub mod host_config;
 pub mod nbd;
 pub mod rpc;
 pub mod service;

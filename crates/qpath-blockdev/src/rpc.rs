@@ -3,9 +3,12 @@
 //!
 //! | method | does | params | result |
 //! | --- | --- | --- | --- |
-//! | `ublk_add` | connects a namespace's paths and creates `/dev/ublkbN` over them | `paths: [HOST:PORT]`, `subnqn`, `nsid? = 1`, `iopolicy? = numa`, `hostnqn?`, `hostid?`, `nr_io_queues?`, `queue_size? = 128`, `keep_alive_tmo? = 5`, `reconnect_delay? = 10`, `ctrl_loss_tmo? = 600`, `fast_io_fail_tmo? = -1`, `dev_id?`, `queues? = 1`, `depth? = 128`, `max_transfer? = 524288`, `read_only? = false` | `{dev_id, path, size, block_size, ...}` |
-//! | `ublk_del` | deletes a device (`STOP_DEV`, `DEL_DEV`) and disconnects its paths | `dev_id` | `{}` |
-//! | `ublk_list` | every ublk device of the machine; those served here with their namespace and counters | | `[{dev_id, state, pid, ...}]` |
+//! | `ublk_add` | connects a namespace's paths and creates `/dev/ublkbN` over them | `paths: [HOST:PORT]`, `subnqn`, `nsid? = 1`, `iopolicy? = numa`, `hostnqn?`, `hostid?`, `nr_io_queues?`, `queue_size? = 128`, `keep_alive_tmo? = 5`, `reconnect_delay? = 10`, `ctrl_loss_tmo? = 600`, `fast_io_fail_tmo? = -1`, `dev_id?`, `queues? = 1`, `depth? = 128`, `max_transfer? = 524288`, `read_only? = false`, `name?` | `{dev_id, path, size, block_size, ...}` |
+//! | `ublk_del` | deletes a device (`STOP_DEV`, `DEL_DEV`) and disconnects its paths | `dev_id` or `name` | `{}` |
+//! | `ublk_list` | every ublk device of the machine; those served here with their namespace and counters; configured devices not served, with why | | `[{dev_id, state, pid, ...}]` |
+//!
+//! Under `qpath host --config FILE --persist`, `ublk_add` and `ublk_del` change FILE before
+//! they answer ([`crate::host_config`]); a device that could not be created stays in it.
 //! | `rpc_get_methods` | this table | | `[{name, description}]` |
 //!
 //! The socket is created mode 0600 (root's, or the owner's); a path another process serves
@@ -33,7 +36,7 @@ const LINE_MAX: usize = 64 << 10;
 
 const METHODS: &[(&str, &str)] = &[
     ("ublk_add", "Connect a namespace's paths and create /dev/ublkbN over them"),
-    ("ublk_del", "Delete a ublk device and disconnect its paths"),
+    ("ublk_del", "Delete a ublk device (by dev_id or name) and disconnect its paths"),
     ("ublk_list", "Every ublk device; those served here with namespace, paths and counters"),
     ("rpc_get_methods", "The methods of this socket"),
 ];
@@ -55,20 +58,43 @@ pub fn split_add_params(p: &Value) -> Result<(HeadSpec, AddOptions)> {
     let opts: AddOptions =
         serde_json::from_value(Value::Object(opts)).map_err(|e| invalid(format!("ublk_add: {e}")))?;
     spec.check()?;
+    opts.check()?;
     Ok((spec, opts))
+}
+
+/// `ublk_add`'s optional `name`, taken out of its params.
+fn take_name(p: &Value) -> Result<(Option<String>, Value)> {
+    let mut p = p.clone();
+    let name = match p.as_object_mut().and_then(|m| m.remove("name")) {
+        None => None,
+        Some(Value::String(n)) => {
+            crate::host_config::check_name(&n)?;
+            Some(n)
+        }
+        Some(_) => return Err(invalid("name: expected a string")),
+    };
+    Ok((name, p))
 }
 
 fn call(svc: &Service, method: &str, p: &Value) -> Result<Value> {
     match method {
         "ublk_add" => {
-            let (spec, opts) = split_add_params(p)?;
-            svc.ublk_add(&spec, &opts)
+            let (name, p) = take_name(p)?;
+            let (spec, opts) = split_add_params(&p)?;
+            svc.ublk_add_configured(name, &spec, &opts)
         }
         "ublk_del" => {
-            let id =
-                p.get("dev_id").and_then(Value::as_u64).ok_or_else(|| invalid("ublk_del needs dev_id (an integer)"))?;
+            if let Some(name) = p.get("name") {
+                let name = name.as_str().ok_or_else(|| invalid("name: expected a string"))?;
+                svc.ublk_del_named(name)?;
+                return Ok(json!({}));
+            }
+            let id = p
+                .get("dev_id")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| invalid("ublk_del needs dev_id (an integer) or name"))?;
             let id = u32::try_from(id).map_err(|_| invalid("dev_id out of range"))?;
-            svc.ublk_del(id)?;
+            svc.ublk_del_configured(id)?;
             Ok(json!({}))
         }
         "ublk_list" => svc.ublk_list(),

@@ -2,12 +2,25 @@
 //! each ublk device with the controllers of its head, and the state files that let a
 //! restarted process take the devices over.
 //!
-//! Control plane only: a mutex over the device table, taken by RPC calls and the reaper,
-//! never by an I/O.
+//! With a configuration file (`qpath host --config FILE`, [`crate::host_config`]), the
+//! devices it lists are served too: each taken over when a previous server left it, else
+//! created. One that cannot be created is kept with the reason (`ublk_list` shows it) and
+//! the others are served; one whose paths could not connect is tried again every
+//! `reconnect_delay` seconds until `ctrl_loss_tmo` has passed (for ever with -1), as a
+//! controller reconnects; any other failure (no ublk driver, no such namespace) is tried
+//! again at the next start or SIGHUP ([`Service::reload`]). Under `--persist`, `ublk_add`
+//! and `ublk_del` save the file before they answer; a device `ublk_add` could not create
+//! stays in the file (an operator's wish that fails now may work after `modprobe ublk_drv`
+//! or once the target is up) until `ublk_del name=...` removes it.
+//!
+//! Control plane only: mutexes over the device table and the configuration (taken in that
+//! order: the configuration's first), by RPC calls, the reaper and the retries, never by
+//! an I/O.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use host::controller::Controller;
 use host::head::Head;
@@ -15,6 +28,7 @@ use serde_json::{Value, json};
 
 use crate::device::{DeviceInfo, LIVE_WAIT_DEFAULT, TRANSFER_CAP_DEFAULT, wait_live};
 use crate::error::{Error, ErrorKind, Result};
+use crate::host_config::{HostConfig, UblkEntry};
 use crate::spec::{HeadSpec, disconnect};
 use crate::ublk::device::{UblkDevice, UblkOptions, list_devices};
 use crate::ublk::{DeviceState, load_states, namespace_id_hex, remove_state, save_state};
@@ -50,6 +64,20 @@ fn transfer() -> u32 {
     TRANSFER_CAP_DEFAULT
 }
 
+impl AddOptions {
+    /// Checks the layout without creating anything.
+    pub fn check(&self) -> Result<()> {
+        use crate::ublk::device::{DEPTH_MAX, QUEUES_MAX};
+        if self.queues == 0 || self.queues > QUEUES_MAX {
+            return Err(invalid(format!("queues: {} is not 1 to {QUEUES_MAX}", self.queues)));
+        }
+        if self.depth == 0 || self.depth > DEPTH_MAX {
+            return Err(invalid(format!("depth: {} is not 1 to {DEPTH_MAX}", self.depth)));
+        }
+        Ok(())
+    }
+}
+
 impl Default for AddOptions {
     fn default() -> AddOptions {
         AddOptions { dev_id: None, queues: 1, depth: depth(), max_transfer: transfer(), read_only: false }
@@ -60,12 +88,39 @@ struct Served {
     dev: UblkDevice,
     ctrls: Vec<Arc<Controller>>,
     spec: HeadSpec,
+    /// The configured device it is ([`UblkEntry::label`]).
+    label: Option<String>,
+}
+
+/// A configured device not served, and why.
+struct Failed {
+    reason: String,
+    retry: Option<Retry>,
+    /// Tries that failed in a row (at start, on retries, at SIGHUP).
+    attempts: u64,
+}
+
+/// When a configured device whose paths did not connect is tried again.
+struct Retry {
+    next: Instant,
+    every: Duration,
+    /// `ctrl_loss_tmo` after the first failure; `None`: for ever.
+    until: Option<Instant>,
+}
+
+/// The configuration file and what became of its devices.
+struct Configured {
+    file: PathBuf,
+    persist: bool,
+    cfg: HostConfig,
+    failed: BTreeMap<String, Failed>,
 }
 
 /// The devices of this process.
 pub struct Service {
     state_dir: PathBuf,
     devices: Mutex<BTreeMap<u32, Served>>,
+    config: Mutex<Option<Configured>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -77,16 +132,31 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// A service keeping its devices' state in `state_dir`.
     pub fn new(state_dir: PathBuf) -> Arc<Service> {
-        Arc::new(Service { state_dir, devices: Mutex::new(BTreeMap::new()) })
+        Arc::new(Service { state_dir, devices: Mutex::new(BTreeMap::new()), config: Mutex::new(None) })
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u32, Served>> {
         self.devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn cfg_lock(&self) -> MutexGuard<'_, Option<Configured>> {
+        self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Serves the devices of `cfg`, read from `file` ([`Service::start_configured`] brings
+    /// them up); with `persist`, `ublk_add` and `ublk_del` save `file`.
+    pub fn set_config(&self, file: PathBuf, persist: bool, cfg: HostConfig) {
+        *self.cfg_lock() = Some(Configured { file, persist, cfg, failed: BTreeMap::new() });
+    }
+
     /// Connects `spec`'s paths and creates a ublk device over the head; returns what
     /// `ublk_add` answers.
     pub fn ublk_add(&self, spec: &HeadSpec, opts: &AddOptions) -> Result<Value> {
+        self.add(spec, opts, None)
+    }
+
+    fn add(&self, spec: &HeadSpec, opts: &AddOptions, label: Option<String>) -> Result<Value> {
+        opts.check()?;
         let (ctrls, head) = spec.connect()?;
         let made = (|| {
             wait_live(&head, LIVE_WAIT_DEFAULT)?;
@@ -117,9 +187,249 @@ impl Service {
         if let Err(e) = save_state(&self.state_dir, &st) {
             tracing::warn!(error = %e, "ublk device {} serves, but its state was not saved: a restarted qpath cannot take it over", dev.dev_id());
         }
-        let answer = describe(&dev, spec, head.path_count());
-        self.lock().insert(dev.dev_id(), Served { dev, ctrls, spec: spec.clone() });
+        let mut answer = describe(&dev, spec, head.path_count());
+        if let (Some(l), Some(m)) = (&label, answer.as_object_mut()) {
+            m.insert("name".into(), json!(l));
+        }
+        self.lock().insert(dev.dev_id(), Served { dev, ctrls, spec: spec.clone(), label });
         Ok(answer)
+    }
+
+    /// Brings up every configured device: taken over already (by [`Service::recover_all`])
+    /// or created. Returns (label, path or why not) per device.
+    pub fn start_configured(&self) -> Vec<(String, std::result::Result<String, String>)> {
+        let entries = match self.cfg_lock().as_ref() {
+            Some(c) => c.cfg.ublk.clone(),
+            None => return Vec::new(),
+        };
+        entries.iter().map(|e| (e.label(), self.bring_up(e))).collect()
+    }
+
+    /// One configured device: already served, taken over, or created now.
+    fn bring_up(&self, e: &UblkEntry) -> std::result::Result<String, String> {
+        let label = e.label();
+        {
+            let mut g = self.lock();
+            if let Some(s) = g.values().find(|s| s.label.as_deref() == Some(label.as_str())) {
+                return Ok(s.dev.path());
+            }
+            // A device a previous server left over the same namespace (and number, when
+            // the entry gives one), taken over before: it is this one.
+            let taken = g
+                .iter_mut()
+                .find(|(id, s)| s.label.is_none() && s.spec == e.spec && e.opts.dev_id.is_none_or(|want| want == **id));
+            if let Some((_, s)) = taken {
+                s.label = Some(label.clone());
+                let path = s.dev.path();
+                drop(g);
+                if let Some(c) = self.cfg_lock().as_mut() {
+                    c.failed.remove(&label);
+                }
+                return Ok(format!("{path} (taken over)"));
+            }
+        }
+        let r = self.add(&e.spec, &e.opts, Some(label.clone()));
+        let mut c = self.cfg_lock();
+        if let Some(c) = c.as_mut() {
+            match &r {
+                Ok(_) => {
+                    c.failed.remove(&label);
+                }
+                Err(err) => note_failure(c, e, err),
+            }
+        }
+        r.map(|v| v["path"].as_str().unwrap_or("?").to_string()).map_err(|e| e.to_string())
+    }
+
+    /// Tries again the configured devices whose paths did not connect and whose time has
+    /// come (called every 100 ms or so by `qpath host`); one past its `ctrl_loss_tmo` is
+    /// given up until the next start or SIGHUP.
+    pub fn retry_due(&self) {
+        let now = Instant::now();
+        let due: Vec<UblkEntry> = {
+            let mut g = self.cfg_lock();
+            let Some(c) = g.as_mut() else { return };
+            let mut due = Vec::new();
+            for (label, f) in &mut c.failed {
+                let Some(r) = &mut f.retry else { continue };
+                if r.until.is_some_and(|u| now >= u) {
+                    tracing::warn!(device = %label, "configured device given up (ctrl_loss_tmo passed): {}; SIGHUP tries it again", f.reason);
+                    f.retry = None;
+                } else if now >= r.next {
+                    r.next = now + r.every;
+                    if let Some(e) = c.cfg.find(label) {
+                        due.push(e.clone());
+                    }
+                }
+            }
+            due
+        };
+        for e in due {
+            match self.bring_up(&e) {
+                Ok(path) => tracing::info!(device = %e.label(), "configured device created on a retry: {path}"),
+                Err(why) => tracing::debug!(device = %e.label(), "configured device still not created: {why}"),
+            }
+        }
+    }
+
+    /// `ublk_add` over the control socket: with `--persist`, the device is added to the
+    /// configuration file before the call answers, and kept there when it could not be
+    /// created (the error says so and how to remove it).
+    pub fn ublk_add_configured(&self, name: Option<String>, spec: &HeadSpec, opts: &AddOptions) -> Result<Value> {
+        let entry = UblkEntry::new(name, spec.clone(), opts.clone());
+        let label = entry.label();
+        {
+            let mut g = self.cfg_lock();
+            match g.as_mut() {
+                Some(c) if c.persist => {
+                    let mut next = c.cfg.clone();
+                    next.ublk.push(entry.clone());
+                    next.check().map_err(|e| invalid(format!("{}: {e}", c.file.display())))?;
+                    c.cfg = next;
+                    c.failed.insert(label.clone(), Failed { reason: "being created".into(), retry: None, attempts: 0 });
+                }
+                other => {
+                    // Not saved: the name only names the device while it is served.
+                    if let (Some(c), Some(n)) = (other, &entry.name)
+                        && c.cfg.find(n).is_some()
+                    {
+                        return Err(invalid(format!("name {n:?} is a device of {}", c.file.display())));
+                    }
+                    drop(g);
+                    return self.add(spec, opts, entry.name);
+                }
+            }
+        }
+        let made = self.add(spec, opts, Some(label.clone()));
+        let mut g = self.cfg_lock();
+        let Some(c) = g.as_mut() else { return made };
+        match &made {
+            Ok(_) => {
+                c.failed.remove(&label);
+            }
+            Err(e) => note_failure(c, &entry, e),
+        }
+        let saved = c.cfg.save(&c.file);
+        let file = c.file.display().to_string();
+        if made.is_err() && saved.is_err() {
+            c.cfg.ublk.retain(|e| e.label() != label);
+            c.failed.remove(&label);
+        }
+        drop(g);
+        match (made, saved) {
+            (Ok(v), Ok(())) => {
+                tracing::info!(device = %label, file = %file, "configured device added and saved");
+                Ok(v)
+            }
+            (Ok(v), Err(se)) => Err(Error::new(
+                se.kind,
+                format!("{} serves, but it was not saved: {se}; it will not come back after a restart", v["path"]),
+            )),
+            (Err(e), Ok(())) => Err(Error::new(
+                e.kind,
+                format!(
+                    "{e}; the device stays in {file} as {label:?} and is tried again at the next start or SIGHUP                      (`qpath ublk del --name {label:?}` removes it)"
+                ),
+            )),
+            (Err(e), Err(se)) => {
+                Err(Error::new(e.kind, format!("{e}; it is not kept in the configuration either: {se}")))
+            }
+        }
+    }
+
+    /// `ublk_del dev_id=N` over the control socket: a configured device leaves the
+    /// configuration too (saved under `--persist`).
+    pub fn ublk_del_configured(&self, dev_id: u32) -> Result<()> {
+        let served = self.lock().get(&dev_id).map(|s| s.label.clone());
+        let label = match served {
+            Some(l) => l,
+            None => self
+                .cfg_lock()
+                .as_ref()
+                .and_then(|c| c.cfg.ublk.iter().find(|e| e.opts.dev_id == Some(dev_id)).map(UblkEntry::label)),
+        };
+        match label {
+            Some(l) => self.ublk_del_named(&l),
+            None => self.ublk_del(dev_id),
+        }
+    }
+
+    /// `ublk_del name=...`: deletes the device so named if it is served and takes it out
+    /// of the configuration (saved under `--persist` before this returns).
+    pub fn ublk_del_named(&self, name: &str) -> Result<()> {
+        let served = self.lock().iter().find(|(_, s)| s.label.as_deref() == Some(name)).map(|(id, _)| *id);
+        let configured = self.cfg_lock().as_ref().is_some_and(|c| c.cfg.find(name).is_some());
+        if served.is_none() && !configured {
+            return Err(Error::new(ErrorKind::NotFound, format!("no device named {name:?}")));
+        }
+        if let Some(id) = served {
+            self.ublk_del(id)?;
+        }
+        let mut g = self.cfg_lock();
+        let Some(c) = g.as_mut() else { return Ok(()) };
+        c.cfg.ublk.retain(|e| e.label() != name);
+        c.failed.remove(name);
+        if c.persist {
+            c.cfg.save(&c.file).map_err(|se| {
+                Error::new(
+                    se.kind,
+                    format!("{name:?} is deleted, but the configuration was not saved: {se}; it comes back at the next start"),
+                )
+            })?;
+            tracing::info!(device = %name, file = %c.file.display(), "configured device deleted and saved");
+        }
+        Ok(())
+    }
+
+    /// SIGHUP: reads the configuration file again and brings up the devices it lists that
+    /// are not served (new ones, and those that failed). A served device the file no
+    /// longer lists, or lists changed, goes on as it is (logged): nothing is deleted by an
+    /// edit; `ublk_del` deletes. A file that does not read or check changes nothing.
+    pub fn reload(&self) -> Result<String> {
+        let file = match self.cfg_lock().as_ref() {
+            Some(c) => c.file.clone(),
+            None => return Err(invalid("started without --config: nothing to re-read")),
+        };
+        let next = HostConfig::load(&file)?;
+        {
+            let mut g = self.cfg_lock();
+            let Some(c) = g.as_mut() else { return Err(invalid("no configuration")) };
+            let mut d = self.lock();
+            for s in d.values_mut() {
+                let Some(l) = s.label.clone() else { continue };
+                match (next.find(&l), c.cfg.find(&l)) {
+                    (None, _) => {
+                        tracing::warn!(device = %l, "no longer in {}; {} goes on being served (`qpath ublk del` deletes it)", file.display(), s.dev.path());
+                        s.label = None;
+                    }
+                    (Some(n), Some(was)) if n != was => {
+                        tracing::warn!(device = %l, "changed in {}; {} goes on as it was made until it is deleted and added again", file.display(), s.dev.path());
+                    }
+                    _ => {}
+                }
+            }
+            c.failed.retain(|l, _| next.find(l).is_some());
+            c.cfg = next;
+        }
+        let results = self.start_configured();
+        let failed = results.iter().filter(|(_, r)| r.is_err()).count();
+        for (l, r) in &results {
+            if let Err(why) = r {
+                tracing::warn!(device = %l, "configured device not created: {why}");
+            }
+        }
+        Ok(format!("{} configured device(s), {} not created", results.len(), failed))
+    }
+
+    /// For `systemctl status`: "serving 2 ublk device(s); 1 configured device not created".
+    pub fn status(&self) -> String {
+        let failed = self.cfg_lock().as_ref().map_or(0, |c| c.failed.len());
+        let served = self.lock().len();
+        let mut s = format!("serving {served} ublk device(s)");
+        if failed > 0 {
+            s += &format!("; {failed} configured device(s) not created (qpath ublk list)");
+        }
+        s
     }
 
     /// Takes over every device in the state directory whose server died; devices gone
@@ -162,7 +472,7 @@ impl Service {
         match made {
             Ok(dev) => {
                 let path = dev.path();
-                self.lock().insert(st.dev_id, Served { dev, ctrls, spec: st.spec.clone() });
+                self.lock().insert(st.dev_id, Served { dev, ctrls, spec: st.spec.clone(), label: None });
                 Ok(path)
             }
             Err(e) => {
@@ -196,6 +506,7 @@ impl Service {
     pub fn ublk_list(&self) -> Result<Value> {
         self.reap();
         let kernel = list_devices()?;
+        let c = self.cfg_lock();
         let g = self.lock();
         let mut out = Vec::new();
         for k in kernel {
@@ -204,6 +515,10 @@ impl Service {
                 && let Some(m) = v.as_object_mut()
             {
                 m.insert("served_here".into(), json!(true));
+                if let Some(l) = &s.label {
+                    m.insert("name".into(), json!(l));
+                    m.insert("configured".into(), json!(true));
+                }
                 m.insert("subnqn".into(), json!(s.spec.subnqn));
                 m.insert("nsid".into(), json!(s.spec.nsid));
                 m.insert("paths".into(), json!(s.spec.paths));
@@ -238,20 +553,58 @@ impl Service {
             }
             out.push(v);
         }
+        // Configured devices that are not served: what they are and why not.
+        if let Some(c) = c.as_ref() {
+            for e in &c.cfg.ublk {
+                let label = e.label();
+                if g.values().any(|s| s.label.as_deref() == Some(label.as_str())) {
+                    continue;
+                }
+                let f = c.failed.get(&label);
+                out.push(json!({
+                    "name": label,
+                    "configured": true,
+                    "state": "not created",
+                    "error": f.map_or("not tried yet", |f| f.reason.as_str()),
+                    "retrying": f.is_some_and(|f| f.retry.is_some()),
+                    "attempts": f.map_or(0, |f| f.attempts),
+                    "dev_id": e.opts.dev_id,
+                    "subnqn": e.spec.subnqn,
+                    "nsid": e.spec.nsid,
+                    "paths": e.spec.paths,
+                }));
+            }
+        }
         Ok(Value::Array(out))
     }
 
     /// Forgets devices whose queues ended (deleted by someone else): their controllers
     /// are disconnected and their state files removed.
     pub fn reap(&self) {
-        let mut g = self.lock();
-        let ended: Vec<u32> = g.iter().filter(|(_, s)| s.dev.ended()).map(|(id, _)| *id).collect();
-        for id in ended {
-            if let Some(s) = g.remove(&id) {
-                tracing::info!(dev_id = id, "ublk device stopped from outside; forgetting it");
-                drop(s.dev);
-                disconnect(&s.ctrls);
-                remove_state(&self.state_dir, id);
+        let mut labels = Vec::new();
+        {
+            let mut g = self.lock();
+            let ended: Vec<u32> = g.iter().filter(|(_, s)| s.dev.ended()).map(|(id, _)| *id).collect();
+            for id in ended {
+                if let Some(s) = g.remove(&id) {
+                    tracing::info!(dev_id = id, "ublk device stopped from outside; forgetting it");
+                    drop(s.dev);
+                    disconnect(&s.ctrls);
+                    remove_state(&self.state_dir, id);
+                    labels.extend(s.label);
+                }
+            }
+        }
+        if labels.is_empty() {
+            return;
+        }
+        // A configured device stays configured: shown as not served, created again at the
+        // next start or SIGHUP, until `ublk_del name=...` removes it.
+        if let Some(c) = self.cfg_lock().as_mut() {
+            for l in labels {
+                let reason = "deleted from outside this qpath host (SIGHUP creates it again; ublk_del name=... \
+                              removes it from the configuration)";
+                c.failed.insert(l, Failed { reason: reason.into(), retry: None, attempts: 0 });
             }
         }
     }
@@ -280,6 +633,31 @@ impl Service {
     pub fn served(&self) -> Vec<u32> {
         self.lock().keys().copied().collect()
     }
+}
+
+/// Keeps why a configured device was not created; a failure to connect its paths (the
+/// target unreachable) is tried again as its controllers would reconnect.
+fn note_failure(c: &mut Configured, e: &UblkEntry, err: &Error) {
+    let label = e.label();
+    let now = Instant::now();
+    let before = c.failed.get(&label);
+    let until_before = before.and_then(|f| f.retry.as_ref()).map(|r| r.until);
+    let attempts = before.map_or(0, |f| f.attempts) + 1;
+    let same = before.is_some_and(|f| f.reason == err.to_string());
+    let retry = (err.kind == ErrorKind::Host).then(|| {
+        let every = Duration::from_secs(e.spec.reconnect_delay.max(1));
+        // The deadline counts from the first failure.
+        let until = until_before
+            .unwrap_or_else(|| u64::try_from(e.spec.ctrl_loss_tmo).ok().map(|s| now + Duration::from_secs(s)));
+        Retry { next: now + every, every, until }
+    });
+    // Once per reason: a device retried for ever would otherwise fill the log.
+    if same {
+        tracing::debug!(device = %label, attempts, "configured device still not created: {err}");
+    } else {
+        tracing::warn!(device = %label, retrying = retry.is_some(), "configured device not created: {err}");
+    }
+    c.failed.insert(label, Failed { reason: err.to_string(), retry, attempts });
 }
 
 /// A device is taken over only while its namespace is the one it was made for: after the
@@ -339,6 +717,39 @@ pub(crate) fn invalid(what: impl Into<String>) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A configured device whose paths do not connect is tried again every
+    /// `reconnect_delay` until `ctrl_loss_tmo` has passed since its first failure, then
+    /// given up (until a SIGHUP); with `ctrl_loss_tmo = -1`, never given up.
+    #[test]
+    fn a_configured_device_is_retried_until_ctrl_loss_tmo_then_given_up() {
+        let dir = std::env::temp_dir().join(format!("qpath-service-retry-{}", std::process::id()));
+        let svc = Service::new(dir.clone());
+        let mut cfg = HostConfig::default();
+        for (name, tmo) in [("brief", 1), ("forever", -1)] {
+            // Port 9 (discard) listens nowhere here.
+            let mut spec = HeadSpec::new(vec!["127.0.0.1:9".into()], "nqn.x:y");
+            spec.reconnect_delay = 1;
+            spec.ctrl_loss_tmo = tmo;
+            cfg.ublk.push(UblkEntry::new(Some(name.into()), spec, AddOptions::default()));
+        }
+        svc.set_config(dir.join("host.toml"), false, cfg);
+        let started = svc.start_configured();
+        assert!(started.iter().all(|(_, r)| r.as_ref().is_err_and(|e| e.contains("127.0.0.1:9"))), "{started:?}");
+        let retrying = |name: &str| svc.cfg_lock().as_ref().unwrap().failed[name].retry.is_some();
+        let attempts = |name: &str| svc.cfg_lock().as_ref().unwrap().failed[name].attempts;
+        assert!(retrying("brief") && retrying("forever"));
+        std::thread::sleep(Duration::from_millis(1100));
+        svc.retry_due();
+        // Due at 1 s, with brief's 1 s deadline passed too: given up, not tried.
+        assert!(!retrying("brief") && attempts("brief") == 1);
+        assert!(retrying("forever") && attempts("forever") == 2);
+        std::thread::sleep(Duration::from_millis(1100));
+        svc.retry_due();
+        assert_eq!((attempts("brief"), attempts("forever")), (1, 3));
+        assert!(svc.status().contains("2 configured device(s) not created"), "{}", svc.status());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_device_is_taken_over_only_while_its_namespace_is_the_one_it_was_made_for() {

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use blockdev::host_config::HostConfig;
 use blockdev::rpc::{RpcServer, call_socket};
 use blockdev::service::{AddOptions, Service, default_state_dir};
 use blockdev::ublk::device::{DEPTH_DEFAULT, delete_device, list_devices};
 use serde_json::{Value, json};
 
 use crate::head_args::HeadArgs;
+use crate::sd_notify::{self, Notifier};
 
 /// How long an RPC to `qpath host` may take (ublk_add connects and starts a device).
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -25,6 +27,24 @@ pub fn default_host_socket() -> PathBuf {
     }
     let dir = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
     dir.join("qpath-host.sock")
+}
+
+/// The control socket of the packaged service (`qpath-host.service`,
+/// `RuntimeDirectory=qpath-host`).
+pub const SERVICE_HOST_SOCKET: &str = "/run/qpath-host/qpath-host.sock";
+
+/// The socket `qpath ublk` talks to when none is given: the default
+/// ([`default_host_socket`]) when it exists, else the service's when that exists, else the
+/// default (whose absence the error names).
+fn client_host_socket() -> PathBuf {
+    let own = default_host_socket();
+    if std::env::var_os("QPATH_HOST_SOCKET").is_none()
+        && !own.exists()
+        && std::path::Path::new(SERVICE_HOST_SOCKET).exists()
+    {
+        return SERVICE_HOST_SOCKET.into();
+    }
+    own
 }
 
 /// `qpath ublk`.
@@ -51,6 +71,10 @@ struct AddArgs {
     /// Device number (/dev/ublkbN); the kernel picks the first free one by default.
     #[arg(long = "id")]
     dev_id: Option<u32>,
+    /// A name for the device (letters, digits, '.', '_', '-', ':'): how a `qpath host
+    /// --config` names it in its file, its log and `qpath ublk del --name`.
+    #[arg(long, conflicts_with = "foreground")]
+    name: Option<String>,
     /// Queues: each is one thread with its own completion context and I/O queue per path.
     #[arg(long, default_value_t = 1)]
     queues: u16,
@@ -79,8 +103,12 @@ struct AddArgs {
 #[derive(clap::Args, Debug)]
 struct DelArgs {
     /// Device number (/dev/ublkbN).
-    #[arg(short = 'n', long = "id")]
-    dev_id: u32,
+    #[arg(short = 'n', long = "id", required_unless_present = "name", conflicts_with = "name")]
+    dev_id: Option<u32>,
+    /// The name of a device a `qpath host --config` serves (or failed to create): it is
+    /// deleted and taken out of the configuration.
+    #[arg(long)]
+    name: Option<String>,
     /// Control socket of the `qpath host` serving it (used when one answers there).
     #[arg(long)]
     rpc_socket: Option<PathBuf>,
@@ -102,7 +130,23 @@ struct ListArgs {
 
 /// `qpath host`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = HOST_AFTER_HELP)]
 pub struct HostArgs {
+    /// TOML file of the ublk devices to serve: one [[ublk]] table each, with the keys of
+    /// `ublk_add` (paths, subnqn, nsid, id, name, queues, ...). At start each is taken over
+    /// if a previous qpath host left it, else created; one that cannot be created is
+    /// logged and listed (qpath ublk list) with the reason, and the others are served.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Save the --config file after every `ublk add` / `ublk del` (RPC ublk_add,
+    /// ublk_del), before it answers: atomically, the previous file kept as FILE.bak.
+    /// Without it the file is only read.
+    #[arg(long, requires = "config")]
+    persist: bool,
+    /// Check the --config file and print the devices it would serve, then exit: nothing
+    /// is connected, created or locked.
+    #[arg(long, requires = "config")]
+    check: bool,
     /// Control socket (default: $QPATH_HOST_SOCKET, else $XDG_RUNTIME_DIR/qpath-host.sock,
     /// else /tmp/qpath-host.sock).
     #[arg(long)]
@@ -118,6 +162,17 @@ pub struct HostArgs {
     #[arg(long)]
     delete_on_exit: bool,
 }
+
+const HOST_AFTER_HELP: &str = "\
+Signals: SIGINT and SIGTERM stop serving and leave the devices to the next qpath host
+(--delete-on-exit deletes them). SIGHUP re-reads the --config file and creates the devices
+it lists that are not served (new ones, and those that failed); a device no longer listed
+goes on being served (`qpath ublk del` deletes it): an edit never deletes a device.
+
+A configured device whose paths did not connect is tried again every reconnect_delay
+seconds until ctrl_loss_tmo passes (for ever with ctrl_loss_tmo = -1); any other failure
+(no ublk driver, no such namespace) is tried again at the next start or SIGHUP. Under
+--persist a device `ublk add` could not create stays in the file until `ublk del --name`.";
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
@@ -146,9 +201,12 @@ fn add(a: AddArgs) -> R {
         read_only: a.read_only,
     };
     if !a.foreground {
-        let sock = a.rpc_socket.clone().unwrap_or_else(default_host_socket);
+        let sock = a.rpc_socket.clone().unwrap_or_else(client_host_socket);
         let mut params = serde_json::to_value(&spec)?;
         if let Some(m) = params.as_object_mut() {
+            if let Some(n) = &a.name {
+                m.insert("name".into(), json!(n));
+            }
             m.insert("queues".into(), json!(opts.queues));
             m.insert("depth".into(), json!(opts.depth));
             m.insert("max_transfer".into(), json!(opts.max_transfer));
@@ -190,13 +248,26 @@ fn add(a: AddArgs) -> R {
 }
 
 fn del(a: &DelArgs) -> R {
-    let sock = a.rpc_socket.clone().unwrap_or_else(default_host_socket);
-    if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-        call_socket(&sock, "ublk_del", &json!({"dev_id": a.dev_id}), CALL_TIMEOUT)?;
-    } else {
-        delete_device(a.dev_id)?;
+    let sock = a.rpc_socket.clone().unwrap_or_else(client_host_socket);
+    let answers = std::os::unix::net::UnixStream::connect(&sock).is_ok();
+    match (&a.name, a.dev_id) {
+        (Some(name), _) => {
+            if !answers {
+                return Err(format!("no qpath host answers on {}: a name is that host's", sock.display()).into());
+            }
+            call_socket(&sock, "ublk_del", &json!({"name": name}), CALL_TIMEOUT)?;
+            println!("deleted {name:?}");
+        }
+        (None, Some(id)) => {
+            if answers {
+                call_socket(&sock, "ublk_del", &json!({"dev_id": id}), CALL_TIMEOUT)?;
+            } else {
+                delete_device(id)?;
+            }
+            println!("deleted /dev/ublkb{id}");
+        }
+        (None, None) => return Err("give --id or --name".into()),
     }
-    println!("deleted /dev/ublkb{}", a.dev_id);
     Ok(())
 }
 
@@ -206,7 +277,7 @@ fn list(a: &ListArgs) -> R {
     } else if let Some(sock) = &a.rpc_socket {
         call_socket(sock, "ublk_list", &json!({}), CALL_TIMEOUT)?
     } else {
-        match call_socket(&default_host_socket(), "ublk_list", &json!({}), CALL_TIMEOUT) {
+        match call_socket(&client_host_socket(), "ublk_list", &json!({}), CALL_TIMEOUT) {
             Ok(v) => v,
             Err(_) => serde_json::to_value(list_devices()?)?,
         }
@@ -220,6 +291,18 @@ fn list(a: &ListArgs) -> R {
         "device", "state", "pid", "queues", "depth", "bytes", "block"
     );
     for d in v.as_array().map_or(&[][..], Vec::as_slice) {
+        if d["state"] == "not created" {
+            println!(
+                "{:<14} {:<9}  {} nsid {} via {}: {}",
+                d["name"].as_str().unwrap_or("?"),
+                "none",
+                d["subnqn"].as_str().unwrap_or("?"),
+                d["nsid"],
+                d["paths"],
+                d["error"].as_str().unwrap_or("?")
+            );
+            continue;
+        }
         let ns = match d.get("subnqn") {
             Some(n) => format!("{} nsid {} via {}", n.as_str().unwrap_or("?"), d["nsid"], d["paths"]),
             None => String::new(),
@@ -239,10 +322,22 @@ fn list(a: &ListArgs) -> R {
 }
 
 pub fn host(a: HostArgs) -> R {
+    let cfg = match &a.config {
+        Some(p) => Some(HostConfig::load(p)?),
+        None => None,
+    };
+    if a.check {
+        return check(a.config.as_deref(), cfg.as_ref());
+    }
     let stop = stop_on_signals()?;
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
     let state_dir = a.state_dir.clone().unwrap_or_else(default_state_dir);
     let _one_host = blockdev::ublk::lock_state_dir(&state_dir)?;
     let svc = Service::new(state_dir.clone());
+    if let (Some(file), Some(cfg)) = (&a.config, cfg) {
+        svc.set_config(file.clone(), a.persist, cfg);
+    }
     if !a.no_recover {
         for (id, r) in svc.recover_all() {
             match r {
@@ -251,12 +346,49 @@ pub fn host(a: HostArgs) -> R {
             }
         }
     }
+    for (name, r) in svc.start_configured() {
+        match r {
+            Ok(path) => println!("{name}: {path}"),
+            Err(why) => eprintln!("qpath host: configured device {name:?} not created: {why}"),
+        }
+    }
     let sock = a.rpc_socket.clone().unwrap_or_else(default_host_socket);
     let rpc = RpcServer::start(&sock, Arc::clone(&svc))?;
     println!("qpath host: control socket {}, state in {}", sock.display(), state_dir.display());
+    if a.persist
+        && let Some(f) = &a.config
+    {
+        println!("persisting every ublk add and del to {}", f.display());
+    }
+    // Under systemd (Type=notify): ready once the control socket answers and every
+    // configured device was tried.
+    let notifier = Notifier::from_env();
+    let notify = |state: &str| {
+        if let Some(n) = &notifier {
+            n.notify(state);
+        }
+    };
+    notify(&format!("READY=1\n{}", sd_notify::status(&svc.status())));
+    let mut shown = svc.status();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
+        if hup.swap(false, Ordering::Relaxed) {
+            notify("RELOADING=1");
+            match svc.reload() {
+                Ok(r) => eprintln!("qpath host: configuration reloaded: {r}"),
+                Err(e) => eprintln!("qpath host: configuration not reloaded, nothing changed: {e}"),
+            }
+            shown = svc.status();
+            notify(&format!("READY=1\n{}", sd_notify::status(&shown)));
+        }
+        svc.retry_due();
+        let now = svc.status();
+        if now != shown {
+            notify(&sd_notify::status(&now));
+            shown = now;
+        }
     }
+    notify(&format!("STOPPING=1\n{}", sd_notify::status("shutting down")));
     rpc.stop();
     if a.delete_on_exit {
         svc.delete_all();
@@ -267,5 +399,35 @@ pub fn host(a: HostArgs) -> R {
             println!("left {} ublk device(s) for the next qpath host to take over", left.len());
         }
     }
+    Ok(())
+}
+
+/// `qpath host --check`: what the file would serve.
+fn check(file: Option<&std::path::Path>, cfg: Option<&HostConfig>) -> R {
+    let (Some(file), Some(cfg)) = (file, cfg) else { return Err("--check needs --config".into()) };
+    for e in &cfg.ublk {
+        let dev =
+            e.opts.dev_id.map_or_else(|| "/dev/ublkb? (the kernel picks)".to_string(), |i| format!("/dev/ublkb{i}"));
+        println!(
+            "{}: {dev} over namespace {} of {} via {} (iopolicy {}, {} queue(s) of depth {}{}{})",
+            e.label(),
+            e.spec.nsid,
+            e.spec.subnqn,
+            e.spec.paths.join(", "),
+            e.spec.iopolicy,
+            e.opts.queues,
+            e.opts.depth,
+            if e.opts.read_only { ", read-only" } else { "" },
+            if e.spec.ctrl_loss_tmo < 0 { ", reconnects for ever" } else { "" },
+        );
+        for f in
+            [&e.spec.dhchap_secret_file, &e.spec.dhchap_ctrl_secret_file, &e.spec.tls_key_file].into_iter().flatten()
+        {
+            if let Err(err) = std::fs::metadata(f) {
+                println!("  warning: {}: {err}", f.display());
+            }
+        }
+    }
+    println!("{}: configuration OK, {} device(s); nothing was started", file.display(), cfg.ublk.len());
     Ok(())
 }

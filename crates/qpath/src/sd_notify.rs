@@ -1,5 +1,5 @@
-//! systemd's service notification protocol (sd_notify(3)), for `qpath target` run as a
-//! `Type=notify` service: one datagram of newline-separated `KEY=VALUE` lines to the Unix
+//! systemd's service notification protocol (sd_notify(3)), for `qpath target` and `qpath
+//! host` run as `Type=notify` services: one datagram of newline-separated `KEY=VALUE` lines to the Unix
 //! socket systemd names in `$NOTIFY_SOCKET` (a path, or an abstract name written with a
 //! leading `@`). Without that variable (not under systemd) every call does nothing.
 //!

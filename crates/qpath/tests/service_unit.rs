@@ -1,4 +1,5 @@
-//! The systemd unit the package installs (`packaging/qpath-target.service`), checked by
+//! The systemd units the package installs (`packaging/qpath-target.service`,
+//! `packaging/qpath-host.service`), checked by
 //! systemd's own tools: `systemd-analyze verify` accepts it (with its ExecStart pointed at
 //! the binary under test and its Documentation= at the pages `qpath man` writes), every
 //! option its command line uses exists, and `systemd-analyze security` rates its sandbox.
@@ -10,6 +11,7 @@ mod target_process;
 use target_process::{CALL_WITHIN, Dir, qpath, run};
 
 const UNIT: &str = include_str!("../../../packaging/qpath-target.service");
+const HOST_UNIT: &str = include_str!("../../../packaging/qpath-host.service");
 
 fn systemd_analyze() -> Option<std::process::Command> {
     let ok = std::process::Command::new("systemd-analyze").arg("--version").output().is_ok_and(|o| o.status.success());
@@ -24,7 +26,12 @@ fn unit_for(bin: &str) -> String {
 
 /// The value of `Key=` in the unit (the last one).
 fn setting<'a>(key: &str) -> &'a str {
-    UNIT.lines()
+    setting_in(UNIT, key)
+}
+
+/// The value of `Key=` in `unit` (the last one).
+fn setting_in<'a>(unit: &'a str, key: &str) -> &'a str {
+    unit.lines()
         .filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
         .next_back()
         .unwrap_or_else(|| panic!("the unit has no {key}="))
@@ -151,4 +158,83 @@ fn the_system_call_filter_lets_io_uring_through() {
     ] {
         assert!(names.iter().any(|n| n == needed), "SystemCallFilter= does not allow {needed}");
     }
+}
+
+#[test]
+fn systemd_analyze_verify_accepts_the_host_unit() {
+    let Some(mut verify) = systemd_analyze() else {
+        println!("SKIP: systemd-analyze is not installed (apt-get install systemd)");
+        return;
+    };
+    let dir = Dir::new("service-unit-verify-host");
+    let unit = dir.path("qpath-host.service");
+    std::fs::write(&unit, HOST_UNIT.replace("/usr/bin/qpath", env!("CARGO_BIN_EXE_qpath"))).unwrap();
+    let man = dir.path("man");
+    let (ok, _, err) = qpath(&["man", man.join("man1").to_str().unwrap()], CALL_WITHIN);
+    assert!(ok, "qpath man: {err}");
+    verify.env("MANPATH", &man).arg("verify").arg("--man=yes").arg(&unit);
+    let (ok, out, err) = run(verify, CALL_WITHIN);
+    assert!(ok, "systemd-analyze verify refused the unit:\n{out}{err}");
+    let complaints: Vec<&str> = err.lines().chain(out.lines()).filter(|l| l.contains("qpath-host.service")).collect();
+    assert!(complaints.is_empty(), "systemd-analyze verify complained:\n{}", complaints.join("\n"));
+}
+
+/// The host's unit runs `qpath host` with options it accepts, on the shipped (empty)
+/// host.toml, in a runtime directory of its own: not the target's /run/qpath, which
+/// systemd removes whenever qpath-target stops.
+#[test]
+fn the_command_line_of_the_host_unit_is_one_qpath_host_accepts() {
+    let exec = setting_in(HOST_UNIT, "ExecStart");
+    let args: Vec<&str> = exec.split_whitespace().skip(1).filter(|a| !a.starts_with('$')).collect();
+    assert_eq!(args[0], "host");
+    let dir = Dir::new("service-unit-host-args");
+    let cfg = dir.path("host.toml");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/host.toml"), &cfg).unwrap();
+    let runtime = setting_in(HOST_UNIT, "RuntimeDirectory");
+    assert_ne!(runtime, setting("RuntimeDirectory"), "the host's runtime directory is not the target's");
+    assert_eq!(setting_in(HOST_UNIT, "RuntimeDirectoryPreserve"), "yes", "state files outlive a stop");
+    let mut a: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(&x) = it.next() {
+        match x {
+            "--config" => {
+                it.next();
+                a.extend(["--config".into(), cfg.display().to_string()]);
+            }
+            "--rpc-socket" | "--state-dir" => {
+                let p = it.next().unwrap();
+                assert!(p.starts_with(&format!("/run/{runtime}")), "{x} {p}: in RuntimeDirectory=");
+                a.extend([x.to_string(), dir.path("run").display().to_string()]);
+            }
+            other => a.push(other.to_string()),
+        }
+    }
+    a.push("--check".into());
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    let (ok, out, err) = qpath(&refs, CALL_WITHIN);
+    assert!(ok, "qpath {refs:?}:\n{out}{err}");
+    assert!(out.contains("configuration OK, 0 device(s)"), "the shipped host.toml serves nothing: {out}");
+    assert!(a.iter().any(|x| x == "--persist"));
+    assert_eq!(setting_in(HOST_UNIT, "Type"), "notify", "READY=1 is sent (see cli_ublk.rs)");
+    assert_eq!(setting_in(HOST_UNIT, "CapabilityBoundingSet"), "CAP_SYS_ADMIN", "ublk_drv's control commands");
+    for allow in ["DeviceAllow=/dev/ublk-control rw", "DeviceAllow=char-ublk-char rw"] {
+        assert!(HOST_UNIT.lines().any(|l| l == allow), "{allow}");
+    }
+}
+
+#[test]
+fn systemd_analyze_security_rates_the_host_sandbox_ok() {
+    let Some(mut security) = systemd_analyze() else {
+        println!("SKIP: systemd-analyze is not installed (apt-get install systemd)");
+        return;
+    };
+    let dir = Dir::new("service-unit-security-host");
+    let unit = dir.path("qpath-host.service");
+    std::fs::write(&unit, HOST_UNIT).unwrap();
+    // 2.5 ("OK"): the target's 2.3 plus CAP_SYS_ADMIN, which ublk_drv needs.
+    security.arg("security").arg("--offline=yes").arg("--threshold=25").arg("--no-pager").arg(&unit);
+    let (ok, out, err) = run(security, CALL_WITHIN);
+    let overall = out.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("no overall exposure level");
+    println!("{overall}");
+    assert!(ok, "systemd-analyze security rates the host's unit above 2.5:\n{out}{err}");
 }

@@ -1,8 +1,9 @@
 #!/bin/sh
 # ublk scenario, guest side: `qpath host` in the guest serves /dev/ublkb0 over both paths of
 # `qpath target` on the host (netns vmlab); a file system, fstrim, fio verify under path
-# flaps, the namespace grown and shrunk under the device, a target kill -9 + restart, and a
-# kill -9 + restart of qpath itself (user recovery).
+# flaps, the namespace grown and shrunk under the device, a target kill -9 + restart, a
+# kill -9 + restart of qpath itself (user recovery), and a device that `qpath host --config
+# --persist` brings back after a "reboot".
 # Settings: UBLK_FIO_RUNTIME (s, per fio phase); UBLK_SIZE, UBLK_GROWN (the namespace's bytes
 # before and after the grow).
 . /vmlab/qpath-lib.sh
@@ -276,5 +277,41 @@ $Q ublk del --rpc-socket $SOCK -n 0 && pass "qpath ublk del -n 0" || fail "ublk 
 wait_until 10 sh -c '! [ -b /dev/ublkb0 ]' && pass "/dev/ublkb0 is gone" || fail "/dev/ublkb0 still there"
 kill -TERM $HOSTPID; wait_until 20 sh -c "! kill -0 $HOSTPID 2>/dev/null" && pass "qpath host stops on SIGTERM" || fail "qpath host did not stop"
 show_host_log $HOSTS 8
+
+step "host.toml: a device added under --persist comes back after a reboot (host kill -9, kernel device and state gone)"
+CFG=/tmp/host.toml
+: > $CFG
+start_host_cfg() {   # a qpath host serving $CFG with --persist; sets HOSTPID
+  HOSTS=$((HOSTS + 1))
+  $Q host --config $CFG --persist --rpc-socket $SOCK --state-dir $STATE > /tmp/host.$HOSTS.log 2>&1 &
+  HOSTPID=$!
+  wait_until 60 $Q ublk list --rpc-socket $SOCK > /dev/null 2>&1
+}
+start_host_cfg && pass "qpath host --config $CFG --persist answers (an empty file: no device)" \
+  || { fail "qpath host --config did not start"; show_host_log $HOSTS; finish; }
+DEV=$($Q ublk add --rpc-socket $SOCK --name boot -a "$ADDR" -s "$PORT1" -s "$PORT2" -n "$NQN" -c 1 -l -1 2>/tmp/add.boot.err)
+if [ "$DEV" = /dev/ublkb0 ] && grep -q 'name = "boot"' $CFG; then pass "ublk add --name boot: $DEV, saved to $CFG"
+else fail "ublk add --name boot: '$DEV' $(cat /tmp/add.boot.err)"; cat $CFG; show_host_log $HOSTS; fi
+dd if=/dev/urandom of=/tmp/boot.data bs=1M count=4 2>/dev/null
+dd if=/tmp/boot.data of=/dev/ublkb0 bs=1M seek=8 oflag=direct conv=fsync 2>/dev/null \
+  && pass "4 MiB of random data written at 8 MiB" || fail "write to /dev/ublkb0"
+# The "reboot": the server killed, its kernel device deleted (as a reboot loses it), /run emptied.
+kill -9 $HOSTPID; sleep 2
+$Q ublk del --rpc-socket $SOCK -n 0 && wait_until 20 sh -c '! [ -e /sys/class/ublk-char/ublkc0 ]' \
+  && pass "the kernel device deleted with no server (STOP_DEV, DEL_DEV)" || fail "deleting the orphaned /dev/ublkb0"
+rm -rf $STATE
+start_host_cfg && pass "a new qpath host --config started" || fail "qpath host --config after the reboot"
+show_host_log $HOSTS 6
+if wait_until 30 test -b /dev/ublkb0 && grep -q "boot: /dev/ublkb0" /tmp/host.$HOSTS.log; then
+  pass "host.toml brought /dev/ublkb0 back (created, not taken over: no state was left)"
+else fail "/dev/ublkb0 did not come back from $CFG"; cat $CFG; fi
+$Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | grep -q '"name":"boot"' && pass "ublk list names it boot" \
+  || fail "ublk list: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n')"
+if dd if=/dev/ublkb0 of=/tmp/boot.back bs=1M skip=8 count=4 iflag=direct 2>/dev/null && cmp -s /tmp/boot.data /tmp/boot.back; then
+  pass "the 4 MiB written before the reboot read back identical (same namespace)"
+else fail "the data written before the reboot did not read back"; fi
+$Q ublk del --rpc-socket $SOCK --name boot && ! grep -q 'name = "boot"' $CFG && pass "ublk del --name boot: deleted and out of $CFG" \
+  || fail "ublk del --name boot"
+kill -TERM $HOSTPID; wait_until 20 sh -c "! kill -0 $HOSTPID 2>/dev/null" || fail "qpath host --config did not stop"
 dmesg | grep -i ublk | tail -5
 finish
