@@ -296,6 +296,12 @@ impl Service {
                         return Err(invalid(format!("name {n:?} is a device of {}", c.file.display())));
                     }
                     drop(g);
+                    if let Some(n) = &entry.name
+                        && let Some((id, _)) = self.lock().iter().find(|(_, s)| s.label.as_deref() == Some(n.as_str()))
+                    {
+                        // `ublk del --name` must name one device.
+                        return Err(invalid(format!("name {n:?} is taken by /dev/ublkb{id}")));
+                    }
                     return self.add(spec, opts, entry.name);
                 }
             }
@@ -328,7 +334,7 @@ impl Service {
             (Err(e), Ok(())) => Err(Error::new(
                 e.kind,
                 format!(
-                    "{e}; the device stays in {file} as {label:?} and is tried again at the next start or SIGHUP                      (`qpath ublk del --name {label:?}` removes it)"
+                    "{e}; the device stays in {file} as {label:?} and is tried again at the next start or SIGHUP (`qpath ublk del --name {label:?}` removes it)"
                 ),
             )),
             (Err(e), Err(se)) => {

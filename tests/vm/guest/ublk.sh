@@ -46,6 +46,13 @@ DEV=$($Q ublk add --rpc-socket $SOCK -a "$ADDR" -s "$PORT1" -s "$PORT2" -n "$NQN
 if [ "$DEV" = /dev/ublkb0 ] && [ -b /dev/ublkb0 ]; then pass "qpath ublk add: $DEV"
 else fail "qpath ublk add: '$DEV' $(cat /tmp/add.err)"; show_host_log 1 30; finish; fi
 $Q ublk list --rpc-socket $SOCK
+# A name names one device: a second device under a name already served is refused, and
+# `ublk del --name` deletes the one it names.
+D2=$($Q ublk add --rpc-socket $SOCK --name twin -a "$ADDR" -s "$PORT1" -n "$NQN" -c 1 2>/tmp/add.twin.err)
+if [ -b "$D2" ] && ! $Q ublk add --rpc-socket $SOCK --name twin -a "$ADDR" -s "$PORT2" -n "$NQN" -c 1 2>/tmp/add.twin2.err \
+    && grep -q "is taken by $D2" /tmp/add.twin2.err && $Q ublk del --rpc-socket $SOCK --name twin && [ ! -b "$D2" ]; then
+  pass "a second device named twin refused ($(head -1 /tmp/add.twin2.err)); ublk del --name deleted $D2"
+else fail "device names: '$D2' $(cat /tmp/add.twin.err /tmp/add.twin2.err)"; fi
 Q_=/sys/block/ublkb0/queue
 echo "limits: logical=$(cat $Q_/logical_block_size) physical=$(cat $Q_/physical_block_size)" \
   "max_sectors_kb=$(cat $Q_/max_sectors_kb) discard_max=$(cat $Q_/discard_max_bytes)" \
