@@ -262,7 +262,11 @@ impl HostConfig {
                 }
                 if e.label() == o.label() {
                     let why = if e.name.is_some() {
-                        format!("name {:?} is the name of the device{} too", e.label(), on(o))
+                        if o.line > 0 {
+                            format!("name {:?} is the name of the device{} too", e.label(), on(o))
+                        } else {
+                            format!("a device named {:?} is configured already", e.label())
+                        }
                     } else {
                         format!(
                             "a second device over {}{}: give each a name (or an id)",

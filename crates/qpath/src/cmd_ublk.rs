@@ -292,15 +292,24 @@ fn list(a: &ListArgs) -> R {
     );
     for d in v.as_array().map_or(&[][..], Vec::as_slice) {
         if d["state"] == "not created" {
+            // Configured, not created: the columns of a device it does not have stay empty,
+            // and why it is not there goes on a line of its own.
             println!(
-                "{:<14} {:<9}  {} nsid {} via {}: {}",
+                "{:<14} {:<9} {:>7} {:>6} {:>5} {:>14} {:>6}  {} nsid {} via {}",
                 d["name"].as_str().unwrap_or("?"),
-                "none",
+                if d["retrying"] == true { "retrying" } else { "failed" },
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
                 d["subnqn"].as_str().unwrap_or("?"),
                 d["nsid"],
-                d["paths"],
-                d["error"].as_str().unwrap_or("?")
+                d["paths"]
             );
+            let tries = d["attempts"].as_u64().unwrap_or(0);
+            let word = if tries == 1 { "attempt" } else { "attempts" };
+            println!("{:<14} not created after {tries} {word}: {}", "", d["error"].as_str().unwrap_or("?"));
             continue;
         }
         let ns = match d.get("subnqn") {

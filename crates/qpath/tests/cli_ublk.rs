@@ -308,9 +308,11 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
     // The same device again (same name) is refused, naming why.
     let (ok, out) =
         qpath(&["ublk", "add", "--rpc-socket", s, "--name", "web", "-a", "127.0.0.1", "-s", "9", "-n", NQN]);
-    assert!(!ok && out.contains("name \"web\" is the name of the device"), "{out}");
+    assert!(!ok && out.contains("a device named \"web\" is configured already"), "{out}");
     let (ok, out) = qpath(&["ublk", "list", "--rpc-socket", s]);
     assert!(ok && out.contains("db ") && out.contains("web "), "{out}");
+    // A configured device that is not there says so on a line of its own, with its tries.
+    assert!(out.lines().any(|l| l.trim_start().starts_with("not created after ")), "{out}");
     let log = host.log();
     assert!(!log.contains("ia6zGodOr4"), "a secret in the log");
 
