@@ -26,9 +26,8 @@
 //!   directory), as `qpath target --persist` saves its own.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 use serde_json::{Map, Value, json};
 
@@ -309,7 +308,7 @@ impl HostConfig {
             "# Written by qpath {} (qpath host --persist) at {}: the ublk devices it serves, one\n\
              # [[ublk]] table each. Secrets are never written here, only the files that hold them.\n\n{body}",
             env!("CARGO_PKG_VERSION"),
-            utc_now()
+            uring::file::utc_rfc3339(std::time::SystemTime::now())
         ))
     }
 
@@ -318,93 +317,18 @@ impl HostConfig {
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = self.to_toml()?;
         let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
-        write_atomically(path, &text, mode)
-            .map_err(|e| Error::new(e.kind, format!("save the configuration to {}: {}", path.display(), e.context)))
+        uring::file::write_atomically(path, &text, mode).map(drop).map_err(|e| {
+            let kind =
+                if e.source.kind() == std::io::ErrorKind::InvalidInput { ErrorKind::Invalid } else { ErrorKind::Io };
+            Error::new(kind, format!("save the configuration to {}: {e}", path.display()))
+        })
     }
-}
-
-/// The time now in UTC, as RFC 3339 ("2026-11-27T01:02:03Z").
-fn utc_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's `civil_from_days`).
-    let z = i64::try_from(days).unwrap_or(0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
-/// Writes `text` to `path` atomically with `mode`: a new file beside it, fsync, the
-/// previous file kept as `path.bak` (a hard link, else a copy), rename over the old one,
-/// fsync of the directory. A crash leaves the old file or the new one whole. A symbolic
-/// link stays one: the file it names is replaced.
-pub fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<()> {
-    let resolved;
-    let path = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => {
-            resolved = std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), &e))?;
-            resolved.as_path()
-        }
-        _ => path,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| config_error(format!("{}: not a file name", path.display())))?
-        .to_string_lossy()
-        .into_owned();
-    let tmp = dir.join(format!(".{name}.new-{}", std::process::id()));
-    let bak = dir.join(format!("{name}.bak"));
-    let _ = std::fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(|e| Error::io(format!("create {}", tmp.display()), &e))?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))
-            .and_then(|()| f.write_all(text.as_bytes()))
-            .and_then(|()| f.sync_all())
-            .map_err(|e| Error::io(format!("write {}", tmp.display()), &e))?;
-        drop(f);
-        if path.exists() {
-            match std::fs::remove_file(&bak) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(Error::io(format!("remove the old {}", bak.display()), &e));
-                }
-                _ => {}
-            }
-            if std::fs::hard_link(path, &bak).is_err() {
-                std::fs::copy(path, &bak)
-                    .and_then(|_| std::fs::File::open(&bak)?.sync_all())
-                    .map_err(|e| Error::io(format!("copy {} to {}", path.display(), bak.display()), &e))?;
-            }
-        }
-        std::fs::rename(&tmp, path)
-            .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), path.display()), &e))
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(format!("fsync directory {}", dir.display()), &e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     const NQN: &str = "nqn.2026-11.io.qpath:default";
 

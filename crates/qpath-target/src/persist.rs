@@ -25,8 +25,7 @@
 //!   that does not parse or check changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -253,7 +252,7 @@ pub fn to_toml(c: &Config) -> Result<String, Error> {
     let mut text = format!(
         "# Written by qpath {} at {} from the running target (save_config).\n",
         env!("CARGO_PKG_VERSION"),
-        utc_now()
+        uring::file::utc_rfc3339(std::time::SystemTime::now())
     );
     if has_inline_secrets(c) {
         text += "# It holds DH-HMAC-CHAP secrets: keep it mode 0600.\n";
@@ -261,93 +260,6 @@ pub fn to_toml(c: &Config) -> Result<String, Error> {
     text += "\n";
     text += &body;
     Ok(text)
-}
-
-/// The time now in UTC, as RFC 3339 ("2026-11-27T01:02:03Z").
-fn utc_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's `civil_from_days`).
-    let z = i64::try_from(days).unwrap_or(0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
-/// Writes `text` to `path` atomically with `mode`: a new file beside it, fsync, the
-/// previous file kept as `path.bak`, rename over the old one, fsync of the directory.
-/// When it fails, `path` and `path.bak` are as they were (a stale `.bak` may have been
-/// replaced by a link to the current file, which holds the same bytes).
-pub fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<Option<PathBuf>, Error> {
-    // A link (/etc/qpath/target.toml -> /srv/...) stays a link: the file it names is replaced.
-    let resolved;
-    let path = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => {
-            resolved = std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), e))?;
-            resolved.as_path()
-        }
-        _ => path,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::new(ErrorKind::Config, format!("{}: not a file name", path.display())))?
-        .to_string_lossy()
-        .into_owned();
-    let tmp = dir.join(format!(".{name}.new-{}", std::process::id()));
-    let bak = dir.join(format!("{name}.bak"));
-    let io = |what: String| move |e: std::io::Error| Error::io(what, e);
-    // A leftover of a save that died half-way (same process id after a restart).
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io(format!("create {}", tmp.display())))?;
-    let written = (|| {
-        // The umask may have taken bits away; never adds any.
-        f.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(io(format!("chmod {}", tmp.display())))?;
-        f.write_all(text.as_bytes()).map_err(io(format!("write {}", tmp.display())))?;
-        f.sync_all().map_err(io(format!("fsync {}", tmp.display())))?;
-        drop(f);
-        let backup = if path.exists() {
-            match std::fs::remove_file(&bak) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(Error::io(format!("remove the old {}", bak.display()), e));
-                }
-                _ => {}
-            }
-            if std::fs::hard_link(path, &bak).is_err() {
-                // A file system without hard links: a copy (it keeps the mode), made durable.
-                std::fs::copy(path, &bak).map_err(io(format!("copy {} to {}", path.display(), bak.display())))?;
-                std::fs::File::open(&bak).and_then(|b| b.sync_all()).map_err(io(format!("fsync {}", bak.display())))?;
-            }
-            Some(bak.clone())
-        } else {
-            None
-        };
-        std::fs::rename(&tmp, path).map_err(io(format!("rename {} to {}", tmp.display(), path.display())))?;
-        Ok(backup)
-    })();
-    let backup = match written {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(io(format!("fsync directory {}", dir.display())))?;
-    Ok(backup)
 }
 
 /// Saves the running configuration to `path`, or to the file the target started from.
@@ -370,8 +282,10 @@ pub fn save_locked(server: &Server, path: Option<&Path>) -> Result<Saved, Error>
     } else {
         std::fs::metadata(&path).map_or(0o644, |m| m.permissions().mode() & 0o7777)
     };
-    let backup = write_atomically(&path, &text, mode)
-        .map_err(|e| Error::new(e.kind, format!("save the configuration to {}: {}", path.display(), e.context)))?;
+    let backup = uring::file::write_atomically(&path, &text, mode).map_err(|e| {
+        let kind = if e.source.kind() == std::io::ErrorKind::InvalidInput { ErrorKind::Config } else { ErrorKind::Io };
+        Error::new(kind, format!("save the configuration to {}: {e}", path.display()))
+    })?;
     if inline_secrets {
         tracing::info!(file = %path.display(), mode = "0600", "configuration saved; it holds DH-HMAC-CHAP secrets inline, so only its owner may read it");
     } else {

@@ -105,6 +105,7 @@ pub mod alloc_count;
 mod buf;
 pub mod conn;
 mod error;
+pub mod file;
 mod mailbox;
 pub mod placement;
 mod region;

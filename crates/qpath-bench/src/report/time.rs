@@ -4,25 +4,12 @@
 //! code, which this `unsafe`-free crate does not call, so we print UTC.
 
 use std::time::{SystemTime, UNIX_EPOCH};
+use uring::file::civil_from_days;
 
 /// Seconds and milliseconds since the Unix epoch.
 pub fn epoch_secs_ms(t: SystemTime) -> (u64, u64) {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     (d.as_secs(), u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// Days since 1970-01-01 to (year, month 1-12, day 1-31); Howard Hinnant's algorithm.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, u32::try_from(m).unwrap_or(1), u32::try_from(d).unwrap_or(1))
 }
 
 /// `Www Mmm dd hh:mm:ss yyyy` without the trailing newline.
