@@ -5,8 +5,8 @@
 //! This crate owns everything between qpath's sans-IO protocol state machines and the
 //! kernel: one [`Ring`] per thread, the buffers lent to it ([`IoBuf`], [`SendMsg`]), the
 //! shared RAM-disk memory ([`SharedRegion`]), cross-thread control messages
-//! ([`Mailbox`], [`Waker`]), and thread helpers (pinning, CPU time, socket options). It
-//! knows nothing about NVMe.
+//! ([`Mailbox`], [`Waker`]), thread helpers (pinning, CPU time, socket options), and the
+//! atomic save of an operator's configuration file ([`file`]). It knows nothing about NVMe.
 //!
 //! ```text
 //!   protocol state machines (target / host)                 other threads
