@@ -14,7 +14,7 @@
 //!     out of the buffer, and the tag waits for its next request
 //! ```
 //!
-//! Memory: each tag's buffer is an [`IoBuf`] owned by the ring's op slot for as long as
+//! Memory: each tag's buffer is an [`IoBuf`](crate::IoBuf) owned by the ring's op slot for as long as
 //! its FETCH or COMMIT_AND_FETCH is in flight; the kernel copies a write's data into it
 //! before the CQE and a read's data out of it while the commit is submitted, both while
 //! the op owns it. The buffer must hold `max_io_buf_bytes` of the device: checked at
