@@ -6,7 +6,7 @@
 //! kernel: one [`Ring`] per thread, the buffers lent to it ([`IoBuf`], [`SendMsg`]), the
 //! shared RAM-disk memory ([`SharedRegion`]), cross-thread control messages
 //! ([`Mailbox`], [`Waker`]), thread helpers (pinning, CPU time, socket options), and the
-//! atomic save of an operator's configuration file ([`file`]). It knows nothing about NVMe.
+//! atomic save of an operator's configuration file ([`mod@file`]). It knows nothing about NVMe.
 //!
 //! ```text
 //!   protocol state machines (target / host)                 other threads
