@@ -166,8 +166,12 @@ pub struct QueueSetup {
 }
 
 /// How long a poll sleeps when nothing happens while NVMe commands are in flight (the
-/// context's timers, which time out, fail over and fail them, run on its turns).
-const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// context's timers, which time out, fail over and fail them, run on its turns: seconds,
+/// so a tenth of one is soon enough). Any completion ends the wait first. Its half bounds
+/// how long a turn may hold for its answers (the host context's hold follows their latency):
+/// with answers taking tens of ms (a VM under emulation), a 20 ms wait held only 10 ms and
+/// woke for the sends' completions alone before them.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
 /// How long a poll sleeps when the queue has no NVMe command in flight: the context's timers
 /// have nothing of this queue's to act on, a new request or the device's stop wakes the
 /// ring at once (a FETCH completes), and the stop flag alone is seen within this time; so
