@@ -48,6 +48,10 @@ resolve_qpath_bin() {
   fi
   [ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
   QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
+  if [ -n "${QPATH_BIN_B:-}" ]; then
+    [ -x "$QPATH_BIN_B" ] || { echo "FAIL: host: no qpath binary at QPATH_BIN_B=$QPATH_BIN_B"; exit 1; }
+    QPATH_BIN_B=$(cd "$(dirname "$QPATH_BIN_B")" && pwd)/$(basename "$QPATH_BIN_B")
+  fi
 }
 
 # begin_vm_run NAME WAIT_S: one suite run at a time on this machine (they share the netns,
@@ -234,6 +238,10 @@ guest_payload() {
   # Programs and libraries are copied with links followed (boot.sh copies with cp -a), to
   # their real directory (/lib is a link to /usr/lib on the host and in the guest).
   local progs=("$QPATH_BIN") t real n=0
+  # A second build to compare with in the same boot (ublk's syscalls step): /vmlab/qpath-b.
+  if [ -n "${QPATH_BIN_B:-}" ]; then
+    GUEST_FILES+=(--file "$QPATH_BIN_B:/vmlab/qpath-b"); progs+=("$QPATH_BIN_B")
+  fi
   mkdir -p "$pl/files"
   for t in "$@"; do
     [ -x "$t" ] || { say "guest payload: $t not on this machine (skipped)"; continue; }
