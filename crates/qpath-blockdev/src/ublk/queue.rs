@@ -184,7 +184,9 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 /// its tags are fetched (or why the queue could not start).
 pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
     let q = s.q_id;
-    let mut ctx = match Context::new(s.context.clone()) {
+    // The kernel's requests come in batches and their commits go back together: a turn
+    // waits for a batch's answers on every path rather than waking for each path's.
+    let mut ctx = match Context::new(ContextOptions { wait_every_path: true, ..s.context.clone() }) {
         Ok(c) => c,
         Err(e) => {
             let _ = ready.send(Err(format!("queue {q}: completion context: {e}")));

@@ -153,6 +153,13 @@ pub struct ContextOptions {
     /// response is the next completion anyway, and the thread is better awake for it.
     /// Linux 6.12+; `None` wakes for the send alone.
     pub send_hold: Option<Duration>,
+    /// A blocking [`Context::poll`] with answers due on several sockets waits for one
+    /// receive on each (within [`ContextOptions::send_hold`], or twice their latency when
+    /// that is longer) instead of waking for the first: one wake-up per batch spread over
+    /// several paths, for an owner that passes completions on in batches anyway (the ublk
+    /// server). Off by default: an owner that sends a new command for each completion
+    /// (qpath bench) would leave the first socket's queue idle while the turn waits.
+    pub wait_every_path: bool,
 }
 
 /// Where a device's queue-depth limit (its LUN queue depth, [`Context::open_limited`])
@@ -191,6 +198,7 @@ impl Default for ContextOptions {
             shared_tags: None,
             depth_limit_order: DepthLimitOrder::BeforeTag,
             send_hold: Some(uring::SEND_HOLD_DEFAULT),
+            wait_every_path: false,
         }
     }
 }
@@ -469,11 +477,13 @@ struct WakeNeed {
 ///
 /// - Below [`SEND_HOLD_IN_FLIGHT_MIN`] requests: no hold (at QD1 the answer is the next
 ///   completion, and holding cost a wake-up from idle).
-/// - One receive completes per socket with answers due: with several paths a batch's
+/// - With `every_path` ([`ContextOptions::wait_every_path`]), one receive completes per
+///   socket with answers due: with several paths a batch's
 ///   answers come in on several sockets, and waking for the first costs one more system
 ///   call for each of the others. A connection counts only within
 ///   [`WAIT_LATENCY_RATIO_MAX`] times the fastest's average, so a slow path (a delayed link,
-///   a busy controller) is not waited for beside a fast one.
+///   a busy controller) is not waited for beside a fast one. Without it, one completion
+///   (the first answer) besides the sends'.
 /// - The hold (io_uring's minimum wait, from the start of the wait: after it any completion
 ///   ends the wait) is twice the slowest counted connection's average, at least the
 ///   configured hold, at most half the turn's timeout and [`HOLD_MAX`]: a hold shorter than
@@ -485,6 +495,7 @@ fn wake_needs(
     conns: impl Iterator<Item = u64> + Clone,
     hold: Option<Duration>,
     timeout: Option<Duration>,
+    every_path: bool,
 ) -> WakeNeed {
     if in_flight < SEND_HOLD_IN_FLIGHT_MIN {
         return WakeNeed { completions: 0, hold: None };
@@ -492,9 +503,10 @@ fn wake_needs(
     let (Some(hold), Some(timeout)) = (hold, timeout) else { return WakeNeed { completions: 1, hold } };
     // Before its first answer a connection is taken to be as fast as the fastest.
     let fastest = conns.clone().filter(|&ns| ns > 0).min().unwrap_or(0);
-    let bound = fastest.saturating_mul(WAIT_LATENCY_RATIO_MAX);
+    // Not waiting for every path: the first answer ends the wait, the fastest's.
+    let bound = if every_path { fastest.saturating_mul(WAIT_LATENCY_RATIO_MAX) } else { fastest };
     let counted = conns.filter(|&ns| ns <= bound);
-    let due = counted.clone().count();
+    let due = if every_path { counted.clone().count() } else { 1 };
     let slowest = counted.max().unwrap_or(0);
     let follow = Duration::from_nanos(slowest.saturating_mul(2));
     let hold = follow.min(HOLD_MAX).min(timeout / 2).max(hold);
@@ -982,7 +994,8 @@ impl Context {
             let armed = self.conns.get(key).and_then(Option::as_ref).is_some_and(|c| c.ops.recv_in_flight());
             (qc.open && armed && qc.q.outstanding() > 0).then_some(qc.latency_ewma_ns)
         });
-        wake_needs(self.in_flight(), due, self.core.opts.send_hold, timeout)
+        let opts = &self.core.opts;
+        wake_needs(self.in_flight(), due, opts.send_hold, timeout, opts.wait_every_path)
     }
 
     /// Services the connections the turn touched: shallow connections' completions first
@@ -1318,9 +1331,13 @@ mod tests {
         let ms = Duration::from_millis;
         let (hold, timeout) = (Some(ms(2)), Some(ms(20)));
         let us = |v: &[u64]| v.iter().map(|u| u * 1000).collect::<Vec<u64>>();
-        let needs = |in_flight, lat: &[u64]| wake_needs(in_flight, us(lat).into_iter(), hold, timeout).completions;
+        let needs =
+            |in_flight, lat: &[u64]| wake_needs(in_flight, us(lat).into_iter(), hold, timeout, true).completions;
         // QD1 keeps today's path: no hold at all, whatever the sockets.
-        assert_eq!(wake_needs(1, us(&[50, 60]).into_iter(), hold, timeout), WakeNeed { completions: 0, hold: None });
+        for every_path in [true, false] {
+            let need = wake_needs(1, us(&[50, 60]).into_iter(), hold, timeout, every_path);
+            assert_eq!(need, WakeNeed { completions: 0, hold: None });
+        }
         assert_eq!(needs(0, &[]), 0);
         assert_eq!(needs(1, &[50]), 0, "one request cannot be on two sockets");
         // One socket with answers due: its sends and one more, as before.
@@ -1336,15 +1353,23 @@ mod tests {
         assert_eq!(needs(32, &[50, 101]), 1, "just over 2x the fastest");
         assert_eq!(needs(32, &[50, 100, 101]), 2);
         // Without a hold configured or a timeout, nothing bounds a wait: one completion, as before.
-        assert_eq!(wake_needs(16, us(&[50, 60]).into_iter(), None, timeout), WakeNeed { completions: 1, hold: None });
-        assert_eq!(wake_needs(16, us(&[50, 60]).into_iter(), hold, None).completions, 1);
+        assert_eq!(
+            wake_needs(16, us(&[50, 60]).into_iter(), None, timeout, true),
+            WakeNeed { completions: 1, hold: None }
+        );
+        assert_eq!(wake_needs(16, us(&[50, 60]).into_iter(), hold, None, true).completions, 1);
+        // An owner that did not ask to wait for every path: the first answer, as before.
+        assert_eq!(wake_needs(16, us(&[50, 60]).into_iter(), hold, timeout, false), WakeNeed { completions: 1, hold });
+        assert_eq!(wake_needs(16, us(&[0, 0]).into_iter(), hold, timeout, false).completions, 1, "no answers yet");
+        let slow = wake_needs(16, us(&[3000, 4000]).into_iter(), hold, Some(Duration::from_millis(100)), false);
+        assert_eq!(slow, WakeNeed { completions: 1, hold: Some(Duration::from_millis(6)) }, "the fastest's latency");
     }
 
     #[test]
     fn a_blocking_poll_holds_twice_the_slowest_counted_latency_between_the_configured_hold_and_half_its_timeout() {
         let ms = Duration::from_millis;
         let us = |v: &[u64]| v.iter().map(|u| u * 1000).collect::<Vec<u64>>();
-        let hold = |lat: &[u64], timeout| wake_needs(16, us(lat).into_iter(), Some(ms(2)), Some(timeout)).hold;
+        let hold = |lat: &[u64], timeout| wake_needs(16, us(lat).into_iter(), Some(ms(2)), Some(timeout), true).hold;
         // Loopback or LAN latencies: the configured hold, as before.
         assert_eq!(hold(&[50, 60], ms(20)), Some(ms(2)));
         assert_eq!(hold(&[50], ms(20)), Some(ms(2)));
