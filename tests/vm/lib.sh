@@ -185,7 +185,8 @@ check_target_after() {
 # runs (seen once with Linux 7.2 under TCG: an int3 oops in timekeeping 2 s into boot, no
 # NVMe code reached yet) is booted again, up to BOOT_RETRIES times, with its serial log
 # kept; a panic after init is the scenario's to judge and is never retried.
-BOOT_TIMEOUT=${BOOT_TIMEOUT:-600}
+# A second build (QPATH_BIN_B) adds about 4 min of alternated counts to the ublk guest.
+BOOT_TIMEOUT=${BOOT_TIMEOUT:-$([ -n "${QPATH_BIN_B:-}" ] && echo 1200 || echo 600)}
 BOOT_RETRIES=${BOOT_RETRIES:-2}
 boot_guest() {
   local try
