@@ -231,14 +231,27 @@ struct QueueConn {
     /// Its commands' send-to-completion time, moving average (ns; 0 before the first):
     /// whether a blocking poll waits for its answers too ([`wake_needs`]).
     latency_ewma_ns: u64,
+    /// When it last made progress: its last answer, or the send that gave an idle
+    /// connection work (what [`stalled`] measures from).
+    progress_at: Instant,
 }
 
 impl QueueConn {
     /// Folds one command's send-to-completion time into [`QueueConn::latency_ewma_ns`]
-    /// (weight 1/8, as TCP's smoothed RTT, RFC 6298).
-    fn record_latency(&mut self, ns: u64) {
+    /// (weight 1/8, as TCP's smoothed RTT, RFC 6298); the answer is progress at `now`.
+    fn record_latency(&mut self, ns: u64, now: Instant) {
         self.latency_ewma_ns = latency_average(self.latency_ewma_ns, ns);
+        self.progress_at = now;
     }
+}
+
+/// Whether a connection with commands outstanding has answered nothing for longer than
+/// [`WAIT_LATENCY_RATIO_MAX`] times its latency average `avg_ns` (0: no answer yet, never
+/// stalled): a blocking poll stops waiting for its answers beside the others' ([`wake_needs`]),
+/// so a path that went silent (a dead link, a hung controller) delays the others' answers by
+/// one hold at most, not at every wake until its keep-alive gives it up.
+fn stalled(avg_ns: u64, since_progress_ns: u64) -> bool {
+    avg_ns > 0 && since_progress_ns > avg_ns.saturating_mul(WAIT_LATENCY_RATIO_MAX)
 }
 
 /// A latency average `avg` (0: none yet) with one more sample `ns`, weight 1/8; never 0.
@@ -989,10 +1002,13 @@ impl Context {
             Wait::Block { timeout } => timeout,
             Wait::Poll => None,
         };
-        let due = self.core.conns.iter().enumerate().filter_map(|(key, qc)| {
+        let now = self.core.now;
+        let due = self.core.conns.iter().enumerate().filter_map(move |(key, qc)| {
             let qc = qc.as_ref()?;
             let armed = self.conns.get(key).and_then(Option::as_ref).is_some_and(|c| c.ops.recv_in_flight());
-            (qc.open && armed && qc.q.outstanding() > 0).then_some(qc.latency_ewma_ns)
+            let silent = u64::try_from(now.saturating_duration_since(qc.progress_at).as_nanos()).unwrap_or(u64::MAX);
+            (qc.open && armed && qc.q.outstanding() > 0 && !stalled(qc.latency_ewma_ns, silent))
+                .then_some(qc.latency_ewma_ns)
         });
         let opts = &self.core.opts;
         wake_needs(self.in_flight(), due, opts.send_hold, timeout, opts.wait_every_path)
@@ -1383,6 +1399,15 @@ mod tests {
         assert_eq!(hold(&[300_000], Duration::from_secs(10)), Some(HOLD_MAX));
         // Never below the configured hold (a timeout shorter than it: the ring holds nothing).
         assert_eq!(hold(&[30_000], ms(3)), Some(ms(2)));
+    }
+
+    #[test]
+    fn a_connection_silent_for_more_than_twice_its_latency_is_not_waited_for() {
+        assert!(!stalled(0, u64::MAX), "no answer yet: as fast as the fastest, never stalled");
+        assert!(!stalled(100_000, 150_000), "answering within its usual time");
+        assert!(!stalled(100_000, 200_000), "twice its latency is still its time");
+        assert!(stalled(100_000, 200_001), "silent for longer: a dead link or a hung controller");
+        assert!(!stalled(u64::MAX, u64::MAX), "saturates rather than wrapping");
     }
 
     #[test]
