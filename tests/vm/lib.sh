@@ -48,6 +48,10 @@ resolve_qpath_bin() {
   fi
   [ -x "$QPATH_BIN" ] || { echo "FAIL: host: no qpath binary at $QPATH_BIN"; exit 1; }
   QPATH_BIN=$(cd "$(dirname "$QPATH_BIN")" && pwd)/$(basename "$QPATH_BIN")
+  if [ -n "${QPATH_BIN_B:-}" ]; then
+    [ -x "$QPATH_BIN_B" ] || { echo "FAIL: host: no qpath binary at QPATH_BIN_B=$QPATH_BIN_B"; exit 1; }
+    QPATH_BIN_B=$(cd "$(dirname "$QPATH_BIN_B")" && pwd)/$(basename "$QPATH_BIN_B")
+  fi
 }
 
 # begin_vm_run NAME WAIT_S: one suite run at a time on this machine (they share the netns,
@@ -181,7 +185,8 @@ check_target_after() {
 # runs (seen once with Linux 7.2 under TCG: an int3 oops in timekeeping 2 s into boot, no
 # NVMe code reached yet) is booted again, up to BOOT_RETRIES times, with its serial log
 # kept; a panic after init is the scenario's to judge and is never retried.
-BOOT_TIMEOUT=${BOOT_TIMEOUT:-600}
+# A second build (QPATH_BIN_B) adds about 4 min of alternated counts to the ublk guest.
+BOOT_TIMEOUT=${BOOT_TIMEOUT:-$([ -n "${QPATH_BIN_B:-}" ] && echo 1200 || echo 600)}
 BOOT_RETRIES=${BOOT_RETRIES:-2}
 boot_guest() {
   local try
@@ -234,6 +239,10 @@ guest_payload() {
   # Programs and libraries are copied with links followed (boot.sh copies with cp -a), to
   # their real directory (/lib is a link to /usr/lib on the host and in the guest).
   local progs=("$QPATH_BIN") t real n=0
+  # A second build to compare with in the same boot (ublk's syscalls step): /vmlab/qpath-b.
+  if [ -n "${QPATH_BIN_B:-}" ]; then
+    GUEST_FILES+=(--file "$QPATH_BIN_B:/vmlab/qpath-b"); progs+=("$QPATH_BIN_B")
+  fi
   mkdir -p "$pl/files"
   for t in "$@"; do
     [ -x "$t" ] || { say "guest payload: $t not on this machine (skipped)"; continue; }

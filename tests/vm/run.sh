@@ -56,6 +56,7 @@
 #   dissector must find no malformed frame, expert error, unknown PDU type or bad digest, and
 #   every PDU type of a read/write workload (tests/vm/pcap-check.sh).
 # Environment: KERNEL (bookworm = 6.1, sid = 7.2), QPATH_BIN (default: cargo build --release),
+#   QPATH_BIN_B (ublk: a second build whose syscall counts alternate with QPATH_BIN's in one boot),
 #   VMLAB_DIR (default ../shared/vmlab from the repo root), VMLAB_WORK, RANDRW_RUNTIME (30),
 #   DIGEST_RUNTIME (30), ANA_FIO_RUNTIME (45), RESIZE_WAIT (30), QPATH_VM_RUST_LOG (debug),
 #   QPATH_VM_KEEP_PCAP=1

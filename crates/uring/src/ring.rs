@@ -52,8 +52,9 @@ pub struct RingConfig {
     /// it waits for one completion more (a response, a new request). A send's completion
     /// alone only hands its message back: waking for it costs a system call per batch,
     /// since a send that fits the socket buffer completes during the very
-    /// `io_uring_enter` that submits it. The turn waits for `1 + sends` completions with
-    /// this as io_uring's minimum wait (`min_wait_usec`, Linux 6.12): once it passes, any
+    /// `io_uring_enter` that submits it. The turn waits for `1 + sends` completions (or
+    /// `n + sends`, [`Ring::hold_for`]: a turn with answers due on `n` sockets, even with no
+    /// send) with this as io_uring's minimum wait (`min_wait_usec`, Linux 6.12): once it passes, any
     /// completion ends the wait, so a send the socket holds back never delays a response
     /// longer than this. `None`, a kernel without the minimum wait, or a turn whose
     /// timeout is not longer than this: the turn wakes for the first completion (the
@@ -240,8 +241,8 @@ pub struct RingStats {
     pub rearms: u64,
     /// Early `io_uring_enter` calls because the submission queue was full.
     pub sq_flushes: u64,
-    /// [`Wait::Block`] turns that waited for their sends' completions and one more
-    /// ([`RingConfig::send_hold`]).
+    /// [`Wait::Block`] turns that waited for their sends' completions and one or more
+    /// others ([`RingConfig::send_hold`], [`Ring::hold_for`]).
     pub held_waits: u64,
 }
 
@@ -517,8 +518,11 @@ pub struct Ring {
     ring_index: u32,
     /// [`RingConfig::send_hold`], when the kernel has the minimum wait.
     send_hold: Option<Duration>,
-    /// The owner's say for the next turns ([`Ring::hold_sends`]).
-    hold_now: bool,
+    /// Completions besides its sends' that a useful wake of the next [`Wait::Block`] turns
+    /// needs ([`Ring::hold_for`]); 0: do not hold.
+    wake_needs: u32,
+    /// The minimum wait of those turns ([`Ring::hold_for`]); `None`: `send_hold`.
+    hold_next: Option<Duration>,
     /// Sends (and resubmitted short sends) queued since the last turn's wait: each posts
     /// one completion that the next [`Wait::Block`] turn need not wake for alone.
     sends_unwaited: u32,
@@ -562,7 +566,8 @@ impl Ring {
             ring_index: ring_index.unwrap_or(0),
             send_hold: config.send_hold.filter(|_| features.min_wait),
             sends_unwaited: 0,
-            hold_now: true,
+            wake_needs: 1,
+            hold_next: None,
             cq_capacity,
             wake: None,
             closing: false,
@@ -588,7 +593,30 @@ impl Ring {
     /// submitting call, and a response a few µs away then costs a wake-up from idle that
     /// returning to user space and entering again would often have missed.
     pub fn hold_sends(&mut self, on: bool) {
-        self.hold_now = on;
+        self.hold_for(u32::from(on), None);
+    }
+
+    /// How many completions besides their sends' the next [`Wait::Block`] turns wait for,
+    /// bounded by [`RingConfig::send_hold`] as io_uring's minimum wait: `0` does not hold
+    /// (the turn wakes for its first completion, see [`Ring::hold_sends`]); `1` holds
+    /// only a turn that submits sends (the default); more holds every turn for that many,
+    /// when the owner knows that many are coming (a receive on each of several sockets
+    /// that have answers outstanding): their first would otherwise wake the thread alone,
+    /// and the others cost another system call each. `hold` replaces
+    /// [`RingConfig::send_hold`] as the minimum wait (the owner knows how long its answers
+    /// take: a hold shorter than that wakes for the sends alone); nothing is held without a
+    /// `send_hold` configured or without the kernel's minimum wait.
+    pub fn hold_for(&mut self, completions: u32, hold: Option<Duration>) {
+        self.wake_needs = completions;
+        self.hold_next = hold;
+    }
+
+    /// The `(min_complete, min_wait)` of a blocking turn that submits `sends` sends with
+    /// `timeout`, or `None` for a plain wait for one completion.
+    fn held_wait(&self, sends: u32, timeout: Option<Duration>) -> Option<(u32, Duration)> {
+        let (hold, timeout) = (self.hold_next.or(self.send_hold).filter(|_| self.send_hold.is_some())?, timeout?);
+        let useful = sends > 0 || self.wake_needs > 1;
+        (useful && self.wake_needs > 0 && timeout > hold).then(|| (sends.saturating_add(self.wake_needs), hold))
     }
 
     /// Operations submitted and not yet finished (multishot ones count while armed).
@@ -883,12 +911,12 @@ impl Ring {
             Wait::Block { timeout } => {
                 let to_submit = self.sq_len();
                 let sends = std::mem::take(&mut self.sends_unwaited);
-                match (self.send_hold, timeout) {
-                    (Some(hold), Some(timeout)) if sends > 0 && self.hold_now && timeout > hold => {
+                match self.held_wait(sends, timeout) {
+                    Some((min_complete, hold)) => {
                         self.stats.held_waits += 1;
-                        self.enter_getevents_min(to_submit, sends.saturating_add(1), Some(timeout), hold)
+                        self.enter_getevents_min(to_submit, min_complete, timeout, hold)
                     }
-                    _ => self.enter_getevents(to_submit, 1, timeout),
+                    None => self.enter_getevents(to_submit, 1, timeout),
                 }
             }
         }

@@ -99,3 +99,70 @@ fn without_a_hold_or_a_timeout_longer_than_it_a_turn_wakes_for_the_send_alone() 
         assert_eq!(turn(&mut ring, Some(Duration::from_secs(10))), [OpKind::Recv]);
     }
 }
+
+/// Two sockets with answers due, one receive armed on each; the peers answer `gaps` after
+/// the test starts (`None`: never). Returns the sockets and the peers, to keep open.
+type Peers = (Vec<std::net::TcpStream>, Vec<thread::JoinHandle<std::net::TcpStream>>);
+fn two_answers(ring: &mut Ring, gaps: [Option<Duration>; 2]) -> Peers {
+    let (mut socks, mut peers) = (Vec::new(), Vec::new());
+    for (i, gap) in gaps.into_iter().enumerate() {
+        let (mut peer, sock) = loopback_pair();
+        ring.recv(sock.as_raw_fd(), IoBuf::new(4096), 0..64, RECV + i as u64).map_err(|(e, _)| e).expect("recv");
+        socks.push(sock);
+        peers.push(thread::spawn(move || {
+            if let Some(gap) = gap {
+                thread::sleep(gap);
+                peer.write_all(b"pong").expect("peer write");
+            }
+            peer
+        }));
+    }
+    (socks, peers)
+}
+
+#[test]
+fn a_turn_told_two_answers_are_due_reaps_both_receives_with_one_system_call() {
+    let Some(mut ring) = ring(Some(Duration::from_secs(2))) else { return };
+    // The second socket answers 30 ms after the first, no send in the turn.
+    let peers = two_answers(&mut ring, [Some(Duration::from_millis(5)), Some(Duration::from_millis(35))]);
+    ring.hold_for(2, None);
+    let kinds = turn(&mut ring, Some(Duration::from_secs(10)));
+    assert_eq!(kinds, [OpKind::Recv, OpKind::Recv], "both answers in one turn");
+    assert_eq!((ring.stats().enters, ring.stats().held_waits), (1, 1), "{:?}", ring.stats());
+    drop(ring);
+    for p in peers.1 {
+        drop(p.join());
+    }
+}
+
+#[test]
+fn a_turn_told_one_answer_is_due_wakes_for_the_first_receive() {
+    let Some(mut ring) = ring(Some(Duration::from_secs(2))) else { return };
+    let peers = two_answers(&mut ring, [Some(Duration::from_millis(5)), Some(Duration::from_millis(300))]);
+    ring.hold_for(1, None);
+    assert_eq!(turn(&mut ring, Some(Duration::from_secs(10))), [OpKind::Recv], "no send: not held");
+    assert_eq!(ring.stats().held_waits, 0);
+    assert_eq!(turn(&mut ring, Some(Duration::from_secs(10))), [OpKind::Recv]);
+    drop(ring);
+    for p in peers.1 {
+        drop(p.join());
+    }
+}
+
+#[test]
+fn an_answer_that_does_not_come_holds_the_other_no_longer_than_the_hold() {
+    let Some(mut ring) = ring(Some(Duration::from_secs(15))) else { return };
+    let peers = two_answers(&mut ring, [Some(Duration::from_millis(5)), None]);
+    // The owner's hold (50 ms) replaces the configured one (15 s).
+    ring.hold_for(2, Some(Duration::from_millis(50)));
+    let start = Instant::now();
+    assert_eq!(turn(&mut ring, Some(Duration::from_secs(30))), [OpKind::Recv]);
+    // Bounded by the hold (50 ms), not the configured 15 s nor the turn's 30 s timeout; the
+    // margin is for a loaded machine.
+    assert!(start.elapsed() < Duration::from_secs(10), "held {:?}", start.elapsed());
+    assert_eq!(ring.stats().held_waits, 1);
+    drop(ring);
+    for p in peers.1 {
+        drop(p.join());
+    }
+}

@@ -206,63 +206,93 @@ counters() {   # requests ring_enters, summed over the queues
     /"ring_enters"/{gsub(/[ ,]/,"",$2); e+=$2} END{print r+0, e+0}'
 }
 calls_of() { awk -v s=${2:-io_uring_enter} '$NF == s {print $4}' "$1" | tail -1; }
-counters > /tmp/c.before
-strace -c -f -e trace=io_uring_enter -p $HOSTPID -o /tmp/strace.ublk 2>/dev/null &
-ST=$!
-sleep 1
-# fio's own io_submit calls: the application's batches (each hands the kernel one or more I/Os).
-strace --seccomp-bpf -f -c -e trace=io_submit -o /tmp/strace.fio \
-  fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count --rw=randread --bs=4k --iodepth=16 \
-  --size=128m --runtime=10 --time_based --group_reporting > /tmp/fio.count 2>&1
-sleep 1; kill -INT $ST; wait $ST
-counters > /tmp/c.after
-read rb eb < /tmp/c.before; read ra ea < /tmp/c.after
-R=$((ra - rb)); E=$((ea - eb)); SU=$(calls_of /tmp/strace.ublk); SF=$(calls_of /tmp/strace.fio io_submit)
-echo "UBLK-SYSCALLS requests=$R io_uring_enter(ring counters)=$E io_uring_enter(strace)=${SU:-?} per_request=$(awk -v r=$R -v e=$E 'BEGIN{printf "%.3f", e / (r ? r : 1)}') fio_io_submit=${SF:-?}"
-[ $R -gt 0 ] && [ $E -le $R ] && pass "at most one io_uring_enter per request ($E for $R), ublk and NVMe/TCP on the same ring" \
-  || fail "more ring enters ($E) than requests ($R)"
-printf '[count]\nioengine=qpath\nfilename=nvme+tcp://%s:%s,%s:%s/%s/1?reconnect_delay=1\nmpath_policy=round-robin\nrw=randread\nbs=4k\niodepth=16\nsize=128m\nruntime=10\ntime_based\n' \
-  "$ADDR" "$PORT1" "$ADDR" "$PORT2" "$NQN" > /tmp/count.fio
-strace -c -f -e trace=io_uring_enter -o /tmp/strace.bench $Q bench /tmp/count.fio --no-baseline > /tmp/bench.count 2>&1
-BI=$(sed -n 's/.*issued rwts: total=\([0-9]*\),.*/\1/p' /tmp/bench.count | head -1)
-SB=$(calls_of /tmp/strace.bench)
-echo "BENCH-SYSCALLS ios=${BI:-?} io_uring_enter(strace)=${SB:-?}"
-if [ -n "$BI" ] && [ -n "$SB" ] && [ -n "$SU" ] && [ "$BI" -gt 0 ] && [ "$R" -gt 0 ]; then
-  echo "SYSCALLS-PER-IO ublk_server=$(awk -v c=$SU -v n=$R 'BEGIN{printf "%.3f", c / n}') qpath_bench=$(awk -v c=$SB -v n=$BI 'BEGIN{printf "%.3f", c / n}')"
-  # The design goal's measure: the enters the server makes beyond what qpath bench needs for
-  # the same number of I/Os, per batch the application handed the kernel (fio's io_submit).
-  [ -n "$SF" ] && echo "SYSCALLS-PER-BATCH app_batches=$SF ios_per_batch=$(awk -v r=$R -v b=$SF 'BEGIN{printf "%.2f", r / b}')" \
-    "extra_enters_per_batch=$(awk -v e=$E -v r=$R -v sb=$SB -v bi=$BI -v b=$SF 'BEGIN{printf "%.3f", (e - r * sb / bi) / b}')"
-  pass "syscalls counted with strace -c: ublk server and qpath bench (SYSCALLS-PER-IO line)"
+# count_syscalls TAG QB: the counts below, with the server the running qpath host and qpath
+# bench run from QB; TAG (" build=a round=1", or empty) goes after each result line's name.
+count_syscalls() {
+  TAG=$1; QB=$2
+  counters > /tmp/c.before
+  strace -c -f -e trace=io_uring_enter -p $HOSTPID -o /tmp/strace.ublk 2>/dev/null &
+  ST=$!
+  sleep 1
+  # fio's own io_submit calls: the application's batches (each hands the kernel one or more I/Os).
+  strace --seccomp-bpf -f -c -e trace=io_submit -o /tmp/strace.fio \
+    fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count --rw=randread --bs=4k --iodepth=16 \
+    --size=128m --runtime=10 --time_based --group_reporting > /tmp/fio.count 2>&1
+  sleep 1; kill -INT $ST; wait $ST
+  counters > /tmp/c.after
+  read rb eb < /tmp/c.before; read ra ea < /tmp/c.after
+  R=$((ra - rb)); E=$((ea - eb)); SU=$(calls_of /tmp/strace.ublk); SF=$(calls_of /tmp/strace.fio io_submit)
+  echo "UBLK-SYSCALLS$TAG requests=$R io_uring_enter(ring counters)=$E io_uring_enter(strace)=${SU:-?} per_request=$(awk -v r=$R -v e=$E 'BEGIN{printf "%.3f", e / (r ? r : 1)}') fio_io_submit=${SF:-?}"
+  [ $R -gt 0 ] && [ $E -le $R ] && pass "at most one io_uring_enter per request ($E for $R), ublk and NVMe/TCP on the same ring" \
+    || fail "more ring enters ($E) than requests ($R)"
+  printf '[count]\nioengine=qpath\nfilename=nvme+tcp://%s:%s,%s:%s/%s/1?reconnect_delay=1\nmpath_policy=round-robin\nrw=randread\nbs=4k\niodepth=16\nsize=128m\nruntime=10\ntime_based\n' \
+    "$ADDR" "$PORT1" "$ADDR" "$PORT2" "$NQN" > /tmp/count.fio
+  strace -c -f -e trace=io_uring_enter -o /tmp/strace.bench $QB bench /tmp/count.fio --no-baseline > /tmp/bench.count 2>&1
+  BI=$(sed -n 's/.*issued rwts: total=\([0-9]*\),.*/\1/p' /tmp/bench.count | head -1)
+  SB=$(calls_of /tmp/strace.bench)
+  echo "BENCH-SYSCALLS$TAG ios=${BI:-?} io_uring_enter(strace)=${SB:-?}"
+  if [ -n "$BI" ] && [ -n "$SB" ] && [ -n "$SU" ] && [ "$BI" -gt 0 ] && [ "$R" -gt 0 ]; then
+    echo "SYSCALLS-PER-IO$TAG ublk_server=$(awk -v c=$SU -v n=$R 'BEGIN{printf "%.3f", c / n}') qpath_bench=$(awk -v c=$SB -v n=$BI 'BEGIN{printf "%.3f", c / n}')"
+    # The design goal's measure: the enters the server makes beyond what qpath bench needs for
+    # the same number of I/Os, per batch the application handed the kernel (fio's io_submit).
+    [ -n "$SF" ] && echo "SYSCALLS-PER-BATCH$TAG app_batches=$SF ios_per_batch=$(awk -v r=$R -v b=$SF 'BEGIN{printf "%.2f", r / b}')" \
+      "extra_enters_per_batch=$(awk -v e=$E -v r=$R -v sb=$SB -v bi=$BI -v b=$SF 'BEGIN{printf "%.3f", (e - r * sb / bi) / b}')"
+    pass "syscalls counted with strace -c: ublk server and qpath bench (SYSCALLS-PER-IO line)"
+  else
+    fail "could not count syscalls: bench ios '${BI}', strace '${SB}' / '${SU}'"; tail -5 /tmp/bench.count
+  fi
+  # fio above hands the kernel one I/O per io_submit (its default); the same job again with
+  # batches of 8 (submitted together, reaped 8 at a time), the server counted by its rings
+  # alone, and qpath bench given the same batches.
+  echo "queue counters$TAG before: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
+  counters > /tmp/c.before
+  strace --seccomp-bpf -f -c -e trace=io_submit -o /tmp/strace.fio8 \
+    fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count8 --rw=randread --bs=4k --iodepth=16 \
+    --iodepth_batch_submit=8 --iodepth_batch_complete_min=8 --size=128m --runtime=10 --time_based \
+    --group_reporting > /tmp/fio.count8 2>&1
+  counters > /tmp/c.after
+  echo "queue counters$TAG after: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
+  read rb eb < /tmp/c.before; read ra ea < /tmp/c.after
+  R8=$((ra - rb)); E8=$((ea - eb)); S8=$(calls_of /tmp/strace.fio8 io_submit)
+  { cat /tmp/count.fio; printf 'iodepth_batch_submit=8\niodepth_batch_complete_min=8\n'; } > /tmp/count8.fio
+  strace -c -f -e trace=io_uring_enter -o /tmp/strace.bench8 $QB bench /tmp/count8.fio --no-baseline > /tmp/bench.count8 2>&1
+  BI8=$(sed -n 's/.*issued rwts: total=\([0-9]*\),.*/\1/p' /tmp/bench.count8 | head -1)
+  SB8=$(calls_of /tmp/strace.bench8)
+  echo "BENCH-SYSCALLS$TAG batched: ios=${BI8:-?} io_uring_enter(strace)=${SB8:-?}"
+  if [ -n "$S8" ] && [ "$R8" -gt 0 ] && [ -n "$BI8" ] && [ -n "$SB8" ] && [ "$BI8" -gt 0 ]; then
+    echo "SYSCALLS-PER-BATCH$TAG batched: requests=$R8 io_uring_enter(ring counters)=$E8 app_batches=$S8" \
+      "ios_per_batch=$(awk -v r=$R8 -v b=$S8 'BEGIN{printf "%.2f", r / b}') per_request=$(awk -v e=$E8 -v r=$R8 'BEGIN{printf "%.3f", e / r}')" \
+      "qpath_bench_per_io=$(awk -v c=$SB8 -v n=$BI8 'BEGIN{printf "%.3f", c / n}')" \
+      "extra_enters_per_batch=$(awk -v e=$E8 -v r=$R8 -v sb=$SB8 -v bi=$BI8 -v b=$S8 'BEGIN{printf "%.3f", (e - r * sb / bi) / b}')"
+    pass "batched fio counted (SYSCALLS-PER-BATCH batched line)"
+  else
+    fail "could not count the batched run: requests $R8, io_submit '$S8', bench '$BI8' '$SB8'"; tail -5 /tmp/fio.count8 /tmp/bench.count8
+  fi
+
+}
+# serve_with BIN: the running qpath host killed (-9) and BIN's taking /dev/ublkb0 over (user
+# recovery, as in the step above), so that two builds serve the same device in one boot.
+serve_with() {
+  kill -9 $HOSTPID; wait $HOSTPID 2>/dev/null; sleep 2
+  HOSTS=$((HOSTS + 1))
+  $1 host --rpc-socket $SOCK --state-dir $STATE > /tmp/host.$HOSTS.log 2>&1 &
+  HOSTPID=$!
+  wait_until 30 $Q ublk list --rpc-socket $SOCK > /dev/null 2>&1 \
+    && wait_until 30 grep -q "ublkb0: taken over" /tmp/host.$HOSTS.log \
+    || { fail "$1 did not take /dev/ublkb0 over"; show_host_log $HOSTS 10; return 1; }
+}
+# With a second build in the guest (run.sh's QPATH_BIN_B: /vmlab/qpath-b), both are counted in
+# one boot, alternating (a b a b ...: SYSCALLS_ROUNDS rounds), and the first serves on after.
+if [ -x /vmlab/qpath-b ]; then
+  for r in $(seq ${SYSCALLS_ROUNDS:-2}); do
+    for bin in a b; do
+      if [ $bin = a ]; then B=$Q; else B=/vmlab/qpath-b; fi
+      if [ $r = 1 ] && [ $bin = a ] || serve_with $B; then count_syscalls " build=$bin round=$r" $B; fi
+    done
+  done
+  serve_with $Q || true
 else
-  fail "could not count syscalls: bench ios '${BI}', strace '${SB}' / '${SU}'"; tail -5 /tmp/bench.count
-fi
-# fio above hands the kernel one I/O per io_submit (its default); the same job again with
-# batches of 8 (submitted together, reaped 8 at a time), the server counted by its rings
-# alone, and qpath bench given the same batches.
-echo "queue counters before: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
-counters > /tmp/c.before
-strace --seccomp-bpf -f -c -e trace=io_submit -o /tmp/strace.fio8 \
-  fio --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --name=count8 --rw=randread --bs=4k --iodepth=16 \
-  --iodepth_batch_submit=8 --iodepth_batch_complete_min=8 --size=128m --runtime=10 --time_based \
-  --group_reporting > /tmp/fio.count8 2>&1
-counters > /tmp/c.after
-echo "queue counters after: $($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n' | sed 's/.*"queue_stats":\(.*\),"queues".*/\1/')"
-read rb eb < /tmp/c.before; read ra ea < /tmp/c.after
-R8=$((ra - rb)); E8=$((ea - eb)); S8=$(calls_of /tmp/strace.fio8 io_submit)
-{ cat /tmp/count.fio; printf 'iodepth_batch_submit=8\niodepth_batch_complete_min=8\n'; } > /tmp/count8.fio
-strace -c -f -e trace=io_uring_enter -o /tmp/strace.bench8 $Q bench /tmp/count8.fio --no-baseline > /tmp/bench.count8 2>&1
-BI8=$(sed -n 's/.*issued rwts: total=\([0-9]*\),.*/\1/p' /tmp/bench.count8 | head -1)
-SB8=$(calls_of /tmp/strace.bench8)
-echo "BENCH-SYSCALLS batched: ios=${BI8:-?} io_uring_enter(strace)=${SB8:-?}"
-if [ -n "$S8" ] && [ "$R8" -gt 0 ] && [ -n "$BI8" ] && [ -n "$SB8" ] && [ "$BI8" -gt 0 ]; then
-  echo "SYSCALLS-PER-BATCH batched: requests=$R8 io_uring_enter(ring counters)=$E8 app_batches=$S8" \
-    "ios_per_batch=$(awk -v r=$R8 -v b=$S8 'BEGIN{printf "%.2f", r / b}') per_request=$(awk -v e=$E8 -v r=$R8 'BEGIN{printf "%.3f", e / r}')" \
-    "qpath_bench_per_io=$(awk -v c=$SB8 -v n=$BI8 'BEGIN{printf "%.3f", c / n}')" \
-    "extra_enters_per_batch=$(awk -v e=$E8 -v r=$R8 -v sb=$SB8 -v bi=$BI8 -v b=$S8 'BEGIN{printf "%.3f", (e - r * sb / bi) / b}')"
-  pass "batched fio counted (SYSCALLS-PER-BATCH batched line)"
-else
-  fail "could not count the batched run: requests $R8, io_submit '$S8', bench '$BI8' '$SB8'"; tail -5 /tmp/fio.count8 /tmp/bench.count8
+  count_syscalls "" $Q
 fi
 
 step "an idle device: its queues sleep (no NVMe command in flight: 250 ms waits)"

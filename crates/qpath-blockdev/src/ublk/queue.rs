@@ -166,8 +166,12 @@ pub struct QueueSetup {
 }
 
 /// How long a poll sleeps when nothing happens while NVMe commands are in flight (the
-/// context's timers, which time out, fail over and fail them, run on its turns).
-const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// context's timers, which time out, fail over and fail them, run on its turns: seconds,
+/// so a tenth of one is soon enough). Any completion ends the wait first. Its half bounds
+/// how long a turn may hold for its answers (the host context's hold follows their latency):
+/// with answers taking tens of ms (a VM under emulation), a 20 ms wait held only 10 ms and
+/// woke for the sends' completions alone before them.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
 /// How long a poll sleeps when the queue has no NVMe command in flight: the context's timers
 /// have nothing of this queue's to act on, a new request or the device's stop wakes the
 /// ring at once (a FETCH completes), and the stop flag alone is seen within this time; so
@@ -180,7 +184,9 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 /// its tags are fetched (or why the queue could not start).
 pub fn run(mut s: QueueSetup, ready: SyncSender<Result<(), String>>) {
     let q = s.q_id;
-    let mut ctx = match Context::new(s.context.clone()) {
+    // The kernel's requests come in batches and their commits go back together: a turn
+    // waits for a batch's answers on every path rather than waking for each path's.
+    let mut ctx = match Context::new(ContextOptions { wait_every_path: true, ..s.context.clone() }) {
         Ok(c) => c,
         Err(e) => {
             let _ = ready.send(Err(format!("queue {q}: completion context: {e}")));

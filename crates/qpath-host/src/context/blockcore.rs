@@ -139,7 +139,7 @@ impl<C: CoreController> BlockCore<C> {
         self.now = now;
         let entries = q.entries();
         let key = self.free_conns.pop().unwrap_or(self.conns.len());
-        let conn = QueueConn { q, ctrl_generation, qkey, open: true };
+        let conn = QueueConn { q, ctrl_generation, qkey, open: true, latency_ewma_ns: 0, progress_at: now };
         if key == self.conns.len() {
             self.conns.push(Some(conn));
         } else {
@@ -255,6 +255,9 @@ impl<C: CoreController> BlockCore<C> {
             }
             let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
             if let Some(w) = self.on_wire(rid, d.tag) {
+                if let Some(Some(conn)) = self.conns.get_mut(ckey) {
+                    conn.record_latency(nanos_since(w.sent, now), now);
+                }
                 if !dying {
                     let r = &self.reqs[rid as usize];
                     self.free_tag(r.dev as usize, r.qkey, w.tag, w.shared);
@@ -879,9 +882,15 @@ impl<C: CoreController> BlockCore<C> {
             }
         };
         let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
+        let now = self.now;
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
+        let idle = conn.q.outstanding() == 0;
         match conn.q.submit(cid.0, io) {
             Ok(()) => {
+                if idle {
+                    // An idle connection given work: its silence counts from now.
+                    conn.progress_at = now;
+                }
                 if let DevKind::Multi(m) = &mut self.devices[dev].kind {
                     wire.via_reference = m.on_submit(PathIndex(self.reqs[rid as usize].path), qkey);
                 }

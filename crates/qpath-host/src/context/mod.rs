@@ -153,6 +153,13 @@ pub struct ContextOptions {
     /// response is the next completion anyway, and the thread is better awake for it.
     /// Linux 6.12+; `None` wakes for the send alone.
     pub send_hold: Option<Duration>,
+    /// A blocking [`Context::poll`] with answers due on several sockets waits for one
+    /// receive on each (within [`ContextOptions::send_hold`], or twice their latency when
+    /// that is longer) instead of waking for the first: one wake-up per batch spread over
+    /// several paths, for an owner that passes completions on in batches anyway (the ublk
+    /// server). Off by default: an owner that sends a new command for each completion
+    /// (qpath bench) would leave the first socket's queue idle while the turn waits.
+    pub wait_every_path: bool,
 }
 
 /// Where a device's queue-depth limit (its LUN queue depth, [`Context::open_limited`])
@@ -191,6 +198,7 @@ impl Default for ContextOptions {
             shared_tags: None,
             depth_limit_order: DepthLimitOrder::BeforeTag,
             send_hold: Some(uring::SEND_HOLD_DEFAULT),
+            wait_every_path: false,
         }
     }
 }
@@ -220,6 +228,35 @@ struct QueueConn {
     qkey: usize,
     /// Not failed yet (its socket side closes at the same time: [`ConnOps::close`]).
     open: bool,
+    /// Its commands' send-to-completion time, moving average (ns; 0 before the first):
+    /// whether a blocking poll waits for its answers too ([`wake_needs`]).
+    latency_ewma_ns: u64,
+    /// When it last made progress: its last answer, or the send that gave an idle
+    /// connection work (what [`stalled`] measures from).
+    progress_at: Instant,
+}
+
+impl QueueConn {
+    /// Folds one command's send-to-completion time into [`QueueConn::latency_ewma_ns`]
+    /// (weight 1/8, as TCP's smoothed RTT, RFC 6298); the answer is progress at `now`.
+    fn record_latency(&mut self, ns: u64, now: Instant) {
+        self.latency_ewma_ns = latency_average(self.latency_ewma_ns, ns);
+        self.progress_at = now;
+    }
+}
+
+/// Whether a connection with commands outstanding has answered nothing for longer than
+/// [`WAIT_LATENCY_RATIO_MAX`] times its latency average `avg_ns` (0: no answer yet, never
+/// stalled): a blocking poll stops waiting for its answers beside the others' ([`wake_needs`]),
+/// so a path that went silent (a dead link, a hung controller) delays the others' answers by
+/// one hold at most, not at every wake until its keep-alive gives it up.
+fn stalled(avg_ns: u64, since_progress_ns: u64) -> bool {
+    avg_ns > 0 && since_progress_ns > avg_ns.saturating_mul(WAIT_LATENCY_RATIO_MAX)
+}
+
+/// A latency average `avg` (0: none yet) with one more sample `ns`, weight 1/8; never 0.
+fn latency_average(avg: u64, ns: u64) -> u64 {
+    if avg == 0 { ns.max(1) } else { (avg - avg / 8).saturating_add(ns / 8).max(1) }
 }
 
 struct QEntry<C> {
@@ -430,6 +467,64 @@ const TICK: Duration = Duration::from_millis(10);
 /// Requests in flight from which a blocking poll holds its sends' completions
 /// ([`ContextOptions::send_hold`]).
 const SEND_HOLD_IN_FLIGHT_MIN: usize = 2;
+/// A connection whose answers take more than this many times the fastest one's is not
+/// waited for beside it ([`wake_needs`]): a slow path must not hold a fast one's answers.
+const WAIT_LATENCY_RATIO_MAX: u64 = 2;
+/// The longest hold [`wake_needs`] asks for, whatever the latencies.
+const HOLD_MAX: Duration = Duration::from_millis(100);
+
+/// What a blocking poll's wake-up is worth waiting for ([`uring::Ring::hold_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WakeNeed {
+    /// Completions besides the turn's sends'; 0: do not hold.
+    completions: u32,
+    /// The minimum wait that bounds the hold; `None`: no hold.
+    hold: Option<Duration>,
+}
+
+/// How many completions besides its sends' a blocking poll's wake-up is worth waiting for,
+/// and how long to hold them at most, given the requests in flight, the configured hold
+/// ([`ContextOptions::send_hold`]), the turn's timeout and, for each open connection with
+/// commands outstanding and its receive armed, its latency average (ns, 0 before the first
+/// answer).
+///
+/// - Below [`SEND_HOLD_IN_FLIGHT_MIN`] requests: no hold (at QD1 the answer is the next
+///   completion, and holding cost a wake-up from idle).
+/// - With `every_path` ([`ContextOptions::wait_every_path`]), one receive completes per
+///   socket with answers due: with several paths a batch's
+///   answers come in on several sockets, and waking for the first costs one more system
+///   call for each of the others. A connection counts only within
+///   [`WAIT_LATENCY_RATIO_MAX`] times the fastest's average, so a slow path (a delayed link,
+///   a busy controller) is not waited for beside a fast one. Without it, one completion
+///   (the first answer) besides the sends'.
+/// - The hold (io_uring's minimum wait, from the start of the wait: after it any completion
+///   ends the wait) is twice the slowest counted connection's average, at least the
+///   configured hold, at most half the turn's timeout and [`HOLD_MAX`]: a hold shorter than
+///   the answers take ends with the sends' completions alone (a wake for nothing), so on a
+///   slow network (a VM, a WAN) it follows the latency; on a fast one it stays the
+///   configured hold, which is then all a stalled counted path can delay the others by.
+fn wake_needs(
+    in_flight: usize,
+    conns: impl Iterator<Item = u64> + Clone,
+    hold: Option<Duration>,
+    timeout: Option<Duration>,
+    every_path: bool,
+) -> WakeNeed {
+    if in_flight < SEND_HOLD_IN_FLIGHT_MIN {
+        return WakeNeed { completions: 0, hold: None };
+    }
+    let (Some(hold), Some(timeout)) = (hold, timeout) else { return WakeNeed { completions: 1, hold } };
+    // Before its first answer a connection is taken to be as fast as the fastest.
+    let fastest = conns.clone().filter(|&ns| ns > 0).min().unwrap_or(0);
+    // Not waiting for every path: the first answer ends the wait, the fastest's.
+    let bound = if every_path { fastest.saturating_mul(WAIT_LATENCY_RATIO_MAX) } else { fastest };
+    let counted = conns.filter(|&ns| ns <= bound);
+    let due = if every_path { counted.clone().count() } else { 1 };
+    let slowest = counted.max().unwrap_or(0);
+    let follow = Duration::from_nanos(slowest.saturating_mul(2));
+    let hold = follow.min(HOLD_MAX).min(timeout / 2).max(hold);
+    WakeNeed { completions: u32::try_from(due).unwrap_or(u32::MAX).max(1), hold: Some(hold) }
+}
 
 /// A path of a multipath device as this context sees it.
 #[derive(Clone, Debug)]
@@ -868,7 +963,9 @@ impl Context {
         // A batch's send completion is held only while several requests are out: with one,
         // the response is the very next completion, and sleeping inside the submitting call
         // to save the second system call made QD1 slower (a wake-up from idle per I/O).
-        self.ring.hold_sends(self.in_flight() >= SEND_HOLD_IN_FLIGHT_MIN);
+        // With answers due on several sockets the turn waits for one receive on each.
+        let need = self.wake_needs(wait);
+        self.ring.hold_for(need.completions, need.hold);
         let mut rd = std::mem::take(&mut self.ring_done);
         let r = self.ring.turn(wait, |_, c| rd.push(c));
         // Everything this turn reaped completed by now; what it issues goes out with the
@@ -897,6 +994,24 @@ impl Context {
             }
         }
         Ok(self.core.done.len() + self.user_done.len())
+    }
+
+    /// [`wake_needs`] for the next turn.
+    fn wake_needs(&self, wait: Wait) -> WakeNeed {
+        let timeout = match wait {
+            Wait::Block { timeout } => timeout,
+            Wait::Poll => None,
+        };
+        let now = self.core.now;
+        let due = self.core.conns.iter().enumerate().filter_map(move |(key, qc)| {
+            let qc = qc.as_ref()?;
+            let armed = self.conns.get(key).and_then(Option::as_ref).is_some_and(|c| c.ops.recv_in_flight());
+            let silent = u64::try_from(now.saturating_duration_since(qc.progress_at).as_nanos()).unwrap_or(u64::MAX);
+            (qc.open && armed && qc.q.outstanding() > 0 && !stalled(qc.latency_ewma_ns, silent))
+                .then_some(qc.latency_ewma_ns)
+        });
+        let opts = &self.core.opts;
+        wake_needs(self.in_flight(), due, opts.send_hold, timeout, opts.wait_every_path)
     }
 
     /// Services the connections the turn touched: shallow connections' completions first
@@ -1225,6 +1340,83 @@ mod tests {
 
     fn opts(max_retries: u32, max_failovers: u32) -> ContextOptions {
         ContextOptions { max_retries, max_failovers, ..ContextOptions::default() }
+    }
+
+    #[test]
+    fn a_blocking_poll_waits_for_one_receive_per_socket_with_answers_due_from_two_in_flight() {
+        let ms = Duration::from_millis;
+        let (hold, timeout) = (Some(ms(2)), Some(ms(20)));
+        let us = |v: &[u64]| v.iter().map(|u| u * 1000).collect::<Vec<u64>>();
+        let needs =
+            |in_flight, lat: &[u64]| wake_needs(in_flight, us(lat).into_iter(), hold, timeout, true).completions;
+        // QD1 keeps today's path: no hold at all, whatever the sockets.
+        for every_path in [true, false] {
+            let need = wake_needs(1, us(&[50, 60]).into_iter(), hold, timeout, every_path);
+            assert_eq!(need, WakeNeed { completions: 0, hold: None });
+        }
+        assert_eq!(needs(0, &[]), 0);
+        assert_eq!(needs(1, &[50]), 0, "one request cannot be on two sockets");
+        // One socket with answers due: its sends and one more, as before.
+        assert_eq!(needs(2, &[]), 1, "nothing outstanding on a socket: still one completion");
+        assert_eq!(needs(16, &[50]), 1);
+        // A batch spread over two or three paths: one receive on each.
+        assert_eq!(needs(16, &[50, 60]), 2);
+        assert_eq!(needs(16, &[50, 60, 100]), 3, "within 2x the fastest");
+        assert_eq!(needs(16, &[0, 60]), 2, "no answer yet: counted as fast");
+        assert_eq!(needs(16, &[0, 0]), 2);
+        // A slow path is not waited for beside a fast one.
+        assert_eq!(needs(32, &[500, 2500]), 1, "a path 2 ms slower (the mpath-delay lab)");
+        assert_eq!(needs(32, &[50, 101]), 1, "just over 2x the fastest");
+        assert_eq!(needs(32, &[50, 100, 101]), 2);
+        // Without a hold configured or a timeout, nothing bounds a wait: one completion, as before.
+        assert_eq!(
+            wake_needs(16, us(&[50, 60]).into_iter(), None, timeout, true),
+            WakeNeed { completions: 1, hold: None }
+        );
+        assert_eq!(wake_needs(16, us(&[50, 60]).into_iter(), hold, None, true).completions, 1);
+        // An owner that did not ask to wait for every path: the first answer, as before.
+        assert_eq!(wake_needs(16, us(&[50, 60]).into_iter(), hold, timeout, false), WakeNeed { completions: 1, hold });
+        assert_eq!(wake_needs(16, us(&[0, 0]).into_iter(), hold, timeout, false).completions, 1, "no answers yet");
+        let slow = wake_needs(16, us(&[3000, 4000]).into_iter(), hold, Some(Duration::from_millis(100)), false);
+        assert_eq!(slow, WakeNeed { completions: 1, hold: Some(Duration::from_millis(6)) }, "the fastest's latency");
+    }
+
+    #[test]
+    fn a_blocking_poll_holds_twice_the_slowest_counted_latency_between_the_configured_hold_and_half_its_timeout() {
+        let ms = Duration::from_millis;
+        let us = |v: &[u64]| v.iter().map(|u| u * 1000).collect::<Vec<u64>>();
+        let hold = |lat: &[u64], timeout| wake_needs(16, us(lat).into_iter(), Some(ms(2)), Some(timeout), true).hold;
+        // Loopback or LAN latencies: the configured hold, as before.
+        assert_eq!(hold(&[50, 60], ms(20)), Some(ms(2)));
+        assert_eq!(hold(&[50], ms(20)), Some(ms(2)));
+        // Slower answers (a VM under emulation): twice the slowest counted, so the hold does
+        // not end before the answers come; the slow path left out does not count.
+        assert_eq!(hold(&[3000, 4000], ms(100)), Some(ms(8)));
+        assert_eq!(hold(&[3000, 9000], ms(100)), Some(ms(6)), "9 ms is over 2x the fastest");
+        // At most half the turn's timeout (the kernel ends a wait at the minimum wait when
+        // there is no longer timeout) and HOLD_MAX.
+        assert_eq!(hold(&[30_000, 40_000], ms(20)), Some(ms(10)));
+        assert_eq!(hold(&[300_000], Duration::from_secs(10)), Some(HOLD_MAX));
+        // Never below the configured hold (a timeout shorter than it: the ring holds nothing).
+        assert_eq!(hold(&[30_000], ms(3)), Some(ms(2)));
+    }
+
+    #[test]
+    fn a_connection_silent_for_more_than_twice_its_latency_is_not_waited_for() {
+        assert!(!stalled(0, u64::MAX), "no answer yet: as fast as the fastest, never stalled");
+        assert!(!stalled(100_000, 150_000), "answering within its usual time");
+        assert!(!stalled(100_000, 200_000), "twice its latency is still its time");
+        assert!(stalled(100_000, 200_001), "silent for longer: a dead link or a hung controller");
+        assert!(!stalled(u64::MAX, u64::MAX), "saturates rather than wrapping");
+    }
+
+    #[test]
+    fn a_connection_latency_average_starts_at_its_first_answer_and_moves_an_eighth() {
+        assert_eq!(latency_average(0, 800), 800, "the first answer");
+        assert_eq!(latency_average(800, 1600), 900);
+        assert_eq!(latency_average(900, 0), 788);
+        assert_eq!(latency_average(0, 0), 1, "0 stays 'no answer yet'");
+        assert_eq!(latency_average(u64::MAX, u64::MAX), u64::MAX, "saturates");
     }
 
     fn never_asked() -> bool {
