@@ -755,6 +755,13 @@ impl Context {
         self.core.devices.get(dev.0 as usize)?.tags.as_ref().map(TagUser::held)
     }
 
+    /// The time this context last read the clock: the last poll turn's (taken right after
+    /// the turn reaped) or a later submission's. A caller that just polled may use it
+    /// instead of reading the clock again; it is never later than now.
+    pub fn last_clock(&self) -> Instant {
+        self.core.now
+    }
+
     /// Requests in flight (waiting or on the wire).
     pub fn in_flight(&self) -> usize {
         self.core.in_flight()
@@ -1229,6 +1236,19 @@ mod tests {
 
     fn never_asked() -> bool {
         panic!("the controller was asked whether it is gone for a status that does not need it")
+    }
+
+    #[test]
+    fn last_clock_is_the_time_of_the_last_poll_turn() {
+        // Callers that just polled wait on this time instead of reading the clock again
+        // (qpath bench's waiting loop): it must be the turn's, not an older one.
+        let mut ctx = Context::new(ContextOptions::default()).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let before = Instant::now();
+        ctx.poll(Wait::Poll).unwrap();
+        let after = Instant::now();
+        let t = ctx.last_clock();
+        assert!(before <= t && t <= after, "the last turn's time is within the poll call");
     }
 
     #[test]
