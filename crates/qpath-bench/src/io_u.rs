@@ -9,6 +9,7 @@
 //! the ring or the host and back: [`crate::engine::uring_buf`]).
 
 use std::fmt;
+use std::time::Instant;
 
 /// Data direction of an I/O unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -215,6 +216,9 @@ pub struct IoU {
     pub result: IoResult,
     /// Free for the engine (a command id, a registered-buffer index...).
     pub engine_data: u64,
+    /// When the job loop last prepared the unit (fio's `start_time`, slat's start): an
+    /// engine whose stack stamps submissions may take it instead of reading the clock.
+    pub prepared: Instant,
 }
 
 impl IoU {
@@ -228,6 +232,7 @@ impl IoU {
             buf: IoBuf::new(buf_len, align),
             result: IoResult::Pending,
             engine_data: 0,
+            prepared: Instant::now(),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use qpath_bench::engine::{Capabilities, Engine, EngineCtx, EngineFactory, EngineRegistry, FileInfo, Queued};
 use qpath_bench::io_u::{Ddir, ForeignBuf, IoBuf, IoResult, IoU};
@@ -24,6 +24,8 @@ struct Ram {
     log: Arc<Mutex<Vec<String>>>,
     /// Install engine-owned buffers in prepare() and lend them out during I/O.
     own_buffers: bool,
+    /// (unit index, its `prepared` time) for every unit queued, in order.
+    queued_at: Arc<Mutex<Vec<(u32, Instant)>>>,
 }
 
 /// An engine-owned buffer that is moved out while "the device" has it.
@@ -95,6 +97,7 @@ impl Engine for RamEngine {
             self.busy_seen += 1;
             return Queued::Busy(unit);
         }
+        self.cfg.queued_at.lock().unwrap().push((unit.index, unit.prepared));
         self.queued.push(unit);
         Queued::Queued
     }
@@ -188,6 +191,22 @@ fn batching_follows_iodepth_knobs() {
     // Asynchronous engines get submission latency.
     assert_eq!(st.dirs[0].slat.samples, 1024);
     assert_eq!(st.dirs[0].clat.samples, 1024);
+}
+
+#[test]
+fn every_unit_reaches_the_engine_stamped_with_the_time_it_was_prepared() {
+    // An engine may take `prepared` as its submission time (the qpath engine does): each
+    // reuse of a unit must carry the time of that use's preparation, not an older one.
+    let ram = Ram::default();
+    let (_, run) = run_with(&ram, "[j]\nioengine=ram\nrw=randread\nbs=4k\nsize=256k\niodepth=2\n");
+    assert!(run.jobs[0].outcome.error.is_none());
+    let log = ram.queued_at.lock().unwrap();
+    assert_eq!(log.len(), 64);
+    for unit in 0..2 {
+        let times: Vec<Instant> = log.iter().filter(|(i, _)| *i == unit).map(|(_, t)| *t).collect();
+        assert!(times.len() > 1, "unit {unit} was reused");
+        assert!(times.windows(2).all(|w| w[0] < w[1]), "unit {unit}: each use is stamped anew");
+    }
 }
 
 #[test]

@@ -282,7 +282,9 @@ impl Engine for QpathEngine {
             Ddir::Sync => (Op::Flush, None),
         };
         let idx = unit.index as usize;
-        match self.ctx.submit(dev, op, unit.offset, unit.len, buf, u64::from(unit.index)) {
+        // The host stamps the request with the time the job loop prepared it (read just
+        // before this call) rather than reading the clock again: one read fewer per I/O.
+        match self.ctx.submit_at(dev, op, unit.offset, unit.len, buf, u64::from(unit.index), unit.prepared) {
             Ok(()) => {
                 self.inflight[idx] = Some(unit);
                 Queued::Queued
@@ -318,14 +320,15 @@ impl Engine for QpathEngine {
     fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
         assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
         // The runner takes one completion per call (fio's iodepth_batch_complete_max=1): while
-        // completions wait in `ready` it gets one without a clock read. The clock is read only
-        // to wait, once per turn of the waiting loop.
+        // completions wait in `ready` it gets one without a clock read. The waiting loop
+        // reads no clock of its own: every turn of it follows a poll (the one here when it
+        // is entered, `ready` < `min` <= `min.max(1)`), whose turn read the clock.
         if self.ready.len() < min.max(1) && self.poll(Wait::Poll)? > 0 {
             self.spinner.progressed();
         }
         let mut deadline = None;
         while self.ready.len() < min {
-            let now = Instant::now();
+            let now = self.ctx.last_clock();
             let deadline = *deadline.get_or_insert_with(|| timeout.map(|t| now + t));
             if deadline.is_some_and(|d| now >= d) {
                 break;

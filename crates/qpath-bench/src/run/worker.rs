@@ -603,6 +603,7 @@ impl Worker<'_> {
         m.block = block;
         m.expect = expect;
         m.start = Instant::now();
+        unit.prepared = m.start;
         unit
     }
 

@@ -850,6 +850,13 @@ impl Context {
         self.core.devices.get(dev.0 as usize)?.tags.as_ref().map(TagUser::held)
     }
 
+    /// The time this context last read the clock: the last poll turn's (taken right after
+    /// the turn reaped) or a later submission's. A caller that just polled may use it
+    /// instead of reading the clock again; it is never later than now.
+    pub fn last_clock(&self) -> Instant {
+        self.core.now
+    }
+
     /// Requests in flight (waiting or on the wire).
     pub fn in_flight(&self) -> usize {
         self.core.in_flight()
@@ -933,6 +940,24 @@ impl Context {
     ) -> std::result::Result<(), (Error, Option<IoBuf>)> {
         let me = u32::try_from(self.cpu()).unwrap_or(0);
         self.submit_from(dev, me, op, offset, len, buf, token)
+    }
+
+    /// [`Context::submit`] for a caller that has just read the clock: `now` (when the
+    /// caller prepared the I/O, at most a moment ago) is the request's submission time,
+    /// which its latency and its timeout count from, instead of one more clock read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_at(
+        &mut self,
+        dev: DeviceId,
+        op: Op,
+        offset: u64,
+        len: u32,
+        buf: Option<IoBuf>,
+        token: u64,
+        now: Instant,
+    ) -> std::result::Result<(), (Error, Option<IoBuf>)> {
+        let me = u32::try_from(self.cpu()).unwrap_or(0);
+        self.core.submit(dev, me, op, offset, len, buf, token, now)
     }
 
     /// [`Context::submit`] on behalf of `submitter` (a CPU or stream): a device
@@ -1424,6 +1449,19 @@ mod tests {
     }
 
     #[test]
+    fn last_clock_is_the_time_of_the_last_poll_turn() {
+        // Callers that just polled wait on this time instead of reading the clock again
+        // (qpath bench's waiting loop): it must be the turn's, not an older one.
+        let mut ctx = Context::new(ContextOptions::default()).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let before = Instant::now();
+        ctx.poll(Wait::Poll).unwrap();
+        let after = Instant::now();
+        let t = ctx.last_clock();
+        assert!(before <= t && t <= after, "the last turn's time is within the poll call");
+    }
+
+    #[test]
     fn a_single_path_requeues_transport_failures_until_its_retries_run_out_or_the_controller_is_gone() {
         let o = opts(2, 1000);
         let d = |status, retries, gone: bool| disposition(status, false, retries, &o, || gone);
@@ -1597,6 +1635,17 @@ mod tests {
         // A flush has no range, so no end to pass.
         ctx.submit(dev, Op::Flush, 0, 0, None, 2).map_err(|(e, _)| e).unwrap();
         assert_eq!(ctx.in_flight(), 1, "only the flush took a request");
+    }
+
+    #[test]
+    fn a_request_submitted_at_a_time_counts_from_it() {
+        let (mut ctx, dev) = pathless(4, 1 << 20, PathClass::Transient);
+        let t = Instant::now().checked_sub(Duration::from_secs(1)).expect("the clock runs for a second");
+        ctx.submit_at(dev, Op::Read, 0, 4096, buf(), 21, t).map_err(|(e, _)| e).unwrap();
+        ctx.submit(dev, Op::Read, 4096, 4096, buf(), 22).map_err(|(e, _)| e).unwrap();
+        let start = |token| ctx.core.reqs.iter().find(|r| r.token == token).map(|r| r.start);
+        assert_eq!(start(21), Some(t), "the caller's time");
+        assert!(start(22).is_some_and(|s| s > t), "submit reads the clock itself");
     }
 
     #[test]
