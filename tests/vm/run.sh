@@ -690,6 +690,8 @@ ublk_on_ask() {
       flap-start) start_flapper ;;
       flap-stop) stop_flapper ;;
       restart-target) restart_target_same "$D/ublk.toml" ;;
+      port1-down) rpc set_port_fault port:=1 refuse_connects:=true drop_connections:=true > /dev/null ;;
+      port1-up) rpc set_port_fault port:=1 refuse_connects:=false > /dev/null ;;
       ublk-grow) ublk_resize "$UBLK_GROWN" ;;
       ublk-shrink) ublk_resize "$UBLK_SIZE" ;;
       *) fail "unexpected request from the guest: $1"; return 1 ;;

@@ -108,6 +108,20 @@ struct Retry {
     until: Option<Instant>,
 }
 
+impl Retry {
+    /// The first retry of a device whose paths failed to connect at `now`: after its
+    /// `reconnect_delay`, until its `ctrl_loss_tmo` (for ever with a negative one), as its
+    /// controllers would reconnect. `None` with a `ctrl_loss_tmo` of 0 (no reconnects).
+    fn first(spec: &HeadSpec, now: Instant) -> Option<Retry> {
+        if spec.ctrl_loss_tmo == 0 {
+            return None;
+        }
+        let every = Duration::from_secs(spec.reconnect_delay.max(1));
+        let until = u64::try_from(spec.ctrl_loss_tmo).ok().map(|s| now + Duration::from_secs(s));
+        Some(Retry { next: now + every, every, until })
+    }
+}
+
 /// The configuration file and what became of its devices.
 struct Configured {
     file: PathBuf,
@@ -116,11 +130,21 @@ struct Configured {
     failed: BTreeMap<String, Failed>,
 }
 
+/// A device a previous server left whose paths did not connect when it was to be taken
+/// over: the kernel holds its I/O, and it is tried again as its controllers would
+/// reconnect (every `reconnect_delay`, until `ctrl_loss_tmo`; for ever with -1).
+struct Pending {
+    st: DeviceState,
+    retry: Retry,
+    reason: String,
+}
+
 /// The devices of this process.
 pub struct Service {
     state_dir: PathBuf,
     devices: Mutex<BTreeMap<u32, Served>>,
     config: Mutex<Option<Configured>>,
+    pending: Mutex<BTreeMap<u32, Pending>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -132,7 +156,12 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// A service keeping its devices' state in `state_dir`.
     pub fn new(state_dir: PathBuf) -> Arc<Service> {
-        Arc::new(Service { state_dir, devices: Mutex::new(BTreeMap::new()), config: Mutex::new(None) })
+        Arc::new(Service {
+            state_dir,
+            devices: Mutex::new(BTreeMap::new()),
+            config: Mutex::new(None),
+            pending: Mutex::new(BTreeMap::new()),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u32, Served>> {
@@ -141,6 +170,10 @@ impl Service {
 
     fn cfg_lock(&self) -> MutexGuard<'_, Option<Configured>> {
         self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn pending_lock(&self) -> MutexGuard<'_, BTreeMap<u32, Pending>> {
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Serves the devices of `cfg`, read from `file` ([`Service::start_configured`] brings
@@ -246,6 +279,7 @@ impl Service {
     /// given up until the next start or SIGHUP.
     pub fn retry_due(&self) {
         let now = Instant::now();
+        self.retry_takeovers(now);
         let due: Vec<UblkEntry> = {
             let mut g = self.cfg_lock();
             let Some(c) = g.as_mut() else { return };
@@ -461,9 +495,59 @@ impl Service {
                 out.push((id, Err(format!("served by process {}; left alone", k.pid))));
                 continue;
             }
-            out.push((id, self.recover(&st).map_err(|e| e.to_string())));
+            let r = self.recover(&st);
+            if let Err(e) = &r
+                && e.kind == ErrorKind::Host
+                && let Some(retry) = Retry::first(&st.spec, Instant::now())
+            {
+                let every = retry.every.as_secs();
+                self.pending_lock().insert(id, Pending { st, retry, reason: e.to_string() });
+                out.push((id, Err(format!("{e}; its I/O waits, and it is tried again every {every} s"))));
+                continue;
+            }
+            out.push((id, r.map_err(|e| e.to_string())));
         }
         out
+    }
+
+    /// Tries again to take over the devices whose paths did not connect at start, whose
+    /// time has come; one past its `ctrl_loss_tmo` is given up (its I/O stays held by the
+    /// kernel until a later `qpath host` takes it over or `qpath ublk del` deletes it).
+    fn retry_takeovers(&self, now: Instant) {
+        let due: Vec<DeviceState> = {
+            let mut g = self.pending_lock();
+            let mut due = Vec::new();
+            g.retain(|id, p| {
+                if p.retry.until.is_some_and(|u| now >= u) {
+                    tracing::warn!("/dev/ublkb{id}: not taken over, given up (ctrl_loss_tmo passed): {}", p.reason);
+                    return false;
+                }
+                if now >= p.retry.next {
+                    p.retry.next = now + p.retry.every;
+                    due.push(p.st.clone());
+                }
+                true
+            });
+            due
+        };
+        for st in due {
+            match self.recover(&st) {
+                Ok(path) => {
+                    self.pending_lock().remove(&st.dev_id);
+                    tracing::info!("{path}: taken over on a retry (the previous server's I/O resumes)");
+                }
+                Err(e) if e.kind == ErrorKind::Host => {
+                    tracing::debug!("/dev/ublkb{}: still not taken over: {e}", st.dev_id);
+                    if let Some(p) = self.pending_lock().get_mut(&st.dev_id) {
+                        p.reason = e.to_string();
+                    }
+                }
+                Err(e) => {
+                    self.pending_lock().remove(&st.dev_id);
+                    tracing::warn!("/dev/ublkb{}: not taken over: {e}", st.dev_id);
+                }
+            }
+        }
     }
 
     fn recover(&self, st: &DeviceState) -> Result<String> {
@@ -514,6 +598,7 @@ impl Service {
         let kernel = list_devices()?;
         let c = self.cfg_lock();
         let g = self.lock();
+        let pending = self.pending_lock();
         let mut out = Vec::new();
         for k in kernel {
             let mut v = serde_json::to_value(&k).unwrap_or(Value::Null);
@@ -556,6 +641,15 @@ impl Service {
                     })
                     .collect();
                 m.insert("queue_stats".into(), Value::Array(q));
+            } else if let Some(p) = pending.get(&k.dev_id)
+                && let Some(m) = v.as_object_mut()
+            {
+                // Left by a previous server; its paths did not connect yet.
+                m.insert("takeover".into(), json!("retrying"));
+                m.insert("error".into(), json!(p.reason));
+                m.insert("subnqn".into(), json!(p.st.spec.subnqn));
+                m.insert("nsid".into(), json!(p.st.spec.nsid));
+                m.insert("paths".into(), json!(p.st.spec.paths));
             }
             out.push(v);
         }
@@ -650,13 +744,11 @@ fn note_failure(c: &mut Configured, e: &UblkEntry, err: &Error) {
     let until_before = before.and_then(|f| f.retry.as_ref()).map(|r| r.until);
     let attempts = before.map_or(0, |f| f.attempts) + 1;
     let same = before.is_some_and(|f| f.reason == err.to_string());
-    let retry = (err.kind == ErrorKind::Host).then(|| {
-        let every = Duration::from_secs(e.spec.reconnect_delay.max(1));
+    let retry = (err.kind == ErrorKind::Host)
+        .then(|| Retry::first(&e.spec, now))
+        .flatten()
         // The deadline counts from the first failure.
-        let until = until_before
-            .unwrap_or_else(|| u64::try_from(e.spec.ctrl_loss_tmo).ok().map(|s| now + Duration::from_secs(s)));
-        Retry { next: now + every, every, until }
-    });
+        .map(|r| Retry { until: until_before.unwrap_or(r.until), ..r });
     // Once per reason: a device retried for ever would otherwise fill the log.
     if same {
         tracing::debug!(device = %label, attempts, "configured device still not created: {err}");

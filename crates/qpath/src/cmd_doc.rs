@@ -25,8 +25,8 @@ pub struct CompletionsArgs {
 /// The closing text of qpath(1): `--help`'s, whose aligned columns a manual page would
 /// refill into a jumble, as prose.
 const MAN_AFTER_HELP: &str = "Logs go to stderr (the journal, under systemd). RUST_LOG chooses what is logged; the \
-default is warn,qpath_target=info. RUST_LOG=debug logs everything at debug level; \
-RUST_LOG=warn,qpath_host=debug one part (qpath_target, qpath_host, qpath_bench, nvme, uring or blk). \
+default is warn,qpath_target=info,qpath_blockdev=info. RUST_LOG=debug logs everything at debug level; \
+RUST_LOG=warn,qpath_host=debug one part (qpath_target, qpath_host, qpath_blockdev, qpath_bench, nvme, uring or blk). \
 qpath-COMMAND(1), or qpath COMMAND --help, describes each command.";
 
 /// The closing text of qpath-target(1): where the service keeps what.

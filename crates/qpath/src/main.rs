@@ -25,10 +25,10 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("QPAT
 
 /// How to get logs, shown under `qpath --help`.
 const AFTER_HELP: &str = "\
-Logs go to stderr. RUST_LOG chooses what is logged (default: warn,qpath_target=info):
+Logs go to stderr. RUST_LOG chooses what is logged (default: warn,qpath_target=info,qpath_blockdev=info):
   RUST_LOG=debug qpath target                 everything at debug level
   RUST_LOG=warn,qpath_host=debug qpath bench  one part at debug (qpath_target, qpath_host,
-                                              qpath_bench, nvme, uring, blk)
+                                              qpath_blockdev, qpath_bench, nvme, uring, blk)
 
 `qpath COMMAND --help` describes each command.";
 
@@ -94,7 +94,8 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     // A simulation runs thousands of targets' lives a second: their logs only with RUST_LOG.
-    let default_filter = if matches!(cli.command, Command::Sim(_)) { "off" } else { "warn,qpath_target=info" };
+    let default_filter =
+        if matches!(cli.command, Command::Sim(_)) { "off" } else { "warn,qpath_target=info,qpath_blockdev=info" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -187,9 +187,17 @@ st=$($Q ublk list --kernel --json 2>&1 | tr -d ' \n')
 echo "kernel view with no server: $st"
 case "$st" in *'"state":"quiesced"'*) pass "/dev/ublkb0 is quiesced while no server runs (I/O held)";;
   *) fail "device not quiesced after the server was killed";; esac
+# One path down while the new server starts: the takeover is tried again as the
+# controllers would reconnect (-c 1, -l -1), the kernel holding the I/O meanwhile.
+ask_host port1-down || fail "port 1 down"
 start_host && pass "a new qpath host started" || fail "second qpath host"
+st=$($Q ublk list --rpc-socket $SOCK --json | tr -d ' \n')
+case "$st" in *'"takeover":"retrying"'*) pass "with port 1 down the takeover waits and is retried (ublk list: takeover retrying)";;
+  *) fail "with port 1 down: no takeover retrying in ublk list: $st";; esac
+ask_host port1-up || fail "port 1 up"
+wait_until 30 grep -q "ublkb0: taken over" /tmp/host.$HOSTS.log
 show_host_log $HOSTS 6
-grep -q "ublkb0: taken over" /tmp/host.$HOSTS.log && pass "the new qpath host took /dev/ublkb0 over" \
+grep -q "ublkb0: taken over" /tmp/host.$HOSTS.log && pass "the new qpath host took /dev/ublkb0 over once port 1 was back" \
   || fail "the new qpath host did not take the device over"
 wait $F; echo "fio exit $?"
 fio_ok /tmp/fio.recovery "qpath kill -9 + restart"
