@@ -232,7 +232,15 @@ impl HostConfig {
                             )));
                         }
                         if let Some(why) = key_problem(k, &jv) {
-                            return Err(config_error(format!("line {}: {k}: {why}", line_of(text, v.span().start))));
+                            // In the file the device's number is `id`; a reason that already
+                            // names its key is not prefixed with it again.
+                            let why = why.replace("`dev_id`", "`id`");
+                            let why = if why.starts_with("unknown key") || why.starts_with(&format!("{k}:")) {
+                                why
+                            } else {
+                                format!("{k}: {why}")
+                            };
+                            return Err(config_error(format!("line {}: {why}", line_of(text, v.span().start))));
                         }
                     }
                     return Err(config_error(format!(
@@ -379,7 +387,8 @@ mod tests {
     fn a_wrong_file_is_refused_naming_the_line_and_the_key() {
         let head = format!("[[ublk]]\npaths = [\"127.0.0.1:4420\"]\nsubnqn = \"{NQN}\"\n");
         let e = err(&format!("{head}quues = 2\n"));
-        assert!(e.starts_with("line 4: quues: ") && e.contains("unknown field `quues`"), "{e}");
+        assert!(e.starts_with("line 4: unknown key `quues`;") && e.contains("`queues`"), "{e}");
+        assert!(e.contains("`id`") && !e.contains("dev_id"), "the file's key for the number: {e}");
         let e = err(&format!("{head}queues = \"two\"\n"));
         assert!(e.starts_with("line 4: queues: "), "{e}");
         let e = err(&format!("{head}\nqueues = 0\n"));

@@ -54,12 +54,27 @@ pub fn split_add_params(p: &Value) -> Result<(HeadSpec, AddOptions)> {
             spec.insert(k.clone(), v.clone());
         }
     }
-    let spec: HeadSpec = serde_json::from_value(Value::Object(spec)).map_err(|e| invalid(format!("ublk_add: {e}")))?;
+    let spec: HeadSpec = serde_json::from_value(Value::Object(spec)).map_err(|e| invalid(unknown_key_named(&e)))?;
     let opts: AddOptions =
         serde_json::from_value(Value::Object(opts)).map_err(|e| invalid(format!("ublk_add: {e}")))?;
     spec.check()?;
     opts.check()?;
     Ok((spec, opts))
+}
+
+/// The head's refusal of a key it does not know lists the head's keys only; the device's
+/// (`queues`, `depth`...) and `name` belong to the list too, or a misspelt `queues` would
+/// be answered with every key but the one meant.
+fn unknown_key_named(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.strip_prefix("unknown field ").and_then(|t| t.split_once(", expected one of ")) {
+        Some((key, spec_keys)) => {
+            let spec_keys = spec_keys.split(" at line ").next().unwrap_or(spec_keys);
+            let more: Vec<String> = ADD_KEYS.iter().chain(&["name"]).map(|k| format!("`{k}`")).collect();
+            format!("ublk_add: unknown key {key}; the keys are {spec_keys}, {}", more.join(", "))
+        }
+        None => format!("ublk_add: {text}"),
+    }
 }
 
 /// `ublk_add`'s optional `name`, taken out of its params.
@@ -253,7 +268,10 @@ mod tests {
         let (s, o) = split_add_params(&p).unwrap();
         assert_eq!((s.ctrl_loss_tmo, o.queues, o.depth), (-1, 2, 128));
         let bad = json!({"paths": ["a:1"], "subnqn": "n", "quues": 2});
-        assert!(split_add_params(&bad).unwrap_err().context.contains("quues"));
+        let e = split_add_params(&bad).unwrap_err().context;
+        // A misspelt key is answered with every key, the device's and the name among them.
+        assert!(e.contains("unknown key `quues`") && e.contains("`queues`") && e.contains("`paths`"), "{e}");
+        assert!(e.contains("`name`") && e.contains("`depth`") && !e.contains(" at line "), "{e}");
         assert!(split_add_params(&json!({"paths": [], "subnqn": "n"})).is_err());
     }
 }

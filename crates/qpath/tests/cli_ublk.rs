@@ -241,10 +241,10 @@ fn qpath_host_config_persist_keeps_devices_it_could_not_create_and_never_a_secre
     let bad = dir.path("bad.toml");
     std::fs::write(&bad, format!("[[ublk]]\npaths = [\"127.0.0.1:9\"]\nsubnqn = \"{NQN}\"\n\nquues = 2\n")).unwrap();
     let (ok, out) = qpath(&["host", "--config", bad.to_str().unwrap(), "--check"]);
-    assert!(!ok && out.contains("bad.toml: line 5: quues: unknown field `quues`"), "{out}");
+    assert!(!ok && out.contains("bad.toml: line 5: unknown key `quues`"), "{out}");
     let (ok, out) =
         qpath(&["host", "--config", bad.to_str().unwrap(), "--rpc-socket", dir.path("bad.sock").to_str().unwrap()]);
-    assert!(!ok && out.contains("line 5: quues"), "a wrong file is refused at start: {out}");
+    assert!(!ok && out.contains("line 5: unknown key `quues`"), "a wrong file is refused at start: {out}");
     assert!(!dir.path("bad.sock").exists());
 
     let host = HostProcess::start(&dir, "host1", &["--config", f, "--persist"]);
