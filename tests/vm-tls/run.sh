@@ -192,7 +192,10 @@ count_tls_records() {
     | awk -F'\t' '{ n = split($1, c, ","); for (i = 1; i <= n; i++) if (c[i] != 20 && c[i] != 21 && c[i] != 22) bad++
                     n = split($2, o, ","); for (i = 1; i <= n; i++) if (o[i] != 23) bad++ }
                   END { print bad + 0 }')
-  pdus=$(tshark -r "$pcap" "${nvme[@]}" -Y 'nvme-tcp.type <= 9' 2>/dev/null | wc -l)
+  # NVMe/TCP's dissector forced onto ciphertext now and then finds a type byte <= 9 where it
+  # lost the stream's framing; such a "PDU" is garbage (a CI capture: hlen 39, plen 210 MB)
+  # and tshark marks it malformed. A PDU really sent in the clear decodes whole.
+  pdus=$(tshark -r "$pcap" "${nvme[@]}" -Y 'nvme-tcp.type <= 9 && !_ws.malformed' 2>/dev/null | wc -l)
 }
 
 # check_suites PCAP PORT...: every ServerHello in the capture chose the key's suite
