@@ -286,16 +286,29 @@ fn list(a: &ListArgs) -> R {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!(
-        "{:<14} {:<9} {:>7} {:>6} {:>5} {:>14} {:>6}  namespace",
+    print!("{}", table(&v));
+    Ok(())
+}
+
+/// `qpath ublk list`'s table of `ublk_list`'s answer: a line per device; a configured
+/// device that is not there, or one whose takeover waits for its paths, says why on a
+/// line of its own.
+fn table(v: &Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "{:<14} {:<9} {:>7} {:>6} {:>5} {:>14} {:>6}  namespace\n",
         "device", "state", "pid", "queues", "depth", "bytes", "block"
     );
+    let ns = |d: &Value| match d.get("subnqn") {
+        Some(n) => format!("{} nsid {} via {}", n.as_str().unwrap_or("?"), d["nsid"], d["paths"]),
+        None => String::new(),
+    };
     for d in v.as_array().map_or(&[][..], Vec::as_slice) {
         if d["state"] == "not created" {
-            // Configured, not created: the columns of a device it does not have stay empty,
-            // and why it is not there goes on a line of its own.
-            println!(
-                "{:<14} {:<9} {:>7} {:>6} {:>5} {:>14} {:>6}  {} nsid {} via {}",
+            // Configured, not created: the columns of a device it does not have stay empty.
+            let _ = writeln!(
+                out,
+                "{:<14} {:<9} {:>7} {:>6} {:>5} {:>14} {:>6}  {}",
                 d["name"].as_str().unwrap_or("?"),
                 if d["retrying"] == true { "retrying" } else { "failed" },
                 "-",
@@ -303,31 +316,31 @@ fn list(a: &ListArgs) -> R {
                 "-",
                 "-",
                 "-",
-                d["subnqn"].as_str().unwrap_or("?"),
-                d["nsid"],
-                d["paths"]
+                ns(d)
             );
             let tries = d["attempts"].as_u64().unwrap_or(0);
             let word = if tries == 1 { "attempt" } else { "attempts" };
-            println!("{:<14} not created after {tries} {word}: {}", "", d["error"].as_str().unwrap_or("?"));
+            let _ =
+                writeln!(out, "{:<14} not created after {tries} {word}: {}", "", d["error"].as_str().unwrap_or("?"));
             continue;
         }
-        let ns = match d.get("subnqn") {
-            Some(n) => format!("{} nsid {} via {}", n.as_str().unwrap_or("?"), d["nsid"], d["paths"]),
-            None => String::new(),
-        };
-        println!(
-            "/dev/ublkb{:<4} {:<9} {:>7} {:>6} {:>5} {:>14} {:>6}  {ns}",
+        let _ = writeln!(
+            out,
+            "/dev/ublkb{:<4} {:<9} {:>7} {:>6} {:>5} {:>14} {:>6}  {}",
             d["dev_id"],
             d["state"].as_str().unwrap_or("?"),
             d["pid"],
             d["queues"],
             d["depth"],
             d["size"],
-            d["block_size"]
+            d["block_size"],
+            ns(d)
         );
+        if d["takeover"] == "retrying" {
+            let _ = writeln!(out, "{:<14} takeover waits for its paths: {}", "", d["error"].as_str().unwrap_or("?"));
+        }
     }
-    Ok(())
+    out
 }
 
 pub fn host(a: HostArgs) -> R {
@@ -439,4 +452,35 @@ fn check(file: Option<&std::path::Path>, cfg: Option<&HostConfig>) -> R {
     }
     println!("{}: configuration OK, {} device(s); nothing was started", file.display(), cfg.ublk.len());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_says_why_a_device_is_not_served() {
+        let v = json!([
+            {"dev_id": 0, "state": "live", "pid": 7, "queues": 2, "depth": 64, "size": 268435456, "block_size": 512,
+             "subnqn": "nqn.x:y", "nsid": 1, "paths": ["a:4420"]},
+            {"dev_id": 1, "state": "quiesced", "pid": -1, "queues": 1, "depth": 128, "size": 4096, "block_size": 512,
+             "takeover": "retrying", "error": "connecting nqn.x:y failed: a:4420: refused",
+             "subnqn": "nqn.x:y", "nsid": 2, "paths": ["a:4420"]},
+            {"name": "db", "state": "not created", "retrying": true, "attempts": 1, "error": "no ublk driver",
+             "subnqn": "nqn.x:y", "nsid": 3, "paths": ["a:4420"]},
+        ]);
+        let t = table(&v);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 6, "{t}");
+        assert!(
+            lines[1].starts_with("/dev/ublkb0")
+                && lines[1].contains("live")
+                && lines[1].ends_with("nsid 1 via [\"a:4420\"]"),
+            "{t}"
+        );
+        assert!(lines[2].starts_with("/dev/ublkb1") && lines[2].contains("quiesced"), "{t}");
+        assert_eq!(lines[3].trim_start(), "takeover waits for its paths: connecting nqn.x:y failed: a:4420: refused");
+        assert!(lines[4].starts_with("db ") && lines[4].contains("retrying"), "{t}");
+        assert_eq!(lines[5].trim_start(), "not created after 1 attempt: no ublk driver");
+    }
 }
