@@ -28,8 +28,6 @@ use target::tls::TlsMode;
 use tls::psk::{ConfiguredPsk, IdentityVersion, PskHash};
 use uring::{IoBuf, Wait};
 
-use loopback::free_port;
-
 const NQN: &str = "nqn.2026-11.io.qpath:tlstest";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:7a1e2b4c-1c1a-4c4e-9e55-4a7f0c0a0001";
 const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:7a1e2b4c-1c1a-4c4e-9e55-4a7f0c0a0002";
@@ -42,15 +40,12 @@ struct Target {
 }
 
 fn start(key: &ConfiguredPsk) -> Target {
-    let ports = [free_port(), free_port(), free_port()];
     let mut c = Config::embedded_default();
     c.reactor = ReactorOptions { reactors: 1, cpus: vec![], poll: PollMode::Block, spin_us: 0 };
-    let port = |id: u16, p: u16, tls: TlsMode| PortConfig { tls, ..PortConfig::io(id, format!("127.0.0.1:{p}")) };
-    c.ports = vec![
-        port(1, ports[0], TlsMode::Required),
-        port(2, ports[1], TlsMode::Allowed),
-        port(3, ports[2], TlsMode::None),
-    ];
+    // Port 0: the kernel picks each listener's port, so no other test's connection can take
+    // it between a probe and the bind (a workspace run once failed to start here).
+    let port = |id: u16, tls: TlsMode| PortConfig { tls, ..PortConfig::io(id, "127.0.0.1:0") };
+    c.ports = vec![port(1, TlsMode::Required), port(2, TlsMode::Allowed), port(3, TlsMode::None)];
     c.subsystems = vec![SubsystemConfig {
         allow_any_host: false,
         hosts: vec![
@@ -64,8 +59,8 @@ fn start(key: &ConfiguredPsk) -> Target {
         ..SubsystemConfig::open(NQN, vec![NamespaceConfig::ram(1, "16M")])
     }];
     let server = c.start().unwrap();
-    let addr = |p: u16| format!("127.0.0.1:{p}").parse().unwrap();
-    Target { server, required: addr(ports[0]), allowed: addr(ports[1]), plain: addr(ports[2]) }
+    let addr = |id: u16| server.local_addr(id).expect("a listening port");
+    Target { required: addr(1), allowed: addr(2), plain: addr(3), server }
 }
 
 fn options(addr: SocketAddr, hostnqn: &str, key: Option<&ConfiguredPsk>) -> ConnectOptions {
