@@ -586,20 +586,14 @@ impl Ring {
         self.stats
     }
 
-    /// Whether the next [`Wait::Block`] turns may hold their sends' completions
-    /// ([`RingConfig::send_hold`], which must be set too; on by default). The owner turns it
-    /// off when the one completion that would follow a send is the one it waits for:
-    /// holding then saves the system call but puts the thread to sleep inside the
-    /// submitting call, and a response a few µs away then costs a wake-up from idle that
-    /// returning to user space and entering again would often have missed.
-    pub fn hold_sends(&mut self, on: bool) {
-        self.hold_for(u32::from(on), None);
-    }
-
     /// How many completions besides their sends' the next [`Wait::Block`] turns wait for,
     /// bounded by [`RingConfig::send_hold`] as io_uring's minimum wait: `0` does not hold
-    /// (the turn wakes for its first completion, see [`Ring::hold_sends`]); `1` holds
-    /// only a turn that submits sends (the default); more holds every turn for that many,
+    /// (the turn wakes for its first completion: when the one completion that would follow
+    /// a send is the one the owner waits for, holding saves the system call but puts the
+    /// thread to sleep inside the submitting call, and a response a few µs away then costs
+    /// a wake-up from idle that returning to user space and entering again would often
+    /// have missed); `1` holds only a turn that submits sends (the default); more holds
+    /// every turn for that many,
     /// when the owner knows that many are coming (a receive on each of several sockets
     /// that have answers outstanding): their first would otherwise wake the thread alone,
     /// and the others cost another system call each. `hold` replaces
