@@ -1471,7 +1471,7 @@ pub(super) fn op_code(op: Op) -> u8 {
 }
 
 /// Nanoseconds from `t` to `now`, 0 if `t` is later (a request issued after its turn's clock).
-fn nanos_since(t: Instant, now: Instant) -> u64 {
+pub(super) fn nanos_since(t: Instant, now: Instant) -> u64 {
     u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX)
 }
 

@@ -1031,7 +1031,7 @@ impl Context {
         let due = self.core.conns.iter().enumerate().filter_map(move |(key, qc)| {
             let qc = qc.as_ref()?;
             let armed = self.conns.get(key).and_then(Option::as_ref).is_some_and(|c| c.ops.recv_in_flight());
-            let silent = u64::try_from(now.saturating_duration_since(qc.progress_at).as_nanos()).unwrap_or(u64::MAX);
+            let silent = blockcore::nanos_since(qc.progress_at, now);
             (qc.open && armed && qc.q.outstanding() > 0 && !stalled(qc.latency_ewma_ns, silent))
                 .then_some(qc.latency_ewma_ns)
         });
