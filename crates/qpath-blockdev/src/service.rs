@@ -13,9 +13,9 @@
 //! stays in the file (an operator's wish that fails now may work after `modprobe ublk_drv`
 //! or once the target is up) until `ublk_del name=...` removes it.
 //!
-//! Control plane only: mutexes over the device table and the configuration (taken in that
-//! order: the configuration's first), by RPC calls, the reaper and the retries, never by
-//! an I/O.
+//! Control plane only: mutexes over the configuration, the device table and the takeovers
+//! that wait for their paths (taken in that order when more than one is held), by RPC
+//! calls, the reaper and the retries, never by an I/O.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -119,6 +119,19 @@ impl Retry {
         let every = Duration::from_secs(spec.reconnect_delay.max(1));
         let until = u64::try_from(spec.ctrl_loss_tmo).ok().map(|s| now + Duration::from_secs(s));
         Some(Retry { next: now + every, every, until })
+    }
+
+    /// What is due at `now`: `None` once `ctrl_loss_tmo` has passed (give up), else
+    /// whether to try now (the next try then set one `reconnect_delay` later).
+    fn due(&mut self, now: Instant) -> Option<bool> {
+        if self.until.is_some_and(|u| now >= u) {
+            return None;
+        }
+        let due = now >= self.next;
+        if due {
+            self.next = now + self.every;
+        }
+        Some(due)
     }
 }
 
@@ -286,14 +299,17 @@ impl Service {
             let mut due = Vec::new();
             for (label, f) in &mut c.failed {
                 let Some(r) = &mut f.retry else { continue };
-                if r.until.is_some_and(|u| now >= u) {
-                    tracing::warn!(device = %label, "configured device given up (ctrl_loss_tmo passed): {}; SIGHUP tries it again", f.reason);
-                    f.retry = None;
-                } else if now >= r.next {
-                    r.next = now + r.every;
-                    if let Some(e) = c.cfg.find(label) {
-                        due.push(e.clone());
+                match r.due(now) {
+                    None => {
+                        tracing::warn!(device = %label, "configured device given up (ctrl_loss_tmo passed): {}; SIGHUP tries it again", f.reason);
+                        f.retry = None;
                     }
+                    Some(true) => {
+                        if let Some(e) = c.cfg.find(label) {
+                            due.push(e.clone());
+                        }
+                    }
+                    Some(false) => {}
                 }
             }
             due
@@ -517,16 +533,17 @@ impl Service {
         let due: Vec<DeviceState> = {
             let mut g = self.pending_lock();
             let mut due = Vec::new();
-            g.retain(|id, p| {
-                if p.retry.until.is_some_and(|u| now >= u) {
+            g.retain(|id, p| match p.retry.due(now) {
+                None => {
                     tracing::warn!("/dev/ublkb{id}: not taken over, given up (ctrl_loss_tmo passed): {}", p.reason);
-                    return false;
+                    false
                 }
-                if now >= p.retry.next {
-                    p.retry.next = now + p.retry.every;
-                    due.push(p.st.clone());
+                Some(try_now) => {
+                    if try_now {
+                        due.push(p.st.clone());
+                    }
+                    true
                 }
-                true
             });
             due
         };
