@@ -100,13 +100,9 @@ impl UblkEntry {
         if let Some(n) = &self.name {
             m.insert("name".into(), json!(n));
         }
-        if let Some(id) = self.opts.dev_id {
-            m.insert("dev_id".into(), json!(id));
+        if let Ok(Value::Object(o)) = serde_json::to_value(&self.opts) {
+            m.extend(o);
         }
-        m.insert("queues".into(), json!(self.opts.queues));
-        m.insert("depth".into(), json!(self.opts.depth));
-        m.insert("max_transfer".into(), json!(self.opts.max_transfer));
-        m.insert("read_only".into(), json!(self.opts.read_only));
         Value::Object(m)
     }
 }

@@ -34,11 +34,11 @@ use crate::ublk::device::{UblkDevice, UblkOptions, list_devices};
 use crate::ublk::{DeviceState, load_states, namespace_id_hex, remove_state, save_state};
 
 /// How a device is added.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AddOptions {
     /// Device number; the kernel picks when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev_id: Option<u32>,
     /// Queues (threads).
     #[serde(default = "one")]
