@@ -37,14 +37,7 @@ pub const SERVICE_HOST_SOCKET: &str = "/run/qpath-host/qpath-host.sock";
 /// ([`default_host_socket`]) when it exists, else the service's when that exists, else the
 /// default (whose absence the error names).
 fn client_host_socket() -> PathBuf {
-    let own = default_host_socket();
-    if std::env::var_os("QPATH_HOST_SOCKET").is_none()
-        && !own.exists()
-        && std::path::Path::new(SERVICE_HOST_SOCKET).exists()
-    {
-        return SERVICE_HOST_SOCKET.into();
-    }
-    own
+    crate::own_or_service_socket(default_host_socket(), "QPATH_HOST_SOCKET", SERVICE_HOST_SOCKET)
 }
 
 /// `qpath ublk`.

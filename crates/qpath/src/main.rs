@@ -137,12 +137,14 @@ pub const SERVICE_RPC_SOCKET: &str = "/run/qpath/qpath.sock";
 /// default a `qpath target` started by hand binds ([`default_rpc_socket`]) when it exists,
 /// else the service's, when that exists; else the default (whose absence the error names).
 pub fn client_rpc_socket() -> std::path::PathBuf {
-    let own = default_rpc_socket();
-    if std::env::var_os("QPATH_RPC_SOCKET").is_none()
-        && !own.exists()
-        && std::path::Path::new(SERVICE_RPC_SOCKET).exists()
-    {
-        return SERVICE_RPC_SOCKET.into();
+    own_or_service_socket(default_rpc_socket(), "QPATH_RPC_SOCKET", SERVICE_RPC_SOCKET)
+}
+
+/// `own` (a default socket, or the one `env` names) when it exists or `env` is set; else
+/// `service`'s when that exists; else `own`, whose absence the caller's error names.
+pub fn own_or_service_socket(own: std::path::PathBuf, env: &str, service: &str) -> std::path::PathBuf {
+    if std::env::var_os(env).is_none() && !own.exists() && std::path::Path::new(service).exists() {
+        return service.into();
     }
     own
 }

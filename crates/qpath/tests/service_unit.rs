@@ -39,22 +39,28 @@ fn setting_in<'a>(unit: &'a str, key: &str) -> &'a str {
 
 #[test]
 fn systemd_analyze_verify_accepts_the_unit() {
-    let Some(mut verify) = systemd_analyze() else {
+    let Some(verify) = systemd_analyze() else {
         println!("SKIP: systemd-analyze is not installed (apt-get install systemd)");
         return;
     };
-    let dir = Dir::new("service-unit-verify");
-    let unit = dir.path("qpath-target.service");
-    std::fs::write(&unit, unit_for(env!("CARGO_BIN_EXE_qpath"))).unwrap();
+    verify_unit(verify, "service-unit-verify", "qpath-target.service", &unit_for(env!("CARGO_BIN_EXE_qpath")));
+}
+
+/// `systemd-analyze verify` of `text` as unit `name`, in a directory of its own with the
+/// manual pages the package ships (the unit's Documentation=man:... must find its page):
+/// no refusal and no complaint about the unit (verify prints problems it does not fail on,
+/// unknown settings, bad paths, as warnings).
+fn verify_unit(mut verify: std::process::Command, dir: &str, name: &str, text: &str) {
+    let dir = Dir::new(dir);
+    let unit = dir.path(name);
+    std::fs::write(&unit, text).unwrap();
     let man = dir.path("man");
     let (ok, _, err) = qpath(&["man", man.join("man1").to_str().unwrap()], CALL_WITHIN);
     assert!(ok, "qpath man: {err}");
-    // Documentation=man:qpath-target(1) must find the page the package ships.
     verify.env("MANPATH", &man).arg("verify").arg("--man=yes").arg(&unit);
     let (ok, out, err) = run(verify, CALL_WITHIN);
     assert!(ok, "systemd-analyze verify refused the unit:\n{out}{err}");
-    // verify prints problems it does not fail on (unknown settings, bad paths) as warnings.
-    let complaints: Vec<&str> = err.lines().chain(out.lines()).filter(|l| l.contains("qpath-target.service")).collect();
+    let complaints: Vec<&str> = err.lines().chain(out.lines()).filter(|l| l.contains(name)).collect();
     assert!(complaints.is_empty(), "systemd-analyze verify complained:\n{}", complaints.join("\n"));
 }
 
@@ -94,21 +100,28 @@ fn the_command_line_of_the_unit_is_one_qpath_target_accepts() {
 
 #[test]
 fn systemd_analyze_security_rates_the_sandbox_ok() {
-    let Some(mut security) = systemd_analyze() else {
+    let Some(security) = systemd_analyze() else {
         println!("SKIP: systemd-analyze is not installed (apt-get install systemd)");
         return;
     };
-    let dir = Dir::new("service-unit-security");
-    let unit = dir.path("qpath-target.service");
-    std::fs::write(&unit, UNIT).unwrap();
     // Exposure from 0 (everything locked) to 10 (nothing), given to --threshold in tenths:
     // the unit rates 2.3 ("OK" in systemd's words; root, the host's network and /dev are
     // what it keeps, see the unit's comments). Above it, a setting was dropped.
-    security.arg("security").arg("--offline=yes").arg("--threshold=23").arg("--no-pager").arg(&unit);
+    rate_unit(security, "service-unit-security", "qpath-target.service", UNIT, 23);
+}
+
+/// `systemd-analyze security` of `text` as unit `name`: an exposure of at most
+/// `tenths` / 10.
+fn rate_unit(mut security: std::process::Command, dir: &str, name: &str, text: &str, tenths: u32) {
+    let dir = Dir::new(dir);
+    let unit = dir.path(name);
+    std::fs::write(&unit, text).unwrap();
+    security.arg("security").arg("--offline=yes").arg(format!("--threshold={tenths}")).arg("--no-pager").arg(&unit);
     let (ok, out, err) = run(security, CALL_WITHIN);
     let overall = out.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("no overall exposure level");
     println!("{overall}");
-    assert!(ok, "systemd-analyze security rates the unit above 2.3:\n{out}{err}");
+    let limit = f64::from(tenths) / 10.0;
+    assert!(ok, "systemd-analyze security rates {name} above {limit}:\n{out}{err}");
 }
 
 /// The system calls a `SystemCallFilter=` allow list lets through, its @groups expanded
@@ -162,21 +175,12 @@ fn the_system_call_filter_lets_io_uring_through() {
 
 #[test]
 fn systemd_analyze_verify_accepts_the_host_unit() {
-    let Some(mut verify) = systemd_analyze() else {
+    let Some(verify) = systemd_analyze() else {
         println!("SKIP: systemd-analyze is not installed (apt-get install systemd)");
         return;
     };
-    let dir = Dir::new("service-unit-verify-host");
-    let unit = dir.path("qpath-host.service");
-    std::fs::write(&unit, HOST_UNIT.replace("/usr/bin/qpath", env!("CARGO_BIN_EXE_qpath"))).unwrap();
-    let man = dir.path("man");
-    let (ok, _, err) = qpath(&["man", man.join("man1").to_str().unwrap()], CALL_WITHIN);
-    assert!(ok, "qpath man: {err}");
-    verify.env("MANPATH", &man).arg("verify").arg("--man=yes").arg(&unit);
-    let (ok, out, err) = run(verify, CALL_WITHIN);
-    assert!(ok, "systemd-analyze verify refused the unit:\n{out}{err}");
-    let complaints: Vec<&str> = err.lines().chain(out.lines()).filter(|l| l.contains("qpath-host.service")).collect();
-    assert!(complaints.is_empty(), "systemd-analyze verify complained:\n{}", complaints.join("\n"));
+    let unit = HOST_UNIT.replace("/usr/bin/qpath", env!("CARGO_BIN_EXE_qpath"));
+    verify_unit(verify, "service-unit-verify-host", "qpath-host.service", &unit);
 }
 
 /// The host's unit runs `qpath host` with options it accepts, on the shipped (empty)
@@ -224,17 +228,10 @@ fn the_command_line_of_the_host_unit_is_one_qpath_host_accepts() {
 
 #[test]
 fn systemd_analyze_security_rates_the_host_sandbox_ok() {
-    let Some(mut security) = systemd_analyze() else {
+    let Some(security) = systemd_analyze() else {
         println!("SKIP: systemd-analyze is not installed (apt-get install systemd)");
         return;
     };
-    let dir = Dir::new("service-unit-security-host");
-    let unit = dir.path("qpath-host.service");
-    std::fs::write(&unit, HOST_UNIT).unwrap();
     // 2.5 ("OK"): the target's 2.3 plus CAP_SYS_ADMIN, which ublk_drv needs.
-    security.arg("security").arg("--offline=yes").arg("--threshold=25").arg("--no-pager").arg(&unit);
-    let (ok, out, err) = run(security, CALL_WITHIN);
-    let overall = out.lines().find(|l| l.contains("Overall exposure level")).unwrap_or("no overall exposure level");
-    println!("{overall}");
-    assert!(ok, "systemd-analyze security rates the host's unit above 2.5:\n{out}{err}");
+    rate_unit(security, "service-unit-security-host", "qpath-host.service", HOST_UNIT, 25);
 }
