@@ -842,8 +842,8 @@ mod tests {
     fn a_response_capsule_decodes_the_same_through_the_short_path_and_the_full_one() {
         let mut cqe = [0u8; 24];
         cqe[..8].copy_from_slice(&[PduType::CapsuleResp as u8, 0, 24, 0, 24, 0, 0, 0]);
-        for (i, b) in cqe[8..].iter_mut().enumerate() {
-            *b = 0x11u8.wrapping_mul(i as u8 + 1);
+        for (b, v) in cqe[8..].iter_mut().zip(0x11u8..) {
+            *b = v;
         }
         let mut taken = 0;
         for header in [false, true] {
