@@ -196,6 +196,7 @@ impl SendMsg {
     }
 
     /// `header[start..end]` was appended: the last segment grows if it ends at `start`.
+    #[inline]
     fn extend_header_segment(&mut self, start: usize, end: usize) {
         if let Some(Segment::Header { end: last_end, .. }) = self.p.segments.last_mut()
             && *last_end == start

@@ -997,6 +997,7 @@ impl<C: CoreController> BlockCore<C> {
     }
 
     /// Gives back a tag of device `dev` (shared) or of queue `qkey` (its own).
+    #[inline]
     fn free_tag(&mut self, dev: usize, qkey: usize, tag: u16, shared: bool) {
         let tag = Tag::new(tag);
         if shared {
