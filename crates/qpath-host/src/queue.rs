@@ -519,9 +519,8 @@ impl HostQueue {
         let in_capsule = io.dir == DataDir::ToController && len <= self.cfg.max_in_capsule && len > 0;
         let sgl = if in_capsule { SglDescriptor::in_capsule(io.len) } else { SglDescriptor::transport(io.len) };
         io.sqe.set_sgl(sgl);
-        self.scratch.clear();
-        let w = self.enc.capsule_cmd(&mut self.scratch, &io.sqe, if in_capsule { len } else { 0 });
-        self.tx.push_bytes(&self.scratch);
+        let enc = self.enc;
+        let w = self.tx.push_with(|out| enc.capsule_cmd(out, &io.sqe, if in_capsule { len } else { 0 }));
         let mut buf_in_flight = false;
         if in_capsule && let Some(buf) = io.buf.take() {
             let digest = w.ddgst.then(|| crc32c(&buf.as_full()[..len]));

@@ -168,13 +168,36 @@ impl SendMsg {
     /// Appends a copy of `bytes` (a PDU header, a digest). Consecutive calls coalesce into
     /// one segment.
     pub fn push_bytes(&mut self, bytes: &[u8]) {
-        if bytes.is_empty() {
-            return;
-        }
+        self.push_with(|h| h.extend_from_slice(bytes));
+    }
+
+    /// Appends the bytes `write` appends to the vector it is given (a PDU header encoded in
+    /// place, not through a scratch vector and a copy), as [`SendMsg::push_bytes`] appends
+    /// them. The vector holds the message's copied bytes so far: `write` only appends.
+    ///
+    /// # Panics
+    ///
+    /// If `write` shortened the vector (its length is restored first, so every segment
+    /// stays within it).
+    pub fn push_with<R>(&mut self, write: impl FnOnce(&mut Vec<u8>) -> R) -> R {
         let start = self.p.header.len();
-        self.p.header.extend_from_slice(bytes);
+        let r = write(&mut self.p.header);
         let end = self.p.header.len();
-        self.p.len += bytes.len();
+        if end < start {
+            self.p.header.resize(start, 0);
+            panic!("SendMsg::push_with: the writer removed bytes the message sends");
+        }
+        if end == start {
+            return r;
+        }
+        self.p.len += end - start;
+        self.extend_header_segment(start, end);
+        r
+    }
+
+    /// `header[start..end]` was appended: the last segment grows if it ends at `start`.
+    #[inline]
+    fn extend_header_segment(&mut self, start: usize, end: usize) {
         if let Some(Segment::Header { end: last_end, .. }) = self.p.segments.last_mut()
             && *last_end == start
         {
@@ -404,6 +427,27 @@ mod tests {
             out.extend_from_slice(bytes);
         }
         out
+    }
+
+    #[test]
+    fn bytes_written_in_place_join_the_copied_bytes_and_a_writer_that_removes_some_panics() {
+        let mut msg = SendMsg::new();
+        msg.push_bytes(b"ab");
+        let n = msg.push_with(|h| {
+            h.extend_from_slice(b"cd");
+            h.len()
+        });
+        assert_eq!(n, 4, "the writer sees the bytes so far and appends after them");
+        assert_eq!((msg.segments(), msg.len()), (1, 4));
+        msg.push_with(|_| ());
+        assert_eq!((msg.segments(), msg.len()), (1, 4), "nothing written, nothing added");
+        msg.push_buf(buf_with(b"xyz"), 0..3).expect("in range");
+        msg.push_with(|h| h.push(b'e'));
+        assert_eq!(msg.to_vec(), b"abcdxyze");
+        let shrink = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| msg.push_with(|h| h.clear())));
+        assert!(shrink.is_err());
+        assert_eq!(msg.header().len(), 5, "every segment still within the copied bytes");
+        assert_eq!(msg.to_vec().len(), 8);
     }
 
     #[test]

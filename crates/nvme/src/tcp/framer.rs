@@ -21,8 +21,8 @@
 //! the caller received elsewhere (straight into a command's buffer) are
 //! accounted with [`Framer::data_placed`]. Nothing allocates.
 
-use super::digest::{crc32c, crc32c_append};
-use super::pdu::{Decoded, Decoder, DecoderConfig, FatalError, PduInfo};
+use super::digest::{CRC32C_EMPTY, crc32c_append};
+use super::pdu::{CH_LEN, Decoded, Decoder, DecoderConfig, FatalError, PduInfo};
 
 /// Bytes of a data digest (CRC32C).
 const DIGEST_LEN: usize = 4;
@@ -90,6 +90,9 @@ impl Framer {
     #[inline]
     pub fn next<'a>(&mut self, avail: &'a [u8]) -> Result<(usize, Frame<'a>), FatalError> {
         match self.state {
+            // Not even a common header: what the decoder would say, without calling it (a
+            // receive's bytes all framed end here).
+            State::Header if avail.len() < CH_LEN => Ok((0, Frame::NeedMore(CH_LEN))),
             State::Header => self.header(avail),
             State::Data { remaining, ddgst, crc } => {
                 let n = avail.len().min(remaining);
@@ -136,7 +139,7 @@ impl Framer {
             return Ok((0, Frame::NeedMore(skip)));
         }
         if info.layout.data_len > 0 {
-            self.state = State::Data { remaining: info.layout.data_len, ddgst: info.layout.ddgst, crc: crc32c(&[]) };
+            self.state = State::Data { remaining: info.layout.data_len, ddgst: info.layout.ddgst, crc: CRC32C_EMPTY };
         }
         Ok((skip, Frame::Header(info)))
     }
@@ -154,6 +157,7 @@ mod tests {
     use super::*;
     use crate::Cid;
     use crate::Sqe;
+    use crate::tcp::digest::crc32c;
     use crate::tcp::pdu::{DataHeader, Digests, EncoderConfig, Fes, Header, Role};
 
     /// Both digests on, 8 KiB in-capsule and data PDUs.

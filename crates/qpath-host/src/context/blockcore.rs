@@ -41,6 +41,11 @@ use crate::mpath::{Outcome, PathClass, PathIndex, PathState, Selection};
 use crate::queue::{DataDir, Done, HostQueue, Io, QueueState};
 use crate::stats::Recorder;
 
+/// How long before its creation a core's nanosecond clock starts: a
+/// caller's clock read from before the core was made (a submission time) still counts
+/// from its own time.
+const EPOCH_LEAD_NS: u64 = 86_400 * 1_000_000_000;
+
 /// A connection with more commands than this in flight is deep: served after the others.
 const SHALLOW_OUTSTANDING_MAX: usize = 4;
 
@@ -62,6 +67,11 @@ pub struct BlockCore<C: CoreController> {
     pub(super) opts: ContextOptions,
     /// The time of the call in progress (its caller's clock read).
     pub(super) now: Instant,
+    /// The same as nanoseconds since `epoch`: the core keeps its times so (a request's
+    /// start and send), and a duration is one subtraction, not one per `Instant` pair.
+    pub(super) now_ns: u64,
+    /// Time zero of its nanosecond clock: [`EPOCH_LEAD_NS`] before the core's creation.
+    epoch: Instant,
     /// Connections' queues by connection key (the owner keeps their sockets under the same key).
     pub(super) conns: Vec<Option<QueueConn>>,
     pub(super) free_conns: Vec<usize>,
@@ -90,13 +100,16 @@ impl<C: CoreController> BlockCore<C> {
     /// A core with `opts.max_requests` request slots (clamped to 1..=2^20).
     pub fn new(opts: ContextOptions, now: Instant) -> BlockCore<C> {
         let n = opts.max_requests.clamp(1, 1 << 20);
+        let epoch = now.checked_sub(Duration::from_nanos(EPOCH_LEAD_NS)).unwrap_or(now);
         BlockCore {
             now,
+            now_ns: nanos_since(epoch, now),
+            epoch,
             conns: Vec::new(),
             free_conns: Vec::new(),
             queues: Vec::new(),
             devices: Vec::new(),
-            reqs: (0..n).map(|_| Req::free(now)).collect(),
+            reqs: (0..n).map(|_| Req::free()).collect(),
             free_reqs: (0..u32::try_from(n).unwrap_or(u32::MAX)).rev().collect(),
             done: Vec::with_capacity(n),
             flush_list: Vec::new(),
@@ -109,6 +122,23 @@ impl<C: CoreController> BlockCore<C> {
             attaches: Vec::new(),
             opts,
         }
+    }
+
+    /// Makes `now` the time of the call in progress. The calls of one poll turn share
+    /// their clock read: only a new one is converted to the nanosecond clock.
+    #[inline]
+    fn set_now(&mut self, now: Instant) {
+        if now != self.now {
+            self.now = now;
+            self.now_ns = self.clock_ns(now);
+        }
+    }
+
+    /// `t` on the core's nanosecond clock (0 for a time more than [`EPOCH_LEAD_NS`] before
+    /// the core's creation).
+    #[inline]
+    pub(super) fn clock_ns(&self, t: Instant) -> u64 {
+        nanos_since(self.epoch, t)
     }
 
     /// Requests in flight (waiting or on the wire).
@@ -136,10 +166,11 @@ impl<C: CoreController> BlockCore<C> {
     /// A live connection of queue `qkey` (of controller generation `ctrl_generation`):
     /// returns its connection key; the requests waiting for the queue go out on it.
     pub fn install(&mut self, qkey: usize, q: HostQueue, ctrl_generation: u64, now: Instant) -> usize {
-        self.now = now;
+        self.set_now(now);
         let entries = q.entries();
         let key = self.free_conns.pop().unwrap_or(self.conns.len());
-        let conn = QueueConn { q, ctrl_generation, qkey, open: true, latency_ewma_ns: 0, progress_at: now };
+        let progress_at = self.now_ns;
+        let conn = QueueConn { q, ctrl_generation, qkey, open: true, latency_ewma_ns: 0, progress_at };
         if key == self.conns.len() {
             self.conns.push(Some(conn));
         } else {
@@ -220,7 +251,7 @@ impl<C: CoreController> BlockCore<C> {
         let Some(rid) = self.free_reqs.pop() else {
             return Err((Error::new(ErrorKind::Busy, "too many requests in flight"), buf));
         };
-        self.now = now;
+        self.set_now(now);
         let r = &mut self.reqs[rid as usize];
         r.dev = dev.0;
         r.op = op;
@@ -229,7 +260,7 @@ impl<C: CoreController> BlockCore<C> {
         r.len = len;
         r.buf = buf;
         r.token = token;
-        r.start = now;
+        r.start = self.now_ns;
         r.retries = 0;
         r.was_sent = false;
         r.submitter = submitter;
@@ -244,8 +275,12 @@ impl<C: CoreController> BlockCore<C> {
     /// queue's control command's completion goes to `control`. A `dying` connection
     /// (failed, its tags gone with it) gives no tag back.
     pub fn deliver(&mut self, ckey: usize, dying: bool, now: Instant, mut control: impl FnMut(Done)) {
-        self.now = now;
+        self.set_now(now);
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
+        if conn.q.completions().is_empty() {
+            // A send's completion, a receive of part of a PDU: nothing finished.
+            return;
+        }
         let control_tag = conn.q.control_tag();
         let mut done = std::mem::take(conn.q.completions());
         for d in done.drain(..) {
@@ -255,8 +290,9 @@ impl<C: CoreController> BlockCore<C> {
             }
             let rid = u32::try_from(d.token).unwrap_or(u32::MAX);
             if let Some(w) = self.on_wire(rid, d.tag) {
+                let now_ns = self.now_ns;
                 if let Some(Some(conn)) = self.conns.get_mut(ckey) {
-                    conn.record_latency(nanos_since(w.sent, now), now);
+                    conn.record_latency(now_ns.saturating_sub(w.sent), now_ns);
                 }
                 if !dying {
                     let r = &self.reqs[rid as usize];
@@ -273,7 +309,7 @@ impl<C: CoreController> BlockCore<C> {
     /// After a connection was serviced: requests waiting for budget, for its queue and
     /// (with a shared tag set) for a tag go out as far as they can.
     pub fn dispatch_after_service(&mut self, qkey: usize, now: Instant) {
-        self.now = now;
+        self.set_now(now);
         if AFTER_TAG_BUILT && self.opts.shared_tags.is_some() {
             // Requests that already hold a tag go first.
             for d in 0..self.devices.len() {
@@ -305,7 +341,7 @@ impl<C: CoreController> BlockCore<C> {
     /// A connection failed (after [`BlockCore::abort_conn`]): its outstanding commands
     /// fail over (multipath) or wait for the reconnect, and the controller resets.
     pub fn fail_conn(&mut self, ckey: usize, why: &str, now: Instant, mut control: impl FnMut(Done)) {
-        self.now = now;
+        self.set_now(now);
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         let control_tag = conn.q.control_tag();
         let qkey = conn.qkey;
@@ -341,6 +377,12 @@ impl<C: CoreController> BlockCore<C> {
         }
         self.has_multi_refresh();
         self.touched.push(ckey);
+    }
+
+    /// Whether [`BlockCore::take_attaches`] has anything (a look, no move).
+    #[inline]
+    pub fn has_attaches(&self) -> bool {
+        !self.attaches.is_empty()
     }
 
     /// Paths whose controllers the owner must claim a queue of (after a head changed).
@@ -466,13 +508,13 @@ impl<C: CoreController> BlockCore<C> {
 
     /// Re-reads the paths of device `dev` (a multipath head that changed).
     pub fn refresh_device(&mut self, dev: usize, now: Instant) {
-        self.now = now;
+        self.set_now(now);
         self.refresh_paths(dev);
     }
 
     /// Re-reads every multipath device's paths (once per poll turn).
     pub fn refresh_all_paths(&mut self, now: Instant) {
-        self.now = now;
+        self.set_now(now);
         if self.has_multi {
             for d in 0..self.devices.len() {
                 self.refresh_paths(d);
@@ -490,6 +532,7 @@ impl<C: CoreController> BlockCore<C> {
 
     /// The change counts a device's size depends on, folded: its controller's (single,
     /// spread) or its present paths' and its head's (multipath): one load each.
+    #[inline]
     fn size_key(&self, dev: usize) -> u64 {
         match &self.devices[dev].kind {
             DevKind::Single { qkey, .. } => self.queues[*qkey].ctrl.change_count(),
@@ -510,12 +553,20 @@ impl<C: CoreController> BlockCore<C> {
     /// written past its new end; one that is down keeps its last size until it is back
     /// and has rescanned), or all its paths' when none is live. A namespace whose block size changed refuses all I/O:
     /// every offset the caller computes would land elsewhere.
+    #[inline]
     fn refresh_size(&mut self, dev: usize) -> u64 {
         let key = self.size_key(dev);
         let d = &self.devices[dev];
         if key == d.size_seen {
             return d.nsze;
         }
+        self.reread_size(dev, key)
+    }
+
+    /// [`BlockCore::refresh_size`] of a device whose change counts moved (to `key`).
+    #[cold]
+    #[inline(never)]
+    fn reread_size(&mut self, dev: usize, key: u64) -> u64 {
         self.refresh_presence(dev);
         let d = &self.devices[dev];
         let geometry = match &d.kind {
@@ -805,19 +856,26 @@ impl<C: CoreController> BlockCore<C> {
     /// core: logged at error level, in release builds too, and the request fails (unless
     /// it is already free: a second completion is dropped). Returns whether it moved; the
     /// caller stops handling the request when it did not.
+    #[inline]
     fn set_state(&mut self, rid: u32, to: ReqState) -> bool {
         let r = &mut self.reqs[rid as usize];
-        match r.state.transition(to) {
-            Ok(s) => {
-                r.state = s;
-                true
-            }
-            Err(e) => {
-                tracing::error!(request = rid, token = r.token, "request lifecycle: {e}; the request fails");
-                self.fail_refused(rid);
-                false
-            }
+        if r.state.allows(&to) {
+            r.state = to;
+            return true;
         }
+        self.refuse_state(rid, to);
+        false
+    }
+
+    /// [`BlockCore::set_state`] refused `to`: logged, and the request fails.
+    #[cold]
+    #[inline(never)]
+    fn refuse_state(&mut self, rid: u32, to: ReqState) {
+        let r = &self.reqs[rid as usize];
+        if let Err(e) = r.state.transition(to) {
+            tracing::error!(request = rid, token = r.token, "request lifecycle: {e}; the request fails");
+        }
+        self.fail_refused(rid);
     }
 
     /// Fails a request whose state change was refused: gives back what it holds (a tag
@@ -843,8 +901,8 @@ impl<C: CoreController> BlockCore<C> {
     /// Sends a request that holds its tag (and budget, as `claim` says) on connection
     /// `ckey` of queue `qkey`.
     fn issue(&mut self, rid: u32, ckey: usize, qkey: usize, dev: usize, claim: Claim) {
-        let mut wire = OnWire::new(claim, self.now);
-        if self.reqs[rid as usize].state.transition(ReqState::Outstanding(wire)).is_err() {
+        let mut wire = OnWire::new(claim, self.now_ns);
+        if !self.reqs[rid as usize].state.allows(&ReqState::Outstanding(wire)) {
             // Refused before anything goes on the wire (a held or free request sent).
             self.free_tag(dev, qkey, claim.tag, claim.shared);
             self.release_budget(dev, claim.budgeted);
@@ -882,7 +940,7 @@ impl<C: CoreController> BlockCore<C> {
             }
         };
         let io = Io { sqe, buf, len, dir, token: u64::from(rid) };
-        let now = self.now;
+        let now = self.now_ns;
         let Some(Some(conn)) = self.conns.get_mut(ckey) else { return };
         let idle = conn.q.outstanding() == 0;
         match conn.q.submit(cid.0, io) {
@@ -939,6 +997,7 @@ impl<C: CoreController> BlockCore<C> {
     }
 
     /// Gives back a tag of device `dev` (shared) or of queue `qkey` (its own).
+    #[inline]
     fn free_tag(&mut self, dev: usize, qkey: usize, tag: u16, shared: bool) {
         let tag = Tag::new(tag);
         if shared {
@@ -1068,6 +1127,7 @@ impl<C: CoreController> BlockCore<C> {
         let dev = self.reqs[rid as usize].dev as usize;
         self.release_budget(dev, wire.budgeted);
         let now = self.now;
+        let now_ns = self.now_ns;
         let r = &mut self.reqs[rid as usize];
         if r.op == Op::Deallocate {
             if let Some(b) = buf {
@@ -1076,7 +1136,7 @@ impl<C: CoreController> BlockCore<C> {
         } else {
             r.buf = buf;
         }
-        let latency = nanos_since(wire.sent, now);
+        let latency = now_ns.saturating_sub(wire.sent);
         let qkey = r.qkey;
         let path = r.path;
         let lost_auth = lost_authentication(status);
@@ -1154,7 +1214,7 @@ impl<C: CoreController> BlockCore<C> {
         }
         let r = &self.reqs[rid as usize];
         let outcome = if status.is_success() { blk::Outcome::Success } else { blk::Outcome::Error };
-        let total = nanos_since(r.start, now);
+        let total = now_ns.saturating_sub(r.start);
         self.queues[qkey].stats.record(r.op.direction(), u64::from(r.len), total, outcome);
         self.complete(rid, status);
     }
@@ -1240,9 +1300,9 @@ impl<C: CoreController> BlockCore<C> {
         if !self.set_state(rid, ReqState::Free) {
             return;
         }
-        let now = self.now;
+        let now_ns = self.now_ns;
         let r = &mut self.reqs[rid as usize];
-        let latency_ns = nanos_since(r.start, now);
+        let latency_ns = now_ns.saturating_sub(r.start);
         let buf = r.buf.take();
         let last = r.was_sent.then_some((r.path, r.qkey, r.nsid));
         self.rec.record(r.dev, last, r.op.direction(), r.len, latency_ns, status.is_success());
@@ -1339,7 +1399,7 @@ impl<C: CoreController> BlockCore<C> {
     /// fast_io_fail_tmo; reset controllers with timed-out commands; let
     /// shared-tag users return idle tags.
     pub fn tick(&mut self, now: Instant) {
-        self.now = now;
+        self.set_now(now);
         for qkey in 0..self.queues.len() {
             let qe = &self.queues[qkey];
             // The controller reset (keep-alive timeout, admin queue lost, another queue
@@ -1397,7 +1457,7 @@ impl<C: CoreController> BlockCore<C> {
             let ReqState::Outstanding(w) = r.state else {
                 continue;
             };
-            let age = now.saturating_duration_since(w.sent);
+            let age = Duration::from_nanos(self.now_ns.saturating_sub(w.sent));
             if age > stall && !w.stall_reported {
                 let qe = &self.queues[r.qkey];
                 let conn = qe.conn.and_then(|k| self.conns.get(k)).and_then(Option::as_ref);
@@ -1472,7 +1532,8 @@ pub(super) fn op_code(op: Op) -> u8 {
 
 /// Nanoseconds from `t` to `now`, 0 if `t` is later (a request issued after its turn's clock).
 pub(super) fn nanos_since(t: Instant, now: Instant) -> u64 {
-    u64::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(u64::MAX)
+    let d = now.saturating_duration_since(t);
+    d.as_secs().saturating_mul(1_000_000_000).saturating_add(u64::from(d.subsec_nanos()))
 }
 
 pub(crate) mod identity;

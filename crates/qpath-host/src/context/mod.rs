@@ -232,14 +232,14 @@ struct QueueConn {
     /// whether a blocking poll waits for its answers too ([`wake_needs`]).
     latency_ewma_ns: u64,
     /// When it last made progress: its last answer, or the send that gave an idle
-    /// connection work (what [`stalled`] measures from).
-    progress_at: Instant,
+    /// connection work (what [`stalled`] measures from); the core's nanoseconds.
+    progress_at: u64,
 }
 
 impl QueueConn {
     /// Folds one command's send-to-completion time into [`QueueConn::latency_ewma_ns`]
     /// (weight 1/8, as TCP's smoothed RTT, RFC 6298); the answer is progress at `now`.
-    fn record_latency(&mut self, ns: u64, now: Instant) {
+    fn record_latency(&mut self, ns: u64, now: u64) {
         self.latency_ewma_ns = latency_average(self.latency_ewma_ns, ns);
         self.progress_at = now;
     }
@@ -451,7 +451,8 @@ pub struct Context {
     ring_done: Vec<RingCompletion>,
     /// Completions of the owner's own ring operations ([`Context::user_token`]).
     user_done: Vec<RingCompletion>,
-    last_tick: Instant,
+    /// The last tick's time, in the core's nanoseconds ([`BlockCore::now_ns`]).
+    last_tick_ns: u64,
 }
 
 impl std::fmt::Debug for Context {
@@ -463,7 +464,8 @@ impl std::fmt::Debug for Context {
     }
 }
 
-const TICK: Duration = Duration::from_millis(10);
+/// The period of [`BlockCore::tick`], ns.
+const TICK_NS: u64 = 10_000_000;
 /// Requests in flight from which a blocking poll holds its sends' completions
 /// ([`ContextOptions::send_hold`]).
 const SEND_HOLD_IN_FLIGHT_MIN: usize = 2;
@@ -555,17 +557,17 @@ impl Context {
         let mut ring = Ring::new(config).map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
         let (sender, mailbox) =
             Mailbox::new(&mut ring).map_err(|e| Error::new(ErrorKind::Io, format!("mailbox: {e}")))?;
-        let now = Instant::now();
+        let core = BlockCore::new(opts, Instant::now());
         Ok(Context {
             ring,
             mailbox,
             sender,
             conns: Vec::new(),
             conn_gen: 0,
-            core: BlockCore::new(opts, now),
+            last_tick_ns: core.now_ns,
+            core,
             ring_done: Vec::with_capacity(1024),
             user_done: Vec::with_capacity(256),
-            last_tick: now,
         })
     }
 
@@ -644,10 +646,10 @@ impl Context {
     /// Claims a queue of the controllers the core's multipath devices gained paths on
     /// (a head changed), gives the paths their queues and re-reads the paths.
     fn settle_paths(&mut self, now: Instant) {
-        let attaches = self.core.take_attaches();
-        if attaches.is_empty() {
+        if !self.core.has_attaches() {
             return;
         }
+        let attaches = self.core.take_attaches();
         let mut devs = Vec::new();
         for a in attaches {
             if let Ok(qkey) = self.attach(&a.ctrl) {
@@ -1002,17 +1004,19 @@ impl Context {
         self.ring_done = rd;
         r.map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
         let mut msgs = Vec::new();
-        self.mailbox.drain(|m| msgs.push(m));
-        for m in msgs {
-            self.on_msg(m, now);
+        if self.mailbox.drain(|m| msgs.push(m)) > 0 {
+            for m in msgs {
+                self.on_msg(m, now);
+            }
         }
         self.service_touched(now);
         self.core.refresh_sizes();
         self.core.refresh_all_paths(now);
         self.settle_paths(now);
         self.flush();
-        if now.saturating_duration_since(self.last_tick) >= TICK {
-            self.last_tick = now;
+        // The core's clock is the turn's (`refresh_all_paths` gave it `now`): one subtraction.
+        if self.core.now_ns.saturating_sub(self.last_tick_ns) >= TICK_NS {
+            self.last_tick_ns = self.core.now_ns;
             self.core.tick(now);
             if self.core.rec.due(now) {
                 self.publish(false);
@@ -1027,11 +1031,11 @@ impl Context {
             Wait::Block { timeout } => timeout,
             Wait::Poll => None,
         };
-        let now = self.core.now;
+        let now = self.core.now_ns;
         let due = self.core.conns.iter().enumerate().filter_map(move |(key, qc)| {
             let qc = qc.as_ref()?;
             let armed = self.conns.get(key).and_then(Option::as_ref).is_some_and(|c| c.ops.recv_in_flight());
-            let silent = blockcore::nanos_since(qc.progress_at, now);
+            let silent = now.saturating_sub(qc.progress_at);
             (qc.open && armed && qc.q.outstanding() > 0 && !stalled(qc.latency_ewma_ns, silent))
                 .then_some(qc.latency_ewma_ns)
         });
@@ -1043,6 +1047,9 @@ impl Context {
     /// (see [`BlockCore::conn_is_deep`]), then the rest and whatever servicing touched on
     /// the way.
     fn service_touched(&mut self, now: Instant) {
+        if self.core.touched.is_empty() {
+            return;
+        }
         let mut touched = std::mem::take(&mut self.core.touched);
         for slot in touched.iter_mut() {
             if !self.core.conn_is_deep(*slot) {
@@ -1111,6 +1118,9 @@ impl Context {
     /// Sends the batches of the queues that took commands since the last flush, shallow
     /// queues first (two passes over the flush list, never over all queues).
     fn flush(&mut self) {
+        if self.core.flush_list.is_empty() {
+            return;
+        }
         let list = std::mem::take(&mut self.core.flush_list);
         for deep in [false, true] {
             for &qkey in &list {
@@ -1644,8 +1654,11 @@ mod tests {
         ctx.submit_at(dev, Op::Read, 0, 4096, buf(), 21, t).map_err(|(e, _)| e).unwrap();
         ctx.submit(dev, Op::Read, 4096, 4096, buf(), 22).map_err(|(e, _)| e).unwrap();
         let start = |token| ctx.core.reqs.iter().find(|r| r.token == token).map(|r| r.start);
-        assert_eq!(start(21), Some(t), "the caller's time");
-        assert!(start(22).is_some_and(|s| s > t), "submit reads the clock itself");
+        // A second before the context was made: still that time, not the context's start.
+        let t_ns = ctx.core.clock_ns(t);
+        assert!(t_ns > 0 && t_ns < ctx.core.clock_ns(Instant::now()) - 999_000_000);
+        assert_eq!(start(21), Some(t_ns), "the caller's time");
+        assert!(start(22).is_some_and(|s| s > t_ns), "submit reads the clock itself");
     }
 
     #[test]

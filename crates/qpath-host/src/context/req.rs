@@ -60,8 +60,8 @@ pub(super) struct OnWire {
     pub budgeted: bool,
     /// Generation of the reference selector that counted it at submission (0 = none).
     pub via_reference: u32,
-    /// When it was sent (the poll turn's clock).
-    pub sent: Instant,
+    /// When it was sent (the poll turn's clock, in the core's nanoseconds).
+    pub sent: u64,
     /// Reported once as stalled.
     pub stall_reported: bool,
 }
@@ -76,7 +76,7 @@ pub(super) struct Claim {
 
 impl OnWire {
     /// A request sent at `sent` under `claim`.
-    pub(super) fn new(claim: Claim, sent: Instant) -> OnWire {
+    pub(super) fn new(claim: Claim, sent: u64) -> OnWire {
         OnWire {
             tag: claim.tag,
             shared: claim.shared,
@@ -93,15 +93,22 @@ impl ReqState {
     /// bug of the core (a request completed twice, sent while held, ...): refused.
     #[must_use = "a refused transition leaves the state as it was"]
     pub(super) fn transition(self, to: ReqState) -> Result<ReqState, BadTransition<ReqState>> {
+        if self.allows(&to) { Ok(to) } else { Err(BadTransition::new(self, to)) }
+    }
+
+    /// Whether [`ReqState::transition`] takes the request to `to` (by the states' kinds
+    /// alone: what they carry is not looked at, nor copied).
+    #[inline]
+    pub(super) fn allows(&self, to: &ReqState) -> bool {
         use ReqState::*;
-        match (self, to) {
+        matches!(
+            (self, to),
             (Free, Waiting)
-            | (Waiting, Budget { .. } | Outstanding(_) | Free)
-            | (Budget { .. }, Outstanding(_) | Waiting)
-            | (Outstanding(_), Waiting | Held { .. } | Free)
-            | (Held { .. }, Waiting | Free) => Ok(to),
-            (from, to) => Err(BadTransition::new(from, to)),
-        }
+                | (Waiting, Budget { .. } | Outstanding(_) | Free)
+                | (Budget { .. }, Outstanding(_) | Waiting)
+                | (Outstanding(_), Waiting | Held { .. } | Free)
+                | (Held { .. }, Waiting | Free)
+        )
     }
 
     /// The tag the request holds, and whether it is of the shared set.
@@ -126,7 +133,8 @@ pub(super) struct Req {
     /// queue's command), back to the caller at completion.
     pub buf: Option<IoBuf>,
     pub token: u64,
-    pub start: Instant,
+    /// When it was submitted (the core's nanoseconds).
+    pub start: u64,
     pub retries: u32,
     /// The queue, path and namespace it was last bound to (while waiting on a queue,
     /// on the wire, held; and, for the statistics, once completed).
@@ -141,7 +149,7 @@ pub(super) struct Req {
 
 impl Req {
     /// A free slot.
-    pub(super) fn free(now: Instant) -> Req {
+    pub(super) fn free() -> Req {
         Req {
             state: ReqState::Free,
             dev: 0,
@@ -151,7 +159,7 @@ impl Req {
             len: 0,
             buf: None,
             token: 0,
-            start: now,
+            start: 0,
             retries: 0,
             qkey: 0,
             path: 0,
@@ -169,8 +177,7 @@ mod tests {
     use super::*;
 
     fn all(now: Instant) -> [ReqState; 5] {
-        let wire =
-            OnWire { tag: 3, shared: false, budgeted: false, via_reference: 0, sent: now, stall_reported: false };
+        let wire = OnWire { tag: 3, shared: false, budgeted: false, via_reference: 0, sent: 7, stall_reported: false };
         [
             ReqState::Free,
             ReqState::Waiting,
