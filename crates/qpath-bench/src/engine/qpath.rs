@@ -200,9 +200,13 @@ pub(crate) fn explain_path_error(error: IoError, ctrls: &[Arc<host::controller::
 
 impl QpathEngine {
     fn poll(&mut self, wait: Wait) -> Result<usize> {
-        self.ctx.poll(wait).map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: poll: {e}")))?;
+        let found = self.ctx.poll(wait).map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: poll: {e}")))?;
         // The host logs stalled I/O itself; drop the reports so they do not pile up.
         drop(self.ctx.take_stall_reports());
+        if found == 0 {
+            // Most polls of a waiting loop find nothing: no completion list to open and close.
+            return Ok(0);
+        }
         let before = self.ready.len();
         for c in self.ctx.completions() {
             let idx = usize::try_from(c.token).unwrap_or(usize::MAX);
