@@ -31,7 +31,7 @@ pub mod qpath;
 pub mod remote;
 pub mod uring_buf;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +74,60 @@ pub enum Queued {
     Completed(IoU),
     /// No room right now: commit and reap, then queue this same unit again.
     Busy(IoU),
+}
+
+/// Completed units on their way back to the runner, oldest first. `getevents` hands out
+/// the oldest `n` ([`Ready::hand_out`]) and `event` takes them from the front
+/// ([`Ready::take`]): a unit moves once, from the engine to the runner, instead of
+/// through a second queue of units being taken.
+#[derive(Debug, Default)]
+pub struct Ready {
+    units: VecDeque<IoU>,
+    /// Handed out by the last `getevents`, not taken yet (they are the first of `units`).
+    handed_out: usize,
+}
+
+impl Ready {
+    /// Room for `n` units without growing.
+    pub fn with_capacity(n: usize) -> Ready {
+        Ready { units: VecDeque::with_capacity(n), handed_out: 0 }
+    }
+
+    /// A unit completed.
+    pub fn push(&mut self, unit: IoU) {
+        self.units.push_back(unit);
+    }
+
+    /// Completed units not handed out yet.
+    pub fn len(&self) -> usize {
+        self.units.len() - self.handed_out
+    }
+
+    /// Whether no completed unit waits to be handed out.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hand out the oldest `min.max(1)..=max.max(min)` units there are (fewer if fewer
+    /// wait) to be taken with [`Ready::take`]; how many.
+    ///
+    /// # Panics
+    /// If units of the previous hand-out were not all taken.
+    pub fn hand_out(&mut self, min: usize, max: usize) -> usize {
+        assert!(self.handed_out == 0, "getevents called before the previous events were taken");
+        self.handed_out = self.units.len().min(max.max(min).max(1));
+        self.handed_out
+    }
+
+    /// The oldest unit handed out and not yet taken.
+    ///
+    /// # Panics
+    /// If every unit handed out was taken.
+    pub fn take(&mut self) -> IoU {
+        assert!(self.handed_out > 0, "event() index within the last getevents count");
+        self.handed_out -= 1;
+        self.units.pop_front().expect("handed-out units are in the queue")
+    }
 }
 
 /// What an engine learned when opening its target.
@@ -367,6 +421,34 @@ impl EngineRegistry {
 mod tests {
     use super::*;
     use crate::job::JobFile;
+
+    #[test]
+    fn ready_hands_out_the_oldest_units_in_order() {
+        let mut r = Ready::with_capacity(4);
+        for i in 0..3 {
+            r.push(IoU::new(i, 512, 512));
+        }
+        assert_eq!(r.hand_out(1, 2), 2);
+        assert_eq!(r.len(), 1, "handed-out units no longer wait");
+        // A unit completing while the runner takes the hand-out waits for the next one.
+        r.push(IoU::new(3, 512, 512));
+        assert_eq!(r.take().index, 0);
+        assert_eq!(r.take().index, 1);
+        assert_eq!(r.hand_out(0, 8), 2);
+        assert_eq!((r.take().index, r.take().index), (2, 3));
+        assert!(r.is_empty());
+        assert_eq!(r.hand_out(0, 1), 0, "nothing to hand out");
+    }
+
+    #[test]
+    #[should_panic(expected = "before the previous events were taken")]
+    fn ready_refuses_a_hand_out_before_the_last_is_taken() {
+        let mut r = Ready::default();
+        r.push(IoU::new(0, 512, 512));
+        r.push(IoU::new(1, 512, 512));
+        r.hand_out(1, 1);
+        r.hand_out(1, 1);
+    }
 
     struct Named(&'static str);
     impl EngineFactory for Named {

@@ -123,10 +123,34 @@ impl LatStat {
     }
 }
 
-/// A latency histogram in nanoseconds.
+/// Sub-buckets per power of two in the histogram's layout: 3 significant digits need
+/// 2048 (`2^11 >= 2 * 10^3`), of which the upper half is used above the first bucket.
+const HIST_SUB_BITS: u32 = 11;
+
+/// The slot of `ns` in a [`LatHist`]: the layout of an HDR histogram of 1 ns .. 1 h with
+/// 3 significant digits (`hdrhistogram`'s `index_for` with unit 1 ns), so the counts
+/// copied into one ([`LatHist::to_hdr`]) are the counts it would have recorded itself.
+fn hist_slot(ns: u64) -> usize {
+    let bucket = (64 - HIST_SUB_BITS) - (ns | ((1 << HIST_SUB_BITS) - 1)).leading_zeros();
+    let slot = (u64::from(bucket) << (HIST_SUB_BITS - 1)) + (ns >> bucket);
+    usize::try_from(slot).expect("histogram slots fit usize")
+}
+
+/// The smallest value of slot `slot` (the inverse of [`hist_slot`] on its range).
+fn hist_slot_value(slot: usize) -> u64 {
+    let slot = slot as u64;
+    let half = 1u64 << (HIST_SUB_BITS - 1);
+    if slot < half { slot } else { (half + slot % half) << (slot / half - 1) }
+}
+
+/// A latency histogram in nanoseconds: HDR buckets (3 significant digits, 1 ns .. 1 h)
+/// counted here, one slot increment per sample, and read through an `hdrhistogram`
+/// built from the counts when a report asks, which gives what recording into that
+/// histogram directly gives, for a fraction of the work per sample.
 #[derive(Debug, Clone)]
 pub struct LatHist {
-    hist: Histogram<u64>,
+    counts: Vec<u64>,
+    len: u64,
 }
 
 impl Default for LatHist {
@@ -138,53 +162,68 @@ impl Default for LatHist {
 impl LatHist {
     /// An empty histogram (about 270 KiB).
     pub fn new() -> LatHist {
-        LatHist { hist: Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("static histogram bounds are valid") }
+        LatHist { counts: vec![0; hist_slot(HIST_MAX_NS) + 1], len: 0 }
     }
 
     /// Record one latency.
     pub fn record(&mut self, ns: u64) {
-        self.hist.saturating_record(ns.min(HIST_MAX_NS));
+        self.counts[hist_slot(ns.min(HIST_MAX_NS))] += 1;
+        self.len += 1;
     }
 
     /// Record `count` samples of one latency.
     pub fn record_n(&mut self, ns: u64, count: u64) {
-        self.hist.saturating_record_n(ns.min(HIST_MAX_NS), count);
+        let c = &mut self.counts[hist_slot(ns.min(HIST_MAX_NS))];
+        *c = c.saturating_add(count);
+        self.len = self.len.saturating_add(count);
     }
 
     /// Add another histogram's counts.
     pub fn merge(&mut self, other: &LatHist) {
-        self.hist.add(&other.hist).expect("histograms with the same bounds always add");
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a = a.saturating_add(*b);
+        }
+        self.len = self.len.saturating_add(other.len);
     }
 
     /// Number of samples.
     pub fn len(&self) -> u64 {
-        self.hist.len()
+        self.len
     }
 
     /// Whether no samples were recorded.
     pub fn is_empty(&self) -> bool {
-        self.hist.is_empty()
+        self.len == 0
     }
 
     /// Clear all counts.
     pub fn reset(&mut self) {
-        self.hist.reset();
+        self.counts.fill(0);
+        self.len = 0;
+    }
+
+    /// The same counts in an `hdrhistogram` of the same bounds.
+    fn to_hdr(&self) -> Histogram<u64> {
+        let mut h = Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("static histogram bounds are valid");
+        for (slot, &n) in self.counts.iter().enumerate().filter(|(_, n)| **n > 0) {
+            h.saturating_record_n(hist_slot_value(slot), n);
+        }
+        h
     }
 
     /// The value at each percentile of `list` (0..=100): the smallest bucket whose
     /// cumulative count reaches `p/100 * n` (fio's rule), reported as the bucket's upper
     /// bound clamped to the largest sample.
     pub fn percentiles(&self, list: &[f64]) -> Vec<u64> {
-        let max = self.hist.max();
-        list.iter().map(|p| self.hist.value_at_quantile(p / 100.0).min(max)).collect()
+        let hist = self.to_hdr();
+        let max = hist.max();
+        list.iter().map(|p| hist.value_at_quantile(p / 100.0).min(max)).collect()
     }
 
     /// Non-empty buckets as `(value, count)` (for `--output-format=json+` "bins").
     pub fn bins(&self) -> Vec<(u64, u64)> {
-        self.hist
-            .iter_recorded()
-            .map(|v| (self.hist.highest_equivalent(v.value_iterated_to()), v.count_at_value()))
-            .collect()
+        let hist = self.to_hdr();
+        hist.iter_recorded().map(|v| (hist.highest_equivalent(v.value_iterated_to()), v.count_at_value())).collect()
     }
 }
 
@@ -590,6 +629,37 @@ mod tests {
         t.mark_submit(1);
         t.mark_submit(32);
         assert_eq!(t.io_u_submit, [0, 1, 0, 0, 1, 0, 0]);
+    }
+
+    #[test]
+    fn histogram_counts_as_hdrhistogram_records() {
+        // Slot edges, bucket edges, the clamp at one hour, and a spread of latencies.
+        let mut values = vec![0, 1, 2, 1023, 1024, 2047, 2048, 2049, 4095, 4096, 4097, 1 << 20, HIST_MAX_NS];
+        values.extend([HIST_MAX_NS + 1, u64::MAX]);
+        let mut x = 7u64;
+        for _ in 0..5000 {
+            x = crate::verify::mix64(x);
+            values.push(x >> (x % 64));
+        }
+        let mut ours = LatHist::new();
+        let mut hdr = Histogram::<u64>::new_with_bounds(1, HIST_MAX_NS, 3).unwrap();
+        for &v in &values {
+            ours.record(v);
+            hdr.saturating_record(v.min(HIST_MAX_NS));
+        }
+        ours.record_n(12_345, 3);
+        hdr.saturating_record_n(12_345, 3);
+        let got = ours.to_hdr();
+        assert_eq!(got.len(), hdr.len());
+        assert_eq!(ours.len(), hdr.len());
+        assert_eq!((got.min_nz(), got.max()), (hdr.min_nz(), hdr.max()));
+        assert!(got.iter_recorded().eq(hdr.iter_recorded()), "the same buckets with the same counts");
+        let list = [1.0, 5.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 100.0];
+        let want: Vec<u64> = list.iter().map(|p| hdr.value_at_quantile(p / 100.0).min(hdr.max())).collect();
+        assert_eq!(ours.percentiles(&list), want);
+        for slot in 0..ours.counts.len() {
+            assert_eq!(hist_slot(hist_slot_value(slot)), slot, "slot {slot}");
+        }
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! on non-blocking turns when the job sets `hipri` (fio's polled completions).
 //! `direct=1` opens the file with `O_DIRECT`.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -16,7 +15,7 @@ use std::time::{Duration, Instant};
 use uring::{Completion, FsyncMode, Payload, Ring, RingConfig, Wait};
 
 use super::psync::open_local;
-use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
+use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, Ready, uring_buf};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io_u::{Ddir, IoError, IoResult, IoU};
 
@@ -42,8 +41,7 @@ impl EngineFactory for IoUringFactory {
             ring,
             file: None,
             inflight: Vec::new(),
-            ready: VecDeque::new(),
-            reaped: VecDeque::new(),
+            ready: Ready::default(),
             done: Vec::new(),
             hipri: super::hipri(ctx.job),
         }))
@@ -51,15 +49,13 @@ impl EngineFactory for IoUringFactory {
 }
 
 /// Units are in exactly one place: with the runner, in `inflight` (the ring has their
-/// buffer), in `ready` (completed, not yet reaped) or in `reaped` (being taken by
-/// `event`).
+/// buffer) or in `ready` (completed, until `event` takes them).
 struct UringEngine {
     ring: Ring,
     file: Option<File>,
     /// Indexed by unit index.
     inflight: Vec<Option<IoU>>,
-    ready: VecDeque<IoU>,
-    reaped: VecDeque<IoU>,
+    ready: Ready,
     /// Scratch for one turn's completions.
     done: Vec<Completion>,
     hipri: bool,
@@ -96,7 +92,7 @@ impl UringEngine {
             Ok(bytes) => IoResult::Done { bytes },
             Err(_) => IoResult::Error(IoError::Os(-result)),
         };
-        self.ready.push_back(unit);
+        self.ready.push(unit);
     }
 }
 
@@ -164,7 +160,6 @@ impl Engine for UringEngine {
     }
 
     fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
-        assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
         let deadline = timeout.map(|t| Instant::now() + t);
         self.turn(Wait::Poll)?;
         while self.ready.len() < min {
@@ -180,14 +175,12 @@ impl Engine for UringEngine {
             };
             self.turn(wait)?;
         }
-        let n = self.ready.len().min(max.max(min).max(1));
-        self.reaped.extend(self.ready.drain(..n));
-        Ok(n)
+        Ok(self.ready.hand_out(min, max))
     }
 
     fn event(&mut self, index: usize) -> IoU {
         let _ = index;
-        self.reaped.pop_front().expect("event() index within the last getevents count")
+        self.ready.take()
     }
 
     fn close(&mut self) -> Result<()> {

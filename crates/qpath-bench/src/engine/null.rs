@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued};
+use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, Ready};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io_u::{IoResult, IoU};
 
@@ -20,20 +20,15 @@ impl EngineFactory for NullFactory {
 
     fn create(&self, ctx: &EngineCtx<'_>) -> Result<Box<dyn Engine>> {
         let depth = usize::try_from(ctx.iodepth).unwrap_or(1);
-        Ok(Box::new(Null {
-            queued: VecDeque::with_capacity(depth),
-            done: VecDeque::with_capacity(depth),
-            reaped: VecDeque::with_capacity(depth),
-        }))
+        Ok(Box::new(Null { queued: VecDeque::with_capacity(depth), done: Ready::with_capacity(depth) }))
     }
 }
 
-/// Units move queued -> done (at commit) -> reaped (at getevents) -> caller (event).
+/// Units move queued -> done (at commit) -> caller (handed out at getevents, taken by event).
 #[derive(Debug)]
 struct Null {
     queued: VecDeque<IoU>,
-    done: VecDeque<IoU>,
-    reaped: VecDeque<IoU>,
+    done: Ready,
 }
 
 impl Engine for Null {
@@ -59,21 +54,20 @@ impl Engine for Null {
     }
 
     fn commit(&mut self) -> Result<()> {
-        self.done.extend(self.queued.drain(..));
+        for unit in self.queued.drain(..) {
+            self.done.push(unit);
+        }
         Ok(())
     }
 
     fn getevents(&mut self, min: usize, max: usize, _timeout: Option<Duration>) -> Result<usize> {
         // Everything committed is complete, so `min` is always met when it can be.
-        assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
-        let n = self.done.len().min(max.max(min));
-        self.reaped.extend(self.done.drain(..n));
-        Ok(n)
+        Ok(self.done.hand_out(min, max))
     }
 
     fn event(&mut self, index: usize) -> IoU {
         // Events are taken in order 0..n, so the front is always `index`.
         let _ = index;
-        self.reaped.pop_front().expect("event() index within the last getevents count")
+        self.done.take()
     }
 }

@@ -11,7 +11,6 @@
 //! that made no progress for [`super::qpath::SPIN_BEFORE_BLOCK`] yields its core
 //! between polls so oversubscribed runs still move.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ use uring::Wait;
 
 use super::qpath::{Spinner, io_result};
 use super::remote::Controllers;
-use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
+use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, Ready, uring_buf};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filename::TargetKind;
 use crate::io_u::{Ddir, IoError, IoResult, IoU};
@@ -75,8 +74,7 @@ impl EngineFactory for PassthruFactory {
             block_shift: 9,
             inflight: Vec::new(),
             done: Vec::new(),
-            ready: VecDeque::new(),
-            reaped: VecDeque::new(),
+            ready: Ready::default(),
             spinner: Spinner::new(super::hipri(ctx.job)),
             writefua: super::writefua(ctx.job),
         }))
@@ -90,8 +88,7 @@ struct PassthruEngine {
     block_shift: u8,
     inflight: Vec<Option<IoU>>,
     done: Vec<PtCompletion>,
-    ready: VecDeque<IoU>,
-    reaped: VecDeque<IoU>,
+    ready: Ready,
     spinner: Spinner,
     /// Writes carry FUA (`writefua=1`).
     writefua: bool,
@@ -112,7 +109,7 @@ impl PassthruEngine {
                 uring_buf::put(&mut unit, b);
             }
             unit.result = io_result(c.cqe.status, unit.len);
-            self.ready.push_back(unit);
+            self.ready.push(unit);
         }
         Ok(n)
     }
@@ -211,7 +208,6 @@ impl Engine for PassthruEngine {
     }
 
     fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
-        assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         if self.poll()? > 0 {
@@ -230,14 +226,12 @@ impl Engine for PassthruEngine {
                 self.spinner.progress(Instant::now());
             }
         }
-        let n = self.ready.len().min(max.max(min).max(1));
-        self.reaped.extend(self.ready.drain(..n));
-        Ok(n)
+        Ok(self.ready.hand_out(min, max))
     }
 
     fn event(&mut self, index: usize) -> IoU {
         let _ = index;
-        self.reaped.pop_front().expect("event() index within the last getevents count")
+        self.ready.take()
     }
 
     fn explain(&self, error: IoError) -> Option<String> {

@@ -18,7 +18,6 @@
 //! (`Context::open_head`) over one controller per address, shared with the run's other
 //! job threads on the same paths and policy; [`Engine::multipath`] reports per-path counts.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,7 +27,7 @@ use uring::Wait;
 
 use super::mpath::{self, Heads, MultipathStats, PathStat, PolicyChoice};
 use super::remote::{ControllerKey, Controllers};
-use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, uring_buf};
+use super::{Capabilities, Engine, EngineCtx, EngineFactory, FileInfo, Queued, Ready, uring_buf};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filename::TargetKind;
 use crate::io_u::{Ddir, IoError, IoResult, IoU};
@@ -74,8 +73,7 @@ impl EngineFactory for QpathFactory {
             ctx: context,
             dev: None,
             inflight: Vec::new(),
-            ready: VecDeque::new(),
-            reaped: VecDeque::new(),
+            ready: Ready::with_capacity(max_requests),
             spinner: Spinner::new(super::hipri(ctx.job)),
             write_op: if super::writefua(ctx.job) { Op::WriteFua } else { Op::Write },
             used: Vec::new(),
@@ -156,8 +154,8 @@ struct QpathEngine {
     dev: Option<DeviceId>,
     /// Units on the wire, by unit index (their buffers are inside the host).
     inflight: Vec<Option<IoU>>,
-    ready: VecDeque<IoU>,
-    reaped: VecDeque<IoU>,
+    /// Completed units, until `event` takes them.
+    ready: Ready,
     spinner: Spinner,
     /// The controllers `dev` goes through, to say which was lost when I/O fails.
     used: Vec<Arc<host::controller::Controller>>,
@@ -202,9 +200,13 @@ pub(crate) fn explain_path_error(error: IoError, ctrls: &[Arc<host::controller::
 
 impl QpathEngine {
     fn poll(&mut self, wait: Wait) -> Result<usize> {
-        self.ctx.poll(wait).map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: poll: {e}")))?;
+        let found = self.ctx.poll(wait).map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: poll: {e}")))?;
         // The host logs stalled I/O itself; drop the reports so they do not pile up.
         drop(self.ctx.take_stall_reports());
+        if found == 0 {
+            // Most polls of a waiting loop find nothing: no completion list to open and close.
+            return Ok(0);
+        }
         let before = self.ready.len();
         for c in self.ctx.completions() {
             let idx = usize::try_from(c.token).unwrap_or(usize::MAX);
@@ -215,7 +217,7 @@ impl QpathEngine {
                 uring_buf::put(&mut unit, b);
             }
             unit.result = io_result(c.status, unit.len);
-            self.ready.push_back(unit);
+            self.ready.push(unit);
         }
         Ok(self.ready.len() - before)
     }
@@ -318,7 +320,6 @@ impl Engine for QpathEngine {
     }
 
     fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
-        assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
         // The runner takes one completion per call (fio's iodepth_batch_complete_max=1): while
         // completions wait in `ready` it gets one without a clock read. The waiting loop
         // reads no clock of its own: every turn of it follows a poll (the one here when it
@@ -340,14 +341,12 @@ impl Engine for QpathEngine {
                 std::thread::yield_now();
             }
         }
-        let n = self.ready.len().min(max.max(min).max(1));
-        self.reaped.extend(self.ready.drain(..n));
-        Ok(n)
+        Ok(self.ready.hand_out(min, max))
     }
 
     fn event(&mut self, index: usize) -> IoU {
         let _ = index;
-        self.reaped.pop_front().expect("event() index within the last getevents count")
+        self.ready.take()
     }
 
     fn multipath(&self) -> Option<MultipathStats> {

@@ -14,7 +14,9 @@
 //! Timing follows fio: `start` is taken when a unit is prepared, `issue` right before
 //! `queue` for synchronous engines and right after `commit` for asynchronous ones,
 //! completion once per reaped batch. slat = issue - start (asynchronous engines only),
-//! clat = completion - issue, lat = completion - start.
+//! clat = completion - issue, lat = completion - start. The loop keeps these times as
+//! nanoseconds since the job's clock epoch: each clock read is converted once, and each
+//! latency is then a plain subtraction.
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -163,10 +165,12 @@ fn invalidate_page_cache(spec: &JobSpec, region: Region) -> Option<PageCache> {
     })
 }
 
+/// What the job loop remembers of a unit in flight; times are nanoseconds since the
+/// worker's `epoch`.
 #[derive(Debug, Clone, Copy)]
 struct SlotMeta {
-    start: Instant,
-    issue: Instant,
+    start: u64,
+    issue: u64,
     ddir: Ddir,
     block: usize,
     expect: Expect,
@@ -206,7 +210,10 @@ struct Worker<'a> {
     verify: Option<VerifyState>,
     stats: ThreadStat,
     accounting: bool,
-    stats_start: Instant,
+    /// The job's clock epoch, before its first I/O: times are kept as nanoseconds since.
+    epoch: Instant,
+    /// When the measured part of the job began (after ramp_time), since `epoch`.
+    stats_start_ns: u64,
     sampler: RateSampler,
     this_bytes: [u64; 2],
     this_ios: [u64; 2],
@@ -281,13 +288,13 @@ pub fn run_thread(
     // so the deadline moves to ramp end + runtime once the ramp is over.
     let deadline = spec.runtime.map(|r| epoch + spec.ramp_time + r);
     let mut usage_base = usage_fn();
-    worker.stats_start = epoch;
+    worker.stats_start_ns = worker.ns(epoch);
     worker.sampler = RateSampler::new(0);
     worker.accounting = ramp_end.is_none();
     progress.set_state(if ramp_end.is_some() { ThreadState::Ramping } else { ThreadState::Running });
 
     worker.run_phase(deadline, ramp_end, &mut usage_base, usage_fn);
-    let main_elapsed = Instant::now().saturating_duration_since(worker.stats_start);
+    let main_elapsed = worker.since_stats_start(Instant::now());
     for d in 0..2 {
         if worker.stats.dirs[d].io_bytes > 0 {
             worker.stats.dirs[d].runtime_ms += ms_ceil(main_elapsed);
@@ -306,7 +313,7 @@ pub fn run_thread(
     }
 
     let end = Instant::now();
-    worker.stats.total_run_time_ms = ms_ceil(end.saturating_duration_since(worker.stats_start));
+    worker.stats.total_run_time_ms = ms_ceil(worker.since_stats_start(end));
     if let (Some(base), Some(now)) = (usage_base, usage_fn()) {
         let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         worker.stats.usr_us = us(now.user.saturating_sub(base.user));
@@ -481,7 +488,7 @@ fn setup<'a>(
     }
     let now = Instant::now();
     let meta =
-        vec![SlotMeta { start: now, issue: now, ddir: Ddir::Read, block: 0, expect: Expect::Unwritten }; units.len()];
+        vec![SlotMeta { start: 0, issue: 0, ddir: Ddir::Read, block: 0, expect: Expect::Unwritten }; units.len()];
     // `free` is used as a stack; pop from the end so unit 0 goes out first.
     units.reverse();
     let dirs_used = [spec.reads() || verify.is_some(), spec.writes()];
@@ -510,7 +517,8 @@ fn setup<'a>(
         verify,
         stats,
         accounting: false,
-        stats_start: now,
+        epoch: now,
+        stats_start_ns: 0,
         sampler: RateSampler::new(0),
         this_bytes: [0; 2],
         this_ios: [0; 2],
@@ -535,14 +543,24 @@ impl Worker<'_> {
         self.stop = true;
     }
 
-    fn now_ms(&self, now: Instant) -> u64 {
-        u64::try_from(now.saturating_duration_since(self.stats_start).as_millis()).unwrap_or(u64::MAX)
+    /// `t` in nanoseconds since the job's clock epoch.
+    fn ns(&self, t: Instant) -> u64 {
+        ns_between(t, self.epoch)
+    }
+
+    fn since_stats_start(&self, t: Instant) -> Duration {
+        Duration::from_nanos(self.ns(t).saturating_sub(self.stats_start_ns))
+    }
+
+    /// Milliseconds since the measured part of the job began, for `now_ns` since the epoch.
+    fn now_ms(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.stats_start_ns) / 1_000_000
     }
 
     /// End of ramp_time: forget what was measured (fio `reset_all_stats`).
     fn end_ramp(
         &mut self,
-        now: Instant,
+        now_ns: u64,
         usage_base: &mut Option<crate::cpu::ThreadUsage>,
         usage_fn: crate::cpu::UsageFn,
     ) {
@@ -550,7 +568,7 @@ impl Worker<'_> {
         self.multipath_base = self.engine.multipath();
         self.this_bytes = [0; 2];
         self.this_ios = [0; 2];
-        self.stats_start = now;
+        self.stats_start_ns = now_ns;
         self.sampler = RateSampler::new(0);
         self.accounting = true;
         *usage_base = usage_fn();
@@ -602,8 +620,9 @@ impl Worker<'_> {
         m.ddir = next.ddir;
         m.block = block;
         m.expect = expect;
-        m.start = Instant::now();
-        unit.prepared = m.start;
+        let now = Instant::now();
+        m.start = ns_between(now, self.epoch);
+        unit.prepared = now;
         unit
     }
 
@@ -612,13 +631,13 @@ impl Worker<'_> {
         let idx = unit.index as usize;
         let ddir = unit.ddir;
         if self.caps.sync {
-            self.meta[idx].issue = Instant::now();
+            self.meta[idx].issue = self.ns(Instant::now());
         }
         self.count_issue(ddir, 1);
         match self.engine.queue(unit) {
             Queued::Completed(u) => {
                 unit = u;
-                let now = Instant::now();
+                let now = self.ns(Instant::now());
                 if !self.caps.sync {
                     self.meta[idx].issue = now;
                 }
@@ -671,12 +690,12 @@ impl Worker<'_> {
             self.fail(5, format!("{} commit: {e}", self.engine.name()));
             self.broken = true;
         }
-        let now = Instant::now();
+        let now = self.ns(Instant::now());
         for i in 0..n {
             let idx = self.pending[i] as usize;
             self.meta[idx].issue = now;
             if self.accounting && !self.caps.sync {
-                let slat = ns_between(now, self.meta[idx].start);
+                let slat = now.saturating_sub(self.meta[idx].start);
                 // Flushes have no slat in fio's report.
                 if let Some(d) = self.meta[idx].ddir.rw_index() {
                     let ds = &mut self.stats.dirs[d];
@@ -693,15 +712,16 @@ impl Worker<'_> {
         }
     }
 
-    /// Account one finished unit and return it to the free stack.
-    fn complete(&mut self, unit: IoU, now: Instant) {
+    /// Account one finished unit, completed at `now` (ns since the epoch), and return it
+    /// to the free stack.
+    fn complete(&mut self, unit: IoU, now: u64) {
         let idx = unit.index as usize;
         let m = self.meta[idx];
         match unit.ddir {
             Ddir::Sync => match unit.result {
                 IoResult::Done { .. } => {
                     if self.accounting {
-                        let clat = ns_between(now, m.issue);
+                        let clat = now.saturating_sub(m.issue);
                         self.stats.sync.add(clat);
                         if let Some(h) = self.stats.sync_hist.as_mut() {
                             h.record(clat);
@@ -724,8 +744,8 @@ impl Worker<'_> {
                             }
                         }
                         if self.accounting {
-                            let lat = ns_between(now, m.start);
-                            let clat = ns_between(now, m.issue);
+                            let lat = now.saturating_sub(m.start);
+                            let clat = now.saturating_sub(m.issue);
                             let ds = &mut self.stats.dirs[d];
                             ds.lat.add(lat);
                             ds.clat.add(clat);
@@ -806,8 +826,8 @@ impl Worker<'_> {
     }
 
     /// Reap completions (fio `wait_for_completions` / `io_u_queued_complete`); the time
-    /// they completed at, if any did.
-    fn reap(&mut self, min: usize) -> Option<Instant> {
+    /// they completed at, if any did (also in ns since the epoch).
+    fn reap(&mut self, min: usize) -> Option<(Instant, u64)> {
         let in_flight = self.in_flight as usize;
         let min = min.min(in_flight);
         let max = self.complete_max.clamp(min.max(1), in_flight.max(1));
@@ -831,12 +851,13 @@ impl Worker<'_> {
             self.stats.mark_complete(n);
         }
         let now = Instant::now();
+        let now_ns = self.ns(now);
         for i in 0..n {
             let unit = self.engine.event(i);
             self.in_flight -= 1;
-            self.complete(unit, now);
+            self.complete(unit, now_ns);
         }
-        Some(now)
+        Some((now, now_ns))
     }
 
     /// Run the current phase until its source is exhausted, the deadline passes or the
@@ -856,19 +877,22 @@ impl Worker<'_> {
         // after them and uses it for its deadline, ramp and sampling checks instead of reading
         // the clock again. At 4 KiB QD32 a job thread reaps one completion per pass, and the
         // clock reads of this loop were about 5% of its samples.
-        let mut reaped_at: Option<Instant> = None;
+        let mut reaped_at: Option<(Instant, u64)> = None;
         loop {
-            let now = reaped_at.take().unwrap_or_else(Instant::now);
+            let (now, now_ns) = reaped_at.take().unwrap_or_else(|| {
+                let now = Instant::now();
+                (now, self.ns(now))
+            });
             if let Some(r) = ramp_end
                 && now >= r
             {
-                self.end_ramp(now, usage_base, usage_fn);
+                self.end_ramp(now_ns, usage_base, usage_fn);
                 sample_due_ms = self.sampler.due_ms();
                 ramp_end = None;
                 deadline = self.spec.runtime.map(|r| now + r);
             }
             if self.accounting {
-                let now_ms = self.now_ms(now);
+                let now_ms = self.now_ms(now_ns);
                 if now_ms >= sample_due_ms {
                     self.sampler.maybe_sample(now_ms, self.this_bytes, self.this_ios, &mut self.stats.dirs);
                     sample_due_ms = self.sampler.due_ms();
@@ -922,7 +946,7 @@ impl Worker<'_> {
             if full || draining || self.caps.polled {
                 let min = if full || draining { self.complete_min.max(1) } else { 0 };
                 if let Some(at) = self.reap(min) {
-                    last_progress = at;
+                    last_progress = at.0;
                     reaped_at = Some(at);
                 } else if last_progress.elapsed() > self.stall_timeout {
                     let stuck = self.in_flight;
