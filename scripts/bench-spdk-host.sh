@@ -3,7 +3,7 @@
 # qpath binaries, A/B) and SPDK's `spdk_nvme_perf`, alternating run by run, against one SPDK
 # nvmf_tgt (malloc bdev of 256 MiB, 4 KiB blocks, one reactor busy-polling on CPU 0; the
 # clients on CPU 1), as `qpath lab spdk`'s "host" column runs them (bench with hipri, thread,
-# direct=1, 1 s ramp; perf with -a 1).
+# direct=1, norandommap (perf keeps no random map either), 1 s ramp; perf with -a 1).
 #
 #   SPDK_DIR=/path/to/spdk scripts/bench-spdk-host.sh                         # target/release/qpath
 #   SPDK_DIR=... QPATH_BIN=/a QPATH_BIN_B=/b ROUNDS=5 CELLS="w32 r128k" scripts/bench-spdk-host.sh
@@ -77,6 +77,7 @@ cell() { # name -> rw bs qd
 run_bench() { # bin rw bs qd -> "iops mib_s lat_us"
   taskset -c 1 timeout $((RUNTIME + 60)) "$1" bench --output-format=json --output "$W/b.json" -- --name=x \
     --ioengine=qpath --rw="$2" --bs="$3" --iodepth="$4" --direct=1 --thread --hipri --size=256m --time_based \
+    --norandommap \
     --runtime="$RUNTIME" --ramp_time=1 --filename="nvme+tcp://127.0.0.1:$PORT/$NQN/1" > "$W/b.out" 2>&1 \
     || { echo "qpath bench failed: $(tail -3 "$W/b.out")" >&2; exit 1; }
   python3 - "$W/b.json" "$2" << 'PY'

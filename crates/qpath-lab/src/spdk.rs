@@ -445,13 +445,16 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     f.write_all(bytes).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-/// `qpath bench`'s job for one workload against `addr`.
+/// `qpath bench`'s job for one workload against `addr`. Random workloads draw their offsets
+/// without fio's random map, as perf draws them (`rand_r`, no record of the blocks done), so
+/// that both clients do the same work per I/O.
 fn bench_job(w: &Workload, plan: &Plan, addr: SocketAddr) -> String {
     let cpus = plan.client_cpu.map_or_else(String::new, |c| format!("cpus_allowed={c}\n"));
+    let map = if w.pattern.random() { "norandommap\n" } else { "" };
     let ramp = if plan.warmup.is_zero() { String::new() } else { format!("ramp_time={}ms\n", plan.warmup.as_millis()) };
     format!(
         "[{name}]\nioengine=qpath\nfilename=nvme+tcp://{addr}/{NQN}/1{tls}\nrw={rw}\nbs={bs}\niodepth={qd}\n\
-         direct=1\nthread\nhipri\n{cpus}time_based\nruntime={ms}ms\n{ramp}size={NAMESPACE_MIB}m\n",
+         direct=1\nthread\nhipri\n{map}{cpus}time_based\nruntime={ms}ms\n{ramp}size={NAMESPACE_MIB}m\n",
         name = w.name.replace(' ', "-"),
         rw = w.pattern.word(),
         bs = w.bs,
@@ -840,6 +843,10 @@ mod tests {
         {
             assert!(text.contains(want), "{want}: {text}");
         }
+        assert!(f.jobs[0].norandommap, "random offsets drawn without a map, as perf draws them: {text}");
+        let seq = WORKLOADS.iter().find(|w| !w.pattern.random()).expect("a sequential workload");
+        let f = JobFile::parse(&bench_job(seq, &plan, "127.0.0.1:4420".parse().unwrap()), "t").unwrap();
+        assert!(!f.jobs[0].norandommap, "a sequential job keeps fio's default");
         assert!(text.contains(&format!("filename=nvme+tcp://127.0.0.1:4420/{NQN}/1\n")), "{text}");
         let key = tls::psk::ConfiguredPsk::generate(tls::psk::PskHash::Sha256).unwrap().to_interchange();
         let tls_plan = Plan { tls_key: Some(key.clone()), ..plan };

@@ -51,6 +51,12 @@ impl Pattern {
             Pattern::Read => "read",
         }
     }
+
+    /// Whether offsets are drawn at random (perf draws each with `rand_r`, keeping no map
+    /// of the blocks done: bench runs these with fio's `norandommap`, which does the same).
+    pub fn random(self) -> bool {
+        matches!(self, Pattern::RandRead | Pattern::RandWrite)
+    }
 }
 
 /// One row of the table: a workload both clients run the same way.
