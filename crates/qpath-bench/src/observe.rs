@@ -240,7 +240,9 @@ impl Endpoints {
         self.state.running.store(false, Ordering::Release);
     }
 
-    /// Keeps serving for up to `linger`, or until a client calls `release`.
+    /// Keeps serving for up to `linger`, or until a client calls `release`; then returns
+    /// once that call is answered (the process may end right after: the caller must not
+    /// be left without its answer), waiting at most a second for it.
     pub fn linger(&self, linger: Duration) {
         let deadline = Instant::now() + linger;
         let mut released = self.state.released.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -250,6 +252,10 @@ impl Endpoints {
                 return;
             }
             released = self.state.cv.wait_timeout(released, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+        }
+        drop(released);
+        if let Some(rpc) = &self.rpc {
+            rpc.wait_answered(Duration::from_secs(1));
         }
     }
 }
@@ -337,6 +343,8 @@ mod tests {
         let t0 = Instant::now();
         e.linger(Duration::from_secs(30));
         assert!(t0.elapsed() < Duration::from_secs(20), "release ended the linger");
+        let rpc = e.rpc.as_ref().expect("the RPC socket");
+        assert!(rpc.wait_answered(Duration::ZERO), "the linger ends once release is answered, not before");
         t.join().unwrap();
         drop(e);
         std::fs::remove_dir_all(&dir).unwrap();

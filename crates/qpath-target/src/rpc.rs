@@ -69,6 +69,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -98,6 +99,8 @@ pub struct RpcServer {
     /// path still names it.
     file: (u64, u64),
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Requests read and not yet answered (their answer not written back).
+    answering: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl RpcServer {
@@ -125,6 +128,8 @@ impl RpcServer {
         let listener = UnixListener::bind(path).map_err(|e| Error::io(format!("RPC socket {}", path.display()), e))?;
         let meta =
             std::fs::symlink_metadata(path).map_err(|e| Error::io(format!("RPC socket {}", path.display()), e))?;
+        let answering = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&answering);
         let thread = std::thread::Builder::new()
             .name("qpath-rpc".into())
             .spawn(move || {
@@ -135,14 +140,29 @@ impl RpcServer {
                 for conn in listener.incoming() {
                     let _ = place.refresh();
                     let Ok(conn) = conn else { continue };
-                    let handler = Arc::clone(&handler);
-                    let _ =
-                        std::thread::Builder::new().name("qpath-rpc-conn".into()).spawn(move || serve(conn, &handler));
+                    let (handler, count) = (Arc::clone(&handler), Arc::clone(&count));
+                    let _ = std::thread::Builder::new()
+                        .name("qpath-rpc-conn".into())
+                        .spawn(move || serve(conn, &handler, &count));
                 }
             })
             .map_err(|e| Error::io("spawn RPC thread", e))?;
         tracing::info!(socket = %path.display(), "RPC listening");
-        Ok(RpcServer { path: path.to_path_buf(), file: (meta.dev(), meta.ino()), thread: Some(thread) })
+        Ok(RpcServer { path: path.to_path_buf(), file: (meta.dev(), meta.ino()), thread: Some(thread), answering })
+    }
+
+    /// Waits up to `timeout` until every request read so far has its answer written back
+    /// (a call that ends the process, such as bench's `release`, is answered before it
+    /// ends). Returns whether none is left unanswered.
+    pub fn wait_answered(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.answering.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
     }
 }
 
@@ -207,7 +227,10 @@ impl Drop for RpcServer {
     }
 }
 
-fn serve(conn: UnixStream, handler: &Arc<Handler>) {
+/// Answers the requests of one connection, counting each in `answering` from its read
+/// to its written answer.
+fn serve(conn: UnixStream, handler: &Arc<Handler>, answering: &std::sync::atomic::AtomicUsize) {
+    use std::sync::atomic::Ordering;
     let caller = match uring::peer_credentials(conn.as_fd()) {
         Ok(c) => Caller::Peer(c),
         Err(_) => Caller::Unknown,
@@ -220,30 +243,38 @@ fn serve(conn: UnixStream, handler: &Arc<Handler>) {
         if line.trim().is_empty() {
             continue;
         }
-        // Bound the request size: a control socket never needs megabytes.
-        let resp = if line.len() > 1 << 20 {
-            json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "request too large"}})
-        } else {
-            match serde_json::from_str::<Value>(&line) {
-                Ok(req) => {
-                    let id = req.get("id").cloned().unwrap_or(Value::Null);
-                    let method = req.get("method").and_then(Value::as_str).unwrap_or("");
-                    let params = req.get("params").cloned().unwrap_or(json!({}));
-                    match handler(method, &params, caller) {
-                        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                        Err(e) => {
-                            let code = error_code(e.kind);
-                            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": e.to_string()}})
-                        }
-                    }
-                }
-                Err(e) => json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": e.to_string()}}),
-            }
-        };
-        if writeln!(w, "{resp}").is_err() {
+        answering.fetch_add(1, Ordering::AcqRel);
+        let written = answer_line(&line, handler, caller, &mut w);
+        answering.fetch_sub(1, Ordering::AcqRel);
+        if !written {
             return;
         }
     }
+}
+
+/// Answers one request line on `w`; returns whether the answer was written.
+fn answer_line(line: &str, handler: &Arc<Handler>, caller: Caller, w: &mut UnixStream) -> bool {
+    // Bound the request size: a control socket never needs megabytes.
+    let resp = if line.len() > 1 << 20 {
+        json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "request too large"}})
+    } else {
+        match serde_json::from_str::<Value>(line) {
+            Ok(req) => {
+                let id = req.get("id").cloned().unwrap_or(Value::Null);
+                let method = req.get("method").and_then(Value::as_str).unwrap_or("");
+                let params = req.get("params").cloned().unwrap_or(json!({}));
+                match handler(method, &params, caller) {
+                    Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                    Err(e) => {
+                        let code = error_code(e.kind);
+                        json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": e.to_string()}})
+                    }
+                }
+            }
+            Err(e) => json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": e.to_string()}}),
+        }
+    };
+    writeln!(w, "{resp}").is_ok()
 }
 
 /// The JSON-RPC error codes of refusals a client can act on, in the server range: "no
@@ -663,6 +694,35 @@ mod tests {
         let e = RpcServer::start_with(&path, handler).unwrap_err().to_string();
         assert!(e.contains("not a socket"), "{e}");
         assert_eq!(std::fs::read(&path).unwrap(), b"user data");
+    }
+
+    #[test]
+    fn wait_answered_returns_once_every_call_read_has_its_answer_written() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::mpsc;
+        let d = Dir::new("answered");
+        let path = d.0.join("rpc.sock");
+        let (entered_tx, entered) = mpsc::channel::<()>();
+        let (go, go_rx) = mpsc::channel::<()>();
+        let (entered_tx, go_rx) = (std::sync::Mutex::new(entered_tx), std::sync::Mutex::new(go_rx));
+        let done = Arc::new(AtomicBool::new(false));
+        let d2 = Arc::clone(&done);
+        let handler: Arc<Handler> = Arc::new(move |_: &str, _: &Value, _: Caller| {
+            entered_tx.lock().unwrap().send(()).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+            d2.store(true, Ordering::Release);
+            Ok(json!("answered"))
+        });
+        let s = RpcServer::start_with(&path, handler).unwrap();
+        assert!(s.wait_answered(Duration::ZERO), "nothing asked, nothing owed");
+        let p2 = path.clone();
+        let client = std::thread::spawn(move || client_call(&p2, "slow", json!({})));
+        entered.recv().unwrap();
+        assert!(!s.wait_answered(Duration::from_millis(20)), "a call in its handler is not answered yet");
+        go.send(()).unwrap();
+        assert!(s.wait_answered(Duration::from_secs(30)));
+        assert!(done.load(Ordering::Acquire), "not before the handler returned");
+        assert_eq!(client.join().unwrap().unwrap(), json!("answered"));
     }
 
     #[test]
