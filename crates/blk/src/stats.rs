@@ -6,10 +6,10 @@
 //! the owner sends a copy of its [`QueueStats`] to the reporter (e.g. through
 //! its mailbox), which [`merge`](QueueStats::merge)s them.
 //!
-//! Latencies are nanoseconds at 3 significant digits, 1 ns to
+//! Latencies are nanoseconds at 2 significant digits, 1 ns to
 //! [`LATENCY_NS_MAX`]; a longer latency is counted at the maximum (the exact
-//! maximum is kept beside the histogram). Each direction's histogram is about
-//! 200 KiB, allocated once when the stats are created. Only successful I/Os go
+//! maximum is kept beside the histogram). Each direction's histogram is 30 KiB,
+//! allocated at the direction's first successful I/O. Only successful I/Os go
 //! into the histogram (as fio does); failed ones are counted in `errors`.
 
 use std::borrow::Cow;
@@ -165,7 +165,7 @@ impl Default for QueueStats {
 }
 
 impl QueueStats {
-    /// Empty statistics (allocates the histograms).
+    /// Empty statistics (a direction allocates its histogram at its first successful I/O).
     pub fn new() -> QueueStats {
         QueueStats {
             dirs: [DirectionStats::new(), DirectionStats::new(), DirectionStats::new(), DirectionStats::new()],
