@@ -46,6 +46,7 @@
 
 pub mod context;
 pub mod error;
+pub mod hist;
 pub mod queue_map;
 pub mod shared_tags;
 pub mod stats;
@@ -53,6 +54,7 @@ pub mod tag;
 
 pub use context::{ContextId, ContextMap, ContextSpread};
 pub use error::{Error, ErrorKind, Result};
+pub use hist::HdrCounts;
 pub use queue_map::{QueueIndex, QueueMap, QueueMaps, QueueType};
 pub use shared_tags::{SharedTagOptions, SharedTagPolicy, SharedTagSet, TagUser};
 pub use stats::{Direction, DirectionStats, LATENCY_NS_MAX, LatencySummary, Outcome, QueueStats};

@@ -1,18 +1,22 @@
 //! Per-queue statistics: counters and latency histograms, recorded by the
 //! queue's owner thread, merged across queues and threads for reports.
 //!
-//! Recording is plain arithmetic on owned memory plus one HdrHistogram
-//! increment (no atomics, no allocation). A report clones or merges:
+//! Recording is plain arithmetic on owned memory plus one increment of a
+//! histogram slot ([`HdrCounts`]; no atomics, no allocation). A report clones or merges:
 //! the owner sends a copy of its [`QueueStats`] to the reporter (e.g. through
 //! its mailbox), which [`merge`](QueueStats::merge)s them.
 //!
-//! Latencies are nanoseconds at 3 significant digits, 1 ns to
+//! Latencies are nanoseconds at 2 significant digits, 1 ns to
 //! [`LATENCY_NS_MAX`]; a longer latency is counted at the maximum (the exact
-//! maximum is kept beside the histogram). Each direction's histogram is about
-//! 200 KiB, allocated once when the stats are created. Only successful I/Os go
+//! maximum is kept beside the histogram). Each direction's histogram is 30 KiB,
+//! allocated at the direction's first successful I/O. Only successful I/Os go
 //! into the histogram (as fio does); failed ones are counted in `errors`.
 
+use std::borrow::Cow;
+
 use hdrhistogram::Histogram;
+
+use crate::hist::HdrCounts;
 
 /// The direction an I/O counts under, as fio reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,14 +62,14 @@ pub const LATENCY_NS_MAX: u64 = 60_000_000_000;
 /// reports keep their own full-resolution histograms.
 const SIGFIG: u8 = 2;
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, LATENCY_NS_MAX, SIGFIG).expect("constant bounds are valid")
+fn histogram() -> HdrCounts {
+    HdrCounts::new(LATENCY_NS_MAX, SIGFIG)
 }
 
 /// An empty histogram for directions that never recorded anything.
 fn empty() -> &'static Histogram<u64> {
     static EMPTY: std::sync::OnceLock<Histogram<u64>> = std::sync::OnceLock::new();
-    EMPTY.get_or_init(histogram)
+    EMPTY.get_or_init(|| histogram().to_hdr())
 }
 
 /// Counters and latencies of one direction.
@@ -82,7 +86,7 @@ pub struct DirectionStats {
     /// Sum of the latencies of the successful I/Os, exact (a Prometheus summary's `_sum`).
     pub latency_ns_sum: u64,
     /// Allocated at the first successful I/O of the direction (idle directions cost nothing).
-    latency: Option<Box<Histogram<u64>>>,
+    latency: Option<HdrCounts>,
 }
 
 impl DirectionStats {
@@ -90,16 +94,16 @@ impl DirectionStats {
         DirectionStats { ios: 0, bytes: 0, errors: 0, latency_ns_max: 0, latency_ns_sum: 0, latency: None }
     }
 
-    /// The latency histogram (ns) of successful I/Os.
-    pub fn latency(&self) -> &Histogram<u64> {
-        match self.latency.as_deref() {
-            Some(h) => h,
-            None => empty(),
+    /// The latency histogram (ns) of successful I/Os (built from the counts).
+    pub fn latency(&self) -> Cow<'static, Histogram<u64>> {
+        match &self.latency {
+            Some(h) => Cow::Owned(h.to_hdr()),
+            None => Cow::Borrowed(empty()),
         }
     }
 
-    fn latency_mut(&mut self) -> &mut Histogram<u64> {
-        self.latency.get_or_insert_with(|| Box::new(histogram()))
+    fn latency_mut(&mut self) -> &mut HdrCounts {
+        self.latency.get_or_insert_with(histogram)
     }
 
     /// The latency (ns) at `percentile` (0..=100), 0 when nothing was recorded.
@@ -161,7 +165,7 @@ impl Default for QueueStats {
 }
 
 impl QueueStats {
-    /// Empty statistics (allocates the histograms).
+    /// Empty statistics (a direction allocates its histogram at its first successful I/O).
     pub fn new() -> QueueStats {
         QueueStats {
             dirs: [DirectionStats::new(), DirectionStats::new(), DirectionStats::new(), DirectionStats::new()],
@@ -178,7 +182,7 @@ impl QueueStats {
         match outcome {
             Outcome::Success => {
                 d.bytes += bytes;
-                d.latency_mut().saturating_record(latency_ns.max(1));
+                d.latency_mut().record(latency_ns.max(1));
                 d.latency_ns_max = d.latency_ns_max.max(latency_ns);
                 d.latency_ns_sum = d.latency_ns_sum.saturating_add(latency_ns);
             }
@@ -231,10 +235,8 @@ impl QueueStats {
             d.errors += o.errors;
             d.latency_ns_max = d.latency_ns_max.max(o.latency_ns_max);
             d.latency_ns_sum = d.latency_ns_sum.saturating_add(o.latency_ns_sum);
-            if let Some(h) = o.latency.as_deref()
-                && !h.is_empty()
-            {
-                d.latency_mut().add(h).expect("histograms with the same bounds always add");
+            if let Some(h) = &o.latency {
+                d.latency_mut().add(h);
             }
         }
         self.requeues += other.requeues;
@@ -310,7 +312,7 @@ mod tests {
         // Keep the per-queue footprint in sight: at most ~32 KiB per direction,
         // allocated only for directions that saw I/O.
         let h = histogram();
-        assert!(h.distinct_values() * 8 <= 32 * 1024, "{} counts", h.distinct_values());
+        assert!(h.slots() * 8 <= 32 * 1024, "{} counts", h.slots());
         let s = QueueStats::new();
         assert!(s.dirs.iter().all(|d| d.latency.is_none()));
     }
