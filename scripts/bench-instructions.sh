@@ -187,6 +187,6 @@ start_target
 for cell in $CELLS; do
   cell_args "$cell" > /dev/null
   measure_bench A "$A" "$cell"
-  [ -n "$B" ] && measure_bench B "$B" "$cell"
-  [ -n "$PERF" ] && measure_perf "$cell"
+  if [ -n "$B" ]; then measure_bench B "$B" "$cell"; fi
+  if [ -n "$PERF" ]; then measure_perf "$cell"; fi
 done

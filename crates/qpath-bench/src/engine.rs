@@ -6,17 +6,20 @@
 //!  ──────────                       ──────
 //!  open(ctx)            ─────────►  open the target, report its size
 //!  prepare(&mut [IoU])  ─────────►  learn buffer addresses (register them...)
-//!  queue(io_u)          ─────────►  Queued | Completed(io_u) | Busy(io_u)
-//!  commit()             ─────────►  submit what was queued (one syscall / doorbell)
-//!  getevents(min,max,t) ─────────►  reap n completions
-//!  event(i), i < n      ◄─────────  the i-th completed io_u, result set
+//!  queue(&mut io_u)     ─────────►  Queued | Completed | Busy
+//!  commit(units)        ─────────►  submit what was queued (one syscall / doorbell)
+//!  getevents(units,..)  ─────────►  reap n completions
+//!  event(i), i < n      ◄─────────  the index of the i-th completed io_u, result set
 //!  close()
 //! ```
 //!
-//! Ownership follows the style guide's "submission takes ownership; a failed
-//! submission hands it back": `queue` moves the unit into the engine, `Busy` and
-//! `Completed` move it back, `event` returns it after completion. The unit's buffer is
-//! a heap block that does not move while the unit travels.
+//! The units stay in the job's table for their whole life (fio's `io_u` array): `queue`
+//! gets the unit to start, and the unit's index is the token the engine carries with
+//! the I/O, so a completion finds its unit by index, without a search or a move. An
+//! engine that moves the unit's buffer out while the I/O is in flight (into a ring or
+//! the host) puts it back, and sets the result, in the unit the table passed to
+//! `commit`/`getevents` holds at that index. A unit's buffer is a heap block that does
+//! not move.
 //!
 //! The iodepth knobs map directly: the runner calls `commit` after
 //! `iodepth_batch_submit` queued units, and `getevents(min, max)` with
@@ -66,23 +69,22 @@ impl Default for Capabilities {
 }
 
 /// Outcome of [`Engine::queue`].
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Queued {
-    /// Accepted; it will come back from `event` after a later `getevents`.
+    /// Accepted; its index will come back from `event` after a later `getevents`.
     Queued,
-    /// Already done (result set); here it is.
-    Completed(IoU),
+    /// Already done (result set).
+    Completed,
     /// No room right now: commit and reap, then queue this same unit again.
-    Busy(IoU),
+    Busy,
 }
 
-/// Completed units on their way back to the runner, oldest first. `getevents` hands out
-/// the oldest `n` ([`Ready::hand_out`]) and `event` takes them from the front
-/// ([`Ready::take`]): a unit moves once, from the engine to the runner, instead of
-/// through a second queue of units being taken.
+/// Indices of completed units on their way back to the runner, oldest first.
+/// `getevents` hands out the oldest `n` ([`Ready::hand_out`]) and `event` takes them
+/// from the front ([`Ready::take`]).
 #[derive(Debug, Default)]
 pub struct Ready {
-    units: VecDeque<IoU>,
+    units: VecDeque<u32>,
     /// Handed out by the last `getevents`, not taken yet (they are the first of `units`).
     handed_out: usize,
 }
@@ -93,9 +95,9 @@ impl Ready {
         Ready { units: VecDeque::with_capacity(n), handed_out: 0 }
     }
 
-    /// A unit completed.
-    pub fn push(&mut self, unit: IoU) {
-        self.units.push_back(unit);
+    /// The unit of index `index` completed.
+    pub fn push(&mut self, index: u32) {
+        self.units.push_back(index);
     }
 
     /// Completed units not handed out yet.
@@ -119,11 +121,11 @@ impl Ready {
         self.handed_out
     }
 
-    /// The oldest unit handed out and not yet taken.
+    /// The index of the oldest unit handed out and not yet taken.
     ///
     /// # Panics
     /// If every unit handed out was taken.
-    pub fn take(&mut self) -> IoU {
+    pub fn take(&mut self) -> u32 {
         assert!(self.handed_out > 0, "event() index within the last getevents count");
         self.handed_out -= 1;
         self.units.pop_front().expect("handed-out units are in the queue")
@@ -177,23 +179,29 @@ pub trait Engine {
         Ok(())
     }
 
-    /// Take a unit. A synchronous engine does the I/O here and returns `Completed`.
-    fn queue(&mut self, unit: IoU) -> Queued;
+    /// Start the I/O of `unit`, which stays in the runner's table (at `unit.index`) until
+    /// it comes back from `event`. A synchronous engine does the I/O here and returns
+    /// `Completed`; so does any engine that fails the unit at once (result set).
+    fn queue(&mut self, unit: &mut IoU) -> Queued;
 
-    /// Submit everything queued since the last commit.
-    fn commit(&mut self) -> Result<()> {
+    /// Submit everything queued since the last commit. `units` is the runner's table,
+    /// indexed by unit index: an engine that finds completions here puts each one's
+    /// buffer back and its result into its unit.
+    fn commit(&mut self, units: &mut [IoU]) -> Result<()> {
+        let _ = units;
         Ok(())
     }
 
     /// Wait for at least `min` and at most `max` completions, or until `timeout`
-    /// (`None` = no limit; `Some(ZERO)` = just poll). Returns how many are ready;
-    /// they are then taken with `event(0..n)`.
-    fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize>;
+    /// (`None` = no limit; `Some(ZERO)` = just poll), completing their units in `units`
+    /// (the runner's table, as for `commit`). Returns how many are ready; their indices
+    /// are then taken with `event(0..n)`.
+    fn getevents(&mut self, units: &mut [IoU], min: usize, max: usize, timeout: Option<Duration>) -> Result<usize>;
 
-    /// The `index`-th completion found by the last `getevents`, with its result set.
-    /// Called exactly once for each `index < n`, in increasing order, before the next
-    /// `getevents`.
-    fn event(&mut self, index: usize) -> IoU;
+    /// The unit index of the `index`-th completion found by the last `getevents` (that
+    /// unit has its result set and its buffer back). Called exactly once for each
+    /// `index < n`, in increasing order, before the next `getevents`.
+    fn event(&mut self, index: usize) -> u32;
 
     /// The policy and per-path I/O counts of a multipath device (`None`: one path, or
     /// an engine without multipath). Counts run from `open`; the runner asks at the end
@@ -426,16 +434,16 @@ mod tests {
     fn ready_hands_out_the_oldest_units_in_order() {
         let mut r = Ready::with_capacity(4);
         for i in 0..3 {
-            r.push(IoU::new(i, 512, 512));
+            r.push(i);
         }
         assert_eq!(r.hand_out(1, 2), 2);
         assert_eq!(r.len(), 1, "handed-out units no longer wait");
         // A unit completing while the runner takes the hand-out waits for the next one.
-        r.push(IoU::new(3, 512, 512));
-        assert_eq!(r.take().index, 0);
-        assert_eq!(r.take().index, 1);
+        r.push(3);
+        assert_eq!(r.take(), 0);
+        assert_eq!(r.take(), 1);
         assert_eq!(r.hand_out(0, 8), 2);
-        assert_eq!((r.take().index, r.take().index), (2, 3));
+        assert_eq!((r.take(), r.take()), (2, 3));
         assert!(r.is_empty());
         assert_eq!(r.hand_out(0, 1), 0, "nothing to hand out");
     }
@@ -444,8 +452,8 @@ mod tests {
     #[should_panic(expected = "before the previous events were taken")]
     fn ready_refuses_a_hand_out_before_the_last_is_taken() {
         let mut r = Ready::default();
-        r.push(IoU::new(0, 512, 512));
-        r.push(IoU::new(1, 512, 512));
+        r.push(0);
+        r.push(1);
         r.hand_out(1, 1);
         r.hand_out(1, 1);
     }

@@ -1,12 +1,12 @@
 //! The I/O unit (fio's `io_u`) and its aligned buffer.
 //!
 //! A job thread allocates `iodepth` units with their buffers once, before the first
-//! I/O; queueing moves a unit into the engine and completion moves it back, so the
-//! per-I/O path allocates nothing. Buffers are `Vec<u8>` over-allocated and sliced at
-//! an aligned start, which keeps O_DIRECT happy without `unsafe`; the heap block does
-//! not move while the unit travels, so an engine may hand its address to the kernel
-//! (the io_uring and NVMe/TCP engines install `uring::IoBuf`s instead, which move into
-//! the ring or the host and back: [`crate::engine::uring_buf`]).
+//! I/O, and keeps them in one table by index: the engine is handed a unit to start and
+//! completes it in place, so the per-I/O path allocates and moves no unit. Buffers are
+//! `Vec<u8>` over-allocated and sliced at an aligned start, which keeps O_DIRECT happy
+//! without `unsafe`; the heap block does not move, so an engine may hand its address to
+//! the kernel (the io_uring and NVMe/TCP engines install `uring::IoBuf`s instead, which
+//! move into the ring or the host and back: [`crate::engine::uring_buf`]).
 
 use std::fmt;
 use std::time::Instant;
@@ -199,7 +199,7 @@ impl IoBuf {
 }
 
 /// One I/O unit. The runner fills `ddir`, `offset`, `len` and the buffer; the engine
-/// sets `result` (and may use `engine_data`) and returns the unit on completion.
+/// sets `result` (and may use `engine_data`) when the I/O completes.
 #[derive(Debug)]
 pub struct IoU {
     /// Slot number in the job's pool, `0..iodepth`; stable for the unit's life.

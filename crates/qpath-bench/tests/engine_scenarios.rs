@@ -43,9 +43,9 @@ impl ForeignBuf for RamBuf {
 struct RamEngine {
     cfg: Ram,
     job: String,
-    queued: Vec<IoU>,
-    done: VecDeque<IoU>,
-    reaped: VecDeque<IoU>,
+    queued: Vec<u32>,
+    done: VecDeque<u32>,
+    reaped: VecDeque<u32>,
     reads: u64,
     busy_seen: u64,
 }
@@ -91,19 +91,20 @@ impl Engine for RamEngine {
         }
         Ok(())
     }
-    fn queue(&mut self, unit: IoU) -> Queued {
+    fn queue(&mut self, unit: &mut IoU) -> Queued {
         let inside = self.queued.len() + self.done.len() + self.reaped.len();
         if self.cfg.capacity > 0 && inside >= self.cfg.capacity {
             self.busy_seen += 1;
-            return Queued::Busy(unit);
+            return Queued::Busy;
         }
         self.cfg.queued_at.lock().unwrap().push((unit.index, unit.prepared));
-        self.queued.push(unit);
+        self.queued.push(unit.index);
         Queued::Queued
     }
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, units: &mut [IoU]) -> Result<()> {
         let mut s = self.cfg.store.lock().unwrap();
-        for mut u in self.queued.drain(..) {
+        for i in self.queued.drain(..) {
+            let u = &mut units[i as usize];
             let off = usize::try_from(u.offset).unwrap();
             let len = u.len as usize;
             // Lend the engine-owned buffer out for the transfer, as a ring would.
@@ -123,7 +124,7 @@ impl Engine for RamEngine {
                     }
                 }
                 u.result = IoResult::Done { bytes: u.len };
-                self.done.push_back(u);
+                self.done.push_back(i);
                 continue;
             }
             match u.ddir {
@@ -138,18 +139,18 @@ impl Engine for RamEngine {
                 Ddir::Sync => {}
             }
             u.result = IoResult::Done { bytes: u.len };
-            self.done.push_back(u);
+            self.done.push_back(i);
         }
         Ok(())
     }
-    fn getevents(&mut self, min: usize, max: usize, _t: Option<Duration>) -> Result<usize> {
+    fn getevents(&mut self, _units: &mut [IoU], min: usize, max: usize, _t: Option<Duration>) -> Result<usize> {
         assert!(min <= max, "getevents(min={min}, max={max})");
         let n = self.done.len().min(max);
         assert!(n >= min, "asked for {min} completions with only {} committed", self.done.len());
         self.reaped.extend(self.done.drain(..n));
         Ok(n)
     }
-    fn event(&mut self, _i: usize) -> IoU {
+    fn event(&mut self, _i: usize) -> u32 {
         self.reaped.pop_front().unwrap()
     }
     fn close(&mut self) -> Result<()> {

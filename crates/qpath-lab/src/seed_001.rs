@@ -188,8 +188,8 @@ impl EngineFactory for MeteredFactory {
 struct Metered {
     inner: Box<dyn Engine>,
     meter: Arc<Meter>,
-    ready: VecDeque<IoU>,
-    reaped: VecDeque<IoU>,
+    ready: VecDeque<u32>,
+    reaped: VecDeque<u32>,
 }
 
 impl Engine for Metered {
@@ -209,22 +209,22 @@ impl Engine for Metered {
         self.inner.prepare(units)
     }
 
-    fn queue(&mut self, unit: IoU) -> Queued {
+    fn queue(&mut self, unit: &mut IoU) -> Queued {
         self.inner.queue(unit)
     }
 
-    fn commit(&mut self) -> Result<()> {
-        self.inner.commit()
+    fn commit(&mut self, units: &mut [IoU]) -> Result<()> {
+        self.inner.commit(units)
     }
 
-    fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
+    fn getevents(&mut self, units: &mut [IoU], min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
         assert!(self.reaped.is_empty(), "getevents called before the previous events were taken");
         let deadline = timeout.map(|t| Instant::now() + t);
         let max = max.max(min).max(1);
         let (mut polls, mut empty, mut idle) = (0u64, 0u64, 0u64);
         loop {
             let t0 = Instant::now();
-            let n = self.inner.getevents(0, max, Some(Duration::ZERO))?;
+            let n = self.inner.getevents(units, 0, max, Some(Duration::ZERO))?;
             for i in 0..n {
                 self.ready.push_back(self.inner.event(i));
             }
@@ -246,7 +246,7 @@ impl Engine for Metered {
         Ok(n)
     }
 
-    fn event(&mut self, index: usize) -> IoU {
+    fn event(&mut self, index: usize) -> u32 {
         let _ = index;
         self.reaped.pop_front().expect("event() index within the last getevents count")
     }

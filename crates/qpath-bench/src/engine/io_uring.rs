@@ -40,7 +40,6 @@ impl EngineFactory for IoUringFactory {
         Ok(Box::new(UringEngine {
             ring,
             file: None,
-            inflight: Vec::new(),
             ready: Ready::default(),
             done: Vec::new(),
             hipri: super::hipri(ctx.job),
@@ -48,13 +47,12 @@ impl EngineFactory for IoUringFactory {
     }
 }
 
-/// Units are in exactly one place: with the runner, in `inflight` (the ring has their
-/// buffer) or in `ready` (completed, until `event` takes them).
+/// A unit in flight has its buffer in the ring; a completion puts it back into the
+/// unit its token (the unit index) names, and the index waits in `ready` for `event`.
 struct UringEngine {
     ring: Ring,
     file: Option<File>,
     /// Indexed by unit index.
-    inflight: Vec<Option<IoU>>,
     ready: Ready,
     /// Scratch for one turn's completions.
     done: Vec<Completion>,
@@ -69,30 +67,30 @@ fn submit_error(e: &uring::Error) -> IoError {
 }
 
 impl UringEngine {
-    fn turn(&mut self, wait: Wait) -> Result<()> {
+    fn turn(&mut self, units: &mut [IoU], wait: Wait) -> Result<()> {
         let mut done = std::mem::take(&mut self.done);
         let r = self.ring.turn(wait, |_, c| done.push(c));
         for c in done.drain(..) {
-            self.complete(c);
+            self.complete(units, c);
         }
         self.done = done;
         r.map(|_| ()).map_err(|e| Error::new(ErrorKind::Engine, format!("io_uring: {e}")))
     }
 
-    fn complete(&mut self, c: Completion) {
+    fn complete(&mut self, units: &mut [IoU], c: Completion) {
         let idx = usize::try_from(c.token).unwrap_or(usize::MAX);
-        let Some(mut unit) = self.inflight.get_mut(idx).and_then(Option::take) else {
-            panic!("io_uring completion for unit {idx}, which is not in flight");
+        let Some(unit) = units.get_mut(idx) else {
+            panic!("io_uring completion for unit {idx}, which the job does not have");
         };
         let result = c.result;
         if let Payload::Buf(b) = c.payload {
-            uring_buf::put(&mut unit, b);
+            uring_buf::put(unit, b);
         }
         unit.result = match u32::try_from(result) {
             Ok(bytes) => IoResult::Done { bytes },
             Err(_) => IoResult::Error(IoError::Os(-result)),
         };
-        self.ready.push(unit);
+        self.ready.push(unit.index);
     }
 }
 
@@ -113,21 +111,20 @@ impl Engine for UringEngine {
 
     fn prepare(&mut self, units: &mut [IoU]) -> Result<()> {
         uring_buf::install(units);
-        self.inflight = units.iter().map(|_| None).collect();
         Ok(())
     }
 
-    fn queue(&mut self, mut unit: IoU) -> Queued {
+    fn queue(&mut self, unit: &mut IoU) -> Queued {
         let Some(fd) = self.file.as_ref().map(AsRawFd::as_raw_fd) else {
             unit.result = IoResult::Error(IoError::Failed("engine not open"));
-            return Queued::Completed(unit);
+            return Queued::Completed;
         };
         let idx = unit.index as usize;
         let token = u64::from(unit.index);
         let submitted = match unit.ddir {
             Ddir::Sync => self.ring.fsync(fd, FsyncMode::Full, token),
             Ddir::Read | Ddir::Write => {
-                let Some(buf) = uring_buf::take(&mut unit) else {
+                let Some(buf) = uring_buf::take(unit) else {
                     panic!("unit {idx} was queued without its buffer (prepare() not called?)");
                 };
                 let len = buf.len();
@@ -137,31 +134,28 @@ impl Engine for UringEngine {
                     self.ring.write_at(fd, buf, 0..len, unit.offset, token)
                 };
                 r.map_err(|(e, buf)| {
-                    uring_buf::put(&mut unit, buf);
+                    uring_buf::put(unit, buf);
                     e
                 })
             }
         };
         match submitted {
-            Ok(()) => {
-                self.inflight[idx] = Some(unit);
-                Queued::Queued
-            }
-            Err(e) if e.kind() == uring::ErrorKind::Limit => Queued::Busy(unit),
+            Ok(()) => Queued::Queued,
+            Err(e) if e.kind() == uring::ErrorKind::Limit => Queued::Busy,
             Err(e) => {
                 unit.result = IoResult::Error(submit_error(&e));
-                Queued::Completed(unit)
+                Queued::Completed
             }
         }
     }
 
-    fn commit(&mut self) -> Result<()> {
-        self.turn(Wait::Poll)
+    fn commit(&mut self, units: &mut [IoU]) -> Result<()> {
+        self.turn(units, Wait::Poll)
     }
 
-    fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
+    fn getevents(&mut self, units: &mut [IoU], min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.turn(Wait::Poll)?;
+        self.turn(units, Wait::Poll)?;
         while self.ready.len() < min {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -173,12 +167,12 @@ impl Engine for UringEngine {
                 let left = deadline.map_or(BLOCK_SLICE, |d| d.saturating_duration_since(now).min(BLOCK_SLICE));
                 Wait::Block { timeout: Some(left) }
             };
-            self.turn(wait)?;
+            self.turn(units, wait)?;
         }
         Ok(self.ready.hand_out(min, max))
     }
 
-    fn event(&mut self, index: usize) -> IoU {
+    fn event(&mut self, index: usize) -> u32 {
         let _ = index;
         self.ready.take()
     }

@@ -24,10 +24,11 @@ impl EngineFactory for NullFactory {
     }
 }
 
-/// Units move queued -> done (at commit) -> caller (handed out at getevents, taken by event).
+/// Unit indices move queued -> done (at commit) -> caller (handed out at getevents,
+/// taken by event).
 #[derive(Debug)]
 struct Null {
-    queued: VecDeque<IoU>,
+    queued: VecDeque<u32>,
     done: Ready,
 }
 
@@ -47,25 +48,25 @@ impl Engine for Null {
         Ok(FileInfo { size, block_size: 512 })
     }
 
-    fn queue(&mut self, mut unit: IoU) -> Queued {
+    fn queue(&mut self, unit: &mut IoU) -> Queued {
         unit.result = IoResult::Done { bytes: unit.len };
-        self.queued.push_back(unit);
+        self.queued.push_back(unit.index);
         Queued::Queued
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, _units: &mut [IoU]) -> Result<()> {
         for unit in self.queued.drain(..) {
             self.done.push(unit);
         }
         Ok(())
     }
 
-    fn getevents(&mut self, min: usize, max: usize, _timeout: Option<Duration>) -> Result<usize> {
+    fn getevents(&mut self, _units: &mut [IoU], min: usize, max: usize, _timeout: Option<Duration>) -> Result<usize> {
         // Everything committed is complete, so `min` is always met when it can be.
         Ok(self.done.hand_out(min, max))
     }
 
-    fn event(&mut self, index: usize) -> IoU {
+    fn event(&mut self, index: usize) -> u32 {
         // Events are taken in order 0..n, so the front is always `index`.
         let _ = index;
         self.done.take()

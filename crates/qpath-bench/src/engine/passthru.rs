@@ -72,7 +72,6 @@ impl EngineFactory for PassthruFactory {
             qp,
             nsid: Nsid(remote.nsid),
             block_shift: 9,
-            inflight: Vec::new(),
             done: Vec::new(),
             ready: Ready::default(),
             spinner: Spinner::new(super::hipri(ctx.job)),
@@ -86,7 +85,6 @@ struct PassthruEngine {
     qp: QueuePair,
     nsid: Nsid,
     block_shift: u8,
-    inflight: Vec<Option<IoU>>,
     done: Vec<PtCompletion>,
     ready: Ready,
     spinner: Spinner,
@@ -95,21 +93,21 @@ struct PassthruEngine {
 }
 
 impl PassthruEngine {
-    fn poll(&mut self) -> Result<usize> {
+    fn poll(&mut self, units: &mut [IoU]) -> Result<usize> {
         self.qp
             .poll(&mut self.done)
             .map_err(|e| Error::new(ErrorKind::Engine, format!("qpath-passthru: poll: {e}")))?;
         let n = self.done.len();
         for c in self.done.drain(..) {
             let idx = usize::try_from(c.user_data).unwrap_or(usize::MAX);
-            let Some(mut unit) = self.inflight.get_mut(idx).and_then(Option::take) else {
-                panic!("passthru completion for unit {idx}, which is not in flight");
+            let Some(unit) = units.get_mut(idx) else {
+                panic!("passthru completion for unit {idx}, which the job does not have");
             };
             if let Some(b) = c.buf {
-                uring_buf::put(&mut unit, b);
+                uring_buf::put(unit, b);
             }
             unit.result = io_result(c.cqe.status, unit.len);
-            self.ready.push(unit);
+            self.ready.push(unit.index);
         }
         Ok(n)
     }
@@ -160,32 +158,27 @@ impl Engine for PassthruEngine {
 
     fn prepare(&mut self, units: &mut [IoU]) -> Result<()> {
         uring_buf::install(units);
-        self.inflight = units.iter().map(|_| None).collect();
         Ok(())
     }
 
-    fn queue(&mut self, mut unit: IoU) -> Queued {
-        let (sqe, dir) = match self.sqe(&unit) {
+    fn queue(&mut self, unit: &mut IoU) -> Queued {
+        let (sqe, dir) = match self.sqe(unit) {
             Ok(x) => x,
             Err(e) => {
                 unit.result = IoResult::Error(e);
-                return Queued::Completed(unit);
+                return Queued::Completed;
             }
         };
-        let buf = if dir == DataDir::None { None } else { uring_buf::take(&mut unit) };
+        let buf = if dir == DataDir::None { None } else { uring_buf::take(unit) };
         let len = if dir == DataDir::None { 0 } else { unit.len };
-        let idx = unit.index as usize;
         match self.qp.submit(sqe, buf, len, dir, u64::from(unit.index)) {
-            Ok(()) => {
-                self.inflight[idx] = Some(unit);
-                Queued::Queued
-            }
+            Ok(()) => Queued::Queued,
             Err((e, buf)) => {
                 if let Some(b) = buf {
-                    uring_buf::put(&mut unit, b);
+                    uring_buf::put(unit, b);
                 }
                 if e.kind == host::ErrorKind::Busy {
-                    return Queued::Busy(unit);
+                    return Queued::Busy;
                 }
                 tracing::debug!("qpath-passthru: submit refused: {e}");
                 // A queue pair whose connection closed refuses new commands: that is the
@@ -197,20 +190,20 @@ impl Engine for PassthruEngine {
                     let s = nvme::Status::HOST_PATH_ERROR;
                     IoResult::Error(IoError::Nvme { sct: s.sct as u8, sc: s.sc })
                 };
-                Queued::Completed(unit)
+                Queued::Completed
             }
         }
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, _units: &mut [IoU]) -> Result<()> {
         self.qp.flush();
         Ok(())
     }
 
-    fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
+    fn getevents(&mut self, units: &mut [IoU], min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
-        if self.poll()? > 0 {
+        if self.poll(units)? > 0 {
             self.spinner.progress(start);
         }
         while self.ready.len() < min {
@@ -222,14 +215,14 @@ impl Engine for PassthruEngine {
                 // No kernel wait on a queue pair: give the core away for a moment.
                 std::thread::yield_now();
             }
-            if self.poll()? > 0 {
+            if self.poll(units)? > 0 {
                 self.spinner.progress(Instant::now());
             }
         }
         Ok(self.ready.hand_out(min, max))
     }
 
-    fn event(&mut self, index: usize) -> IoU {
+    fn event(&mut self, index: usize) -> u32 {
         let _ = index;
         self.ready.take()
     }

@@ -116,16 +116,16 @@ impl Engine for LocalSync {
         Ok(info)
     }
 
-    fn queue(&mut self, mut unit: IoU) -> Queued {
-        unit.result = self.do_io(&mut unit);
-        Queued::Completed(unit)
+    fn queue(&mut self, unit: &mut IoU) -> Queued {
+        unit.result = self.do_io(unit);
+        Queued::Completed
     }
 
-    fn getevents(&mut self, _min: usize, _max: usize, _timeout: Option<Duration>) -> Result<usize> {
+    fn getevents(&mut self, _units: &mut [IoU], _min: usize, _max: usize, _timeout: Option<Duration>) -> Result<usize> {
         Ok(0)
     }
 
-    fn event(&mut self, index: usize) -> IoU {
+    fn event(&mut self, index: usize) -> u32 {
         panic!("{}: event({index}) called on a synchronous engine, which never queues", self.name());
     }
 

@@ -72,7 +72,6 @@ impl EngineFactory for QpathFactory {
             mpath_policy: None,
             ctx: context,
             dev: None,
-            inflight: Vec::new(),
             ready: Ready::with_capacity(max_requests),
             spinner: Spinner::new(super::hipri(ctx.job)),
             write_op: if super::writefua(ctx.job) { Op::WriteFua } else { Op::Write },
@@ -152,9 +151,7 @@ struct QpathEngine {
     write_op: Op,
     ctx: Context,
     dev: Option<DeviceId>,
-    /// Units on the wire, by unit index (their buffers are inside the host).
-    inflight: Vec<Option<IoU>>,
-    /// Completed units, until `event` takes them.
+    /// Indices of completed units, until `event` takes them.
     ready: Ready,
     spinner: Spinner,
     /// The controllers `dev` goes through, to say which was lost when I/O fails.
@@ -199,7 +196,7 @@ pub(crate) fn explain_path_error(error: IoError, ctrls: &[Arc<host::controller::
 }
 
 impl QpathEngine {
-    fn poll(&mut self, wait: Wait) -> Result<usize> {
+    fn poll(&mut self, units: &mut [IoU], wait: Wait) -> Result<usize> {
         let found = self.ctx.poll(wait).map_err(|e| Error::new(ErrorKind::Engine, format!("qpath: poll: {e}")))?;
         // The host logs stalled I/O itself; drop the reports so they do not pile up.
         drop(self.ctx.take_stall_reports());
@@ -210,14 +207,14 @@ impl QpathEngine {
         let before = self.ready.len();
         for c in self.ctx.completions() {
             let idx = usize::try_from(c.token).unwrap_or(usize::MAX);
-            let Some(mut unit) = self.inflight.get_mut(idx).and_then(Option::take) else {
-                panic!("qpath completion for unit {idx}, which is not in flight");
+            let Some(unit) = units.get_mut(idx) else {
+                panic!("qpath completion for unit {idx}, which the job does not have");
             };
             if let Some(b) = c.buf {
-                uring_buf::put(&mut unit, b);
+                uring_buf::put(unit, b);
             }
             unit.result = io_result(c.status, unit.len);
-            self.ready.push(unit);
+            self.ready.push(unit.index);
         }
         Ok(self.ready.len() - before)
     }
@@ -269,62 +266,57 @@ impl Engine for QpathEngine {
 
     fn prepare(&mut self, units: &mut [IoU]) -> Result<()> {
         uring_buf::install(units);
-        self.inflight = units.iter().map(|_| None).collect();
         Ok(())
     }
 
-    fn queue(&mut self, mut unit: IoU) -> Queued {
+    fn queue(&mut self, unit: &mut IoU) -> Queued {
         let Some(dev) = self.dev else {
             unit.result = IoResult::Error(IoError::Failed("engine not open"));
-            return Queued::Completed(unit);
+            return Queued::Completed;
         };
         let (op, buf) = match unit.ddir {
-            Ddir::Read => (Op::Read, uring_buf::take(&mut unit)),
-            Ddir::Write => (self.write_op, uring_buf::take(&mut unit)),
+            Ddir::Read => (Op::Read, uring_buf::take(unit)),
+            Ddir::Write => (self.write_op, uring_buf::take(unit)),
             Ddir::Sync => (Op::Flush, None),
         };
-        let idx = unit.index as usize;
         // The host stamps the request with the time the job loop prepared it (read just
         // before this call) rather than reading the clock again: one read fewer per I/O.
         match self.ctx.submit_at(dev, op, unit.offset, unit.len, buf, u64::from(unit.index), unit.prepared) {
-            Ok(()) => {
-                self.inflight[idx] = Some(unit);
-                Queued::Queued
-            }
+            Ok(()) => Queued::Queued,
             Err((e, buf)) => {
                 if let Some(b) = buf {
-                    uring_buf::put(&mut unit, b);
+                    uring_buf::put(unit, b);
                 }
                 if e.kind == host::ErrorKind::Busy {
-                    return Queued::Busy(unit);
+                    return Queued::Busy;
                 }
                 tracing::debug!(offset = unit.offset, len = unit.len, "qpath: submit refused: {e}");
                 let errno = if e.kind == host::ErrorKind::Invalid { libc::EINVAL } else { libc::EIO };
                 unit.result = IoResult::Error(IoError::Os(errno));
-                Queued::Completed(unit)
+                Queued::Completed
             }
         }
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, units: &mut [IoU]) -> Result<()> {
         // Send now only if there is nothing to hand back: while completions are still
         // waiting to be reaped, the runner comes straight back to getevents and the next
         // poll sends every command queued meanwhile in one batch (as SPDK's fio plugin
         // flushes its socket when it polls). Sending each command on its own costs a
         // TCP segment and a system call per I/O on both sides: at QD32 that capped the
         // stack at ~80K IOPS here, one round trip's worth of work per I/O.
-        if self.ready.is_empty() && self.poll(Wait::Poll)? > 0 {
+        if self.ready.is_empty() && self.poll(units, Wait::Poll)? > 0 {
             self.spinner.progressed();
         }
         Ok(())
     }
 
-    fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
+    fn getevents(&mut self, units: &mut [IoU], min: usize, max: usize, timeout: Option<Duration>) -> Result<usize> {
         // The runner takes one completion per call (fio's iodepth_batch_complete_max=1): while
         // completions wait in `ready` it gets one without a clock read. The waiting loop
         // reads no clock of its own: every turn of it follows a poll (the one here when it
         // is entered, `ready` < `min` <= `min.max(1)`), whose turn read the clock.
-        if self.ready.len() < min.max(1) && self.poll(Wait::Poll)? > 0 {
+        if self.ready.len() < min.max(1) && self.poll(units, Wait::Poll)? > 0 {
             self.spinner.progressed();
         }
         let mut deadline = None;
@@ -335,7 +327,7 @@ impl Engine for QpathEngine {
                 break;
             }
             let wait = self.spinner.wait(now, deadline);
-            if self.poll(wait)? > 0 {
+            if self.poll(units, wait)? > 0 {
                 self.spinner.progressed();
             } else if wait == Wait::Poll && self.spinner.should_yield() {
                 std::thread::yield_now();
@@ -344,7 +336,7 @@ impl Engine for QpathEngine {
         Ok(self.ready.hand_out(min, max))
     }
 
-    fn event(&mut self, index: usize) -> IoU {
+    fn event(&mut self, index: usize) -> u32 {
         let _ = index;
         self.ready.take()
     }

@@ -201,7 +201,10 @@ struct Worker<'a> {
     batch_submit: usize,
     complete_min: usize,
     complete_max: usize,
-    free: Vec<IoU>,
+    /// The job's units, by index, for their whole life (the engine completes them here).
+    units: Vec<IoU>,
+    /// Indices of the units not in flight, used as a stack.
+    free: Vec<u32>,
     meta: Vec<SlotMeta>,
     pending: Vec<u32>,
     in_flight: u32,
@@ -490,7 +493,7 @@ fn setup<'a>(
     let meta =
         vec![SlotMeta { start: 0, issue: 0, ddir: Ddir::Read, block: 0, expect: Expect::Unwritten }; units.len()];
     // `free` is used as a stack; pop from the end so unit 0 goes out first.
-    units.reverse();
+    let free: Vec<u32> = (0..depth).rev().collect();
     let dirs_used = [spec.reads() || verify.is_some(), spec.writes()];
     let stats = ThreadStat::with_hists(
         dirs_used,
@@ -508,7 +511,8 @@ fn setup<'a>(
         batch_submit: usize::try_from(spec.iodepth_batch_submit.min(depth).max(1)).unwrap_or(1),
         complete_min: usize::try_from(spec.iodepth_batch_complete_min).unwrap_or(1),
         complete_max: usize::try_from(spec.iodepth_batch_complete_max).unwrap_or(1),
-        free: units,
+        units,
+        free,
         meta,
         pending: Vec::with_capacity(depth_usize),
         in_flight: 0,
@@ -592,12 +596,12 @@ impl Worker<'_> {
     }
 
     /// Fill in a free unit for `next` (fio `get_io_u` + `populate_verify_io_u`).
-    fn prepare(&mut self, mut unit: IoU, next: Next) -> IoU {
+    fn prepare(&mut self, idx: usize, next: Next) {
+        let unit = &mut self.units[idx];
         unit.ddir = next.ddir;
         unit.offset = next.offset;
         unit.len = next.len;
         unit.result = IoResult::Pending;
-        let idx = unit.index as usize;
         let mut block = 0;
         let mut expect = Expect::Unwritten;
         if let Some(v) = self.verify.as_mut()
@@ -623,20 +627,17 @@ impl Worker<'_> {
         let now = Instant::now();
         m.start = ns_between(now, self.epoch);
         unit.prepared = now;
-        unit
     }
 
-    /// Queue one unit; `Some(unit)` back means the engine was busy.
-    fn issue(&mut self, mut unit: IoU) -> Option<IoU> {
-        let idx = unit.index as usize;
-        let ddir = unit.ddir;
+    /// Queue unit `idx`; `true` means the engine was busy (queue it again later).
+    fn issue(&mut self, idx: usize) -> bool {
+        let ddir = self.units[idx].ddir;
         if self.caps.sync {
             self.meta[idx].issue = self.ns(Instant::now());
         }
         self.count_issue(ddir, 1);
-        match self.engine.queue(unit) {
-            Queued::Completed(u) => {
-                unit = u;
+        match self.engine.queue(&mut self.units[idx]) {
+            Queued::Completed => {
                 let now = self.ns(Instant::now());
                 if !self.caps.sync {
                     self.meta[idx].issue = now;
@@ -648,8 +649,8 @@ impl Worker<'_> {
                         self.stats.mark_complete(1);
                     }
                 }
-                self.complete(unit, now);
-                None
+                self.complete(idx, now);
+                false
             }
             Queued::Queued => {
                 self.in_flight += 1;
@@ -657,11 +658,11 @@ impl Worker<'_> {
                 if self.pending.len() >= self.batch_submit {
                     self.commit();
                 }
-                None
+                false
             }
-            Queued::Busy(u) => {
+            Queued::Busy => {
                 self.count_issue(ddir, -1);
-                Some(u)
+                true
             }
         }
     }
@@ -686,7 +687,7 @@ impl Worker<'_> {
         if self.accounting {
             self.stats.mark_depth(self.in_flight, u64::try_from(n).unwrap_or(0));
         }
-        if let Err(e) = self.engine.commit() {
+        if let Err(e) = self.engine.commit(&mut self.units) {
             self.fail(5, format!("{} commit: {e}", self.engine.name()));
             self.broken = true;
         }
@@ -712,13 +713,14 @@ impl Worker<'_> {
         }
     }
 
-    /// Account one finished unit, completed at `now` (ns since the epoch), and return it
+    /// Account finished unit `idx`, completed at `now` (ns since the epoch), and return it
     /// to the free stack.
-    fn complete(&mut self, unit: IoU, now: u64) {
-        let idx = unit.index as usize;
+    fn complete(&mut self, idx: usize, now: u64) {
+        let unit = &self.units[idx];
+        let (ddir, len, result) = (unit.ddir, unit.len, unit.result);
         let m = self.meta[idx];
-        match unit.ddir {
-            Ddir::Sync => match unit.result {
+        match ddir {
+            Ddir::Sync => match result {
                 IoResult::Done { .. } => {
                     if self.accounting {
                         let clat = now.saturating_sub(m.issue);
@@ -733,14 +735,14 @@ impl Worker<'_> {
             },
             ddir => {
                 let d = ddir.rw_index().expect("read or write");
-                match unit.result {
+                match result {
                     IoResult::Done { bytes } => {
-                        let full = bytes >= unit.len;
+                        let full = bytes >= len;
                         if let Some(v) = self.verify.as_mut() {
                             if ddir == Ddir::Write {
                                 v.map.end_write(m.block, full);
                             } else if full {
-                                self.check_read(&unit, m);
+                                self.check_read(idx, m);
                             }
                         }
                         if self.accounting {
@@ -776,7 +778,8 @@ impl Worker<'_> {
                             v.map.end_write(m.block, false);
                         }
                         let what = if ddir == Ddir::Read { "read" } else { "write" };
-                        let mut message = format!("{what} of {} bytes at offset {} failed: {e}", unit.len, unit.offset);
+                        let offset = self.units[idx].offset;
+                        let mut message = format!("{what} of {len} bytes at offset {offset} failed: {e}");
                         if self.error.is_none()
                             && let Some(why) = self.engine.explain(e)
                         {
@@ -788,10 +791,10 @@ impl Worker<'_> {
                 }
             }
         }
-        self.free.push(unit);
+        self.free.push(u32::try_from(idx).expect("slot index fits u32"));
     }
 
-    fn check_read(&mut self, unit: &IoU, m: SlotMeta) {
+    fn check_read(&mut self, idx: usize, m: SlotMeta) {
         let Some(v) = self.verify.as_ref() else { return };
         let expected = match m.expect {
             Expect::Racing => return,
@@ -799,6 +802,7 @@ impl Worker<'_> {
             Expect::Unwritten => None,
             Expect::Generation(g) => Some(g),
         };
+        let unit = &self.units[idx];
         let result = verify::check(unit.data(), unit.offset, expected);
         self.stats.verify.checked += 1;
         let Err(mismatch) = result else { return };
@@ -835,7 +839,7 @@ impl Worker<'_> {
             self.commit();
         }
         let timeout = if min == 0 { Some(Duration::ZERO) } else { Some(REAP_SLICE) };
-        let n = match self.engine.getevents(min, max, timeout) {
+        let n = match self.engine.getevents(&mut self.units, min, max, timeout) {
             Ok(n) => n,
             Err(e) => {
                 self.fail(5, format!("{} getevents: {e}", self.engine.name()));
@@ -853,9 +857,9 @@ impl Worker<'_> {
         let now = Instant::now();
         let now_ns = self.ns(now);
         for i in 0..n {
-            let unit = self.engine.event(i);
+            let idx = self.engine.event(i) as usize;
             self.in_flight -= 1;
-            self.complete(unit, now_ns);
+            self.complete(idx, now_ns);
         }
         Some((now, now_ns))
     }
@@ -869,7 +873,8 @@ impl Worker<'_> {
         usage_base: &mut Option<crate::cpu::ThreadUsage>,
         usage_fn: crate::cpu::UsageFn,
     ) {
-        let mut requeue: Option<IoU> = None;
+        // A unit the engine was busy for, to queue again.
+        let mut requeue: Option<usize> = None;
         let mut source_done = false;
         let mut last_progress = Instant::now();
         let mut sample_due_ms = self.sampler.due_ms();
@@ -906,31 +911,31 @@ impl Worker<'_> {
             let mut budget = self.depth;
             while can_issue && self.in_flight < self.depth && budget > 0 && !self.stop {
                 budget -= 1;
-                let unit = match requeue.take() {
-                    Some(u) => u,
+                let idx = match requeue.take() {
+                    Some(idx) => idx,
                     None => {
                         let Some(next) = self.next_io() else {
                             source_done = true;
                             break;
                         };
-                        let unit = self.free.pop().expect("a free unit exists while in_flight < iodepth");
-                        self.prepare(unit, next)
+                        let idx = self.free.pop().expect("a free unit exists while in_flight < iodepth") as usize;
+                        self.prepare(idx, next);
+                        idx
                     }
                 };
-                if let Some(back) = self.issue(unit) {
-                    requeue = Some(back);
+                if self.issue(idx) {
+                    requeue = Some(idx);
                     busy = true;
                     break;
                 }
             }
             let draining = !can_issue || source_done || self.stop;
-            if draining && let Some(u) = requeue.take() {
+            if draining && let Some(idx) = requeue.take() {
                 // Never issued: undo the verify bookkeeping of a prepared write.
-                if let (Some(v), Ddir::Write) = (self.verify.as_mut(), u.ddir) {
-                    let block = self.meta[u.index as usize].block;
-                    v.map.end_write(block, false);
+                if let (Some(v), Ddir::Write) = (self.verify.as_mut(), self.units[idx].ddir) {
+                    v.map.end_write(self.meta[idx].block, false);
                 }
-                self.free.push(u);
+                self.free.push(u32::try_from(idx).expect("slot index fits u32"));
             }
             if self.in_flight == 0 {
                 self.commit();
