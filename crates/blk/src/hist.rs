@@ -68,9 +68,14 @@ impl HdrCounts {
     /// Counts one sample; a value past the last bucket counts as `max`.
     #[inline]
     pub fn record(&mut self, ns: u64) {
+        self.record_n(ns, 1);
+    }
+
+    /// Counts `n` samples of one value; a value past the last bucket counts as `max`.
+    pub fn record_n(&mut self, ns: u64, n: u64) {
         let slot = self.slot(ns);
         let slot = if slot < self.counts.len() { slot } else { self.max_slot };
-        self.counts[slot] = self.counts[slot].saturating_add(1);
+        self.counts[slot] = self.counts[slot].saturating_add(n);
     }
 
     /// Adds the counts of `other` (the same bounds).

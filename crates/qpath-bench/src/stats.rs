@@ -9,6 +9,7 @@
 //!   `io_u_submit`, `io_u_complete`, `io_u_lat_{n,u,m}`.
 //! - bw/iops samples every 500 ms (fio's `bw_avg_time`/`iops_avg_time` defaults).
 
+use blk::HdrCounts;
 use hdrhistogram::Histogram;
 
 /// Highest latency the histograms resolve (1 hour); larger values are clamped.
@@ -123,33 +124,13 @@ impl LatStat {
     }
 }
 
-/// Sub-buckets per power of two in the histogram's layout: 3 significant digits need
-/// 2048 (`2^11 >= 2 * 10^3`), of which the upper half is used above the first bucket.
-const HIST_SUB_BITS: u32 = 11;
-
-/// The slot of `ns` in a [`LatHist`]: the layout of an HDR histogram of 1 ns .. 1 h with
-/// 3 significant digits (`hdrhistogram`'s `index_for` with unit 1 ns), so the counts
-/// copied into one ([`LatHist::to_hdr`]) are the counts it would have recorded itself.
-fn hist_slot(ns: u64) -> usize {
-    let bucket = (64 - HIST_SUB_BITS) - (ns | ((1 << HIST_SUB_BITS) - 1)).leading_zeros();
-    let slot = (u64::from(bucket) << (HIST_SUB_BITS - 1)) + (ns >> bucket);
-    usize::try_from(slot).expect("histogram slots fit usize")
-}
-
-/// The smallest value of slot `slot` (the inverse of [`hist_slot`] on its range).
-fn hist_slot_value(slot: usize) -> u64 {
-    let slot = slot as u64;
-    let half = 1u64 << (HIST_SUB_BITS - 1);
-    if slot < half { slot } else { (half + slot % half) << (slot / half - 1) }
-}
-
 /// A latency histogram in nanoseconds: HDR buckets (3 significant digits, 1 ns .. 1 h)
-/// counted here, one slot increment per sample, and read through an `hdrhistogram`
-/// built from the counts when a report asks, which gives what recording into that
-/// histogram directly gives, for a fraction of the work per sample.
+/// counted as plain slots ([`blk::HdrCounts`], one increment per sample), read through an
+/// `hdrhistogram` built from the counts when a report asks, which gives what recording
+/// into that histogram directly gives, for a fraction of the work per sample.
 #[derive(Debug, Clone)]
 pub struct LatHist {
-    counts: Vec<u64>,
+    counts: HdrCounts,
     len: u64,
 }
 
@@ -162,27 +143,25 @@ impl Default for LatHist {
 impl LatHist {
     /// An empty histogram (about 270 KiB).
     pub fn new() -> LatHist {
-        LatHist { counts: vec![0; hist_slot(HIST_MAX_NS) + 1], len: 0 }
+        LatHist { counts: HdrCounts::new(HIST_MAX_NS, 3), len: 0 }
     }
 
-    /// Record one latency.
+    /// Record one latency (one over an hour counts as an hour).
+    #[inline]
     pub fn record(&mut self, ns: u64) {
-        self.counts[hist_slot(ns.min(HIST_MAX_NS))] += 1;
+        self.counts.record(ns.min(HIST_MAX_NS));
         self.len += 1;
     }
 
     /// Record `count` samples of one latency.
     pub fn record_n(&mut self, ns: u64, count: u64) {
-        let c = &mut self.counts[hist_slot(ns.min(HIST_MAX_NS))];
-        *c = c.saturating_add(count);
+        self.counts.record_n(ns.min(HIST_MAX_NS), count);
         self.len = self.len.saturating_add(count);
     }
 
     /// Add another histogram's counts.
     pub fn merge(&mut self, other: &LatHist) {
-        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
-            *a = a.saturating_add(*b);
-        }
+        self.counts.add(&other.counts);
         self.len = self.len.saturating_add(other.len);
     }
 
@@ -198,17 +177,13 @@ impl LatHist {
 
     /// Clear all counts.
     pub fn reset(&mut self) {
-        self.counts.fill(0);
+        self.counts.reset();
         self.len = 0;
     }
 
     /// The same counts in an `hdrhistogram` of the same bounds.
     fn to_hdr(&self) -> Histogram<u64> {
-        let mut h = Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("static histogram bounds are valid");
-        for (slot, &n) in self.counts.iter().enumerate().filter(|(_, n)| **n > 0) {
-            h.saturating_record_n(hist_slot_value(slot), n);
-        }
-        h
+        self.counts.to_hdr()
     }
 
     /// The value at each percentile of `list` (0..=100): the smallest bucket whose
@@ -657,9 +632,6 @@ mod tests {
         let list = [1.0, 5.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 100.0];
         let want: Vec<u64> = list.iter().map(|p| hdr.value_at_quantile(p / 100.0).min(hdr.max())).collect();
         assert_eq!(ours.percentiles(&list), want);
-        for slot in 0..ours.counts.len() {
-            assert_eq!(hist_slot(hist_slot_value(slot)), slot, "slot {slot}");
-        }
     }
 
     #[test]
