@@ -24,11 +24,13 @@
 # perf busy-polls and runs for a time, not a count, so its polls that find nothing are in its
 # total, as many as the machine's speed makes. It runs four times (5 s and 10 s, against the
 # target sleeping and busy-polling, so that polls per I/O differ), its I/Os being its IOPS
-# times its time and its polls the calls of epoll_wait from its socket group; a least-squares
-# fit of total = start + a × I/Os + b × polls gives a, its instructions per I/O without the
-# poll loop's own cost (b per poll, also printed). That is in perf's favour (bench's count
-# includes its one wait per batch), and the fit moves with the runs (2441 and 2836 for w32n in
-# two runs here): read it as a range, not to the last instruction. perf keeps no random map (it draws offsets with
+# times its time and its polls the calls of epoll_wait from its socket group. It prints the
+# count per I/O with every poll in it (each mode's two runs differenced: on a quiet machine
+# perf polls less than once per I/O, and that is its cost), and, where the runs' polls per
+# I/O differ enough, a least-squares fit of total = start + a × I/Os + b × polls, whose a is
+# its instructions per I/O without the poll loop's own cost (b per poll). The fit is in perf's
+# favour (bench's count includes its one wait per batch) and moves with the runs (2441 and
+# 2836 for w32n in two runs here): read it as a range, not to the last instruction. perf keeps no random map (it draws offsets with
 # rand_r) and no latency histogram; bench keeps fio's: the norandommap cells compare like
 # with like on the first.
 #
@@ -148,11 +150,18 @@ else:
     p = [polls(f) for f, _ in runs]
     rows = [[1.0, n, q] for (_, n), q in zip(loaded, p)]
     y = [t for (t, _), _ in loaded]
-    c, a, b = solve(rows, y)
-    worst = max(abs(v - (c + a * r[1] + b * r[2])) / v for r, v in zip(rows, y))
     ratio = ", ".join("%.1f" % (q / n) for (_, n), q in zip(loaded, p))
-    print("%-4s %-6s %8.0f instructions per I/O, %.0f per poll (polls per I/O in the runs: %s; fit within %.1f%%)"
-          % (label, cell, a, b, ratio, 100 * worst))
+    # Each target mode's 5 s and 10 s runs, differenced: every poll counted in.
+    raw = ["%.0f" % ((y[i + 1] - y[i]) / (rows[i + 1][1] - rows[i][1])) for i in (0, 2)]
+    print("%-4s %-6s %8s instructions per I/O with its polls (target sleeping, busy; polls per I/O in the runs: %s)"
+          % (label, cell, " / ".join(raw), ratio))
+    spread = [q / n for (_, n), q in zip(loaded, p)]
+    if max(spread) < 1.5 * min(spread):
+        print("                without its polls: not determined (polls per I/O hardly differ between the runs)")
+    else:
+        c, a, b = solve(rows, y)
+        worst = max(abs(v - (c + a * r[1] + b * r[2])) / v for r, v in zip(rows, y))
+        print("                without its polls: %.0f per I/O, %.0f per poll (fit within %.1f%%)" % (a, b, 100 * worst))
     sys.exit(0)  # (no list of functions: their counts mix I/Os and polls)
 rows = sorted(((o3.get(k, 0) - o1.get(k, 0)) / ios, k) for k in set(o1) | set(o3))
 for v, k in reversed(rows[-top:] if top else []):
