@@ -1004,10 +1004,9 @@ impl Context {
         self.ring_done = rd;
         r.map_err(|e| Error::new(ErrorKind::Io, format!("io_uring: {e}")))?;
         let mut msgs = Vec::new();
-        if self.mailbox.drain(|m| msgs.push(m)) > 0 {
-            for m in msgs {
-                self.on_msg(m, now);
-            }
+        self.mailbox.drain(|m| msgs.push(m));
+        for m in msgs {
+            self.on_msg(m, now);
         }
         self.service_touched(now);
         self.core.refresh_sizes();
